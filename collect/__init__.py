@@ -1,0 +1,1 @@
+"""Collection: run a Python GPU workload under CUPTI and write a trace."""

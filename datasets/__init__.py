@@ -1,0 +1,1 @@
+"""Workload models (synthetic traces with truth) and GPU workloads."""

@@ -1,0 +1,1 @@
+"""Real CuPy workloads on managed memory, mirroring the workload models."""

@@ -1,0 +1,104 @@
+"""The `pagecast` console script: one list of subcommands, `main(argv) -> int`.
+
+Exit codes (cli.md): 0 success, 2 bad input (one line on stderr, never a
+traceback), 1 internal error. Set PAGECAST_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+import warnings
+
+from . import __version__
+from .command import Command
+from .errors import PagecastError, UsageError
+
+
+def _commands() -> list[Command]:
+    # Imported here so that `import pagecast` stays light; each module imports
+    # its heavy dependencies inside `run`.
+    from .core_commands import QueryCommand, SummaryCommand
+    from pagecast.collect.commands import COMMANDS as collect
+    from pagecast.datasets.commands import COMMANDS as datasets
+    from pagecast.predict.commands import COMMANDS as predict
+    from pagecast.replay.commands import COMMANDS as replay
+    from pagecast.replay.gpu_commands import COMMANDS as replay_gpu
+    from pagecast.report.commands import COMMANDS as report
+
+    found = {c.name: c for c in [SummaryCommand(), QueryCommand(), *collect, *datasets, *predict, *replay, *replay_gpu, *report]}
+    order = ["demo", "datasets", "summary", "query", "collect", "fit", "predict", "evaluate",
+             "plan", "replay", "calibrate", "report"]
+    return [found[n] for n in order if n in found] + [c for n, c in found.items() if n not in order]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2) instead of printing usage and exiting."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} -h')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pagecast",
+                     description="Learn which pages GPU kernels touch from their launch arguments, "
+                                 "plan unified-memory prefetches, and measure the speedup.",
+                     epilog="Start with 'pagecast demo'. Each command has -h.")
+    parser.add_argument("--version", action="version", version=f"pagecast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for cmd in _commands():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description or cmd.help,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.add_arguments(p)
+        p.set_defaults(_cmd=cmd)
+    return parser
+
+
+def _showwarning(message, category, filename, lineno, file=None, line=None):
+    print(f"pagecast: warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = "pagecast"
+    old_showwarning = warnings.showwarning
+    warnings.showwarning = _showwarning
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # -h and --version
+            return int(e.code or 0)
+        cmd = getattr(args, "_cmd", None)
+        if cmd is None:
+            parser.print_help(sys.stderr)
+            return 2
+        name = f"pagecast {cmd.name}"
+        return int(cmd.run(args) or 0)
+    except PagecastError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an internal error: one line unless debugging
+        if os.environ.get("PAGECAST_DEBUG"):
+            traceback.print_exc()
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"{name}: internal error: {type(e).__name__}: {first} (set PAGECAST_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 1
+    finally:
+        warnings.showwarning = old_showwarning
+
+
+def entry() -> None:  # pragma: no cover
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

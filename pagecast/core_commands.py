@@ -1,0 +1,99 @@
+"""`pagecast summary` and `pagecast query`: look inside a trace."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+from .command import Command
+from .errors import UsageError
+
+
+class SummaryCommand(Command):
+    name = "summary"
+    help = "launches, kernels, allocations, faults, migrations, footprint and time span of a trace"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("trace", metavar="TRACE", help="a trace directory (*.pctrace)")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        p.add_argument("--top", type=int, default=10, help="how many kernels to list (default 10)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from rich.table import Table
+
+        from . import console
+        from .summary import trace_summary
+        from .trace import read_trace
+        from .units import format_size
+
+        s = trace_summary(read_trace(args.trace), top=args.top)
+        if args.json:
+            console.emit_json(s)
+            return 0
+        t = Table(title=f"{s['trace']}  ({s['workload'] or 'unnamed workload'})", show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        span = s["time_span_ns"]
+        rows = [
+            ("source / mode", f"{s['source']} / {s['mode']}" + ("" if s["complete"] else "  [red](incomplete)[/red]")),
+            ("launches", f"{s['launches']:,} of {s['kernels']:,} kernels"),
+            ("allocations", f"{s['allocations']:,} ({format_size(s['allocated_bytes'])})"),
+            ("faults", f"{s['faults']:,} in {s['fault_records']:,} records"),
+            ("migrations", f"{s['migrations']:,}: " + ", ".join(
+                f"{k} {format_size(v)}" for k, v in s["migrated_bytes"].items())),
+            ("footprint", f"{format_size(s['footprint_bytes'])} ({s['footprint_source']}; page {s['page_size']} B)"),
+            ("time span", "n/a" if span is None else f"{span / 1e6:,.3f} ms"),
+        ]
+        for k, v in rows:
+            t.add_row(k, v)
+        out = console.stdout()
+        out.print(t)
+        if s["top_kernels"]:
+            k = Table(title="kernels by footprint")
+            for c in ("kernel", "launches", "footprint"):
+                k.add_column(c, justify="right" if c != "kernel" else "left", overflow="fold")
+            for r in s["top_kernels"]:
+                k.add_row(r["kernel"], f"{r['launches']:,}", format_size(r["footprint_bytes"]))
+            out.print(k)
+        return 0
+
+
+class QueryCommand(Command):
+    name = "query"
+    help = "run SQL (DuckDB) over a trace; each table is a view of the same name"
+    description = ("Run SQL over a trace with DuckDB, in-process. Views: launches, allocations, faults,\n"
+                   "migrations, and truth / uvm_events where the trace has them (docs/trace-format.md).\n\n"
+                   "  pagecast query run.pctrace \"SELECT kernel, count(*) FROM launches GROUP BY 1\"")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("trace", metavar="TRACE")
+        p.add_argument("sql", metavar="SQL")
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--csv", action="store_true", help="write CSV on stdout")
+        g.add_argument("--json", action="store_true", help="write a JSON list of row objects on stdout")
+        p.add_argument("--limit", type=int, default=50, help="rows shown in the table view (default 50)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from . import console
+        from .query import run_sql
+
+        names, rows = run_sql(args.trace, args.sql)
+        if args.json:
+            console.emit_json([dict(zip(names, r)) for r in rows])
+        elif args.csv:
+            w = csv.writer(sys.stdout)
+            w.writerow(names)
+            w.writerows(rows)
+        else:
+            from rich.table import Table
+            t = Table(caption=f"{len(rows):,} rows" + (f", first {args.limit} shown" if len(rows) > args.limit else ""))
+            for n in names:
+                t.add_column(n, overflow="fold")
+            for r in rows[: args.limit]:
+                t.add_row(*("NULL" if v is None else str(v) for v in r))
+            console.stdout().print(t)
+        return 0
+
+
+__all__ = ["SummaryCommand", "QueryCommand", "UsageError"]

@@ -1,0 +1,218 @@
+"""Per-launch footprints as merged page intervals (trace-format.md, "Footprints").
+
+A footprint is the set of pages a launch touched. It is kept as sorted,
+disjoint, half-open page intervals [start, end) grouped by launch in CSR form
+(`indptr`), so a trace touching 10^8 pages costs a few bytes per *interval*,
+not per page. Everything downstream (fitting, evaluation, planning, the
+simulator, reports) takes footprints from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import trace as T
+
+_I64 = np.int64
+
+
+@dataclass(frozen=True)
+class Footprints:
+    """Merged page intervals per launch; launch i owns rows indptr[i]:indptr[i+1]."""
+
+    indptr: np.ndarray   # int64, n_launches + 1
+    start: np.ndarray    # int64 first page (inclusive)
+    end: np.ndarray      # int64 last page + 1 (exclusive)
+    page_size: int
+    source: str = "observed"  # "truth", "observed" or "predicted"
+
+    @property
+    def n_launches(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def n_intervals(self) -> int:
+        return len(self.start)
+
+    def launch_of_interval(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n_launches, dtype=_I64), np.diff(self.indptr))
+
+    def pages_per_launch(self) -> np.ndarray:
+        cs = np.concatenate([[0], np.cumsum(self.end - self.start)]).astype(_I64)
+        return cs[self.indptr[1:]] - cs[self.indptr[:-1]]
+
+    def total_pages(self) -> int:
+        return int((self.end - self.start).sum())
+
+    def of(self, launch: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self.indptr[launch], self.indptr[launch + 1]
+        return self.start[a:b], self.end[a:b]
+
+    def pages(self, launch: int) -> np.ndarray:
+        """Every page of one launch, ascending (small footprints only: tests, plots)."""
+        s, e = self.of(launch)
+        return expand_intervals(s, e)
+
+    def union(self) -> tuple[np.ndarray, np.ndarray]:
+        """The union of all launches' footprints as merged intervals."""
+        return merge_intervals(np.zeros(len(self.start), _I64), self.start, self.end, 1)[1:]
+
+    def union_pages(self) -> int:
+        s, e = self.union()
+        return int((e - s).sum())
+
+    def select(self, launches: np.ndarray) -> "Footprints":
+        """Footprints of the given launch ids, renumbered 0..len-1 in that order."""
+        launches = np.asarray(launches, dtype=_I64)
+        counts = self.indptr[launches + 1] - self.indptr[launches]
+        idx = _ranges(self.indptr[launches], counts)
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(_I64)
+        return Footprints(indptr, self.start[idx], self.end[idx], self.page_size, self.source)
+
+    @classmethod
+    def empty(cls, n_launches: int, page_size: int, source: str = "observed") -> "Footprints":
+        z = np.zeros(0, _I64)
+        return cls(np.zeros(n_launches + 1, _I64), z, z.copy(), page_size, source)
+
+    @classmethod
+    def from_intervals(cls, launch: np.ndarray, start: np.ndarray, end: np.ndarray,
+                       n_launches: int, page_size: int, source: str = "observed") -> "Footprints":
+        """Merge arbitrary (possibly overlapping, unsorted) page intervals per launch."""
+        keep = (np.asarray(end) > np.asarray(start)) & (np.asarray(launch) >= 0) & (np.asarray(launch) < n_launches)
+        l, s, e = merge_intervals(np.asarray(launch, _I64)[keep], np.asarray(start, _I64)[keep],
+                                  np.asarray(end, _I64)[keep], n_launches)
+        indptr = np.zeros(n_launches + 1, _I64)
+        np.cumsum(np.bincount(l, minlength=n_launches), out=indptr[1:])
+        return cls(indptr, s, e, page_size, source)
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenate arange(s, s + c) for each pair, vectorized."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, _I64)
+    offs = np.cumsum(counts) - counts
+    return np.repeat(starts - offs, counts) + np.arange(total, dtype=_I64)
+
+
+def expand_intervals(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """All integers in the half-open intervals, concatenated."""
+    return _ranges(np.asarray(start, _I64), np.asarray(end, _I64) - np.asarray(start, _I64))
+
+
+def merge_intervals(group: np.ndarray, start: np.ndarray, end: np.ndarray,
+                    n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge overlapping or touching [start, end) intervals within each group.
+
+    Returns (group, start, end) sorted by group then start. Vectorized: a
+    segmented running maximum of `end` decides where a new interval begins.
+    """
+    if len(start) == 0:
+        z = np.zeros(0, _I64)
+        return z, z.copy(), z.copy()
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    runmax = _segmented_cummax(g, e, n_groups)
+    new = np.ones(len(s), bool)
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > runmax[:-1])
+    idx = np.flatnonzero(new)
+    out_end = np.maximum.reduceat(e, idx)
+    return g[idx], s[idx], out_end
+
+
+def _segmented_cummax(g: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
+    """Running maximum of e that restarts at each group (g sorted)."""
+    lo, hi = int(e.min()), int(e.max())
+    span = hi - lo + 1
+    if span * max(n_groups, 1) < 2**62:
+        # Lift each group into its own band so one global cummax never crosses groups.
+        lifted = (e - lo) + g * span
+        return np.maximum.accumulate(lifted) - g * span + lo
+    return pd.Series(e).groupby(g).cummax().to_numpy()
+
+
+def page_span(address: np.ndarray, nbytes: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pages [first, last + 1) covering byte ranges [address, address + nbytes)."""
+    a = np.asarray(address).astype(np.uint64)
+    b = a + np.asarray(nbytes).astype(np.uint64)
+    ps = np.uint64(page_size)
+    return (a // ps).astype(_I64), ((b + ps - np.uint64(1)) // ps).astype(_I64)
+
+
+# ---- footprints of a trace --------------------------------------------------
+
+def truth_footprints(trace: T.Trace) -> Footprints:
+    """Footprints from the truth table (what each launch really touched)."""
+    if trace.truth is None:
+        raise ValueError(f"{trace.path}: trace has no truth table")
+    t = trace.truth
+    s, e = page_span(t.column(T.ADDRESS).to_numpy(), t.column(T.BYTES).to_numpy(), trace.page_size)
+    return Footprints.from_intervals(t.column(T.LAUNCH_ID).to_numpy(), s, e,
+                                     trace.n_launches, trace.page_size, "truth")
+
+
+def attribute_by_time(trace: T.Trace, launch_id, time_ns) -> np.ndarray:
+    """Fill missing launch ids (-1 / null) with the launch running at that time, else -1."""
+    lid = pc.fill_null(launch_id, -1).to_numpy().astype(_I64) if hasattr(launch_id, "null_count") \
+        else np.asarray(launch_id, _I64).copy()
+    t = np.asarray(pc.fill_null(time_ns, -1).to_numpy() if hasattr(time_ns, "null_count") else time_ns, _I64)
+    missing = lid < 0
+    if not missing.any():
+        return lid
+    L = trace.launches
+    st = pc.fill_null(L.column(T.START_NS), -1).to_numpy()
+    en = pc.fill_null(L.column(T.END_NS), -1).to_numpy()
+    ok = (st >= 0) & (en >= st)
+    ids = np.flatnonzero(ok)
+    if len(ids) == 0:
+        return lid
+    order = np.argsort(st[ids], kind="stable")
+    ids, st_s, en_s = ids[order], st[ids][order], en[ids][order]
+    k = np.searchsorted(st_s, t[missing], side="right") - 1
+    hit = (k >= 0) & (t[missing] <= en_s[np.maximum(k, 0)])
+    filled = np.where(hit, ids[np.maximum(k, 0)], -1)
+    lid[missing] = filled
+    return lid
+
+
+def observed_footprints(trace: T.Trace, *, include_prefetch: bool = False) -> Footprints:
+    """Footprints from faults plus coherence migrations (never the truth table).
+
+    Records without a launch_id are attributed by time to the launch whose
+    [start_ns, end_ns] holds them; those that fall in no launch are dropped.
+    `include_prefetch` also counts the driver's speculative migrations.
+    """
+    ps = trace.page_size
+    f = trace.faults
+    f_lid = attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+    f_page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(_I64)
+    m = trace.migrations
+    causes = ["coherence"] + (["prefetch"] if include_prefetch else [])
+    sel = pc.is_in(m.column(T.CAUSE), value_set=pa.array(causes))
+    m = m.filter(sel)
+    m_lid = attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
+    ms, me = page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    launch = np.concatenate([f_lid, m_lid])
+    start = np.concatenate([f_page, ms])
+    end = np.concatenate([f_page + 1, me])
+    return Footprints.from_intervals(launch, start, end, trace.n_launches, ps, "observed")
+
+
+def footprints(trace: T.Trace) -> Footprints:
+    """Truth where the trace has it, else the observed footprint."""
+    return truth_footprints(trace) if trace.truth is not None else observed_footprints(trace)
+
+
+def intersection_pages(a: Footprints, b: Footprints) -> np.ndarray:
+    """Pages in both footprints, per launch: |A| + |B| - |A u B| (vectorized)."""
+    if a.n_launches != b.n_launches:
+        raise ValueError("footprints cover different numbers of launches")
+    u = Footprints.from_intervals(np.concatenate([a.launch_of_interval(), b.launch_of_interval()]),
+                                  np.concatenate([a.start, b.start]), np.concatenate([a.end, b.end]),
+                                  a.n_launches, a.page_size)
+    return a.pages_per_launch() + b.pages_per_launch() - u.pages_per_launch()

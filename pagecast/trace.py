@@ -1,0 +1,630 @@
+"""Trace format v1 (docs/trace-format.md): the one module that owns it.
+
+Everything that reads or writes a trace goes through here: the table and
+column names, the pyarrow schemas, the manifest, a crash-safe writer that
+closes Parquet parts as it goes, and a validating reader. Other modules refer
+to columns through the constants below, never by spelling the names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import PRODUCER
+from .errors import OutputExistsError, TraceError
+
+FORMAT = "pagecast-trace"
+VERSION = 1
+MANIFEST = "manifest.json"
+PART_GLOB = "*.parquet"
+
+# ---- table names -----------------------------------------------------------
+LAUNCHES = "launches"
+ALLOCATIONS = "allocations"
+FAULTS = "faults"
+MIGRATIONS = "migrations"
+TRUTH = "truth"
+UVM_EVENTS = "uvm_events"  # optional, collector-specific (thrashing, throttling, remote map)
+
+REQUIRED_TABLES = (LAUNCHES, ALLOCATIONS, FAULTS, MIGRATIONS)
+OPTIONAL_TABLES = (TRUTH, UVM_EVENTS)
+
+# ---- column names ----------------------------------------------------------
+LAUNCH_ID = "launch_id"
+KERNEL = "kernel"
+DEVICE = "device"
+STREAM = "stream"
+GRID_X, GRID_Y, GRID_Z = "grid_x", "grid_y", "grid_z"
+BLOCK_X, BLOCK_Y, BLOCK_Z = "block_x", "block_y", "block_z"
+GRID_COLUMNS = (GRID_X, GRID_Y, GRID_Z, BLOCK_X, BLOCK_Y, BLOCK_Z)
+SHARED_MEM_BYTES = "shared_mem_bytes"
+START_NS, END_NS = "start_ns", "end_ns"
+PARAM_OFFSETS, PARAM_SIZES, PARAM_DATA = "param_offsets", "param_sizes", "param_data"
+ALLOC_ID = "alloc_id"
+ADDRESS = "address"
+BYTES = "bytes"
+KIND = "kind"
+FIRST_LAUNCH, LAST_LAUNCH = "first_launch", "last_launch"
+ALLOC_NS, FREE_NS = "alloc_ns", "free_ns"
+TIME_NS = "time_ns"
+COUNT = "count"
+ACCESS = "access"
+DIRECTION = "direction"
+CAUSE = "cause"
+# uvm_events (optional)
+EVENT = "event"
+VALUE = "value"
+
+# ---- enumerations ----------------------------------------------------------
+ALLOC_KINDS = ("managed", "device", "host")
+FAULT_ACCESS = ("read", "write", "atomic", "prefetch", "unknown")
+DIRECTIONS = ("htod", "dtoh", "dtod")
+CAUSES = ("user", "coherence", "prefetch", "eviction", "access_counters", "unknown")
+TRUTH_ACCESS = ("read", "write", "readwrite")
+MODES = ("full", "natural")
+
+_i32, _i64, _u64 = pa.int32(), pa.int64(), pa.uint64()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    LAUNCHES: pa.schema([
+        (LAUNCH_ID, _i64), (KERNEL, pa.string()), (DEVICE, _i32), (STREAM, _i64),
+        (GRID_X, _i32), (GRID_Y, _i32), (GRID_Z, _i32),
+        (BLOCK_X, _i32), (BLOCK_Y, _i32), (BLOCK_Z, _i32),
+        (SHARED_MEM_BYTES, _i32), (START_NS, _i64), (END_NS, _i64),
+        (PARAM_OFFSETS, pa.list_(_i32)), (PARAM_SIZES, pa.list_(_i32)),
+        (PARAM_DATA, pa.binary()),
+    ]),
+    ALLOCATIONS: pa.schema([
+        (ALLOC_ID, _i64), (ADDRESS, _u64), (BYTES, _i64), (KIND, pa.string()),
+        (DEVICE, _i32), (FIRST_LAUNCH, _i64), (LAST_LAUNCH, _i64),
+        (ALLOC_NS, _i64), (FREE_NS, _i64),
+    ]),
+    FAULTS: pa.schema([
+        (TIME_NS, _i64), (ADDRESS, _u64), (COUNT, _i32), (ACCESS, pa.string()),
+        (DEVICE, _i32), (LAUNCH_ID, _i64),
+    ]),
+    MIGRATIONS: pa.schema([
+        (START_NS, _i64), (END_NS, _i64), (ADDRESS, _u64), (BYTES, _i64),
+        (DIRECTION, pa.string()), (CAUSE, pa.string()), (LAUNCH_ID, _i64),
+    ]),
+    TRUTH: pa.schema([
+        (LAUNCH_ID, _i64), (ADDRESS, _u64), (BYTES, _i64), (ACCESS, pa.string()),
+    ]),
+    UVM_EVENTS: pa.schema([
+        (TIME_NS, _i64), (EVENT, pa.string()), (ADDRESS, _u64), (VALUE, _i64),
+        (DEVICE, _i32), (LAUNCH_ID, _i64),
+    ]),
+}
+
+NULLABLE: dict[str, frozenset[str]] = {
+    LAUNCHES: frozenset({START_NS, END_NS}),
+    ALLOCATIONS: frozenset({LAST_LAUNCH, ALLOC_NS, FREE_NS}),
+    FAULTS: frozenset({LAUNCH_ID}),
+    MIGRATIONS: frozenset({LAUNCH_ID}),
+    TRUTH: frozenset(),
+    UVM_EVENTS: frozenset({ADDRESS, LAUNCH_ID, DEVICE}),
+}
+
+ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
+    (ALLOCATIONS, KIND): ALLOC_KINDS,
+    (FAULTS, ACCESS): FAULT_ACCESS,
+    (MIGRATIONS, DIRECTION): DIRECTIONS,
+    (MIGRATIONS, CAUSE): CAUSES,
+    (TRUTH, ACCESS): TRUTH_ACCESS,
+}
+
+# Columns that must hold strictly positive values.
+POSITIVE = {(ALLOCATIONS, BYTES), (MIGRATIONS, BYTES), (TRUTH, BYTES), (FAULTS, COUNT)}
+
+
+class TraceWarning(UserWarning):
+    """Something about a trace the user should know (e.g. it is incomplete)."""
+
+
+# ---- manifest --------------------------------------------------------------
+
+def new_manifest(*, page_size: int = 4096, mode: str = "full", source: str = "synthetic",
+                 workload: Mapping[str, Any] | None = None,
+                 device: Mapping[str, Any] | None = None,
+                 driver_prefetch: bool | None = None, **extra: Any) -> dict:
+    """A v1 manifest with `complete: false`; the writer sets it true on close."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    m = {
+        "format": FORMAT,
+        "version": VERSION,
+        "complete": False,
+        "page_size": int(page_size),
+        "mode": mode,
+        "source": source,
+        "workload": dict(workload or {"name": None, "argv": None}),
+        "device": dict(device or {"name": None, "index": None, "memory_bytes": None}),
+        "driver_prefetch": driver_prefetch,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "producer": PRODUCER,
+    }
+    m.update(extra)
+    return m
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON next to `path`, then rename it into place (readers never see half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=_json_default)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+# ---- tables from Python data -----------------------------------------------
+
+def to_table(name: str, data: pa.Table | Mapping[str, Any] | Any) -> pa.Table:
+    """Coerce a pyarrow Table, a pandas DataFrame or a dict of columns to a table's schema.
+
+    Missing nullable columns become nulls; column order follows the schema.
+    """
+    schema = SCHEMAS[name]
+    if isinstance(data, pa.Table):
+        cols = {n: data.column(n) for n in data.column_names}
+        nrows = data.num_rows
+    elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
+        cols = {c: data[c].to_numpy() for c in data.columns}
+        nrows = len(data)
+    else:
+        cols = dict(data)
+        nrows = len(next(iter(cols.values()))) if cols else 0
+    arrays = []
+    for f in schema:
+        if f.name in cols:
+            arrays.append(pa.array(cols[f.name], type=f.type) if not isinstance(cols[f.name], (pa.Array, pa.ChunkedArray))
+                          else cols[f.name].cast(f.type))
+        elif f.name in NULLABLE[name]:
+            arrays.append(pa.nulls(nrows, type=f.type))
+        else:
+            raise ValueError(f"{name}: column {f.name!r} is required")
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# ---- writer ----------------------------------------------------------------
+
+def prepare_output_dir(path: Path, force: bool) -> None:
+    """Refuse an existing output unless --force; with it, replace only a previous pagecast output."""
+    path = Path(path)
+    if path.exists():
+        if not force:
+            raise OutputExistsError(path)
+        if path.is_dir():
+            if any(path.iterdir()) and not (path / MANIFEST).exists():
+                raise OutputExistsError(f"{path} is a non-empty directory that is not a pagecast output;"
+                                        " refusing to delete it even with --force")
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+class TraceWriter:
+    """Writes a trace directory part by part.
+
+    Rows are buffered per table and written as a new Parquet part once
+    `part_rows` rows are buffered or `part_seconds` have passed since that
+    table's last part, so a crash loses at most the open buffers. Each part is
+    written under a temporary name and renamed, so every visible part is whole.
+    The manifest says `complete: false` until `close(complete=True)`.
+    """
+
+    def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, force: bool = False,
+                 part_rows: int = 1_000_000, part_seconds: float = 5.0,
+                 tables: Iterable[str] = REQUIRED_TABLES) -> None:
+        self.path = Path(path)
+        prepare_output_dir(self.path, force)
+        self.path.mkdir(parents=True)
+        self.manifest = dict(manifest)
+        self.manifest["complete"] = False
+        self.part_rows = part_rows
+        self.part_seconds = part_seconds
+        self._buffers: dict[str, list[pa.Table]] = {}
+        self._buffered_rows: dict[str, int] = {}
+        self._parts: dict[str, int] = {}
+        self._last_flush: dict[str, float] = {}
+        self.rows: dict[str, int] = {}
+        self.closed = False
+        for t in tables:
+            self._open_table(t)
+        write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    def _open_table(self, name: str) -> None:
+        if name not in SCHEMAS:
+            raise ValueError(f"unknown table {name!r}")
+        if name not in self._parts:
+            (self.path / name).mkdir(exist_ok=True)
+            self._parts[name] = 0
+            self._buffers[name] = []
+            self._buffered_rows[name] = 0
+            self._last_flush[name] = time.monotonic()
+            self.rows[name] = 0
+
+    def append(self, name: str, data: Any) -> None:
+        """Buffer rows for table `name`; writes a part when the buffer is due."""
+        if self.closed:
+            raise RuntimeError("trace writer is closed")
+        self._open_table(name)
+        table = to_table(name, data)
+        if table.num_rows == 0:
+            return
+        self._buffers[name].append(table)
+        self._buffered_rows[name] += table.num_rows
+        self.rows[name] += table.num_rows
+        if (self._buffered_rows[name] >= self.part_rows
+                or time.monotonic() - self._last_flush[name] >= self.part_seconds):
+            self.flush(name)
+
+    def flush(self, name: str | None = None) -> None:
+        """Close the open part of one table (or all tables) now."""
+        for t in ([name] if name else list(self._buffers)):
+            bufs = self._buffers[t]
+            self._last_flush[t] = time.monotonic()
+            if not bufs:
+                continue
+            table = pa.concat_tables(bufs)
+            self._write_part(t, table)
+            self._buffers[t] = []
+            self._buffered_rows[t] = 0
+
+    def _write_part(self, name: str, table: pa.Table) -> None:
+        part = self.path / name / f"part-{self._parts[name]:05d}.parquet"
+        tmp = part.with_name(f".{part.name}.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, part)
+        self._parts[name] += 1
+
+    def update_manifest(self, **changes: Any) -> None:
+        """Change manifest keys and rewrite it atomically."""
+        self.manifest.update(changes)
+        write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    def close(self, complete: bool = True) -> None:
+        """Flush every table; give each empty table one zero-row part; write the manifest."""
+        if self.closed:
+            return
+        self.flush()
+        for t, n in self._parts.items():
+            if n == 0:
+                self._write_part(t, SCHEMAS[t].empty_table())
+        self.manifest["complete"] = bool(complete)
+        write_json_atomic(self.path / MANIFEST, self.manifest)
+        self.closed = True
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(complete=exc_type is None)
+
+
+def write_trace(path: str | os.PathLike, manifest: Mapping[str, Any], tables: Mapping[str, Any],
+                *, force: bool = False) -> Path:
+    """Write a whole trace at once (tables: name -> data) and mark it complete."""
+    with TraceWriter(path, manifest, force=force) as w:
+        for name, data in tables.items():
+            if data is not None:
+                w._open_table(name)
+                w.append(name, data)
+    return Path(path)
+
+
+# ---- reader ----------------------------------------------------------------
+
+@dataclass
+class Trace:
+    """A trace in memory: its manifest and one pyarrow Table per table."""
+
+    path: Path
+    manifest: dict
+    launches: pa.Table
+    allocations: pa.Table
+    faults: pa.Table
+    migrations: pa.Table
+    truth: pa.Table | None = None
+    extra: dict[str, pa.Table] = field(default_factory=dict)
+
+    @property
+    def page_size(self) -> int:
+        return int(self.manifest["page_size"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    @property
+    def mode(self) -> str:
+        return str(self.manifest.get("mode"))
+
+    @property
+    def n_launches(self) -> int:
+        return self.launches.num_rows
+
+    @property
+    def name(self) -> str:
+        wl = self.manifest.get("workload") or {}
+        return str(wl.get("name") or self.path.name)
+
+    def table(self, name: str) -> pa.Table | None:
+        if name in REQUIRED_TABLES or name == TRUTH:
+            return getattr(self, name)
+        return self.extra.get(name)
+
+    def tables(self) -> dict[str, pa.Table]:
+        out = {t: getattr(self, t) for t in REQUIRED_TABLES}
+        if self.truth is not None:
+            out[TRUTH] = self.truth
+        out.update(self.extra)
+        return out
+
+    def column(self, table: str, col: str) -> np.ndarray:
+        """A column as a numpy array (nulls become -1 for integer columns)."""
+        arr = self.table(table).column(col)
+        if arr.null_count:
+            arr = pc.fill_null(arr, -1)
+        return arr.to_numpy()
+
+    def launch_fingerprint(self) -> str:
+        """A hash of the launch sequence (kernel names and parameter bytes), for plans."""
+        import hashlib
+        h = hashlib.sha256()
+        for col in (KERNEL, PARAM_DATA):
+            for chunk in self.launches.column(col).chunks:
+                for buf in chunk.buffers():
+                    if buf is not None:
+                        h.update(memoryview(buf))
+        h.update(str(self.n_launches).encode())
+        return h.hexdigest()[:32]
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """Read and check a trace's manifest: format, version and page size."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace directory")
+    if not path.is_dir():
+        raise TraceError(f"{path}: not a trace (a trace is a directory with a {MANIFEST})")
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        raise TraceError(f"{mpath}: missing; {path} is not a pagecast trace")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{mpath}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise TraceError(f"{mpath}: expected a JSON object")
+    fmt = manifest.get("format")
+    if fmt != FORMAT:
+        raise TraceError(f"{mpath}: format is {fmt!r}; this reader reads {FORMAT!r}")
+    ver = manifest.get("version")
+    if ver != VERSION:
+        raise TraceError(f"{mpath}: version is {ver!r}; this reader reads version {VERSION}")
+    ps = manifest.get("page_size")
+    if not isinstance(ps, int) or isinstance(ps, bool) or ps <= 0 or ps & (ps - 1):
+        raise TraceError(f"{mpath}: page_size must be a positive power of two, found {ps!r}")
+    mode = manifest.get("mode")
+    if mode not in MODES:
+        raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {mode!r}")
+    if not isinstance(manifest.get("complete"), bool):
+        raise TraceError(f"{mpath}: complete must be true or false, found {manifest.get('complete')!r}")
+    return manifest
+
+
+def is_trace(path: str | os.PathLike) -> bool:
+    """True when `path` is a directory whose manifest names this format."""
+    try:
+        m = json.loads((Path(path) / MANIFEST).read_text())
+        return isinstance(m, dict) and m.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
+               validate: bool = True) -> Trace:
+    """Read and validate a trace directory.
+
+    `tables` limits which tables are loaded (the rest are empty); the
+    manifest is always checked. Raises TraceError naming the file and problem.
+    An incomplete trace reads, with a TraceWarning.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    wanted = set(tables) if tables is not None else None
+    loaded: dict[str, pa.Table] = {}
+    for name in REQUIRED_TABLES:
+        tdir = path / name
+        if not tdir.is_dir():
+            raise TraceError(f"{tdir}: required table {name!r} is missing")
+        loaded[name] = (_read_table(tdir, name) if wanted is None or name in wanted
+                        else SCHEMAS[name].empty_table())
+    truth = None
+    extra: dict[str, pa.Table] = {}
+    for name in OPTIONAL_TABLES:
+        tdir = path / name
+        if tdir.is_dir() and (wanted is None or name in wanted):
+            t = _read_table(tdir, name)
+            if name == TRUTH:
+                truth = t
+            else:
+                extra[name] = t
+    trace = Trace(path=path, manifest=manifest, truth=truth, extra=extra, **loaded)
+    if validate:
+        _validate(trace)
+    if not trace.complete:
+        warnings.warn(f"{path}: trace is incomplete (the collector did not finish or the workload failed);"
+                      " reading the parts that were closed", TraceWarning, stacklevel=2)
+    return trace
+
+
+def _read_table(tdir: Path, name: str) -> pa.Table:
+    parts = sorted(p for p in tdir.glob(PART_GLOB) if not p.name.startswith("."))
+    schema = SCHEMAS[name]
+    tables = []
+    for part in parts:
+        try:
+            t = pq.read_table(part)
+        except Exception as e:  # pyarrow raises several kinds for a damaged file
+            raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
+        tables.append(_conform(t, schema, NULLABLE[name], part))
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def _compatible(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a stored type is an acceptable spelling of the spec's type."""
+    if have == want:
+        return True
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(have)
+    if pa.types.is_string(want):
+        return pa.types.is_string(have) or pa.types.is_large_string(have) or pa.types.is_dictionary(have) \
+            and (pa.types.is_string(have.value_type) or pa.types.is_large_string(have.value_type))
+    if pa.types.is_binary(want):
+        return pa.types.is_binary(have) or pa.types.is_large_binary(have) or pa.types.is_fixed_size_binary(have)
+    if pa.types.is_list(want):
+        return (pa.types.is_list(have) or pa.types.is_large_list(have)) and pa.types.is_integer(have.value_type)
+    return False
+
+
+def _conform(t: pa.Table, schema: pa.Schema, nullable: frozenset[str], where: Path) -> pa.Table:
+    """Check a part's columns against the schema; cast to it; order as the spec does."""
+    arrays = []
+    for f in schema:
+        if f.name not in t.column_names:
+            if f.name in nullable:
+                arrays.append(pa.nulls(t.num_rows, type=f.type))
+                continue
+            raise TraceError(f"{where}: column {f.name!r} is missing")
+        col = t.column(f.name)
+        if not _compatible(col.type, f.type):
+            raise TraceError(f"{where}: column {f.name!r} has type {col.type}, expected {f.type}")
+        if col.null_count and f.name not in nullable:
+            raise TraceError(f"{where}: column {f.name!r} has {col.null_count} null values; it may not be null")
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise TraceError(f"{where}: column {f.name!r} does not fit {f.type} ({_first_line(e)})") from None
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _validate(trace: Trace) -> None:
+    p = trace.path
+    for name, table in trace.tables().items():
+        if name not in SCHEMAS:
+            continue
+        for (tname, col), allowed in ENUMS.items():
+            if tname == name and table.num_rows:
+                values = pc.unique(table.column(col)).to_pylist()
+                bad = sorted(set(values) - set(allowed))
+                if bad:
+                    raise TraceError(f"{p / name}: column {col!r} has unknown values {bad[:3]};"
+                                     f" expected one of {', '.join(allowed)}")
+        for (tname, col) in POSITIVE:
+            if tname == name and table.num_rows:
+                mn = pc.min(table.column(col)).as_py()
+                if mn is not None and mn <= 0:
+                    raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
+    _validate_launches(trace)
+    _validate_allocations(trace)
+
+
+def _validate_launches(trace: Trace) -> None:
+    t = trace.launches
+    where = trace.path / LAUNCHES
+    ids = t.column(LAUNCH_ID).to_numpy()
+    n = len(ids)
+    if n and not np.array_equal(ids, np.arange(n)):
+        order = np.argsort(ids, kind="stable")
+        if not np.array_equal(ids[order], np.arange(n)):
+            raise TraceError(f"{where}: launch_id must be dense 0..{n - 1};"
+                             f" found {n} rows with ids from {ids.min()} to {ids.max()}"
+                             + (" with duplicates" if len(np.unique(ids)) != n else ""))
+        trace.launches = t.take(pa.array(order))
+        t = trace.launches
+    for c in GRID_COLUMNS:
+        if n and pc.min(t.column(c)).as_py() < 1:
+            raise TraceError(f"{where}: column {c!r} must be >= 1")
+    if not n:
+        return
+    offs, sizes, data = t.column(PARAM_OFFSETS), t.column(PARAM_SIZES), t.column(PARAM_DATA)
+    lo = pc.list_value_length(offs).to_numpy(zero_copy_only=False)
+    ls = pc.list_value_length(sizes).to_numpy(zero_copy_only=False)
+    if not np.array_equal(lo, ls):
+        i = int(np.nonzero(lo != ls)[0][0])
+        raise TraceError(f"{where}: launch {i}: param_offsets and param_sizes differ in length")
+    flat_o = pc.list_flatten(offs).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat_s = pc.list_flatten(sizes).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(flat_o):
+        dlen = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(np.int64)
+        owner = np.repeat(np.arange(n), lo)
+        bad = (flat_o < 0) | (flat_s < 0) | (flat_o + flat_s > dlen[owner])
+        if bad.any():
+            i = int(owner[np.argmax(bad)])
+            raise TraceError(f"{where}: launch {i}: a parameter lies outside param_data")
+
+
+def _validate_allocations(trace: Trace) -> None:
+    t = trace.allocations
+    where = trace.path / ALLOCATIONS
+    n = t.num_rows
+    if n < 2:
+        return
+    ids = t.column(ALLOC_ID).to_numpy()
+    if len(np.unique(ids)) != n:
+        raise TraceError(f"{where}: alloc_id values are not unique")
+    addr = t.column(ADDRESS).to_numpy().astype(np.uint64)
+    size = t.column(BYTES).to_numpy().astype(np.uint64)
+    first = t.column(FIRST_LAUNCH).to_numpy()
+    last = pc.fill_null(t.column(LAST_LAUNCH), np.iinfo(np.int64).max).to_numpy()
+    order = np.argsort(addr, kind="stable")
+    a, e, f, l = addr[order], addr[order] + size[order], first[order], last[order]
+    # Pairs (i, j), i < j in address order, whose address ranges overlap: j's start < i's end.
+    upto = np.searchsorted(a, e, side="left")  # allocations starting before i's end
+    counts = np.maximum(upto - np.arange(n) - 1, 0)
+    if counts.sum() == 0:
+        return
+    if counts.sum() > 50_000_000:
+        raise TraceError(f"{where}: too many overlapping address ranges to check")
+    i = np.repeat(np.arange(n), counts)
+    j = i + 1 + (np.arange(len(i)) - np.repeat(np.cumsum(counts) - counts, counts))
+    live_overlap = (f[i] <= l[j]) & (f[j] <= l[i])
+    if live_overlap.any():
+        k = int(np.argmax(live_overlap))
+        ai, aj = int(ids[order][i[k]]), int(ids[order][j[k]])
+        raise TraceError(f"{where}: allocations {ai} and {aj} overlap in address while both are live")

@@ -1,0 +1,71 @@
+"""Sizes and lists as the command line writes them (cli.md).
+
+`4096`, `64KiB`, `2MiB`, `8GiB` are powers of 1024; `KB`, `MB`, `GB` powers of
+1000. Lists are comma-separated.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import UsageError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "m": 1024**2, "g": 1024**3, "t": 1024**4,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a size such as `2MiB` into bytes; raise UsageError if it is not one."""
+    if isinstance(text, int):
+        if text < 0:
+            raise UsageError(f"size must not be negative: {text}")
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise UsageError(f"not a size: {text!r} (write e.g. 4096, 64KiB, 2MiB, 8GiB, 8GB)")
+    number, unit = m.groups()
+    mult = _UNITS.get(unit.lower())
+    if mult is None:
+        raise UsageError(f"unknown size unit {unit!r} in {text!r} (use KiB, MiB, GiB, KB, MB, GB)")
+    value = float(number) * mult
+    if value != int(value):
+        raise UsageError(f"size {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(nbytes: float) -> str:
+    """Human-readable bytes with binary units: 1536 -> '1.5 KiB'."""
+    n = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def parse_list(text: str) -> list[str]:
+    """Split a comma-separated list, dropping empty items."""
+    items = [t.strip() for t in str(text).split(",")]
+    items = [t for t in items if t]
+    if not items:
+        raise UsageError(f"empty list: {text!r}")
+    return items
+
+
+def parse_size_list(text: str) -> list[int]:
+    return [parse_size(t) for t in parse_list(text)]
+
+
+def parse_float_list(text: str, name: str = "value") -> list[float]:
+    out = []
+    for t in parse_list(text):
+        try:
+            out.append(float(t))
+        except ValueError:
+            raise UsageError(f"not a number for {name}: {t!r}") from None
+    return out

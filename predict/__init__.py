@@ -1,0 +1,1 @@
+"""Templates: fit, predict, evaluate, feedback."""

@@ -1,0 +1,1 @@
+"""Replay: prefetch plans, the UVM simulator, the GPU runner and cost profiles."""

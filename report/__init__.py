@@ -1,0 +1,1 @@
+"""Self-contained HTML reports for traces, model evaluations and replay results."""
