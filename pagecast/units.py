@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import UsageError
 
@@ -32,8 +33,8 @@ def parse_size(text: str | int) -> int:
     mult = _UNITS.get(unit.lower())
     if mult is None:
         raise UsageError(f"unknown size unit {unit!r} in {text!r} (use KiB, MiB, GiB, KB, MB, GB)")
-    value = float(number) * mult
-    if value != int(value):
+    value = Fraction(number) * mult  # exact: 4611686019GB must not round through a float
+    if value.denominator != 1:
         raise UsageError(f"size {text!r} is not a whole number of bytes")
     return int(value)
 

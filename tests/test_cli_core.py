@@ -1,0 +1,90 @@
+"""The command line's contract (cli.md) for the core commands, and size parsing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from pagecast.cli import main
+from pagecast.errors import UsageError
+from pagecast.units import format_size, parse_list, parse_size
+
+
+@pytest.mark.parametrize("text,value", [("4096", 4096), ("64KiB", 65536), ("2MiB", 2 << 20), ("8GiB", 8 << 30),
+                                        ("8GB", 8 * 10**9), ("1.5KiB", 1536), ("10 MB", 10**7), ("3k", 3072)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1", "1.3B", "12XB", "0x10", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(UsageError):
+        parse_size(text)
+
+
+@given(st.integers(0, 2**40), st.sampled_from(["", "KiB", "MiB", "GiB", "KB", "MB", "GB"]))
+def test_parse_size_roundtrip(n, unit):
+    mult = {"": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2, "GB": 1000**3}[unit]
+    assert parse_size(f"{n}{unit}") == n * mult
+
+
+def test_format_size_and_lists():
+    assert format_size(1536) == "1.5 KiB" and format_size(12) == "12 B"
+    assert parse_list("demand, template,,oracle") == ["demand", "template", "oracle"]
+    with pytest.raises(UsageError):
+        parse_list(" , ")
+
+
+def test_summary_json(hand_trace, capsys):
+    assert main(["summary", str(hand_trace), "--json"]) == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)
+    for key in ("launches", "kernels", "allocations", "faults", "migrations", "footprint_bytes", "complete", "mode"):
+        assert key in s
+    assert s["launches"] == 4 and s["kernels"] == 1 and s["faults"] == 4 and s["migrations"] == 1
+    assert s["footprint_bytes"] == (4 + 16) * 4096
+    assert err == ""
+
+
+def test_summary_table(hand_trace, capsys):
+    assert main(["summary", str(hand_trace)]) == 0
+    out = capsys.readouterr().out
+    assert "_Z4vaddPfPKfi" in out and "launches" in out
+
+
+def test_query_views(hand_trace, capsys):
+    assert main(["query", str(hand_trace), "SELECT kernel, count(*) AS n FROM launches GROUP BY 1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"kernel": "_Z4vaddPfPKfi", "n": 4}]
+    assert main(["query", str(hand_trace),
+                 "SELECT f.launch_id, a.alloc_id FROM faults f JOIN allocations a "
+                 "ON f.address >= a.address AND f.address < a.address + a.bytes ORDER BY time_ns", "--csv"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert rows[0] == ["launch_id", "alloc_id"] and rows[1] == ["", "0"] and len(rows) == 5
+
+
+def test_query_bad_sql_is_one_line(hand_trace, capsys):
+    assert main(["query", str(hand_trace), "SELEC nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "SQL failed" in err
+
+
+@pytest.mark.parametrize("argv", [["summary"], ["nonsense-command"], ["summary", "x", "--top", "many"],
+                                  ["query", "x"]])
+def test_bad_flags_one_line_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_help_exits_0(capsys):
+    assert main(["-h"]) == 0
+    assert "summary" in capsys.readouterr().out
+    assert main(["summary", "-h"]) == 0
+
+
+def test_no_command_is_usage_error(capsys):
+    assert main([]) == 2

@@ -1,0 +1,200 @@
+"""Trace format v1: round trips, hand-written traces, and every rejection the spec implies."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pagecast import trace as T
+from pagecast.cli import main
+from pagecast.errors import OutputExistsError, TraceError
+from pagecast.footprints import observed_footprints
+
+from conftest import BASE, MiB, write_hand_trace
+
+
+def test_hand_written_trace_reads(hand_trace):
+    t = T.read_trace(hand_trace)
+    assert t.n_launches == 4
+    assert t.launches.schema == T.SCHEMAS[T.LAUNCHES]  # columns back in spec order, spec types
+    assert t.allocations.column(T.ALLOC_NS).null_count == 2  # absent nullable column -> nulls
+    assert t.manifest["future_key"] == {"nested": [1, 2]}  # unknown keys kept
+    assert t.truth is None
+
+
+def test_observed_footprint_attributes_by_time(hand_trace):
+    fp = observed_footprints(T.read_trace(hand_trace))
+    # launch 0: its fault (no launch_id, time 10 inside [0, 500]) and a coherence migration of 16 pages
+    s, e = fp.of(0)
+    base = BASE // 4096
+    assert list(zip(s, e)) == [(base, base + 1), (base + 512, base + 528)]
+    assert fp.pages_per_launch().tolist() == [17, 1, 1, 1]
+
+
+def test_round_trip_with_parts(tmp_path):
+    m = T.new_manifest(workload={"name": "rt"})
+    path = tmp_path / "rt.pctrace"
+    rows = {T.TIME_NS: np.arange(10), T.ADDRESS: (BASE + np.arange(10) * 4096).astype(np.uint64),
+            T.COUNT: np.ones(10, np.int32), T.ACCESS: ["write"] * 10, T.DEVICE: np.zeros(10, np.int32)}
+    with T.TraceWriter(path, m, part_rows=4) as w:
+        assert json.loads((path / T.MANIFEST).read_text())["complete"] is False
+        w.append(T.FAULTS, rows)
+        w.append(T.FAULTS, rows)
+    parts = sorted((path / T.FAULTS).glob("*.parquet"))
+    assert len(parts) == 2  # each append of 10 rows >= part_rows closes a part
+    assert len(list((path / T.LAUNCHES).glob("*.parquet"))) == 1  # empty table: one zero-row part
+    t = T.read_trace(path)
+    assert t.complete and t.faults.num_rows == 20
+    assert t.faults.column(T.LAUNCH_ID).null_count == 20
+    assert t.faults.column(T.ADDRESS).to_pylist()[:2] == [BASE, BASE + 4096]
+
+
+def test_writer_refuses_overwrite(tmp_path, hand_trace):
+    with pytest.raises(OutputExistsError):
+        T.TraceWriter(hand_trace, T.new_manifest())
+    T.TraceWriter(hand_trace, T.new_manifest(), force=True).close()
+    assert T.read_trace(hand_trace).n_launches == 0
+    other = tmp_path / "notmine"
+    other.mkdir()
+    (other / "precious.txt").write_text("x")
+    with pytest.raises(OutputExistsError):
+        T.TraceWriter(other, T.new_manifest(), force=True)
+    assert (other / "precious.txt").exists()
+
+
+def test_crash_keeps_closed_parts(tmp_path):
+    path = tmp_path / "crash.pctrace"
+    with pytest.raises(RuntimeError):
+        with T.TraceWriter(path, T.new_manifest(), part_rows=1) as w:
+            w.append(T.TRUTH, {T.LAUNCH_ID: [0], T.ADDRESS: [BASE], T.BYTES: [10], T.ACCESS: ["read"]})
+            raise RuntimeError("workload died")
+    with pytest.warns(T.TraceWarning, match="incomplete"):
+        t = T.read_trace(path)
+    assert not t.complete and t.truth.num_rows == 1
+
+
+def test_incomplete_trace_reads_with_warning_via_cli(tmp_path, capsys):
+    p = write_hand_trace(tmp_path / "inc.pctrace", manifest_extra={"complete": False})
+    assert main(["summary", str(p), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["complete"] is False
+    assert "incomplete" in err
+
+
+def test_unsorted_launch_ids_are_put_in_order(tmp_path):
+    p = write_hand_trace(tmp_path / "t.pctrace")
+    t = pq.read_table(p / "launches" / "part-00000.parquet")
+    pq.write_table(t.take([3, 1, 0, 2]), p / "launches" / "part-00000.parquet")
+    assert T.read_trace(p).launches.column(T.LAUNCH_ID).to_pylist() == [0, 1, 2, 3]
+
+
+def test_parts_read_in_name_order(tmp_path):
+    p = write_hand_trace(tmp_path / "t.pctrace")
+    f = pq.read_table(p / "faults" / "part-00000.parquet")
+    (p / "faults" / "part-00000.parquet").unlink()
+    pq.write_table(f.slice(2), p / "faults" / "part-00001.parquet")
+    pq.write_table(f.slice(0, 2), p / "faults" / "part-00000.parquet")
+    assert T.read_trace(p).faults.column(T.TIME_NS).to_pylist() == f.column("time_ns").to_pylist()
+
+
+# ---- rejections: one line on stderr, exit 2, no traceback --------------------
+
+def _rewrite(p, table, fn):
+    part = p / table / "part-00000.parquet"
+    pq.write_table(fn(pq.read_table(part)), part)
+
+
+def _set_col(t: pa.Table, name, arr):
+    return t.set_column(t.column_names.index(name), name, arr)
+
+
+BAD = {
+    "format": (lambda p: (p / "manifest.json").write_text(json.dumps({"format": "nsys", "version": 1})),
+               "format is 'nsys'"),
+    "version": (lambda p: (p / "manifest.json").write_text(json.dumps(
+        {**json.loads((p / "manifest.json").read_text()), "version": 7})), "reads version 1"),
+    "manifest-json": (lambda p: (p / "manifest.json").write_text("{truncated"), "not valid JSON"),
+    "no-manifest": (lambda p: (p / "manifest.json").unlink(), "missing"),
+    "missing-table": (lambda p: __import__("shutil").rmtree(p / "faults"), "required table 'faults'"),
+    "missing-column": (lambda p: _rewrite(p, "launches", lambda t: t.drop_columns(["kernel"])),
+                       "column 'kernel' is missing"),
+    "wrong-type": (lambda p: _rewrite(p, "faults", lambda t: _set_col(
+        t, "count", pa.array([1.5] * t.num_rows))), "column 'count' has type double"),
+    "zero-bytes": (lambda p: _rewrite(p, "allocations", lambda t: _set_col(
+        t, "bytes", pa.array([0, 5], pa.int64()))), "'bytes' must be > 0"),
+    "negative-bytes": (lambda p: _rewrite(p, "migrations", lambda t: _set_col(
+        t, "bytes", pa.array([-4096], pa.int64()))), "'bytes' must be > 0"),
+    "not-dense": (lambda p: _rewrite(p, "launches", lambda t: _set_col(
+        t, "launch_id", pa.array([0, 1, 2, 5], pa.int64()))), "dense"),
+    "overlap": (lambda p: _rewrite(p, "allocations", lambda t: _set_col(
+        t, "address", pa.array([BASE, BASE + MiB], pa.uint64()))), "overlap"),
+    "unreadable-part": (lambda p: (p / "faults" / "part-00000.parquet").write_bytes(b"PAR1garbage"),
+                        "unreadable Parquet part"),
+    "truncated-part": (lambda p: (p / "launches" / "part-00000.parquet").write_bytes(
+        (p / "launches" / "part-00000.parquet").read_bytes()[:100]), "unreadable Parquet part"),
+    "bad-enum": (lambda p: _rewrite(p, "migrations", lambda t: _set_col(
+        t, "direction", pa.array(["sideways"]))), "unknown values"),
+    "null-required": (lambda p: _rewrite(p, "faults", lambda t: _set_col(
+        t, "address", pa.array([None] * t.num_rows, pa.uint64()))), "null"),
+    "param-outside": (lambda p: _rewrite(p, "launches", lambda t: _set_col(
+        t, "param_sizes", pa.array([[8, 8, 400]] * t.num_rows, pa.list_(pa.int32())))), "outside param_data"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_trace_exit_2_one_line(tmp_path, capsys, case):
+    p = write_hand_trace(tmp_path / "bad.pctrace")
+    damage, expect = BAD[case]
+    damage(p)
+    with pytest.raises(TraceError, match=expect.replace("(", r"\(")):
+        T.read_trace(p)
+    assert main(["summary", str(p)]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert str(p) in lines[0]
+
+
+def test_address_reuse_after_free_is_fine(tmp_path):
+    p = write_hand_trace(tmp_path / "t.pctrace", n=4)
+    # allocation 1 lives for launches 0..1, allocation 2 reuses its address from launch 2 on
+    _rewrite(p, "allocations", lambda t: pa.table({
+        "alloc_id": pa.array([0, 1, 2], pa.int64()), "address": pa.array([BASE, BASE + 2 * MiB, BASE + 2 * MiB], pa.uint64()),
+        "bytes": pa.array([2 * MiB] * 3, pa.int64()), "kind": pa.array(["managed"] * 3),
+        "device": pa.array([0] * 3, pa.int32()), "first_launch": pa.array([0, 0, 2], pa.int64()),
+        "last_launch": pa.array([None, 1, None], pa.int64())}))
+    assert T.read_trace(p).allocations.num_rows == 3
+    _rewrite(p, "allocations", lambda t: _set_col(t, "first_launch", pa.array([0, 0, 1], pa.int64())))
+    with pytest.raises(TraceError, match="allocations 1 and 2 overlap"):
+        T.read_trace(p)
+
+
+def test_empty_tables_without_parts(tmp_path):
+    p = write_hand_trace(tmp_path / "t.pctrace")
+    (p / "migrations" / "part-00000.parquet").unlink()
+    t = T.read_trace(p)
+    assert t.migrations.num_rows == 0 and t.migrations.schema == T.SCHEMAS[T.MIGRATIONS]
+
+
+def test_not_a_directory(tmp_path, capsys):
+    f = tmp_path / "x.parquet"
+    f.write_text("hello")
+    assert main(["summary", str(f)]) == 2
+    assert "not a trace" in capsys.readouterr().err
+
+
+def test_reader_ignores_temporary_parts(tmp_path):
+    p = write_hand_trace(tmp_path / "t.pctrace")
+    (p / "faults" / ".part-00001.parquet.tmp").write_bytes(b"half written")
+    assert T.read_trace(p).faults.num_rows == 4
+
+
+def test_warning_category_is_not_an_error(hand_trace):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        T.read_trace(hand_trace)  # complete traces read silently
