@@ -1,0 +1,288 @@
+"""Sections of the replay report: speedup per policy against oversubscription,
+bytes moved per policy, stall per launch over time, and the multitask timeline.
+
+Reads RESULTS.parquet (+ RESULTS.timeline.parquet) through
+pagecast.replay.results_io only.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pagecast.units import format_size
+
+from .page import FIG_W, OTHER_COLOUR, PALETTE, Section, figure, setup_matplotlib, short
+
+MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch is binned in time
+STALL_BINS = 400
+MAX_GANTT_PANELS = 4
+POLICY_ORDER = ["demand", "prefetch", "lru", "fifo", "swap", "template", "plan", "history", "oracle"]
+
+
+def _col(t: pa.Table, name: str, default=None) -> list:
+    return t.column(name).to_pylist() if name in t.column_names else [default] * t.num_rows
+
+
+def _policy_sort(policies) -> list[str]:
+    uniq = list(dict.fromkeys(policies))
+    return sorted(uniq, key=lambda p: (POLICY_ORDER.index(p) if p in POLICY_ORDER else len(POLICY_ORDER), p))
+
+
+def _colours(policies: list[str]) -> dict[str, str]:
+    return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(policies)}
+
+
+def _fmt(v, spec: str = ".3g", none: str = "—") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return none
+    return format(v, spec)
+
+
+def _runs(runs: pa.Table) -> list[dict]:
+    rows = runs.to_pylist()
+    for i, r in enumerate(rows):
+        r.setdefault("run", None)
+        if r.get("run") is None:
+            r["run"] = i
+        r["_label"] = r["policy"] + ("" if r.get("backend") in (None, "sim") else f" ({r['backend']})")
+    return rows
+
+
+def _x_of(r: dict, use_oversub: bool) -> float | None:
+    if use_oversub:
+        return r.get("oversub")
+    c = r.get("capacity_bytes")
+    return None if c is None else c / 2**30
+
+
+def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str]):
+    plt = setup_matplotlib()
+    use_oversub = any(r.get("oversub") is not None for r in rows)
+    have_speedup = any(r.get("speedup_vs_demand") is not None for r in rows)
+    fig, ax = plt.subplots(figsize=(FIG_W, 4.6))
+    ykey = "speedup_vs_demand" if have_speedup else "time_s"
+    for lab in labels:
+        pts = sorted((_x_of(r, use_oversub), r.get(ykey)) for r in rows
+                     if r["_label"] == lab and _x_of(r, use_oversub) is not None and r.get(ykey) is not None)
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", label=lab, color=colours[lab], lw=1.8)
+        if len(labels) <= 6:
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:.3g}{'x' if have_speedup else ''}", (x, y), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color=colours[lab])
+    ys_all = [r.get(ykey) for r in rows if r.get(ykey)]
+    if ys_all and max(ys_all) / max(min(ys_all), 1e-12) > 20:
+        ax.set_yscale("log")
+    if have_speedup:
+        ax.axhline(1.0, color="#555", lw=0.8, ls="--")
+        ax.set_ylabel("speedup over demand paging (x)")
+    else:
+        ax.set_ylabel("run time (s)")
+    ax.set_xlabel("oversubscription (footprint / GPU capacity; 2 = 200%)" if use_oversub
+                  else "GPU capacity (GiB)")
+    ax.set_title("Speedup per policy against oversubscription" if have_speedup else "Run time per policy")
+    ax.legend(loc="best")
+    look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
+            "oracle; the gap usually widens as oversubscription grows." if have_speedup else
+            "No 'demand' run was among the policies, so speedups are unknown; lower run time is better.")
+    return figure(fig, "Speedup per policy against oversubscription", look)
+
+
+def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str]):
+    plt = setup_matplotlib()
+    use_oversub = any(r.get("oversub") is not None for r in rows)
+    xs = sorted({_x_of(r, use_oversub) for r in rows if _x_of(r, use_oversub) is not None})
+    fig, ax = plt.subplots(figsize=(FIG_W, 4.4))
+    tot = [(r.get("htod_bytes") or 0) + (r.get("dtoh_bytes") or 0) for r in rows]
+    div, unit = (2**30, "GiB") if max(tot + [0]) >= 2**30 else (2**20, "MiB")
+    w = 0.8 / max(len(labels), 1)
+    for j, lab in enumerate(labels):
+        by_x = {_x_of(r, use_oversub): r for r in rows if r["_label"] == lab}
+        pos = np.arange(len(xs)) - 0.4 + w * (j + 0.5)
+        h = np.array([(by_x[x].get("htod_bytes") or 0) / div if x in by_x else 0 for x in xs])
+        d = np.array([(by_x[x].get("dtoh_bytes") or 0) / div if x in by_x else 0 for x in xs])
+        ax.bar(pos, h, w * 0.95, color=colours[lab], label=f"{lab}")
+        ax.bar(pos, d, w * 0.95, bottom=h, color=colours[lab], alpha=0.45, hatch="//", edgecolor="white", lw=0)
+    ax.set_xticks(np.arange(len(xs)), [f"{x:g}x" if use_oversub else f"{x:.3g} GiB" for x in xs])
+    ax.set_xlabel("oversubscription" if use_oversub else "GPU capacity")
+    ax.set_ylabel(f"bytes moved ({unit}); solid host→device, hatched device→host")
+    ax.set_title("Bytes moved per policy")
+    ax.legend(loc="upper left", ncol=min(len(labels), 4))
+    return figure(fig, "Bytes moved per policy",
+                  "Good policies move little more than the footprint once; tall hatched bars mean heavy eviction "
+                  "traffic (pages thrown out and brought back).")
+
+
+def _pick_capacity(rows: list[dict]) -> int | None:
+    """The most oversubscribed (smallest) capacity: where the policies differ most."""
+    caps = [r.get("capacity_bytes") for r in rows if r.get("capacity_bytes") is not None]
+    return min(caps) if caps else None
+
+
+def _timeline_runs(tl: pa.Table, rows: list[dict], cap: int | None) -> list[tuple[dict, dict]]:
+    """(run row, timeline columns as numpy) for each run at capacity `cap`, in policy order."""
+    run_col = np.asarray(tl.column("run").fill_null(-1).to_numpy())
+    pol = np.asarray(tl.column("policy").to_numpy(zero_copy_only=False))
+    capc = np.asarray(tl.column("capacity_bytes").fill_null(-1).to_numpy())
+    out = []
+    for r in rows:
+        if cap is not None and r.get("capacity_bytes") != cap:
+            continue
+        sel = run_col == r["run"]
+        if not sel.any():
+            sel = (pol == r["policy"]) & (capc == (r.get("capacity_bytes") if r.get("capacity_bytes") is not None else -1))
+        if not sel.any():
+            continue
+        idx = np.flatnonzero(sel)
+        cols = {c: tl.column(c).take(pa.array(idx)).to_numpy(zero_copy_only=False)
+                for c in ("start_s", "end_s", "stall_s", "task", "task_name", "kernel")}
+        for c in ("start_s", "end_s", "stall_s"):
+            cols[c] = np.nan_to_num(np.asarray(cols[c], np.float64))
+        out.append((r, cols))
+    return out
+
+
+def stall_plot(runs_tl, colours, cap_label: str):
+    plt = setup_matplotlib()
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, 5.4), sharex=True)
+    binned = False
+    for r, c in runs_tl:
+        order = np.argsort(c["start_s"], kind="stable")
+        t, st = c["start_s"][order], c["stall_s"][order]
+        lab = r["_label"]
+        if len(t) > MAX_STALL_POINTS:
+            binned = True
+            hi = max(float(t.max()), 1e-12)
+            edges = np.linspace(0, hi, STALL_BINS + 1)
+            b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, STALL_BINS - 1)
+            a1.stairs(np.bincount(b, weights=st, minlength=STALL_BINS) * 1e3, edges, color=colours[lab], label=lab)
+        else:
+            a1.plot(t, st * 1e3, ".", ms=3, color=colours[lab], label=lab)
+        a2.plot(np.concatenate([[0], t]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=1.6, label=lab)
+    a1.set_ylabel("stall per bin (ms)" if binned else "stall per launch (ms)")
+    a1.set_title(f"Stall per launch over time ({cap_label})")
+    a1.legend(loc="upper right", ncol=min(len(runs_tl), 4))
+    a2.set_ylabel("cumulative stall (s)")
+    a2.set_xlabel("simulated time since the run began (s)")
+    note = (f"launches binned into {STALL_BINS} time bins (total stall per bin)" if binned else "one point per launch")
+    return figure(fig, "Stall timeline per launch",
+                  "Demand paging stalls on almost every launch; a good prefetch policy keeps the cumulative stall "
+                  "curve flat, with stalls only where a prediction missed or the working set changed.", note=note)
+
+
+def gantt_plot(runs_tl, cap_label: str):
+    plt = setup_matplotlib()
+    runs_tl = runs_tl[:MAX_GANTT_PANELS]
+    names_all: list[str] = []
+    for _, c in runs_tl:
+        for tid, tn in zip(c["task"], c["task_name"]):
+            nm = str(tn) if tn is not None else f"task {tid}"
+            if nm not in names_all:
+                names_all.append(nm)
+        if len(names_all) > 40:
+            break
+    ntask = max(len(names_all), 1)
+    fig, axes = plt.subplots(len(runs_tl), 1, figsize=(FIG_W, 0.8 + len(runs_tl) * (0.5 + 0.28 * ntask)),
+                             sharex=True, squeeze=False)
+    tcol = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names_all)}
+    for ax, (r, c) in zip(axes[:, 0], runs_tl):
+        nm = np.array([str(tn) if tn is not None else f"task {tid}" for tid, tn in zip(c["task"], c["task_name"])])
+        for y, name in enumerate(names_all):
+            sel = nm == name
+            if not sel.any():
+                continue
+            s, e, st = c["start_s"][sel], c["end_s"][sel], c["stall_s"][sel]
+            ax.broken_barh(list(zip(s + st, np.maximum(e - s - st, 0))), (y - 0.35, 0.7),
+                           facecolors=tcol[name], lw=0, rasterized=True)
+            stalled = st > 0
+            if stalled.any():
+                ax.broken_barh(list(zip(s[stalled], st[stalled])), (y - 0.35, 0.7),
+                               facecolors="#d62728", lw=0, alpha=0.85, rasterized=True)
+        ax.set_yticks(range(len(names_all)), [short(n, 24) for n in names_all], fontsize=8)
+        ax.set_ylim(-0.6, len(names_all) - 0.4)
+        ax.set_ylabel("task")
+        ax.set_title(f"{r['_label']}: {_fmt(r.get('time_s'))} s total, {_fmt(r.get('stall_s'))} s stalled",
+                     fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("simulated time since the run began (s); red = stalled on memory")
+    fig.suptitle(f"Multitask timeline: which task ran when ({cap_label})", fontweight="bold")
+    return figure(fig, "Multitask timeline",
+                  "Red is time a task waited for memory; with template prefetching each task's turn should be "
+                  "mostly coloured (computing), and the whole mix should finish sooner than under demand paging.",
+                  raster=True)
+
+
+def replay_sections(path: Path) -> tuple[list[Section], str]:
+    from pagecast.replay.results_io import read_results
+
+    runs, timeline = read_results(path)
+    if runs.num_rows == 0:
+        from pagecast.errors import InputError
+        raise InputError(f"{path}: the results hold no runs; nothing to report")
+    rows = _runs(runs)
+    labels = _policy_sort([r["_label"] for r in rows])
+    colours = _colours(labels)
+    workloads = sorted({str(r.get("workload")) for r in rows if r.get("workload")})
+    label = ", ".join(workloads) or Path(path).name
+
+    summ = Section("Runs", anchor="runs",
+                   intro="One row per (policy, capacity) run. Speedup is run time under demand paging divided by "
+                         "the policy's run time at the same capacity.")
+    best = max((r for r in rows if r.get("speedup_vs_demand") is not None),
+               key=lambda r: r["speedup_vs_demand"], default=None)
+    nums = [("runs", f"{len(rows)}"), ("policies", ", ".join(labels)),
+            ("backend", ", ".join(sorted({str(r.get('backend')) for r in rows})))]
+    if best is not None:
+        nums.append(("best speedup", f"{best['speedup_vs_demand']:.3g}x ({best['_label']} at "
+                                     f"{_fmt(best.get('oversub'), 'g')}x oversub)"))
+    tasks = sorted({t for r in rows for t in (r.get("tasks") or [])})
+    if tasks:
+        nums.append(("tasks", ", ".join(tasks)))
+    summ.add_numbers(nums)
+    summ.add_table(
+        ["policy", "backend", "oversub", "capacity", "time (s)", "stall (s)", "faults", "host→device",
+         "device→host", "speedup vs demand"],
+        [(r["policy"], r.get("backend"), _fmt(r.get("oversub"), "g"),
+          format_size(r["capacity_bytes"]) if r.get("capacity_bytes") is not None else "—",
+          _fmt(r.get("time_s"), ".4g"), _fmt(r.get("stall_s"), ".4g"),
+          f"{r['faults']:,}" if r.get("faults") is not None else "—",
+          format_size(r.get("htod_bytes") or 0), format_size(r.get("dtoh_bytes") or 0),
+          (_fmt(r.get("speedup_vs_demand"), ".3g") + "x") if r.get("speedup_vs_demand") is not None else "—")
+         for r in sorted(rows, key=lambda r: (labels.index(r["_label"]), r.get("oversub") or 0,
+                                              -(r.get("capacity_bytes") or 0)))],
+        numeric=[False, False, True, True, True, True, True, True, True, True])
+
+    perf = Section("Policies compared", anchor="policies")
+    perf.add_figure(speedup_plot(rows, labels, colours))
+    perf.add_figure(bytes_plot(rows, labels, colours))
+    sections = [summ, perf]
+
+    tl_sec = Section("Timelines", anchor="timelines")
+    if timeline is None or timeline.num_rows == 0:
+        tl_sec.add_text(f"No timeline beside {path} (RESULTS.timeline.parquet), so the per-launch stall and "
+                        "multitask timelines cannot be drawn.", "note")
+    else:
+        cap = _pick_capacity(rows)
+        runs_tl = _timeline_runs(timeline, rows, cap)
+        runs_tl.sort(key=lambda rc: labels.index(rc[0]["_label"]))
+        cap_rows = [r for r, _ in runs_tl]
+        ov = cap_rows[0].get("oversub") if cap_rows else None
+        cap_label = (f"capacity {format_size(cap)}" if cap is not None else "all runs") + \
+                    (f", {ov:g}x oversubscribed" if ov is not None else "")
+        if runs_tl:
+            tl_sec.intro = (f"Shown for the most oversubscribed capacity ({cap_label}), where the policies "
+                            "differ most.")
+            tl_sec.add_figure(stall_plot(runs_tl, colours, cap_label))
+            tl_sec.add_figure(gantt_plot(runs_tl, cap_label))
+            if len(runs_tl) > MAX_GANTT_PANELS:
+                tl_sec.add_text(f"The multitask timeline shows the first {MAX_GANTT_PANELS} of {len(runs_tl)} "
+                                "policies.", "note")
+        else:
+            tl_sec.add_text("The timeline has no rows matching these runs.", "note")
+    sections.append(tl_sec)
+    return sections, label
