@@ -1,0 +1,611 @@
+"""Capture every kernel launch's arguments with a CUPTI API callback.
+
+`LaunchHook(on_launch)` subscribes to CUPTI's callback API for the kernel
+launch functions and calls `on_launch(LaunchArgs)` once per launch, at API
+enter (before the kernel is queued), with the kernel's name, launch
+configuration, stream, correlation id and parameter buffer.
+
+Which callbacks (cbids from cupti-python's `driver_api_trace_cbid` /
+`runtime_api_trace_cbid`):
+
+- driver: cuLaunchKernel 307, cuLaunchKernel_ptsz 442, cuLaunchCooperativeKernel
+  477/478, cuLaunchKernelEx 652, cuLaunchKernelEx_ptsz 653;
+- runtime: cudaLaunchKernel 211/214, cudaLaunchKernelExC 430/431.
+
+A runtime launch may or may not reach the driver callbacks (the runtime can
+call the driver through internal entry points). Both are handled: a runtime
+launch is decoded at its API enter but held; if a driver launch callback
+follows on the same thread before the runtime call returns, the driver's view
+(the CUfunction and its parameter layout) is delivered, carrying the runtime
+call's correlation id plus its own; otherwise the held runtime decode is
+delivered at the runtime call's exit. Each logical launch is delivered once.
+
+Parameter layout: `cuFuncGetParamCount` / `cuFuncGetParamInfo` (cuda-bindings,
+CUDA 12.4+ driver), `cuKernelGetParamCount` / `cuKernelGetParamInfo` where the
+handle turns out to be a CUkernel, cached per handle. Bytes come from
+`kernelParams` (a `void**`: one pointer per parameter; `decode_kernel_params`)
+or, when that is null, from the `extra` array (`decode_extra`).
+
+Calling driver functions inside the callback re-enters CUPTI; a thread-local
+flag makes the callback ignore anything that arrives while it is running (only
+launch cbids are enabled anyway). The optional `before_launch` / `after_launch`
+hooks run at the outermost launch call's enter and exit; the collector uses
+them to evict managed memory and to serialize kernels (full mode).
+
+The pure parts (decoding, launch-config structs, dispatch given a callback-data
+object) run on a CPU; only `start()` needs cupti-python and a driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pagecast import trace as T
+
+# ---- callback ids (cupti.driver_api_trace_cbid / runtime_api_trace_cbid) ----
+DOMAIN_DRIVER = 1  # cupti.CallbackDomain.DRIVER_API
+DOMAIN_RUNTIME = 2  # cupti.CallbackDomain.RUNTIME_API
+API_ENTER, API_EXIT = 0, 1
+
+CB_cuLaunchKernel = 307
+CB_cuLaunchKernel_ptsz = 442
+CB_cuLaunchCooperativeKernel = 477
+CB_cuLaunchCooperativeKernel_ptsz = 478
+CB_cuLaunchKernelEx = 652
+CB_cuLaunchKernelEx_ptsz = 653
+CB_cudaLaunchKernel = 211
+CB_cudaLaunchKernel_ptsz = 214
+CB_cudaLaunchKernelExC = 430
+CB_cudaLaunchKernelExC_ptsz = 431
+
+DRIVER_LAUNCH_CBIDS = (CB_cuLaunchKernel, CB_cuLaunchKernel_ptsz, CB_cuLaunchCooperativeKernel,
+                       CB_cuLaunchCooperativeKernel_ptsz, CB_cuLaunchKernelEx, CB_cuLaunchKernelEx_ptsz)
+RUNTIME_LAUNCH_CBIDS = (CB_cudaLaunchKernel, CB_cudaLaunchKernel_ptsz, CB_cudaLaunchKernelExC,
+                        CB_cudaLaunchKernelExC_ptsz)
+PTSZ_CBIDS = frozenset({CB_cuLaunchKernel_ptsz, CB_cuLaunchCooperativeKernel_ptsz, CB_cuLaunchKernelEx_ptsz,
+                        CB_cudaLaunchKernel_ptsz, CB_cudaLaunchKernelExC_ptsz})
+_EX_CBIDS = frozenset({CB_cuLaunchKernelEx, CB_cuLaunchKernelEx_ptsz})
+_COOP_CBIDS = frozenset({CB_cuLaunchCooperativeKernel, CB_cuLaunchCooperativeKernel_ptsz})
+
+# cuLaunchKernel's `extra` keys (cuda.h)
+CU_LAUNCH_PARAM_END = 0
+CU_LAUNCH_PARAM_BUFFER_POINTER = 1
+CU_LAUNCH_PARAM_BUFFER_SIZE = 2
+_EXTRA_MAX_ENTRIES = 64  # a well-formed extra array has 5 entries; stop runaway reads
+_MAX_PARAM_BYTES = 1 << 20  # CUDA 12.1+ allows 32764 bytes of parameters; anything larger is garbage
+
+
+@dataclass
+class LaunchArgs:
+    """One kernel launch as the host issued it.
+
+    `param_data[param_offsets[i] : param_offsets[i] + param_sizes[i]]` is
+    parameter i (little-endian, as the driver received it). `correlation_id`
+    is the outermost launch API call's CUPTI correlation id (the one kernel
+    activity records carry); `correlation_ids` lists every launch API call
+    that belongs to this launch (a runtime call and the driver call inside it).
+    `host_ns` is the CUPTI timestamp at API enter, after `before_launch` ran.
+    """
+
+    kernel: str
+    function: int
+    grid_x: int
+    grid_y: int
+    grid_z: int
+    block_x: int
+    block_y: int
+    block_z: int
+    shared_mem_bytes: int
+    stream: int
+    correlation_id: int
+    param_offsets: tuple[int, ...]
+    param_sizes: tuple[int, ...]
+    param_data: bytes
+    stream_id: int | None = None
+    device: int | None = None
+    host_ns: int = 0
+    cbid: int = 0
+    domain: int = DOMAIN_DRIVER
+    correlation_ids: list[int] = field(default_factory=list)
+    launch_id: int | None = None  # set by the consumer (the collector numbers launches)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.grid_x, self.grid_y, self.grid_z)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.block_x, self.block_y, self.block_z)
+
+    def param(self, i: int) -> bytes:
+        o, s = self.param_offsets[i], self.param_sizes[i]
+        return self.param_data[o:o + s]
+
+    def to_row(self, launch_id: int | None = None, *, start_ns: int | None = None,
+               end_ns: int | None = None) -> dict[str, Any]:
+        """A launches-table row (keys are pagecast.trace column names)."""
+        lid = self.launch_id if launch_id is None else launch_id
+        return {
+            T.LAUNCH_ID: int(lid if lid is not None else -1), T.KERNEL: self.kernel,
+            T.DEVICE: int(self.device or 0),
+            T.STREAM: int(self.stream_id if self.stream_id is not None else self.stream),
+            T.GRID_X: self.grid_x, T.GRID_Y: self.grid_y, T.GRID_Z: self.grid_z,
+            T.BLOCK_X: self.block_x, T.BLOCK_Y: self.block_y, T.BLOCK_Z: self.block_z,
+            T.SHARED_MEM_BYTES: self.shared_mem_bytes, T.START_NS: start_ns, T.END_NS: end_ns,
+            T.PARAM_OFFSETS: list(self.param_offsets), T.PARAM_SIZES: list(self.param_sizes),
+            T.PARAM_DATA: bytes(self.param_data),
+        }
+
+
+# ---- pure decoding -----------------------------------------------------------
+
+_PTR = ctypes.sizeof(ctypes.c_void_p)
+
+
+def _read_ptr(addr: int) -> int:
+    return int(ctypes.c_void_p.from_address(addr).value or 0)
+
+
+def decode_kernel_params(kernel_params_ptr: int, offsets, sizes) -> bytes:
+    """Pack the parameters behind a `void** kernelParams` into one buffer.
+
+    `kernelParams[i]` points at parameter i's value; it is copied to
+    `offsets[i]` in a buffer as long as the furthest parameter's end.
+    """
+    offsets, sizes = list(offsets), list(sizes)
+    if len(offsets) != len(sizes):
+        raise ValueError("offsets and sizes differ in length")
+    if not offsets:
+        return b""
+    if not kernel_params_ptr:
+        raise ValueError("kernelParams is null")
+    total = max(o + s for o, s in zip(offsets, sizes))
+    if total > _MAX_PARAM_BYTES or min(offsets) < 0 or min(sizes) < 0:
+        raise ValueError(f"implausible parameter layout (total {total} bytes)")
+    buf = (ctypes.c_char * total)()
+    base = ctypes.addressof(buf)
+    for i, (o, s) in enumerate(zip(offsets, sizes)):
+        p = _read_ptr(kernel_params_ptr + i * _PTR)
+        if not p:
+            raise ValueError(f"kernelParams[{i}] is null")
+        if s:
+            ctypes.memmove(base + o, p, s)
+    return bytes(buf)
+
+
+def decode_extra(extra_ptr: int) -> bytes:
+    """The parameter buffer of a launch's `extra` array.
+
+    `extra` is a list of (key, value) pointers ended by CU_LAUNCH_PARAM_END (0):
+    CU_LAUNCH_PARAM_BUFFER_POINTER (1) -> the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE
+    (2) -> a pointer to its size_t length.
+    """
+    if not extra_ptr:
+        raise ValueError("extra is null")
+    buf_ptr, size_ptr = None, None
+    for i in range(_EXTRA_MAX_ENTRIES):
+        key = _read_ptr(extra_ptr + 2 * i * _PTR)
+        if key == CU_LAUNCH_PARAM_END:
+            break
+        value = _read_ptr(extra_ptr + (2 * i + 1) * _PTR)
+        if key == CU_LAUNCH_PARAM_BUFFER_POINTER:
+            buf_ptr = value
+        elif key == CU_LAUNCH_PARAM_BUFFER_SIZE:
+            size_ptr = value
+        # unknown keys carry a value too; skip it
+    else:
+        raise ValueError("extra has no CU_LAUNCH_PARAM_END")
+    if buf_ptr is None or size_ptr is None:
+        raise ValueError("extra lacks CU_LAUNCH_PARAM_BUFFER_POINTER or CU_LAUNCH_PARAM_BUFFER_SIZE")
+    size = int(ctypes.c_size_t.from_address(size_ptr).value) if size_ptr else 0
+    if size > _MAX_PARAM_BYTES:
+        raise ValueError(f"implausible parameter buffer size {size}")
+    if size and not buf_ptr:
+        raise ValueError("extra's buffer pointer is null")
+    return ctypes.string_at(buf_ptr, size) if size else b""
+
+
+class CUlaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig (the `config` argument of cuLaunchKernelEx)."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class CudaLaunchConfig(ctypes.Structure):
+    """cuda_runtime_api.h's cudaLaunchConfig_t (the `config` of cudaLaunchKernelExC)."""
+
+    _fields_ = [("gridDim", _Dim3), ("blockDim", _Dim3), ("dynamicSmemBytes", ctypes.c_size_t),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+def read_cu_launch_config(ptr: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int, int]:
+    """(grid, block, shared_mem_bytes, stream) from a CUlaunchConfig*."""
+    if not ptr:
+        raise ValueError("launch config is null")
+    c = CUlaunchConfig.from_address(ptr)
+    return ((c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ),
+            int(c.sharedMemBytes), int(c.hStream or 0))
+
+
+def read_cuda_launch_config(ptr: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int, int]:
+    """(grid, block, shared_mem_bytes, stream) from a cudaLaunchConfig_t*."""
+    if not ptr:
+        raise ValueError("launch config is null")
+    c = CudaLaunchConfig.from_address(ptr)
+    return ((c.gridDim.x, c.gridDim.y, c.gridDim.z), (c.blockDim.x, c.blockDim.y, c.blockDim.z),
+            int(c.dynamicSmemBytes), int(c.stream or 0))
+
+
+# ---- parameter layout via cuda-bindings --------------------------------------
+
+class ParamInfo:
+    """Per-function parameter layout (offsets, sizes) and names, cached by handle.
+
+    `layout(handle)` tries the handle as a CUfunction, then as a CUkernel.
+    Tests inject `layout_fn(handle) -> (offsets, sizes)` instead of the driver.
+    """
+
+    def __init__(self, layout_fn: Callable[[int], tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+                 name_fn: Callable[[int], str] | None = None,
+                 symbol_fn: Callable[[int], int] | None = None) -> None:
+        self._layout_fn = layout_fn or _driver_layout
+        self._name_fn = name_fn or _driver_name
+        self._symbol_fn = symbol_fn or _runtime_func_by_symbol
+        self._layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._names: dict[int, str] = {}
+        self._symbols: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def layout(self, handle: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        got = self._layouts.get(handle)
+        if got is None:
+            got = self._layout_fn(handle)
+            with self._lock:
+                self._layouts[handle] = got
+        return got
+
+    def name(self, handle: int) -> str:
+        got = self._names.get(handle)
+        if got is None:
+            got = self._name_fn(handle)
+            with self._lock:
+                self._names[handle] = got
+        return got
+
+    def function_of_symbol(self, host_func: int) -> int:
+        """The CUfunction behind a runtime launch's host-side stub pointer."""
+        got = self._symbols.get(host_func)
+        if got is None:
+            got = self._symbol_fn(host_func)
+            with self._lock:
+                self._symbols[host_func] = got
+        return got
+
+
+def _ok(err) -> bool:
+    return int(err) == 0
+
+
+def _driver_layout(handle: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    from cuda.bindings import driver as drv
+
+    for as_kernel in (False, True):
+        h = drv.CUkernel(handle) if as_kernel else drv.CUfunction(handle)
+        count_fn = drv.cuKernelGetParamCount if as_kernel else getattr(drv, "cuFuncGetParamCount", None)
+        info_fn = drv.cuKernelGetParamInfo if as_kernel else drv.cuFuncGetParamInfo
+        n = None
+        if count_fn is not None:
+            err, cnt = count_fn(h)
+            if _ok(err):
+                n = int(cnt)
+            elif not as_kernel and int(err) != 1:  # not CUDA_ERROR_INVALID_VALUE: maybe a CUkernel
+                continue
+        offsets, sizes = [], []
+        i = 0
+        while n is None or i < n:
+            err, off, size = info_fn(h, i)
+            if not _ok(err):
+                if n is None and i > 0:  # walked past the last parameter (no count function)
+                    break
+                offsets = None
+                break
+            offsets.append(int(off))
+            sizes.append(int(size))
+            i += 1
+            if i > 4096:
+                offsets = None
+                break
+        if offsets is not None:
+            return tuple(offsets), tuple(sizes)
+    raise RuntimeError(f"no parameter info for function handle {handle:#x}")
+
+
+def _driver_name(handle: int) -> str:
+    from cuda.bindings import driver as drv
+
+    for fn, cls in ((drv.cuFuncGetName, drv.CUfunction), (drv.cuKernelGetName, drv.CUkernel)):
+        err, name = fn(cls(handle))
+        if _ok(err) and name:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    return f"<function {handle:#x}>"
+
+
+def _runtime_func_by_symbol(host_func: int) -> int:
+    from cuda.bindings import runtime as rt
+
+    err, f = rt.cudaGetFuncBySymbol(host_func)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaGetFuncBySymbol failed ({err})")
+    return int(f)
+
+
+# ---- the hook ------------------------------------------------------------------
+
+def _default_clock() -> int:
+    try:
+        from cupti import cupti
+        return int(cupti.get_timestamp())
+    except Exception:  # no driver: fall back to the host clock (tests)
+        return time.monotonic_ns()
+
+
+class _Pending:
+    __slots__ = ("corrs", "args", "delivered", "held", "site_domain", "site_cbid")
+
+    def __init__(self, corr: int, domain: int, cbid: int) -> None:
+        self.corrs = [corr]
+        self.args: LaunchArgs | None = None
+        self.delivered = False
+        self.held: LaunchArgs | None = None
+        self.site_domain = domain
+        self.site_cbid = cbid
+
+
+class LaunchHook:
+    """CUPTI callback subscriber that turns kernel launches into `LaunchArgs`.
+
+    `on_launch(args)` runs at API enter of each launch (once per launch).
+    `before_launch()` runs first, at the outermost launch call's enter;
+    `after_launch(args)` at its exit (args may be None if decoding failed).
+    Exceptions in these are counted in `errors` and never reach CUDA.
+
+    Only one CUPTI subscriber can exist per process: the collector and the GPU
+    replay runner must not both start a hook at once.
+    """
+
+    def __init__(self, on_launch: Callable[[LaunchArgs], None], *,
+                 before_launch: Callable[[], None] | None = None,
+                 after_launch: Callable[[LaunchArgs | None], None] | None = None,
+                 runtime: bool = True, param_info: ParamInfo | None = None,
+                 clock: Callable[[], int] | None = None,
+                 stream_id_fn: Callable[[int, int, bool], int] | None = None,
+                 device_fn: Callable[[int], int] | None = None) -> None:
+        self.on_launch = on_launch
+        self.before_launch = before_launch
+        self.after_launch = after_launch
+        self.runtime = runtime
+        self.params = param_info or ParamInfo()
+        self.clock = clock or _default_clock
+        self._stream_id_fn = stream_id_fn
+        self._device_fn = device_fn
+        self._tls = threading.local()
+        self._subscriber = None
+        self.launches = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.callback_ns = 0  # host time spent inside the callback (overhead)
+
+    # -- lifecycle (needs cupti-python and a driver) --
+    def start(self) -> "LaunchHook":
+        from cupti import cupti
+
+        if self._stream_id_fn is None:
+            self._stream_id_fn = lambda ctx, stream, ptsz: int(cupti.get_stream_id_ex(ctx, stream, int(ptsz)))
+        if self._device_fn is None:
+            self._device_fn = lambda ctx: int(cupti.get_device_id(ctx))
+        sub = None
+        if hasattr(cupti, "SubscriberParams") and hasattr(cupti, "subscribe_v2"):
+            try:
+                p = cupti.SubscriberParams()
+                p.struct_size = cupti.SUBSCRIBER_PARAMS_SIZE
+                p.subscriber_name = "pagecast"
+                sub = cupti.subscribe_v2(self._callback, None, p.ptr)
+            except AttributeError:
+                sub = None
+        if sub is None:
+            sub = cupti.subscribe(self._callback, None)
+        self._subscriber = sub
+        for cbid in DRIVER_LAUNCH_CBIDS:
+            cupti.enable_callback(1, sub, cupti.CallbackDomain.DRIVER_API, cbid)
+        if self.runtime:
+            for cbid in RUNTIME_LAUNCH_CBIDS:
+                cupti.enable_callback(1, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+        return self
+
+    def stop(self) -> None:
+        if self._subscriber is None:
+            return
+        from cupti import cupti
+
+        sub, self._subscriber = self._subscriber, None
+        try:
+            for cbid in DRIVER_LAUNCH_CBIDS:
+                cupti.enable_callback(0, sub, cupti.CallbackDomain.DRIVER_API, cbid)
+            if self.runtime:
+                for cbid in RUNTIME_LAUNCH_CBIDS:
+                    cupti.enable_callback(0, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+        finally:
+            cupti.unsubscribe(sub)
+
+    def __enter__(self) -> "LaunchHook":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the callback (pure given cbdata; tests call it with stand-ins) --
+    def _callback(self, userdata, domain, cbid, cbdata) -> None:
+        tls = self._tls
+        if getattr(tls, "busy", False):
+            return  # re-entered from a driver call we made inside the callback
+        tls.busy = True
+        t0 = time.perf_counter_ns()
+        try:
+            self._dispatch(int(domain), int(cbid), cbdata)
+        except Exception as e:  # never let an exception reach the CUDA call
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+        finally:
+            tls.busy = False
+            self.callback_ns += time.perf_counter_ns() - t0
+
+    def _dispatch(self, domain: int, cbid: int, cbdata) -> None:
+        if domain == DOMAIN_DRIVER and cbid not in DRIVER_LAUNCH_CBIDS:
+            return
+        if domain == DOMAIN_RUNTIME and cbid not in RUNTIME_LAUNCH_CBIDS:
+            return
+        tls = self._tls
+        stack: list[_Pending] = tls.__dict__.setdefault("stack", [])
+        site = int(cbdata.callback_site)
+        corr = int(cbdata.correlation_id)
+        if site == API_ENTER:
+            outer = not stack
+            if outer:
+                pend = _Pending(corr, domain, cbid)
+                if self.before_launch is not None:
+                    self._guarded(self.before_launch)
+            else:
+                pend = stack[0]
+                pend.corrs.append(corr)
+                if pend.args is not None:
+                    pend.args.correlation_ids.append(corr)
+            stack.append(pend)
+            if pend.delivered:
+                return
+            args = self._decode(domain, cbid, cbdata, pend)
+            if args is None:
+                return
+            if domain == DOMAIN_RUNTIME:
+                pend.held = args  # a driver launch may follow inside this call
+                return
+            self._deliver(pend, args)
+        else:  # API_EXIT
+            if not stack:
+                return
+            pend = stack.pop()
+            if stack:
+                return
+            if not pend.delivered and pend.held is not None:
+                self._deliver(pend, pend.held)
+            if self.after_launch is not None:
+                self._guarded(self.after_launch, pend.args)
+
+    def _guarded(self, fn, *a) -> None:
+        tls = self._tls
+        try:
+            fn(*a)
+        except Exception as e:
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+        finally:
+            tls.busy = True
+
+    def _deliver(self, pend: _Pending, args: LaunchArgs) -> None:
+        args.correlation_id = pend.corrs[0]
+        args.correlation_ids = list(pend.corrs)
+        pend.args = args
+        pend.delivered = True
+        self.launches += 1
+        self.on_launch(args)
+
+    def _decode(self, domain: int, cbid: int, cbdata, pend: _Pending) -> LaunchArgs | None:
+        from_ptr = _param_classes()
+        ptr = int(cbdata.function_params)
+        ptsz = cbid in PTSZ_CBIDS
+        if domain == DOMAIN_DRIVER:
+            if cbid in _EX_CBIDS:
+                p = from_ptr["ex"](ptr)
+                grid, block, smem, stream = read_cu_launch_config(int(p.config))
+            else:
+                p = from_ptr["coop" if cbid in _COOP_CBIDS else "plain"](ptr)
+                grid = (int(p.grid_dim_x), int(p.grid_dim_y), int(p.grid_dim_z))
+                block = (int(p.block_dim_x), int(p.block_dim_y), int(p.block_dim_z))
+                smem, stream = int(p.shared_mem_bytes), int(p.h_stream or 0)
+            func = int(p.f)
+            kparams = int(p.kernel_params or 0)
+            extra = int(getattr(p, "extra", 0) or 0)
+        else:
+            if cbid in (CB_cudaLaunchKernelExC, CB_cudaLaunchKernelExC_ptsz):
+                p = from_ptr["rt_ex"](ptr)
+                grid, block, smem, stream = read_cuda_launch_config(int(p.config))
+            else:
+                p = from_ptr["rt"](ptr)
+                g, b = p.grid_dim, p.block_dim
+                grid = (int(g["x"]), int(g["y"]), int(g["z"]))
+                block = (int(b["x"]), int(b["y"]), int(b["z"]))
+                smem, stream = int(p.shared_mem), int(p.stream or 0)
+            func = self.params.function_of_symbol(int(p.func))
+            kparams, extra = int(p.args or 0), 0
+        offsets, sizes = self.params.layout(func)
+        if kparams:
+            data = decode_kernel_params(kparams, offsets, sizes)
+        elif extra:
+            data = decode_extra(extra)
+            if not offsets or max(o + s for o, s in zip(offsets, sizes)) > len(data):
+                offsets, sizes = ((0,), (len(data),)) if data else ((), ())
+        else:
+            data = b""
+            if offsets:
+                raise ValueError("launch has parameters but neither kernelParams nor extra")
+        name = getattr(cbdata, "symbol_name", None) or self.params.name(func)
+        ctx = int(getattr(cbdata, "context", 0) or 0)
+        stream_id = device = None
+        if self._stream_id_fn is not None and ctx:
+            try:
+                stream_id = self._stream_id_fn(ctx, stream, ptsz)
+            except Exception:
+                stream_id = None
+        if self._device_fn is not None and ctx:
+            try:
+                device = self._device_fn(ctx)
+            except Exception:
+                device = None
+        return LaunchArgs(kernel=str(name), function=func, grid_x=grid[0], grid_y=grid[1], grid_z=grid[2],
+                          block_x=block[0], block_y=block[1], block_z=block[2], shared_mem_bytes=smem,
+                          stream=stream, correlation_id=pend.corrs[0], param_offsets=tuple(offsets),
+                          param_sizes=tuple(sizes), param_data=data, stream_id=stream_id, device=device,
+                          host_ns=int(self.clock()), cbid=cbid, domain=domain)
+
+
+_PARAM_CLASSES: dict[str, Callable[[int], Any]] | None = None
+
+
+def _param_classes() -> dict[str, Callable[[int], Any]]:
+    """cupti-python's parameter-struct views, built once (imports cupti lazily)."""
+    global _PARAM_CLASSES
+    if _PARAM_CLASSES is None:
+        from cupti import cupti
+
+        def view(cls):
+            return lambda ptr: cls.from_ptr(ptr, readonly=True)
+
+        _PARAM_CLASSES = {
+            # cuLaunchKernel and cuLaunchKernel_ptsz have the same layout
+            "plain": view(cupti.CuLaunchKernelParams),
+            "coop": view(cupti.CuLaunchCooperativeKernelParams),  # no `extra`
+            "ex": view(cupti.CuLaunchKernelExParams),
+            "rt": view(cupti.CudaLaunchKernelV7000Params),
+            "rt_ex": view(cupti.CudaLaunchKernelExCV11060Params),
+        }
+    return _PARAM_CLASSES

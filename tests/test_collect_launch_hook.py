@@ -1,0 +1,229 @@
+"""The launch hook on the CPU: decoding kernelParams / extra buffers and the
+callback's dispatch (runtime and driver launches, nesting, re-entrancy), with
+cupti-python's own parameter-struct views over hand-built memory."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pagecast import trace as T
+from pagecast.collect import launch_hook as lh
+
+
+def _kernel_params(values: list[bytes]):
+    """A void** array pointing at one buffer per parameter; returns (ptr, keepalive)."""
+    bufs = [ctypes.create_string_buffer(v, len(v)) for v in values]
+    arr = (ctypes.c_void_p * len(bufs))(*[ctypes.addressof(b) for b in bufs])
+    return ctypes.addressof(arr), (bufs, arr)
+
+
+def _extra(blob: bytes, *, with_size=True, with_end=True):
+    buf = ctypes.create_string_buffer(blob, len(blob))
+    size = ctypes.c_size_t(len(blob))
+    entries = [lh.CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buf)]
+    if with_size:
+        entries += [lh.CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size)]
+    if with_end:
+        entries += [lh.CU_LAUNCH_PARAM_END]
+    else:
+        entries += [99, 0] * (lh._EXTRA_MAX_ENTRIES + 2)
+    arr = (ctypes.c_void_p * len(entries))(*entries)
+    return ctypes.addressof(arr), (buf, size, arr)
+
+
+PTR = 0x7F00_1234_5000
+P0 = struct.pack("<Q", PTR)
+P1 = struct.pack("<i", 4096)
+P2 = struct.pack("<f", 0.5)
+
+
+def test_decode_kernel_params_packs_each_parameter_at_its_offset():
+    ptr, keep = _kernel_params([P0, P1, P2])
+    data = lh.decode_kernel_params(ptr, (0, 8, 12), (8, 4, 4))
+    assert data == P0 + P1 + P2
+    # alignment gaps stay zero: an int followed by a pointer at offset 8
+    ptr, keep = _kernel_params([P1, P0])
+    data = lh.decode_kernel_params(ptr, (0, 8), (4, 8))
+    assert data == P1 + b"\0" * 4 + P0
+    assert lh.decode_kernel_params(0, (), ()) == b""
+
+
+def test_decode_kernel_params_refuses_bad_input():
+    ptr, keep = _kernel_params([P0])
+    with pytest.raises(ValueError):
+        lh.decode_kernel_params(ptr, (0, 8), (8,))
+    with pytest.raises(ValueError):
+        lh.decode_kernel_params(0, (0,), (8,))
+    nulls = (ctypes.c_void_p * 1)(0)
+    with pytest.raises(ValueError):
+        lh.decode_kernel_params(ctypes.addressof(nulls), (0,), (8,))
+
+
+def test_decode_extra_reads_the_buffer_pointer_and_size():
+    blob = P0 + P1 + P2 + b"\x01\x02\x03\x04"
+    ptr, keep = _extra(blob)
+    assert lh.decode_extra(ptr) == blob
+    ptr, keep = _extra(b"")
+    assert lh.decode_extra(ptr) == b""
+
+
+def test_decode_extra_refuses_malformed_arrays():
+    ptr, keep = _extra(P0, with_size=False)
+    with pytest.raises(ValueError, match="BUFFER_SIZE"):
+        lh.decode_extra(ptr)
+    ptr, keep = _extra(P0, with_end=False)
+    with pytest.raises(ValueError, match="END"):
+        lh.decode_extra(ptr)
+    with pytest.raises(ValueError):
+        lh.decode_extra(0)
+
+
+def test_launch_config_structs_match_the_c_layouts():
+    # cuda.h: seven unsigned ints, then CUstream at 32, attrs at 40, numAttrs at 48
+    assert lh.CUlaunchConfig.hStream.offset == 32
+    assert lh.CUlaunchConfig.attrs.offset == 40
+    assert ctypes.sizeof(lh.CUlaunchConfig) == 56
+    # cuda_runtime_api.h: dim3 grid, dim3 block, size_t smem at 24, stream at 32
+    assert lh.CudaLaunchConfig.dynamicSmemBytes.offset == 24
+    assert lh.CudaLaunchConfig.stream.offset == 32
+    c = lh.CUlaunchConfig(4, 2, 1, 256, 1, 1, 1024, 0xABC, None, 0)
+    assert lh.read_cu_launch_config(ctypes.addressof(c)) == ((4, 2, 1), (256, 1, 1), 1024, 0xABC)
+    r = lh.CudaLaunchConfig(lh._Dim3(8, 1, 1), lh._Dim3(32, 4, 1), 48, 0xDEF, None, 0)
+    assert lh.read_cuda_launch_config(ctypes.addressof(r)) == ((8, 1, 1), (32, 4, 1), 48, 0xDEF)
+
+
+def test_launch_args_row_and_param_slices():
+    a = lh.LaunchArgs(kernel="k", function=1, grid_x=2, grid_y=1, grid_z=1, block_x=64, block_y=1, block_z=1,
+                      shared_mem_bytes=0, stream=0x55, correlation_id=7, param_offsets=(0, 8),
+                      param_sizes=(8, 4), param_data=P0 + P1, stream_id=3, device=0)
+    assert a.param(1) == P1 and a.grid == (2, 1, 1) and a.block == (64, 1, 1)
+    row = a.to_row(5, start_ns=10, end_ns=20)
+    assert row[T.LAUNCH_ID] == 5 and row[T.STREAM] == 3 and row[T.PARAM_DATA] == P0 + P1
+    assert set(row) == set(T.SCHEMAS[T.LAUNCHES].names)
+    T.to_table(T.LAUNCHES, {k: [v] for k, v in row.items()})  # fits the schema
+
+
+# ---- dispatch through the callback, with cupti-python's param views ----------
+
+cupti_mod = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
+
+
+def _struct(dtype_name: str, **fields):
+    dt = getattr(cupti_mod, dtype_name)
+    rec = np.zeros(1, dtype=dt)
+    for k, v in fields.items():
+        if isinstance(v, tuple):  # dim3
+            rec[k] = np.frombuffer(struct.pack("<3I", *v), dtype=dt.fields[k][0])
+        else:
+            rec[k] = v
+    return rec, rec.ctypes.data
+
+
+def _cb(site, corr, params_ptr, symbol="vec_add", context=0):
+    return SimpleNamespace(callback_site=site, correlation_id=corr, function_params=params_ptr,
+                           symbol_name=symbol, context=context)
+
+
+def _hook(**kw):
+    got = []
+    info = lh.ParamInfo(layout_fn=lambda h: ((0, 8, 12), (8, 4, 4)), name_fn=lambda h: "named",
+                        symbol_fn=lambda host: 0xF00 if host == 0xBEEF else 0)
+    hook = lh.LaunchHook(got.append, param_info=info, clock=lambda: 123, **kw)
+    return hook, got
+
+
+def test_driver_launch_is_decoded_at_api_enter():
+    kp, keep = _kernel_params([P0, P1, P2])
+    rec, ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=16, grid_dim_y=2, grid_dim_z=1,
+                       block_dim_x=128, block_dim_y=1, block_dim_z=1, shared_mem_bytes=256, h_stream=0x77,
+                       kernel_params=kp, extra=0)
+    events = []
+    hook, got = _hook(before_launch=lambda: events.append("before"),
+                      after_launch=lambda a: events.append(("after", a.correlation_id)))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 41, ptr))
+    assert len(got) == 1
+    a = got[0]
+    assert (a.kernel, a.function, a.grid, a.block, a.shared_mem_bytes, a.stream) == \
+        ("vec_add", 0xF00, (16, 2, 1), (128, 1, 1), 256, 0x77)
+    assert a.param_data == P0 + P1 + P2 and a.param_offsets == (0, 8, 12) and a.param_sizes == (8, 4, 4)
+    assert a.correlation_id == 41 and a.correlation_ids == [41] and a.host_ns == 123
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 41, ptr))
+    assert events == ["before", ("after", 41)]
+    assert hook.errors == 0 and hook.launches == 1
+
+
+def test_driver_launch_with_extra_buffer_and_ex_config():
+    blob = P0 + P1 + P2
+    ex, keep = _extra(blob)
+    cfg = lh.CUlaunchConfig(3, 1, 1, 32, 1, 1, 0, 0x99, None, 0)
+    rec, ptr = _struct("cu_launch_kernel_ex_params_dtype", config=ctypes.addressof(cfg), f=0xF00,
+                       kernel_params=0, extra=ex)
+    hook, got = _hook()
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernelEx_ptsz, _cb(lh.API_ENTER, 5, ptr, symbol=""))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernelEx_ptsz, _cb(lh.API_EXIT, 5, ptr))
+    assert hook.errors == 0, hook.last_error
+    (a,) = got
+    assert a.kernel == "named"  # no symbol name in the callback data: asked the driver
+    assert a.grid == (3, 1, 1) and a.stream == 0x99 and a.param_data == blob and a.param(0) == P0
+
+
+def test_runtime_launch_nested_driver_launch_is_delivered_once():
+    kp, keep = _kernel_params([P0, P1, P2])
+    rt, rt_ptr = _struct("cuda_launch_kernel_v7000params_dtype", func=0xBEEF, grid_dim=(4, 1, 1),
+                         block_dim=(64, 1, 1), args=kp, shared_mem=0, stream=0)
+    drv, drv_ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=4, grid_dim_y=1, grid_dim_z=1,
+                           block_dim_x=64, block_dim_y=1, block_dim_z=1, kernel_params=kp)
+    after = []
+    hook, got = _hook(after_launch=after.append)
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 10, rt_ptr))
+    assert got == []  # held: a driver launch may follow
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel_ptsz, _cb(lh.API_ENTER, 11, drv_ptr))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel_ptsz, _cb(lh.API_EXIT, 11, drv_ptr))
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 10, rt_ptr))
+    assert hook.errors == 0, hook.last_error
+    (a,) = got
+    assert a.domain == lh.DOMAIN_DRIVER and a.correlation_id == 10 and a.correlation_ids == [10, 11]
+    assert a.param_data == P0 + P1 + P2 and after == [a]
+
+
+def test_runtime_only_launch_is_delivered_at_exit():
+    kp, keep = _kernel_params([P0, P1, P2])
+    rt, rt_ptr = _struct("cuda_launch_kernel_v7000params_dtype", func=0xBEEF, grid_dim=(4, 2, 1),
+                         block_dim=(64, 1, 1), args=kp, shared_mem=16, stream=0x31)
+    hook, got = _hook()
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 20, rt_ptr))
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 20, rt_ptr))
+    (a,) = got
+    assert a.domain == lh.DOMAIN_RUNTIME and a.function == 0xF00 and a.grid == (4, 2, 1)
+    assert a.shared_mem_bytes == 16 and a.stream == 0x31 and a.param_data == P0 + P1 + P2
+
+
+def test_reentrant_callbacks_and_failures_never_reach_cuda():
+    kp, keep = _kernel_params([P0, P1, P2])
+    rec, ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=1, grid_dim_y=1, grid_dim_z=1,
+                       block_dim_x=1, block_dim_y=1, block_dim_z=1, kernel_params=kp)
+    seen = []
+    hook = None
+
+    def on_launch(a):
+        seen.append(a)
+        # a driver call made from inside the callback re-enters CUPTI: ignored
+        hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 99, ptr))
+        raise RuntimeError("consumer failed")
+
+    info = lh.ParamInfo(layout_fn=lambda h: ((0, 8, 12), (8, 4, 4)), name_fn=str, symbol_fn=int)
+    hook = lh.LaunchHook(on_launch, param_info=info, clock=lambda: 0)
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 1, ptr))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 1, ptr))
+    assert len(seen) == 1 and hook.errors == 1 and "consumer failed" in hook.last_error
+    # other cbids are ignored; a layout failure is counted, not raised
+    hook._callback(None, lh.DOMAIN_DRIVER, 1234, _cb(lh.API_ENTER, 2, ptr))
+    bad = lh.LaunchHook(seen.append, param_info=lh.ParamInfo(layout_fn=lambda h: 1 / 0), clock=lambda: 0)
+    bad._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 3, ptr))
+    bad._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 3, ptr))
+    assert bad.errors == 1 and len(seen) == 1
