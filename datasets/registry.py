@@ -1,0 +1,94 @@
+"""The workload models by name, MSched's multitask mixes, and `make_trace`.
+
+    from pagecast.datasets.registry import WORKLOADS, MIXES, make_trace
+    make_trace("jacobi2d", "j.pctrace", scale=0.1, seed=1)
+
+Each `Workload` knows its kernels and the template class each kernel is meant
+to exercise (`kernel_classes()`), so accuracy benchmarks can check a fitted
+model's classification against the ground truth.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pagecast.errors import UsageError
+
+from .engine import Builder
+from .workload import Workload
+
+__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "build", "get_workload", "MAX_SCALE"]
+
+MIN_SCALE = 0.01
+MAX_SCALE = 100.0   # ~10^6 launches; see docs/workloads.md for measured sizes and times
+
+
+def _load() -> dict[str, Workload]:
+    from . import dnn, llm, scientific
+    out: dict[str, Workload] = {}
+    for mod in (scientific, dnn, llm):
+        for w in mod.WORKLOADS:
+            out[w.name] = w
+    return out
+
+
+WORKLOADS: dict[str, Workload] = _load()
+
+# MSched's multitask mixes (arXiv 2512.24637): lists of workload names. A name may
+# repeat (several instances of one model); each instance should get its own seed.
+MIXES: dict[str, list[str]] = {
+    "scientific": [n for n in ("jacobi2d", "spmv-cg", "stream") if n in WORKLOADS],
+    "multi-dnn": [n for n in ("mlp-train", "cnn-infer", "mlp-train") if n in WORKLOADS],
+    "multi-llm": ["llm-decode"] * 3 if "llm-decode" in WORKLOADS else [],
+}
+
+
+def get_workload(name: str) -> Workload:
+    w = WORKLOADS.get(name)
+    if w is None:
+        raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(sorted(WORKLOADS))}")
+    return w
+
+
+def check_scale(scale: float) -> float:
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise UsageError(f"--scale must be a number, not {scale!r}") from None
+    if not math.isfinite(s) or not (MIN_SCALE <= s <= MAX_SCALE):
+        raise UsageError(f"--scale must be between {MIN_SCALE:g} and {MAX_SCALE:g}, not {scale!r}")
+    return s
+
+
+def build(name: str, *, scale: float = 1.0, seed: int = 0) -> Builder:
+    """Run a workload model into a Builder (no files written)."""
+    w = get_workload(name)
+    scale = check_scale(scale)
+    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, not {seed!r}")
+    b = Builder(w.name, seed=int(seed), scale=scale)
+    w.build(b)
+    return b
+
+
+def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
+               driver_prefetch: bool = True, force: bool = False, progress=None) -> Path:
+    """Write the trace (format v1, with truth) of workload `name` to directory `out`."""
+    from pagecast import trace as T
+    if mode not in T.MODES:
+        raise UsageError(f"--mode must be one of {', '.join(T.MODES)}, not {mode!r}")
+    get_workload(name)
+    scale = check_scale(scale)
+    out = Path(out)
+    T.prepare_output_dir(out, force)  # refuse before doing the work
+    b = build(name, scale=scale, seed=seed)
+    argv = ["pagecast", "datasets", "make", name, "-o", str(out), "--scale", f"{scale:g}",
+            "--seed", str(seed), "--mode", mode]
+    if not driver_prefetch:
+        argv.append("--no-driver-prefetch")
+    b.write(out, mode=mode, driver_prefetch=driver_prefetch, force=True,
+            workload={"name": name, "argv": argv, "scale": scale, "seed": int(seed),
+                      "category": WORKLOADS[name].category},
+            progress=progress)
+    return out

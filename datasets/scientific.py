@@ -1,0 +1,175 @@
+"""Scientific workload models: stream, jacobi2d, spmv-cg."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .engine import READ, READWRITE, WRITE, Builder, Kernel, Range, Ranges, Strided, scaled
+
+# ---------------------------------------------------------------------------
+# stream: McCalpin's STREAM kernels over arrays that are reallocated per phase
+
+K_STREAM_INIT = Kernel("stream_init", [("a", "float*"), ("value", "float")], {"a": "linear"})
+K_STREAM_COPY = Kernel("stream_copy", [("c", "float*"), ("a", "const float*"), ("n", "long")],
+                       {"c": "linear", "a": "linear"})
+K_STREAM_SCALE = Kernel("stream_scale", [("b", "float*"), ("c", "const float*"), ("scalar", "float"),
+                                         ("n", "long")], {"b": "linear", "c": "linear"})
+K_STREAM_ADD = Kernel("stream_add", [("c", "float*"), ("a", "const float*"), ("b", "const float*"),
+                                     ("n", "long")], {"c": "linear", "a": "linear", "b": "linear"})
+K_STREAM_TRIAD = Kernel("stream_triad", [("a", "float*"), ("b", "const float*"), ("c", "const float*"),
+                                         ("scalar", "float"), ("n", "long")],
+                        {"a": "linear", "b": "linear", "c": "linear"})
+STREAM_KERNELS = [K_STREAM_INIT, K_STREAM_COPY, K_STREAM_SCALE, K_STREAM_ADD, K_STREAM_TRIAD]
+
+
+def size_factor(scale: float) -> float:
+    """How problem sizes (element counts) grow with --scale; launch counts grow linearly."""
+    return scale ** 0.25
+
+
+def build_stream(b: Builder) -> None:
+    rng, s = b.rng, b.scale
+    phases = 4
+    iters = scaled(625, s)                      # 4 phases x 4 kernels x 625 = 10^4 launches at scale 1
+    for _ in range(phases):
+        n = scaled(131072 * size_factor(s) * rng.uniform(0.5, 1.5), 1, multiple=256, minimum=256)
+        a, bb, c = (b.malloc(4 * n, name) for name in ("a", "b", "c"))
+        base = b.reserve(3 + 4 * iters)
+        for i, (buf, v) in enumerate(((a, 1.0), (bb, 2.0), (c, 0.0))):
+            # the grid covers the array exactly: the footprint follows grid_x * block_x
+            b.launch(K_STREAM_INIT, base + i, {"a": buf.ptr(), "value": v}, grid=(n // 256,),
+                     touches=[Range(buf, 0, 4 * n, WRITE)])
+        t = np.arange(iters, dtype=np.int64)
+        ids = base + 3 + 4 * t
+        grid = (-(-n // 1024),)  # grid-stride loop, 4 elements per thread
+        nb = 4 * n
+        scalar = 3.0  # STREAM's scalar
+        b.launch(K_STREAM_COPY, ids, {"c": c.ptr(), "a": a.ptr(), "n": n}, grid=grid, flops=0,
+                 touches=[Range(c, 0, nb, WRITE), Range(a, 0, nb, READ)])
+        b.launch(K_STREAM_SCALE, ids + 1, {"b": bb.ptr(), "c": c.ptr(), "scalar": scalar, "n": n}, grid=grid,
+                 flops=n, touches=[Range(bb, 0, nb, WRITE), Range(c, 0, nb, READ)])
+        b.launch(K_STREAM_ADD, ids + 2, {"c": c.ptr(), "a": a.ptr(), "b": bb.ptr(), "n": n}, grid=grid,
+                 flops=n, touches=[Range(c, 0, nb, WRITE), Range(a, 0, nb, READ), Range(bb, 0, nb, READ)])
+        b.launch(K_STREAM_TRIAD, ids + 3, {"a": a.ptr(), "b": bb.ptr(), "c": c.ptr(), "scalar": scalar, "n": n},
+                 grid=grid, flops=2 * n,
+                 touches=[Range(a, 0, nb, WRITE), Range(bb, 0, nb, READ), Range(c, 0, nb, READ)])
+        for buf in (a, bb, c):
+            b.free(buf)
+
+
+# ---------------------------------------------------------------------------
+# jacobi2d: weighted-Jacobi smoothing in a multigrid V-cycle
+
+K_JAC_SWEEP = Kernel("jacobi2d_sweep", [("out", "float*"), ("in", "const float*"), ("nx", "int"), ("ny", "int"),
+                                         ("omega", "float")], {"out": "linear", "in": "linear"})
+K_JAC_HALO = Kernel("jacobi2d_halo", [("u", "float*"), ("nx", "int"), ("ny", "int")], {"u": "strided"})
+K_JAC_RESTRICT = Kernel("jacobi2d_restrict", [("coarse", "float*"), ("fine", "const float*"),
+                                               ("nxc", "int"), ("nyc", "int")],
+                        {"coarse": "linear", "fine": "linear"})
+K_JAC_PROLONG = Kernel("jacobi2d_prolong", [("fine", "float*"), ("coarse", "const float*"),
+                                             ("nxc", "int"), ("nyc", "int")],
+                       {"fine": "linear", "coarse": "linear"})
+K_JAC_RESIDUAL = Kernel("jacobi2d_residual", [("u", "const float*"), ("partial", "float*"), ("nx", "int"),
+                                               ("ny", "int")], {"u": "linear", "partial": "linear"})
+K_REDUCE = Kernel("reduce_sum", [("partial", "const float*"), ("result", "float*"), ("n", "int")],
+                  {"partial": "linear", "result": "fixed"})
+JACOBI_KERNELS = [K_JAC_SWEEP, K_JAC_HALO, K_JAC_RESTRICT, K_JAC_PROLONG, K_JAC_RESIDUAL, K_REDUCE]
+
+
+def build_jacobi2d(b: Builder) -> None:
+    rng, s = b.rng, b.scale
+    side = np.sqrt(size_factor(s))
+    nx0 = scaled(512 * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
+    ny0 = scaled(512 * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
+    levels = 4
+    dims = [(nx0 >> l, ny0 >> l) for l in range(levels)]
+    # two buffers per level, each (ny + 2) rows with one halo row above and below
+    bufs = [[b.malloc(4 * nx * (ny + 2), f"u{l}{k}") for k in "ab"] for l, (nx, ny) in enumerate(dims)]
+    gx0, gy0 = -(-nx0 // 32), -(-ny0 // 8)
+    partial = b.malloc(4 * gx0 * gy0, "partial")
+    scalars = b.malloc(4096, "scalars")
+    nu = 2
+    omega = 0.8
+    # one V-cycle as a list of operations; each repeats every cycle
+    ops: list[tuple] = []
+    for l in range(levels - 1):
+        ops += [("sweep", l, 0), ("halo", l, 1), ("sweep", l, 1), ("halo", l, 0)] * (nu // 2)
+        ops += [("restrict", l)]
+    ops += [("sweep", levels - 1, 0), ("halo", levels - 1, 1), ("sweep", levels - 1, 1), ("halo", levels - 1, 0)]
+    for l in range(levels - 2, -1, -1):
+        ops += [("prolong", l)]
+        ops += [("sweep", l, 0), ("halo", l, 1), ("sweep", l, 1), ("halo", l, 0)] * (nu // 2)
+    ops += [("residual",), ("reduce",)]
+    cycles = max(1, round(10_000 * s / len(ops)))
+    base = b.reserve(cycles * len(ops))
+    cyc = np.arange(cycles, dtype=np.int64) * len(ops)
+    for i, op in enumerate(ops):
+        ids = base + cyc + i
+        kind = op[0]
+        if kind == "sweep":
+            l, src = op[1], op[2]
+            nx, ny = dims[l]
+            u_in, u_out = bufs[l][src], bufs[l][1 - src]
+            # pointers to the first interior row; the stencil reads one halo row above it
+            b.launch(K_JAC_SWEEP, ids, {"out": u_out.ptr(4 * nx), "in": u_in.ptr(4 * nx), "nx": nx, "ny": ny,
+                                        "omega": omega},
+                     grid=(-(-nx // 32), -(-ny // 8)), block=(32, 8), flops=6 * nx * ny,
+                     touches=[Range(u_out, 4 * nx, 4 * nx * ny, WRITE), Range(u_in, 0, 4 * nx * (ny + 2), READ)])
+        elif kind == "halo":
+            l, k = op[1], op[2]
+            nx, ny = dims[l]
+            u = bufs[l][k]
+            # periodic in y: rows 0,1 and ny,ny+1 (copy row ny into 0 and row 1 into ny+1)
+            b.launch(K_JAC_HALO, ids, {"u": u.ptr(), "nx": nx, "ny": ny}, grid=(-(-nx // 256),),
+                     touches=[Strided(u, 0, 8 * nx, 4 * nx * ny, 2, READWRITE)])
+        elif kind == "restrict":
+            l = op[1]
+            (nxf, nyf), (nxc, nyc) = dims[l], dims[l + 1]
+            fine, coarse = bufs[l][0], bufs[l + 1][0]
+            b.launch(K_JAC_RESTRICT, ids, {"coarse": coarse.ptr(4 * nxc), "fine": fine.ptr(4 * nxf),
+                                           "nxc": nxc, "nyc": nyc},
+                     grid=(-(-nxc // 32), -(-nyc // 8)), block=(32, 8), flops=9 * nxc * nyc,
+                     touches=[Range(coarse, 4 * nxc, 4 * nxc * nyc, WRITE), Range(fine, 4 * nxf, 4 * nxf * nyf, READ)])
+        elif kind == "prolong":
+            l = op[1]
+            (nxf, nyf), (nxc, nyc) = dims[l], dims[l + 1]
+            fine, coarse = bufs[l][0], bufs[l + 1][0]
+            b.launch(K_JAC_PROLONG, ids, {"fine": fine.ptr(4 * nxf), "coarse": coarse.ptr(4 * nxc),
+                                          "nxc": nxc, "nyc": nyc},
+                     grid=(-(-nxf // 32), -(-nyf // 8)), block=(32, 8), flops=4 * nxf * nyf,
+                     touches=[Range(fine, 4 * nxf, 4 * nxf * nyf, READWRITE),
+                              Range(coarse, 0, 4 * nxc * (nyc + 2), READ)])
+        elif kind == "residual":
+            nx, ny = dims[0]
+            u = bufs[0][0]
+            gx, gy = -(-nx // 32), -(-ny // 8)
+            # one partial sum per block: the partial footprint follows the grid
+            b.launch(K_JAC_RESIDUAL, ids, {"u": u.ptr(4 * nx), "partial": partial.ptr(), "nx": nx, "ny": ny},
+                     grid=(gx, gy), block=(32, 8), flops=7 * nx * ny,
+                     touches=[Range(u, 0, 4 * nx * (ny + 2), READ), Range(partial, 0, 4 * gx * gy, WRITE)])
+        elif kind == "reduce":
+            nx, ny = dims[0]
+            nparts = -(-nx // 32) * -(-ny // 8)
+            b.launch(K_REDUCE, ids, {"partial": partial.ptr(), "result": scalars.ptr(), "n": nparts},
+                     grid=(1,), block=(1024,), flops=nparts,
+                     touches=[Range(partial, 0, 4 * nparts, READ), Range(scalars, 0, 4, WRITE)])
+
+
+# ---------------------------------------------------------------------------
+
+from .workload import workload  # noqa: E402
+
+WORKLOADS = [
+    workload("stream", "scientific",
+             "STREAM copy/scale/add/triad (float scalar beside an 8-byte n) over three arrays, reallocated "
+             "(same addresses reused) with a new size in each of 4 phases; stream_init's footprint follows "
+             "grid_x*block_x*4 with no size argument. Templates: linear (size 4*n; grid-derived).",
+             build_stream, STREAM_KERNELS),
+    workload("jacobi2d", "scientific",
+             "Weighted-Jacobi smoothing in a 4-level multigrid V-cycle with ping-pong buffers; the stencil "
+             "reads through a pointer to the first interior row, so its region starts one row before the "
+             "pointer (negative offset -4*nx, size 4*nx*(ny+2)); periodic halo rows (strided: 2 chunks of "
+             "8*nx bytes, stride 4*nx*ny); restriction/prolongation; a residual whose per-block partial sums "
+             "follow the grid, and a 4-byte reduction result. Templates: linear, strided, fixed.",
+             build_jacobi2d, JACOBI_KERNELS),
+]
