@@ -1,0 +1,354 @@
+"""pagecast report: the three kinds of HTML report, bad input, and a real headless browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pagecast import trace as T
+from pagecast.cli import main
+
+MiB = 1 << 20
+BASE = 0x7F00_0000_0000
+KERNELS = ["_Z4vaddPfPKfS1_i", "_Z7stencilPfPKfii", "_Z6reducePKfPfi"]
+# kernel -> [(allocation, offset, bytes)] it touches on every launch
+RANGES = {0: [(0, 0, 32 * MiB), (1, 0, 32 * MiB), (2, 0, 32 * MiB)],
+          1: [(1, 0, 64 * MiB), (3, 0, 96 * MiB)],
+          2: [(3, 16 * MiB, 16 * MiB), (0, 0, 8 * MiB)]}
+ALLOC_BYTES = np.array([64 * MiB, 64 * MiB, 32 * MiB, 128 * MiB], np.int64)
+ALLOC_ADDR = BASE + np.arange(4, dtype=np.int64) * (1 << 30)   # 1 GiB apart: the layout removes the gaps
+
+
+def make_trace(path: Path, n_launches: int = 12, pages_step: int = 16, seed: int = 0,
+               with_migrations: bool = True) -> Path:
+    """A full-mode trace of three kernels over four allocations; faults every `pages_step` pages."""
+    rng = np.random.default_rng(seed)
+    ps = 4096
+    kid = np.arange(n_launches) % 3
+    dur = 2_000_000
+    start = np.arange(n_launches, dtype=np.int64) * 3_000_000 + 10**9
+    L = {T.LAUNCH_ID: np.arange(n_launches), T.KERNEL: [KERNELS[k] for k in kid],
+         T.DEVICE: np.zeros(n_launches, np.int32), T.STREAM: np.zeros(n_launches, np.int64),
+         **{c: np.ones(n_launches, np.int32) for c in T.GRID_COLUMNS},
+         T.SHARED_MEM_BYTES: np.zeros(n_launches, np.int32), T.START_NS: start, T.END_NS: start + dur,
+         T.PARAM_OFFSETS: [[0, 8]] * n_launches, T.PARAM_SIZES: [[8, 4]] * n_launches,
+         T.PARAM_DATA: [struct.pack("<Qi", int(ALLOC_ADDR[0]), 1024) + b"\0" * 4] * n_launches}
+    tl, ta, tb, fl, fa, ft = [], [], [], [], [], []
+    for i in range(n_launches):
+        for a, off, nb in RANGES[int(kid[i])]:
+            tl.append(i), ta.append(int(ALLOC_ADDR[a]) + off), tb.append(nb)
+            pages = np.arange(0, nb // ps, pages_step)
+            fl.append(np.full(len(pages), i))
+            fa.append(ALLOC_ADDR[a] + off + pages * ps)
+            ft.append(start[i] + np.sort(rng.integers(0, dur, len(pages))))
+    fl, fa, ft = np.concatenate(fl), np.concatenate(fa), np.concatenate(ft)
+    n = len(fa)
+    F = {T.TIME_NS: ft, T.ADDRESS: fa.astype(np.uint64), T.COUNT: np.ones(n, np.int32),
+         T.ACCESS: np.full(n, "read"), T.DEVICE: np.zeros(n, np.int32), T.LAUNCH_ID: fl}
+    blk = 2 * MiB
+    mb = np.unique(np.stack([fl, fa // blk]), axis=1) if with_migrations else np.zeros((2, 0), np.int64)
+    ms = start[mb[0]] + 1000
+    M = {T.START_NS: ms, T.END_NS: ms + 50_000, T.ADDRESS: (mb[1] * blk).astype(np.uint64),
+         T.BYTES: np.full(mb.shape[1], blk), T.DIRECTION: np.full(mb.shape[1], "htod"),
+         T.CAUSE: np.full(mb.shape[1], "coherence"), T.LAUNCH_ID: mb[0]}
+    A = {T.ALLOC_ID: np.arange(4), T.ADDRESS: ALLOC_ADDR.astype(np.uint64), T.BYTES: ALLOC_BYTES,
+         T.KIND: ["managed"] * 4, T.DEVICE: np.zeros(4, np.int32),
+         T.FIRST_LAUNCH: np.zeros(4, np.int64), T.LAST_LAUNCH: [None] * 4}
+    TR = {T.LAUNCH_ID: tl, T.ADDRESS: np.array(ta, np.uint64), T.BYTES: tb, T.ACCESS: ["readwrite"] * len(tl)}
+    man = T.new_manifest(mode="full", source="synthetic", workload={"name": "toy", "argv": None})
+    return T.write_trace(path, man, {T.LAUNCHES: L, T.ALLOCATIONS: A, T.FAULTS: F, T.MIGRATIONS: M, T.TRUTH: TR})
+
+
+def make_results(path: Path, *, with_timeline: bool = True, n_launches: int = 60) -> Path:
+    """Replay results as `pagecast replay -o` writes them (through results_io), three policies x three ratios."""
+    from pagecast.replay.results_io import write_results
+    tasks = ["jacobi2d", "stream", "resnet"]
+    fp = 48 << 30
+    runs, cols = [], {k: [] for k in ("run", "policy", "capacity_bytes", "task", "task_name", "launch_id",
+                                      "kernel", "start_s", "end_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes")}
+    i = 0
+    for ov in (1.5, 2.0, 3.0):
+        cap = int(fp / ov)
+        demand_t = None
+        for p, stall in (("demand", 0.02), ("template", 0.001), ("oracle", 0.0005)):
+            t = total_stall = 0.0
+            for l in range(n_launches):
+                st = stall * ov * (1 + (l % 5) / 10)
+                for k, v in (("run", i), ("policy", p), ("capacity_bytes", cap), ("task", l % 3),
+                             ("task_name", tasks[l % 3]), ("launch_id", l // 3), ("kernel", f"k{l % 3}"),
+                             ("start_s", t), ("end_s", t + st + 0.002), ("stall_s", st), ("faults", int(st * 3e4)),
+                             ("htod_bytes", 1 << 26), ("dtoh_bytes", 1 << 25)):
+                    cols[k].append(v)
+                t += st + 0.002
+                total_stall += st
+            demand_t = t if p == "demand" else demand_t
+            runs.append(dict(policy=p, backend="sim", capacity_bytes=cap, oversub=ov, time_s=t, stall_s=total_stall,
+                             faults=int(total_stall * 3e4), htod_bytes=int(fp * ov), dtoh_bytes=int(fp * (ov - 1)),
+                             speedup_vs_demand=demand_t / t, workload="toy-mix", tasks=tasks, run=i))
+            i += 1
+    return write_results(path, runs, cols if with_timeline else None)
+
+
+@pytest.fixture(scope="module")
+def toy_trace(tmp_path_factory) -> Path:
+    return make_trace(tmp_path_factory.mktemp("rep") / "toy.pctrace")
+
+
+@pytest.fixture(scope="module")
+def toy_results(tmp_path_factory) -> Path:
+    pytest.importorskip("pagecast.replay.results_io")
+    return make_results(tmp_path_factory.mktemp("res") / "RESULTS.parquet")
+
+
+def _images(html: str) -> list[str]:
+    return re.findall(r'src="data:image/(svg\+xml|png);base64,', html)
+
+
+def _figure_titles(html: str) -> list[str]:
+    return re.findall(r'<figure class="plot"[^>]*><h3>([^<]*)</h3>', html)
+
+
+def _check_every_figure_explained(html: str) -> None:
+    figs = re.findall(r'<figure class="plot".*?</figure>', html, flags=re.S)
+    assert figs
+    for f in figs:
+        assert re.search(r"<h3>[^<]+</h3>", f)
+        look = re.search(r'<p class="look"><b>What to look for:</b> ([^<]+)</p>', f)
+        assert look and len(look.group(1)) > 20 and look.group(1).rstrip().endswith(".")
+
+
+def _svg_texts(html: str) -> str:
+    """Decoded text of every embedded SVG (axis labels and titles are text there)."""
+    import base64
+    return "\n".join(base64.b64decode(b).decode() for b in re.findall(r'data:image/svg\+xml;base64,([^"]+)"', html))
+
+
+# ---- the trace report ---------------------------------------------------------
+
+def test_trace_report_has_plots_and_numbers(toy_trace, tmp_path):
+    from pagecast.report.render import write_report
+    from pagecast.summary import trace_summary
+
+    out = write_report(toy_trace, tmp_path / "r.html")
+    html = out.read_text()
+    assert _figure_titles(html) == ["Fault scatter: time against virtual address", "Faults and migrated bytes over time",
+                                    "Footprint per kernel", "Allocation map"]
+    assert len(_images(html)) == 4
+    assert 'data:image/png' in html            # the fault scatter is a raster
+    _check_every_figure_explained(html)
+    s = trace_summary(T.read_trace(toy_trace))
+    assert f"<div class=\"v\">{s['launches']:,}</div>" in html
+    # per 3 launches: vadd 3 x 512, stencil 1024 + 1536, reduce 256 + 128 fault records of one fault each
+    assert s["faults"] == 4 * 4480 and f"{s['faults']:,}" in html
+    # union footprint: 32 + 64 + 32 + 96 MiB (reduce's ranges lie inside the others')
+    assert s["footprint_bytes"] == 224 * MiB and "224.0 MiB" in html
+    for k in KERNELS:
+        assert k in html
+    svg = _svg_texts(html)
+    for label in ("GPU page faults per ms", "migrated GB/s", "footprint summed over launches (MiB)",
+                  "launch id (lifetime"):
+        assert label in svg
+    assert "every fault record drawn" in html
+    assert "http://" not in html.replace("http://www.w3.org", "")  # nothing fetched at view time
+    assert "<script" not in html
+
+
+def test_trace_report_allocation_touched_fraction(toy_trace):
+    from pagecast.footprints import footprints
+    from pagecast.report.trace_report import touched_pages
+
+    tr = T.read_trace(toy_trace)
+    touched = touched_pages(footprints(tr), ALLOC_ADDR, ALLOC_BYTES, tr.page_size) * tr.page_size
+    # allocation 0: vadd 32 MiB (reduce's 8 MiB inside it); 1: stencil 64; 2: vadd 32; 3: stencil 96 (reduce inside)
+    assert touched.tolist() == [32 * MiB, 64 * MiB, 32 * MiB, 96 * MiB]
+
+
+def test_address_layout_removes_gaps_and_keeps_stray_faults(toy_trace):
+    from pagecast.report.trace_report import AddressLayout
+
+    tr = T.read_trace(toy_trace)
+    stray = np.array([BASE + (10 << 30) + 4096], np.int64)   # outside every allocation
+    lay = AddressLayout(tr, stray)
+    assert lay.total == int(ALLOC_BYTES.sum()) + (2 << 20)
+    y = lay.map(np.array([ALLOC_ADDR[0], ALLOC_ADDR[1] + 5, ALLOC_ADDR[3], stray[0], BASE - 1], np.int64))
+    assert y[:4].tolist() == [0, 64 * MiB + 5, (64 + 64 + 32) * MiB, ALLOC_BYTES.sum() + 4096]
+    assert np.isnan(y[4])
+
+
+def test_fault_scatter_is_binned_above_threshold(toy_trace, tmp_path, monkeypatch):
+    from pagecast.report import trace_report
+    from pagecast.report.render import write_report
+
+    monkeypatch.setattr(trace_report, "SCATTER_MAX_POINTS", 100)
+    html = write_report(toy_trace, tmp_path / "r.html").read_text()
+    assert "binned:" in html and "cells" in html
+    assert len(_images(html)) == 4
+
+
+def test_large_trace_renders_quickly_and_stays_small(tmp_path):
+    # 99 launches, a fault record every 4th page: 591,360 records, binned
+    tr = make_trace(tmp_path / "big.pctrace", n_launches=99, pages_step=4)
+    from pagecast.report.render import write_report
+    t0 = time.perf_counter()
+    out = write_report(tr, tmp_path / "big.html")
+    took = time.perf_counter() - t0
+    html = out.read_text()
+    assert "binned:" in html and "591,360 fault records" in html
+    assert took < 20, f"report of 591k faults took {took:.1f} s"
+    assert out.stat().st_size < 1_500_000
+
+
+def test_trace_without_migrations_or_allocations(tmp_path):
+    from pagecast.report.render import write_report
+    p = make_trace(tmp_path / "t.pctrace", n_launches=3, with_migrations=False)
+    shutil.rmtree(p / T.ALLOCATIONS)
+    (p / T.ALLOCATIONS).mkdir()
+    html = write_report(p, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 4
+    assert "no allocations recorded" in _svg_texts(html)
+    assert "no migrations recorded" in _svg_texts(html)
+
+
+# ---- the replay report --------------------------------------------------------
+
+def test_replay_report_has_plots_and_numbers(toy_results, tmp_path):
+    from pagecast.replay.results_io import read_results
+    from pagecast.report.render import write_report
+
+    html = write_report(toy_results, tmp_path / "r.html").read_text()
+    assert _figure_titles(html) == ["Speedup per policy against oversubscription", "Bytes moved per policy",
+                                    "Stall timeline per launch", "Multitask timeline"]
+    assert len(_images(html)) == 4
+    _check_every_figure_explained(html)
+    runs, _ = read_results(toy_results)
+    best = max(runs.column("speedup_vs_demand").to_pylist())
+    assert f"{best:.3g}x" in html
+    for pol in ("demand", "template", "oracle"):
+        assert f"<td class=\"\">{pol}</td>" in html
+    assert "jacobi2d" in html
+    svg = _svg_texts(html)
+    assert "speedup over demand paging (x)" in svg and "oversubscription (footprint / GPU capacity" in svg
+    assert "cumulative stall (s)" in svg
+    assert "3x oversubscribed" in html   # timelines at the most oversubscribed capacity
+
+
+def test_replay_report_without_timeline(tmp_path):
+    pytest.importorskip("pagecast.replay.results_io")
+    from pagecast.report.render import write_report
+    res = make_results(tmp_path / "R.parquet", with_timeline=False)
+    html = write_report(res, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 2
+    assert "No timeline beside" in html
+
+
+# ---- command line and bad input ---------------------------------------------------
+
+def test_cli_writes_refuses_overwrite_and_forces(toy_trace, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(toy_trace), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "wrote report" in err and str(out) in err
+    size = out.stat().st_size
+    assert main(["report", str(toy_trace), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert out.stat().st_size == size
+    assert main(["report", str(toy_trace), "-o", str(out), "--force"]) == 0
+
+
+@pytest.mark.parametrize("what", ["text-file", "plain-dir", "missing", "parquet", "empty-trace"])
+def test_bad_input_is_one_line_exit_2(what, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    if what == "text-file":
+        p = tmp_path / "x.txt"
+        p.write_text("hello")
+    elif what == "plain-dir":
+        p = tmp_path / "d"
+        p.mkdir()
+    elif what == "missing":
+        p = tmp_path / "nope.pctrace"
+    elif what == "parquet":
+        p = tmp_path / "other.parquet"
+        pq.write_table(pa.table({"a": [1, 2]}), p)
+    else:
+        p = T.write_trace(tmp_path / "empty.pctrace", T.new_manifest(), {})
+    out = tmp_path / "r.html"
+    assert main(["report", str(p), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("pagecast report: error:") and str(p) in err
+    assert "Traceback" not in err
+    if what == "empty-trace":
+        assert "no launches" in err
+    assert not out.exists()
+
+
+def test_model_with_results_is_refused(toy_results, tmp_path, capsys):
+    m = tmp_path / "m.json"
+    m.write_text("{}")
+    assert main(["report", str(toy_results), "--model", str(m), "-o", str(tmp_path / "r.html")]) == 2
+    assert "take no --model" in capsys.readouterr().err
+
+
+def test_missing_model_file(toy_trace, tmp_path, capsys):
+    assert main(["report", str(toy_trace), "--model", str(tmp_path / "none.json"), "-o", str(tmp_path / "r.html")]) == 2
+    assert "no such model" in capsys.readouterr().err
+
+
+# ---- a real headless browser ---------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+_PROBE_HEAD = ("<script>window.__pcErrors=[];window.addEventListener('error',function(e){var t=e.target;"
+               "window.__pcErrors.push(t&&t.tagName?('resource '+t.tagName+' failed to load'):String(e.message));},"
+               "true);</script>")
+_PROBE_TAIL = ("<script>window.addEventListener('load',function(){var out=[];"
+               "document.querySelectorAll('figure.plot img').forEach(function(i){var r=i.getBoundingClientRect();"
+               "out.push({nw:i.naturalWidth,nh:i.naturalHeight,w:r.width,h:r.height,ok:i.complete});});"
+               "var p=document.createElement('pre');p.id='pc-check';p.textContent=JSON.stringify({imgs:out,"
+               "errors:window.__pcErrors,figures:document.querySelectorAll('figure.plot').length,"
+               "width:document.documentElement.scrollWidth,viewport:window.innerWidth});"
+               "document.body.appendChild(p);});</script>")
+
+
+def browser_check(html_path: Path, tmp: Path) -> dict:
+    """Open a copy of the report (with a probe script) in headless chromium; return what the probe saw."""
+    src = html_path.read_text()
+    probe = tmp / f"probe-{html_path.stem}.html"
+    probe.write_text(src.replace("<head>", "<head>" + _PROBE_HEAD, 1).replace("</body>", _PROBE_TAIL + "</body>", 1))
+    profile = tmp / f"profile-{html_path.stem}"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", "--window-size=1366,900", "--virtual-time-budget=10000",
+           "--dump-dom", probe.resolve().as_uri()]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    m = re.search(r'<pre id="pc-check">(.*?)</pre>', r.stdout, flags=re.S)
+    assert m, f"the probe did not run (rc {r.returncode}): {r.stderr[-500:]}"
+    import html as _html
+    return json.loads(_html.unescape(m.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs Debian's chromium)")
+def test_reports_render_in_headless_chromium(toy_trace, tmp_path):
+    from pagecast.report.render import write_report
+    paths = [write_report(toy_trace, tmp_path / "trace.html")]
+    try:
+        import pagecast.replay.results_io  # noqa: F401
+        paths.append(write_report(make_results(tmp_path / "R.parquet"), tmp_path / "replay.html"))
+    except ImportError:
+        pass
+    for p in paths:
+        got = browser_check(p, tmp_path)
+        assert got["errors"] == [], got["errors"]
+        assert got["figures"] == 4 and len(got["imgs"]) == 4
+        for im in got["imgs"]:
+            assert im["ok"] and im["nw"] > 100 and im["nh"] > 100 and im["w"] > 100 and im["h"] > 50, im
+        assert got["width"] <= got["viewport"], "the page scrolls sideways on a laptop-sized window"
