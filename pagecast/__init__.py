@@ -3,3 +3,12 @@ plan unified-memory prefetches, and measure what they buy."""
 
 __version__ = "0.1.0"
 PRODUCER = f"pagecast {__version__}"
+
+
+def __getattr__(name):
+    # Lazy: `import pagecast` stays light; pagecast.prefetching loads the GPU runner on first use.
+    if name == "prefetching":
+        from pagecast.replay.gpu_runner import prefetching
+
+        return prefetching
+    raise AttributeError(f"module 'pagecast' has no attribute {name!r}")
