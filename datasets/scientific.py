@@ -156,6 +156,120 @@ def build_jacobi2d(b: Builder) -> None:
 
 
 # ---------------------------------------------------------------------------
+# spmv-cg: conjugate gradient on a CSR matrix, row-partitioned into uneven blocks
+
+K_SPMV = Kernel("spmv_csr_block", [("nrows", "int"), ("nnz", "int"), ("rowptr", "const int*"),
+                                   ("colind", "const int*"), ("vals", "const float*"), ("x", "const float*"),
+                                   ("y", "float*")],
+                {"rowptr": "linear", "colind": "linear", "vals": "linear", "x": "irregular", "y": "linear"})
+K_DOT = Kernel("dot_partial", [("a", "const float*"), ("b", "const float*"), ("out", "float*"), ("n", "int")],
+               {"a": "linear", "b": "linear", "out": "fixed"})
+K_AXPY = Kernel("axpy", [("y", "float*"), ("x", "const float*"), ("alpha", "float"), ("n", "int")],
+                {"y": "linear", "x": "linear"})
+K_XPAY = Kernel("xpay", [("y", "float*"), ("x", "const float*"), ("beta", "float"), ("n", "int")],
+                {"y": "linear", "x": "linear"})
+SPMV_KERNELS = [K_SPMV, K_DOT, K_AXPY, K_XPAY, K_REDUCE]
+
+
+def _csr_columns(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse matrix's row pointers and column indices: a band around the diagonal plus a few
+    long-range couplings into random clusters (as in an unstructured mesh after reordering)."""
+    per_row = rng.integers(5, 16, n)
+    rowptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+    nnz = int(rowptr[-1])
+    row = np.repeat(np.arange(n), per_row)
+    far = rng.random(nnz) < 0.08
+    band = row + rng.integers(-48, 49, nnz)
+    centers = rng.integers(0, n, max(4, n // 4096))
+    cluster = centers[rng.integers(0, len(centers), nnz)] + rng.integers(-256, 257, nnz)
+    col = np.clip(np.where(far, cluster, band), 0, n - 1)
+    return rowptr, col
+
+
+def build_spmv_cg(b: Builder) -> None:
+    rng, s = b.rng, b.scale
+    n = scaled(65536 * size_factor(s) * rng.uniform(0.75, 1.25), 1, multiple=256, minimum=1024)
+    rowptr, col = _csr_columns(rng, n)
+    nnz = int(rowptr[-1])
+    nblk = int(rng.integers(6, 11))
+    cuts = np.sort(rng.choice(np.arange(1, n // 64), nblk - 1, replace=False)) * 64
+    r0 = np.concatenate([[0], cuts]).astype(np.int64)
+    r1 = np.concatenate([cuts, [n]]).astype(np.int64)
+    rows = r1 - r0
+    k0, k1 = rowptr[r0], rowptr[r1]
+    # the pages of x each block gathers (data-dependent), as runs of consecutive pages
+    blk_of = np.repeat(np.arange(nblk), k1 - k0)
+    pages = np.unique(blk_of.astype(np.int64) << 32 | (col * 4 >> 12))
+    pb, pp = pages >> 32, pages & 0xFFFFFFFF
+    new = np.ones(len(pages), bool)
+    new[1:] = (pb[1:] != pb[:-1]) | (pp[1:] != pp[:-1] + 1)
+    ri = np.flatnonzero(new)
+    run_blk, run_page = pb[ri], pp[ri]
+    run_len = np.diff(np.append(ri, len(pages)))
+    xbytes = 4 * n
+    run_off = run_page * 4096
+    run_nb = np.minimum(run_len * 4096, xbytes - run_off)
+
+    A_rowptr = b.malloc(4 * (n + 1), "rowptr")
+    A_col = b.malloc(4 * nnz, "colind")
+    A_val = b.malloc(4 * nnz, "vals")
+    x, r, p, q = (b.malloc(xbytes, v) for v in "xrpq")
+    partial = b.malloc(4 * 64, "partial")
+    scalars = b.malloc(4096, "scalars")
+
+    ops: list[tuple] = [("spmv", k) for k in range(nblk)]
+    ops += [("dot", "p", "q", k) for k in range(nblk)] + [("reduce", 0)]
+    ops += [("axpy", "x", "p", k) for k in range(nblk)] + [("axpy", "r", "q", k) for k in range(nblk)]
+    ops += [("dot", "r", "r", k) for k in range(nblk)] + [("reduce", 1)]
+    ops += [("xpay", "p", "r", k) for k in range(nblk)]
+    iters = max(1, round(10_000 * s / len(ops)))
+    base = b.reserve(iters * len(ops))
+    it = np.arange(iters, dtype=np.int64)
+    alpha = (0.2 + 0.6 * rng.random(iters)).astype(np.float32)   # the step lengths CG finds
+    beta = (0.05 + 0.9 * rng.random(iters)).astype(np.float32)
+    vec = {"x": x, "r": r, "p": p, "q": q}
+    for i, op in enumerate(ops):
+        ids = base + it * len(ops) + i
+        kind = op[0]
+        if kind == "spmv":
+            k = op[1]
+            sel = np.flatnonzero(run_blk == k)
+            which = np.repeat(np.arange(iters), len(sel))
+            nr, nz = int(rows[k]), int(k1[k] - k0[k])
+            b.launch(K_SPMV, ids, {"nrows": nr, "nnz": nz, "rowptr": A_rowptr.ptr(4 * r0[k]),
+                                   "colind": A_col.ptr(4 * k0[k]), "vals": A_val.ptr(4 * k0[k]), "x": p.ptr(),
+                                   "y": q.ptr(4 * r0[k])},
+                     grid=(-(-nr // 8),), block=(256,), flops=2 * nz,
+                     touches=[Range(A_rowptr, 4 * r0[k], 4 * (nr + 1)), Range(A_col, 4 * k0[k], 4 * nz),
+                              Range(A_val, 4 * k0[k], 4 * nz),
+                              Ranges(p, which, np.tile(run_off[sel], iters), np.tile(run_nb[sel], iters)),
+                              Range(q, 4 * r0[k], 4 * nr, WRITE)])
+        elif kind == "dot":
+            va, vb, k = vec[op[1]], vec[op[2]], op[3]
+            nr = int(rows[k])
+            t = [Range(va, 4 * r0[k], 4 * nr)] + ([Range(vb, 4 * r0[k], 4 * nr)] if vb is not va else [])
+            b.launch(K_DOT, ids, {"a": va.ptr(4 * r0[k]), "b": vb.ptr(4 * r0[k]), "out": partial.ptr(4 * k),
+                                  "n": nr},
+                     grid=(min(1024, -(-nr // 256)),), block=(256,), flops=2 * nr,
+                     touches=t + [Range(partial, 4 * k, 4, READWRITE)])
+        elif kind == "reduce":
+            b.launch(K_REDUCE, ids, {"partial": partial.ptr(), "result": scalars.ptr(4 * op[1]), "n": nblk},
+                     grid=(1,), block=(1024,), flops=nblk,
+                     touches=[Range(partial, 0, 4 * nblk), Range(scalars, 4 * op[1], 4, WRITE)])
+        else:
+            vy, vx, k = vec[op[1]], vec[op[2]], op[-1]
+            nr = int(rows[k])
+            kern = K_AXPY if kind == "axpy" else K_XPAY
+            coef = alpha if kind == "axpy" else beta
+            if kind == "axpy" and op[1] == "r":
+                coef = -alpha
+            b.launch(kern, ids, {"y": vy.ptr(4 * r0[k]), "x": vx.ptr(4 * r0[k]),
+                                 ("alpha" if kind == "axpy" else "beta"): coef, "n": nr},
+                     grid=(-(-nr // 256),), block=(256,), flops=2 * nr,
+                     touches=[Range(vy, 4 * r0[k], 4 * nr, READWRITE), Range(vx, 4 * r0[k], 4 * nr)])
+
+
+# ---------------------------------------------------------------------------
 
 from .workload import workload  # noqa: E402
 
@@ -172,4 +286,11 @@ WORKLOADS = [
              "8*nx bytes, stride 4*nx*ny); restriction/prolongation; a residual whose per-block partial sums "
              "follow the grid, and a 4-byte reduction result. Templates: linear, strided, fixed.",
              build_jacobi2d, JACOBI_KERNELS),
+    workload("spmv-cg", "scientific",
+             "Conjugate gradient on a CSR matrix (band plus clustered long-range couplings) split into 6-10 "
+             "uneven row blocks: per block a CSR SpMV whose gather of x follows the column indices "
+             "(irregular, data-dependent), with rowptr/colind/vals/y pointers offset into their allocations "
+             "(linear in nrows and nnz), dot products into per-block 4-byte partials (fixed), axpy/xpay with "
+             "float coefficients beside int n, and a reduction. Templates: linear, fixed, irregular.",
+             build_spmv_cg, SPMV_KERNELS),
 ]
