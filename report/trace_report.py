@@ -325,7 +325,9 @@ def allocation_map(trace: T.Trace, fp: Footprints):
         last = pc.fill_null(A.column(T.LAST_LAUNCH), max(nl - 1, 0)).to_numpy().astype(np.int64)
         kinds = A.column(T.KIND).to_numpy(zero_copy_only=False)
         ids = A.column(T.ALLOC_ID).to_numpy()
-        touched = touched_pages(fp, addr, nbytes, trace.page_size) * trace.page_size
+        ps = trace.page_size
+        spanned = (addr + nbytes + ps - 1) // ps - addr // ps          # pages the allocation overlaps
+        frac = touched_pages(fp, addr, nbytes, ps) / np.maximum(spanned, 1)  # <= 1 even for unaligned ones
         sel = np.arange(n)
         if n > MAX_ALLOC_BARS:
             sel = np.argsort(-nbytes, kind="stable")[:MAX_ALLOC_BARS]
@@ -335,9 +337,9 @@ def allocation_map(trace: T.Trace, fp: Footprints):
         kc = {"managed": PALETTE[0], "device": PALETTE[3], "host": PALETTE[2]}
         for yi, i in zip(y, sel):
             ax.barh(yi, max(last[i] - first[i] + 1, 0.6), left=first[i] - 0.5, height=0.7,
-                    color=kc.get(kinds[i], OTHER_COLOUR), alpha=0.35 + 0.6 * min(touched[i] / nbytes[i], 1.0))
+                    color=kc.get(kinds[i], OTHER_COLOUR), alpha=0.35 + 0.6 * frac[i])
             ax.text(min(last[i] + 0.5, nl - 0.5) if nl else 0, yi,
-                    f"  {format_size(nbytes[i])}, {100 * touched[i] / nbytes[i]:.0f}% touched",
+                    f"  {format_size(nbytes[i])}, {100 * frac[i]:.0f}% of its pages touched",
                     va="center", fontsize=7, color="#333")
         ax.set_yticks(y, [f"alloc {ids[i]} @0x{addr[i]:x}" for i in sel], fontsize=7)
         ax.set_xlim(-0.5, max(nl, 1) * 1.25)
