@@ -69,8 +69,49 @@ TOUCH_PTX = r"""
 DONE:
     ret;
 }
+
+.visible .entry pagecast_copy(
+    .param .u64 pagecast_copy_dst,
+    .param .u64 pagecast_copy_src,
+    .param .u64 pagecast_copy_n
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<5>;
+    .reg .b64 %rd<14>;
+
+    ld.param.u64 %rd1, [pagecast_copy_dst];
+    ld.param.u64 %rd2, [pagecast_copy_src];
+    ld.param.u64 %rd3, [pagecast_copy_n];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    cvt.u64.u32 %rd4, %r1;
+    cvt.u64.u32 %rd5, %r2;
+    cvt.u64.u32 %rd6, %r3;
+    cvt.u64.u32 %rd7, %r4;
+    mad.lo.u64 %rd8, %rd4, %rd5, %rd6;
+    mul.lo.u64 %rd9, %rd7, %rd5;
+COPY_LOOP:
+    setp.ge.u64 %p1, %rd8, %rd3;
+    @%p1 bra COPY_DONE;
+    shl.b64 %rd10, %rd8, 3;
+    add.u64 %rd11, %rd2, %rd10;
+    ld.global.u64 %rd12, [%rd11];
+    add.u64 %rd13, %rd1, %rd10;
+    st.global.u64 [%rd13], %rd12;
+    add.u64 %rd8, %rd8, %rd9;
+    bra COPY_LOOP;
+COPY_DONE:
+    ret;
+}
 """
+KERNELS_PTX = TOUCH_PTX  # both calibration kernels live in one module
 TOUCH_KERNEL = "pagecast_touch"
+COPY_KERNEL = "pagecast_copy"  # grid-stride copy of n 8-byte words: device bandwidth
 TOUCH_BLOCK = 256
 
 
@@ -100,6 +141,7 @@ class CudaIface(Protocol):
     def alloc_managed(self, nbytes: int) -> int: ...
     def free(self, addr: int) -> None: ...
     def launch_touch(self, base: int, n: int, stride: int, stream: int = 0) -> None: ...
+    def launch_copy(self, dst: int, src: int, nbytes: int, stream: int = 0) -> None: ...
 
 
 @dataclass
@@ -230,7 +272,8 @@ class DriverCuda:
         self._host_loc = d.CUmemLocation()
         self._host_loc.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
         self._host_loc.id = 0
-        self._touch = None
+        self._module = None
+        self._funcs: dict[str, Any] = {}
         self._streams: list = []
         self._events: dict[int, Any] = {}
 
@@ -309,15 +352,29 @@ class DriverCuda:
     def free(self, addr: int) -> None:
         _check(self._d.cuMemFree(self._d.CUdeviceptr(int(addr))), "cuMemFree")
 
-    def launch_touch(self, base: int, n: int, stride: int, stream: int = 0) -> None:
+    def _function(self, name: str):
         d = self._d
-        if self._touch is None:
-            mod = _check(d.cuModuleLoadData(TOUCH_PTX.encode() + b"\0"), "cuModuleLoadData (touch kernel)")
-            self._touch = _check(d.cuModuleGetFunction(mod, TOUCH_KERNEL.encode()), "cuModuleGetFunction")
+        if self._module is None:
+            self._module = _check(d.cuModuleLoadData(KERNELS_PTX.encode() + b"\0"),
+                                  "cuModuleLoadData (calibration kernels)")
+        if name not in self._funcs:
+            self._funcs[name] = _check(d.cuModuleGetFunction(self._module, name.encode()), "cuModuleGetFunction")
+        return self._funcs[name]
+
+    def launch_touch(self, base: int, n: int, stride: int, stream: int = 0) -> None:
+        f = self._function(TOUCH_KERNEL)
         grid = max(1, (int(n) + TOUCH_BLOCK - 1) // TOUCH_BLOCK)
         params = ((int(base), int(n), int(stride)), (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64))
-        _check(d.cuLaunchKernel(self._touch, grid, 1, 1, TOUCH_BLOCK, 1, 1, 0, self._stream(stream), params, 0),
+        _check(self._d.cuLaunchKernel(f, grid, 1, 1, TOUCH_BLOCK, 1, 1, 0, self._stream(stream), params, 0),
                "cuLaunchKernel (touch kernel)")
+
+    def launch_copy(self, dst: int, src: int, nbytes: int, stream: int = 0) -> None:
+        f = self._function(COPY_KERNEL)
+        words = int(nbytes) // 8
+        grid = max(1, min(8192, (words + TOUCH_BLOCK - 1) // TOUCH_BLOCK))
+        params = ((int(dst), int(src), words), (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64))
+        _check(self._d.cuLaunchKernel(f, grid, 1, 1, TOUCH_BLOCK, 1, 1, 0, self._stream(stream), params, 0),
+               "cuLaunchKernel (copy kernel)")
 
 
 def open_cuda(device: int = 0) -> DriverCuda:
@@ -549,6 +606,11 @@ class FakeCuda:
         self.log.append(("launch_touch", base, n, stride, stream))
         for i in range(n):
             self.touch(base + i * stride, 4)
+
+    def launch_copy(self, dst: int, src: int, nbytes: int, stream: int = 0) -> None:
+        self.log.append(("launch_copy", dst, src, nbytes, stream))
+        self.touch(src, nbytes)
+        self.touch(dst, nbytes)
 
 
 class FakeMonitor:

@@ -1,0 +1,309 @@
+"""`pagecast calibrate`: measure this GPU's fault cost and bulk bandwidth, fit a cost profile.
+
+Two halves:
+- `measure(cuda, monitor)` runs the experiments on the GPU through
+  `cuda_iface` (and nothing else): it returns plain numbers (`Measurements`);
+- `fit_profile(measurements)` turns those numbers into a `CostProfile`
+  (pure: least-squares lines, tested on the CPU with synthetic measurements).
+
+Experiments (all sized from `cuMemGetInfo` free memory, never more than a
+quarter of it, so the GPU is never oversubscribed):
+- cost per fault: a kernel touching N pages, one word per 64 KiB (the driver's
+  big page, so one fault each), on managed memory that was moved to the host
+  first, for several N; fault_time_s is the slope of kernel time against the
+  GPU page faults CUPTI counted (against N when the counters are unavailable).
+  The driver's tree prefetcher may bring in the rest of a 2 MiB block once half
+  of it is resident; counting faults rather than N keeps the slope per fault.
+- bulk prefetch bandwidth, each way: `cuMemPrefetchAsync` of several sizes;
+  bandwidth is 1 / slope of time against bytes, transfer latency the intercept.
+- overlap: one buffer evicted to the host on one stream while another is
+  populated on a second stream; `duplex` when that takes clearly less than
+  the two one after the other (two copy engines), `pipelined_bandwidth` the
+  combined bytes over the combined time.
+- launch overhead: a one-thread kernel on resident memory; device bandwidth: a
+  copy kernel between two resident buffers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from pagecast.errors import ProfileError
+
+BIG_PAGE = 64 * 1024
+FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
+REPEATS = 3
+DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
+MAX_FRACTION_OF_FREE = 0.25
+
+
+@dataclass
+class Measurements:
+    """What calibrate measured; every time in seconds, every size in bytes."""
+
+    device: dict = field(default_factory=dict)
+    fault_runs: list = field(default_factory=list)   # [touched pages, faults counted or None, seconds]
+    htod: list = field(default_factory=list)         # [bytes, seconds]
+    dtoh: list = field(default_factory=list)         # [bytes, seconds]
+    duplex: list | None = None                       # [htod bytes, dtoh bytes, seconds] both at once
+    launch_s: list = field(default_factory=list)     # seconds of a one-thread kernel
+    copy: list = field(default_factory=list)         # [bytes copied, seconds]
+    driver_prefetch: bool | None = None
+    elapsed_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Measurements":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+# ---------------------------------------------------------------------------
+# Fitting (pure)
+# ---------------------------------------------------------------------------
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least-squares y = slope * x + intercept; returns (slope, intercept, r^2)."""
+    n = len(xs)
+    if n != len(ys) or n < 2:
+        raise ProfileError(f"need at least two measurements to fit a line, got {n}")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ProfileError("all measurements were taken at the same size; cannot fit a slope")
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    syy = sum((y - my) ** 2 for y in ys)
+    r2 = 1.0 if syy == 0 else (sxy * sxy) / (sxx * syy)
+    return slope, intercept, r2
+
+
+def fit_faults(runs: Sequence[Sequence]) -> tuple[float, float, float, str]:
+    """(seconds per fault, intercept, r^2, what x was) from [touched, faults|None, seconds] rows."""
+    if not runs:
+        raise ProfileError("no fault measurements")
+    counted = all(r[1] is not None and r[1] > 0 for r in runs)
+    xs = [float(r[1] if counted else r[0]) for r in runs]
+    ys = [float(r[2]) for r in runs]
+    slope, icpt, r2 = linear_fit(xs, ys)
+    if not slope > 0:
+        raise ProfileError(f"kernel time did not grow with the number of faults (slope {slope:.3g} s/fault);"
+                           " demand paging may be off (is this memory really managed?)")
+    return slope, icpt, r2, "GPU page faults counted by CUPTI" if counted else "pages touched (no CUPTI counts)"
+
+
+def fit_bandwidth(points: Sequence[Sequence], what: str) -> tuple[float, float, float]:
+    """(bytes per second, latency seconds, r^2) from [bytes, seconds] rows."""
+    pts = [(float(b), float(s)) for b, s in points if b > 0 and s > 0]
+    if not pts:
+        raise ProfileError(f"no {what} measurements")
+    if len({b for b, _ in pts}) == 1:
+        b = pts[0][0]
+        s = statistics.median(p[1] for p in pts)
+        return b / s, 0.0, 1.0
+    slope, icpt, r2 = linear_fit([b for b, _ in pts], [s for _, s in pts])
+    if not slope > 0:
+        raise ProfileError(f"{what} time did not grow with the bytes moved (slope {slope:.3g} s/B)")
+    return 1.0 / slope, max(0.0, icpt), r2
+
+
+def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
+    """A CostProfile from measurements; fields not measured come from `base` (msched-rtx5080)."""
+    from pagecast.replay.costs import CostProfile, load_profile, profile_from_dict
+
+    base = load_profile(base or "msched-rtx5080")
+    dev = m.device.get("name") or "this GPU"
+    fault_s, fault_icpt, fault_r2, fault_x = fit_faults(m.fault_runs)
+    h_bw, h_lat, h_r2 = fit_bandwidth(m.htod, "host-to-device prefetch")
+    d_bw, d_lat, d_r2 = fit_bandwidth(m.dtoh, "device-to-host prefetch")
+    latency = (h_lat + d_lat) / 2
+    src: dict[str, Any] = dict(base.source)
+    ns = sorted({int(r[0]) for r in m.fault_runs})
+    src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {fault_x}, touching one word per 64 KiB"
+                           f" of host-resident managed memory, N = {ns} ({len(m.fault_runs)} runs, r^2 = {fault_r2:.3f})")
+    src["htod_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, host to device (r^2 = {h_r2:.3f})"
+    src["dtoh_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, device to host (r^2 = {d_r2:.3f})"
+    src["transfer_latency_s"] = f"calibrate on {dev}: mean intercept of the two prefetch time-vs-bytes lines"
+    src["batch_overhead_s"] = "0: calibrate's per-fault slope already includes the batch overhead"
+
+    if m.duplex:
+        hb, db, both = (float(x) for x in m.duplex)
+        serial = hb / h_bw + db / d_bw + 2 * latency
+        duplex = both < DUPLEX_RATIO * serial
+        pipelined = (hb + db) / both
+        src["duplex"] = (f"calibrate on {dev}: eviction and population on two streams took {both * 1e3:.2f} ms"
+                         f" vs {serial * 1e3:.2f} ms one after the other ({'overlap' if duplex else 'no overlap'})")
+        src["pipelined_bandwidth"] = f"calibrate on {dev}: (htod + dtoh bytes) / time with both directions at once"
+    else:
+        duplex, pipelined = base.duplex, base.pipelined_bandwidth
+    if not duplex:
+        pipelined = max(pipelined, 1.0)
+    launch = statistics.median(m.launch_s) if m.launch_s else base.launch_overhead_s
+    if m.launch_s:
+        src["launch_overhead_s"] = f"calibrate on {dev}: median time of a one-thread kernel on resident memory"
+    if m.copy:
+        bw = statistics.median(2.0 * float(b) / float(s) for b, s in m.copy if s > 0)
+        src["device_bandwidth"] = f"calibrate on {dev}: copy kernel between resident buffers, read + write bytes / time"
+    else:
+        bw = base.device_bandwidth
+    src["measurements"] = json.dumps(m.to_dict(), default=str)
+    desc = f"calibrated on {dev}" + (f" (driver CUDA {m.device['driver_cuda_version']})"
+                                     if m.device.get("driver_cuda_version") else "")
+    if m.driver_prefetch is not None:
+        desc += f", driver prefetcher {'on' if m.driver_prefetch else 'off'}"
+    d = base.to_dict()
+    d.update(name=name, description=desc, fault_time_s=fault_s, batch_overhead_s=0.0,
+             htod_bandwidth=h_bw, dtoh_bandwidth=d_bw, duplex=bool(duplex), pipelined_bandwidth=pipelined,
+             transfer_latency_s=latency, launch_overhead_s=max(0.0, launch), device_bandwidth=bw,
+             charges=True, source=src)
+    prof = profile_from_dict(d, f"calibrated profile {name}")
+    assert isinstance(prof, CostProfile)
+    return prof
+
+
+# ---------------------------------------------------------------------------
+# Measuring (needs a GPU through cuda_iface)
+# ---------------------------------------------------------------------------
+
+def driver_prefetch_enabled() -> bool | None:
+    """nvidia-uvm's uvm_perf_prefetch_enable module parameter, where readable."""
+    p = Path("/sys/module/nvidia_uvm/parameters/uvm_perf_prefetch_enable")
+    try:
+        return p.read_text().strip() not in ("0", "N", "n")
+    except OSError:
+        return None
+
+
+def plan_sizes(free: int, fault_ns: Sequence[int] = FAULT_NS) -> dict:
+    """Buffer sizes for the experiments, within a quarter of the free memory (pure)."""
+    budget = int(free * MAX_FRACTION_OF_FREE)
+    if budget < 64 * 2**20:
+        raise ProfileError(f"only {free} bytes of GPU memory are free; calibrate needs at least {4 * 64} MiB free")
+    ns = [n for n in fault_ns if n * BIG_PAGE <= budget // 2] or [max(2, budget // 2 // BIG_PAGE // 4)]
+    if len(ns) < 2:
+        ns = [max(1, ns[0] // 4), ns[0]]
+    # two bulk buffers (duplex needs both at once); each at most 1 GiB
+    bulk = min(2**30, budget // 4)
+    bulk -= bulk % (2 * 2**20)
+    return {"fault_ns": ns, "fault_bytes": max(ns) * BIG_PAGE, "bulk_bytes": bulk,
+            "bulk_sizes": sorted({bulk // 16, bulk // 4, bulk})}
+
+
+def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None) -> Measurements:
+    """Run the calibration experiments; never allocates more than a quarter of the free memory."""
+    t_start = time.perf_counter()
+    m = Measurements(device=cuda.device_info(), driver_prefetch=driver_prefetch_enabled())
+    free, _total = cuda.mem_info()
+    sz = plan_sizes(free)
+    stream = cuda.new_stream()
+    stream2 = cuda.new_stream()
+    ev0, ev1 = cuda.new_event(timing=True), cuda.new_event(timing=True)
+    step = progress.advance if progress is not None else (lambda n=1: None)
+
+    def timed(fn) -> float:
+        cuda.record_event(ev0, stream)
+        fn()
+        cuda.record_event(ev1, stream)
+        return cuda.event_elapsed_s(ev0, ev1)
+
+    if monitor is not None:
+        monitor.start(keep_records=False)
+    bufs: list[int] = []
+    try:
+        # -- cost per fault ---------------------------------------------------
+        fb = cuda.alloc_managed(sz["fault_bytes"])
+        bufs.append(fb)
+        cuda.prefetch_to_host(fb, sz["fault_bytes"], stream)
+        cuda.synchronize()
+        cuda.launch_touch(fb, 1, BIG_PAGE, stream)   # JIT-compile and load the module outside the timing
+        cuda.synchronize()
+        for _ in range(repeats):
+            for n in sz["fault_ns"]:
+                cuda.prefetch_to_host(fb, sz["fault_bytes"], stream)
+                cuda.synchronize()
+                before = monitor.poll().faults if monitor is not None else None
+                s = timed(lambda: cuda.launch_touch(fb, n, BIG_PAGE, stream))
+                faults = (monitor.poll().faults - before) if monitor is not None else None
+                m.fault_runs.append([n, faults, s])
+                step()
+        # -- launch overhead on resident memory ---------------------------------
+        cuda.prefetch_to_gpu(fb, BIG_PAGE, stream)
+        cuda.synchronize()
+        for _ in range(10):
+            m.launch_s.append(timed(lambda: cuda.launch_touch(fb, 1, BIG_PAGE, stream)))
+        step()
+        # -- bulk bandwidth each way ----------------------------------------------
+        bulk = sz["bulk_bytes"]
+        a = cuda.alloc_managed(bulk)
+        bufs.append(a)
+        b = cuda.alloc_managed(bulk)
+        bufs.append(b)
+        for buf in (a, b):
+            cuda.prefetch_to_host(buf, bulk, stream)
+        cuda.synchronize()
+        for _ in range(repeats):
+            for size in sz["bulk_sizes"]:
+                cuda.prefetch_to_host(a, bulk, stream)
+                cuda.synchronize()
+                m.htod.append([size, timed(lambda: cuda.prefetch_to_gpu(a, size, stream))])
+                m.dtoh.append([size, timed(lambda: cuda.prefetch_to_host(a, size, stream))])
+            step()
+        # -- device bandwidth (copy between resident buffers) ---------------------
+        cuda.prefetch_to_gpu(a, bulk, stream)
+        cuda.prefetch_to_gpu(b, bulk, stream)
+        cuda.synchronize()
+        cuda.launch_copy(b, a, bulk, stream)
+        cuda.synchronize()
+        for _ in range(repeats):
+            m.copy.append([bulk, timed(lambda: cuda.launch_copy(b, a, bulk, stream))])
+        step()
+        # -- eviction and population at once (two streams) -------------------------
+        both = []
+        for _ in range(repeats):
+            cuda.prefetch_to_gpu(a, bulk, stream)
+            cuda.prefetch_to_host(b, bulk, stream)
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            cuda.prefetch_to_host(a, bulk, stream)
+            cuda.prefetch_to_gpu(b, bulk, stream2)
+            cuda.synchronize()
+            both.append(time.perf_counter() - t0)
+        m.duplex = [bulk, bulk, statistics.median(both)]
+        step()
+    finally:
+        try:
+            cuda.synchronize()
+        finally:
+            for buf in bufs:
+                cuda.free(buf)
+            if monitor is not None:
+                monitor.stop()
+    m.elapsed_s = time.perf_counter() - t_start
+    return m
+
+
+def steps(repeats: int = REPEATS, n_fault_sizes: int = len(FAULT_NS)) -> int:
+    """How many progress steps measure() reports."""
+    return repeats * n_fault_sizes + 1 + repeats + 1 + 1
+
+
+def summary(profile) -> dict:
+    """The numbers a user wants to see after calibrating (for the table and --json)."""
+    return {
+        "name": profile.name, "description": profile.description,
+        "fault_time_us": profile.fault_time_s * 1e6,
+        "htod_GBps": profile.htod_bandwidth / 1e9, "dtoh_GBps": profile.dtoh_bandwidth / 1e9,
+        "duplex": profile.duplex, "pipelined_GBps": profile.pipelined_bandwidth / 1e9,
+        "transfer_latency_us": profile.transfer_latency_s * 1e6,
+        "launch_overhead_us": profile.launch_overhead_s * 1e6,
+        "device_GBps": profile.device_bandwidth / 1e9,
+    }
+
