@@ -92,7 +92,9 @@ def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
         raise InputError(f"{out}: is a directory; give a file name such as report.html")
     if model is not None and not Path(model).exists():
         raise InputError(f"{model}: no such model file")
-    doc, _ = build_html(input_path, model=model)
+    from pagecast.console import progress
+    with progress("report: reading and plotting", None):
+        doc, _ = build_html(input_path, model=model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(doc, encoding="utf-8")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import struct
-import subprocess
 import time
 from pathlib import Path
 
@@ -305,39 +303,14 @@ def test_missing_model_file(toy_trace, tmp_path, capsys):
 
 # ---- a real headless browser ---------------------------------------------------
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-_PROBE_HEAD = ("<script>window.__pcErrors=[];window.addEventListener('error',function(e){var t=e.target;"
-               "window.__pcErrors.push(t&&t.tagName?('resource '+t.tagName+' failed to load'):String(e.message));},"
-               "true);</script>")
-_PROBE_TAIL = ("<script>window.addEventListener('load',function(){var out=[];"
-               "document.querySelectorAll('figure.plot img').forEach(function(i){var r=i.getBoundingClientRect();"
-               "out.push({nw:i.naturalWidth,nh:i.naturalHeight,w:r.width,h:r.height,ok:i.complete});});"
-               "var p=document.createElement('pre');p.id='pc-check';p.textContent=JSON.stringify({imgs:out,"
-               "errors:window.__pcErrors,figures:document.querySelectorAll('figure.plot').length,"
-               "width:document.documentElement.scrollWidth,viewport:window.innerWidth});"
-               "document.body.appendChild(p);});</script>")
+def _chromium():
+    from pagecast.report.browser import find_chromium
+    return find_chromium()
 
 
-def browser_check(html_path: Path, tmp: Path) -> dict:
-    """Open a copy of the report (with a probe script) in headless chromium; return what the probe saw."""
-    src = html_path.read_text()
-    probe = tmp / f"probe-{html_path.stem}.html"
-    probe.write_text(src.replace("<head>", "<head>" + _PROBE_HEAD, 1).replace("</body>", _PROBE_TAIL + "</body>", 1))
-    profile = tmp / f"profile-{html_path.stem}"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--window-size=1366,900", "--virtual-time-budget=10000",
-           "--dump-dom", probe.resolve().as_uri()]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
-    m = re.search(r'<pre id="pc-check">(.*?)</pre>', r.stdout, flags=re.S)
-    assert m, f"the probe did not run (rc {r.returncode}): {r.stderr[-500:]}"
-    import html as _html
-    return json.loads(_html.unescape(m.group(1)))
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs Debian's chromium)")
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (CI installs Debian's chromium)")
 def test_reports_render_in_headless_chromium(toy_trace, tmp_path):
+    from pagecast.report.browser import probe, screenshot
     from pagecast.report.render import write_report
     paths = [write_report(toy_trace, tmp_path / "trace.html")]
     try:
@@ -346,9 +319,17 @@ def test_reports_render_in_headless_chromium(toy_trace, tmp_path):
     except ImportError:
         pass
     for p in paths:
-        got = browser_check(p, tmp_path)
+        got = probe(p, width=1366, height=900)
         assert got["errors"] == [], got["errors"]
         assert got["figures"] == 4 and len(got["imgs"]) == 4
         for im in got["imgs"]:
             assert im["ok"] and im["nw"] > 100 and im["nh"] > 100 and im["w"] > 100 and im["h"] > 50, im
         assert got["width"] <= got["viewport"], "the page scrolls sideways on a laptop-sized window"
+    # a screenshot that is not blank: many distinct colours, and the plots' blue appears
+    from PIL import Image
+    png = screenshot(paths[0], tmp_path / "shot.png", width=1000, max_height=1600)
+    with Image.open(png) as im:
+        rgb = im.convert("RGB")
+        assert rgb.size == (1000, 1600) or rgb.size[0] == 1000
+        colours = rgb.getcolors(maxcolors=1 << 16)
+        assert colours is not None and len(colours) > 20
