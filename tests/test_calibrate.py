@@ -1,0 +1,251 @@
+"""pagecast calibrate: the pure fitting, the experiment plan, and the command without a GPU.
+
+The measuring itself runs on the CPU against `ClockedFake`, a stand-in GPU
+with a virtual clock per stream and known costs, so the test checks that
+measure() + fit_profile() recover those costs (and that eviction/population
+overlap is detected exactly when the streams overlap).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pagecast.cli import main
+from pagecast.errors import ProfileError
+from pagecast.replay import calibrate as C
+from pagecast.replay.costs import load_profile
+from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor
+
+GiB = 2**30
+
+
+def _has_gpu() -> bool:
+    try:
+        from pagecast.replay.cuda_iface import open_cuda
+        open_cuda()
+        return True
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+class ClockedFake(FakeCuda):
+    """FakeCuda with a virtual clock per stream: transfers and faults cost known times."""
+
+    def __init__(self, *, fault_s=30e-6, htod=40e9, dtoh=50e9, latency=10e-6, launch=4e-6,
+                 device_bw=3e12, duplex=True, **kw):
+        super().__init__(**kw)
+        self.fault_s, self.htod_bw, self.dtoh_bw, self.latency = fault_s, htod, dtoh, latency
+        self.launch, self.device_bw, self.duplex_hw = launch, device_bw, duplex
+        self.clock: dict[int, float] = {}
+        self.stamps: dict[int, float] = {}
+        self.engine_busy = 0.0  # one shared copy engine when not duplex
+
+    def _t(self, s):
+        return self.clock.get(s, 0.0)
+
+    def _copy(self, stream, seconds):
+        start = self._t(stream)
+        if not self.duplex_hw:
+            start = max(start, self.engine_busy)
+        end = start + seconds
+        self.clock[stream] = end
+        if not self.duplex_hw:
+            self.engine_busy = end
+
+    def prefetch_to_gpu(self, addr, nbytes, stream=0):
+        before = self.htod
+        super().prefetch_to_gpu(addr, nbytes, stream)
+        moved = self.htod - before
+        self._copy(stream, self.latency + moved / self.htod_bw)
+
+    def prefetch_to_host(self, addr, nbytes, stream=0):
+        before = self.dtoh
+        super().prefetch_to_host(addr, nbytes, stream)
+        moved = self.dtoh - before
+        self._copy(stream, self.latency + moved / self.dtoh_bw)
+
+    def launch_touch(self, base, n, stride, stream=0):
+        before = self.faults
+        super().launch_touch(base, n, stride, stream)
+        self.clock[stream] = self._t(stream) + self.launch + (self.faults - before) * self.fault_s
+
+    def launch_copy(self, dst, src, nbytes, stream=0):
+        super().launch_copy(dst, src, nbytes, stream)
+        self.clock[stream] = self._t(stream) + self.launch + 2 * nbytes / self.device_bw
+
+    def record_event(self, event, stream=0):
+        super().record_event(event, stream)
+        self.stamps[event] = self._t(stream)
+
+    def stream_wait_event(self, stream, event):
+        super().stream_wait_event(stream, event)
+        self.clock[stream] = max(self._t(stream), self.stamps[event])
+
+    def event_elapsed_s(self, start, end):
+        return self.stamps[end] - self.stamps[start]
+
+    def synchronize(self):
+        super().synchronize()
+        t = max(self.clock.values(), default=0.0)
+        for s in self.clock:
+            self.clock[s] = t
+
+
+# ---- fitting ------------------------------------------------------------------
+
+def test_linear_fit_recovers_a_line():
+    xs = [1, 2, 3, 10]
+    slope, icpt, r2 = C.linear_fit(xs, [3 * x + 5 for x in xs])
+    assert slope == pytest.approx(3) and icpt == pytest.approx(5) and r2 == pytest.approx(1)
+
+
+def test_linear_fit_refuses_degenerate_input():
+    with pytest.raises(ProfileError):
+        C.linear_fit([1], [2])
+    with pytest.raises(ProfileError):
+        C.linear_fit([4, 4, 4], [1, 2, 3])
+
+
+def test_fit_faults_uses_counted_faults_when_every_run_has_them():
+    # the driver's prefetcher halved the faults: the slope must be per fault, not per page touched
+    runs = [[n, n // 2, 1e-5 + (n // 2) * 30e-6] for n in (256, 1024, 4096)]
+    s, icpt, r2, what = C.fit_faults(runs)
+    assert s == pytest.approx(30e-6) and "CUPTI" in what
+    runs_no_counts = [[n, None, 1e-5 + n * 20e-6] for n in (256, 1024, 4096)]
+    s, _, _, what = C.fit_faults(runs_no_counts)
+    assert s == pytest.approx(20e-6) and "touched" in what
+
+
+def test_fit_faults_refuses_a_flat_or_falling_line():
+    with pytest.raises(ProfileError, match="did not grow"):
+        C.fit_faults([[256, 256, 1e-3], [1024, 1024, 1e-3]])
+
+
+def test_fit_bandwidth_slope_and_latency():
+    pts = [[b, 8e-6 + b / 25e9] for b in (2**20, 2**24, 2**28)]
+    bw, lat, r2 = C.fit_bandwidth(pts, "htod")
+    assert bw == pytest.approx(25e9) and lat == pytest.approx(8e-6) and r2 == pytest.approx(1)
+    bw, lat, _ = C.fit_bandwidth([[2**30, 0.05], [2**30, 0.05]], "htod")  # one size: bytes / time
+    assert bw == pytest.approx(2**30 / 0.05) and lat == 0
+
+
+def _synthetic(duplex_time):
+    return C.Measurements(
+        device={"name": "Synthetic GPU", "driver_cuda_version": "13.0"},
+        fault_runs=[[n, n, 5e-6 + n * 25e-6] for n in (256, 1024, 4096) for _ in range(2)],
+        htod=[[b, 10e-6 + b / 40e9] for b in (2**24, 2**26, 2**28)],
+        dtoh=[[b, 10e-6 + b / 50e9] for b in (2**24, 2**26, 2**28)],
+        duplex=[2**28, 2**28, duplex_time], launch_s=[4e-6, 5e-6, 6e-6], copy=[[2**28, 5e-6 + 2 * 2**28 / 3e12]],
+        driver_prefetch=True)
+
+
+def test_fit_profile_from_synthetic_measurements():
+    serial = 2**28 / 40e9 + 2**28 / 50e9
+    prof = C.fit_profile(_synthetic(max(2**28 / 40e9, 2**28 / 50e9)), name="syn")
+    assert prof.name == "syn" and prof.charges
+    assert prof.fault_time_s == pytest.approx(25e-6)
+    assert prof.htod_bandwidth == pytest.approx(40e9) and prof.dtoh_bandwidth == pytest.approx(50e9)
+    assert prof.transfer_latency_s == pytest.approx(10e-6)
+    assert prof.duplex is True
+    assert prof.pipelined_bandwidth == pytest.approx(2 * 2**28 / (2**28 / 40e9))
+    assert prof.launch_overhead_s == pytest.approx(5e-6)
+    assert prof.device_bandwidth == pytest.approx(3e12)
+    assert "Synthetic GPU" in prof.description and "prefetcher on" in prof.description
+    assert "slope" in prof.source["fault_time_s"]
+    assert json.loads(prof.source["measurements"])["device"]["name"] == "Synthetic GPU"
+    # one after the other: no overlap
+    assert C.fit_profile(_synthetic(serial + 20e-6)).duplex is False
+
+
+def test_fitted_profile_round_trips_through_save_and_load(tmp_path):
+    from pagecast.replay.costs import save_profile
+
+    prof = C.fit_profile(_synthetic(0.01), name="rt")
+    p = save_profile(prof, tmp_path / "rt.json")
+    back = load_profile(p)
+    assert back == prof
+    assert back.bulk_time(2**30, 0) == pytest.approx(2**30 / 40e9 + 0)  # what the simulator charges
+
+
+# ---- the experiment plan ----------------------------------------------------------
+
+@pytest.mark.parametrize("free", [512 * 2**20, 8 * GiB, 140 * GiB])
+def test_plan_never_exceeds_a_quarter_of_free_memory(free):
+    sz = C.plan_sizes(free)
+    assert sz["fault_bytes"] + 2 * sz["bulk_bytes"] <= free * C.MAX_FRACTION_OF_FREE
+    assert len(sz["fault_ns"]) >= 2 and len(set(sz["bulk_sizes"])) >= 2
+
+
+def test_plan_refuses_an_almost_full_gpu():
+    with pytest.raises(ProfileError, match="free"):
+        C.plan_sizes(100 * 2**20)
+
+
+# ---- measure() against the clocked stand-in ------------------------------------------
+
+@pytest.mark.parametrize("duplex", [True, False])
+def test_measure_and_fit_recover_the_stand_ins_costs(duplex):
+    fake = ClockedFake(total=16 * GiB, free=8 * GiB, duplex=duplex)
+    m = C.measure(fake, FakeMonitor(fake), repeats=2)
+    # every buffer was freed, and never more than a quarter of free memory was allocated at once
+    allocs = [e for e in fake.log if e[0] == "alloc"]
+    assert sum(e[2] for e in allocs) <= 8 * GiB * C.MAX_FRACTION_OF_FREE
+    assert {e[1] for e in fake.log if e[0] == "free"} == {e[1] for e in allocs}
+    # each fault run touched N big pages of host-resident memory: N faults
+    assert all(f == n for n, f, _ in m.fault_runs)
+    prof = C.fit_profile(m, name="fake")
+    assert prof.fault_time_s == pytest.approx(30e-6, rel=1e-6)
+    assert prof.htod_bandwidth == pytest.approx(40e9, rel=1e-6)
+    assert prof.dtoh_bandwidth == pytest.approx(50e9, rel=1e-6)
+    assert prof.transfer_latency_s == pytest.approx(10e-6, rel=1e-6)
+    assert prof.launch_overhead_s == pytest.approx(4e-6, rel=1e-6)
+    assert prof.device_bandwidth == pytest.approx(3e12, rel=1e-3)
+    assert prof.duplex is duplex
+
+
+def test_measure_without_counters_fits_against_pages_touched():
+    fake = ClockedFake(free=4 * GiB)
+    m = C.measure(fake, None, repeats=1)
+    assert all(f is None for _, f, _ in m.fault_runs)
+    assert C.fit_profile(m).fault_time_s == pytest.approx(30e-6, rel=1e-6)
+
+
+# ---- the command -----------------------------------------------------------------------
+
+def test_calibrate_refuses_to_overwrite_before_touching_the_gpu(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    out.write_text("{}")
+    assert main(["calibrate", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--force" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_bad_repeats_is_a_usage_error(tmp_path, capsys):
+    assert main(["calibrate", "-o", str(tmp_path / "p.json"), "--repeats", "0"]) == 2
+    assert "--repeats" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this machine has a GPU")
+def test_calibrate_without_gpu_fails_in_one_line(tmp_path, capsys):
+    assert main(["calibrate", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no usable NVIDIA GPU" in err[0]
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU with a CUDA 13 driver")
+def test_calibrate_on_the_gpu(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert main(["calibrate", "-o", str(out), "--json", "--repeats", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    prof = load_profile(out)
+    assert prof.fault_time_s > 0 and math.isfinite(prof.fault_time_s)
+    assert prof.htod_bandwidth > 1e9 and prof.dtoh_bandwidth > 1e9
+    assert doc["elapsed_s"] < 60
