@@ -2,6 +2,88 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pagecast.command import Command
 
-COMMANDS: list[Command] = []
+
+class CollectCommand(Command):
+    name = "collect"
+    help = "run a Python GPU workload under CUPTI and write a trace"
+    description = (
+        "Run a Python GPU workload in this process with CUPTI enabled and write a trace\n"
+        "(kernel launches with their argument bytes, allocations, UVM faults and migrations).\n\n"
+        "  pagecast collect -o run.pctrace -- python train.py --epochs 1\n"
+        "  pagecast collect --managed cupy -- python -m pagecast.datasets.gpu.jacobi2d --scale 1\n\n"
+        "--mode full (default) evicts the workload's managed memory to the host before every\n"
+        "launch and serializes kernels, so each launch's faults show its whole footprint;\n"
+        "--mode natural adds nothing. Managed allocations may not pass the GPU's free memory\n"
+        "unless --allow-oversubscription. The workload's exit code passes through.\n"
+        "Needs an NVIDIA GPU, a CUDA 13 driver, cupti-python and cuda-bindings (pip install 'pagecast[gpu]')."
+    )
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("-o", "--output", metavar="DIR", help="trace directory to write (default: NAME.pctrace)")
+        p.add_argument("--mode", choices=("full", "natural"), default="full",
+                       help="full: evict managed memory before and serialize each launch (default); natural: as is")
+        p.add_argument("--managed", metavar="LIST",
+                       help="switch these allocators to managed memory before the workload starts: cupy,torch")
+        p.add_argument("--allow-oversubscription", action="store_true",
+                       help="let managed allocations pass the GPU's free memory (your own machine only)")
+        p.add_argument("--force", action="store_true", help="overwrite an existing output")
+        p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+        p.add_argument("workload", nargs=argparse.REMAINDER,
+                       help="-- python SCRIPT [ARGS] | -- python -m MODULE [ARGS]")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from pagecast import trace as T
+        from pagecast.console import info, wrote
+        from pagecast.errors import OutputExistsError, UsageError
+
+        from . import gpuinfo
+        from .managed import ManagedBudget, install, parse_managed
+        from .workload import make_target, parse_workload
+
+        work = parse_workload(args.workload or [])
+        managed = parse_managed(args.managed)
+        out = Path(args.output or f"{work.name}.pctrace")
+        if out.exists() and not args.force:
+            raise OutputExistsError(out)
+        if args.device < 0:
+            raise UsageError(f"--device must be >= 0, not {args.device}")
+
+        gpuinfo.require_cupti()
+        env = gpuinfo.probe(args.device)  # NoGPUError (exit 2, one line) without a GPU or driver
+
+        from .activity import CuptiActivitySource
+        from .collector import Collector, CudaDevice, default_part_seconds
+
+        budget = ManagedBudget(None if args.allow_oversubscription else env.free_bytes)
+        allocator = install(managed, budget) if managed else ["workload's own"]
+        manifest = T.new_manifest(
+            mode=args.mode, source="cupti",
+            workload={"name": work.name, "argv": list(work.argv)},
+            device=env.manifest_device(), driver_prefetch=env.driver_prefetch,
+            environment=env.manifest_environment(), allocator=allocator,
+            managed_limit_bytes=budget.limit, allow_oversubscription=bool(args.allow_oversubscription))
+        collector = Collector(out, mode=args.mode, source=CuptiActivitySource(device=args.device),
+                              device=CudaDevice(args.device), budget=budget, force=args.force,
+                              part_seconds=default_part_seconds(), manifest=manifest)
+        info(f"collecting {work.name} on {env.device_name} ({args.mode} mode) into {out}")
+        code = collector.run(make_target(work))
+        info(collector.overhead_line())
+        src = collector.source.info
+        if src.get("uvm_counters") is False:
+            from pagecast.console import warn
+            warn(f"no faults or migrations recorded: {src.get('uvm_counters_error')}")
+        if collector.failure:
+            import sys
+            print(f"pagecast collect: error: {collector.failure}", file=sys.stderr)
+        what = "trace" if code == 0 else f"partial trace (workload exit code {code})"
+        wrote(out, what, f"pagecast summary {out}   |   pagecast fit {out} -o model.json")
+        return code
+
+
+COMMANDS: list[Command] = [CollectCommand()]

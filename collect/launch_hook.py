@@ -390,7 +390,8 @@ class LaunchHook:
                  runtime: bool = True, param_info: ParamInfo | None = None,
                  clock: Callable[[], int] | None = None,
                  stream_id_fn: Callable[[int, int, bool], int] | None = None,
-                 device_fn: Callable[[int], int] | None = None) -> None:
+                 device_fn: Callable[[int], int] | None = None,
+                 api_callbacks: dict[tuple[int, int], Callable[[int, Any], None]] | None = None) -> None:
         self.on_launch = on_launch
         self.before_launch = before_launch
         self.after_launch = after_launch
@@ -399,6 +400,9 @@ class LaunchHook:
         self.clock = clock or _default_clock
         self._stream_id_fn = stream_id_fn
         self._device_fn = device_fn
+        # Other API calls to watch through the same subscriber (CUPTI allows one per
+        # process): (domain, cbid) -> fn(callback_site, cbdata), at enter and exit.
+        self.api_callbacks = dict(api_callbacks or {})
         self._tls = threading.local()
         self._subscriber = None
         self.launches = 0
@@ -431,6 +435,8 @@ class LaunchHook:
         if self.runtime:
             for cbid in RUNTIME_LAUNCH_CBIDS:
                 cupti.enable_callback(1, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+        for domain, cbid in self.api_callbacks:
+            cupti.enable_callback(1, sub, domain, cbid)
         return self
 
     def stop(self) -> None:
@@ -445,6 +451,8 @@ class LaunchHook:
             if self.runtime:
                 for cbid in RUNTIME_LAUNCH_CBIDS:
                     cupti.enable_callback(0, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+            for domain, cbid in self.api_callbacks:
+                cupti.enable_callback(0, sub, domain, cbid)
         finally:
             cupti.unsubscribe(sub)
 
@@ -471,6 +479,10 @@ class LaunchHook:
             self.callback_ns += time.perf_counter_ns() - t0
 
     def _dispatch(self, domain: int, cbid: int, cbdata) -> None:
+        other = self.api_callbacks.get((domain, cbid))
+        if other is not None:
+            other(int(cbdata.callback_site), cbdata)
+            return
         if domain == DOMAIN_DRIVER and cbid not in DRIVER_LAUNCH_CBIDS:
             return
         if domain == DOMAIN_RUNTIME and cbid not in RUNTIME_LAUNCH_CBIDS:

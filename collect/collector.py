@@ -1,0 +1,367 @@
+"""The collector: launch hook + activity source + row builder + trace writer.
+
+Data flow. The launch hook (CUPTI callback, in the workload's launching thread)
+numbers each launch and, in `full` mode, evicts live managed memory before it
+and synchronizes after it, closing that launch's attribution window. Activity
+records arrive from the source (CUPTI's buffer thread, or a flush), are turned
+into rows by `RowBuilder`, and go to a `TraceWriter` as they become final; a
+ticker thread flushes the source and closes Parquet parts every
+`part_seconds`, so a crash loses at most the last few seconds.
+
+Ending. `finish(complete)` is the one flush path for every way a run ends
+(normal exit, an exception in the workload, SIGINT, SIGTERM, a refused
+oversubscription): unsubscribe the hook, synchronize, force-flush the source,
+count dropped records, release every pending row, write the manifest
+(`complete: false` unless the workload exited 0). Tests drive this same class
+with a stand-in source and device.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Protocol
+
+from pagecast import trace as T
+from pagecast.console import warn
+
+from . import convert as C
+from .launch_hook import LaunchArgs, LaunchHook
+from .managed import ManagedBudget, ManagedTracker, OversubscriptionError
+
+
+class Device(Protocol):
+    def synchronize(self) -> None: ...
+
+    def evict(self, ranges: list[tuple[int, int]]) -> int: ...
+
+    def now(self) -> int: ...
+
+
+class CudaDevice:
+    """Synchronize, evict managed ranges to the host, read CUPTI's clock (cuda-bindings)."""
+
+    def __init__(self, device: int = 0) -> None:
+        from cuda.bindings import driver as drv
+
+        self.drv = drv
+        self.device = device
+        loc = drv.CUmemLocation()
+        loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+        loc.id = 0
+        self._host = loc
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def synchronize(self) -> None:
+        err, = self.drv.cuCtxSynchronize()
+        if int(err) != 0:
+            self.errors += 1
+            self.last_error = f"cuCtxSynchronize: {err}"
+
+    def _prefetch_to_host(self, addr: int, nbytes: int):
+        drv = self.drv
+        ptr = drv.CUdeviceptr(addr)
+        try:  # CUDA 13: cuMemPrefetchAsync(devPtr, count, CUmemLocation, flags, hStream)
+            return drv.cuMemPrefetchAsync(ptr, nbytes, self._host, 0, 0)[0]
+        except TypeError:  # CUDA 12 bindings: the location form is _v2
+            return drv.cuMemPrefetchAsync_v2(ptr, nbytes, self._host, 0, 0)[0]
+
+    def evict(self, ranges: list[tuple[int, int]]) -> int:
+        failed = 0
+        for addr, nbytes in ranges:
+            err = self._prefetch_to_host(addr, nbytes)
+            if int(err) != 0:
+                failed += 1
+                self.last_error = f"cuMemPrefetchAsync to host: {err}"
+        self.errors += failed
+        return failed
+
+    def now(self) -> int:
+        from cupti import cupti
+
+        return int(cupti.get_timestamp())
+
+
+class Terminated(BaseException):
+    """SIGTERM (or SIGINT) arrived while the workload ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class BudgetExceeded(BaseException):
+    """The workload tried to allocate more managed memory than the GPU has free."""
+
+
+class Collector:
+    def __init__(self, out, *, mode: str = "full", source, device: Device | None,
+                 budget: ManagedBudget | None = None, hook_cls: type = LaunchHook,
+                 hook_kwargs: dict | None = None, force: bool = False, part_seconds: float = 2.0,
+                 tick_s: float = 0.5, launch_timeout_s: float = 10.0, manifest: dict | None = None,
+                 install_signals: bool = True) -> None:
+        if mode not in T.MODES:
+            raise ValueError(f"mode must be one of {T.MODES}")
+        self.out = out
+        self.mode = mode
+        self.source = source
+        self.device = device
+        self.budget = budget or ManagedBudget(None)
+        self.force = force
+        self.part_seconds = part_seconds
+        self.tick_s = tick_s
+        self.builder = C.RowBuilder(mode, page_size=(manifest or {}).get("page_size", 4096),
+                                    launch_timeout_s=launch_timeout_s)
+        self.manifest = dict(manifest or T.new_manifest(mode=mode, source="cupti"))
+        self.manifest["mode"] = mode
+        self.tracker = ManagedTracker(self.budget, on_violation=self._on_violation)
+        self.hook = hook_cls(self.on_launch, before_launch=self.before_launch if mode == "full" else None,
+                             after_launch=self.after_launch if mode == "full" else None,
+                             api_callbacks=self.tracker.callbacks(), **(hook_kwargs or {}))
+        self.install_signals = install_signals
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self.writer: T.TraceWriter | None = None
+        self._finished = False
+        self._old_handlers: dict[int, Any] = {}
+        self.violation: str | None = None
+        self.evict_ns = 0
+        self.sync_ns = 0
+        self.evictions = 0
+        self.wall_s = 0.0
+        self._t0 = 0.0
+        self.exit_code: int | None = None
+        self.failure: str | None = None
+        self.sink_errors = 0
+        self.last_sink_error: str | None = None
+        self._source_started = False
+
+    # -- launch-hook side (the workload's launching thread) --
+    def before_launch(self) -> None:
+        t0 = time.perf_counter_ns()
+        self.device.synchronize()  # the previous kernel (and anything else queued) is done
+        ranges = self.budget.ranges()
+        if ranges:
+            self.device.evict(ranges)
+            self.device.synchronize()
+            self.evictions += 1
+        self.evict_ns += time.perf_counter_ns() - t0
+
+    def on_launch(self, args: LaunchArgs) -> None:
+        with self._lock:
+            self.builder.add_launch(args, time.monotonic())
+
+    def after_launch(self, args: LaunchArgs | None) -> None:
+        t0 = time.perf_counter_ns()
+        self.device.synchronize()  # serialize: this launch's faults all happen before the next one
+        hi = self.device.now()
+        self.sync_ns += time.perf_counter_ns() - t0
+        if args is not None and args.launch_id is not None:
+            with self._lock:
+                self.builder.close_window(args.launch_id, args.host_ns, hi)
+
+    def _on_violation(self, message: str) -> None:
+        self.violation = message
+        # CUPTI cannot cancel the allocation; stop the workload at its next bytecode.
+        try:
+            _thread.interrupt_main(signal.SIGUSR2)
+        except Exception:
+            pass
+
+    # -- record side (CUPTI's buffer thread, the ticker, or a flush) --
+    def _on_records(self, recs: list) -> None:
+        with self._lock:
+            self.builder.add_records(recs, time.monotonic())
+            self._sink()
+
+    def _sink(self, final: bool = False) -> None:
+        if self.writer is None or self.writer.closed:
+            return
+        rows = self.builder.drain(time.monotonic(), final=final)
+        for table, cols in rows.items():
+            if cols and len(next(iter(cols.values()))):
+                try:
+                    self.writer.append(table, cols)
+                except Exception as e:  # a bad row must not take the collection down
+                    self.sink_errors += 1
+                    self.last_sink_error = f"{table}: {type(e).__name__}: {e}"
+
+    def _tick(self) -> None:
+        last_part = time.monotonic()
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.source.flush(False)
+            except Exception:
+                pass
+            with self._lock:
+                if self._finished:
+                    return
+                self._sink()
+                if time.monotonic() - last_part >= self.part_seconds:
+                    self.writer.flush()
+                    self.writer.update_manifest(collection=self._collection_info(running=True))
+                    last_part = time.monotonic()
+
+    # -- lifecycle --
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.writer = T.TraceWriter(self.out, self.manifest, force=self.force, part_seconds=self.part_seconds,
+                                    tables=(*T.REQUIRED_TABLES, T.UVM_EVENTS))
+        if self.install_signals and threading.current_thread() is threading.main_thread():
+            for sig, handler in ((signal.SIGTERM, self._signal), (signal.SIGINT, self._signal),
+                                 (signal.SIGUSR2, self._budget_signal)):
+                self._old_handlers[sig] = signal.signal(sig, handler)
+        self.source.start(self._on_records)
+        self._source_started = True
+        self.hook.start()
+        self._ticker = threading.Thread(target=self._tick, name="pagecast-collect", daemon=True)
+        self._ticker.start()
+
+    def _signal(self, signum, frame) -> None:
+        if self._finished:
+            return
+        raise Terminated(signum)
+
+    def _budget_signal(self, signum, frame) -> None:
+        if self.violation and not self._finished:
+            raise BudgetExceeded(self.violation)
+
+    def run(self, target: Callable[[], Any]) -> int:
+        """Run the workload under collection; returns its exit code (the trace is written either way)."""
+        code, complete = 0, True
+        try:
+            self.start()
+        except BaseException:
+            self.finish(False)
+            raise
+        try:
+            target()
+        except SystemExit as e:
+            c = e.code
+            code = c if isinstance(c, int) else (0 if c is None else 1)
+            if not isinstance(c, (int, type(None))):
+                print(c, file=sys.stderr)
+            complete = code == 0
+        except Terminated as e:
+            code, complete = 128 + e.signum, False
+            warn(f"workload interrupted by {signal.Signals(e.signum).name}; writing the partial trace")
+        except KeyboardInterrupt:
+            code, complete = 130, False
+            warn("workload interrupted; writing the partial trace")
+        except (BudgetExceeded, OversubscriptionError) as e:
+            code, complete = 2, False
+            self.failure = self.violation or str(e)
+        except BaseException:
+            if self.violation:  # the workload saw the refusal as its own error (e.g. out of memory)
+                code, complete = 2, False
+                self.failure = self.violation
+            else:
+                traceback.print_exc()  # the workload's own traceback, as Python would show it
+                code, complete = 1, False
+        finally:
+            self.exit_code = code
+            self.finish(complete and code == 0)
+        return code
+
+    def finish(self, complete: bool) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                if sig in self._old_handlers:
+                    signal.signal(sig, signal.SIG_IGN)  # let the flush finish
+            self._stop.set()
+            if self._ticker is not None:
+                self._ticker.join(timeout=5)
+            try:
+                self.hook.stop()
+            except Exception as e:
+                warn(f"stopping the launch hook failed: {e}")
+            if self.device is not None:
+                try:
+                    self.device.synchronize()
+                except Exception:
+                    pass
+            dropped = 0
+            if self._source_started:
+                try:
+                    self.source.flush(True)
+                except Exception as e:
+                    warn(f"flushing activity records failed: {e}")
+                try:
+                    dropped = int(self.source.dropped())
+                except Exception:
+                    pass
+                try:
+                    self.source.stop()
+                except Exception:
+                    pass
+            self.wall_s = time.perf_counter() - self._t0
+            with self._lock:
+                if self.writer is None:
+                    return
+                self._sink(final=True)
+                info = self._collection_info(running=False)
+                info["dropped_records"] = dropped
+                self.writer.update_manifest(dropped_records=dropped, collection=info,
+                                            workload_exit_code=self.exit_code)
+                self.writer.close(complete=complete)
+            if dropped:
+                warn(f"CUPTI dropped {dropped} activity records (buffers full); the trace misses them")
+            if self.hook.errors:
+                warn(f"{self.hook.errors} launch callback errors; last: {self.hook.last_error}")
+            if self.sink_errors:
+                warn(f"{self.sink_errors} rows could not be written; last: {self.last_sink_error}")
+        finally:
+            for sig, old in self._old_handlers.items():
+                try:
+                    signal.signal(sig, old)
+                except (TypeError, ValueError):
+                    pass
+            self._old_handlers = {}
+
+    def _collection_info(self, running: bool) -> dict:
+        st = self.builder.stats.as_dict()
+        n = max(1, self.hook.launches)
+        hook_ns = self.hook.callback_ns - (self.evict_ns + self.sync_ns)
+        return {
+            "running": running,
+            "launches_hooked": self.hook.launches,
+            "hook_errors": self.hook.errors,
+            "hook_last_error": self.hook.last_error,
+            "callback_us_per_launch": round(max(0, hook_ns) / n / 1e3, 3),
+            "evict_and_sync_us_per_launch": round((self.evict_ns + self.sync_ns) / n / 1e3, 3),
+            "evictions": self.evictions,
+            "wall_s": round(self.wall_s if not running else time.perf_counter() - self._t0, 3),
+            "managed_peak_bytes": self.budget.peak,
+            "managed_limit_bytes": self.budget.limit,
+            "refused": self.violation,
+            **{f"rows_{k}": v for k, v in st.items()},
+            **{f"source_{k}": v for k, v in getattr(self.source, "info", {}).items()},
+        }
+
+    def overhead_line(self) -> str:
+        info = self._collection_info(running=False)
+        n = self.hook.launches
+        cb_s = info["callback_us_per_launch"] * n / 1e6
+        pct = 100.0 * cb_s / self.wall_s if self.wall_s > 0 else 0.0
+        line = (f"collection overhead: {n} launches, {info['callback_us_per_launch']:.1f} us per launch in the "
+                f"launch callback ({pct:.2f}% of {self.wall_s:.2f} s)")
+        if self.mode == "full":
+            line += f"; full mode added {info['evict_and_sync_us_per_launch']:.1f} us per launch evicting and synchronizing"
+        return line
+
+
+def default_part_seconds() -> float:
+    try:
+        return float(os.environ.get("PAGECAST_PART_SECONDS", "2"))
+    except ValueError:
+        return 2.0
