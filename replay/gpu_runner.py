@@ -228,7 +228,7 @@ class PeriodDetector:
     launches.
     """
 
-    def __init__(self, max_period: int = 1024, min_match: int = 32, search_every: int = 16) -> None:
+    def __init__(self, max_period: int = 1024, min_match: int = 16, search_every: int = 8) -> None:
         self.max_period = max_period
         self.min_match = min_match
         self.search_every = search_every
@@ -991,7 +991,8 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                 raise UsageError(f"--capacity must be > 0, found {c}")
     else:
         caps = [None]
-    repeat = int(getattr(args, "repeat", 1) or 1)
+    repeat = getattr(args, "repeat", None)
+    repeat = 1 if repeat is None else int(repeat)
     if repeat < 1:
         raise UsageError(f"--repeat must be >= 1, found {repeat}")
 

@@ -1,0 +1,544 @@
+"""The GPU replay runner's CPU-testable parts, with cuda_iface's stand-in (FakeCuda).
+
+Ranges, allocation lookup, period detection, next-use prediction, the
+residency estimate and victim choice, relocation of a trace's footprints, the
+order of evictions / prefetches / waits per launch, argument handling, the
+child run (with a stand-in hook and workload) and the no-GPU failure.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import types
+from argparse import Namespace
+
+import pytest
+
+from pagecast import trace as T
+from pagecast.collect.launch_hook import CB_cuLaunchKernel_ptsz, LaunchArgs
+from pagecast.errors import NoGPUError, UsageError
+from pagecast.replay import gpu_runner as G
+from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor
+
+MiB = 2**20
+UNIT = G.UNIT
+
+
+def _has_gpu() -> bool:
+    try:
+        from pagecast.replay.cuda_iface import open_cuda
+        open_cuda()
+        return True
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def mk_launch(kernel: str, words: list[int], *, stream: int = 7, corr: int = 0, cbid: int = 0) -> LaunchArgs:
+    data = struct.pack(f"<{len(words)}Q", *words)
+    return LaunchArgs(kernel=kernel, function=0, grid_x=1, grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
+                      shared_mem_bytes=0, stream=stream, correlation_id=corr,
+                      param_offsets=tuple(8 * i for i in range(len(words))), param_sizes=(8,) * len(words),
+                      param_data=data, cbid=cbid)
+
+
+# ---- ranges and allocations ---------------------------------------------------
+
+def test_merge_ranges_merges_touching_and_overlapping():
+    assert G.merge_ranges([(10, 5), (0, 10), (30, 1), (31, 0), (20, 15)]) == [(0, 15), (20, 15)]
+    assert G.merge_ranges([]) == []
+
+
+def test_split_by_unit_and_units_of():
+    parts = G.split_by_unit([(UNIT - 100, 300)], UNIT)
+    assert parts == {0: [(UNIT - 100, 100)], 1: [(UNIT, 200)]}
+    assert G.units_of([(0, 1), (3 * UNIT, UNIT + 1)], UNIT) == {0, 3, 4}
+
+
+def test_allocation_map_caches_and_clips_to_managed_allocations():
+    f = FakeCuda()
+    f.add_allocation(1 << 40, 4 * MiB)
+    f.add_allocation((1 << 40) + 8 * MiB, 2 * MiB, managed=False)
+    calls = []
+
+    def lookup(a):
+        calls.append(a)
+        return f.allocation_of(a)
+
+    am = G.AllocationMap(lookup)
+    base = 1 << 40
+    assert am.find(base + 100).base == base
+    assert am.find(base + 200).base == base and len(calls) == 1   # cached
+    assert am.find(base + 5 * MiB) is None and am.find(base + 5 * MiB) is None and len(calls) == 2
+    # a predicted range that runs past its allocation, one in device memory, one nowhere
+    got = am.clip([(base + MiB, 8 * MiB), (base + 8 * MiB, MiB), (base + 20 * MiB, MiB)])
+    assert got == [(base + MiB, 3 * MiB)]
+
+
+def test_pointer_words_and_allocation_ranges():
+    f = FakeCuda()
+    base = 1 << 40
+    f.add_allocation(base, 3 * MiB)
+    data = struct.pack("<QQI", base + 4096, 1000, 7) + b"\0" * 4
+    assert G.pointer_words(data) == [base + 4096]          # 1000 is too small to be a pointer
+    am = G.AllocationMap(f.allocation_of)
+    assert G.allocation_ranges(data, am) == [(base, 3 * MiB)]
+
+
+# ---- next-use prediction ---------------------------------------------------------
+
+def test_period_detector_finds_the_step_of_an_iterative_workload():
+    d = G.PeriodDetector(min_match=8, search_every=1)
+    step = ["embed", "attn", "mlp", "attn", "mlp", "head"]
+    got = [d.observe(k) for k in step * 6]
+    assert got[-1] == 6
+    assert got[5] is None                      # one step alone proves nothing
+    d.observe("something-else")
+    assert d.period is None                    # broken, until it repeats again
+
+
+def test_sequence_next_use_predicts_from_the_last_period_and_falls_back_to_lru():
+    d = G.PeriodDetector(min_match=4, search_every=1)
+    nu = G.SequenceNextUse(d)
+    # no period yet: LRU distance
+    nu.record(0, [1])
+    nu.record(1, [2])
+    assert d.period is None
+    assert nu.score(1, 2) > nu.score(2, 2)
+    # period 4: unit 10 used at step offset 0, unit 11 at offset 2, unit 12 not in the last period
+    d.period = 4
+    nu.record(8, [10])
+    nu.record(10, [11])
+    nu.record(3, [12])
+    t = 11
+    assert nu.score(10, t) == 8 + 4 - t        # next at 12
+    assert nu.score(11, t) == 10 + 4 - t       # next at 14
+    assert nu.score(12, t) == float("inf")     # predicted never: first victim
+    assert nu.score(99, t) == float("inf")
+
+
+def test_future_next_use_is_belady():
+    fut = G.FutureNextUse({"a": [1, 5, 9], "b": [2, 3]}, lambda u: {"a"} if u == 0 else {"b"})
+    assert fut.score(0, 1) == 4 and fut.score(1, 1) == 1 and fut.score(1, 3) == float("inf")
+
+
+# ---- the residency estimate ---------------------------------------------------------
+
+def U(i, n=1):
+    return (i * UNIT, n * UNIT)
+
+
+def test_residency_fifo_evicts_in_arrival_order_and_never_the_launchs_own_units():
+    r = G.Residency(3 * UNIT, UNIT, "fifo")
+    assert r.admit([U(0), U(1), U(2)], 0) == []
+    assert r.admit([U(1)], 1) == []                 # already resident: no change in order
+    ev = r.admit([U(0), U(3)], 2)                   # needs 1 unit; 0 is needed, so 1 goes
+    assert ev == [U(1)]
+    assert set(r.resident) == {0, 2, 3} and r.resident_units <= 3
+
+
+def test_residency_lru_refreshes_on_use():
+    r = G.Residency(2 * UNIT, UNIT, "lru")
+    r.admit([U(0)], 0)
+    r.admit([U(1)], 1)
+    r.admit([U(0)], 2)
+    assert r.admit([U(2)], 3) == [U(1)]
+
+
+def test_residency_next_use_evicts_the_furthest():
+    scores = {0: 5.0, 1: float("inf"), 2: 1.0}
+
+    class S:
+        def score(self, u, t):
+            return scores.get(u, 0.0)
+
+    r = G.Residency(3 * UNIT, UNIT, "next-use", S())
+    r.admit([U(0), U(1), U(2)], 0)
+    assert r.admit([U(3), U(4)], 1) == G.merge_ranges([U(1), U(0)])
+    assert set(r.resident) == {2, 3, 4}
+
+
+def test_residency_evicts_only_the_bytes_that_were_admitted():
+    r = G.Residency(1 * UNIT, UNIT, "fifo")
+    r.admit([(100, 4096), (UNIT - 4096, 4096)], 0)    # two small allocations inside one unit
+    ev = r.admit([(5 * UNIT, 10)], 1)
+    assert ev == [(100, 4096), (UNIT - 4096, 4096)]
+    assert r.evicted_bytes == 8192
+
+
+def test_residency_overflow_when_one_launch_exceeds_the_capacity():
+    r = G.Residency(2 * UNIT, UNIT, "fifo")
+    r.admit([U(9)], 0)
+    ev = r.admit([U(0, 3)], 1)
+    assert ev == [U(9)] and r.overflows == 1
+
+
+@pytest.mark.parametrize("victim", ["fifo", "lru"])
+def test_residency_matches_a_reference_cache_on_a_random_sequence(victim):
+    """Misses of single-unit admissions equal those of a plain FIFO/LRU cache of the same size."""
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(3)
+    seq = [rng.randrange(12) for _ in range(2000)]
+    r = G.Residency(5 * UNIT, UNIT, victim)
+    ref: OrderedDict = OrderedDict()
+    miss_r = miss_ref = 0
+    for t, u in enumerate(seq):
+        miss_r += u not in r.resident
+        r.admit([U(u)], t)
+        assert r.resident_units <= 5
+        if u in ref:
+            if victim == "lru":
+                ref.move_to_end(u)
+        else:
+            miss_ref += 1
+            if len(ref) == 5:
+                ref.popitem(last=False)
+            ref[u] = True
+    assert miss_r == miss_ref
+
+
+# ---- the engine ------------------------------------------------------------------------
+
+BASE = 1 << 40
+
+
+def fake_with_buffers(n: int, size: int = 4 * MiB) -> tuple[FakeCuda, list[int]]:
+    f = FakeCuda()
+    bases = [BASE + i * 16 * MiB for i in range(n)]
+    for b in bases:
+        f.add_allocation(b, size)
+    return f, bases
+
+
+def test_demand_adds_nothing_without_a_capacity():
+    f, bases = fake_with_buffers(2)
+    e = G.Engine(f, "demand")
+    e.on_launch(mk_launch("k", [bases[0], 64]))
+    assert [x for x in f.log if x[0] in ("gpu", "host", "wait")] == []
+    assert e.stats.launches == 1 and e.stats.errors == 0
+
+
+def test_alloc_prefetches_whole_allocations_on_the_launch_stream():
+    f, bases = fake_with_buffers(2)
+    e = G.Engine(f, "alloc")
+    e.on_launch(mk_launch("k", [bases[0] + 4096, bases[1], 12345], stream=42))
+    assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 4 * MiB, 42), ("gpu", bases[1], 4 * MiB, 42)]
+
+
+def test_per_thread_default_stream():
+    assert G.launch_stream(mk_launch("k", [], stream=0, cbid=CB_cuLaunchKernel_ptsz)) == G.PER_THREAD_STREAM
+    assert G.launch_stream(mk_launch("k", [], stream=0)) == 0
+
+
+def test_template_prefetches_the_prediction_clipped_to_managed_memory():
+    f, bases = fake_with_buffers(1)
+
+    def predict(la, allocs):
+        p, n = struct.unpack_from("<QQ", la.param_data)
+        return [(p, n), (p + 100 * MiB, 4096)]          # the second lands in no allocation
+
+    e = G.Engine(f, "template", predict=predict, model_kernels={"k"})
+    e.on_launch(mk_launch("k", [bases[0], 2 * MiB]))
+    assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 2 * MiB, 7)]
+    assert e.stats.predicted_launches == 1 and e.stats.predict_s >= 0
+
+
+def test_unseen_kernels_warn_once():
+    f, bases = fake_with_buffers(1)
+    warnings = []
+    e = G.Engine(f, "template", predict=lambda la, a: [], model_kernels={"k"}, warn=warnings.append)
+    for _ in range(3):
+        e.on_launch(mk_launch("other", [bases[0]]))
+    assert len(warnings) == 1 and "other" in warnings[0]
+    assert e.stats.unseen_kernels == ["other"]
+
+
+def test_capacity_emulation_orders_evict_prefetch_wait():
+    """Evictions go to the host on a side stream, the launch's stream waits for them before the kernel."""
+    f, bases = fake_with_buffers(3, size=2 * MiB)
+
+    def predict(la, allocs):
+        return [(struct.unpack_from("<Q", la.param_data)[0], 2 * MiB)]
+
+    e = G.Engine(f, "template", capacity=2 * UNIT, predict=predict)
+    for b in bases:
+        e.on_launch(mk_launch("k", [b], stream=5))
+    ops = [x for x in f.log if x[0] in ("gpu", "host", "record", "wait", "stream")]
+    # third launch: one eviction on the side stream, an event, the prefetch, then the wait
+    side = [x for x in ops if x[0] == "stream"][0][1]
+    tail = ops[-4:]
+    assert tail[0][0] == "host" and tail[0][3] == side
+    assert tail[1][0] == "record" and tail[1][2] == side
+    assert tail[2] == ("gpu", bases[2], 2 * MiB, 5)
+    assert tail[3][0] == "wait" and tail[3][1] == 5 and tail[3][2] == tail[1][1]
+    assert e.stats.evict_bytes == 2 * MiB and e.residency.resident_units == 2
+
+
+def run_cycle(policy: str, steps: int = 12, cap_units: int = 3, predict_ok: bool = True):
+    """A periodic workload over 4 buffers of one unit each on an emulated GPU of `cap_units`; faults counted."""
+    f, bases = fake_with_buffers(4, size=UNIT)
+
+    def predict(la, allocs):
+        return [(struct.unpack_from("<Q", la.param_data)[0], UNIT)] if predict_ok else []
+
+    e = G.Engine(f, policy, capacity=cap_units * UNIT, predict=predict if policy == "template" else None)
+    for _ in range(steps):
+        for i, b in enumerate(bases):
+            e.on_launch(mk_launch(f"k{i}", [b]))
+            f.touch(b, UNIT)                      # the kernel runs: it touches its whole buffer
+            assert f.resident_bytes() <= cap_units * UNIT
+    return f, e
+
+
+def test_template_beats_demand_on_a_cyclic_workload_in_the_stand_in():
+    fd, ed = run_cycle("demand")
+    ft, et = run_cycle("template")
+    fa, ea = run_cycle("alloc")
+    assert fd.faults > 0 and ft.faults == 0 and fa.faults == 0
+    # demand's FIFO is the worst case on a cycle bigger than memory: every launch misses
+    assert fd.faults == 12 * 4 * (UNIT // FakeCuda.BIG_PAGE)
+    # once the period is known, the template policy evicts the unit used furthest ahead, not the oldest
+    assert et.stats.period == 4
+    assert et.stats.evict_bytes < ea.stats.evict_bytes
+
+
+def test_policy_errors_never_reach_the_workload():
+    f, bases = fake_with_buffers(1)
+
+    def broken(la, allocs):
+        raise RuntimeError("bad formula")
+
+    e = G.Engine(f, "template", predict=broken)
+    e.on_launch(mk_launch("k", [bases[0]]))
+    assert e.stats.errors == 1 and "bad formula" in e.stats.last_error
+
+
+def test_engine_refuses_impossible_policies():
+    f = FakeCuda()
+    with pytest.raises(UsageError, match="model"):
+        G.Engine(f, "template")
+    with pytest.raises(UsageError, match="trace"):
+        G.Engine(f, "oracle")
+    with pytest.raises(UsageError, match="unknown policy"):
+        G.Engine(f, "lru")
+
+
+# ---- the oracle's relocation ----------------------------------------------------------------
+
+TB = 0x7F00_0000_0000  # trace-space base
+
+
+def oracle_trace(tmp_path, n_steps: int = 3):
+    """Two kernels alternating over two managed buffers, with truth."""
+    kernels, datas, truth = [], [], {T.LAUNCH_ID: [], T.ADDRESS: [], T.BYTES: [], T.ACCESS: []}
+    for i in range(2 * n_steps):
+        k = i % 2
+        kernels.append(f"k{k}")
+        datas.append(struct.pack("<QQ", TB + k * 8 * MiB, 4096))
+        truth[T.LAUNCH_ID].append(i)
+        truth[T.ADDRESS].append(TB + k * 8 * MiB)
+        truth[T.BYTES].append(3 * MiB)
+        truth[T.ACCESS].append("read")
+    n = len(kernels)
+    launches = {T.LAUNCH_ID: list(range(n)), T.KERNEL: kernels, T.DEVICE: [0] * n, T.STREAM: [0] * n,
+                **{c: [1] * n for c in T.GRID_COLUMNS}, T.SHARED_MEM_BYTES: [0] * n,
+                T.PARAM_OFFSETS: [[0, 8]] * n, T.PARAM_SIZES: [[8, 8]] * n, T.PARAM_DATA: datas}
+    allocations = {T.ALLOC_ID: [0, 1], T.ADDRESS: [TB, TB + 8 * MiB], T.BYTES: [4 * MiB, 4 * MiB],
+                   T.KIND: ["managed", "managed"], T.DEVICE: [0, 0], T.FIRST_LAUNCH: [0, 0]}
+    empty_f = {T.TIME_NS: [], T.ADDRESS: [], T.COUNT: [], T.ACCESS: [], T.DEVICE: []}
+    empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: [], T.BYTES: [], T.DIRECTION: [], T.CAUSE: []}
+    p = T.write_trace(tmp_path / "o.pctrace", T.new_manifest(mode="full"),
+                      {T.LAUNCHES: launches, T.ALLOCATIONS: allocations, T.FAULTS: empty_f,
+                       T.MIGRATIONS: empty_m, T.TRUTH: truth})
+    return T.read_trace(p)
+
+
+def test_relocator_moves_footprints_by_each_allocations_delta(tmp_path):
+    tr = oracle_trace(tmp_path)
+    rel = G.Relocator(tr)
+    run = [BASE, BASE + 64 * MiB]                      # this run's allocations live elsewhere
+    assert rel.observe(0, "k0", struct.pack("<QQ", run[0], 4096))
+    assert rel.footprint(0) == [(run[0], 3 * MiB)]
+    assert rel.observe(1, "k1", struct.pack("<QQ", run[1], 4096))
+    assert rel.footprint(1) == [(run[1], 3 * MiB)]
+    fut = rel.future_uses()
+    assert fut[TB // UNIT] == [0, 2, 4]
+    # a run that launches something else stops matching
+    assert not rel.observe(2, "other", b"")
+    assert rel.mismatch and "other" in rel.mismatch and rel.footprint(2) == []
+
+
+def test_oracle_policy_prefetches_the_relocated_truth_and_evicts_by_belady(tmp_path):
+    tr = oracle_trace(tmp_path)
+    f = FakeCuda()
+    run = [BASE, BASE + 64 * MiB]
+    for b in run:
+        f.add_allocation(b, 4 * MiB)
+    e = G.Engine(f, "oracle", relocator=G.Relocator(tr), capacity=2 * UNIT)
+    for i in range(tr.n_launches):
+        e.on_launch(mk_launch(f"k{i % 2}", [run[i % 2], 4096]))
+    gpu = [x for x in f.log if x[0] == "gpu"]
+    assert gpu[0] == ("gpu", run[0], 3 * MiB, 7) and gpu[1] == ("gpu", run[1], 3 * MiB, 7)
+    assert e.stats.errors == 0 and e.stats.evict_bytes > 0
+
+
+# ---- workload command, aggregation -------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,want", [
+    (["python", "train.py", "--n", "3"], ("path", "train.py", ["--n", "3"])),
+    (["python3", "-u", "-m", "pkg.mod", "x"], ("module", "pkg.mod", ["x"])),
+    (["--", "script.py"], ("path", "script.py", [])),
+    ([sys.executable, "-m", "m"], ("module", "m", [])),
+])
+def test_parse_workload(argv, want):
+    assert G.parse_workload(argv) == want
+
+
+@pytest.mark.parametrize("argv,msg", [([], "after '--'"), (["./a.out"], "not python"), (["python"], "names no script"),
+                                      (["python", "-c", "x"], "unsupported")])
+def test_parse_workload_rejects(argv, msg):
+    with pytest.raises(UsageError, match=msg):
+        G.parse_workload(argv)
+
+
+def test_aggregate_takes_the_median_and_spread():
+    runs = [{"time_s": t, "faults": f, "htod_bytes": 10, "dtoh_bytes": 0, "wall_s": t + 1}
+            for t, f in ((2.0, 5), (1.0, 3), (4.0, 9))]
+    a = G.aggregate(runs)
+    assert a["time_s"] == 2.0 and a["faults"] == 5 and a["repeats"] == 3
+    assert a["time_s_min"] == 1.0 and a["time_s_max"] == 4.0 and a["time_s_spread"] == pytest.approx(1.5)
+    assert a["wall_s"] == 3.0
+
+
+def test_speedups_are_per_capacity():
+    rows = [{"policy": "demand", "capacity_bytes": 1, "time_s": 10.0},
+            {"policy": "template", "capacity_bytes": 1, "time_s": 2.0},
+            {"policy": "oracle", "capacity_bytes": 1, "time_s": 1.0},
+            {"policy": "template", "capacity_bytes": 2, "time_s": 1.0}]
+    G.add_speedups(rows)
+    assert rows[1]["speedup_vs_demand"] == 5.0 and rows[1]["fraction_of_oracle"] == 0.5
+    assert rows[3]["speedup_vs_demand"] is None
+
+
+# ---- the child run, with stand-ins for the GPU, CUPTI and the hook ----------------------------------
+
+class FakeHook:
+    """Stands in for LaunchHook: the workload script calls `launch()` of a test module."""
+
+    current = None
+
+    def __init__(self, on_launch):
+        self.on_launch = on_launch
+        self.errors = 0
+
+    def start(self):
+        FakeHook.current = self
+        return self
+
+    def stop(self):
+        FakeHook.current = None
+
+
+@pytest.fixture
+def fake_launch_module(monkeypatch):
+    mod = types.ModuleType("pagecast_test_launch")
+    fake, bases = fake_with_buffers(4, size=UNIT)
+
+    def launch(i):
+        FakeHook.current.on_launch(mk_launch(f"k{i}", [bases[i]]))
+        fake.touch(bases[i], UNIT)
+
+    mod.launch = launch
+    mod.fake = fake
+    monkeypatch.setitem(sys.modules, "pagecast_test_launch", mod)
+    return mod
+
+
+def test_child_run_writes_its_measurements(tmp_path, fake_launch_module):
+    script = tmp_path / "work.py"
+    script.write_text("import pagecast_test_launch as L\nfor _ in range(5):\n    for i in range(4):\n        L.launch(i)\n")
+    res = tmp_path / "r.json"
+    fake = fake_launch_module.fake
+    code = G.child_main(["--policy", "demand", "--capacity", str(2 * UNIT), "--result", str(res),
+                         "--", "python", str(script)], cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
+    out = json.loads(res.read_text())
+    assert code == 0 and "error" not in out
+    assert out["launches"] == 20 and out["faults"] == fake.faults > 0
+    assert out["evict_bytes"] > 0 and out["time_s"] >= 0 and out["wall_s"] >= out["time_s"]
+    assert ("sync",) in fake.log
+
+
+def test_child_run_reports_a_crashing_workload(tmp_path, fake_launch_module):
+    script = tmp_path / "bad.py"
+    script.write_text("raise ValueError('boom')\n")
+    res = tmp_path / "r.json"
+    fake = fake_launch_module.fake
+    code = G.child_main(["--policy", "demand", "--result", str(res), "--", "python", str(script)],
+                        cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
+    assert code == 1 and "boom" in json.loads(res.read_text())["error"]
+
+
+def test_child_run_nonzero_exit(tmp_path, fake_launch_module):
+    script = tmp_path / "exit3.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    res = tmp_path / "r.json"
+    fake = fake_launch_module.fake
+    assert G.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
+                        cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook) == 1
+    assert "status 3" in json.loads(res.read_text())["error"]
+
+
+# ---- run_gpu_replay's argument handling ----------------------------------------------------------
+
+def ns(**kw):
+    d = dict(traces=[], policy=["demand"], capacity=None, oversub=None, model=None, plan=None, feedback=False,
+             costs=None, repeat=1, allow_oversubscription=False, workload=["python", "w.py"], json=False,
+             output=None, force=False)
+    d.update(kw)
+    return Namespace(**d)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"workload": []}, "after '--'"),
+    ({"policy": ["template"]}, "--model"),
+    ({"policy": ["oracle"]}, "full-mode trace"),
+    ({"policy": ["belady"]}, "not available"),
+    ({"oversub": [2.0]}, "--oversub needs a trace"),
+    ({"repeat": 0}, "--repeat"),
+    ({"capacity": [0]}, "--capacity"),
+    ({"traces": ["a", "b"]}, "at most one trace"),
+])
+def test_run_gpu_replay_checks_its_arguments_first(kw, msg):
+    with pytest.raises(UsageError, match=msg):
+        G.run_gpu_replay(ns(**kw))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this machine has a GPU")
+def test_run_gpu_replay_without_gpu_is_a_one_line_exit_2():
+    with pytest.raises(NoGPUError) as ei:
+        G.run_gpu_replay(ns())
+    assert ei.value.exit_code == 2 and "\n" not in str(ei.value)
+
+
+def test_pagecast_prefetching_is_exported_lazily():
+    import pagecast
+
+    assert pagecast.prefetching is G.prefetching
+    with pytest.raises(AttributeError):
+        pagecast.no_such_thing  # noqa: B018
+
+
+def test_prefetching_context_manager_with_stand_ins(monkeypatch):
+    f, bases = fake_with_buffers(1)
+    monkeypatch.setattr(G, "make_online_predict", lambda model, fallback: (lambda la, a: [(bases[0], MiB)]))
+    model = types.SimpleNamespace(kernels={"k": None})
+    with G.prefetching(model, capacity="64MiB", cuda=f, hook_factory=FakeHook) as eng:
+        FakeHook.current.on_launch(mk_launch("k", [bases[0]]))
+    assert FakeHook.current is None
+    assert eng.stats.prefetch_bytes == MiB and eng.residency.capacity_units == 32
