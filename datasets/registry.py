@@ -38,9 +38,9 @@ WORKLOADS: dict[str, Workload] = _load()
 # MSched's multitask mixes (arXiv 2512.24637): lists of workload names. A name may
 # repeat (several instances of one model); each instance should get its own seed.
 MIXES: dict[str, list[str]] = {
-    "scientific": [n for n in ("jacobi2d", "spmv-cg", "stream") if n in WORKLOADS],
-    "multi-dnn": [n for n in ("mlp-train", "cnn-infer", "mlp-train") if n in WORKLOADS],
-    "multi-llm": ["llm-decode"] * 3 if "llm-decode" in WORKLOADS else [],
+    "scientific": ["jacobi2d", "spmv-cg", "stream"],
+    "multi-dnn": ["mlp-train", "cnn-infer", "mlp-train", "cnn-infer"],
+    "multi-llm": ["llm-decode", "llm-decode", "llm-decode"],
 }
 
 
