@@ -1,0 +1,228 @@
+"""Launch arguments as numbers: parameter words, pointers (bases) and size features.
+
+A kernel's parameter buffer is sliced into named words:
+
+- `p3`            parameter 3 when it is a scalar of 1, 2, 4 or 8 bytes;
+- `p0.w2`         the 4-byte word at byte 8 (= 4*2) of struct parameter 0;
+- `p0.d2`         the 8-byte word at byte 8 (= 4*2) of struct parameter 0
+                  (only where the word is 8-byte aligned in the buffer);
+- `p1:u`          the unsigned reading of a 4-byte word (where it differs);
+- `grid_x` ... `block_z`  the launch configuration.
+
+8-byte words whose value points into (or one past the end of) an allocation
+live at that launch are *bases*; the others, decoded as integers, are
+*features*. The same `Word` objects decode a whole kernel's launches at once
+(numpy, `batch`) or one launch's bytes (`one`), so the batch and the online
+predictors read arguments identically.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pagecast import trace as T
+
+GRID_NAMES = T.GRID_COLUMNS  # grid_x .. block_z
+MAX_FEATURE = 1 << 40        # larger integers are addresses, hashes or floats, never sizes
+_NAME = re.compile(r"^p(\d+)(?:\.([wd])(\d+))?(:u)?$")
+
+
+@dataclass(frozen=True)
+class Word:
+    """One named integer read from the parameter buffer (or the grid)."""
+
+    name: str
+    param: int          # parameter index (-1 for grid/block)
+    within: int         # byte offset inside the parameter
+    size: int           # 1, 2, 4 or 8
+    signed: bool = True
+
+    @staticmethod
+    def parse(name: str) -> "Word":
+        if name in GRID_NAMES:
+            return Word(name, -1, GRID_NAMES.index(name), 4, True)
+        m = _NAME.match(name)
+        if not m:
+            raise ValueError(f"not a parameter word name: {name!r}")
+        p, kind, k, u = m.groups()
+        if kind is None:
+            return Word(name, int(p), 0, 0, u is None)  # size from the layout
+        return Word(name, int(p), 4 * int(k), 4 if kind == "w" else 8, u is None)
+
+    def resolve(self, sizes) -> "Word":
+        """Fill in the size of a whole-parameter word from the kernel's layout."""
+        if self.param >= 0 and self.size == 0:
+            return Word(self.name, self.param, 0, int(sizes[self.param]), self.signed)
+        return self
+
+    def offset(self, offsets) -> int:
+        return int(offsets[self.param]) + self.within
+
+    def batch(self, mat: np.ndarray, offsets, grid: np.ndarray | None = None) -> np.ndarray:
+        """Decode this word for every row of a (launches x bytes) uint8 matrix (int64 out)."""
+        if self.param < 0:
+            return grid[:, self.within].astype(np.int64)
+        o = self.offset(offsets)
+        raw = np.ascontiguousarray(mat[:, o:o + self.size])
+        dt = {1: "i1", 2: "i2", 4: "i4", 8: "i8"}[self.size]
+        if not self.signed:
+            dt = "u" + dt[1:]
+        return raw.view("<" + dt).reshape(-1).astype(np.int64)
+
+    def one(self, data: bytes, offsets, grid=None) -> int:
+        if self.param < 0:
+            return int(grid[self.within])
+        o = self.offset(offsets)
+        return int.from_bytes(data[o:o + self.size], "little", signed=self.signed)
+
+    def pointer_batch(self, mat: np.ndarray, offsets) -> np.ndarray:
+        o = self.offset(offsets)
+        return np.ascontiguousarray(mat[:, o:o + 8]).view("<u8").reshape(-1)
+
+    def pointer_one(self, data: bytes, offsets) -> int:
+        o = self.offset(offsets)
+        return int.from_bytes(data[o:o + 8], "little", signed=False)
+
+
+def candidate_words(sizes, offsets) -> tuple[list[Word], list[Word]]:
+    """(8-byte words that may be pointers, other integer words) of a layout."""
+    ptrs: list[Word] = []
+    ints: list[Word] = []
+    for i, (s, o) in enumerate(zip(sizes, offsets)):
+        s, o = int(s), int(o)
+        if s in (1, 2, 4):
+            ints.append(Word(f"p{i}", i, 0, s))
+            if s == 4:
+                ints.append(Word(f"p{i}:u", i, 0, 4, False))
+        elif s == 8:
+            ptrs.append(Word(f"p{i}", i, 0, 8))
+        elif s > 0:
+            for b in range(0, s - 3, 4):
+                ints.append(Word(f"p{i}.w{b // 4}", i, b, 4))
+                ints.append(Word(f"p{i}.w{b // 4}:u", i, b, 4, False))
+                if (o + b) % 8 == 0 and b + 8 <= s:
+                    ptrs.append(Word(f"p{i}.d{b // 4}", i, b, 8))
+    return ptrs, ints
+
+
+# ---- parameter bytes ----------------------------------------------------------
+
+def param_matrix(launches: pa.Table, idx: np.ndarray, width: int) -> np.ndarray:
+    """Parameter bytes of launches `idx` as an (n, width) uint8 matrix (zero padded)."""
+    n = len(idx)
+    if n == 0 or width == 0:
+        return np.zeros((n, width), np.uint8)
+    col = launches.column(T.PARAM_DATA)
+    arr = col.take(pa.array(idx)) if len(idx) != launches.num_rows or not _is_arange(idx) else col
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if pa.types.is_large_binary(arr.type):
+        offs = np.frombuffer(arr.buffers()[1], np.int64, n + 1, arr.offset * 8)
+    else:
+        offs = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
+    lens = np.diff(offs)
+    if np.all(lens == width):
+        return data[offs[0]:offs[0] + n * width].reshape(n, width)
+    pos = offs[:-1, None] + np.arange(width)[None, :]
+    ok = np.arange(width)[None, :] < lens[:, None]
+    out = np.zeros((n, width), np.uint8)
+    if len(data):
+        out[ok] = data[np.minimum(pos, len(data) - 1)][ok]
+    return out
+
+
+def _is_arange(idx: np.ndarray) -> bool:
+    return len(idx) > 0 and idx[0] == 0 and idx[-1] == len(idx) - 1 and np.all(np.diff(idx) == 1)
+
+
+def grid_matrix(launches: pa.Table, idx: np.ndarray) -> np.ndarray:
+    return np.stack([launches.column(c).take(pa.array(idx)).to_numpy() for c in GRID_NAMES], axis=1) \
+        if len(idx) else np.zeros((0, 6), np.int64)
+
+
+def kernel_groups(launches: pa.Table) -> tuple[list[str], np.ndarray, list[np.ndarray]]:
+    """(kernel names, code per launch, launch indices per kernel in issue order)."""
+    if launches.num_rows == 0:
+        return [], np.zeros(0, np.int64), []
+    enc = launches.column(T.KERNEL).combine_chunks().dictionary_encode()
+    names = enc.dictionary.to_pylist()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    return names, codes, [order[bounds[k]:bounds[k + 1]] for k in range(len(names))]
+
+
+def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarray]:
+    """The most common (sizes, offsets) of these launches and a mask of launches that have it."""
+    offs = launches.column(T.PARAM_OFFSETS).take(pa.array(idx))
+    sizes = launches.column(T.PARAM_SIZES).take(pa.array(idx))
+    lens = pc.list_value_length(offs).to_numpy(zero_copy_only=False)
+    fo = pc.list_flatten(offs).to_numpy(zero_copy_only=False).astype(np.int64)
+    fs = pc.list_flatten(sizes).to_numpy(zero_copy_only=False).astype(np.int64)
+    n = len(idx)
+    if n == 0:
+        return (), (), np.zeros(0, bool)
+    k = int(lens[0])
+    if np.all(lens == k):
+        so = np.concatenate([fs.reshape(n, k), fo.reshape(n, k)], axis=1) if k else np.zeros((n, 0), np.int64)
+        uniq, inv, cnt = np.unique(so, axis=0, return_inverse=True, return_counts=True)
+        best = int(np.argmax(cnt))
+        row = uniq[best]
+        return tuple(int(x) for x in row[:k]), tuple(int(x) for x in row[k:]), inv.reshape(-1) == best
+    # lengths differ: take the first launch's layout, keep launches equal to it
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    keys = [(tuple(fs[starts[i]:starts[i + 1]]), tuple(fo[starts[i]:starts[i + 1]])) for i in range(n)]
+    from collections import Counter
+    (s0, o0), _ = Counter(keys).most_common(1)[0]
+    return s0, o0, np.array([kk == (s0, o0) for kk in keys])
+
+
+# ---- allocations ---------------------------------------------------------------
+
+class AllocIndex:
+    """Which allocation (live at a launch) an address points into, vectorized.
+
+    `lookup` accepts one past the end as inside (a pointer to the end of a buffer).
+    """
+
+    def __init__(self, allocations: pa.Table) -> None:
+        a = allocations
+        addr = a.column(T.ADDRESS).to_numpy().astype(np.uint64) if a.num_rows else np.zeros(0, np.uint64)
+        order = np.argsort(addr, kind="stable")
+        self.addr = addr[order]
+        self.size = a.column(T.BYTES).to_numpy().astype(np.uint64)[order] if a.num_rows else np.zeros(0, np.uint64)
+        self.end = self.addr + self.size
+        self.first = a.column(T.FIRST_LAUNCH).to_numpy()[order] if a.num_rows else np.zeros(0, np.int64)
+        self.last = (pc.fill_null(a.column(T.LAST_LAUNCH), np.iinfo(np.int64).max).to_numpy()[order]
+                     if a.num_rows else np.zeros(0, np.int64))
+        self.alloc_id = a.column(T.ALLOC_ID).to_numpy()[order] if a.num_rows else np.zeros(0, np.int64)
+        self.n = len(self.addr)
+
+    def lookup(self, values: np.ndarray, launch: np.ndarray, *, one_past: bool = True,
+               depth: int = 8) -> np.ndarray:
+        """Row (in address order) of the live allocation holding each value, else -1."""
+        v = np.asarray(values).astype(np.uint64)
+        launch = np.broadcast_to(np.asarray(launch, np.int64), v.shape)
+        out = np.full(len(v), -1, np.int64)
+        if self.n == 0 or len(v) == 0:
+            return out
+        j = np.searchsorted(self.addr, v, side="right").astype(np.int64) - 1
+        todo = np.arange(len(v))
+        for _ in range(depth):
+            jj = j[todo]
+            ok = jj >= 0
+            jc = np.maximum(jj, 0)
+            inside = (v[todo] < self.end[jc]) | (one_past & (v[todo] == self.end[jc]))
+            live = (self.first[jc] <= launch[todo]) & (launch[todo] <= self.last[jc])
+            hit = ok & inside & live
+            out[todo[hit]] = jc[hit]
+            todo = todo[~hit & ok]
+            if len(todo) == 0:
+                break
+            j[todo] -= 1
+        return out

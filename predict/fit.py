@@ -1,0 +1,440 @@
+"""Learn per-kernel templates from fault traces (never from truth).
+
+For every kernel, for every base word (an 8-byte parameter word that points
+into a live allocation), the pages observed in that allocation at each launch
+give bounds on where the region starts and ends:
+
+- start page in [A_s, min(first fault page, end of the first big page)]
+- end page in [max(last fault page + 1, start of the last big page + 1), A_e]
+
+where the observed run [O_s, O_e) is rounded out to 64 KiB big pages by the
+driver, and A extends it with the driver's prefetch migrations (pages that may
+have been touched without faulting). Relative to the base pointer these are
+byte intervals; launches with equal features are intersected into one group.
+`formula.solve` then finds the simplest integer formula inside every group's
+interval. Several traces are pooled: a template must hold in all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from pagecast import PRODUCER
+from pagecast import trace as T
+from pagecast.errors import TraceError, UsageError
+
+from . import formula as FM
+from .features import GRID_NAMES, MAX_FEATURE, Word, candidate_words, grid_matrix, layouts, param_matrix
+from .model_io import KernelModel, Model, Region
+from .observe import TraceObs
+
+BIG_PAGE = 65536          # the driver migrates 64 KiB big pages (background.md)
+POINTER_SHARE = 0.5       # a word is a base if it points into a live allocation this often
+MAX_VARYING = 12
+MAX_CONST = 6
+MAX_SEARCH_GROUPS = 256
+ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
+HISTORY_INTERVALS = 64
+
+
+def fit_model(traces: list, progress=None) -> Model:
+    """One model from several traces (different scales / seeds of the same program)."""
+    if not traces:
+        raise UsageError("fit needs at least one trace")
+    ps = {t.page_size for t in traces}
+    if len(ps) != 1:
+        raise TraceError("traces have different page sizes: " + ", ".join(f"{t.path}: {t.page_size}" for t in traces))
+    ps = ps.pop()
+    if sum(t.n_launches for t in traces) == 0:
+        raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
+    obs = [TraceObs(t) for t in traces]
+    if sum(o.n_records for o in obs) == 0:
+        raise TraceError("no faults or migrations in " + ", ".join(str(t.path) for t in traces)
+                         + ": nothing to learn from (was unified-memory profiling on?)")
+    model = Model(page_size=ps, big_page=BIG_PAGE, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  producer=PRODUCER,
+                  traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches}
+                          for t in traces])
+    parts: dict[str, list] = defaultdict(list)
+    for o in obs:
+        for name, idx in zip(o.names, o.groups):
+            parts[name].append((o, idx))
+    names = sorted(parts)
+    for name in names:
+        model.kernels[name] = fit_kernel(name, parts[name], ps)
+        if progress is not None:
+            progress.advance(1) if hasattr(progress, "advance") else progress(1)
+    return model
+
+
+# ---- one kernel ------------------------------------------------------------------
+
+class KernelData:
+    """A kernel's launches pooled over traces: words, features, groups."""
+
+    def __init__(self, name: str, parts: list, ps: int) -> None:
+        self.name, self.ps = name, ps
+        o0, idx0 = parts[0]
+        self.sizes, self.offsets, _ = layouts(o0.trace.launches, idx0)
+        width = max([s + o for s, o in zip(self.sizes, self.offsets)] or [0])
+        self.parts = []  # (obs, launch ids, byte matrix, grid matrix)
+        self.skipped = 0
+        for o, idx in parts:
+            s, off, mask = layouts(o.trace.launches, idx)
+            if (s, off) != (self.sizes, self.offsets):
+                # this trace's majority layout differs: keep only launches with ours
+                mask = self._same_layout(o.trace.launches, idx)
+            self.skipped += int((~mask).sum())
+            idx = idx[mask]
+            if len(idx) == 0:
+                continue
+            self.parts.append((o, idx, param_matrix(o.trace.launches, idx, width), grid_matrix(o.trace.launches, idx)))
+        self.n = sum(len(p[1]) for p in self.parts)
+        self.traces = len(self.parts)
+        ptrs, ints = candidate_words(self.sizes, self.offsets)
+        # bases: 8-byte words that point into live allocations
+        self.bases: list[tuple[Word, list[np.ndarray]]] = []
+        non_ptr: list[Word] = []
+        for w in ptrs:
+            vals = [w.pointer_batch(m, self.offsets) for _, _, m, _ in self.parts]
+            hits = sum(int((o.index.lookup(v, idx) >= 0).sum()) for (o, idx, _, _), v in zip(self.parts, vals))
+            if self.n and hits >= POINTER_SHARE * self.n:
+                self.bases.append((w, vals))
+            else:
+                non_ptr.append(w)
+        base_spans = [(w.param, w.within, w.within + 8) for w, _ in self.bases]
+        words = [w for w in ints if not any(w.param == p and w.within < e and w.within + w.size > s
+                                            for p, s, e in base_spans)]
+        words += non_ptr
+        words += [Word(g, -1, i, 4) for i, g in enumerate(GRID_NAMES)]
+        # decode, filter floats and huge values
+        self.feat_names: list[str] = []
+        cols: list[np.ndarray] = []
+        seen: dict[bytes, str] = {}
+        for w in words:
+            v = np.concatenate([w.batch(m, self.offsets, g) for _, _, m, g in self.parts]) if self.parts \
+                else np.zeros(0, np.int64)
+            if len(v) == 0 or _float_like(w, v) or np.abs(v).max() > MAX_FEATURE:
+                continue
+            key = v.tobytes()
+            if key in seen:
+                continue
+            seen[key] = w.name
+            self.feat_names.append(w.name)
+            cols.append(v)
+        F = np.stack(cols, axis=1) if cols else np.zeros((self.n, 0), np.int64)
+        varying = np.array([len(np.unique(F[:, j][:4096])) > 1 or np.any(F[:, j] != F[0, j]) for j in range(F.shape[1])],
+                           bool) if self.n else np.zeros(F.shape[1], bool)
+        is_grid = np.array([n in GRID_NAMES for n in self.feat_names], bool)
+        small = np.array([self.n > 0 and 1 < abs(int(F[0, j])) <= 1 << 16 for j in range(F.shape[1])], bool)
+        vi = [j for j in range(F.shape[1]) if varying[j]]
+        vi = sorted(vi, key=lambda j: is_grid[j])[:MAX_VARYING]
+        ci = [j for j in range(F.shape[1]) if not varying[j] and small[j] and not is_grid[j]][:MAX_CONST]
+        sel = vi + ci
+        self.sel_names = [self.feat_names[j] for j in sel]
+        self.sel_varying = np.array([varying[j] for j in sel], bool)
+        Fs = F[:, sel]
+        if Fs.shape[1]:
+            self.uniq, inv = np.unique(Fs, axis=0, return_inverse=True)
+            self.group = inv.reshape(-1)
+        else:
+            self.uniq = np.zeros((1 if self.n else 0, 0), np.int64)
+            self.group = np.zeros(self.n, np.int64)
+        self.U = len(self.uniq)
+        self.values = {n: self.uniq[:, k] for k, n in enumerate(self.sel_names)}
+        self._mono = None
+
+    def _same_layout(self, launches, idx):
+        import pyarrow as pa
+        offs = launches.column(T.PARAM_OFFSETS).take(pa.array(idx)).to_pylist()
+        sizes = launches.column(T.PARAM_SIZES).take(pa.array(idx)).to_pylist()
+        return np.array([tuple(s) == self.sizes and tuple(o) == self.offsets for s, o in zip(sizes, offs)], bool)
+
+    def mono(self, groups: np.ndarray) -> FM.Monomials:
+        return FM.monomials(self.sel_names, self.uniq[groups], self.sel_varying_on(groups))
+
+    def sel_varying_on(self, groups):
+        u = self.uniq[groups]
+        return np.array([len(np.unique(u[:, k])) > 1 for k in range(u.shape[1])], bool) if len(u) else \
+            np.zeros(u.shape[1], bool)
+
+
+def _float_like(w: Word, v: np.ndarray) -> bool:
+    """A word whose values read as 'nice' floats and as huge integers is a float, not a size."""
+    nz = v[v != 0]
+    if len(nz) == 0:
+        return False
+    if w.size == 4:
+        big = np.abs(nz) > (1 << 24)
+        f = nz.astype(np.int64).astype(np.uint32).view(np.float32)
+        nice = np.isfinite(f) & (np.abs(f) >= 1e-6) & (np.abs(f) <= 1e9) & ((nz.astype(np.uint32) & 0x3FF) == 0)
+        return bool(np.mean(big & nice) > 0.5)
+    if w.size == 8:
+        big = np.abs(nz) > (1 << 40)
+        f = nz.astype(np.int64).view(np.float64)
+        nice = np.isfinite(f) & (np.abs(f) >= 1e-9) & (np.abs(f) <= 1e15)
+        return bool(np.mean(big & nice) > 0.5)
+    return False
+
+
+def fit_kernel(name: str, parts: list, ps: int) -> KernelModel:
+    kd = KernelData(name, parts, ps)
+    km = KernelModel(name, kd.sizes, kd.offsets, launches=kd.n, traces=kd.traces)
+    if kd.n == 0:
+        km.note = "no launches with a consistent parameter layout"
+        return km
+    if not kd.bases:
+        km.note = "no parameter points into an allocation: footprint unexplained (fallback)"
+        return km
+    regions: list[tuple[tuple, Region]] = []
+    any_obs = False
+    for w, vals in kd.bases:
+        r, sig = fit_region(kd, w, vals)
+        if r is None:
+            continue
+        any_obs = True
+        regions.append((sig, r))
+    # two words that always point into the same allocation see the same pages: keep the simpler
+    best: dict[tuple, Region] = {}
+    order: list[tuple] = []
+    for sig, r in regions:
+        if sig not in best:
+            best[sig] = r
+            order.append(sig)
+        elif _region_score(r) < _region_score(best[sig]):
+            best[sig] = r
+    km.regions = [best[s] for s in order]
+    if not any_obs:
+        km.note = "no faults observed in the allocations its parameters point into"
+    if kd.skipped:
+        km.note = (km.note + "; " if km.note else "") + f"{kd.skipped} launches with another parameter layout skipped"
+    return km
+
+
+def _region_score(r: Region) -> tuple:
+    rank = {"fixed": 0, "linear": 1, "strided": 2, "allocation": 3, "irregular": 4}[r.cls]
+    fs = r.formulas().values()
+    return (rank, sum(f.score()[0] for f in fs), sum(f.score()[1] for f in fs))
+
+
+def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray]):
+    """Fit one base word's region; (None, None) when it never points at observed pages."""
+    ps = kd.ps
+    bigp = max(1, BIG_PAGE // ps)
+    obs = [o.region(idx, v) for (o, idx, _, _), v in zip(kd.parts, vals)]
+    natural = np.concatenate([np.full(len(idx), o.trace.mode != "full") for o, idx, _, _ in kd.parts])
+    cat = {k: np.concatenate([ob[k] for ob in obs]) for k in obs[0]}
+    trace_no = np.concatenate([np.full(len(ob["valid"]), i) for i, ob in enumerate(obs)])
+    allocs = tuple(np.concatenate([ob["alloc"] + 1_000_000 * i for i, ob in enumerate(obs)]).tolist()[:50_000])
+    sig = (hash(allocs),)
+    valid = cat["valid"]
+    nonempty = valid & (cat["npieces"] > 0)
+    n_valid, n_obs = int(valid.sum()), int(nonempty.sum())
+    if n_obs == 0:
+        return None, None
+    fit = {"launches": n_valid, "observed": n_obs, "traces": int(len(np.unique(trace_no[nonempty]))),
+           "groups": int(len(np.unique(kd.group[nonempty])))}
+    sel = np.flatnonzero(nonempty)
+    g = kd.group[sel]
+    base = cat["base"][sel]
+    O_s, O_e, A_s, A_e = cat["O_s"][sel], cat["O_e"][sel], cat["A_s"][sel], cat["A_e"][sel]
+    I_s, I_e = cat["I_s"][sel], cat["I_e"][sel]
+    nat = natural[sel]
+    al_s, al_e = cat["alloc_s"][sel], cat["alloc_e"][sel]
+    whole = (cat["a_pieces"][sel] == 1) & (A_s <= al_s) & (A_e >= al_e)
+    maxp = int(cat["npieces"][sel].max())
+    region = None
+    if maxp == 1:
+        sp_lo = np.where(nat, al_s, A_s)
+        sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
+        sp_hi = np.where(I_s >= 0, np.minimum(sp_hi, I_s), sp_hi)
+        ep_lo = np.maximum(((O_e - 1) // bigp) * bigp + 1, O_s + 1)
+        ep_lo = np.where(I_e >= 0, np.maximum(ep_lo, I_e), ep_lo)
+        ep_hi = np.where(nat, al_e, A_e)
+        s_lo, s_hi = sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base
+        e_lo, e_hi = (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
+        res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)])
+        if res is not None:
+            (fs, fe), exact = res
+            cls = "fixed" if not fs.terms and not fe.terms else "linear"
+            ugly = max([abs(c) for c, _ in fs.terms + fe.terms] or [0]) > 64
+            if not (cls == "linear" and ugly and whole.all()):
+                region = Region(w.name, cls, start=fs, end=fe)
+                fit["exact"] = exact
+    else:
+        region = _fit_strided(kd, w, cat, sel, g, bigp, fit)
+    if region is None and whole.all():
+        region = Region(w.name, "allocation")
+        fit["exact"] = 1.0
+    if region is None:
+        region = Region(w.name, "irregular", history=_history(kd, obs, ps))
+        fit["exact"] = 0.0
+    region.fit = fit
+    return region, sig
+
+
+def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
+    """Intersect per-launch bounds per feature group: (groups present, lo, hi, launches)."""
+    lo_g = np.full(U, -FM.INF, np.int64)
+    hi_g = np.full(U, FM.INF, np.int64)
+    np.maximum.at(lo_g, g, lo)
+    np.minimum.at(hi_g, g, hi)
+    cnt = np.bincount(g, minlength=U)
+    present = np.flatnonzero(cnt > 0)
+    return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
+
+
+def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float):
+    """Solve on a subsample of groups, verify on all, add violators and repeat."""
+    U = len(groups)
+    if U <= MAX_SEARCH_GROUPS:
+        sample = np.arange(U)
+    else:
+        # the extremes of every feature plus an even spread
+        ext = set(np.linspace(0, U - 1, MAX_SEARCH_GROUPS // 2).round().astype(int).tolist())
+        u = kd.uniq[groups]
+        for k in range(u.shape[1]):
+            ext.add(int(np.argmin(u[:, k])))
+            ext.add(int(np.argmax(u[:, k])))
+        sample = np.array(sorted(ext))
+    for _ in range(4):
+        mono = kd.mono(groups[sample])
+        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum())
+        if f is None:
+            return None
+        if len(sample) == U:
+            return f
+        vals = {n: kd.uniq[groups, k] for k, n in enumerate(kd.sel_names)}
+        y = np.asarray(f.evaluate(vals), np.int64) * np.ones(U, np.int64)
+        bad = (y < lo) | (y > hi)
+        if w[bad].sum() <= budget * w.sum():
+            return f
+        sample = np.union1d(sample, np.flatnonzero(bad)[:MAX_SEARCH_GROUPS])
+    return None
+
+
+def _solve_pair(kd, g, bounds):
+    """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
+    for budget in (0.0, ROBUST_BUDGET):
+        out = []
+        exact = 1.0
+        for lo, hi in bounds:
+            groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
+            f = _solve_one(kd, groups, lo_g, hi_g, w, budget)
+            if f is None:
+                break
+            out.append(f)
+            vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+            y = np.asarray(f.evaluate(vals), np.int64) * np.ones(len(g), np.int64)
+            exact = min(exact, float(np.mean((y >= lo) & (y <= hi))))
+        else:
+            return out, round(exact, 6)
+    return None
+
+
+def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict):
+    """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
+    from pagecast.footprints import _ranges  # noqa: PLC2701 - the CSR helper of the core
+    ps = kd.ps
+    parts_obs = []
+    # gather the runs of each selected launch from its trace's observation arrays
+    offsets = np.cumsum([0] + [len(idx) for _, idx, _, _ in kd.parts])
+    starts_l, ends_l, owner, ff_l, fl_l = [], [], [], [], []
+    for ti, (o, idx, _, _) in enumerate(kd.parts):
+        m = (sel >= offsets[ti]) & (sel < offsets[ti + 1])
+        s = sel[m]
+        r0 = cat["r0"][s]
+        n = cat["npieces"][s]
+        ri = _ranges(r0, n)
+        starts_l.append(o.os[ri])
+        ends_l.append(o.oe[ri])
+        ff, fl = o.fault_bounds(np.repeat(cat["key"][s], n), o.os[ri], o.oe[ri])
+        ff_l.append(ff)
+        fl_l.append(fl)
+        owner.append(np.repeat(np.flatnonzero(m), n))
+        parts_obs.append(None)
+    rs = np.concatenate(starts_l)
+    re_ = np.concatenate(ends_l)
+    own = np.concatenate(owner)            # index into sel
+    ffirst, flast = np.concatenate(ff_l), np.concatenate(fl_l)
+    cnt = cat["npieces"][sel]
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    j = np.arange(len(rs)) - np.repeat(first, cnt)
+    base = cat["base"][sel]
+    slo_r = rs * ps                                   # run start byte bounds (absolute)
+    shi_r = ((rs // bigp) * bigp + bigp) * ps - 1
+    shi_r = np.minimum(shi_r, re_ * ps - 1)
+    shi_r = np.where(ffirst >= 0, np.minimum(shi_r, (ffirst + 1) * ps - 1), shi_r)
+    elo_r = (np.maximum(((re_ - 1) // bigp) * bigp + 1, rs + 1) - 1) * ps + 1
+    elo_r = np.where(flast >= 0, np.maximum(elo_r, (flast - 1) * ps + 1), elo_r)
+    ehi_r = re_ * ps
+    s0_lo, s0_hi = slo_r[first], shi_r[first]
+    n = len(sel)
+    # stride from chunk j's start vs chunk 0's
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jj = np.maximum(j, 1)
+        st_lo_r = np.where(j > 0, -((-(slo_r - s0_hi[own])) // jj), -FM.INF)
+        st_hi_r = np.where(j > 0, (shi_r - s0_lo[own]) // jj, FM.INF)
+    st_lo = np.full(n, -FM.INF, np.int64)
+    st_hi = np.full(n, FM.INF, np.int64)
+    np.maximum.at(st_lo, own, st_lo_r)
+    np.minimum.at(st_hi, own, st_hi_r)
+    ch_lo = np.full(n, -FM.INF, np.int64)
+    ch_hi = np.full(n, FM.INF, np.int64)
+    np.maximum.at(ch_lo, own, elo_r - shi_r)
+    np.minimum.at(ch_hi, own, ehi_r - slo_r)
+    bounds = [(s0_lo - base, s0_hi - base), (cnt.astype(np.int64), cnt.astype(np.int64)), (st_lo, st_hi)]
+    res = _solve_pair(kd, g, bounds)
+    if res is None:
+        return None
+    (fs, fc, fst), exact = res
+    # chunk: bounded by each run's end against where the formulas put its start
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+    s0 = base + np.asarray(fs.evaluate(vals), np.int64) * one
+    sd = np.asarray(fst.evaluate(vals), np.int64) * one
+    pstart = s0[own] + j * sd[own]
+    ch_lo = np.full(n, -FM.INF, np.int64)
+    ch_hi = np.full(n, FM.INF, np.int64)
+    np.maximum.at(ch_lo, own, elo_r - pstart)
+    np.minimum.at(ch_hi, own, ehi_r - pstart)
+    res2 = _solve_pair(kd, g, [(np.maximum(ch_lo, 1), ch_hi)])
+    if res2 is None:
+        return None
+    (fch,), exact2 = res2
+    exact = min(exact, exact2)
+    if not fc.terms and fc.const == 1:
+        return None
+    fit["exact"] = exact
+    return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
+
+
+def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
+    """Pages an irregular region touched, relative to its allocation's first page (coarsened)."""
+    from pagecast.footprints import _ranges, merge_intervals  # noqa: PLC2701
+    ss, ee = [], []
+    for (o, idx, _, _), ob in zip(kd.parts, obs):
+        n = ob["npieces"]
+        ri = _ranges(ob["r0"], n)
+        if len(ri) == 0:
+            continue
+        rel0 = np.repeat(ob["alloc_s"], n)
+        ss.append(o.os[ri] - rel0)
+        ee.append(o.oe[ri] - rel0)
+    if not ss:
+        return []
+    s, e = np.concatenate(ss), np.concatenate(ee)
+    _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
+    while len(s) > HISTORY_INTERVALS:  # merge the smallest gaps
+        gaps = s[1:] - e[:-1]
+        cut = np.sort(gaps)[len(s) - HISTORY_INTERVALS - 1]
+        keep = np.r_[True, gaps > cut]
+        idx = np.flatnonzero(keep)
+        e = np.maximum.reduceat(e, idx)
+        s = s[idx]
+        if len(idx) == len(keep):
+            break
+    return [[int(a), int(b)] for a, b in zip(s, e)]

@@ -1,0 +1,310 @@
+"""Integer affine formulas over products of launch features, and the exact solver.
+
+A `Formula` is `const + sum(coef_i * prod(features_i))` with integer
+coefficients. It evaluates on numpy arrays (the batch predictor) and on Python
+ints (the online predictor) with the same code.
+
+`solve` finds the simplest formula consistent with interval observations: for
+each group of launches with equal features, the value must lie in [lo, hi]
+(bytes; the bounds come from page-rounded, big-page-rounded fault data).
+Candidates are ordered by (number of terms, sum of |coef|, degree, |const|):
+fewest terms and smallest coefficients first, as MSched's templates are.
+One-term fits are solved exactly (the feasible coefficients form an interval,
+from the pairwise conditions); two and three terms take least-squares proposals
+rounded to integers, and exact integer checks decide.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INF = np.int64(1) << np.int64(62)
+MAX_COEF = 1 << 24
+
+
+@dataclass(frozen=True)
+class Formula:
+    const: int = 0
+    terms: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    @property
+    def n_terms(self) -> int:
+        return len(self.terms)
+
+    def names(self) -> set[str]:
+        return {n for _, f in self.terms for n in f}
+
+    def evaluate(self, values) -> "np.ndarray | int":
+        """values: mapping feature name -> int64 array (or int)."""
+        out = self.const
+        for c, fac in self.terms:
+            t = c
+            for n in fac:
+                t = t * values[n]
+            out = out + t
+        return out
+
+    def score(self) -> tuple:
+        return (len(self.terms), sum(abs(c) for c, _ in self.terms) + abs(self.const),
+                sum(len(f) for _, f in self.terms))
+
+    def text(self) -> str:
+        parts = []
+        for c, fac in self.terms:
+            prod = "*".join(fac)
+            parts.append(prod if c == 1 else f"-{prod}" if c == -1 else f"{c}*{prod}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        s = " + ".join(parts)
+        return s.replace("+ -", "- ")
+
+    def to_json(self) -> dict:
+        return {"const": int(self.const), "terms": [[int(c), list(f)] for c, f in self.terms],
+                "text": self.text()}
+
+    @staticmethod
+    def from_json(d) -> "Formula":
+        if not isinstance(d, dict):
+            raise ValueError("a formula must be an object with const and terms")
+        const = d.get("const", 0)
+        if not isinstance(const, int) or isinstance(const, bool):
+            raise ValueError(f"formula const must be an integer, found {const!r}")
+        terms = []
+        for t in d.get("terms", []):
+            if (not isinstance(t, (list, tuple)) or len(t) != 2 or not isinstance(t[0], int)
+                    or isinstance(t[0], bool) or not isinstance(t[1], (list, tuple))
+                    or not all(isinstance(x, str) for x in t[1]) or not t[1]):
+                raise ValueError(f"formula term must be [integer, [feature, ...]], found {t!r}")
+            terms.append((int(t[0]), tuple(t[1])))
+        return Formula(int(const), tuple(terms))
+
+
+@dataclass
+class Monomials:
+    """Product features over the groups: names per column and an int64 matrix (groups x cols)."""
+
+    names: list[tuple[str, ...]]
+    values: np.ndarray  # int64 (U, M)
+    degree: np.ndarray = field(default=None)
+
+
+def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
+              max_degree: int = 3, max_cols: int = 400, limit: float = 2.0 ** 50) -> Monomials:
+    """Products of up to `max_degree` features with at least one varying factor.
+
+    Columns equal over all groups are kept once (the simplest name), columns
+    whose magnitude exceeds `limit` are dropped (no exact int64 arithmetic).
+    """
+    U = feat_vals.shape[0]
+    vi = [i for i in range(len(feat_names)) if varying[i]]
+    ci = [i for i in range(len(feat_names)) if not varying[i]]
+    names: list[tuple[str, ...]] = []
+    cols: list[np.ndarray] = []
+    seen: dict[bytes, int] = {}
+    fv = feat_vals.astype(np.float64)
+
+    def add(ix):
+        v = np.ones(U, np.float64)
+        for i in ix:
+            v = v * fv[:, i]
+        if not np.all(np.abs(v) < limit):
+            return
+        iv = np.ones(U, np.int64)
+        for i in ix:
+            iv = iv * feat_vals[:, i]
+        key = iv.tobytes()
+        if key in seen:
+            return
+        seen[key] = len(cols)
+        names.append(tuple(feat_names[i] for i in ix))
+        cols.append(iv)
+
+    for d in range(1, max_degree + 1):
+        for combo in itertools.combinations_with_replacement(vi + ci, d):
+            if not any(varying[i] for i in combo):
+                continue
+            add(combo)
+            if len(cols) >= max_cols:
+                break
+        if len(cols) >= max_cols:
+            break
+    vals = np.stack(cols, axis=1) if cols else np.zeros((U, 0), np.int64)
+    return Monomials(names, vals, np.array([len(n) for n in names], np.int64))
+
+
+def _pick_const(lo: int, hi: int) -> int:
+    """The integer in [lo, hi] closest to zero."""
+    if lo <= 0 <= hi:
+        return 0
+    return int(lo) if lo > 0 else int(hi)
+
+
+def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
+          budget: float) -> tuple[bool, int]:
+    """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const)."""
+    a = lo - formula_vals
+    b = hi - formula_vals
+    amax, bmin = int(a.max()), int(b.min())
+    if amax <= bmin:
+        return True, _pick_const(amax, bmin)
+    if budget <= 0:
+        return False, 0
+    # sweep: the const covering the most weight
+    ev = np.concatenate([a, b + 1])
+    w = np.concatenate([weight, -weight])
+    o = np.lexsort((w, ev))  # removals (negative) before additions at equal points
+    cov = np.cumsum(w[o])
+    k = int(np.argmax(cov))
+    total = float(weight.sum())
+    if total - cov[k] > budget:
+        return False, 0
+    # the interval of consts reaching that coverage
+    lo_c = int(ev[o][k])
+    hi_c = int(ev[o][k + 1] - 1) if k + 1 < len(ev) else lo_c
+    return True, _pick_const(lo_c, max(lo_c, hi_c))
+
+
+def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
+          budget: float = 0.0, max_terms: int = 3) -> Formula | None:
+    """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight)."""
+    lo = np.asarray(lo, np.int64)
+    hi = np.asarray(hi, np.int64)
+    weight = np.asarray(weight, np.float64)
+    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget)
+    if ok:
+        return Formula(c0, ())
+    G = mono.values
+    M = G.shape[1]
+    if M == 0 or len(lo) < 2:
+        return None
+    mid = _midpoints(lo, hi)
+    best: list[tuple[tuple, Formula]] = []
+    # ---- one term: exact coefficient interval from pairwise conditions
+    U = len(lo)
+    sub = _subsample(U, 48)
+    i1, i2 = np.triu_indices(len(sub), 1)
+    i1, i2 = sub[i1], sub[i2]
+    fin = (lo > -INF) & (hi < INF)
+    dG = (G[i1] - G[i2]).astype(np.float64)                    # (P, M)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # lo_i - hi_j <= c (g_i - g_j)  and  lo_j - hi_i <= c (g_j - g_i)
+        A = (lo[i1] - hi[i2]).astype(np.float64)[:, None]
+        B = (hi[i1] - lo[i2]).astype(np.float64)[:, None]
+        pos, neg = dG > 0, dG < 0
+        lower = np.where(pos, A / dG, np.where(neg, B / dG, -np.inf))
+        upper = np.where(pos, B / dG, np.where(neg, A / dG, np.inf))
+    cmin = np.nanmax(np.where(np.isnan(lower), -np.inf, lower), axis=0) if len(i1) else np.full(M, -np.inf)
+    cmax = np.nanmin(np.where(np.isnan(upper), np.inf, upper), axis=0) if len(i1) else np.full(M, np.inf)
+    feas = np.flatnonzero(np.ceil(cmin - 1e-9) <= np.floor(cmax + 1e-9))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(G[:, feas] != 0, mid[:, None] / G[:, feas], np.nan)
+    c0s = np.nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=0) if len(feas) else np.zeros(0)
+    for m, c0 in zip(feas, c0s):
+        lo_c, hi_c = np.ceil(cmin[m] - 1e-9), np.floor(cmax[m] + 1e-9)
+        cands = {_pick_nonzero(lo_c, hi_c)}
+        if np.isfinite(c0) and abs(c0) < MAX_COEF:
+            r0 = int(round(c0))
+            cands |= {r0 - 1, r0, r0 + 1}
+        for c in cands:
+            if c is None or c == 0 or c < lo_c or c > hi_c:
+                continue
+            f = _try(mono, [m], [c], lo, hi, weight, budget)
+            if f is not None:
+                best.append((f.score(), f))
+    if not best and budget > 0:
+        # pairwise bounds ignore the budget: round least squares too
+        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget)
+    if best:
+        return min(best, key=lambda t: t[0])[1]
+    if max_terms < 2:
+        return None
+    # ---- two and three terms: least-squares proposals, exact checks
+    for k in (2, 3):
+        if k > max_terms or U < k + 1:
+            break
+        limit = {2: 160, 3: 40}[k]
+        cols = list(range(min(M, limit)))
+        subsets = [list(s) for s in itertools.combinations(cols, k)]
+        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget)
+        if best:
+            return min(best, key=lambda t: t[0])[1]
+    return None
+
+
+def _pick_nonzero(lo: float, hi: float, shift: int = 0) -> int | None:
+    if lo > hi:
+        return None
+    if lo <= 0 <= hi:
+        c = 1 if hi >= 1 else -1 if lo <= -1 else None
+        if c is None:
+            return None
+    else:
+        c = int(lo) if lo > 0 else int(hi)
+    c += shift
+    if c == 0 or c < lo or c > hi or abs(c) > MAX_COEF:
+        return None
+    return int(c)
+
+
+def _subsample(U: int, k: int) -> np.ndarray:
+    if U <= k:
+        return np.arange(U)
+    return np.unique(np.linspace(0, U - 1, k).round().astype(np.int64))
+
+
+def _midpoints(lo, hi):
+    lof = lo.astype(np.float64)
+    hif = hi.astype(np.float64)
+    return np.where(lo <= -INF, hif, np.where(hi >= INF, lof, (lof + hif) / 2))
+
+
+def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget) -> Formula | None:
+    vals = np.zeros(len(lo), np.int64)
+    for m, c in zip(cols, coefs):
+        vals = vals + np.int64(c) * mono.values[:, m]
+    ok, c0 = check(vals, lo, hi, weight, budget)
+    if not ok:
+        return None
+    terms = tuple(sorted(((int(c), mono.names[m]) for m, c in zip(cols, coefs)),
+                         key=lambda t: (len(t[1]), t[1])))
+    return Formula(c0, terms)
+
+
+def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget):
+    if not subsets:
+        return []
+    G = mono.values.astype(np.float64)
+    rows = np.flatnonzero(np.isfinite(mid))
+    rows = rows[_subsample(len(rows), 64)]
+    y = mid[rows]
+    S = np.array(subsets)                                         # (S, k)
+    k = S.shape[1]
+    X = np.concatenate([np.ones((len(S), len(rows), 1)), G[rows][:, S].transpose(1, 0, 2)], axis=2)
+    scale = np.abs(X).max(axis=1, keepdims=True)
+    scale[scale == 0] = 1
+    Xs = X / scale
+    coef = np.einsum("sij,sj->si", np.linalg.pinv(Xs), np.broadcast_to(y, (len(S), len(y))) if False else _rep(y, len(S)))
+    coef = coef / scale[:, 0, :]
+    resid = np.abs(np.einsum("sij,sj->si", X, coef) - y[None, :]).max(axis=1)
+    width = (hi - lo).astype(np.float64)
+    tol = np.nanmax(np.where(np.isfinite(width) & (width < INF), width, 0)) + 1
+    good = np.flatnonzero((resid <= 4 * tol) & np.all(np.abs(coef[:, 1:]) < MAX_COEF, axis=1))
+    out = []
+    for s in good[np.argsort(resid[good])][:200]:
+        base = np.round(coef[s, 1:]).astype(np.int64)
+        for delta in itertools.product((0, -1, 1), repeat=k):
+            c = base + np.array(delta)
+            if np.any(c == 0):
+                continue
+            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget)
+            if f is not None:
+                out.append((f.score(), f))
+                break
+    return out
+
+
+def _rep(y, n):
+    return np.broadcast_to(y, (n, len(y)))

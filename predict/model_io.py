@@ -1,0 +1,277 @@
+"""The model file: versioned JSON a person can read (docs/template-model.md).
+
+```
+{"format": "pagecast-model", "version": 1, "page_size": 4096, "big_page": 65536,
+ "created": ..., "producer": ..., "traces": [{"path": ..., "workload": ..., "launches": ...}],
+ "kernels": {"NAME": {"param_sizes": [8, 8, 4], "param_offsets": [0, 8, 16],
+                      "class": "linear", "launches": 120, "traces": 2,
+                      "regions": [{"base": "p1", "class": "linear",
+                                   "start": {"const": 0, "terms": [], "text": "0"},
+                                   "end": {"const": 0, "terms": [[4, ["p2"]]], "text": "4*p2"},
+                                   "text": "[p1, p1 + 4*p2)",
+                                   "fit": {"launches": 120, "traces": 2, "groups": 3, "exact": 1.0}}],
+                      "feedback": {"events": 0, "misses": 0}}}}
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagecast import PRODUCER
+from pagecast.errors import ModelError, OutputExistsError
+
+from .features import Word
+from .formula import Formula
+
+FORMAT = "pagecast-model"
+VERSION = 1
+CLASSES = ("fixed", "linear", "strided", "allocation", "irregular")
+FALLBACKS = ("allocation", "history", "none")
+# class order for a kernel's summary class: the most demanding region decides
+_RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "irregular": 4}
+
+
+@dataclass
+class Region:
+    """One region a kernel touches, relative to a base pointer word."""
+
+    base: str
+    cls: str
+    start: Formula | None = None     # fixed, linear, strided: byte offset of the (first) chunk
+    end: Formula | None = None       # fixed, linear: byte offset one past the end
+    count: Formula | None = None     # strided
+    chunk: Formula | None = None     # strided
+    stride: Formula | None = None    # strided
+    history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
+    fit: dict = field(default_factory=dict)
+
+    def formulas(self) -> dict[str, Formula]:
+        return {k: getattr(self, k) for k in ("start", "end", "count", "chunk", "stride")
+                if getattr(self, k) is not None}
+
+    def feature_names(self) -> set[str]:
+        out: set[str] = set()
+        for f in self.formulas().values():
+            out |= f.names()
+        return out
+
+    def text(self) -> str:
+        b = self.base
+        if self.cls in ("fixed", "linear"):
+            return f"[{b} + {self.start.text()}, {b} + {self.end.text()})".replace("+ -", "- ").replace(" + 0,", ",")
+        if self.cls == "strided":
+            return (f"{self.count.text()} chunks of {self.chunk.text()} bytes every {self.stride.text()} bytes"
+                    f" from {b} + {self.start.text()}")
+        if self.cls == "allocation":
+            return f"the allocation {b} points into"
+        return f"irregular in the allocation {b} points into"
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"base": self.base, "class": self.cls}
+        for k, f in self.formulas().items():
+            d[k] = f.to_json()
+        if self.cls == "irregular":
+            d["history"] = [[int(a), int(b)] for a, b in self.history]
+        d["text"] = self.text()
+        d["fit"] = self.fit
+        return d
+
+
+@dataclass
+class KernelModel:
+    name: str
+    param_sizes: tuple
+    param_offsets: tuple
+    regions: list[Region] = field(default_factory=list)
+    launches: int = 0
+    traces: int = 0
+    note: str = ""
+    feedback: dict = field(default_factory=lambda: {"events": 0, "misses": 0, "missed_pages": 0})
+
+    @property
+    def cls(self) -> str:
+        if not self.regions:
+            return "irregular" if self.note else "fixed"
+        return max((r.cls for r in self.regions), key=lambda c: _RANK[c])
+
+    @property
+    def classes(self) -> list[str]:
+        return sorted({r.cls for r in self.regions}, key=lambda c: _RANK[c]) or [self.cls]
+
+    def to_json(self) -> dict:
+        d = {"param_sizes": list(self.param_sizes), "param_offsets": list(self.param_offsets),
+             "class": self.cls, "launches": int(self.launches), "traces": int(self.traces),
+             "regions": [r.to_json() for r in self.regions], "feedback": self.feedback}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class Model:
+    page_size: int = 4096
+    big_page: int = 65536
+    kernels: dict[str, KernelModel] = field(default_factory=dict)
+    traces: list[dict] = field(default_factory=list)
+    created: str = ""
+    producer: str = PRODUCER
+    path: Path | None = None
+    version_counter: int = 0  # bumped on every change (feedback), so caches can notice
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "page_size": self.page_size,
+                "big_page": self.big_page, "created": self.created, "producer": self.producer,
+                "traces": self.traces,
+                "summary": self.summary(),
+                "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+
+    def summary(self) -> dict:
+        by = {c: 0 for c in CLASSES}
+        regions = {c: 0 for c in CLASSES}
+        for k in self.kernels.values():
+            by[k.cls] += 1
+            for r in k.regions:
+                regions[r.cls] += 1
+        return {"kernels": len(self.kernels), "kernels_by_class": by, "regions_by_class": regions}
+
+
+# ---- saving and loading --------------------------------------------------------
+
+def save_model(model: Model, path, force: bool = False) -> Path:
+    path = Path(path)
+    if path.exists() and not force:
+        raise OutputExistsError(path)
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory; a model is one JSON file")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(model.to_json(), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    model.path = path
+    return path
+
+
+def load_model(path) -> Model:
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such model file")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory; a model is a JSON file written by 'pagecast fit'")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    try:
+        return model_from_json(doc, path)
+    except ModelError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ModelError(f"{path}: {e}") from None
+
+
+def _int(d: dict, key: str, where: str, minimum: int | None = None) -> int:
+    v = d.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
+        raise ValueError(f"{where}: {key} must be an integer" + (f" >= {minimum}" if minimum is not None else "")
+                         + f", found {v!r}")
+    return v
+
+
+def model_from_json(doc: Any, path: Path | None = None) -> Model:
+    where = str(path) if path else "model"
+    if not isinstance(doc, dict):
+        raise ModelError(f"{where}: expected a JSON object, found {type(doc).__name__}")
+    if doc.get("format") != FORMAT:
+        raise ModelError(f"{where}: format is {doc.get('format')!r}; this reader reads {FORMAT!r}")
+    if doc.get("version") != VERSION:
+        raise ModelError(f"{where}: model version is {doc.get('version')!r}; this pagecast reads version {VERSION}"
+                         " (refit with 'pagecast fit')")
+    ps = _int(doc, "page_size", "model", 1)
+    if ps & (ps - 1):
+        raise ValueError(f"page_size must be a power of two, found {ps}")
+    big = doc.get("big_page", 65536)
+    kernels_doc = doc.get("kernels")
+    if not isinstance(kernels_doc, dict):
+        raise ValueError("'kernels' must be an object mapping kernel names to templates")
+    m = Model(page_size=ps, big_page=int(big), traces=list(doc.get("traces") or []),
+              created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path)
+    for name, kd in kernels_doc.items():
+        kw = f"kernel {name!r}"
+        if not isinstance(kd, dict):
+            raise ValueError(f"{kw}: expected an object")
+        sizes = kd.get("param_sizes")
+        offs = kd.get("param_offsets")
+        if (not isinstance(sizes, list) or not isinstance(offs, list) or len(sizes) != len(offs)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes + offs)):
+            raise ValueError(f"{kw}: param_sizes and param_offsets must be equal-length lists of integers >= 0")
+        km = KernelModel(name, tuple(sizes), tuple(offs), launches=_int(kd, "launches", kw, 0),
+                         traces=_int(kd, "traces", kw, 0), note=str(kd.get("note") or ""))
+        fb = kd.get("feedback")
+        if isinstance(fb, dict):
+            km.feedback.update(fb)
+        regs = kd.get("regions")
+        if not isinstance(regs, list):
+            raise ValueError(f"{kw}: regions must be a list")
+        for i, rd in enumerate(regs):
+            km.regions.append(_region_from_json(rd, f"{kw} region {i}", sizes, offs))
+        m.kernels[name] = km
+    return m
+
+
+def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
+    if not isinstance(rd, dict):
+        raise ValueError(f"{where}: expected an object")
+    cls = rd.get("class")
+    if cls not in CLASSES:
+        raise ValueError(f"{where}: class must be one of {', '.join(CLASSES)}, found {cls!r}")
+    base = rd.get("base")
+    _check_word(base, where, sizes, offs, pointer=True)
+    r = Region(base=base, cls=cls, fit=rd.get("fit") if isinstance(rd.get("fit"), dict) else {})
+    need = {"fixed": ("start", "end"), "linear": ("start", "end"),
+            "strided": ("start", "count", "chunk", "stride")}.get(cls, ())
+    for k in need:
+        if k not in rd:
+            raise ValueError(f"{where}: a {cls} region needs {k!r}")
+        try:
+            f = Formula.from_json(rd[k])
+        except ValueError as e:
+            raise ValueError(f"{where}: {k}: {e}") from None
+        for n in f.names():
+            _check_word(n, f"{where}: {k}", sizes, offs)
+        setattr(r, k, f)
+    if cls == "fixed" and (r.start.terms or r.end.terms):
+        raise ValueError(f"{where}: a fixed region's start and end must be constants")
+    if cls == "irregular":
+        h = rd.get("history", [])
+        if not isinstance(h, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+                and p[0] < p[1] for p in h):
+            raise ValueError(f"{where}: history must be a list of [start, end) page pairs")
+        r.history = h
+    return r
+
+
+def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> None:
+    if not isinstance(name, str):
+        raise ValueError(f"{where}: a parameter word name must be a string, found {name!r}")
+    try:
+        w = Word.parse(name)
+    except ValueError:
+        raise ValueError(f"{where}: {name!r} is not a parameter word (p3, p0.w2, p0.d2, grid_x, ...)") from None
+    if w.param < 0:
+        if pointer:
+            raise ValueError(f"{where}: base {name!r} is not a parameter")
+        return
+    if w.param >= len(sizes):
+        raise ValueError(f"{where}: {name!r} names parameter {w.param}, but the kernel has {len(sizes)}")
+    w = w.resolve(sizes)
+    if w.size not in (1, 2, 4, 8) or w.within + w.size > sizes[w.param]:
+        raise ValueError(f"{where}: {name!r} lies outside parameter {w.param} ({sizes[w.param]} bytes)")
+    if pointer and w.size != 8:
+        raise ValueError(f"{where}: base {name!r} is not an 8-byte word")

@@ -1,0 +1,178 @@
+"""What a trace's fault data says about each launch, split by allocation.
+
+Built from `pagecast.footprints.observed_footprints` (faults + coherence
+migrations = pages certainly inside touched big pages), the same with the
+driver's prefetch migrations (pages that may have been touched without
+faulting), and the fault addresses themselves (pages certainly touched).
+Intervals are split at allocation boundaries and keyed by
+(launch, allocation row) so that a pointer word's region at a launch is one
+`searchsorted` away. Never reads the truth table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pagecast import footprints as FP
+from pagecast import trace as T
+
+from .features import AllocIndex, kernel_groups
+
+NONE = np.int64(-1)
+
+
+def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
+    """Cut page intervals at allocation ends; drop pieces outside live allocations.
+
+    Returns (key = launch * n_alloc + row, start, end) sorted by key then start.
+    """
+    L, S, E = (np.asarray(x, np.int64) for x in (launch, s, e))
+    outs = []
+    aend_page = ((index.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+    for _ in range(256):
+        if len(S) == 0:
+            break
+        a = index.lookup((S.astype(np.uint64) * np.uint64(ps)), L, one_past=False)
+        has = a >= 0
+        ac = np.maximum(a, 0)
+        cut = np.minimum(E, aend_page[ac])
+        outs.append((L[has] * max(index.n, 1) + a[has], S[has], cut[has]))
+        rest = has & (E > cut)
+        L, S, E = L[rest], cut[rest], E[rest]
+    if not outs:
+        z = np.zeros(0, np.int64)
+        return z, z.copy(), z.copy()
+    k = np.concatenate([o[0] for o in outs])
+    s_ = np.concatenate([o[1] for o in outs])
+    e_ = np.concatenate([o[2] for o in outs])
+    o = np.lexsort((s_, k))
+    return k[o], s_[o], e_[o]
+
+
+class TraceObs:
+    """Per (launch, allocation) observations of one trace."""
+
+    def __init__(self, trace: T.Trace) -> None:
+        self.trace = trace
+        self.ps = ps = trace.page_size
+        self.index = ix = AllocIndex(trace.allocations)
+        self.nA = max(ix.n, 1)
+        self.alloc_s = (ix.addr // np.uint64(ps)).astype(np.int64)
+        self.alloc_e = ((ix.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+        self.names, self.codes, self.groups = kernel_groups(trace.launches)
+        obs = FP.observed_footprints(trace)
+        self.n_records = trace.faults.num_rows + trace.migrations.num_rows
+        lo = obs.launch_of_interval()
+        self.okey, self.os, self.oe = split_by_alloc(ix, ps, lo, obs.start, obs.end)
+        allp = FP.observed_footprints(trace, include_prefetch=True)
+        self.akey, self.as_, self.ae = split_by_alloc(ix, ps, allp.launch_of_interval(), allp.start, allp.end)
+        # composite (key rank, page) index over A for "which piece holds this page"
+        self.aukeys = np.unique(self.akey)
+        pmin = int(self.as_.min()) if len(self.as_) else 0
+        pmax = int(self.ae.max()) if len(self.ae) else 0
+        self.pmin, self.span = pmin, pmax - pmin + 1
+        if len(self.aukeys) * self.span >= 2 ** 62:  # pragma: no cover - absurd address spans
+            raise ValueError(f"{trace.path}: address span too large to index")
+        arank = np.searchsorted(self.aukeys, self.akey)
+        self.acomp = arank * self.span + (self.as_ - pmin)
+        # certainly-touched pages: the fault addresses (not the driver's prefetch faults)
+        f = trace.faults
+        if f.num_rows:
+            sel = pc.not_equal(f.column(T.ACCESS), "prefetch")
+            f = f.filter(sel)
+        if f.num_rows:
+            flid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+            fpage = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
+            ok = flid >= 0
+            fa = ix.lookup(fpage[ok].astype(np.uint64) * np.uint64(ps), flid[ok], one_past=False)
+            good = fa >= 0
+            fk = flid[ok][good] * self.nA + fa[good]
+            fp = fpage[ok][good]
+            o = np.lexsort((fp, fk))
+            fk, fp = fk[o], fp[o]
+            self._fuk = np.unique(fk)
+            self._fcomp = np.searchsorted(self._fuk, fk) * self.span + (fp - pmin)
+            self._fp = fp
+            if len(fk):
+                starts = np.flatnonzero(np.r_[True, fk[1:] != fk[:-1]])
+                self.fkeys = fk[starts]
+                self.fmin = np.minimum.reduceat(fp, starts)
+                self.fmax = np.maximum.reduceat(fp, starts)
+            else:
+                self.fkeys = self.fmin = self.fmax = np.zeros(0, np.int64)
+        else:
+            self.fkeys = self.fmin = self.fmax = np.zeros(0, np.int64)
+        if not len(self.fkeys):
+            self._fuk = self._fcomp = self._fp = np.zeros(0, np.int64)
+
+    def fault_bounds(self, key: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+        """First and last+1 fault page inside [lo, hi) under each key; -1 where none."""
+        if not len(self._fp):
+            m = np.full(len(key), -1, np.int64)
+            return m, m.copy()
+        r = np.searchsorted(self._fuk, key)
+        rc = np.minimum(r, len(self._fuk) - 1)
+        known = self._fuk[rc] == key
+        c_lo = rc * self.span + (lo - self.pmin)
+        c_hi = rc * self.span + (hi - self.pmin)
+        i = np.searchsorted(self._fcomp, c_lo, side="left")
+        j = np.searchsorted(self._fcomp, c_hi, side="left") - 1
+        has = known & (j >= i)
+        first = np.where(has, self._fp[np.minimum(i, len(self._fp) - 1)], -1)
+        last = np.where(has, self._fp[np.maximum(j, 0)] + 1, -1)
+        return first, last
+
+    def a_piece(self, key: np.ndarray, page: np.ndarray) -> np.ndarray:
+        """Index of the A piece (observed or prefetched) holding `page` under `key`."""
+        r = np.searchsorted(self.aukeys, key)
+        rc = np.minimum(r, max(len(self.aukeys) - 1, 0))
+        comp = rc * self.span + (page - self.pmin)
+        p = np.searchsorted(self.acomp, comp, side="right") - 1
+        return np.maximum(p, 0)
+
+    def region(self, lids: np.ndarray, ptr: np.ndarray) -> dict:
+        """What was observed in the allocation `ptr` points into, at launches `lids` (vectorized)."""
+        ix = self.index
+        a = ix.lookup(ptr, lids)
+        valid = a >= 0
+        ac = np.maximum(a, 0)
+        key = lids * self.nA + ac
+        r0 = np.searchsorted(self.okey, key, side="left")
+        r1 = np.searchsorted(self.okey, key, side="right")
+        npieces = np.where(valid, r1 - r0, 0)
+        ne = npieces > 0
+        r0c = np.minimum(r0, max(len(self.os) - 1, 0))
+        r1c = np.maximum(np.minimum(r1 - 1, len(self.oe) - 1), 0)
+        O_s = np.where(ne, self.os[r0c] if len(self.os) else 0, 0)
+        O_e = np.where(ne, self.oe[r1c] if len(self.oe) else 0, 0)
+        if len(self.as_):
+            pa_ = self.a_piece(key, O_s)
+            pb_ = self.a_piece(key, O_e - 1)
+            A_s = np.where(ne, np.minimum(self.as_[pa_], O_s), O_s)
+            A_e = np.where(ne, np.maximum(self.ae[pb_], O_e), O_e)
+            # A pieces under this key (for "covers the whole allocation")
+            q0 = np.searchsorted(self.akey, key, side="left")
+            q1 = np.searchsorted(self.akey, key, side="right")
+            a_pieces = q1 - q0
+        else:
+            A_s, A_e, a_pieces = O_s, O_e, np.zeros(len(lids), np.int64)
+        fi = np.searchsorted(self.fkeys, key)
+        fic = np.minimum(fi, max(len(self.fkeys) - 1, 0))
+        hasf = ne & (len(self.fkeys) > 0) & (self.fkeys[fic] == key if len(self.fkeys) else False)
+        I_s = np.where(hasf, self.fmin[fic] if len(self.fmin) else 0, NONE)
+        I_e = np.where(hasf, (self.fmax[fic] + 1) if len(self.fmax) else 0, NONE)
+        return {"valid": valid, "alloc": a, "key": key, "r0": r0, "npieces": npieces,
+                "O_s": O_s, "O_e": O_e, "A_s": A_s, "A_e": A_e, "a_pieces": a_pieces,
+                "I_s": I_s, "I_e": I_e,
+                "alloc_s": self.alloc_s[ac], "alloc_e": self.alloc_e[ac],
+                "base": ptr.astype(np.int64)}
+
+
+def prefetch_free(trace: T.Trace) -> bool:
+    return trace.manifest.get("driver_prefetch") is False
+
+
+def launch_column(trace: T.Trace, col: str, idx: np.ndarray) -> np.ndarray:
+    return trace.launches.column(col).take(pa.array(idx)).to_numpy()

@@ -1,0 +1,454 @@
+"""Predict launches' footprints from a model: the whole trace at once, or one launch at a time.
+
+Both paths decode arguments with the same `features.Word` objects and evaluate
+the same `Region` formulas through `region_bytes` / `to_pages`, which work on
+numpy arrays (batch) and on Python ints (online).
+
+Fallbacks for `irregular` regions and for kernels the model never saw:
+- `allocation`: the whole allocation each pointer word points into;
+- `history`: what the kernel touched in that allocation before (batch: the
+  union of earlier launches' observed pages of the same kernel in the same
+  allocation, plus the pages the model stored for irregular regions);
+- `none`: nothing (demand paging).
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pagecast import footprints as FP
+from pagecast import trace as T
+from pagecast.errors import UsageError
+
+from .features import AllocIndex, Word, grid_matrix, kernel_groups, layouts, param_matrix
+from .model_io import FALLBACKS, KernelModel, Model, Region
+
+HISTORY_MAX_INTERVALS = 256
+
+
+def _check_fallback(fallback: str) -> None:
+    if fallback not in FALLBACKS:
+        raise UsageError(f"fallback must be one of {', '.join(FALLBACKS)}, not {fallback!r}")
+
+
+# ---- the formulas, shared by both paths --------------------------------------------
+
+def _lt_max(a, b):
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def _lt_min(a, b):
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+
+
+def region_bytes(region: Region, values, base):
+    """(start byte, end byte) of a fixed/linear region, or (start, count, chunk, stride) when strided."""
+    if region.cls == "strided":
+        return (base + region.start.evaluate(values), region.count.evaluate(values),
+                region.chunk.evaluate(values), region.stride.evaluate(values))
+    return base + region.start.evaluate(values), base + region.end.evaluate(values)
+
+
+def to_pages(start_b, end_b, ps: int, alloc_s, alloc_e):
+    """Byte range -> page interval clipped to the allocation's pages."""
+    sp = _lt_max(start_b // ps, alloc_s)
+    ep = _lt_min(-((-end_b) // ps), alloc_e)
+    return sp, ep
+
+
+@dataclass
+class _Compiled:
+    km: KernelModel
+    bases: list          # resolved Word per region
+    words: list          # resolved feature Words (union over regions)
+
+
+def _compile(km: KernelModel) -> _Compiled:
+    names: dict[str, Word] = {}
+    bases = []
+    for r in km.regions:
+        bases.append(Word.parse(r.base).resolve(km.param_sizes))
+        for n in sorted(r.feature_names()):
+            names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
+    return _Compiled(km, bases, list(names.values()))
+
+
+# ---- batch ---------------------------------------------------------------------
+
+class _Acc:
+    """Accumulates predicted (launch, start page, end page, label) pieces."""
+
+    def __init__(self) -> None:
+        self.l, self.s, self.e, self.lab = [], [], [], []
+        self.labels: list[str] = []
+        self._code: dict[str, int] = {}
+
+    def add(self, launch, s, e, label: str) -> None:
+        launch, s, e = (np.asarray(x, np.int64) for x in (launch, s, e))
+        keep = e > s
+        if not keep.any():
+            return
+        c = self._code.setdefault(label, len(self.labels))
+        if c == len(self.labels):
+            self.labels.append(label)
+        self.l.append(launch[keep])
+        self.s.append(s[keep])
+        self.e.append(e[keep])
+        self.lab.append(np.full(int(keep.sum()), c, np.int32))
+
+    def arrays(self):
+        if not self.l:
+            z = np.zeros(0, np.int64)
+            return z, z.copy(), z.copy(), np.zeros(0, np.int32)
+        return (np.concatenate(self.l), np.concatenate(self.s), np.concatenate(self.e), np.concatenate(self.lab))
+
+
+def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bool = False):
+    """All predicted pieces of a trace plus, per launch, whether its kernel was unseen."""
+    _check_fallback(fallback)
+    if trace.page_size != model.page_size:
+        raise UsageError(f"{trace.path}: page size {trace.page_size} differs from the model's {model.page_size}")
+    ps = trace.page_size
+    L = trace.launches
+    index = AllocIndex(trace.allocations)
+    a_s = (index.addr // np.uint64(ps)).astype(np.int64)
+    a_e = ((index.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+    names, codes, groups = kernel_groups(L)
+    acc = _Acc()
+    unseen = np.zeros(trace.n_launches, bool)
+    fb_l, fb_a, fb_k, fb_h = [], [], [], []   # fallback requests: launch, alloc row, kernel code, stored history
+
+    def scan_pointers(kcode, idx):
+        """Every 8-byte aligned word that points into a live allocation (unseen kernels, baseline)."""
+        sizes, offsets, _ = layouts(L, idx)
+        width = max([s + o for s, o in zip(sizes, offsets)] or [0])
+        mat = param_matrix(L, idx, width)
+        for off in range(0, width - 7, 8):
+            v = np.ascontiguousarray(mat[:, off:off + 8]).view("<u8").reshape(-1)
+            a = index.lookup(v, idx)
+            ok = a >= 0
+            if ok.any():
+                yield idx[ok], a[ok]
+
+    for k, (name, idx) in enumerate(zip(names, groups)):
+        km = None if baseline else model.kernels.get(name)
+        if km is None or (not km.regions and km.note):
+            if km is None and not baseline:
+                unseen[idx] = True
+            for l, a in scan_pointers(k, idx):
+                if baseline or fallback == "allocation":
+                    acc.add(l, a_s[a], a_e[a], "allocation" if baseline else "fallback:allocation")
+                elif fallback == "history":
+                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
+            continue
+        sizes, offsets, mask = layouts(L, idx)
+        if (sizes, offsets) != (tuple(km.param_sizes), tuple(km.param_offsets)):
+            mask = np.zeros(len(idx), bool)
+        other = idx[~mask]
+        if len(other):
+            unseen[other] = True
+            for l, a in scan_pointers(k, other):
+                if fallback == "allocation":
+                    acc.add(l, a_s[a], a_e[a], "fallback:allocation")
+                elif fallback == "history":
+                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
+        idx = idx[mask]
+        if len(idx) == 0:
+            continue
+        comp = _compile(km)
+        width = max([s + o for s, o in zip(km.param_sizes, km.param_offsets)] or [0])
+        mat = param_matrix(L, idx, width)
+        grid = grid_matrix(L, idx)
+        values = {w.name: w.batch(mat, km.param_offsets, grid) for w in comp.words}
+        for r, bw in zip(km.regions, comp.bases):
+            ptr = bw.pointer_batch(mat, km.param_offsets)
+            a = index.lookup(ptr, idx)
+            ok = a >= 0
+            if not ok.any():
+                continue
+            l, ac = idx[ok], a[ok]
+            if r.cls in ("fixed", "linear"):
+                vals = {n: v[ok] for n, v in values.items()}
+                sb, eb = region_bytes(r, vals, ptr[ok].astype(np.int64))
+                sp, ep = to_pages(np.asarray(sb) * np.ones(len(l), np.int64), np.asarray(eb) * np.ones(len(l), np.int64),
+                                  ps, a_s[ac], a_e[ac])
+                acc.add(l, sp, ep, r.cls)
+            elif r.cls == "strided":
+                vals = {n: v[ok] for n, v in values.items()}
+                one = np.ones(len(l), np.int64)
+                st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(r, vals, ptr[ok].astype(np.int64)))
+                cnt = np.clip(cnt, 0, 1 << 20)
+                rep = np.repeat(np.arange(len(l)), cnt)
+                j = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+                sb = st[rep] + j * sd[rep]
+                sp, ep = to_pages(sb, sb + ch[rep], ps, a_s[ac][rep], a_e[ac][rep])
+                acc.add(l[rep], sp, ep, "strided")
+            elif r.cls == "allocation":
+                acc.add(l, a_s[ac], a_e[ac], "allocation")
+            else:  # irregular
+                if fallback == "allocation":
+                    acc.add(l, a_s[ac], a_e[ac], "fallback:allocation")
+                elif fallback == "history":
+                    fb_l.append(l), fb_a.append(ac), fb_k.append(np.full(len(l), k)), fb_h.append(r.history)
+    if fb_l:
+        _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc)
+    return acc, unseen
+
+
+def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc) -> None:
+    """Per (kernel, allocation), in launch order: predict the union of what earlier launches touched."""
+    from .observe import split_by_alloc
+    obs = FP.observed_footprints(trace)
+    okey, os_, oe = split_by_alloc(index, trace.page_size, obs.launch_of_interval(), obs.start, obs.end)
+    nA = max(index.n, 1)
+    out_l, out_s, out_e = [], [], []
+    req = []
+    for l, a, k, h in zip(fb_l, fb_a, fb_k, fb_h):
+        for i in range(len(l)):
+            req.append((int(k[i]), int(a[i]), int(l[i]), h))
+    req.sort(key=lambda t: (t[0], t[1], t[2]))
+    cur_key = None
+    cs = ce = None
+    for k, a, l, h in req:
+        if (k, a) != cur_key:
+            cur_key = (k, a)
+            if h:
+                hs = np.array([p[0] for p in h], np.int64) + a_s[a]
+                he = np.array([p[1] for p in h], np.int64) + a_s[a]
+                cs, ce = np.maximum(hs, a_s[a]), np.minimum(he, a_e[a])
+                keep = ce > cs
+                cs, ce = cs[keep], ce[keep]
+            else:
+                cs = ce = np.zeros(0, np.int64)
+        if len(cs):
+            out_l.append(np.full(len(cs), l, np.int64)), out_s.append(cs), out_e.append(ce)
+        key = l * nA + a
+        r0, r1 = np.searchsorted(okey, key), np.searchsorted(okey, key, side="right")
+        if r1 > r0:
+            ns, ne_ = os_[r0:r1], oe[r0:r1]
+            if len(cs):
+                p = np.searchsorted(cs, ns, side="right") - 1
+                inside = (p >= 0) & (ce[np.maximum(p, 0)] >= ne_) & (cs[np.maximum(p, 0)] <= ns)
+                if inside.all():
+                    continue
+            _, cs, ce = FP.merge_intervals(np.zeros(len(cs) + len(ns), np.int64), np.concatenate([cs, ns]),
+                                           np.concatenate([ce, ne_]), 1)
+            if len(cs) > HISTORY_MAX_INTERVALS:
+                gaps = cs[1:] - ce[:-1]
+                cut = np.sort(gaps)[len(cs) - HISTORY_MAX_INTERVALS - 1]
+                idx = np.flatnonzero(np.r_[True, gaps > cut])
+                ce = np.maximum.reduceat(ce, idx)
+                cs = cs[idx]
+    if out_l:
+        acc.add(np.concatenate(out_l), np.concatenate(out_s), np.concatenate(out_e), "fallback:history")
+
+
+def predict_footprints(model: Model, trace: T.Trace, fallback: str = "history") -> FP.Footprints:
+    """Predicted pages of every launch of a trace (source "predicted")."""
+    acc, _ = _predict_pieces(model, trace, fallback)
+    l, s, e, _ = acc.arrays()
+    return FP.Footprints.from_intervals(l, s, e, trace.n_launches, trace.page_size, "predicted")
+
+
+def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history"):
+    """(footprints, mask of launches whose kernel the model never saw)."""
+    acc, unseen = _predict_pieces(model, trace, fallback)
+    l, s, e, _ = acc.arrays()
+    return FP.Footprints.from_intervals(l, s, e, trace.n_launches, trace.page_size, "predicted"), unseen
+
+
+def allocation_footprints(trace: T.Trace) -> FP.Footprints:
+    """The `allocation` baseline: every pointer word's whole allocation (MSched's "Alloc.")."""
+    acc, _ = _predict_pieces(Model(page_size=trace.page_size), trace, "allocation", baseline=True)
+    l, s, e, _ = acc.arrays()
+    return FP.Footprints.from_intervals(l, s, e, trace.n_launches, trace.page_size, "predicted")
+
+
+RANGE_SCHEMA = pa.schema([(T.LAUNCH_ID, pa.int64()), (T.ADDRESS, pa.uint64()), (T.BYTES, pa.int64()),
+                          ("template", pa.string())])
+
+
+def predict_ranges(model: Model, trace: T.Trace, fallback: str = "history") -> pa.Table:
+    """One row per merged predicted range: launch_id, address, bytes, template (the class that produced it)."""
+    acc, _ = _predict_pieces(model, trace, fallback)
+    l, s, e, lab = acc.arrays()
+    ps = trace.page_size
+    ml, ms, me = FP.merge_intervals(l, s, e, trace.n_launches)
+    if len(ml):
+        # label each merged range with the class of its first piece
+        o = np.lexsort((s, l))
+        l2, s2, lab2 = l[o], s[o], lab[o]
+        # position of each merged range's first piece: pieces sorted (launch, start); merged likewise
+        span = int(max(me.max(), e.max()) + 1)
+        k_piece = l2 * span + s2 if span * max(trace.n_launches, 1) < 2 ** 62 else None
+        if k_piece is not None:
+            pos = np.searchsorted(k_piece, ml * span + ms)
+            labels = np.array(acc.labels, dtype=object)[lab2[np.minimum(pos, len(lab2) - 1)]]
+        else:  # pragma: no cover
+            labels = np.full(len(ml), "mixed", dtype=object)
+    else:
+        labels = np.zeros(0, dtype=object)
+    # Field names come from the trace module's constants; "template" is this table's own column.
+    return pa.table({T.LAUNCH_ID: pa.array(ml, pa.int64()),
+                     T.ADDRESS: pa.array((ms.astype(np.uint64) * np.uint64(ps)), pa.uint64()),
+                     T.BYTES: pa.array((me - ms) * ps, pa.int64()),
+                     "template": pa.array(labels.tolist(), pa.string())}, schema=RANGE_SCHEMA)
+
+
+# ---- online ----------------------------------------------------------------------
+
+_FMT = {(1, True): "<b", (2, True): "<h", (4, True): "<i", (8, True): "<q",
+        (1, False): "<B", (2, False): "<H", (4, False): "<I", (8, False): "<Q"}
+
+
+class OnlinePredictor:
+    """One launch at a time: kernel name, parameter bytes, grid and block in; merged page ranges out.
+
+    Live allocations are kept incrementally (`add_allocation`, `free_allocation`).
+    With the `history` fallback, call `observe` with the pages a launch really
+    touched (its faults) so later launches of irregular or unseen kernels can
+    use them.
+    """
+
+    def __init__(self, model: Model, fallback: str = "history") -> None:
+        _check_fallback(fallback)
+        self.model = model
+        self.fallback = fallback
+        self.ps = model.page_size
+        self._addrs: list[int] = []
+        self._ends: dict[int, int] = {}
+        self._ids: dict[int, object] = {}
+        self._compiled: dict[str, tuple] = {}
+        self._history: dict[tuple, list] = {}
+        self._model_version = model.version_counter
+
+    # allocations
+    def add_allocation(self, address: int, nbytes: int, alloc_id=None) -> None:
+        address = int(address)
+        if address not in self._ends:
+            bisect.insort(self._addrs, address)
+        self._ends[address] = address + int(nbytes)
+        self._ids[address] = alloc_id if alloc_id is not None else address
+
+    def free_allocation(self, address: int) -> None:
+        address = int(address)
+        if address in self._ends:
+            del self._ends[address]
+            del self._ids[address]
+            i = bisect.bisect_left(self._addrs, address)
+            del self._addrs[i]
+            self._history = {k: v for k, v in self._history.items() if k[1] != address}
+
+    def _alloc_of(self, v: int):
+        i = bisect.bisect_right(self._addrs, v) - 1
+        if i < 0:
+            return None
+        a = self._addrs[i]
+        return a if v <= self._ends[a] else None
+
+    def _kernel(self, name: str, sizes):
+        if self.model.version_counter != self._model_version:
+            self._compiled.clear()
+            self._model_version = self.model.version_counter
+        c = self._compiled.get(name)
+        if c is None:
+            km = self.model.kernels.get(name)
+            if km is None:
+                c = (None, None, None)
+            else:
+                comp = _compile(km)
+                words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
+                bases = [(r, b.param, b.within) for r, b in zip(km.regions, comp.bases)]
+                c = (km, words, bases)
+            self._compiled[name] = c
+        km = c[0]
+        if km is not None and sizes is not None and tuple(sizes) != tuple(km.param_sizes):
+            return (None, None, None)
+        return c
+
+    def predict(self, kernel: str, param_data: bytes, param_offsets=None, param_sizes=None,
+                grid=(1, 1, 1), block=(1, 1, 1)) -> list[tuple[int, int]]:
+        """Merged page ranges [start, end) the launch is predicted to touch."""
+        km, words, bases = self._kernel(kernel, param_sizes)
+        ps = self.ps
+        out: list[tuple[int, int]] = []
+        if km is None or (not km.regions and km.note):
+            self._fallback_scan(kernel, param_data, out)
+            return _merge(out)
+        offs = param_offsets if param_offsets is not None else km.param_offsets
+        gb = (*grid, *block)
+        values = {}
+        for name, p, within, fmt, w in words:
+            values[name] = gb[within] if p < 0 else struct.unpack_from(fmt, param_data, offs[p] + within)[0]
+        for r, p, within in bases:
+            v = struct.unpack_from("<Q", param_data, offs[p] + within)[0]
+            a = self._alloc_of(v)
+            if a is None:
+                continue
+            a_s, a_e = a // ps, -(-self._ends[a] // ps)
+            cls = r.cls
+            if cls == "fixed" or cls == "linear":
+                sb, eb = region_bytes(r, values, v)
+                sp, ep = to_pages(sb, eb, ps, a_s, a_e)
+                if ep > sp:
+                    out.append((sp, ep))
+            elif cls == "strided":
+                st, cnt, ch, sd = region_bytes(r, values, v)
+                for j in range(max(0, min(cnt, 1 << 20))):
+                    sp, ep = to_pages(st + j * sd, st + j * sd + ch, ps, a_s, a_e)
+                    if ep > sp:
+                        out.append((sp, ep))
+            elif cls == "allocation":
+                out.append((a_s, a_e))
+            else:
+                self._fallback_alloc(kernel, a, a_s, a_e, r.history, out)
+        return _merge(out)
+
+    def _fallback_alloc(self, kernel, a, a_s, a_e, stored, out) -> None:
+        if self.fallback == "allocation":
+            out.append((a_s, a_e))
+        elif self.fallback == "history":
+            h = self._history.get((kernel, a))
+            if h is not None:
+                out.extend(h)
+            elif stored:
+                out.extend((max(a_s, a_s + s), min(a_e, a_s + e)) for s, e in stored if a_s + s < a_e)
+
+    def _fallback_scan(self, kernel, data: bytes, out) -> None:
+        if self.fallback == "none":
+            return
+        for off in range(0, len(data) - 7, 8):
+            v = int.from_bytes(data[off:off + 8], "little")
+            a = self._alloc_of(v)
+            if a is not None:
+                self._fallback_alloc(kernel, a, a // self.ps, -(-self._ends[a] // self.ps), None, out)
+
+    def observe(self, kernel: str, pages) -> None:
+        """Record pages a launch of `kernel` touched (page intervals), for the history fallback."""
+        for s, e in pages:
+            a = self._alloc_of(int(s) * self.ps)
+            if a is None:
+                continue
+            h = self._history.setdefault((kernel, a), [])
+            h.append((int(s), int(e)))
+            if len(h) > 64:
+                self._history[(kernel, a)] = _merge(h)[:HISTORY_MAX_INTERVALS]
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    if len(iv) <= 1:
+        return [(int(s), int(e)) for s, e in iv]
+    iv = sorted(iv)
+    out = [list(iv[0])]
+    for s, e in iv[1:]:
+        if s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(int(s), int(e)) for s, e in out]
