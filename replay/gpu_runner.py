@@ -178,8 +178,12 @@ class AllocationMap:
     def clip(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Keep the parts of ranges that lie in managed allocations (prefetch fails elsewhere)."""
         out = []
+        last = None
         for a, n in ranges:
             end = a + n
+            if last is not None and last.base <= a and end <= last.base + last.size:
+                out.append((a, n))   # fast path: inside the allocation of the previous range
+                continue
             while a < end:
                 al = self.find(a)
                 if al is None:
@@ -192,6 +196,7 @@ class AllocationMap:
                 b = min(end, al.base + al.size)
                 if al.managed:
                     out.append((a, b - a))
+                    last = al
                 a = b
         return merge_ranges(out)
 
@@ -523,15 +528,21 @@ def _unit_origin(a: int, n: int, delta: int, unit: int) -> Iterator[tuple[int, s
 # The engine: what happens at each launch
 # ---------------------------------------------------------------------------
 
+_PTSZ: frozenset | None = None
+
+
 def launch_stream(la) -> int:
     """The CUstream handle a launch runs on (0 in a *_ptsz call is the per-thread stream)."""
-    s = int(getattr(la, "stream", 0) or 0)
+    global _PTSZ
+    s = int(la.stream or 0)
     if s == 0:
-        try:
-            from pagecast.collect.launch_hook import PTSZ_CBIDS
-        except Exception:  # noqa: BLE001
-            PTSZ_CBIDS = frozenset()
-        if int(getattr(la, "cbid", 0) or 0) in PTSZ_CBIDS:
+        if _PTSZ is None:
+            try:
+                from pagecast.collect.launch_hook import PTSZ_CBIDS
+                _PTSZ = frozenset(PTSZ_CBIDS)
+            except Exception:  # noqa: BLE001
+                _PTSZ = frozenset()
+        if int(getattr(la, "cbid", 0) or 0) in _PTSZ:
             return PER_THREAD_STREAM
     return s
 
@@ -783,38 +794,37 @@ def _launch_table(las: list, allocs: AllocationMap):
 
 
 def make_online_predict(model, fallback: str = "history") -> Callable[[Any, AllocationMap], list[tuple[int, int]]]:
-    """`predict(la, allocs) -> [(address, nbytes)]` from the predictor's OnlinePredictor."""
+    """`predict(la, allocs) -> [(address, nbytes)]` from the predictor's OnlinePredictor.
+
+    The managed allocations the launch's pointer words land in are handed to
+    the predictor (`add_allocation`) the first time they are seen; its page
+    intervals come back as byte ranges. The predictor notices model changes
+    (feedback) by itself (`Model.version_counter`).
+    """
     from pagecast.predict.predictor import OnlinePredictor
 
     op = OnlinePredictor(model, fallback)
-    holder = {"op": op}
+    ps = int(getattr(op, "ps", None) or model.page_size)
+    known: set[int] = set()
+    seen: set[int] = set()   # pointer words already looked up (bounded below)
 
     def predict(la, allocs: AllocationMap) -> list[tuple[int, int]]:
-        # make the allocations the arguments point into known to the predictor
-        for w in pointer_words(bytes(la.param_data or b"")):
+        data = bytes(la.param_data or b"")
+        for w in pointer_words(data):
+            if w in seen:
+                continue
+            seen.add(w)
             a = allocs.find(w)
-            if a is not None and a.managed and hasattr(holder["op"], "add_allocation"):
-                holder["op"].add_allocation(a.base, a.size)
-        out = holder["op"].predict(la)
-        return _as_ranges(out)
+            if a is not None and a.managed and a.base not in known:
+                op.add_allocation(a.base, a.size)
+                known.add(a.base)
+        if len(seen) > 1_000_000:
+            seen.clear()
+        pages = op.predict(la.kernel, data, la.param_offsets, la.param_sizes, la.grid, la.block)
+        return [(int(s) * ps, (int(e) - int(s)) * ps) for s, e in pages if e > s]
 
-    predict.holder = holder  # type: ignore[attr-defined]  (feedback swaps in a refreshed predictor)
+    predict.online = op  # type: ignore[attr-defined]  (feedback feeds it the pages it missed)
     return predict
-
-
-def _as_ranges(out) -> list[tuple[int, int]]:
-    """Accept [(address, nbytes)], an (addresses, nbytes) pair of arrays, or objects with .address/.bytes."""
-    if out is None:
-        return []
-    if isinstance(out, tuple) and len(out) == 2 and hasattr(out[0], "__len__") and not isinstance(out[0], int):
-        return [(int(a), int(n)) for a, n in zip(out[0], out[1])]
-    res = []
-    for r in out:
-        if isinstance(r, (tuple, list)):
-            res.append((int(r[0]), int(r[1])))
-        else:
-            res.append((int(r.address), int(r.bytes)))
-    return res
 
 
 # ---------------------------------------------------------------------------
@@ -1218,18 +1228,23 @@ class _FeedbackLoop:
             self.round(self.monitor.poll())
 
     def round(self, counts) -> None:
-        from pagecast.predict.feedback import apply_feedback
+        try:
+            from pagecast.predict.feedback import apply_feedback
+        except ImportError:  # the predictor without feedback: only the history fallback learns
+            apply_feedback = None
+        online = getattr(self.predict, "online", None)
+        page_size = int(getattr(self.model, "page_size", 4096))
 
         def apply(la, ivs) -> bool:
+            if online is not None and hasattr(online, "observe"):
+                online.observe(la.kernel, ivs)
+            if apply_feedback is None:
+                return False
             tr = _launch_table([la], self.engine.allocs)
-            starts = [a for a, _ in ivs]
-            ends = [b for _, b in ivs]
-            return bool(apply_feedback(self.model, tr, 0, starts, ends))
+            return bool(apply_feedback(self.model, tr, 0, [a for a, _ in ivs], [b for _, b in ivs]))
 
         try:
-            if self.engine.feedback_from(counts, apply):
-                from pagecast.predict.predictor import OnlinePredictor
-                self.predict.holder["op"] = OnlinePredictor(self.model, self.fallback)
+            self.engine.feedback_from(counts, apply, page_size)
         except Exception as e:  # noqa: BLE001 - feedback is best effort; the run goes on
             self.engine.stats.errors += 1
             self.engine.stats.last_error = f"feedback: {type(e).__name__}: {e}"
