@@ -1,0 +1,174 @@
+"""Prefetch plans on disk: a directory with `plan.parquet` and `manifest.json`.
+
+plan.parquet, one row per transfer, in the order a runner issues them:
+
+| column | type | meaning |
+|---|---|---|
+| launch_id | int64 | issue this transfer before that launch (it may overlap the launch before) |
+| action | string | `prefetch` (host to device) or `evict` (device to host) |
+| address | uint64 | first byte of the range |
+| bytes | int64 | length of the range (> 0) |
+| order | int64 | position among the transfers of the same launch_id (evictions first) |
+| needed_by | int64 | for a prefetch, the launch that first needs it (>= launch_id); for an evict, -1 |
+
+manifest.json: format `pagecast-plan`, version, the model (path), the trace
+(path, `Trace.launch_fingerprint()`, launches), capacity_bytes, page_size,
+granularity, and the planner's counts. `read_plan(path, trace)` refuses a plan
+whose fingerprint does not match the trace (PlanError, one line).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pagecast.errors import PlanError
+from pagecast.trace import prepare_output_dir, write_json_atomic
+
+FORMAT = "pagecast-plan"
+VERSION = 1
+MANIFEST = "manifest.json"
+TABLE = "plan.parquet"
+PREFETCH, EVICT = "prefetch", "evict"
+ACTIONS = (PREFETCH, EVICT)
+
+LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
+SCHEMA = pa.schema([
+    (LAUNCH_ID, pa.int64()), (ACTION, pa.string()), (ADDRESS, pa.uint64()), (BYTES, pa.int64()),
+    (ORDER, pa.int64()), (NEEDED_BY, pa.int64()),
+])
+
+
+@dataclass
+class Plan:
+    table: pa.Table     # SCHEMA, sorted by (launch_id, order)
+    manifest: dict
+    path: Path | None = None
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.manifest["capacity_bytes"])
+
+    @property
+    def granularity(self) -> int:
+        return int(self.manifest.get("granularity") or self.manifest["page_size"])
+
+    def columns(self) -> dict[str, np.ndarray]:
+        t = self.table
+        return {LAUNCH_ID: t.column(LAUNCH_ID).to_numpy(), ADDRESS: t.column(ADDRESS).to_numpy(),
+                BYTES: t.column(BYTES).to_numpy(), ORDER: t.column(ORDER).to_numpy(),
+                NEEDED_BY: t.column(NEEDED_BY).to_numpy(),
+                ACTION: (t.column(ACTION).to_numpy(zero_copy_only=False) == EVICT)}
+
+
+def new_manifest(*, trace, capacity_bytes: int, granularity: int, model: str | None,
+                 **extra: Any) -> dict:
+    from pagecast import PRODUCER
+    import time
+    m = {
+        "format": FORMAT, "version": VERSION,
+        "model": None if model is None else str(model),
+        "trace": {"path": str(trace.path), "fingerprint": trace.launch_fingerprint(),
+                  "launches": int(trace.n_launches), "workload": trace.name},
+        "capacity_bytes": int(capacity_bytes),
+        "page_size": int(trace.page_size),
+        "granularity": int(granularity),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "producer": PRODUCER,
+    }
+    m.update(extra)
+    return m
+
+
+def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: bool = False) -> Path:
+    """Write a plan directory (refuses an existing output without force)."""
+    path = Path(path)
+    t = table if isinstance(table, pa.Table) else pa.table(table)
+    arrays = []
+    for f in SCHEMA:
+        col = t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+        arrays.append(col.cast(f.type))
+    t = pa.Table.from_arrays(arrays, schema=SCHEMA)
+    if manifest.get("format") != FORMAT:
+        raise ValueError("plan manifest must come from plan_io.new_manifest")
+    prepare_output_dir(path, force)
+    path.mkdir(parents=True)
+    pq.write_table(t, path / TABLE, compression="zstd")
+    manifest = dict(manifest)
+    manifest["rows"] = int(t.num_rows)
+    write_json_atomic(path / MANIFEST, manifest)
+    return path
+
+
+def is_plan(path: str | Path) -> bool:
+    try:
+        m = json.loads((Path(path) / MANIFEST).read_text())
+        return isinstance(m, dict) and m.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def read_plan(path: str | Path, trace=None) -> Plan:
+    """Read and check a plan; with `trace`, refuse a plan made for another launch sequence."""
+    path = Path(path)
+    if not path.exists():
+        raise PlanError(f"{path}: no such plan")
+    mpath = path / MANIFEST
+    if not path.is_dir() or not mpath.exists():
+        raise PlanError(f"{path}: not a plan (a plan is a directory with {MANIFEST} and {TABLE};"
+                        " make one with 'pagecast plan')")
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanError(f"{mpath}: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise PlanError(f"{mpath}: format is {m.get('format') if isinstance(m, dict) else None!r};"
+                        f" expected {FORMAT!r}")
+    if m.get("version") != VERSION:
+        raise PlanError(f"{mpath}: version is {m.get('version')!r}; this pagecast reads plan version {VERSION}")
+    for k in ("trace", "capacity_bytes", "page_size", "granularity"):
+        if k not in m:
+            raise PlanError(f"{mpath}: missing field {k!r}")
+    if not isinstance(m["trace"], dict) or "fingerprint" not in m["trace"]:
+        raise PlanError(f"{mpath}: field 'trace' must name the trace's fingerprint")
+    if trace is not None:
+        fp = trace.launch_fingerprint()
+        if m["trace"]["fingerprint"] != fp:
+            raise PlanError(f"{path}: plan was made for another trace ({m['trace'].get('path')},"
+                            f" {m['trace'].get('launches')} launches), not {trace.path}"
+                            f" ({trace.n_launches} launches); make one with"
+                            f" 'pagecast plan MODEL {trace.path} ...'")
+    tpath = path / TABLE
+    try:
+        t = pq.read_table(tpath)
+    except Exception as e:
+        raise PlanError(f"{tpath}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    for f in SCHEMA:
+        if f.name not in t.column_names:
+            raise PlanError(f"{tpath}: column {f.name!r} is missing")
+    try:
+        t = pa.Table.from_arrays([t.column(f.name).cast(f.type) for f in SCHEMA], schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise PlanError(f"{tpath}: {str(e).splitlines()[0]}") from None
+    if t.num_rows:
+        acts = set(t.column(ACTION).unique().to_pylist())
+        if not acts <= set(ACTIONS):
+            raise PlanError(f"{tpath}: column 'action' has unknown values {sorted(map(str, acts - set(ACTIONS)))};"
+                            f" expected prefetch or evict")
+        b = t.column(BYTES).to_numpy()
+        if (b <= 0).any():
+            raise PlanError(f"{tpath}: column 'bytes' must be > 0")
+        lid = t.column(LAUNCH_ID).to_numpy()
+        n = m["trace"].get("launches")
+        if lid.min() < 0 or (isinstance(n, int) and lid.max() >= n):
+            raise PlanError(f"{tpath}: launch_id outside 0..{n}")
+        order = np.lexsort((t.column(ORDER).to_numpy(), lid))
+        if not np.array_equal(order, np.arange(len(order))):
+            t = t.take(pa.array(order))
+    return Plan(t, m, path)

@@ -1,0 +1,599 @@
+"""The simulator's hot loops, compiled with numba (cache=True).
+
+Everything here works on dense *unit* ids (0..U-1): a unit is one migration
+granule (default 64 KiB) that some launch touches, some plan moves or some
+allocation covers. Units of one eviction chunk (2 MiB) have consecutive ids
+[chunk_lo[c], chunk_hi[c]); units of one 2 MiB VA block likewise
+[block_lo[u], block_hi[u]). `key[u]` is the unit's number in its task's
+address space (address // granularity), used by the tree prefetcher.
+
+State arrays are plain numpy arrays owned by `simulator.Memory`; the functions
+here mutate them in place and return per-launch counters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+INF = np.iinfo(np.int64).max
+
+# Indices of the per-step counter vector returned by the access/apply kernels.
+C_FAULTS, C_FAULT_IN, C_TREE_IN, C_FAULT_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_GROUP_DTOH = range(8)
+N_COUNTERS = 8
+
+
+# ---- chunk list (FIFO / LRU order of eviction chunks) ------------------------
+# A doubly linked list over chunks with sentinel index C (prev/next sized C+1).
+
+@njit(cache=True)
+def _list_remove(prev, nxt, c):
+    p = prev[c]
+    n = nxt[c]
+    nxt[p] = n
+    prev[n] = p
+    prev[c] = -1
+    nxt[c] = -1
+
+
+@njit(cache=True)
+def _list_append(prev, nxt, c, sentinel):
+    t = prev[sentinel]
+    nxt[t] = c
+    prev[c] = t
+    nxt[c] = sentinel
+    prev[sentinel] = c
+
+
+@njit(cache=True)
+def _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned):
+    """Mark u non-resident; drop its chunk from the list when it empties."""
+    resident[u] = 0
+    planned[u] = 0
+    c = unit_chunk[u]
+    chunk_count[c] -= 1
+    if chunk_count[c] == 0:
+        _list_remove(prev, nxt, c)
+
+
+@njit(cache=True)
+def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
+    resident[u] = 1
+    c = unit_chunk[u]
+    if chunk_count[c] == 0:
+        _list_append(prev, nxt, c, sentinel)
+    chunk_count[c] += 1
+
+
+@njit(cache=True)
+def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, prev, nxt, planned, unplanned_q, uq_state):
+    while uq_state[0] < uq_state[1]:
+        u = unplanned_q[uq_state[0] % len(unplanned_q)]
+        uq_state[0] += 1
+        if resident[u] == 1 and planned[u] == 0:
+            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            st_i[0] -= 1
+            return 1
+    return 0
+
+
+@njit(cache=True)
+def _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
+                     unplanned_q, uq_state):
+    """Evict room for one unit: first a resident unit the plan does not count on
+    (brought in by a fault), else the whole chunk at the head of the list.
+    Returns units evicted (0 when nothing is resident)."""
+    sentinel = len(chunk_count)
+    # unplanned units first (planned policies only: uq_state[1] > uq_state[0])
+    while uq_state[0] < uq_state[1]:
+        u = unplanned_q[uq_state[0] % len(unplanned_q)]
+        uq_state[0] += 1
+        if resident[u] == 1 and planned[u] == 0:
+            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            st_i[0] -= 1
+            return 1
+    c = nxt[sentinel]
+    if c == sentinel:
+        return 0
+    n = 0
+    for u in range(chunk_lo[c], chunk_hi[c]):
+        if resident[u] == 1:
+            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            n += 1
+    st_i[0] -= n
+    return n
+
+
+@njit(cache=True)
+def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                  planned, unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb,
+                  track_unplanned, missed_out, counters):
+    """One launch touches `units` (ascending): hits refresh LRU order, misses
+    fault in their unit (evicting chunks as needed) and may trigger the tree
+    prefetcher. st_i[0] is the resident-unit count. Writes missed units to
+    missed_out and returns how many."""
+    sentinel = len(chunk_count)
+    nmiss = 0
+    used_ptr = 0
+    for k in range(len(units)):
+        u = units[k]
+        if resident[u] == 1:
+            if lru:
+                c = unit_chunk[u]
+                _list_remove(prev, nxt, c)
+                _list_append(prev, nxt, c, sentinel)
+            continue
+        # a fault
+        counters[C_FAULTS] += 1
+        missed_out[nmiss] = u
+        nmiss += 1
+        while st_i[0] + 1 > cap:
+            if track_unplanned:
+                # planned policies: a fault first displaces what the plan does not
+                # count on, then what this launch already used (it streams
+                # through a launch larger than memory), then the oldest chunk
+                ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, prev, nxt, planned,
+                                      unplanned_q, uq_state)
+                if ev == 0:
+                    while used_ptr < k:
+                        v = units[used_ptr]
+                        used_ptr += 1
+                        if resident[v] == 1:
+                            _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                            st_i[0] -= 1
+                            ev = 1
+                            break
+                if ev > 0:
+                    counters[C_FAULT_DTOH] += ev
+                    continue
+            ev = _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                                  planned, unplanned_q, uq_state)
+            if ev == 0:
+                break
+            counters[C_FAULT_DTOH] += ev
+        _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+        st_i[0] += 1
+        counters[C_FAULT_IN] += 1
+        if track_unplanned:
+            unplanned_q[uq_state[1] % len(unplanned_q)] = u
+            uq_state[1] += 1
+        if tree:
+            _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                           planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
+                           track_unplanned, counters)
+    return nmiss
+
+
+@njit(cache=True)
+def _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                   planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
+                   track_unplanned, counters):
+    """nvidia-uvm's tree prefetcher, inside u's 2 MiB block: the largest
+    aligned region around u more than `threshold` resident is filled."""
+    sentinel = len(chunk_count)
+    lo = block_lo[u]
+    hi = block_hi[u]
+    ku = key[u]
+    best_lo = -1
+    best_hi = -1
+    size = 2
+    while size <= upb:
+        r0 = ku - ku % size
+        r1 = r0 + size
+        cnt = 0
+        for v in range(lo, hi):
+            if key[v] >= r0 and key[v] < r1 and resident[v] == 1:
+                cnt += 1
+        if cnt > threshold * size:
+            best_lo = r0
+            best_hi = r1
+        size *= 2
+    if best_lo < 0:
+        return
+    for v in range(lo, hi):
+        if key[v] >= best_lo and key[v] < best_hi and resident[v] == 0:
+            if st_i[0] + 1 > cap:
+                return  # the prefetcher never evicts
+            _unit_in(v, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+            st_i[0] += 1
+            counters[C_TREE_IN] += 1
+            if track_unplanned:
+                unplanned_q[uq_state[1] % len(unplanned_q)] = v
+                uq_state[1] += 1
+
+
+@njit(cache=True)
+def apply_group(evict, prefetch, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                planned, unplanned_q, uq_state, need_now, counters):
+    """Carry out one planned group: evictions, then prefetches (in need order).
+    Prefetches that find memory full evict unplanned units, then list heads.
+    Counts transfers as runs of consecutive unit ids. Returns the units moved
+    in for the first `need_now` prefetch entries (what the next launch waits for)."""
+    sentinel = len(chunk_count)
+    last = -2
+    for k in range(len(evict)):
+        u = evict[k]
+        if resident[u] == 1:
+            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            st_i[0] -= 1
+            counters[C_GROUP_DTOH] += 1
+            if u != last + 1:
+                counters[C_TRANSFERS] += 1
+            last = u
+        elif u < len(planned):
+            planned[u] = 0
+    last = -2
+    needed_in = 0
+    for k in range(len(prefetch)):
+        u = prefetch[k]
+        if resident[u] == 1:
+            planned[u] = 1
+            continue
+        while st_i[0] + 1 > cap:
+            ev = _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                                  planned, unplanned_q, uq_state)
+            if ev == 0:
+                break
+            counters[C_GROUP_DTOH] += ev
+        if st_i[0] + 1 > cap:
+            break
+        _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+        planned[u] = 1
+        st_i[0] += 1
+        counters[C_PREFETCH_IN] += 1
+        if k < need_now:
+            needed_in += 1
+        if u != last + 1:
+            counters[C_TRANSFERS] += 1
+        last = u
+    counters[C_PREFETCH_NEED] += needed_in
+    return needed_in
+
+
+# ---- LRU for every capacity at once: stack distances --------------------------
+
+@njit(cache=True)
+def lru_stack_distances(seq, n_units):
+    """LRU stack distance of every access (1-based; INF for a first access).
+
+    A Fenwick tree over access times marks each unit's latest access; the
+    distance of an access is the number of marks after its unit's previous
+    access, plus one. O(N log N), O(N + U) memory.
+    """
+    n = len(seq)
+    tree = np.zeros(n + 1, np.int32)
+    last = np.full(n_units, -1, np.int64)
+    out = np.empty(n, np.int64)
+    total = 0
+    for t in range(n):
+        u = seq[t]
+        p = last[u]
+        if p < 0:
+            out[t] = INF
+        else:
+            # marks in (p, t) = total - prefix(p)
+            s = 0
+            i = p + 1
+            while i > 0:
+                s += tree[i]
+                i -= i & (-i)
+            out[t] = total - s + 1
+            i = p + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & (-i)
+            total -= 1
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & (-i)
+        total += 1
+        last[u] = t
+    return out
+
+
+# ---- Belady planner ----------------------------------------------------------
+
+@njit(cache=True)
+def _heap_push(hk, hu, size, k, u):
+    i = size
+    hk[i] = k
+    hu[i] = u
+    while i > 0:
+        p = (i - 1) >> 1
+        if hk[p] >= hk[i]:
+            break
+        hk[p], hk[i] = hk[i], hk[p]
+        hu[p], hu[i] = hu[i], hu[p]
+        i = p
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(hk, hu, size):
+    size -= 1
+    hk[0] = hk[size]
+    hu[0] = hu[size]
+    i = 0
+    while True:
+        l = 2 * i + 1
+        if l >= size:
+            break
+        r = l + 1
+        m = l
+        if r < size and hk[r] > hk[l]:
+            m = r
+        if hk[m] <= hk[i]:
+            break
+        hk[m], hk[i] = hk[i], hk[m]
+        hu[m], hu[i] = hu[i], hu[m]
+        i = m
+    return size
+
+
+@njit(cache=True)
+def next_occurrence(step_of, unit_of, n_units):
+    """For occurrence k (unit u at step s), the step of u's next occurrence, INF if none."""
+    n = len(unit_of)
+    out = np.full(n, INF, np.int64)
+    nxt = np.full(n_units, INF, np.int64)
+    for k in range(n - 1, -1, -1):
+        u = unit_of[k]
+        out[k] = nxt[u]
+        nxt[u] = step_of[k]
+    return out
+
+
+@njit(cache=True)
+def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
+                lookahead_units):
+    """Plan evictions and prefetches for steps start_step.. on predicted needs.
+
+    need_ptr/need_unit: CSR of each step's predicted units (ascending).
+    Before step i (issued while step i-1 runs): fetch step i's missing units,
+    evicting the resident unit whose next predicted use is furthest (Belady);
+    then, looking ahead in need order (at most lookahead_steps steps and
+    lookahead_units units in flight), prefetch later steps' units into free
+    space or in place of units never needed again (not used by step i-1). A
+    lookahead that evicted units needed later could cost fetches Belady would
+    not make (its victims' next uses are judged before steps i..j-1 run). Units that cannot fit (a step larger than the capacity) are left to
+    fault.
+
+    Returns CSR arrays: ev_ptr, ev_unit, pf_ptr, pf_unit, need_now (prefetch
+    entries of each group that its own step needs), wait_prev (group evicts
+    units of step i-1, so it starts after i-1 ends), thrash (step could not
+    be made resident).
+    """
+    n_steps = len(need_ptr) - 1
+    n_occ = len(need_unit)
+    step_of = np.empty(n_occ, np.int64)
+    for s in range(n_steps):
+        for k in range(need_ptr[s], need_ptr[s + 1]):
+            step_of[k] = s
+    nocc = next_occurrence(step_of, need_unit, n_units)
+    # key[u]: next predicted use at or after the current step
+    key = np.full(n_units, INF, np.int64)
+    for k in range(n_occ - 1, need_ptr[start_step] - 1, -1):
+        key[need_unit[k]] = step_of[k]
+    resident = init_resident.copy()
+    last_use = np.full(n_units, -1, np.int64)
+    cap_heap = n_occ + 2 * n_units + 16
+    hk = np.empty(cap_heap, np.int64)
+    hu = np.empty(cap_heap, np.int64)
+    hsize = 0
+    n_res = 0
+    for u in range(n_units):
+        if resident[u]:
+            n_res += 1
+            hsize = _heap_push(hk, hu, hsize, key[u], u)
+    G = n_steps - start_step
+    ev_ptr = np.zeros(G + 1, np.int64)
+    pf_ptr = np.zeros(G + 1, np.int64)
+    ev_unit = np.empty(max(n_occ, 16), np.int64)
+    pf_unit = np.empty(max(n_occ, 16), np.int64)
+    n_ev = 0
+    n_pf = 0
+    need_now = np.zeros(G, np.int64)
+    wait_prev = np.zeros(G, np.uint8)
+    thrash = np.zeros(G, np.uint8)
+    aside_u = np.empty(n_units + 1, np.int64)
+    ahead = need_ptr[start_step]
+    for i in range(start_step, n_steps):
+        g = i - start_step
+        n_aside = 0
+        in_flight = 0
+        # step i's own units first (some may have been prefetched, then evicted
+        # again by a more urgent need), then the lookahead from where it stopped
+        k = need_ptr[i]
+        end_m = need_ptr[i + 1]
+        while k < n_occ:
+            if k == end_m:
+                if ahead > k:
+                    k = ahead
+                end_m = -1
+                if k >= n_occ:
+                    break
+            j = step_of[k]
+            mandatory = j <= i
+            if not mandatory:
+                if j - i > lookahead_steps or in_flight >= lookahead_units:
+                    break
+            u = need_unit[k]
+            if resident[u]:
+                k += 1
+                continue
+            ok = True
+            if n_res >= cap:
+                found = False
+                while hsize > 0:
+                    kk = hk[0]
+                    v = hu[0]
+                    if resident[v] == 0 or key[v] != kk:
+                        hsize = _heap_pop(hk, hu, hsize)  # stale
+                        continue
+                    # the lookahead takes only free space or units never needed
+                    # again: it then never costs a fetch that Belady would not make
+                    if kk <= i or (not mandatory and kk != INF):
+                        break
+                    if last_use[v] == i - 1 and i > start_step:
+                        if not mandatory:
+                            hsize = _heap_pop(hk, hu, hsize)
+                            aside_u[n_aside] = v
+                            n_aside += 1
+                            continue
+                        wait_prev[g] = 1
+                    hsize = _heap_pop(hk, hu, hsize)
+                    found = True
+                    break
+                if found:
+                    resident[v] = 0
+                    n_res -= 1
+                    if n_ev >= len(ev_unit):
+                        ev_unit = _grow(ev_unit)
+                    ev_unit[n_ev] = v
+                    n_ev += 1
+                else:
+                    ok = False
+            if not ok:
+                if mandatory:
+                    thrash[g] = 1
+                    k += 1
+                    continue  # leave it to fault
+                break
+            resident[u] = 1
+            n_res += 1
+            key[u] = j
+            hsize = _heap_push(hk, hu, hsize, j, u)
+            if n_pf >= len(pf_unit):
+                pf_unit = _grow(pf_unit)
+            pf_unit[n_pf] = u
+            n_pf += 1
+            if mandatory:
+                need_now[g] += 1
+            else:
+                in_flight += 1
+            k += 1
+        if k > ahead:
+            ahead = k
+        if ahead < need_ptr[i + 1]:
+            ahead = need_ptr[i + 1]
+        for a in range(n_aside):
+            v = aside_u[a]
+            if resident[v]:
+                hsize = _heap_push(hk, hu, hsize, key[v], v)
+        ev_ptr[g + 1] = n_ev
+        pf_ptr[g + 1] = n_pf
+        # execute step i: its units' keys move to their next predicted use
+        for kk2 in range(need_ptr[i], need_ptr[i + 1]):
+            u = need_unit[kk2]
+            last_use[u] = i
+            key[u] = nocc[kk2]
+            if resident[u]:
+                hsize = _heap_push(hk, hu, hsize, key[u], u)
+        if hsize > cap_heap - n_units - 8:
+            hsize = _heap_rebuild(hk, hu, resident, key, n_units)
+    return ev_ptr, ev_unit[:n_ev].copy(), pf_ptr, pf_unit[:n_pf].copy(), need_now, wait_prev, thrash
+
+
+@njit(cache=True)
+def _grow(a):
+    b = np.empty(2 * len(a), a.dtype)
+    b[:len(a)] = a
+    return b
+
+
+@njit(cache=True)
+def _heap_rebuild(hk, hu, resident, key, n_units):
+    size = 0
+    for u in range(n_units):
+        if resident[u]:
+            size = _heap_push(hk, hu, size, key[u], u)
+    return size
+
+
+# ---- whole runs -----------------------------------------------------------------
+
+@njit(cache=True)
+def run_engine(s0, s1, need_ptr, need_unit, has_plan, ev_ptr, ev_unit, pf_ptr, pf_unit, need_now,
+               cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
+               unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb, track_unplanned,
+               stop_on_miss, missed_buf, counters):
+    """Steps s0..s1-1: each step's planned group (if any), then its launch.
+    Returns (next step, misses of the last step) -- stopping after a step
+    with misses when stop_on_miss (for online feedback)."""
+    for i in range(s0, s1):
+        if has_plan:
+            apply_group(ev_unit[ev_ptr[i]:ev_ptr[i + 1]], pf_unit[pf_ptr[i]:pf_ptr[i + 1]], cap, st_i, resident,
+                        unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state,
+                        need_now[i], counters[i])
+        nm = access_launch(need_unit[need_ptr[i]:need_ptr[i + 1]], cap, st_i, resident, unit_chunk, chunk_count,
+                           chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state, lru, tree, threshold,
+                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters[i])
+        if stop_on_miss and nm > 0:
+            return i + 1, nm
+    return s1, 0
+
+
+@njit(cache=True)
+def fault_seconds(faults, charges, fault_time_s, faults_per_batch, batch_overhead_s):
+    if not charges or faults <= 0:
+        return 0.0
+    batches = (faults + faults_per_batch - 1) // faults_per_batch
+    return faults * fault_time_s + batches * batch_overhead_s
+
+
+@njit(cache=True)
+def bulk_seconds(h, d, transfers, charges, htod_bw, dtoh_bw, duplex, pipelined_bw, latency):
+    if not charges:
+        return 0.0
+    th = h / htod_bw
+    td = d / dtoh_bw
+    if duplex:
+        t = max(th, td, (h + d) / pipelined_bw)
+    else:
+        t = th + td
+    return t + transfers * latency
+
+
+@njit(cache=True)
+def timing(counters, compute, gran, blocking, wait_prev, charges, fault_time_s, faults_per_batch,
+           batch_overhead_s, htod_bw, dtoh_bw, duplex, pipelined_bw, latency):
+    """Simulated time per step. A planned group is issued while the previous
+    launch runs (after it, when `wait_prev` or `blocking`) and runs on the copy
+    engines in issue order; a launch starts when the previous one ended and the
+    part of its group it needs has arrived; its faults (and the evictions and
+    driver prefetches they cause) stall it. Returns start, end, stall per step."""
+    n = counters.shape[0]
+    start = np.empty(n)
+    end = np.empty(n)
+    stall = np.empty(n)
+    prev_start = 0.0
+    prev_end = 0.0
+    ce = 0.0
+    for i in range(n):
+        c = counters[i]
+        pf_in = c[C_PREFETCH_IN]
+        g_out = c[C_GROUP_DTOH]
+        ready = prev_end
+        if pf_in > 0 or g_out > 0:
+            tg = bulk_seconds(pf_in * gran, g_out * gran, c[C_TRANSFERS], charges, htod_bw, dtoh_bw, duplex,
+                              pipelined_bw, latency)
+            after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
+            gs = max(ce, after)
+            if blocking[i]:
+                frac = 1.0
+            elif pf_in > 0:
+                frac = c[C_PREFETCH_NEED] / pf_in
+            else:
+                frac = 0.0
+            ce = gs + tg
+            ready = max(prev_end, gs + tg * frac)
+        f = fault_seconds(c[C_FAULTS], charges, fault_time_s, faults_per_batch, batch_overhead_s)
+        f += bulk_seconds(c[C_TREE_IN] * gran, c[C_FAULT_DTOH] * gran, 0, charges, htod_bw, dtoh_bw, False,
+                          pipelined_bw, 0.0)
+        start[i] = ready
+        end[i] = ready + compute[i] + f
+        stall[i] = ready - prev_end + f
+        prev_start = start[i]
+        prev_end = end[i]
+    return start, end, stall

@@ -1,0 +1,417 @@
+"""The trace-driven UVM simulator: policies, the planner, runs and sweeps.
+
+A run replays a `Workload` (one or more traces, scheduled on one GPU) under a
+policy at one capacity and charges time from a cost profile. Every policy
+shares one memory model (sim_core): units resident or not, eviction chunks in
+a FIFO (allocation order, the driver's) or LRU list, faults per missing unit,
+the tree prefetcher. Policies differ in what they move before each launch.
+
+Policies are small objects with named hooks, in libCacheSim's spirit:
+- `prefetch(ctx) -> Groups | None`: the transfers (evictions, then prefetches
+  in need order) to issue before each step; policies see the whole timeline
+  (which task runs next and its upcoming launches), so they plan it at once;
+- `on_miss(ctx, step, missed_units) -> Groups | None`: called after a step
+  that faulted, when `wants_misses`; may re-plan the steps after it;
+- `evict_order`: how fault-path evictions pick victims ("fifo", "lru", or
+  None for the run's `--eviction`); planned policies first evict units the
+  plan does not count on (brought in by faults).
+Registered by name in POLICIES.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pagecast import footprints as F
+from pagecast.errors import UsageError
+
+from . import sim_core as C
+from .workload import I64, Needs, Workload
+
+# ---- planned transfers -----------------------------------------------------------
+
+
+@dataclass
+class Groups:
+    """Per step: units to evict, then units to prefetch (need order)."""
+
+    ev_ptr: np.ndarray
+    ev_unit: np.ndarray
+    pf_ptr: np.ndarray
+    pf_unit: np.ndarray
+    need_now: np.ndarray     # prefetch entries of the group its own step needs
+    wait_prev: np.ndarray    # uint8: the group evicts units of the step before: start after it ends
+    blocking: np.ndarray     # uint8: the launch waits for the whole group (swapping)
+    thrash: np.ndarray       # uint8: the planner could not fit the step
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.need_now)
+
+    @classmethod
+    def empty(cls, n: int) -> "Groups":
+        z = np.zeros(n + 1, I64)
+        return cls(z, np.zeros(0, I64), z.copy(), np.zeros(0, I64), np.zeros(n, I64), np.zeros(n, np.uint8),
+                   np.zeros(n, np.uint8), np.zeros(n, np.uint8))
+
+    def splice(self, other: "Groups", s: int) -> "Groups":
+        """Steps < s from self, steps >= s from other (a full-length Groups)."""
+        def cat(ptr_a, u_a, ptr_b, u_b):
+            head = u_a[:ptr_a[s]]
+            tail = u_b[ptr_b[s]:]
+            ptr = np.concatenate([ptr_a[:s + 1], ptr_b[s + 1:] - ptr_b[s] + ptr_a[s]])
+            return ptr, np.concatenate([head, tail])
+        ev_ptr, ev = cat(self.ev_ptr, self.ev_unit, other.ev_ptr, other.ev_unit)
+        pf_ptr, pf = cat(self.pf_ptr, self.pf_unit, other.pf_ptr, other.pf_unit)
+        j = lambda a, b: np.concatenate([a[:s], b[s:]])
+        return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
+                      j(self.blocking, other.blocking), j(self.thrash, other.thrash))
+
+
+LOOKAHEAD_STEPS = 1 << 20
+
+
+def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
+                init_resident: np.ndarray | None = None, lookahead_steps: int = LOOKAHEAD_STEPS,
+                lookahead_units: int | None = None) -> Groups:
+    """Belady on (predicted) needs: see sim_core.belady_plan. Full-length Groups."""
+    n = len(needs.ptr) - 1
+    res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
+    la_units = cap_units if lookahead_units is None else lookahead_units
+    ev_ptr, ev, pf_ptr, pf, nn, wp, th = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step, res,
+                                                       lookahead_steps, la_units)
+    pad = np.zeros(start_step, I64)
+    return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
+                  np.concatenate([pad, nn]), np.concatenate([pad.astype(np.uint8), wp]),
+                  np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]))
+
+
+# ---- the run context -------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    eviction: str = "fifo"             # fault-path victim order
+    driver_prefetch: bool = True       # the tree prefetcher
+    feedback: bool = False
+
+
+class Memory:
+    """The GPU's residency state for one run (numpy arrays, mutated by sim_core)."""
+
+    def __init__(self, w: Workload, cap_units: int):
+        u = w.universe
+        self.cap = int(cap_units)
+        self.resident = np.zeros(u.n_units, np.uint8)
+        self.planned = np.zeros(u.n_units, np.uint8)
+        self.chunk_count = np.zeros(u.n_chunks, I64)
+        self.prev = np.full(u.n_chunks + 1, -1, I64)
+        self.nxt = np.full(u.n_chunks + 1, -1, I64)
+        self.prev[u.n_chunks] = u.n_chunks
+        self.nxt[u.n_chunks] = u.n_chunks
+        self.st = np.zeros(1, I64)
+        self.uq = np.zeros(max(u.n_units, 1), I64)
+        self.uq_state = np.zeros(2, I64)
+
+
+@dataclass
+class Context:
+    """What a policy sees: the workload (timeline, true needs), capacity, options, memory."""
+
+    w: Workload
+    cap_units: int
+    options: Options
+    memory: Memory | None = None
+    state: dict = field(default_factory=dict)
+
+
+class Policy:
+    name = ""
+    description = ""
+    evict_order: str | None = None
+    wants_misses = False
+
+    def prefetch(self, ctx: Context) -> Groups | None:
+        return None
+
+    def on_miss(self, ctx: Context, step: int, missed: np.ndarray) -> Groups | None:
+        return None
+
+
+class Demand(Policy):
+    name = "demand"
+    description = "UVM demand paging: a fault per missing big page, evictions by 2 MiB chunk (FIFO or LRU)"
+
+
+class Planned(Policy):
+    """Follows a Belady plan made on some needs (predicted, allocation-level or true)."""
+
+    def needs(self, ctx: Context) -> Needs:
+        raise NotImplementedError
+
+    def prefetch(self, ctx: Context) -> Groups:
+        return plan_groups(self.needs(ctx), ctx.w.universe.n_units, ctx.cap_units)
+
+
+class Oracle(Planned):
+    name = "oracle"
+    description = "plans on the true footprints (the bound)"
+
+    def needs(self, ctx):
+        return ctx.w.truth
+
+
+class Alloc(Planned):
+    name = "alloc"
+    description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
+
+    def needs(self, ctx):
+        if "alloc" not in ctx.w.extra:
+            ctx.w.extra["alloc"] = ctx.w.needs_from([t.alloc_fp for t in ctx.w.tasks])
+        return ctx.w.extra["alloc"]
+
+
+class Template(Planned):
+    """Plans on the model's predicted footprints; `--feedback` refines the model after misses."""
+
+    name = "template"
+    description = "follows a plan made from the learned templates (mispredictions fault)"
+
+    def __init__(self, model=None, plan_groups_fixed: Groups | None = None, fallback: str = "history"):
+        self.model = model
+        self.fixed = plan_groups_fixed
+        self.fallback = fallback
+
+    @property
+    def wants_misses(self) -> bool:  # type: ignore[override]
+        return self._feedback
+
+    _feedback = False
+
+    def predicted(self, ctx: Context) -> list[F.Footprints]:
+        key = ("predicted", id(self.model), self.fallback)
+        if key not in ctx.w.extra:
+            from pagecast.predict.predictor import predict_footprints
+            ctx.w.extra[key] = [predict_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
+        return ctx.w.extra[key]
+
+    def needs(self, ctx):
+        key = ("pneeds", id(self.model), self.fallback)
+        if key not in ctx.w.extra:
+            ctx.w.extra[key] = ctx.w.needs_from(self.predicted(ctx))
+        return ctx.w.extra[key]
+
+    def prefetch(self, ctx):
+        if self.fixed is not None:
+            return self.fixed
+        if self.model is None:
+            raise UsageError("policy template needs --model MODEL or --plan PLAN")
+        self._feedback = ctx.options.feedback
+        if self._feedback:
+            # feedback changes the model: give this run its own copy and predictions
+            ctx.state["model"] = copy.deepcopy(self.model)
+            ctx.state["pred"] = list(self.predicted(ctx))
+            ctx.state["needs"] = self.needs(ctx)
+            ctx.state["feedback_changes"] = 0
+        return super().prefetch(ctx)
+
+    def on_miss(self, ctx, step, missed):
+        from pagecast.predict.feedback import apply_feedback
+        from pagecast.predict.predictor import predict_footprints
+        w = ctx.w
+        t = int(w.step_task[step])
+        lid = int(w.step_launch[step])
+        task = w.tasks[t]
+        ps, pe = task.truth.of(lid)
+        qs, qe = ctx.state["pred"][t].of(lid)
+        ms, me = interval_difference(ps, pe, qs, qe)
+        if len(ms) == 0:
+            return None
+        model = ctx.state["model"]
+        if not apply_feedback(model, task.trace, lid, ms, me):
+            return None
+        ctx.state["feedback_changes"] += 1
+        ctx.state["pred"][t] = predict_footprints(model, task.trace, self.fallback)
+        needs = w.needs_from(ctx.state["pred"])
+        ctx.state["needs"] = needs
+        mem = ctx.memory
+        return plan_groups(needs, w.universe.n_units, ctx.cap_units, start_step=step + 1,
+                           init_resident=mem.resident)
+
+
+class Swap(Policy):
+    name = "swap"
+    description = "whole-process swapping: at every task switch the incoming task's allocations move in bulk"
+
+    def prefetch(self, ctx):
+        w = ctx.w
+        n = w.n_steps
+        sets = []
+        for t, task in enumerate(w.tasks):
+            lo, hi = w.universe.task_lo[t], w.universe.task_lo[t + 1]
+            sets.append(np.arange(lo, hi, dtype=I64)[:ctx.cap_units])
+        switch = np.ones(n, bool)
+        switch[1:] = w.step_task[1:] != w.step_task[:-1]
+        sizes = np.zeros(n, I64)
+        sw = np.flatnonzero(switch)
+        sizes[sw] = [len(sets[t]) for t in w.step_task[sw]]
+        pf_ptr = np.zeros(n + 1, I64)
+        np.cumsum(sizes, out=pf_ptr[1:])
+        pf = np.concatenate([sets[t] for t in w.step_task[sw]]) if len(sw) else np.zeros(0, I64)
+        g = Groups.empty(n)
+        g.pf_ptr, g.pf_unit = pf_ptr, pf
+        g.need_now = sizes.copy()
+        g.blocking = switch.astype(np.uint8)
+        return g
+
+
+def interval_difference(as_, ae, bs, be):
+    """[as, ae) minus [bs, be): sorted disjoint half-open intervals (vectorized)."""
+    as_, ae, bs, be = (np.asarray(x, I64) for x in (as_, ae, bs, be))
+    if len(as_) == 0:
+        return as_, ae
+    pts = np.unique(np.concatenate([as_, ae, bs, be]))
+    lo, hi = pts[:-1], pts[1:]
+    ina = (np.searchsorted(as_, lo, side="right") - 1)
+    in_a = (ina >= 0) & (lo < ae[np.maximum(ina, 0)])
+    inb = (np.searchsorted(bs, lo, side="right") - 1)
+    in_b = (inb >= 0) & (lo < be[np.maximum(inb, 0)]) if len(bs) else np.zeros(len(lo), bool)
+    keep = in_a & ~in_b
+    if not keep.any():
+        z = np.zeros(0, I64)
+        return z, z.copy()
+    _, s, e = F.merge_intervals(np.zeros(int(keep.sum()), I64), lo[keep], hi[keep], 1)
+    return s, e
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "demand": Demand, "alloc": Alloc, "template": Template, "oracle": Oracle, "swap": Swap,
+}
+
+
+def check_policies(names: list[str]) -> list[str]:
+    for n in names:
+        if n not in POLICIES:
+            raise UsageError(f"unknown policy {n!r}; known policies: {', '.join(POLICIES)}")
+    return names
+
+
+# ---- one run ------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    policy: str
+    cap_units: int
+    counters: np.ndarray       # n_steps x N_COUNTERS
+    start: np.ndarray
+    end: np.ndarray
+    stall: np.ndarray
+    compute: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+
+def step_compute(w: Workload) -> np.ndarray:
+    comp = [t.compute_s for t in w.tasks]
+    out = np.empty(w.n_steps)
+    for t, c in enumerate(comp):
+        m = w.step_task == t
+        out[m] = c[w.step_launch[m]]
+    return out
+
+
+def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Options) -> RunResult:
+    """Simulate one policy at one capacity (in units)."""
+    if cap_units < 1:
+        raise UsageError(f"capacity is smaller than one migration unit ({w.gran} bytes)")
+    ctx = Context(w, cap_units, options)
+    mem = Memory(w, cap_units)
+    ctx.memory = mem
+    groups = policy.prefetch(ctx)
+    n = w.n_steps
+    has_plan = groups is not None
+    if groups is None:
+        groups = Groups.empty(n)
+    counters = np.zeros((n, C.N_COUNTERS), I64)
+    u = w.universe
+    order = policy.evict_order or options.eviction
+    lru = order == "lru"
+    tree = bool(options.driver_prefetch) and u.upb > 1
+    maxstep = int(w.truth.sizes().max()) if n else 0
+    missed = np.zeros(max(maxstep, 1), I64)
+    s = 0
+    stop = bool(policy.wants_misses)
+    while s < n:
+        s, nm = C.run_engine(s, n, w.truth.ptr, w.truth.unit, has_plan, groups.ev_ptr, groups.ev_unit,
+                             groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
+                             u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
+                             mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
+                             u.block_hi, u.upb, has_plan, stop, missed, counters)
+        if stop and nm > 0 and s < n:
+            new = policy.on_miss(ctx, s - 1, missed[:nm])
+            if new is not None:
+                groups = groups.splice(new, s)
+    comp = step_compute(w)
+    start, end, stall = timing(counters, comp, w.gran, groups, profile)
+    return RunResult(policy.name, cap_units, counters, start, end, stall, comp,
+                     {k: v for k, v in ctx.state.items() if k == "feedback_changes"})
+
+
+def timing(counters, comp, gran, groups: Groups, profile):
+    p = profile
+    return C.timing(counters, comp, float(gran), groups.blocking, groups.wait_prev, bool(p.charges),
+                    float(p.fault_time_s), int(p.faults_per_batch), float(p.batch_overhead_s),
+                    float(p.htod_bandwidth), float(p.dtoh_bandwidth), bool(p.duplex),
+                    float(p.pipelined_bandwidth), float(p.transfer_latency_s))
+
+
+def demand_lru_all(w: Workload, caps_units: list[int], profile) -> list[RunResult]:
+    """LRU demand paging at every capacity in one pass (stack distances).
+
+    Exact when a unit is both the migration and the eviction unit and the tree
+    prefetcher is off: then LRU is a stack algorithm and a touch misses at
+    capacity c exactly when its stack distance exceeds c.
+    """
+    seq = w.truth.unit
+    dist = C.lru_stack_distances(seq, w.universe.n_units)
+    n = w.n_steps
+    ptr = w.truth.ptr
+    nonempty = np.flatnonzero(np.diff(ptr) > 0)
+    comp = step_compute(w)
+    g = Groups.empty(n)
+    out = []
+    for cap in caps_units:
+        miss = dist > cap
+        counters = np.zeros((n, C.N_COUNTERS), I64)
+        if len(seq):
+            per = np.add.reduceat(miss.astype(I64), ptr[nonempty])
+            counters[nonempty, C.C_FAULTS] = per
+            counters[:, C.C_FAULT_IN] = counters[:, C.C_FAULTS]
+            cum = np.cumsum(counters[:, C.C_FAULTS])
+            ev = np.maximum(cum - cap, 0)
+            counters[:, C.C_FAULT_DTOH] = np.diff(np.concatenate([[0], ev]))
+        start, end, stall = timing(counters, comp, w.gran, g, profile)
+        out.append(RunResult("demand", cap, counters, start, end, stall, comp, {"one_pass": True}))
+    return out
+
+
+def summarize(r: RunResult, w: Workload, batch: int = 256) -> dict[str, Any]:
+    c = r.counters.sum(axis=0) if len(r.counters) else np.zeros(C.N_COUNTERS, I64)
+    gran = w.gran
+    sizes = w.truth.sizes()
+    return {
+        "time_s": float(r.end[-1]) if len(r.end) else 0.0,
+        "stall_s": float(r.stall.sum()),
+        "compute_s": float(r.compute.sum()),
+        "faults": int(c[C.C_FAULTS]),
+        "htod_bytes": int((c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]) * gran),
+        "dtoh_bytes": int((c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]) * gran),
+        "prefetch_bytes": int(c[C.C_PREFETCH_IN] * gran),
+        "fault_batches": int(np.ceil(r.counters[:, C.C_FAULTS] / batch).sum()) if len(r.counters) else 0,
+        "thrashing_launches": int((sizes > r.cap_units).sum()),
+        "launches": int(w.n_steps),
+    }

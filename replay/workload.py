@@ -1,0 +1,339 @@
+"""The simulator's view of one or more traces: tasks, their launch order on a
+shared GPU, and every footprint mapped to dense migration-unit ids.
+
+- Units: a unit is one migration granule (the profile's 64 KiB, or
+  `--granularity`). Each task's units are numbered in its own address space
+  (`address // granularity`); the *universe* is the union, per task, of the
+  units that launches touch, that allocations cover and that predictions name,
+  renumbered densely (task after task, ascending address) so the numba loops
+  index plain arrays. Eviction chunks (2 MiB) and tree-prefetch blocks (2 MiB)
+  are then runs of consecutive dense ids.
+- Schedule: several traces are several tasks on one GPU, run round-robin in
+  time slices of `timeslice_s` *kernel* time, switching at launch boundaries
+  (MSched's multitasking setting). Slices count execution time only, so every
+  policy sees the same launch order and a planner can plan for it.
+- Needs: the units each step (scheduled launch) touches, in CSR form
+  (ascending unit ids within a step); for the truth (what the simulator
+  replays) and for any prediction (what planners plan on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow.compute as pc
+
+from pagecast import footprints as F
+from pagecast import trace as T
+
+I64 = np.int64
+VA_BLOCK = 2 * 1024 * 1024  # the driver's VA block (tree prefetcher scope; background.md)
+
+
+@dataclass
+class Task:
+    name: str
+    trace: T.Trace
+    truth: F.Footprints              # what the launches touched (truth, else observed)
+    compute_s: np.ndarray            # per launch, seconds of kernel execution
+    alloc_fp: F.Footprints | None = None   # pointer params -> whole allocations (alloc / swap)
+
+
+def task_names(traces: list[T.Trace]) -> list[str]:
+    names = [t.name for t in traces]
+    out = []
+    for i, n in enumerate(names):
+        out.append(n if names.count(n) == 1 else f"{n}#{names[:i + 1].count(n)}")
+    return out
+
+
+def compute_times(trace: T.Trace, truth: F.Footprints, profile) -> np.ndarray:
+    """Kernel execution time per launch.
+
+    `kernel_time` "trace" uses the launches' GPU timestamps; "model" charges
+    footprint bytes at the profile's device bandwidth (at least the launch
+    overhead); "auto" takes the timestamps of synthetic traces (the workload
+    models' roofline clock, free of fault time) and the model elsewhere
+    (collected `full`-mode timestamps include the faults we want to simulate).
+    """
+    n = trace.n_launches
+    model = np.maximum(truth.pages_per_launch() * trace.page_size / profile.device_bandwidth,
+                       profile.launch_overhead_s)
+    mode = profile.kernel_time
+    if mode == "model":
+        return model
+    st = trace.launches.column(T.START_NS)
+    en = trace.launches.column(T.END_NS)
+    have = n > 0 and st.null_count == 0 and en.null_count == 0
+    use = mode == "trace" or (mode == "auto" and trace.manifest.get("source") == "synthetic")
+    if not (have and use):
+        return model
+    d = (en.to_numpy() - st.to_numpy()).astype(np.float64) * 1e-9
+    return np.where(d > 0, d, model)
+
+
+def alloc_footprints(trace: T.Trace) -> F.Footprints:
+    """Per launch, the whole allocations its pointer parameters point into.
+
+    Every 8-byte-aligned word of every parameter of at least 8 bytes (so struct
+    parameters too) that lands inside an allocation live at that launch counts
+    (MSched's "Alloc." baseline). Vectorized over the whole trace.
+    """
+    L = trace.launches
+    n = L.num_rows
+    ps = trace.page_size
+    A = trace.allocations
+    if n == 0 or A.num_rows == 0:
+        return F.Footprints.empty(n, ps, "predicted")
+    offs = pc.list_flatten(L.column(T.PARAM_OFFSETS)).to_numpy(zero_copy_only=False).astype(I64)
+    sizes = pc.list_flatten(L.column(T.PARAM_SIZES)).to_numpy(zero_copy_only=False).astype(I64)
+    cnt = pc.list_value_length(L.column(T.PARAM_OFFSETS)).to_numpy(zero_copy_only=False).astype(I64)
+    owner = np.repeat(np.arange(n, dtype=I64), cnt)
+    data = L.column(T.PARAM_DATA).combine_chunks()
+    bufs = data.buffers()
+    voff = np.frombuffer(bufs[1], dtype=np.int32, count=len(data) + 1 + data.offset)[data.offset:].astype(I64)
+    raw = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    nwords = np.where(sizes >= 8, sizes // 8, 0)
+    w_owner = np.repeat(owner, nwords)
+    w_pos = np.repeat(voff[owner] + offs, nwords) + 8 * F._ranges(np.zeros(len(nwords), I64), nwords)
+    if len(w_pos) == 0:
+        return F.Footprints.empty(n, ps, "predicted")
+    b = raw[w_pos[:, None] + np.arange(8)]
+    words = np.ascontiguousarray(b).view("<u8").ravel()
+    a_addr = A.column(T.ADDRESS).to_numpy().astype(np.uint64)
+    a_end = a_addr + A.column(T.BYTES).to_numpy().astype(np.uint64)
+    a_first = A.column(T.FIRST_LAUNCH).to_numpy()
+    a_last = pc.fill_null(A.column(T.LAST_LAUNCH), np.iinfo(I64).max).to_numpy()
+    order = np.argsort(a_addr, kind="stable")
+    sa, se, sf, sl = a_addr[order], a_end[order], a_first[order], a_last[order]
+    pos = np.searchsorted(sa, words, side="right") - 1
+    hit_l, hit_a = [], []
+    # an address may be reused after a free: look at a few candidates below
+    for back in range(4):
+        k = pos - back
+        ok = k >= 0
+        kk = np.where(ok, k, 0)
+        ok &= (words >= sa[kk]) & (words < se[kk]) & (sf[kk] <= w_owner) & (w_owner <= sl[kk])
+        hit_l.append(w_owner[ok])
+        hit_a.append(kk[ok])
+    hl = np.concatenate(hit_l)
+    ha = np.concatenate(hit_a)
+    s, e = F.page_span(sa[ha], (se[ha] - sa[ha]).astype(I64), ps)
+    return F.Footprints.from_intervals(hl, s, e, n, ps, "predicted")
+
+
+def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Page intervals -> merged unit intervals per launch: (launch, start_unit, end_unit)."""
+    ps = fp.page_size
+    lid = fp.launch_of_interval()
+    if gran >= ps:
+        r = gran // ps
+        s = fp.start // r
+        e = -((-fp.end) // r)
+    else:
+        r = ps // gran
+        s = fp.start * r
+        e = fp.end * r
+    l, s, e = F.merge_intervals(lid, s.astype(I64), e.astype(I64), fp.n_launches)
+    return l, s, e
+
+
+class Universe:
+    """Dense unit ids for each task's unit intervals (see module doc)."""
+
+    def __init__(self, per_task: list[list[tuple[np.ndarray, np.ndarray]]], gran: int, eviction_unit: int):
+        self.gran = gran
+        self.task_lo: list[int] = []
+        us_all, ue_all, off_all, keys, chunk_ids, block_ids = [], [], [], [], [], []
+        base = 0
+        chunk_base = 0
+        block_base = 0
+        upc = max(eviction_unit // gran, 1)
+        upb = max(VA_BLOCK // gran, 1)
+        self.upb = upb
+        self.iv: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for ivs in per_task:
+            s = np.concatenate([a for a, _ in ivs]) if ivs else np.zeros(0, I64)
+            e = np.concatenate([b for _, b in ivs]) if ivs else np.zeros(0, I64)
+            _, us, ue = F.merge_intervals(np.zeros(len(s), I64), s, e, 1)
+            lens = ue - us
+            off = base + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(I64)
+            self.task_lo.append(base)
+            self.iv.append((us, ue, off))
+            k = F.expand_intervals(us, ue)
+            keys.append(k)
+            ch = k // upc
+            bl = k // upb
+            # renumber chunks/blocks densely, per task (tasks never share one)
+            _, chd = np.unique(ch, return_inverse=True)
+            _, bld = np.unique(bl, return_inverse=True)
+            chunk_ids.append(chd.astype(I64) + chunk_base)
+            block_ids.append(bld.astype(I64) + block_base)
+            chunk_base += int(chd.max()) + 1 if len(chd) else 0
+            block_base += int(bld.max()) + 1 if len(bld) else 0
+            base += int(lens.sum())
+        self.task_lo.append(base)
+        self.n_units = base
+        self.key = np.concatenate(keys) if keys else np.zeros(0, I64)
+        self.unit_chunk = np.concatenate(chunk_ids) if chunk_ids else np.zeros(0, I64)
+        ublock = np.concatenate(block_ids) if block_ids else np.zeros(0, I64)
+        self.n_chunks = chunk_base
+        # consecutive ids per chunk / block
+        self.chunk_lo = np.searchsorted(self.unit_chunk, np.arange(chunk_base), side="left").astype(I64)
+        self.chunk_hi = np.searchsorted(self.unit_chunk, np.arange(chunk_base), side="right").astype(I64)
+        blo = np.searchsorted(ublock, np.arange(block_base), side="left").astype(I64)
+        bhi = np.searchsorted(ublock, np.arange(block_base), side="right").astype(I64)
+        self.block_lo = blo[ublock] if len(ublock) else np.zeros(0, I64)
+        self.block_hi = bhi[ublock] if len(ublock) else np.zeros(0, I64)
+
+    def dense(self, task: int, launch: np.ndarray, s: np.ndarray, e: np.ndarray,
+              n_launches: int) -> tuple[np.ndarray, np.ndarray]:
+        """Unit intervals of one task's launches -> CSR (indptr per launch, dense ids).
+
+        Units outside the universe are dropped (only predictions can have them)."""
+        us, ue, off = self.iv[task]
+        counts = e - s
+        units = F.expand_intervals(s, e)
+        lid = np.repeat(launch, counts)
+        if len(units):
+            k = np.searchsorted(us, units, side="right") - 1
+            kk = np.maximum(k, 0)
+            ok = (k >= 0) & (units < ue[kk]) if len(us) else np.zeros(len(units), bool)
+            d = off[kk] + units - us[kk]
+            units, lid = d[ok], lid[ok]
+        indptr = np.zeros(n_launches + 1, I64)
+        np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
+        return indptr, units.astype(I64)
+
+    def address_ranges(self, task: int, dense_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Dense unit ids -> (byte address, unit key) for plans."""
+        us, ue, off = self.iv[task]
+        k = np.searchsorted(off, dense_units, side="right") - 1
+        key = us[k] + dense_units - off[k]
+        return key * self.gran, key
+
+
+@dataclass
+class Needs:
+    """Per-step units in CSR form (ascending within a step)."""
+
+    ptr: np.ndarray
+    unit: np.ndarray
+
+    def of(self, i: int) -> np.ndarray:
+        return self.unit[self.ptr[i]:self.ptr[i + 1]]
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.ptr)
+
+
+@dataclass
+class Workload:
+    tasks: list[Task]
+    gran: int
+    eviction_unit: int
+    universe: Universe
+    step_task: np.ndarray          # per step: task index
+    step_launch: np.ndarray        # per step: launch id in that task
+    truth: Needs                   # what each step touches
+    footprint_bytes: int           # union of all launches' footprints (pages), all tasks
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_task)
+
+    def step_of(self, task: int, launch: np.ndarray | int):
+        """Global step index of a task's launch."""
+        return self._inv[task][launch]
+
+    def __post_init__(self) -> None:
+        self._inv = []
+        for t, task in enumerate(self.tasks):
+            inv = np.full(task.trace.n_launches, -1, I64)
+            sel = np.flatnonzero(self.step_task == t)
+            inv[self.step_launch[sel]] = sel
+            self._inv.append(inv)
+
+    def needs_from(self, per_task_fp: list[F.Footprints | None]) -> Needs:
+        """Footprints per task (None: empty) -> step needs in the global order."""
+        csrs = []
+        for t, fp in enumerate(per_task_fp):
+            n = self.tasks[t].trace.n_launches
+            if fp is None:
+                csrs.append((np.zeros(n + 1, I64), np.zeros(0, I64)))
+                continue
+            l, s, e = unit_intervals(fp, self.gran)
+            csrs.append(self.universe.dense(t, l, s, e, n))
+        return gather_steps(csrs, self.step_task, self.step_launch)
+
+
+def gather_steps(csrs, step_task, step_launch) -> Needs:
+    """Per-task CSR -> one CSR in step order (vectorized)."""
+    bases = np.concatenate([[0], np.cumsum([len(c[0]) - 1 for c in csrs])]).astype(I64)
+    ptr_all = []
+    unit_all = []
+    ubase = 0
+    for (p, u) in csrs:
+        ptr_all.append(p[:-1] + ubase)
+        unit_all.append(u)
+        ubase += len(u)
+    starts = np.concatenate(ptr_all) if ptr_all else np.zeros(0, I64)
+    sizes = np.concatenate([np.diff(p) for p, _ in csrs]) if csrs else np.zeros(0, I64)
+    units = np.concatenate(unit_all) if unit_all else np.zeros(0, I64)
+    g = bases[step_task] + step_launch
+    st, sz = starts[g], sizes[g]
+    idx = F._ranges(st, sz)
+    ptr = np.zeros(len(g) + 1, I64)
+    np.cumsum(sz, out=ptr[1:])
+    return Needs(ptr, units[idx])
+
+
+def schedule(compute: list[np.ndarray], timeslice_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Round-robin over tasks in slices of `timeslice_s` kernel time, at launch boundaries."""
+    if len(compute) == 1:
+        n = len(compute[0])
+        return np.zeros(n, I64), np.arange(n, dtype=I64)
+    sl, tk, ln = [], [], []
+    for t, c in enumerate(compute):
+        start = np.cumsum(c) - c
+        sl.append(np.floor(start / timeslice_s).astype(I64) if timeslice_s > 0 else np.arange(len(c), dtype=I64))
+        tk.append(np.full(len(c), t, I64))
+        ln.append(np.arange(len(c), dtype=I64))
+    sl, tk, ln = np.concatenate(sl), np.concatenate(tk), np.concatenate(ln)
+    # slices of a task that already finished are skipped: rank each task's slices densely
+    dense_sl = np.zeros_like(sl)
+    for t in range(len(compute)):
+        m = tk == t
+        _, dense_sl[m] = np.unique(sl[m], return_inverse=True)
+    order = np.lexsort((ln, tk, dense_sl))
+    return tk[order], ln[order]
+
+
+def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, profile,
+                   timeslice_s: float = 0.010, need_alloc: bool = True,
+                   extra_fps: list[list[F.Footprints]] | None = None) -> Workload:
+    """Tasks, schedule, universe and true needs for a list of traces."""
+    tasks = []
+    names = task_names(traces)
+    for tr, name in zip(traces, names):
+        truth = F.footprints(tr)
+        tasks.append(Task(name, tr, truth, compute_times(tr, truth, profile),
+                          alloc_footprints(tr) if need_alloc else None))
+    per_task = []
+    for t, task in enumerate(tasks):
+        ivs = []
+        for fp in [task.truth, task.alloc_fp] + [x[t] for x in (extra_fps or [])]:
+            if fp is None:
+                continue
+            _, s, e = unit_intervals(fp, gran)
+            ivs.append((s, e))
+        per_task.append(ivs)
+    uni = Universe(per_task, gran, eviction_unit)
+    step_task, step_launch = schedule([t.compute_s for t in tasks], timeslice_s)
+    fp_bytes = sum(t.truth.union_pages() * t.trace.page_size for t in tasks)
+    w = Workload(tasks, gran, eviction_unit, uni, step_task, step_launch, Needs(np.zeros(1, I64), np.zeros(0, I64)),
+                 int(fp_bytes))
+    w.truth = w.needs_from([t.truth for t in tasks])
+    return w
