@@ -16,11 +16,12 @@ from pagecast.units import format_size
 
 from .page import OTHER_COLOUR, PALETTE, FIG_W, Section, figure, setup_matplotlib, short
 
-SCATTER_MAX_POINTS = 150_000   # above this many fault records the scatter is binned
+SCATTER_MAX_POINTS = 60_000    # above this many fault records the scatter is binned
 BIN_T, BIN_A = 900, 500        # cells of the binned scatter (time x address)
 TOP_COLOURED_KERNELS = 10
 TOP_FOOTPRINT_KERNELS = 15
 MAX_ALLOC_BARS = 40
+ZOOM_LAUNCHES = 24             # traces with more than twice this many launches get a zoomed scatter too
 BLOCK = 2 << 20                # 2 MiB: the UVM driver's VA block, used to place stray faults
 
 
@@ -160,22 +161,36 @@ def summary_section(trace: T.Trace, s: dict) -> Section:
     return sec
 
 
-def fault_scatter(trace: T.Trace, names: np.ndarray, codes: np.ndarray, t0: int | None):
-    plt = setup_matplotlib()
-    F = trace.faults
-    n = F.num_rows
-    addr = F.column(T.ADDRESS).to_numpy().astype(np.int64)
-    cnt = F.column(T.COUNT).to_numpy().astype(np.float64)
-    lid = attribute_by_time(trace, F.column(T.LAUNCH_ID), F.column(T.TIME_NS))
-    klabel = np.where(lid >= 0, codes[np.clip(lid, 0, max(len(codes) - 1, 0))] if len(codes) else -1, -1)
-    cidx, legend, _ = kernel_colours(klabel, cnt, names, TOP_COLOURED_KERNELS)
-    colours = np.array([c for _, c in legend])
-    layout = AddressLayout(trace, addr)
-    div, unit = size_unit(max(layout.total, 1))
-    y = layout.map(addr) / div
-    x = (F.column(T.TIME_NS).to_numpy().astype(np.int64) - (t0 or 0)) / 1e6
+class FaultView:
+    """Fault records placed on the plot: x (ms), y (compact address), colour index, count, launch."""
 
-    fig, ax = plt.subplots(figsize=(FIG_W, 5.6))
+    def __init__(self, trace: T.Trace, names: np.ndarray, codes: np.ndarray, t0: int | None) -> None:
+        F = trace.faults
+        self.n = F.num_rows
+        addr = F.column(T.ADDRESS).to_numpy().astype(np.int64)
+        self.cnt = F.column(T.COUNT).to_numpy().astype(np.float64)
+        self.lid = attribute_by_time(trace, F.column(T.LAUNCH_ID), F.column(T.TIME_NS))
+        klabel = np.where(self.lid >= 0, codes[np.clip(self.lid, 0, max(len(codes) - 1, 0))] if len(codes) else -1, -1)
+        self.cidx, self.legend, _ = kernel_colours(klabel, self.cnt, names, TOP_COLOURED_KERNELS)
+        self.colours = np.array([c for _, c in self.legend])
+        self.layout = AddressLayout(trace, addr)
+        self.div, self.unit = size_unit(max(self.layout.total, 1))
+        self.y = self.layout.map(addr) / self.div
+        self.x = (F.column(T.TIME_NS).to_numpy().astype(np.int64) - (t0 or 0)) / 1e6
+
+
+def fault_scatter(trace: T.Trace, v: FaultView, zoom_launches: int | None = None):
+    plt = setup_matplotlib()
+    layout, div, unit = v.layout, v.div, v.unit
+    if zoom_launches is None:
+        sel = slice(None)
+        n = v.n
+    else:
+        sel = np.flatnonzero((v.lid >= 0) & (v.lid < zoom_launches))
+        n = len(sel)
+    x, y, cidx, cnt, colours = v.x[sel], v.y[sel], v.cidx[sel], v.cnt[sel], v.colours
+
+    fig, ax = plt.subplots(figsize=(FIG_W, 5.6 if zoom_launches is None else 4.6))
     # allocations as bands
     A = trace.allocations
     if A.num_rows:
@@ -195,7 +210,8 @@ def fault_scatter(trace: T.Trace, names: np.ndarray, codes: np.ndarray, t0: int 
                 labelled += 1
     note = ""
     if n == 0:
-        ax.text(0.5, 0.5, "no GPU page faults in this trace", transform=ax.transAxes, ha="center", va="center")
+        ax.text(0.5, 0.5, "no GPU page faults in this trace" if zoom_launches is None else
+                "no GPU page faults in these launches", transform=ax.transAxes, ha="center", va="center")
     elif n <= SCATTER_MAX_POINTS:
         size = 6 if n < 2000 else (2 if n < 30000 else 0.6)
         order = np.argsort(-cidx, kind="stable")  # draw 'other' first, top kernels on top
@@ -228,16 +244,22 @@ def fault_scatter(trace: T.Trace, names: np.ndarray, codes: np.ndarray, t0: int 
                 bbox=dict(fc="white", ec="#999", alpha=0.85))
     ax.set_xlabel("time since trace start (ms)")
     ax.set_ylabel(f"virtual address ({unit}, allocations stacked, gaps removed)")
-    ax.set_title(f"GPU page faults over time and address — {trace.name}")
     if layout.total:
         ax.set_ylim(0, layout.total / div)
     from matplotlib.patches import Patch
-    handles = [Patch(color=c, label=l) for l, c in legend]
+    handles = [Patch(color=c, label=l) for l, c in v.legend]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.12), ncol=3, frameon=False)
-    return figure(fig, "Fault scatter: time against virtual address",
-                  "Each kernel should fault on its own address bands; diagonal streaks are sequential sweeps, "
-                  "repeated vertical columns at every launch mean the same pages migrate again and again (thrashing "
-                  "or full-mode eviction).", raster=True, note=note)
+    if zoom_launches is None:
+        ax.set_title(f"GPU page faults over time and address — {trace.name}")
+        return figure(fig, "Fault scatter: time against virtual address",
+                      "Each kernel should fault on its own address bands; diagonal streaks are sequential sweeps, "
+                      "repeated vertical columns at every launch mean the same pages migrate again and again "
+                      "(thrashing or full-mode eviction).", raster=True, note=note)
+    ax.set_title(f"GPU page faults of the first {zoom_launches} launches — {trace.name}")
+    return figure(fig, f"Fault scatter, zoomed on the first {zoom_launches} launches",
+                  "Here single launches are visible: each kernel's faults should cover the same address bands on "
+                  "every call, with sizes that follow its arguments; that regularity is what templates learn.",
+                  raster=True, note=note)
 
 
 def faults_over_time(trace: T.Trace, t0: int | None, nbins: int = 300):
@@ -341,13 +363,9 @@ def allocation_map(trace: T.Trace, fp: Footprints):
             ax.text(min(last[i] + 0.5, nl - 0.5) if nl else 0, yi,
                     f"  {format_size(nbytes[i])}, {100 * frac[i]:.0f}% of its pages touched",
                     va="center", fontsize=7, color="#333")
-        ax.set_yticks(y, [f"alloc {ids[i]} @0x{addr[i]:x}" for i in sel], fontsize=7)
+        ax.set_yticks(y, [f"alloc {ids[i]} ({kinds[i]}) @0x{addr[i]:x}" for i in sel], fontsize=7)
         ax.set_xlim(-0.5, max(nl, 1) * 1.25)
-        from matplotlib.patches import Patch
-        present = sorted(set(kinds[sel]))
-        ax.legend(handles=[Patch(color=kc.get(k, OTHER_COLOUR), label=k) for k in present],
-                  loc="lower right", title="kind (darker = more of it touched)", title_fontsize=7)
-    ax.set_xlabel("launch id (lifetime: first to last launch the allocation is live for)")
+    ax.set_xlabel("launch id (bar: first to last launch the allocation is live for; darker = more of it touched)")
     ax.set_ylabel("allocation (by address)")
     ax.set_title(f"Allocation map — {trace.name}")
     return figure(fig, "Allocation map",
@@ -385,7 +403,10 @@ def trace_sections(trace: T.Trace) -> list[Section]:
     f = Section("Page faults", anchor="faults",
                 intro="Where and when the GPU faulted. In full mode every launch starts with its managed memory "
                       "evicted, so its faults show its whole footprint; in natural mode only first touches fault.")
-    f.add_figure(fault_scatter(trace, names, codes, t0))
+    view = FaultView(trace, names, codes, t0)
+    f.add_figure(fault_scatter(trace, view))
+    if trace.n_launches > 2 * ZOOM_LAUNCHES:
+        f.add_figure(fault_scatter(trace, view, zoom_launches=ZOOM_LAUNCHES))
     f.add_figure(faults_over_time(trace, t0))
     sections.append(f)
     k = Section("Kernels and allocations", anchor="kernels")
