@@ -104,7 +104,7 @@ class Collector:
     def __init__(self, out, *, mode: str = "full", source, device: Device | None,
                  budget: ManagedBudget | None = None, hook_cls: type = LaunchHook,
                  hook_kwargs: dict | None = None, force: bool = False, part_seconds: float = 2.0,
-                 tick_s: float = 0.5, launch_timeout_s: float = 10.0, manifest: dict | None = None,
+                 tick_s: float = 0.2, launch_timeout_s: float = 10.0, manifest: dict | None = None,
                  install_signals: bool = True) -> None:
         if mode not in T.MODES:
             raise ValueError(f"mode must be one of {T.MODES}")
@@ -142,6 +142,7 @@ class Collector:
         self.sink_errors = 0
         self.last_sink_error: str | None = None
         self._source_started = False
+        self._deferred: int | None = None
 
     # -- launch-hook side (the workload's launching thread) --
     def before_launch(self) -> None:
@@ -196,6 +197,7 @@ class Collector:
     def _tick(self) -> None:
         last_part = time.monotonic()
         while not self._stop.wait(self.tick_s):
+            self._redeliver()
             try:
                 self.source.flush(False)
             except Exception:
@@ -224,14 +226,34 @@ class Collector:
         self._ticker = threading.Thread(target=self._tick, name="pagecast-collect", daemon=True)
         self._ticker.start()
 
+    def _in_callback(self) -> bool:
+        # Python runs signal handlers in the main thread between bytecodes, which can be
+        # inside our CUPTI callback; an exception raised there would be lost in C. Defer it:
+        # the ticker sends the signal again once the callback has returned.
+        return bool(getattr(self.hook._tls, "busy", False))
+
     def _signal(self, signum, frame) -> None:
         if self._finished:
+            return
+        if self._in_callback():
+            self._deferred = signum
             return
         raise Terminated(signum)
 
     def _budget_signal(self, signum, frame) -> None:
         if self.violation and not self._finished:
+            if self._in_callback():
+                self._deferred = signum
+                return
             raise BudgetExceeded(self.violation)
+
+    def _redeliver(self) -> None:
+        signum, self._deferred = self._deferred, None
+        if signum is not None and not self._finished:
+            try:
+                signal.pthread_kill(threading.main_thread().ident, signum)
+            except (OSError, ValueError):
+                pass
 
     def run(self, target: Callable[[], Any]) -> int:
         """Run the workload under collection; returns its exit code (the trace is written either way)."""
@@ -243,6 +265,9 @@ class Collector:
             raise
         try:
             target()
+            if self.violation:  # refused, but the workload ended before the refusal reached it
+                code, complete = 2, False
+                self.failure = self.violation
         except SystemExit as e:
             c = e.code
             code = c if isinstance(c, int) else (0 if c is None else 1)
