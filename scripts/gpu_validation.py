@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""GPU validation of the replay: measured speedups per policy, and the simulator against them.
+
+For each GPU workload (default jacobi2d, mlp-train, llm-decode; run as
+`python -m pagecast.datasets.gpu.NAME --scale S`):
+
+1. collect a full-mode trace at the fit scale and fit a model on it;
+2. collect a full-mode trace at the replay scale (the oracle's footprints, the
+   footprint that --oversub divides, and the simulator's input);
+3. replay on the GPU at the replay scale, at emulated 150/200/300%
+   oversubscription, with demand, alloc, template and oracle;
+4. calibrate the GPU once (`pagecast calibrate`);
+5. simulate the same runs with the calibrated profile (`--backend sim --costs`);
+
+then write a markdown section (date, device, measured times and speedups per
+policy, simulated vs measured, and the bars: template >= 3x faster than demand
+and >= 80% of oracle's speed at every level; the simulator within 30% of the
+GPU) to the path given. A step that fails is reported in the section and the
+rest goes on. `--dry-run` prints the commands without running them.
+
+    python scripts/gpu_validation.py docs/gpu-validation-run.md --workdir /tmp/pcval
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKLOADS = ("jacobi2d", "mlp-train", "llm-decode")
+POLICIES = ("demand", "alloc", "template", "oracle")
+OVERSUB = (1.5, 2.0, 3.0)
+BAR_SPEEDUP = 3.0        # template >= 3x faster than demand
+BAR_ORACLE = 0.8         # template's speed >= 80% of oracle's
+BAR_SIM = 0.30           # simulated time within 30% of measured
+
+
+def pagecast(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pagecast.cli", *args]
+
+
+def workload_cmd(name: str, scale: float) -> list[str]:
+    return ["python", "-m", f"pagecast.datasets.gpu.{name.replace('-', '_')}", "--scale", str(scale)]
+
+
+def plan(name: str, work: Path, *, fit_scale: float, replay_scale: float, oversub, policies, repeat: int,
+         profile: Path, managed: str | None = None) -> list[tuple[str, list[str]]]:
+    """The (step, command) pairs for one workload (pure)."""
+    d = work / name
+    small, big = d / f"{name}-fit.pctrace", d / f"{name}-replay.pctrace"
+    model = d / f"{name}.model.json"
+    ov = ",".join(f"{r:g}" for r in oversub)
+    pol = ",".join(policies)
+    extra = ["--managed", managed] if managed else []
+    return [
+        ("collect (fit scale)", pagecast("collect", "-o", str(small), "--mode", "full", "--force", *extra, "--",
+                                         *workload_cmd(name, fit_scale))),
+        ("fit", pagecast("fit", str(small), "-o", str(model), "--force")),
+        ("collect (replay scale)", pagecast("collect", "-o", str(big), "--mode", "full", "--force", *extra, "--",
+                                            *workload_cmd(name, replay_scale))),
+        ("replay gpu", pagecast("replay", str(big), "--backend", "gpu", "--model", str(model), "--policy", pol,
+                                "--oversub", ov, "--repeat", str(repeat), "--json", "--force",
+                                "-o", str(d / f"{name}.gpu.parquet"), "--", *workload_cmd(name, replay_scale))),
+        ("replay sim", pagecast("replay", str(big), "--backend", "sim", "--costs", str(profile), "--model", str(model),
+                                "--policy", pol, "--oversub", ov, "--json", "--force",
+                                "-o", str(d / f"{name}.sim.parquet"))),
+    ]
+
+
+def run_step(cmd: list[str], timeout: float, log) -> tuple[bool, str, str]:
+    """Run one command; (ok, stdout, one-line reason)."""
+    log.write(f"$ {shlex.join(cmd)}\n")
+    log.flush()
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, "", f"timed out after {timeout:.0f} s"
+    log.write(f"# exit {p.returncode} after {time.time() - t0:.1f} s\n")
+    if p.returncode != 0:
+        return False, p.stdout, f"exit status {p.returncode} (see the log)"
+    return True, p.stdout, ""
+
+
+# ---- the report (pure) --------------------------------------------------------------------
+
+def _fmt(x, spec: str = ".3g", none: str = "–") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _key(r: dict) -> tuple:
+    return (round(float(r.get("oversub") or 0), 3), r["policy"])
+
+
+def compare(gpu: list[dict], sim: list[dict]) -> list[dict]:
+    """Join measured and simulated rows on (oversub, policy)."""
+    s = {_key(r): r for r in sim}
+    out = []
+    for g in sorted(gpu, key=lambda r: (_key(r)[0], POLICIES.index(r["policy"]) if r["policy"] in POLICIES else 9)):
+        m = s.get(_key(g))
+        row = {"oversub": g.get("oversub"), "policy": g["policy"], "gpu_time_s": g.get("time_s"),
+               "gpu_spread": g.get("time_s_spread"), "gpu_speedup": g.get("speedup_vs_demand"),
+               "gpu_of_oracle": g.get("fraction_of_oracle"), "gpu_faults": g.get("faults"),
+               "gpu_htod": g.get("htod_bytes"), "predict_us": g.get("predict_us_mean"),
+               "sim_time_s": m.get("time_s") if m else None,
+               "sim_speedup": m.get("speedup_vs_demand") if m else None}
+        if row["sim_time_s"] is not None and row["gpu_time_s"]:
+            row["sim_error"] = (row["sim_time_s"] - row["gpu_time_s"]) / row["gpu_time_s"]
+        else:
+            row["sim_error"] = None
+        out.append(row)
+    return out
+
+
+def bars(rows: list[dict]) -> list[dict]:
+    """Per oversubscription level: does template meet the bars?"""
+    out = []
+    for ov in sorted({r["oversub"] for r in rows if r["oversub"] is not None}):
+        t = next((r for r in rows if r["oversub"] == ov and r["policy"] == "template"), None)
+        if t is None:
+            continue
+        sp, fo = t["gpu_speedup"], t["gpu_of_oracle"]
+        out.append({"oversub": ov, "speedup": sp, "of_oracle": fo,
+                    "speedup_ok": sp is not None and sp >= BAR_SPEEDUP,
+                    "oracle_ok": fo is not None and fo >= BAR_ORACLE})
+    return out
+
+
+def render(results: dict, *, device: str, date: str, profile: dict | None, settings: dict) -> str:
+    """The markdown section. results: workload -> {"rows": compare(...), "errors": [(step, reason)]}."""
+    L = ["## GPU replay: measured speedups, and the simulator against them", "",
+         f"Run {date} on {device}. Fit scale {settings['fit_scale']}, replay scale {settings['replay_scale']},"
+         f" {settings['repeat']} run(s) per point (median); capacity emulated by evicting to the host"
+         " (`pagecast replay --backend gpu`, see 'The GPU replay runner' above).", ""]
+    if profile:
+        L += ["Calibrated profile: "
+              f"{_fmt(profile.get('fault_time_us'), '.1f')} us per fault, "
+              f"{_fmt(profile.get('htod_GBps'), '.1f')} GB/s host to device, "
+              f"{_fmt(profile.get('dtoh_GBps'), '.1f')} GB/s device to host, "
+              f"eviction/population overlap: {'yes' if profile.get('duplex') else 'no'}"
+              f" ({_fmt(profile.get('pipelined_GBps'), '.1f')} GB/s together).", ""]
+    else:
+        L += ["Calibration failed: the simulated columns are missing.", ""]
+    all_ok = True
+    for name, res in results.items():
+        L += [f"### {name}", ""]
+        for step, why in res.get("errors", []):
+            L.append(f"- **{step} failed**: {why}")
+            all_ok = False
+        rows = res.get("rows") or []
+        if res.get("errors"):
+            L.append("")
+        if not rows:
+            L += ["No GPU measurements.", ""]
+            all_ok = False
+            continue
+        L += ["| oversub | policy | GPU time (s) | spread | speedup vs demand | of oracle | faults |"
+              " simulated time (s) | simulated speedup | sim vs GPU |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            err = r["sim_error"]
+            flag = "" if err is None or abs(err) <= BAR_SIM else " ⚠"
+            L.append(f"| {_fmt(r['oversub'] and 100 * r['oversub'], '.0f')}% | {r['policy']} | "
+                     f"{_fmt(r['gpu_time_s'], '.3f')} | {_fmt(r['gpu_spread'] and 100 * r['gpu_spread'], '.0f')}% | "
+                     f"{_fmt(r['gpu_speedup'], '.2f')}x | {_fmt(r['gpu_of_oracle'], '.2f')} | {_fmt(r['gpu_faults'], 'd')} | "
+                     f"{_fmt(r['sim_time_s'], '.3f')} | {_fmt(r['sim_speedup'], '.2f')}x | "
+                     f"{_fmt(err and 100 * err, '+.0f')}%{flag} |")
+        L.append("")
+        b = bars(rows)
+        for x in b:
+            ok = x["speedup_ok"] and x["oracle_ok"]
+            all_ok &= ok
+            L.append(f"- {100 * x['oversub']:.0f}%: template {_fmt(x['speedup'], '.2f')}x faster than demand"
+                     f" (bar {BAR_SPEEDUP:g}x: {'met' if x['speedup_ok'] else 'NOT met'}), "
+                     f"{_fmt(x['of_oracle'], '.2f')} of oracle's speed"
+                     f" (bar {BAR_ORACLE:g}: {'met' if x['oracle_ok'] else 'NOT met'})")
+        if not b:
+            L.append("- no template measurements: the bars cannot be checked")
+            all_ok = False
+        gaps = [r for r in rows if r["sim_error"] is not None and abs(r["sim_error"]) > BAR_SIM]
+        if gaps:
+            L.append(f"- the simulator is more than {100 * BAR_SIM:.0f}% off the GPU on {len(gaps)} of"
+                     f" {len(rows)} points (⚠): explain before trusting simulated numbers for this workload")
+        L.append("")
+    L += [f"**Overall: {'all bars met' if all_ok else 'some bars not met or steps failed (see above)'}.**", ""]
+    return "\n".join(L)
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("output", help="markdown file to write the section to (overwritten)")
+    ap.add_argument("--workdir", default=None, help="where traces, models and results go (default: a temp dir)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--oversub", default=",".join(f"{r:g}" for r in OVERSUB))
+    ap.add_argument("--fit-scale", type=float, default=0.5)
+    ap.add_argument("--replay-scale", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--managed", default=None, help="passed to pagecast collect --managed (e.g. cupy,torch)")
+    ap.add_argument("--step-timeout", type=float, default=300.0, help="seconds per command")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    a = ap.parse_args(argv)
+
+    import tempfile
+
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="pagecast-gpuval-"))
+    work.mkdir(parents=True, exist_ok=True)
+    names = [w for w in a.workloads.split(",") if w]
+    policies = [p for p in a.policies.split(",") if p]
+    oversub = [float(x) for x in a.oversub.split(",") if x]
+    profile_path = work / "calibrated.json"
+    plans = {n: plan(n, work, fit_scale=a.fit_scale, replay_scale=a.replay_scale, oversub=oversub,
+                     policies=policies, repeat=a.repeat, profile=profile_path, managed=a.managed) for n in names}
+    calibrate = pagecast("calibrate", "-o", str(profile_path), "--force", "--json")
+    if a.dry_run:
+        print(shlex.join(calibrate))
+        for steps in plans.values():
+            for _, cmd in steps:
+                print(shlex.join(cmd))
+        return 0
+
+    log_path = work / "gpu_validation.log"
+    with open(log_path, "w") as log:
+        ok, out, why = run_step(calibrate, a.step_timeout, log)
+        profile = json.loads(out) if ok else None
+        device = (profile or {}).get("device", {}).get("name") or "an unknown device (calibrate failed)"
+        results: dict = {}
+        for n, steps in plans.items():
+            res: dict = {"errors": [], "rows": []}
+            results[n] = res
+            gpu_rows = sim_rows = None
+            for step, cmd in steps:
+                if step == "replay sim" and profile is None:
+                    res["errors"].append((step, "skipped: no calibrated profile"))
+                    continue
+                print(f"[{n}] {step} ...", file=sys.stderr, flush=True)
+                ok, out, why = run_step(cmd, a.step_timeout, log)
+                if not ok:
+                    res["errors"].append((step, why))
+                    if step.startswith("collect") or step == "fit":
+                        break  # later steps need this one
+                    continue
+                if step == "replay gpu":
+                    gpu_rows = json.loads(out)
+                elif step == "replay sim":
+                    sim_rows = json.loads(out)
+            if gpu_rows:
+                res["rows"] = compare(gpu_rows, sim_rows or [])
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = render(results, device=device, date=date, profile=profile,
+                settings={"fit_scale": a.fit_scale, "replay_scale": a.replay_scale, "repeat": a.repeat})
+    md += f"\nCommands and their stderr: `{log_path}`.\n"
+    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output).write_text(md)
+    print(f"wrote {a.output}", file=sys.stderr)
+    return 0 if all(not r["errors"] for r in results.values()) and profile is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""scripts/gpu_validation.py: its plan of commands and its report, on the CPU (no GPU runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_validation.py"
+
+
+@pytest.fixture(scope="module")
+def V():
+    spec = importlib.util.spec_from_file_location("gpu_validation", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_profile(V, tmp_path):
+    steps = V.plan("mlp-train", tmp_path, fit_scale=0.5, replay_scale=2.0, oversub=[1.5, 2, 3],
+                   policies=["demand", "template"], repeat=3, profile=tmp_path / "p.json")
+    names = [s for s, _ in steps]
+    assert names == ["collect (fit scale)", "fit", "collect (replay scale)", "replay gpu", "replay sim"]
+    cmds = {s: c for s, c in steps}
+    assert cmds["collect (fit scale)"][-5:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "0.5"]
+    gpu = cmds["replay gpu"]
+    assert "--backend" in gpu and gpu[gpu.index("--backend") + 1] == "gpu"
+    assert gpu[gpu.index("--oversub") + 1] == "1.5,2,3" and gpu[gpu.index("--repeat") + 1] == "3"
+    assert gpu[gpu.index("--") + 1:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]
+    sim = cmds["replay sim"]
+    assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
+    # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
+    assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
+
+
+def _rows(backend, times):
+    out = []
+    for ov, pol_times in times.items():
+        d = pol_times["demand"]
+        o = pol_times.get("oracle")
+        for p, t in pol_times.items():
+            out.append({"policy": p, "backend": backend, "oversub": ov, "time_s": t, "faults": 10,
+                        "speedup_vs_demand": d / t, "fraction_of_oracle": (o / t) if o else None})
+    return out
+
+
+def test_report_checks_the_bars_and_the_simulator(V):
+    gpu = _rows("gpu", {1.5: {"demand": 10.0, "template": 2.0, "oracle": 1.8},
+                        3.0: {"demand": 10.0, "template": 5.0, "oracle": 2.0}})
+    sim = _rows("sim", {1.5: {"demand": 11.0, "template": 2.1, "oracle": 1.9},
+                        3.0: {"demand": 20.0, "template": 5.0, "oracle": 2.0}})
+    rows = V.compare(gpu, sim)
+    assert [(r["oversub"], r["policy"]) for r in rows][:3] == [(1.5, "demand"), (1.5, "template"), (1.5, "oracle")]
+    b = {x["oversub"]: x for x in V.bars(rows)}
+    assert b[1.5]["speedup_ok"] and b[1.5]["oracle_ok"]
+    assert not b[3.0]["speedup_ok"] and not b[3.0]["oracle_ok"]
+    md = V.render({"jacobi2d": {"rows": rows, "errors": []}, "llm-decode": {"rows": [], "errors": [("fit", "exit 2")]}},
+                  device="NVIDIA H200", date="2026-11-29", settings={"fit_scale": 0.5, "replay_scale": 1, "repeat": 1},
+                  profile={"fault_time_us": 30.0, "htod_GBps": 50, "dtoh_GBps": 50, "duplex": True,
+                           "pipelined_GBps": 90})
+    assert "NVIDIA H200" in md and "2026-11-29" in md and "### jacobi2d" in md
+    assert "5.00x faster than demand (bar 3x: met)" in md and "NOT met" in md
+    assert "+100%" in md and "⚠" in md            # demand at 300%: simulated 2x the measured time
+    assert "**fit failed**: exit 2" in md and "some bars not met" in md
+
+
+def test_dry_run_prints_every_command(V, capsys, tmp_path):
+    assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + 3 * 5
+    assert "calibrate" in lines[0]
+    assert sum("--backend gpu" in line for line in lines) == 3
+    assert not (tmp_path / "out.md").exists()
