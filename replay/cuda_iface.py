@@ -453,6 +453,7 @@ class CuptiMonitor:
                 cfg[i].kind = int(k)
                 cfg[i].enable = 1
             c.activity_configure_unified_memory_counter(cfg.ptr, len(kinds))
+            self._cfg = cfg  # keep the configuration array alive while CUPTI may read it
             c.activity_register_callbacks(self._requested, self._completed)
             self._kinds = [int(c.ActivityKind.UNIFIED_MEMORY_COUNTER), int(c.ActivityKind.CONCURRENT_KERNEL)]
             for k in self._kinds:

@@ -1114,14 +1114,17 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         result.write_text(json.dumps(out, default=str))
         return code
 
+    keep_records = bool(ns.feedback and ns.policy == "template")
     try:
         kind, target, wargs = parse_workload(ns.workload)
+        if monitor is None:
+            from .cuda_iface import CuptiMonitor
+            monitor = CuptiMonitor(0)
+        # unified-memory counters are configured and enabled before the CUDA context exists
+        monitor.start(keep_records=keep_records)
         if cuda is None:
             from .cuda_iface import open_cuda
             cuda = open_cuda()
-        if monitor is None:
-            from .cuda_iface import CuptiMonitor
-            monitor = CuptiMonitor(cuda.device)
         model = load_model_file(ns.model) if ns.model else None
         predict = make_online_predict(model, ns.fallback) if model is not None else None
         relocator = None
@@ -1133,6 +1136,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
                         warn=warns)
     except PagecastError as e:
+        if monitor is not None:
+            monitor.stop()
         out.update(error=str(e), exit_code=e.exit_code, no_gpu=isinstance(e, NoGPUError))
         return finish(e.exit_code)
 
@@ -1151,7 +1156,6 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
     if hook_factory is None:
         from pagecast.collect.launch_hook import LaunchHook
         hook_factory = LaunchHook
-    monitor.start(keep_records=feedback is not None)
     hook = hook_factory(hooked)
     hook.start()
     t0 = time.perf_counter()

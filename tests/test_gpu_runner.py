@@ -542,3 +542,29 @@ def test_prefetching_context_manager_with_stand_ins(monkeypatch):
         FakeHook.current.on_launch(mk_launch("k", [bases[0]]))
     assert FakeHook.current is None
     assert eng.stats.prefetch_bytes == MiB and eng.residency.capacity_units == 32
+
+
+# ---- feedback: faults the prediction missed, attributed to their launch ---------------------------
+
+def test_feedback_attributes_missed_faults_to_the_launch_that_ran():
+    from pagecast.replay.cuda_iface import UvmCounts
+
+    f, bases = fake_with_buffers(2)
+    b0, b1 = bases
+    preds = {b0: [(b0, 8192)], b1: [(b1, 4096)]}
+    e = G.Engine(f, "template", predict=lambda la, a: preds[struct.unpack_from("<Q", la.param_data)[0]])
+    e.on_launch(mk_launch("k", [b0], corr=11))
+    e.on_launch(mk_launch("k", [b1], corr=12))
+    c = UvmCounts()
+    c.kernel_records = [(100, 200, 11, "k"), (300, 400, 12, "k")]
+    c.fault_records = [(150, b0 + 4096, 1),          # predicted: not missed
+                       (160, b0 + 3 * 4096, 1),      # missed by launch 11
+                       (170, b0 + 4 * 4096, 2),      # missed by launch 11 (adjacent page: one interval)
+                       (350, b1 + 2 * 4096, 1),      # missed by launch 12
+                       (250, b1 + 9 * 4096, 1)]      # between kernels: not attributed
+    got = []
+    n = e.feedback_from(c, lambda la, ivs: got.append((la.correlation_id, ivs)) or True)
+    ps = 4096
+    assert n == 2 and e.stats.feedback_updates == 2
+    assert sorted(got) == [(11, [(b0 // ps + 3, b0 // ps + 5)]), (12, [(b1 // ps + 2, b1 // ps + 3)])]
+    assert c.fault_records == [] and c.kernel_records == []   # consumed
