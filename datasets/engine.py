@@ -447,8 +447,7 @@ def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bo
             sl = slice(lo, hi)
             w.append(T.TRUTH, {T.LAUNCH_ID: tl[sl], T.ADDRESS: taddr[sl].astype(np.uint64),
                                T.BYTES: tb[sl],
-                               T.ACCESS: pa.DictionaryArray.from_arrays(
-                                   tacc[sl].astype(np.int32), pa.array(ACCESS_NAMES)).cast(pa.string())})
+                               T.ACCESS: _strings(tacc[sl].astype(np.int32), ACCESS_NAMES)})
             faults, migs = emu.chunk(tl[sl], ta[sl], taddr[sl], tb[sl], tacc[sl], start, end)
             w.append(T.FAULTS, faults)
             w.append(T.MIGRATIONS, migs)
@@ -502,6 +501,11 @@ def _alloc_table(b: Builder, n: int, start: np.ndarray, end: np.ndarray) -> pa.T
     })
 
 
+def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
+    """A string column from small integer codes, without building Python strings."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(list(names))).cast(pa.string())
+
+
 def _runs(key: np.ndarray, bp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Runs of consecutive big pages with the same key and inside one 2 MiB block.
     Input sorted by (key, bp), unique. Returns (first index of each run, run length)."""
@@ -548,16 +552,21 @@ class _Driver:
         phi = np.minimum(((a1[row] - 1) >> 12) + 1, bp * PAGES_PER_BIG + PAGES_PER_BIG)
         l = lid[row]
         # one entry per (launch, big page); a random touching range is the one that faults
-        order = np.lexsort((rng.random(len(row)), bp, l))
-        l, bp, row, plo, phi = l[order], bp[order], row[order], plo[order], phi[order]
+        l0, b0 = int(l[0]), int(bp.min())
+        order = np.argsort(((l - l0) << 36) | (bp - b0), kind="stable")
+        l, bp = l[order], bp[order]
         new = np.ones(len(l), bool)
         new[1:] = (l[1:] != l[:-1]) | (bp[1:] != bp[:-1])
         g = np.flatnonzero(new)
-        pages = np.minimum(np.add.reduceat(phi - plo, g), PAGES_PER_BIG) if len(g) else np.zeros(0, np.int64)
-        l, bp, row, plo, phi = l[g], bp[g], row[g], plo[g], phi[g]
+        size = np.diff(np.append(g, len(l)))
+        span = phi - plo
+        pages = np.minimum(np.add.reduceat(span[order], g), PAGES_PER_BIG) if len(g) else np.zeros(0, np.int64)
+        pick = order[g + (rng.random(len(g)) * size).astype(np.int64)]
+        l, bp, row, plo, phi = l[g], bp[g], row[pick], plo[pick], phi[pick]
+        del order, span, pick
         a = aid[row]
         fpage = plo + (rng.random(len(g)) * (phi - plo)).astype(np.int64)
-        faccess = np.where(acc[row] == READ, "read", "write")
+        faccess = (acc[row] != READ).astype(np.int32)
         cnt = 1 + rng.binomial(np.maximum(pages - 1, 0), 0.25)
         if self.mode == "full":
             key = l
@@ -574,7 +583,7 @@ class _Driver:
         ft = s + (rng.random(len(l)) * 0.6 * (e - s)).astype(np.int64)
         lid_col = l if self.mode == "full" else None
         faults = {T.TIME_NS: ft[keep], T.ADDRESS: (fpage[keep] * PAGE).astype(np.uint64),
-                  T.COUNT: cnt[keep].astype(np.int32), T.ACCESS: faccess[keep],
+                  T.COUNT: cnt[keep].astype(np.int32), T.ACCESS: _strings(faccess[keep], ("read", "write")),
                   T.DEVICE: np.zeros(int(keep.sum()), np.int32)}
         if lid_col is not None:
             faults[T.LAUNCH_ID] = lid_col[keep]
@@ -582,7 +591,8 @@ class _Driver:
         mig = [self._migrations(l, a, bp, "coherence", start, end, 0.15)]
         if pf_key is not None and len(pf_key):
             mig.append(self._migrations(pf_key, pf_bp[1], pf_bp[0], "prefetch", start, end, 0.7))
-        migs = {k: np.concatenate([m[k] for m in mig]) for k in mig[0]}
+        migs = {k: (pa.concat_arrays([m[k] for m in mig]) if isinstance(mig[0][k], pa.Array)
+                    else np.concatenate([m[k] for m in mig])) for k in mig[0]}
         if self.mode != "full":
             migs.pop(T.LAUNCH_ID)
         return faults, migs
@@ -597,7 +607,8 @@ class _Driver:
         ms = s + (at * (e - s)).astype(np.int64) + (self.rng.random(len(l)) * 0.1 * (e - s)).astype(np.int64)
         me = np.minimum(ms + np.ceil(nb / MIGRATE_BYTES_PER_S * 1e9).astype(np.int64), e)
         return {T.START_NS: ms, T.END_NS: np.maximum(me, ms), T.ADDRESS: addr.astype(np.uint64), T.BYTES: nb,
-                T.DIRECTION: np.full(len(l), "htod"), T.CAUSE: np.full(len(l), cause), T.LAUNCH_ID: l}
+                T.DIRECTION: _strings(np.zeros(len(l), np.int32), ("htod",)),
+                T.CAUSE: _strings(np.zeros(len(l), np.int32), (cause,)), T.LAUNCH_ID: l}
 
     def _expand_blocks(self, a: np.ndarray, blk_bp0: np.ndarray, nb: np.ndarray):
         rep = np.repeat(np.arange(len(a)), nb)
