@@ -994,13 +994,16 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
             if r <= 0:
                 raise UsageError(f"--oversub must be > 0, found {r}")
         caps: list[int | None] = [max(1, int(footprint / r)) for r in oversub]
+        levels = {c: float(r) for c, r in zip(caps, oversub)}
     elif capacity:
         caps = [int(c) for c in capacity]
         for c in caps:
             if c <= 0:
                 raise UsageError(f"--capacity must be > 0, found {c}")
+        levels = {c: (footprint / c if footprint else None) for c in caps}
     else:
         caps = [None]
+        levels = {None: None}
     repeat = getattr(args, "repeat", None)
     repeat = 1 if repeat is None else int(repeat)
     if repeat < 1:
@@ -1034,7 +1037,7 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                     cmd = _child_cmd(policy, cap, args, res, traces[0] if trace is not None else None)
                     bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
                     # the workload's stdout goes to our stderr: stdout is kept for --json
-                    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=None, env=_child_env())
+                    proc = _run_child(cmd)
                     out = json.loads(res.read_text()) if res.exists() else None
                     if proc.returncode != 0 or out is None or out.get("error"):
                         why = (out or {}).get("error") or f"exit status {proc.returncode}"
@@ -1050,7 +1053,7 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                 row.update({
                     "policy": policy, "backend": "gpu",
                     "capacity_bytes": cap if cap is not None else total,
-                    "oversub": (footprint / cap) if (footprint and cap) else None,
+                    "oversub": levels[cap],
                     "stall_s": None, "footprint_bytes": footprint,
                     "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
                     "feedback": bool(getattr(args, "feedback", False)), "costs": None,
@@ -1062,6 +1065,19 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
     for i, r in enumerate(rows):
         r["run"] = i
     return rows, None
+
+
+def _run_child(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run one measured child; the workload's stdout goes to our stderr (stdout is kept for --json)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced by a non-file (tests)
+        fd = None
+    if fd is not None:
+        return subprocess.run(cmd, stdout=fd, stderr=fd, env=_child_env())
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(), text=True)
+    sys.stderr.write(proc.stdout or "")
+    return proc
 
 
 def _child_env() -> dict:

@@ -568,3 +568,60 @@ def test_feedback_attributes_missed_faults_to_the_launch_that_ran():
     assert n == 2 and e.stats.feedback_updates == 2
     assert sorted(got) == [(11, [(b0 // ps + 3, b0 // ps + 5)]), (12, [(b1 // ps + 2, b1 // ps + 3)])]
     assert c.fault_records == [] and c.kernel_records == []   # consumed
+
+
+# ---- run_gpu_replay end to end with stand-ins (the subprocess replaced by an in-process child) ---------
+
+CLI_FIELDS = {"policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",
+              "dtoh_bytes", "speedup_vs_demand"}
+
+
+def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
+    import subprocess
+
+    import pagecast.replay.cuda_iface as CI
+
+    tr = oracle_trace(tmp_path, n_steps=4)
+    run = [BASE, BASE + 64 * MiB]
+    mod = types.ModuleType("pagecast_test_oracle")
+    state = {}
+
+    def launch(i):
+        fake = state["fake"]
+        FakeHook.current.on_launch(mk_launch(f"k{i % 2}", [run[i % 2], 4096]))
+        fake.touch(run[i % 2], 3 * MiB)
+
+    mod.launch = launch
+    monkeypatch.setitem(sys.modules, "pagecast_test_oracle", mod)
+    script = tmp_path / "w.py"
+    script.write_text(f"import pagecast_test_oracle as L\nfor i in range({tr.n_launches}):\n    L.launch(i)\n")
+
+    def fresh():
+        f = FakeCuda()
+        for b in run:
+            f.add_allocation(b, 4 * MiB)
+        return f
+
+    def fake_child(cmd):
+        fake = state["fake"] = fresh()   # every run starts from a cold GPU, as a new process does
+        argv = cmd[cmd.index("pagecast.replay.gpu_runner") + 1:]
+        code = G.child_main(argv, cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(CI, "open_cuda", lambda device=0: fresh())
+    monkeypatch.setattr(G, "_run_child", fake_child)
+    rows, timeline = G.run_gpu_replay(ns(traces=[str(tr.path)], policy=["demand", "alloc", "oracle"],
+                                         oversub=[1.0, 2.0], repeat=2, workload=["python", str(script)]))
+    assert timeline is None and len(rows) == 6
+    for r in rows:
+        assert CLI_FIELDS <= set(r) and r["backend"] == "gpu" and r["repeats"] == 2
+        assert r["stall_s"] is None and r["time_s"] > 0 and r["speedup_vs_demand"] > 0
+    by = {(r["oversub"], r["policy"]): r for r in rows}
+    fp = 2 * 3 * MiB   # union of the truth: 3 MiB in each of the two buffers
+    assert by[(2.0, "demand")]["capacity_bytes"] == fp // 2
+    # demand faults every page in; with its whole footprint prefetched the oracle takes no faults
+    assert by[(1.0, "demand")]["faults"] > 0 and by[(1.0, "oracle")]["faults"] == 0
+    # at 200% the buffers evict each other: demand faults more than at 100%
+    assert by[(2.0, "demand")]["faults"] > by[(1.0, "demand")]["faults"]
+    assert by[(2.0, "oracle")]["evict_bytes"] > 0
+    assert by[(1.0, "demand")]["speedup_vs_demand"] == 1.0
