@@ -1,7 +1,175 @@
-"""Subcommands of this stage, registered in pagecast.cli."""
+"""Subcommands of this stage, registered in pagecast.cli: fit, predict, evaluate."""
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 from pagecast.command import Command
 
-COMMANDS: list[Command] = []
+FALLBACK_HELP = ("what to predict for irregular and unseen kernels: allocation (the whole allocation), "
+                 "history (what the kernel touched there before; default) or none (demand paging)")
+
+
+def _fallback(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fallback", default="history", choices=["allocation", "history", "none"], help=FALLBACK_HELP)
+
+
+def _read(path):
+    from pagecast.trace import read_trace
+    return read_trace(path)
+
+
+class FitCommand(Command):
+    name = "fit"
+    help = "learn per-kernel templates (launch arguments -> pages) from traces"
+    description = ("Learn, for every kernel, how the pages it touches follow from its launch arguments.\n"
+                   "Give several traces of the same program (different scales or inputs): a template must\n"
+                   "hold in all of them. Learns only from launches, allocations, faults and migrations.\n\n"
+                   "  pagecast fit small.pctrace large.pctrace -o model.json\n"
+                   "  pagecast fit a.pctrace -o model.json --feedback run-with-predictions.pctrace")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("traces", nargs="+", metavar="TRACE", help="trace directories to learn from")
+        p.add_argument("-o", "--output", required=True, metavar="MODEL", help="model file to write (JSON)")
+        p.add_argument("--feedback", nargs="+", default=[], metavar="TRACE",
+                       help="traces recorded while running with this model's predictions: their faults are"
+                            " misses that refine the model")
+        p.add_argument("--force", action="store_true", help="overwrite MODEL")
+        p.add_argument("--json", action="store_true", help="print a JSON summary of the model on stdout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from pagecast import console
+        from pagecast import trace as T
+        from pagecast.errors import OutputExistsError
+
+        from .feedback import feedback_from_trace
+        from .fit import fit_model
+        from .model_io import save_model
+
+        out = Path(args.output)
+        if out.exists() and not args.force:
+            raise OutputExistsError(out)
+        traces = [_read(t) for t in args.traces]
+        n_kernels = len({k for t in traces for k in t.launches.column(T.KERNEL).unique().to_pylist()}) \
+            if traces else 0
+        with console.progress("fitting templates", n_kernels) as bar:
+            model = fit_model(traces, progress=bar)
+        changed = 0
+        for f in args.feedback:
+            changed += feedback_from_trace(model, _read(f))
+        save_model(model, out, force=args.force)
+        s = model.summary()
+        if args.json:
+            console.emit_json({"model": str(out), **s, "feedback_changes": changed})
+        else:
+            by = ", ".join(f"{v} {k}" for k, v in s["kernels_by_class"].items() if v)
+            console.info(f"{s['kernels']} kernels: {by}" + (f"; feedback changed the model {changed} times"
+                                                              if args.feedback else ""))
+        t0 = args.traces[0]
+        console.wrote(out, "model", f"pagecast evaluate {out} {t0}   or   pagecast plan {out} {t0} --oversub 2 -o plan")
+        return 0
+
+
+class PredictCommand(Command):
+    name = "predict"
+    help = "predicted page ranges of every launch of a trace (Parquet)"
+    description = ("Write one row per merged predicted range: launch_id, address, bytes, template.\n\n"
+                   "  pagecast predict model.json run.pctrace -o predicted.parquet")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", metavar="MODEL")
+        p.add_argument("trace", metavar="TRACE")
+        p.add_argument("-o", "--output", required=True, metavar="OUT.parquet")
+        _fallback(p)
+        p.add_argument("--force", action="store_true", help="overwrite OUT")
+        p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from pagecast import console
+        from pagecast import trace as T
+        from pagecast.errors import OutputExistsError
+
+        from .model_io import load_model
+        from .predictor import predict_ranges
+
+        out = Path(args.output)
+        if out.exists() and not args.force:
+            raise OutputExistsError(out)
+        model = load_model(args.model)
+        trace = _read(args.trace)
+        table = predict_ranges(model, trace, args.fallback)
+        tmp = out.with_name(f".{out.name}.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(out)
+        total = int(pc.sum(table.column(T.BYTES)).as_py() or 0)
+        if args.json:
+            console.emit_json({"output": str(out), "rows": table.num_rows, "launches": trace.n_launches,
+                               "predicted_bytes": total})
+        console.wrote(out, f"{table.num_rows:,} predicted ranges", f"pagecast evaluate {args.model} {args.trace}")
+        return 0
+
+
+class EvaluateCommand(Command):
+    name = "evaluate"
+    help = "precision and recall of a model's predictions against a trace's footprints"
+    description = ("Compare predicted pages with the trace's footprints (truth where it has it, else the\n"
+                   "observed faults), per kernel and overall, beside the allocation baseline.\n\n"
+                   "  pagecast evaluate model.json test.pctrace [--json]")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", metavar="MODEL")
+        p.add_argument("trace", metavar="TRACE")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        p.add_argument("--top", type=int, default=30, help="kernels shown in the table (default 30)")
+        _fallback(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from rich.table import Table
+
+        from pagecast import console
+        from pagecast.units import format_size
+
+        from .evaluate import evaluate
+        from .model_io import load_model
+
+        model = load_model(args.model)
+        trace = _read(args.trace)
+        doc = evaluate(model, trace, args.fallback)
+        if args.json:
+            console.emit_json(doc)
+            return 0
+        t = Table(title=f"{trace.path.name}: predictions of {Path(args.model).name} "
+                        f"(footprints from {doc['footprint_source']}, fallback {args.fallback})")
+        for c in ("kernel", "templates", "launches", "precision", "recall", "predicted", "footprint", "alloc. prec."):
+            t.add_column(c, justify="left" if c in ("kernel", "templates") else "right", overflow="fold")
+        for k in doc["kernels"][:args.top]:
+            t.add_row(k["kernel"], ",".join(k["templates"]), f"{k['launches']:,}", _pct(k["precision"]),
+                      _pct(k["recall"]), format_size(k["predicted_bytes"]), format_size(k["footprint_bytes"]),
+                      _pct(k["baseline_precision"]))
+        out = console.stdout()
+        out.print(t)
+        if len(doc["kernels"]) > args.top:
+            out.print(f"[dim]... {len(doc['kernels']) - args.top} more kernels (--top)[/dim]")
+        o, b, d, u = doc["overall"], doc["baseline"], doc["determined"], doc["unseen"]
+        out.print(f"[bold]model[/bold]       precision {_pct(o['precision'])}  recall {_pct(o['recall'])}"
+                  f"  predicted {format_size(o['predicted_bytes'])} of {format_size(o['footprint_bytes'])}"
+                  f"  ({o['launches']:,} launches)")
+        out.print(f"  argument-determined kernels: precision {_pct(d['precision'])}  recall {_pct(d['recall'])}"
+                  f"  ({d['launches']:,} launches)")
+        if u["launches"]:
+            out.print(f"  unseen kernels ({len(u['kernels'])}, by fallback {u['fallback']}): precision "
+                      f"{_pct(u['precision'])}  recall {_pct(u['recall'])}  ({u['launches']:,} launches)")
+        out.print(f"[bold]allocation baseline[/bold]  precision {_pct(b['precision'])}  recall {_pct(b['recall'])}"
+                  f"  predicted {format_size(b['predicted_bytes'])}")
+        return 0
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+COMMANDS: list[Command] = [FitCommand(), PredictCommand(), EvaluateCommand()]

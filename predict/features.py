@@ -202,9 +202,10 @@ class AllocIndex:
                      if a.num_rows else np.zeros(0, np.int64))
         self.alloc_id = a.column(T.ALLOC_ID).to_numpy()[order] if a.num_rows else np.zeros(0, np.int64)
         self.n = len(self.addr)
+        self.maxsize = np.uint64(self.size.max()) if self.n else np.uint64(0)
 
     def lookup(self, values: np.ndarray, launch: np.ndarray, *, one_past: bool = True,
-               depth: int = 8) -> np.ndarray:
+               depth: int = 100_000) -> np.ndarray:
         """Row (in address order) of the live allocation holding each value, else -1."""
         v = np.asarray(values).astype(np.uint64)
         launch = np.broadcast_to(np.asarray(launch, np.int64), v.shape)
@@ -221,7 +222,9 @@ class AllocIndex:
             live = (self.first[jc] <= launch[todo]) & (launch[todo] <= self.last[jc])
             hit = ok & inside & live
             out[todo[hit]] = jc[hit]
-            todo = todo[~hit & ok]
+            # keep walking down (freed and reused ranges) while an allocation could still reach v
+            more = ~hit & ok & (self.addr[jc] + self.maxsize >= v[todo])
+            todo = todo[more]
             if len(todo) == 0:
                 break
             j[todo] -= 1

@@ -191,8 +191,9 @@ def fit_kernel(name: str, parts: list, ps: int) -> KernelModel:
         return km
     regions: list[tuple[tuple, Region]] = []
     any_obs = False
-    for w, vals in kd.bases:
-        r, sig = fit_region(kd, w, vals)
+    fences = _fences(kd)
+    for (w, vals), fe in zip(kd.bases, fences):
+        r, sig = fit_region(kd, w, vals, fe)
         if r is None:
             continue
         any_obs = True
@@ -220,16 +221,45 @@ def _region_score(r: Region) -> tuple:
     return (rank, sum(f.score()[0] for f in fs), sum(f.score()[1] for f in fs))
 
 
-def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray]):
+def _fences(kd: KernelData) -> list[list]:
+    """Per base word and trace: the pages [lo, hi) of its allocation this word owns.
+
+    When several base words point into one allocation, each owns the part from its
+    pointer to the next pointer above it (the lowest one also owns what lies below).
+    """
+    B = len(kd.bases)
+    out = [[None] * len(kd.parts) for _ in range(B)]
+    if B < 2:
+        return out
+    ps = kd.ps
+    for ti, (o, idx, _, _) in enumerate(kd.parts):
+        P = np.stack([vals[ti].astype(np.int64) for _, vals in kd.bases], axis=1)      # (n, B)
+        A = np.stack([o.index.lookup(vals[ti], idx) for _, vals in kd.bases], axis=1)
+        big = np.int64(1) << np.int64(62)
+        for b in range(B):
+            same = (A == A[:, b:b + 1]) & (A[:, b:b + 1] >= 0)
+            same[:, b] = False
+            above = same & (P > P[:, b:b + 1])
+            below = same & (P < P[:, b:b + 1])
+            hi = np.where(above, P, big).min(axis=1)
+            hi_page = np.where(hi < big, -((-hi) // ps), big)
+            lo_page = np.where(below.any(axis=1), P[:, b] // ps, -big)
+            if above.any() or below.any():
+                out[b][ti] = (lo_page, hi_page)
+    return out
+
+
+def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     """Fit one base word's region; (None, None) when it never points at observed pages."""
     ps = kd.ps
     bigp = max(1, BIG_PAGE // ps)
-    obs = [o.region(idx, v) for (o, idx, _, _), v in zip(kd.parts, vals)]
+    fences = fences or [None] * len(kd.parts)
+    obs = [o.region(idx, v, *(fe if fe is not None else (None, None)))
+           for (o, idx, _, _), v, fe in zip(kd.parts, vals, fences)]
     natural = np.concatenate([np.full(len(idx), o.trace.mode != "full") for o, idx, _, _ in kd.parts])
     cat = {k: np.concatenate([ob[k] for ob in obs]) for k in obs[0]}
     trace_no = np.concatenate([np.full(len(ob["valid"]), i) for i, ob in enumerate(obs)])
-    allocs = tuple(np.concatenate([ob["alloc"] + 1_000_000 * i for i, ob in enumerate(obs)]).tolist()[:50_000])
-    sig = (hash(allocs),)
+    sig = (hash(np.concatenate([ob["base"] for ob in obs]).tobytes()),)
     valid = cat["valid"]
     nonempty = valid & (cat["npieces"] > 0)
     n_valid, n_obs = int(valid.sum()), int(nonempty.sum())
@@ -244,7 +274,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray]):
     I_s, I_e = cat["I_s"][sel], cat["I_e"][sel]
     nat = natural[sel]
     al_s, al_e = cat["alloc_s"][sel], cat["alloc_e"][sel]
-    whole = (cat["a_pieces"][sel] == 1) & (A_s <= al_s) & (A_e >= al_e)
+    whole = (cat["npieces"][sel] == 1) & (O_s <= al_s) & (O_e >= al_e)
     maxp = int(cat["npieces"][sel].max())
     region = None
     if maxp == 1:
@@ -265,7 +295,13 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray]):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
     else:
-        region = _fit_strided(kd, w, cat, sel, g, bigp, fit)
+        multi = sel[cat["npieces"][sel] >= 2]
+        region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
+        if region is not None:
+            ok = _verify(kd, region, cat, sel, bigp)
+            fit["exact"] = round(float(ok.mean()), 6)
+            if ok.mean() < 1 - ROBUST_BUDGET:
+                region = None
     if region is None and whole.all():
         region = Region(w.name, "allocation")
         fit["exact"] = 1.0
@@ -349,9 +385,11 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
         r0 = cat["r0"][s]
         n = cat["npieces"][s]
         ri = _ranges(r0, n)
-        starts_l.append(o.os[ri])
-        ends_l.append(o.oe[ri])
-        ff, fl = o.fault_bounds(np.repeat(cat["key"][s], n), o.os[ri], o.oe[ri])
+        rs_ = np.maximum(o.os[ri], np.repeat(cat["lo_f"][s], n))
+        re_c = np.minimum(o.oe[ri], np.repeat(cat["hi_f"][s], n))
+        starts_l.append(rs_)
+        ends_l.append(re_c)
+        ff, fl = o.fault_bounds(np.repeat(cat["key"][s], n), rs_, re_c)
         ff_l.append(ff)
         fl_l.append(fl)
         owner.append(np.repeat(np.flatnonzero(m), n))
@@ -412,6 +450,54 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
 
 
+def _gather(kd: KernelData, cat: dict, sel: np.ndarray, which: str):
+    """(owner index into sel, start, end) of the O (observed) or A (observed + prefetched) pieces."""
+    from pagecast.footprints import _ranges  # noqa: PLC2701
+    offsets = np.cumsum([0] + [len(idx) for _, idx, _, _ in kd.parts])
+    own, ss, ee = [], [], []
+    for ti, (o, _, _, _) in enumerate(kd.parts):
+        m = np.flatnonzero((sel >= offsets[ti]) & (sel < offsets[ti + 1]))
+        s = sel[m]
+        if which == "O":
+            r0, n, S, E = cat["r0"][s], cat["npieces"][s], o.os, o.oe
+        else:
+            r0, n, S, E = cat["q0"][s], cat["a_pieces"][s], o.as_, o.ae
+        ri = _ranges(r0, n)
+        own.append(np.repeat(m, n))
+        ss.append(np.maximum(S[ri], np.repeat(cat["lo_f"][s], n)))
+        ee.append(np.minimum(E[ri], np.repeat(cat["hi_f"][s], n)))
+    return np.concatenate(own), np.concatenate(ss), np.concatenate(ee)
+
+
+def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
+    """Per launch: do the predicted pages, rounded out to big pages, cover O and stay inside A?"""
+    from pagecast.footprints import Footprints, intersection_pages
+    from .predictor import region_bytes
+    ps = kd.ps
+    g = kd.group[sel]
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(sel), np.int64)
+    base = cat["base"][sel]
+    if region.cls == "strided":
+        st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
+        cnt = np.clip(cnt, 0, 1 << 16)
+        rep = np.repeat(np.arange(len(sel)), cnt)
+        j = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        sb = st[rep] + j * sd[rep]
+        eb = sb + ch[rep]
+    else:
+        sb, eb = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
+        rep = np.arange(len(sel))
+    a_s, a_e = cat["alloc_s"][sel][rep], cat["alloc_e"][sel][rep]
+    sp = np.maximum((sb // ps) // bigp * bigp, a_s)
+    ep = np.minimum(-(-(-((-eb) // ps)) // bigp) * bigp, a_e)
+    n = len(sel)
+    P = Footprints.from_intervals(rep, sp, ep, n, ps)
+    O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)
+    A = Footprints.from_intervals(*_gather(kd, cat, sel, "A"), n, ps)
+    return (intersection_pages(P, O) == O.pages_per_launch()) & (intersection_pages(P, A) == P.pages_per_launch())
+
+
 def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
     """Pages an irregular region touched, relative to its allocation's first page (coarsened)."""
     from pagecast.footprints import _ranges, merge_intervals  # noqa: PLC2701
@@ -422,8 +508,8 @@ def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
         if len(ri) == 0:
             continue
         rel0 = np.repeat(ob["alloc_s"], n)
-        ss.append(o.os[ri] - rel0)
-        ee.append(o.oe[ri] - rel0)
+        ss.append(np.maximum(o.os[ri], np.repeat(ob["lo_f"], n)) - rel0)
+        ee.append(np.minimum(o.oe[ri], np.repeat(ob["hi_f"], n)) - rel0)
     if not ss:
         return []
     s, e = np.concatenate(ss), np.concatenate(ee)

@@ -48,7 +48,8 @@ class Formula:
         return out
 
     def score(self) -> tuple:
-        return (len(self.terms), sum(abs(c) for c, _ in self.terms) + abs(self.const),
+        grid = sum(1 for _, f in self.terms for n in f if n.startswith(("grid_", "block_")))
+        return (len(self.terms), grid, sum(abs(c) for c, _ in self.terms) + abs(self.const),
                 sum(len(f) for _, f in self.terms))
 
     def text(self) -> str:

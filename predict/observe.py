@@ -132,41 +132,57 @@ class TraceObs:
         p = np.searchsorted(self.acomp, comp, side="right") - 1
         return np.maximum(p, 0)
 
-    def region(self, lids: np.ndarray, ptr: np.ndarray) -> dict:
-        """What was observed in the allocation `ptr` points into, at launches `lids` (vectorized)."""
+    def region(self, lids: np.ndarray, ptr: np.ndarray, lo_fence=None, hi_fence=None) -> dict:
+        """What was observed in the allocation `ptr` points into, at launches `lids` (vectorized).
+
+        `lo_fence`/`hi_fence` (pages) limit the pieces to the part of the allocation this
+        pointer owns when other pointer words point into the same allocation.
+        """
         ix = self.index
         a = ix.lookup(ptr, lids)
         valid = a >= 0
         ac = np.maximum(a, 0)
         key = lids * self.nA + ac
-        r0 = np.searchsorted(self.okey, key, side="left")
-        r1 = np.searchsorted(self.okey, key, side="right")
-        npieces = np.where(valid, r1 - r0, 0)
+        al_s, al_e = self.alloc_s[ac], self.alloc_e[ac]
+        lo_f = al_s if lo_fence is None else np.maximum(lo_fence, al_s)
+        hi_f = al_e if hi_fence is None else np.minimum(hi_fence, al_e)
+        n0 = len(self.os)
+        if n0:
+            ur = np.unique(self.okey)
+            rank = np.searchsorted(ur, self.okey)
+            comp_s = rank * self.span + (self.os - self.pmin)
+            comp_e = rank * self.span + (self.oe - self.pmin)
+            qr = np.minimum(np.searchsorted(ur, key), len(ur) - 1)
+            known = ur[qr] == key
+            r0 = np.searchsorted(comp_e, qr * self.span + (lo_f - self.pmin), side="right")
+            r1 = np.searchsorted(comp_s, qr * self.span + (hi_f - self.pmin), side="left")
+            npieces = np.where(valid & known & (hi_f > lo_f), np.maximum(r1 - r0, 0), 0)
+        else:
+            r0 = np.zeros(len(lids), np.int64)
+            npieces = np.zeros(len(lids), np.int64)
         ne = npieces > 0
-        r0c = np.minimum(r0, max(len(self.os) - 1, 0))
-        r1c = np.maximum(np.minimum(r1 - 1, len(self.oe) - 1), 0)
-        O_s = np.where(ne, self.os[r0c] if len(self.os) else 0, 0)
-        O_e = np.where(ne, self.oe[r1c] if len(self.oe) else 0, 0)
+        r0c = np.minimum(r0, max(n0 - 1, 0))
+        r1c = np.maximum(np.minimum(r0 + npieces - 1, n0 - 1), 0)
+        O_s = np.where(ne, np.maximum(self.os[r0c], lo_f) if n0 else 0, 0)
+        O_e = np.where(ne, np.minimum(self.oe[r1c], hi_f) if n0 else 0, 0)
         if len(self.as_):
             pa_ = self.a_piece(key, O_s)
-            pb_ = self.a_piece(key, O_e - 1)
-            A_s = np.where(ne, np.minimum(self.as_[pa_], O_s), O_s)
-            A_e = np.where(ne, np.maximum(self.ae[pb_], O_e), O_e)
-            # A pieces under this key (for "covers the whole allocation")
+            pb_ = self.a_piece(key, np.maximum(O_e - 1, 0))
+            A_s = np.where(ne, np.maximum(np.minimum(self.as_[pa_], O_s), lo_f), O_s)
+            A_e = np.where(ne, np.minimum(np.maximum(self.ae[pb_], O_e), hi_f), O_e)
             q0 = np.searchsorted(self.akey, key, side="left")
             q1 = np.searchsorted(self.akey, key, side="right")
             a_pieces = q1 - q0
         else:
             A_s, A_e, a_pieces = O_s, O_e, np.zeros(len(lids), np.int64)
-        fi = np.searchsorted(self.fkeys, key)
-        fic = np.minimum(fi, max(len(self.fkeys) - 1, 0))
-        hasf = ne & (len(self.fkeys) > 0) & (self.fkeys[fic] == key if len(self.fkeys) else False)
-        I_s = np.where(hasf, self.fmin[fic] if len(self.fmin) else 0, NONE)
-        I_e = np.where(hasf, (self.fmax[fic] + 1) if len(self.fmax) else 0, NONE)
+            q0 = np.zeros(len(lids), np.int64)
+        I_s, I_e = self.fault_bounds(key, O_s, O_e)
+        I_s = np.where(ne, I_s, NONE)
+        I_e = np.where(ne, I_e, NONE)
         return {"valid": valid, "alloc": a, "key": key, "r0": r0, "npieces": npieces,
                 "O_s": O_s, "O_e": O_e, "A_s": A_s, "A_e": A_e, "a_pieces": a_pieces,
-                "I_s": I_s, "I_e": I_e,
-                "alloc_s": self.alloc_s[ac], "alloc_e": self.alloc_e[ac],
+                "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
+                "alloc_s": al_s, "alloc_e": al_e,
                 "base": ptr.astype(np.int64)}
 
 
