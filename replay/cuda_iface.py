@@ -320,7 +320,7 @@ class DriverCuda:
         return Allocation(base, size, managed)
 
     def new_stream(self) -> int:
-        s = _check(self._d.cuStreamCreate(self._d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        s = _check(self._d.cuStreamCreate(int(self._d.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
         self._streams.append(s)
         return int(s)
 
@@ -355,7 +355,9 @@ class DriverCuda:
     def _function(self, name: str):
         d = self._d
         if self._module is None:
-            self._module = _check(d.cuModuleLoadData(KERNELS_PTX.encode() + b"\0"),
+            # a NUL-terminated PTX image, passed by address as cuda-python's samples do
+            self._ptx = ctypes.create_string_buffer(KERNELS_PTX.encode())
+            self._module = _check(d.cuModuleLoadData(ctypes.addressof(self._ptx)),
                                   "cuModuleLoadData (calibration kernels)")
         if name not in self._funcs:
             self._funcs[name] = _check(d.cuModuleGetFunction(self._module, name.encode()), "cuModuleGetFunction")
