@@ -294,6 +294,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
             if not (cls == "linear" and ugly and whole.all()):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
+                fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
     else:
         multi = sel[cat["npieces"][sel] >= 2]
         region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
@@ -310,6 +311,16 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         fit["exact"] = 0.0
     region.fit = fit
     return region, sig
+
+
+def _evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
+    """Up to `limit` feature groups with their start/end byte bounds, kept for fault feedback."""
+    groups, sl, sh, w = _group_bounds(g, s_lo, s_hi, kd.U)
+    _, el, eh, _ = _group_bounds(g, e_lo, e_hi, kd.U)
+    pick = np.unique(np.linspace(0, len(groups) - 1, min(limit, len(groups))).round().astype(np.int64))
+    rows = [[int(x) for x in kd.uniq[groups[i]]] + [int(sl[i]), int(sh[i]), int(el[i]), int(eh[i]), int(w[i])]
+            for i in pick]
+    return {"features": list(kd.sel_names), "rows": rows}
 
 
 def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):

@@ -70,8 +70,13 @@ class TraceObs:
         self.akey, self.as_, self.ae = split_by_alloc(ix, ps, allp.launch_of_interval(), allp.start, allp.end)
         # composite (key rank, page) index over A for "which piece holds this page"
         self.aukeys = np.unique(self.akey)
-        pmin = int(self.as_.min()) if len(self.as_) else 0
-        pmax = int(self.ae.max()) if len(self.ae) else 0
+        lows = [self.as_.min()] if len(self.as_) else []
+        highs = [self.ae.max()] if len(self.ae) else []
+        if ix.n:
+            lows.append(self.alloc_s.min())
+            highs.append(self.alloc_e.max())
+        pmin = int(min(lows)) if lows else 0
+        pmax = int(max(highs)) if highs else 0
         self.pmin, self.span = pmin, pmax - pmin + 1
         if len(self.aukeys) * self.span >= 2 ** 62:  # pragma: no cover - absurd address spans
             raise ValueError(f"{trace.path}: address span too large to index")

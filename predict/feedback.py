@@ -1,0 +1,257 @@
+"""Fault feedback: refine a model from pages a launch touched that were not predicted.
+
+`apply_feedback(model, trace, launch_id, missed_start, missed_end)` takes the
+missed pages of one launch (page intervals) and, for each allocation they fall
+in, the region whose base points there:
+
+- fixed / linear: first try to *replace* the formulas with the simplest ones
+  that explain the stored fit evidence plus this launch (the missed pages must
+  lie inside); failing that, *widen* the formula that nearly held (shift its
+  constant by the missing pages); a region widened `DEMOTE_AFTER` times is
+  *demoted* to irregular (its misses become its history);
+- strided / allocation: counted; strided regions are demoted like the others;
+- irregular: the missed pages join its history;
+- an allocation no region covers, or a kernel the model never saw: a new
+  irregular region for the pointer word that points there (history = the misses).
+
+Returns True when the model changed (and bumps `model.version_counter`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagecast import footprints as FP
+from pagecast import trace as T
+
+from . import formula as FM
+from .features import AllocIndex, Word, candidate_words
+from .model_io import KernelModel, Model, Region
+
+DEMOTE_AFTER = 3           # widenings of one region before it is declared irregular
+NEAR = 0.5                 # a miss within this share of the region's size (or 2 big pages) "nearly held"
+HISTORY_INTERVALS = 64
+
+def _index(trace: T.Trace) -> AllocIndex:
+    holder = getattr(trace, "_pc_alloc_index", None)
+    if holder is None:
+        holder = AllocIndex(trace.allocations)
+        try:
+            object.__setattr__(trace, "_pc_alloc_index", holder)
+        except Exception:  # pragma: no cover
+            pass
+    return holder
+
+
+def _launch(trace: T.Trace, lid: int):
+    row = trace.launches.slice(lid, 1).to_pylist()[0]
+    grid = tuple(row[c] for c in T.GRID_COLUMNS)
+    return row[T.KERNEL], row[T.PARAM_DATA], tuple(row[T.PARAM_SIZES]), tuple(row[T.PARAM_OFFSETS]), grid
+
+
+def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, missed_end) -> bool:
+    ms = np.atleast_1d(np.asarray(missed_start, np.int64))
+    me = np.atleast_1d(np.asarray(missed_end, np.int64))
+    keep = me > ms
+    ms, me = ms[keep], me[keep]
+    if len(ms) == 0:
+        return False
+    ps = model.page_size
+    kernel, data, sizes, offsets, grid = _launch(trace, int(launch_id))
+    ix = _index(trace)
+    lid = int(launch_id)
+    arow = ix.lookup(ms.astype(np.uint64) * np.uint64(ps), np.full(len(ms), lid), one_past=False)
+    ok = arow >= 0
+    if not ok.any():
+        return False
+    ms, me, arow = ms[ok], me[ok], arow[ok]
+    km = model.kernels.get(kernel)
+    changed = False
+    if km is None:
+        km = KernelModel(kernel, sizes, offsets, launches=0, traces=0,
+                         note="added by fault feedback (never fitted)")
+        model.kernels[kernel] = km
+        changed = True
+    km.feedback["events"] = int(km.feedback.get("events", 0)) + 1
+    km.feedback["missed_pages"] = int(km.feedback.get("missed_pages", 0)) + int((me - ms).sum())
+    same_layout = tuple(km.param_sizes) == sizes and tuple(km.param_offsets) == offsets
+    values = _values(km, data, offsets, grid) if same_layout else {}
+    a_s = (ix.addr // np.uint64(ps)).astype(np.int64)
+    a_e = ((ix.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+    for a in np.unique(arow):
+        sel = arow == a
+        s_, e_ = ms[sel], me[sel]
+        region, base = None, None
+        if same_layout:
+            for r in km.regions:
+                w = Word.parse(r.base).resolve(km.param_sizes)
+                v = w.pointer_one(data, offsets)
+                if ix.lookup(np.array([v], np.uint64), np.array([lid]))[0] == a:
+                    region, base = r, v
+                    break
+        if region is None:
+            changed |= _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, a_s[a])
+            continue
+        km.feedback["misses"] = int(km.feedback.get("misses", 0)) + 1
+        changed |= _refine(km, region, values, base, s_, e_, int(a_s[a]), int(a_e[a]), ps)
+    if changed:
+        model.version_counter += 1
+    return changed
+
+
+def _values(km: KernelModel, data: bytes, offsets, grid) -> dict:
+    names = set()
+    for r in km.regions:
+        names |= r.feature_names()
+        ev = r.fit.get("evidence") if isinstance(r.fit, dict) else None
+        if ev:
+            names |= set(ev.get("features", []))
+    out = {}
+    for n in names:
+        try:
+            out[n] = Word.parse(n).resolve(km.param_sizes).one(data, offsets, grid)
+        except (ValueError, IndexError):
+            pass
+    return out
+
+
+def _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, alloc_page) -> bool:
+    ptrs, _ = candidate_words(sizes, offsets)
+    for w in ptrs:
+        v = w.pointer_one(data, offsets)
+        if ix.lookup(np.array([v], np.uint64), np.array([lid]))[0] == a:
+            if any(r.base == w.name for r in km.regions):
+                return False
+            km.regions.append(Region(w.name, "irregular", history=_merge_hist([], s_ - alloc_page, e_ - alloc_page),
+                                     fit={"launches": 0, "observed": 0, "traces": 0, "exact": 0.0,
+                                          "source": "feedback"}))
+            return True
+    return False
+
+
+def _merge_hist(hist, s, e):
+    hs = np.array([h[0] for h in hist] + list(s), np.int64)
+    he = np.array([h[1] for h in hist] + list(e), np.int64)
+    _, hs, he = FP.merge_intervals(np.zeros(len(hs), np.int64), hs, he, 1)
+    while len(hs) > HISTORY_INTERVALS:
+        gaps = hs[1:] - he[:-1]
+        cut = np.sort(gaps)[len(hs) - HISTORY_INTERVALS - 1]
+        idx = np.flatnonzero(np.r_[True, gaps > cut])
+        he = np.maximum.reduceat(he, idx)
+        hs = hs[idx]
+    return [[int(x), int(y)] for x, y in zip(hs, he)]
+
+
+def _demote(region: Region, s_, e_, alloc_page) -> None:
+    region.cls = "irregular"
+    region.start = region.end = region.count = region.chunk = region.stride = None
+    region.history = _merge_hist(region.history, s_ - alloc_page, e_ - alloc_page)
+    region.fit["demoted_by_feedback"] = True
+
+
+def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: int, a_e: int, ps: int) -> bool:
+    if r.cls == "irregular":
+        before = list(r.history)
+        r.history = _merge_hist(r.history, s_ - a_s, e_ - a_s)
+        return r.history != before
+    if r.cls == "allocation":
+        return False  # a miss inside the allocation cannot be: the prediction already held it
+    r.fit["feedback_misses"] = int(r.fit.get("feedback_misses", 0)) + 1
+    if r.cls == "strided":
+        if r.fit["feedback_misses"] >= DEMOTE_AFTER:
+            _demote(r, s_, e_, a_s)
+        return True
+    # fixed / linear: where is the current prediction?
+    try:
+        sb = base + r.start.evaluate(values)
+        eb = base + r.end.evaluate(values)
+    except KeyError:
+        _demote(r, s_, e_, a_s)
+        return True
+    sp, ep = max(sb // ps, a_s), min(-(-eb // ps), a_e)
+    lo_need, hi_need = int(s_.min()), int(e_.max())
+    if lo_need >= sp and hi_need <= ep:
+        return False  # already covered (an earlier refinement took care of it)
+    # 1. replace: the simplest formulas explaining the evidence plus this launch
+    ev = r.fit.get("evidence")
+    if ev and all(n in values for n in ev["features"]):
+        feats = ev["features"]
+        rows = [list(x) for x in ev["rows"]]
+        need_s = min(lo_need, sp)
+        need_e = max(hi_need, ep)
+        rows.append([values[n] for n in feats] + [-int(FM.INF), (need_s + 1) * ps - 1 - base,
+                                                  (need_e - 1) * ps + 1 - base, int(FM.INF), 1])
+        R = np.array(rows, dtype=np.int64)
+        U = R[:, :len(feats)]
+        varying = np.array([len(np.unique(U[:, k])) > 1 for k in range(U.shape[1])], bool)
+        mono = FM.monomials(list(feats), U, varying)
+        fs = FM.solve(mono, R[:, -5], R[:, -4], R[:, -1].astype(float))
+        fe = FM.solve(mono, R[:, -3], R[:, -2], R[:, -1].astype(float))
+        if fs is not None and fe is not None:
+            r.start, r.end = fs, fe
+            r.cls = "fixed" if not fs.terms and not fe.terms else "linear"
+            ev["rows"] = rows[-64:]
+            r.fit["replaced_by_feedback"] = int(r.fit.get("replaced_by_feedback", 0)) + 1
+            return True
+    # 2. widen the formula that nearly held, 3. demote one that keeps missing
+    size = max(ep - sp, 1)
+    near = max(NEAR * size, 32)
+    if r.fit["feedback_misses"] >= DEMOTE_AFTER or sp - lo_need > near or hi_need - ep > near:
+        _demote(r, s_, e_, a_s)
+        return True
+    if lo_need < sp:
+        r.start = FM.Formula(r.start.const - (sp - lo_need) * ps, r.start.terms)
+    if hi_need > ep:
+        r.end = FM.Formula(r.end.const + (hi_need - ep) * ps, r.end.terms)
+    r.cls = "fixed" if not r.start.terms and not r.end.terms else "linear"
+    r.fit["widened_by_feedback"] = int(r.fit.get("widened_by_feedback", 0)) + 1
+    return True
+
+
+def feedback_from_trace(model: Model, trace: T.Trace, progress=None) -> int:
+    """Apply feedback for every launch of a trace recorded while running with predictions.
+
+    Its faults are the misses; pages the model predicts anyway are not misses.
+    Returns how many launches changed the model.
+    """
+    from .predictor import predict_footprints
+    obs = FP.observed_footprints(trace)
+    pred = predict_footprints(model, trace, "none")
+    # missed = observed minus predicted, per launch (vectorized interval difference)
+    lo, s, e = _difference(obs, pred)
+    changed = 0
+    if len(lo) == 0:
+        return 0
+    starts = np.flatnonzero(np.r_[True, lo[1:] != lo[:-1]])
+    ends = np.r_[starts[1:], len(lo)]
+    for a, b in zip(starts, ends):
+        if apply_feedback(model, trace, int(lo[a]), s[a:b], e[a:b]):
+            changed += 1
+    return changed
+
+
+def _difference(a: FP.Footprints, b: FP.Footprints):
+    """Pages in a but not in b, as (launch, start, end) intervals sorted by launch."""
+    la, lb = a.launch_of_interval(), b.launch_of_interval()
+    # boundaries: each a-interval cut by b-intervals; done page-exact with events
+    n = a.n_launches
+    span = int(max(a.end.max() if len(a.end) else 0, b.end.max() if len(b.end) else 0)) + 1
+    if span * max(n, 1) >= 2 ** 62:  # pragma: no cover
+        raise ValueError("address span too large")
+    pos = np.concatenate([la * span + a.start, la * span + a.end, lb * span + b.start, lb * span + b.end])
+    da = np.concatenate([np.ones(len(la), np.int64), -np.ones(len(la), np.int64),
+                         np.zeros(2 * len(lb), np.int64)])
+    db = np.concatenate([np.zeros(2 * len(la), np.int64), np.ones(len(lb), np.int64), -np.ones(len(lb), np.int64)])
+    o = np.argsort(pos, kind="stable")
+    pos, da, db = pos[o], da[o], db[o]
+    ca, cb = np.cumsum(da), np.cumsum(db)
+    # coverage after each event holds until the next event position
+    inside = (ca > 0) & (cb == 0)
+    nxt = np.r_[pos[1:], pos[-1]] if len(pos) else pos
+    seg = inside & (nxt > pos)
+    s, e = pos[seg], nxt[seg]
+    lid = s // span
+    s, e = s - lid * span, e - lid * span
+    # segments never cross launches (every launch's intervals close before the next opens)
+    g, s, e = FP.merge_intervals(lid, s, e, n)
+    return g, s, e
