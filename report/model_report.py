@@ -17,7 +17,7 @@ from pagecast.footprints import Footprints, footprints, intersection_pages
 from pagecast.units import format_size
 
 from .page import FIG_W, PALETTE, Section, esc, figure, setup_matplotlib, short
-from .trace_report import AddressLayout, kernel_codes, size_unit
+from .trace_report import kernel_codes, size_unit
 
 FALLBACK = "history"
 TOP_KERNELS = 20
@@ -25,7 +25,7 @@ WORST_KERNELS = 10
 EXAMPLE_LAUNCHES = 4
 CLASS_ORDER = ["fixed", "linear", "strided", "allocation", "irregular", "unseen"]
 C_PREC, C_REC, C_BASE = PALETTE[0], PALETTE[2], "#999999"
-C_HIT, C_MISS, C_EXTRA = "#2ca02c", "#d62728", "#ff9f1c"
+C_HIT, C_MISS, C_EXTRA = "#2ca02c", "#e3120b", "#ffb000"
 
 
 def _num(v) -> float | None:
@@ -92,7 +92,10 @@ def per_kernel_plot(ev: dict, kernels: list[dict]):
     rec = [(_num(k.get("recall")) or 0) * 100 for k in top]
     ax.barh(y + h, prec, h, color=C_PREC, label="precision (template model)")
     ax.barh(y, rec, h, color=C_REC, label="recall (template model)")
-    if bk:
+    if any(_num(k.get("baseline_precision")) is not None for k in top):
+        bp = [(_num(k.get("baseline_precision")) or 0) * 100 for k in top]
+        ax.barh(y - h, bp, h, color=C_BASE, label="precision (allocation baseline)")
+    elif bk:
         bp = [(_num(bk.get(k["kernel"], {}).get("precision")) or 0) * 100 for k in top]
         ax.barh(y - h, bp, h, color=C_BASE, label="precision (allocation baseline)")
     elif bo is not None and _num(bo.get("precision")) is not None:
@@ -135,8 +138,13 @@ def per_class_plot(ev: dict):
         ax.text(xi + w / 2, ri + 1, f"{ri:.1f}", ha="center", fontsize=7)
     labels = []
     for name, g in groups:
-        n = g.get("launches")
-        labels.append(f"{name}\n{n:,} launches" if isinstance(n, int) else name)
+        n, nk = g.get("launches"), g.get("kernels")
+        lab = name
+        if isinstance(nk, int) and not isinstance(nk, bool):
+            lab += f"\n{nk} kernel{'s' if nk != 1 else ''}"
+        if isinstance(n, int) and not isinstance(n, bool):
+            lab += f"\n{n:,} launches"
+        labels.append(lab)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylim(0, 112)
     ax.set_ylabel("precision / recall (% of bytes)")
@@ -193,50 +201,57 @@ def pick_launches(trace: T.Trace, truth: Footprints, pred: Footprints, worst: li
 
 
 def footprint_picture(trace: T.Trace, truth: Footprints, pred: Footprints, launches: list[int]):
+    """One panel per launch: footprint and prediction on an axis made of the pieces either of them covers
+    (in address order, the gaps between them removed, a dashed line where a gap was)."""
     plt = setup_matplotlib()
+    from pagecast.footprints import merge_intervals
     ps = trace.page_size
     names, codes = kernel_codes(trace)
     n = max(len(launches), 1)
-    fig, axes = plt.subplots(n, 1, figsize=(FIG_W, 0.7 + 1.25 * n), squeeze=False)
-    all_addr = np.concatenate([truth.start, pred.start]) * ps if (len(truth.start) + len(pred.start)) else None
-    layout = AddressLayout(trace, all_addr)
+    fig, axes = plt.subplots(n, 1, figsize=(FIG_W, 0.7 + 1.3 * n), squeeze=False)
     for ax, lid in zip(axes[:, 0], launches):
         ts, te = truth.of(lid)
         qs, qe = pred.of(lid)
         s, e, in_t, in_p = _set_ops(ts, te, qs, qe)
-        xs = layout.map(s * ps)
-        xe = layout.map(e * ps - 1) + 1
-        ok = np.isfinite(xs) & np.isfinite(xe)
-        xs, xe, in_t, in_p = xs[ok], xe[ok], in_t[ok], in_p[ok]
-        span = (xe.max() - xs.min()) if len(xs) else 1
-        div, unit = size_unit(max(span, 1))
-        base = xs.min() if len(xs) else 0
+        tpg, ppg = int((te - ts).sum()), int((qe - qs).sum())
+        hit = int(((e - s)[in_t & in_p]).sum()) if len(s) else 0
+        # the launch's own axis: union pieces stacked
+        _, us, ue = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
+        off = np.concatenate([[0], np.cumsum(ue - us)]).astype(np.int64)
+        k = np.searchsorted(us, s, side="right") - 1
+        xs = off[k] + (s - us[k]) if len(s) else np.zeros(0, np.int64)
+        width = e - s
+        total = max(int(off[-1]), 1)
+        div, unit = size_unit(total * ps)
+        scale = ps / div
         for row, member in ((1, in_t), (0, in_p)):
             for cls, colour in (("hit", C_HIT), ("miss", C_MISS), ("extra", C_EXTRA)):
                 sel = member & ((in_t & in_p) if cls == "hit" else (in_t & ~in_p) if cls == "miss" else (~in_t & in_p))
                 if sel.any():
-                    ax.broken_barh(list(zip((xs[sel] - base) / div, np.maximum((xe[sel] - xs[sel]) / div,
-                                                                               span / div / 800))),
+                    ax.broken_barh(list(zip(xs[sel] * scale, np.maximum(width[sel] * scale, total * scale / 600))),
                                    (row - 0.35, 0.7), facecolors=colour, lw=0)
-        tpg, ppg = int((te - ts).sum()), int((qe - qs).sum())
-        hit = int(((e - s)[in_t & in_p]).sum()) if len(s) else 0
+        for j, b in enumerate(off[1:-1]):
+            ax.axvline(b * scale, color="#555", ls="--", lw=0.7)
+        for j in range(len(us)):
+            if (ue[j] - us[j]) >= 0.12 * total:   # label pieces wide enough to carry one
+                ax.text(off[j] * scale, 1.45, f" 0x{int(us[j]) * ps:x}", fontsize=6.5, color="#555", va="bottom")
         prec = f"{100 * hit / ppg:.1f}%" if ppg else "—"
         rec = f"{100 * hit / tpg:.1f}%" if tpg else "—"
         ax.set_yticks([0, 1], ["predicted", "footprint"], fontsize=8)
-        ax.set_ylim(-0.6, 1.6)
+        ax.set_ylim(-0.6, 1.9)
+        ax.set_xlim(0, total * scale)
         ax.set_title(f"launch {lid}: {short(names[codes[lid]], 50)} — footprint {format_size(tpg * ps)}, "
                      f"predicted {format_size(ppg * ps)}, precision {prec}, recall {rec}", fontsize=9, loc="left")
-        ax.set_xlabel(f"address from the launch's lowest page ({unit}; allocations stacked, gaps removed)",
-                      fontsize=8)
+        ax.set_xlabel(f"{unit} of address space this launch touched or was predicted to touch "
+                      "(pieces in address order; dashed = gap removed)", fontsize=8)
         ax.grid(axis="y", visible=False)
     from matplotlib.patches import Patch
+    fig.suptitle("Predicted against observed footprint for a few launches", fontweight="bold")
     fig.legend(handles=[Patch(color=C_HIT, label="predicted and touched"),
                         Patch(color=C_MISS, label="touched, not predicted (would fault)"),
                         Patch(color=C_EXTRA, label="predicted, not touched (wasted transfer)")],
-               loc="upper center", ncol=3, bbox_to_anchor=(0.5, 1.0 + 0.12 / n), frameon=False)
-    fig.suptitle("Predicted against observed footprint for a few launches", fontweight="bold",
-                 y=1.0 + 0.25 / n)
-    fig.tight_layout()
+               loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.02), frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return figure(fig, "Predicted against observed footprint",
                   "Green is right; red pages would still fault (a template too small or a missed region), orange "
                   "pages would be moved for nothing (a template too large).")
@@ -266,7 +281,13 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
             ("launches", f"{ov.get('launches', trace.n_launches):,}"),
             ("kernels in model", f"{len(model.kernels):,}")]
     if bo is not None:
-        nums += [("baseline precision", _pct(bo.get("precision"))), ("baseline recall", _pct(bo.get("recall")))]
+        nums += [("allocation baseline precision", _pct(bo.get("precision"))),
+                 ("allocation baseline recall", _pct(bo.get("recall"))),
+                 ("allocation baseline predicted", format_size(bo.get("predicted_bytes") or 0))]
+    det = ev.get("determined")
+    if isinstance(det, dict) and det.get("launches"):
+        nums += [("precision, argument-determined kernels", _pct(det.get("precision"))),
+                 ("recall, argument-determined kernels", _pct(det.get("recall")))]
     summ.add_numbers(nums)
     if isinstance(unseen, dict):
         u = unseen.get("kernels")

@@ -60,8 +60,10 @@ class AddressLayout:
 
     def __init__(self, trace: T.Trace, extra_addresses: np.ndarray | None = None) -> None:
         A = trace.allocations
+        ps = trace.page_size   # whole pages, so page-rounded footprints of unaligned allocations fit
         a = A.column(T.ADDRESS).to_numpy().astype(np.int64)
         b = a + A.column(T.BYTES).to_numpy().astype(np.int64)
+        a, b = a // ps * ps, (b + ps - 1) // ps * ps
         s, e = self._merge(a, b)
         self.n_alloc_segments = len(s)
         if extra_addresses is not None and len(extra_addresses):

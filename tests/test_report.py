@@ -106,6 +106,25 @@ def toy_results(tmp_path_factory) -> Path:
     return make_results(tmp_path_factory.mktemp("res") / "RESULTS.parquet")
 
 
+@pytest.fixture(scope="module")
+def trace_html(toy_trace, tmp_path_factory) -> Path:
+    from pagecast.report.render import write_report
+    return write_report(toy_trace, tmp_path_factory.mktemp("html") / "trace.html")
+
+
+@pytest.fixture(scope="module")
+def replay_html(toy_results, tmp_path_factory) -> Path:
+    from pagecast.report.render import write_report
+    return write_report(toy_results, tmp_path_factory.mktemp("html") / "replay.html")
+
+
+@pytest.fixture(scope="module")
+def model_html(mlp_model, tmp_path_factory) -> Path:
+    from pagecast.report.render import write_report
+    model_path, test = mlp_model
+    return write_report(test, tmp_path_factory.mktemp("html") / "model.html", model=model_path)
+
+
 def _images(html: str) -> list[str]:
     return re.findall(r'src="data:image/(svg\+xml|png);base64,', html)
 
@@ -131,12 +150,10 @@ def _svg_texts(html: str) -> str:
 
 # ---- the trace report ---------------------------------------------------------
 
-def test_trace_report_has_plots_and_numbers(toy_trace, tmp_path):
-    from pagecast.report.render import write_report
+def test_trace_report_has_plots_and_numbers(toy_trace, trace_html):
     from pagecast.summary import trace_summary
 
-    out = write_report(toy_trace, tmp_path / "r.html")
-    html = out.read_text()
+    html = trace_html.read_text()
     assert _figure_titles(html) == ["Fault scatter: time against virtual address", "Faults and migrated bytes over time",
                                     "Footprint per kernel", "Allocation map"]
     assert len(_images(html)) == 4
@@ -220,11 +237,10 @@ def test_trace_without_migrations_or_allocations(tmp_path):
 
 # ---- the replay report --------------------------------------------------------
 
-def test_replay_report_has_plots_and_numbers(toy_results, tmp_path):
+def test_replay_report_has_plots_and_numbers(toy_results, replay_html):
     from pagecast.replay.results_io import read_results
-    from pagecast.report.render import write_report
 
-    html = write_report(toy_results, tmp_path / "r.html").read_text()
+    html = replay_html.read_text()
     assert _figure_titles(html) == ["Speedup per policy against oversubscription", "Bytes moved per policy",
                                     "Stall timeline per launch", "Multitask timeline"]
     assert len(_images(html)) == 4
@@ -248,6 +264,74 @@ def test_replay_report_without_timeline(tmp_path):
     html = write_report(res, tmp_path / "r.html").read_text()
     assert len(_images(html)) == 2
     assert "No timeline beside" in html
+
+
+# ---- the model report ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlp_model(tmp_path_factory):
+    """A model fitted on one mlp-train trace, and another trace of the same workload (another seed)."""
+    pytest.importorskip("pagecast.predict.fit")
+    from pagecast.datasets.registry import make_trace as make_workload
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import save_model
+    d = tmp_path_factory.mktemp("model")
+    train = make_workload("mlp-train", d / "train.pctrace", scale=0.05, seed=0)
+    test = make_workload("mlp-train", d / "test.pctrace", scale=0.05, seed=1)
+    model = save_model(fit_model([T.read_trace(train)]), d / "model.json")
+    return model, test
+
+
+def test_model_report_has_plots_and_numbers(mlp_model, model_html):
+    from pagecast.predict.evaluate import evaluate
+    from pagecast.predict.model_io import load_model
+
+    model_path, test = mlp_model
+    html = model_html.read_text()
+    assert _figure_titles(html) == ["Precision and recall per template class", "Precision and recall per kernel",
+                                    "Predicted against observed footprint"]
+    assert len(_images(html)) == 3
+    _check_every_figure_explained(html)
+    model = load_model(model_path)
+    ev = evaluate(model, T.read_trace(test), fallback="history")
+    ov, base = ev["overall"], ev["baseline"]
+    for label, v in (("precision", ov["precision"]), ("recall", ov["recall"]),
+                     ("allocation baseline precision", base["precision"])):
+        assert f'<div class="v">{100 * v:.2f}%</div><div class="k">{label}</div>' in html
+    # every kernel is listed with its formulas, as the model writes them
+    for k in ev["kernels"]:
+        assert k["kernel"] in html
+        km = model.kernels.get(k["kernel"])
+        if km is not None and km.regions:
+            assert _html_escape(km.regions[0].text()) in html
+    svg = _svg_texts(html)
+    assert "precision and recall (% of bytes)" in svg and "template class" in svg
+    assert "allocation baseline" in svg
+    assert re.search(r"launch \d+: ", svg)
+
+
+def _html_escape(s: str) -> str:
+    import html as _h
+    return _h.escape(s, quote=True)
+
+
+def test_model_report_with_unseen_kernels(mlp_model, tmp_path):
+    from pagecast.report.render import write_report
+    model_path, _ = mlp_model
+    other = make_trace(tmp_path / "toy.pctrace", n_launches=6, pages_step=64)   # kernels the model never saw
+    html = write_report(other, tmp_path / "m.html", model=model_path).read_text()
+    assert len(_images(html)) == 3
+    assert "not seen" in html and "(not in the model: unseen kernel)" in html
+
+
+def test_set_ops_splits_hits_misses_and_extras():
+    from pagecast.report.model_report import _set_ops
+    a_s, a_e = np.array([0, 10]), np.array([5, 20])      # footprint
+    b_s, b_e = np.array([3, 15]), np.array([12, 25])     # prediction
+    s, e, ia, ib = _set_ops(a_s, a_e, b_s, b_e)
+    got = [(int(x), int(y), bool(p), bool(q)) for x, y, p, q in zip(s, e, ia, ib)]
+    assert got == [(0, 3, True, False), (3, 5, True, True), (5, 10, False, True), (10, 12, True, True),
+                   (12, 15, True, False), (15, 20, True, True), (20, 25, False, True)]
 
 
 # ---- command line and bad input ---------------------------------------------------
@@ -313,19 +397,13 @@ def _chromium():
 
 
 @pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (CI installs Debian's chromium)")
-def test_reports_render_in_headless_chromium(toy_trace, tmp_path):
-    from pagecast.report.browser import probe, screenshot
-    from pagecast.report.render import write_report
-    paths = [write_report(toy_trace, tmp_path / "trace.html")]
-    try:
-        import pagecast.replay.results_io  # noqa: F401
-        paths.append(write_report(make_results(tmp_path / "R.parquet"), tmp_path / "replay.html"))
-    except ImportError:
-        pass
-    for p in paths:
+def test_reports_render_in_headless_chromium(trace_html, model_html, replay_html):
+    from pagecast.report.browser import probe
+    paths = [(trace_html, 4), (model_html, 3), (replay_html, 4)]
+    for p, n_figures in paths:
         got = probe(p, width=1366, height=900)
         assert got["errors"] == [], got["errors"]
-        assert got["figures"] == 4 and len(got["imgs"]) == 4
+        assert got["figures"] == n_figures and len(got["imgs"]) == n_figures
         for im in got["imgs"]:
             assert im["ok"] and im["nw"] > 100 and im["nh"] > 100 and im["w"] > 100 and im["h"] > 50, im
         assert got["width"] <= got["viewport"], "the page scrolls sideways on a laptop-sized window"
