@@ -120,3 +120,46 @@ def test_emulated_capacity_holds_on_a_real_launch_sequence(jacobi):
             eng.on_launch(launch_args(row))
             assert eng.residency.resident_units <= eng.residency.capacity_units or eng.stats.overflow_launches
         assert eng.stats.errors == 0, eng.stats.last_error
+
+
+def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
+    """Faults outside the prediction reach pagecast.predict.feedback.apply_feedback (and the history fallback)."""
+    import copy
+
+    from pagecast.replay.cuda_iface import UvmCounts
+
+    model, big = jacobi
+    model = copy.deepcopy(model)
+    fake = fake_for(big)
+    predict = G.make_online_predict(model)
+    eng = G.Engine(fake, "template", predict=predict)
+    rows = big.launches.slice(0, 60).to_pylist()
+    for row in rows:
+        eng.on_launch(launch_args(row))
+    ps = model.page_size
+    found = None
+    for t, corr, la, pred in eng.history:   # a launch, and a page of one of its allocations it was not predicted to touch
+        covered = {p for a, n in (pred or []) for p in range(a // ps, (a + n + ps - 1) // ps)}
+        for w in G.pointer_words(bytes(la.param_data)):
+            alloc = eng.allocs.find(w)
+            if alloc is None:
+                continue
+            free = [p for p in range(alloc.base // ps, (alloc.base + alloc.size) // ps) if p not in covered]
+            if free:
+                found = (corr, la, free[0])
+                break
+        if found:
+            break
+    if found is None:
+        pytest.skip("every prediction covers its whole allocations: nothing can be missed")
+    corr, la, missed = found
+    c = UvmCounts()
+    c.kernel_records = [(100, 200, corr, la.kernel)]
+    c.fault_records = [(150, missed * ps, 1)]
+    before = model.version_counter
+    loop = G._FeedbackLoop(eng, None, model, "history", predict)
+    loop.round(c)
+    assert eng.stats.errors == 0, eng.stats.last_error
+    km = model.kernels[la.kernel]
+    assert km.feedback["events"] >= 1 and km.feedback["missed_pages"] >= 1
+    assert eng.stats.feedback_updates == (1 if model.version_counter != before else 0)
