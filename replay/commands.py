@@ -1,7 +1,268 @@
-"""Subcommands of this stage, registered in pagecast.cli."""
+"""Subcommands of this stage, registered in pagecast.cli: plan, replay, demo."""
 
 from __future__ import annotations
 
-from pagecast.command import Command
+import argparse
+from pathlib import Path
 
-COMMANDS: list[Command] = []
+from pagecast.command import Command
+from pagecast.errors import UsageError
+
+POLICY_NAMES = "demand, alloc, template, oracle, swap"
+
+
+def _size_list(text: str) -> list[int]:
+    from pagecast.units import parse_size_list
+    return parse_size_list(text)
+
+
+def _split_at_double_dash(p: argparse.ArgumentParser) -> None:
+    """Everything after the first `--` is the GPU workload's command (argparse alone
+    would hand it to the TRACE positional)."""
+    orig = p.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        import sys
+        args = list(sys.argv[1:] if args is None else args)
+        tail: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, tail = args[:i], args[i + 1:]
+        ns, extra = orig(args, namespace)
+        ns.workload = tail
+        return ns, extra
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    p.epilog = "A GPU workload goes last, after --: pagecast replay --backend gpu ... -- python train.py"
+
+
+def _add_sim_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulator (--backend sim)")
+    g.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE",
+                   help="cost profile: msched-rtx5080 (default), pcie4, pcie3, none, or a JSON file")
+    g.add_argument("--granularity", metavar="SIZE", help="migration unit of a fault (default: the profile's, 64KiB)")
+    g.add_argument("--eviction-unit", metavar="SIZE", help="eviction unit (default: the profile's, 2MiB)")
+    g.add_argument("--eviction", default="fifo", choices=("fifo", "lru"),
+                   help="victim order of fault-path evictions: fifo = allocation order, the driver's (default)")
+    g.add_argument("--no-driver-prefetch", action="store_true", help="switch the driver's tree prefetcher off")
+    g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
+                   help="round-robin time slice between tasks, ms of kernel time (default 10)")
+
+
+def _sim_config(args):
+    from pagecast.units import parse_size
+    from .run import SimConfig
+    return SimConfig(costs=args.costs,
+                     granularity=None if args.granularity is None else parse_size(args.granularity),
+                     eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit),
+                     eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
+                     timeslice_ms=args.timeslice, feedback=bool(getattr(args, "feedback", False)))
+
+
+class PlanCommand(Command):
+    name = "plan"
+    help = "a prefetch/evict plan for a trace's launch sequence, made from a model"
+    description = ("Predict every launch's footprint with MODEL, then plan before each launch what to prefetch\n"
+                   "and what to evict (Belady on the predictions), never exceeding the capacity.\n\n"
+                   "  pagecast plan model.json run.pctrace --oversub 2 -o run.plan")
+
+    def add_arguments(self, p):
+        p.add_argument("model", metavar="MODEL")
+        p.add_argument("trace", metavar="TRACE")
+        g = p.add_mutually_exclusive_group(required=True)
+        g.add_argument("--capacity", metavar="SIZE", help="GPU memory for the workload, e.g. 8GiB")
+        g.add_argument("--oversub", type=float, metavar="R", help="capacity = the trace's footprint / R")
+        p.add_argument("-o", "--output", required=True, metavar="PLAN", help="plan directory to write")
+        p.add_argument("--force", action="store_true", help="overwrite an existing plan")
+        p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE",
+                       help="cost profile (for the migration granularity; default msched-rtx5080)")
+        p.add_argument("--granularity", metavar="SIZE", help="plan in units of SIZE (default: the profile's)")
+        p.add_argument("--json", action="store_true", help="print the plan's manifest as JSON")
+
+    def run(self, args):
+        from pagecast import console
+        from pagecast.errors import OutputExistsError
+        from pagecast.predict.model_io import load_model
+        from pagecast.trace import read_trace
+        from pagecast.units import format_size, parse_size
+
+        from . import plan_io
+        from .run import SimConfig, make_plan
+
+        out = Path(args.output)
+        if out.exists() and not args.force:
+            raise OutputExistsError(out)
+        cap = None if args.capacity is None else parse_size(args.capacity)
+        if cap is not None and cap <= 0:
+            raise UsageError(f"--capacity must be > 0, not {args.capacity}")
+        model = load_model(args.model)
+        trace = read_trace(args.trace)
+        cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity))
+        with console.progress("planning", None):
+            table, manifest = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg,
+                                        model_path=str(args.model))
+        plan_io.write_plan(out, table, manifest, force=args.force)
+        if args.json:
+            console.emit_json(manifest)
+        else:
+            console.info(f"{table.num_rows:,} transfers: {format_size(manifest['prefetch_bytes'])} in, "
+                         f"{format_size(manifest['evict_bytes'])} out at capacity "
+                         f"{format_size(manifest['capacity_bytes'])}"
+                         + (f"; {manifest['thrashing_launches']} launches larger than it" if manifest['thrashing_launches'] else ""))
+        console.wrote(out, "plan", f"pagecast replay {args.trace} --policy demand,template,oracle "
+                                   f"--plan {out} --capacity {manifest['capacity_bytes']}")
+        return 0
+
+
+class ReplayCommand(Command):
+    name = "replay"
+    help = "replay traces under policies (simulator or GPU) and compare them"
+    description = ("Replay launch sequences on a GPU of the given capacity under each policy and compare\n"
+                   f"time, stall, faults and bytes moved. Policies: {POLICY_NAMES}.\n"
+                   "Several traces are several tasks sharing one GPU (round-robin time slices).\n\n"
+                   "  pagecast replay a.pctrace b.pctrace --policy demand,template,oracle --oversub 1.5,2,3 --model m.json\n"
+                   "  pagecast replay --backend gpu --model m.json --policy demand,template -- python train.py")
+
+    def add_arguments(self, p):
+        p.add_argument("traces", nargs="*", metavar="TRACE", help="trace directories (simulator); none for a GPU workload")
+        p.add_argument("--policy", required=True, metavar="P,...", help=f"comma-separated: {POLICY_NAMES}")
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--capacity", metavar="SIZE,...", help="GPU memory sizes, e.g. 1GiB,2GiB")
+        g.add_argument("--oversub", metavar="R,...", help="capacity = union of the traces' footprints / R")
+        p.add_argument("--model", metavar="MODEL", help="model for the template policy (planned on the fly)")
+        p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy")
+        p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
+        p.add_argument("--backend", default="sim", choices=("sim", "gpu"), help="sim (default) or gpu")
+        p.add_argument("--json", action="store_true", help="print one JSON list of runs on stdout")
+        p.add_argument("-o", "--output", metavar="RESULTS.parquet", help="write the runs (and a timeline beside them)")
+        p.add_argument("--force", action="store_true", help="overwrite existing results")
+        _add_sim_flags(p)
+        g2 = p.add_argument_group("GPU backend (--backend gpu)")
+        g2.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per policy (median reported)")
+        g2.add_argument("--allow-oversubscription", action="store_true",
+                        help="let the workload allocate more than the GPU's free memory (may hang the GPU)")
+        p.set_defaults(workload=[])
+        _split_at_double_dash(p)
+
+    def run(self, args):
+        from pagecast import console
+        from pagecast.errors import OutputExistsError
+        from pagecast.units import parse_float_list, parse_list
+
+        from .simulator import check_policies
+
+        args.policy = check_policies(parse_list(args.policy))
+        args.capacity = None if args.capacity is None else _size_list(args.capacity)
+        args.oversub = None if args.oversub is None else parse_float_list(args.oversub, "--oversub")
+        wl = list(args.workload or [])
+        args.workload = wl
+        if args.capacity is not None:
+            for c in args.capacity:
+                if c <= 0:
+                    raise UsageError(f"--capacity must be > 0, not {c}")
+        if args.output:
+            from .results_io import timeline_path
+            for pth in (Path(args.output), timeline_path(args.output)):
+                if pth.exists() and not args.force:
+                    raise OutputExistsError(pth)
+        if args.backend == "gpu":
+            from .gpu_runner import run_gpu_replay
+            runs, timeline = run_gpu_replay(args)
+        else:
+            if wl:
+                raise UsageError("a workload command after -- needs --backend gpu")
+            if args.capacity is None and args.oversub is None:
+                raise UsageError("give --capacity SIZE,... or --oversub R,...")
+            runs, timeline = self._sim(args)
+        return _report(args, runs, timeline)
+
+    def _sim(self, args):
+        from pagecast import console
+        from pagecast.trace import read_trace
+
+        from .run import replay_sim
+
+        traces = [read_trace(t) for t in args.traces]
+        model = None
+        if args.model:
+            from pagecast.predict.model_io import load_model
+            model = load_model(args.model)
+        cfg = _sim_config(args)
+        total = len(args.policy) * len(args.capacity or args.oversub)
+        with console.progress("replaying", total) as bar:
+            return replay_sim(traces, args.policy, capacity=args.capacity, oversub=args.oversub, config=cfg,
+                              model=model, model_path=args.model, plan_path=args.plan, progress=bar)
+
+
+JSON_FIELDS = ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",
+               "dtoh_bytes", "speedup_vs_demand")
+
+
+def _report(args, runs, timeline) -> int:
+    from pagecast import console
+
+    if args.output:
+        from .results_io import write_results
+        write_results(args.output, runs, timeline, force=args.force)
+    if args.json:
+        console.emit_json(runs)
+    else:
+        console.stdout().print(results_table(runs))
+    if args.output:
+        console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
+    return 0
+
+
+def results_table(runs, title: str | None = None):
+    """A rich table of runs: one row per (workload, capacity, policy)."""
+    from rich.table import Table
+
+    from pagecast.units import format_size
+
+    t = Table(title=title)
+    for c, j in (("workload", "left"), ("capacity", "right"), ("oversub", "right"), ("policy", "left"),
+                 ("time", "right"), ("stall", "right"), ("faults", "right"), ("in", "right"), ("out", "right"),
+                 ("vs demand", "right"), ("of oracle", "right")):
+        t.add_column(c, justify=j)
+    for r in sorted(runs, key=lambda r: (r.get("workload") or "", r["capacity_bytes"] or 0, r.get("run", 0))):
+        sp = r.get("speedup_vs_demand")
+        fo = r.get("fraction_of_oracle")
+        t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
+                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", r["policy"],
+                  _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
+                  format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
+                  "-" if fo is None else f"{fo:.1%}")
+    return t
+
+
+def _secs(s) -> str:
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+class DemoCommand(Command):
+    name = "demo"
+    help = "the whole pipeline on a built-in workload mix, no GPU needed"
+    description = ("Generate workloads at a small scale, fit templates on two seeds, plan and replay a third seed\n"
+                   "at 150/200/300% oversubscription with demand, alloc, template and oracle, alone and as\n"
+                   "MSched's multitask mixes, and print the comparison table.")
+
+    def add_arguments(self, p):
+        p.add_argument("-o", "--output", default="pagecast-demo", metavar="DIR",
+                       help="where to write traces, model, results (default ./pagecast-demo)")
+        p.add_argument("--force", action="store_true", help="reuse a non-empty DIR")
+        p.add_argument("--scale", type=float, default=None, help="workload scale (default: the demo's small scale)")
+        p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE", help="cost profile")
+        p.add_argument("--json", action="store_true", help="print the runs as one JSON list")
+
+    def run(self, args):
+        from .demo import run_demo
+        return run_demo(args)
+
+
+COMMANDS: list[Command] = [PlanCommand(), ReplayCommand(), DemoCommand()]

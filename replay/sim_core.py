@@ -143,6 +143,15 @@ def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo,
                             st_i[0] -= 1
                             ev = 1
                             break
+                if ev == 0:
+                    # nothing used yet: give up the unit this launch needs last
+                    for kk in range(len(units) - 1, k, -1):
+                        v = units[kk]
+                        if resident[v] == 1:
+                            _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                            st_i[0] -= 1
+                            ev = 1
+                            break
                 if ev > 0:
                     counters[C_FAULT_DTOH] += ev
                     continue
@@ -401,6 +410,9 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     for i in range(start_step, n_steps):
         g = i - start_step
         n_aside = 0
+        # a step larger than memory streams through it: keep one unit free for
+        # its faults, as the simulator runs it (so plan and memory agree after)
+        cap_i = cap - 1 if (need_ptr[i + 1] - need_ptr[i] > cap and cap > 1) else cap
         in_flight = 0
         # step i's own units first (some may have been prefetched, then evicted
         # again by a more urgent need), then the lookahead from where it stopped
@@ -423,7 +435,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                 k += 1
                 continue
             ok = True
-            if n_res >= cap:
+            if n_res >= cap_i:
                 found = False
                 while hsize > 0:
                     kk = hk[0]
