@@ -625,3 +625,24 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
     assert by[(2.0, "demand")]["faults"] > by[(1.0, "demand")]["faults"]
     assert by[(2.0, "oracle")]["evict_bytes"] > 0
     assert by[(1.0, "demand")]["speedup_vs_demand"] == 1.0
+    # the replay command writes and prints them as it does the simulator's
+    from pagecast.replay.commands import results_table
+    from pagecast.replay.results_io import read_results, write_results
+
+    out = write_results(tmp_path / "gpu.parquet", rows, timeline)
+    back, tl = read_results(out)
+    assert back.num_rows == 6 and tl is None
+    assert set(back.column("backend").to_pylist()) == {"gpu"}
+    assert back.column("faults").to_pylist() == [r["faults"] for r in rows]
+    assert results_table(rows).row_count == 6
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this machine has a GPU")
+def test_replay_command_gpu_backend_without_gpu(capsys, tmp_path):
+    from pagecast.cli import main
+
+    (tmp_path / "w.py").write_text("print('hi')\n")
+    assert main(["replay", "--backend", "gpu", "--policy", "demand,alloc", "--json",
+                 "--", "python", str(tmp_path / "w.py")]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and "no usable NVIDIA GPU" in cap.err
