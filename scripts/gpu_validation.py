@@ -4,7 +4,8 @@
 For each GPU workload (default jacobi2d, mlp-train, llm-decode; run as
 `python -m pagecast.datasets.gpu.NAME --scale S`):
 
-1. collect a full-mode trace at the fit scale and fit a model on it;
+1. collect full-mode traces at the fit scales (default 0.25 and 0.5) and fit a
+   model on them;
 2. collect a full-mode trace at the replay scale (the oracle's footprints, the
    footprint that --oversub divides, and the simulator's input);
 3. replay on the GPU at the replay scale, at emulated 150/200/300%
@@ -49,19 +50,27 @@ def workload_cmd(name: str, scale: float) -> list[str]:
     return ["python", "-m", f"pagecast.datasets.gpu.{name.replace('-', '_')}", "--scale", str(scale)]
 
 
-def plan(name: str, work: Path, *, fit_scale: float, replay_scale: float, oversub, policies, repeat: int,
+def plan(name: str, work: Path, *, fit_scales, replay_scale: float, oversub, policies, repeat: int,
          profile: Path, managed: str | None = None) -> list[tuple[str, list[str]]]:
-    """The (step, command) pairs for one workload (pure)."""
+    """The (step, command) pairs for one workload (pure).
+
+    The model is fitted on traces at the fit scales (two or more let the fit
+    tell a fixed size from one that grows with the arguments) and replayed at
+    another scale.
+    """
     d = work / name
-    small, big = d / f"{name}-fit.pctrace", d / f"{name}-replay.pctrace"
+    fit_scales = [fit_scales] if isinstance(fit_scales, (int, float)) else list(fit_scales)
+    smalls = [d / f"{name}-fit-{s:g}.pctrace" for s in fit_scales]
+    big = d / f"{name}-replay.pctrace"
     model = d / f"{name}.model.json"
     ov = ",".join(f"{r:g}" for r in oversub)
     pol = ",".join(policies)
     extra = ["--managed", managed] if managed else []
-    return [
-        ("collect (fit scale)", pagecast("collect", "-o", str(small), "--mode", "full", "--force", *extra, "--",
-                                         *workload_cmd(name, fit_scale))),
-        ("fit", pagecast("fit", str(small), "-o", str(model), "--force")),
+    steps = [(f"collect (fit scale {s:g})", pagecast("collect", "-o", str(p), "--mode", "full", "--force", *extra,
+                                                     "--", *workload_cmd(name, s)))
+             for s, p in zip(fit_scales, smalls)]
+    return steps + [
+        ("fit", pagecast("fit", *map(str, smalls), "-o", str(model), "--force")),
         ("collect (replay scale)", pagecast("collect", "-o", str(big), "--mode", "full", "--force", *extra, "--",
                                             *workload_cmd(name, replay_scale))),
         ("replay gpu", pagecast("replay", str(big), "--backend", "gpu", "--model", str(model), "--policy", pol,
@@ -135,7 +144,7 @@ def bars(rows: list[dict]) -> list[dict]:
 def render(results: dict, *, device: str, date: str, profile: dict | None, settings: dict) -> str:
     """The markdown section. results: workload -> {"rows": compare(...), "errors": [(step, reason)]}."""
     L = ["## GPU replay: measured speedups, and the simulator against them", "",
-         f"Run {date} on {device}. Fit scale {settings['fit_scale']}, replay scale {settings['replay_scale']},"
+         f"Run {date} on {device}. Fitted at scale(s) {settings['fit_scale']}, replayed at scale {settings['replay_scale']},"
          f" {settings['repeat']} run(s) per point (median); capacity emulated by evicting to the host"
          " (`pagecast replay --backend gpu`, see 'The GPU replay runner' above).", ""]
     if profile:
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--oversub", default=",".join(f"{r:g}" for r in OVERSUB))
-    ap.add_argument("--fit-scale", type=float, default=0.5)
+    ap.add_argument("--fit-scale", default="0.25,0.5", help="comma-separated scales to fit on (default 0.25,0.5)")
     ap.add_argument("--replay-scale", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--managed", default=None, help="passed to pagecast collect --managed (e.g. cupy,torch)")
@@ -218,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p for p in a.policies.split(",") if p]
     oversub = [float(x) for x in a.oversub.split(",") if x]
     profile_path = work / "calibrated.json"
-    plans = {n: plan(n, work, fit_scale=a.fit_scale, replay_scale=a.replay_scale, oversub=oversub,
+    fit_scales = [float(x) for x in a.fit_scale.split(",") if x]
+    plans = {n: plan(n, work, fit_scales=fit_scales, replay_scale=a.replay_scale, oversub=oversub,
                      policies=policies, repeat=a.repeat, profile=profile_path, managed=a.managed) for n in names}
     calibrate = pagecast("calibrate", "-o", str(profile_path), "--force", "--json")
     if a.dry_run:
@@ -257,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 res["rows"] = compare(gpu_rows, sim_rows or [])
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = render(results, device=device, date=date, profile=profile,
-                settings={"fit_scale": a.fit_scale, "replay_scale": a.replay_scale, "repeat": a.repeat})
+                settings={"fit_scale": ", ".join(f"{x:g}" for x in fit_scales), "replay_scale": a.replay_scale, "repeat": a.repeat})
     md += f"\nCommands and their stderr: `{log_path}`.\n"
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(md)

@@ -19,12 +19,12 @@ def V():
 
 
 def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_profile(V, tmp_path):
-    steps = V.plan("mlp-train", tmp_path, fit_scale=0.5, replay_scale=2.0, oversub=[1.5, 2, 3],
+    steps = V.plan("mlp-train", tmp_path, fit_scales=[0.5], replay_scale=2.0, oversub=[1.5, 2, 3],
                    policies=["demand", "template"], repeat=3, profile=tmp_path / "p.json")
     names = [s for s, _ in steps]
-    assert names == ["collect (fit scale)", "fit", "collect (replay scale)", "replay gpu", "replay sim"]
+    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)", "replay gpu", "replay sim"]
     cmds = {s: c for s, c in steps}
-    assert cmds["collect (fit scale)"][-5:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "0.5"]
+    assert cmds["collect (fit scale 0.5)"][-5:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "0.5"]
     gpu = cmds["replay gpu"]
     assert "--backend" in gpu and gpu[gpu.index("--backend") + 1] == "gpu"
     assert gpu[gpu.index("--oversub") + 1] == "1.5,2,3" and gpu[gpu.index("--repeat") + 1] == "3"
@@ -33,6 +33,13 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
     assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
+
+
+def test_plan_fits_on_every_fit_scale(V, tmp_path):
+    steps = dict(V.plan("jacobi2d", tmp_path, fit_scales=[0.25, 0.5], replay_scale=1, oversub=[2],
+                        policies=["demand"], repeat=1, profile=tmp_path / "p.json"))
+    fit = steps["fit"]
+    assert sum(a.endswith(".pctrace") for a in fit) == 2
 
 
 def _rows(backend, times):
@@ -69,7 +76,7 @@ def test_report_checks_the_bars_and_the_simulator(V):
 def test_dry_run_prints_every_command(V, capsys, tmp_path):
     assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 + 3 * 5
+    assert len(lines) == 1 + 3 * 6          # two fit scales by default
     assert "calibrate" in lines[0]
     assert sum("--backend gpu" in line for line in lines) == 3
     assert not (tmp_path / "out.md").exists()
