@@ -199,8 +199,13 @@ def plan_sizes(free: int, fault_ns: Sequence[int] = FAULT_NS) -> dict:
             "bulk_sizes": sorted({bulk // 16, bulk // 4, bulk})}
 
 
-def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None) -> Measurements:
-    """Run the calibration experiments; never allocates more than a quarter of the free memory."""
+def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_monitor: bool = True) -> Measurements:
+    """Run the calibration experiments; never allocates more than a quarter of the free memory.
+
+    `monitor` (a UvmMonitor, or None to fit against pages touched) is started
+    here unless `start_monitor` is false (the caller started it before the
+    CUDA context existed); it is stopped here either way.
+    """
     t_start = time.perf_counter()
     m = Measurements(device=cuda.device_info(), driver_prefetch=driver_prefetch_enabled())
     free, _total = cuda.mem_info()
@@ -216,7 +221,7 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None) -> Mea
         cuda.record_event(ev1, stream)
         return cuda.event_elapsed_s(ev0, ev1)
 
-    if monitor is not None:
+    if monitor is not None and start_monitor:
         monitor.start(keep_records=False)
     bufs: list[int] = []
     try:

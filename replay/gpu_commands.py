@@ -44,20 +44,18 @@ class CalibrateCommand(Command):
         from pagecast.replay.costs import save_profile
         from pagecast.replay.cuda_iface import CuptiMonitor, NoGPUError, open_cuda
 
-        cuda = open_cuda(args.device)  # NoGPUError: one line, exit 2
+        # CUPTI's unified-memory counters are set up before the CUDA context exists
+        monitor, why = None, None
         try:
-            monitor = CuptiMonitor(cuda.device)
+            monitor = CuptiMonitor(args.device)
+            monitor.start()
         except NoGPUError as e:
-            console.warn(f"{e}; fitting fault cost against pages touched instead of faults counted")
-            monitor = None
+            monitor, why = None, e
+        cuda = open_cuda(args.device)  # NoGPUError: one line, exit 2
+        if monitor is None:
+            console.warn(f"{why}; fitting the fault cost against pages touched instead of faults counted")
         with console.progress("calibrating", C.steps(args.repeats)) as bar:
-            try:
-                m = C.measure(cuda, monitor, repeats=args.repeats, progress=bar)
-            except NoGPUError:
-                if monitor is None:
-                    raise
-                console.warn("CUPTI unified-memory counters are unavailable; fitting against pages touched")
-                m = C.measure(cuda, None, repeats=args.repeats, progress=bar)
+            m = C.measure(cuda, monitor, repeats=args.repeats, progress=bar, start_monitor=False)
         profile = C.fit_profile(m, name=name)
         save_profile(profile, out, force=args.force)
         s = C.summary(profile)
