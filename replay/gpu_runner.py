@@ -326,13 +326,15 @@ class FutureNextUse:
 
 
 class Residency:
-    """The runner's estimate of what is on the emulated GPU, in `unit`-sized chunks.
+    """The runner's estimate of what is on the emulated GPU: byte ranges, grouped in `unit` chunks.
 
     `admit(ranges, t)` makes room for a launch's ranges and records them as
     resident; it returns the byte ranges to evict first (to the host). The
-    launch's own units are never victims; when they alone exceed the capacity
-    everything else is evicted and the launch counts as an overflow (the
-    driver would thrash inside the kernel).
+    capacity is counted in resident bytes (as `--oversub` divides a footprint
+    counted in pages); victims are whole units (the driver evicts 2 MiB
+    chunks). The launch's own units are never victims; when its own bytes
+    alone exceed the capacity everything else is evicted and the launch counts
+    as an overflow (the driver would thrash inside the kernel).
 
     victim: `fifo` (order of becoming resident), `lru` (order of last use),
     `next-use` / `belady` (largest `next_use.score(unit, t)` first).
@@ -344,11 +346,14 @@ class Residency:
             raise ValueError(f"unknown victim rule {victim!r}")
         if victim in ("next-use", "belady") and next_use is None:
             raise ValueError(f"victim rule {victim!r} needs a next_use scorer")
-        self.capacity_units = max(1, int(capacity_bytes) // unit)
+        self.capacity = max(1, int(capacity_bytes))
+        self.capacity_units = max(1, self.capacity // unit)
         self.unit = unit
         self.victim = victim
         self.next_use = next_use
         self.resident: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
+        self._bytes: dict[int, int] = {}
+        self.resident_bytes = 0
         self.overflows = 0
         self.evicted_bytes = 0
         self.evictions = 0
@@ -357,46 +362,53 @@ class Residency:
     def resident_units(self) -> int:
         return len(self.resident)
 
-    @property
-    def resident_bytes(self) -> int:
-        return sum(n for rs in self.resident.values() for _, n in rs)
-
     def admit(self, ranges: Iterable[tuple[int, int]], t: int) -> list[tuple[int, int]]:
         parts = split_by_unit(merge_ranges(ranges), self.unit)
-        need = set(parts)
-        new = [u for u in parts if u not in self.resident]
-        over = len(self.resident) + len(new) - self.capacity_units
+        merged: dict[int, tuple[list[tuple[int, int]], int]] = {}
+        growth = own = 0
+        for u, rs in parts.items():
+            m = merge_ranges(self.resident.get(u, []) + rs)
+            b = sum(n for _, n in m)
+            merged[u] = (m, b)
+            growth += b - self._bytes.get(u, 0)
+            own += b
+        over = self.resident_bytes + growth - self.capacity
         victims: list[int] = []
         if over > 0:
-            victims = self._victims(need, over, t)
-            if len(need) > self.capacity_units:
+            victims = self._victims(set(parts), over, t)
+            if own > self.capacity:
                 self.overflows += 1
         out: list[tuple[int, int]] = []
         for u in victims:
             out.extend(self.resident.pop(u))
-        for u, rs in parts.items():
+            self.resident_bytes -= self._bytes.pop(u)
+        for u, (m, b) in merged.items():
             if u in self.resident:
-                self.resident[u] = merge_ranges(self.resident[u] + rs)
+                self.resident[u] = m
                 if self.victim == "lru":
                     self.resident.move_to_end(u)
             else:
-                self.resident[u] = merge_ranges(rs)
+                self.resident[u] = m
+            self.resident_bytes += b - self._bytes.get(u, 0)
+            self._bytes[u] = b
         out = merge_ranges(out)
         self.evictions += len(victims)
         self.evicted_bytes += sum(n for _, n in out)
         return out
 
-    def _victims(self, need: set[int], count: int, t: int) -> list[int]:
-        cands = (u for u in self.resident if u not in need)
-        if self.victim in ("fifo", "lru"):
-            out = []
-            for u in cands:
-                out.append(u)
-                if len(out) == count:
-                    break
-            return out
-        scored = sorted(((self.next_use.score(u, t), u) for u in cands), key=lambda x: (-x[0], x[1]))
-        return [u for _, u in scored[:count]]
+    def _victims(self, need: set[int], over: int, t: int) -> list[int]:
+        """Units to evict, in victim order, until `over` bytes are freed (or nothing else is left)."""
+        cands: Iterable[int] = (u for u in self.resident if u not in need)
+        if self.victim not in ("fifo", "lru"):
+            cands = [u for _, u in sorted(((self.next_use.score(u, t), u) for u in cands),
+                                          key=lambda x: (-x[0], x[1]))]
+        out, freed = [], 0
+        for u in cands:
+            out.append(u)
+            freed += self._bytes[u]
+            if freed >= over:
+                break
+        return out
 
 
 # ---------------------------------------------------------------------------

@@ -163,11 +163,21 @@ def test_residency_next_use_evicts_the_furthest():
 
 
 def test_residency_evicts_only_the_bytes_that_were_admitted():
-    r = G.Residency(1 * UNIT, UNIT, "fifo")
+    r = G.Residency(8192, UNIT, "fifo")
     r.admit([(100, 4096), (UNIT - 4096, 4096)], 0)    # two small allocations inside one unit
     ev = r.admit([(5 * UNIT, 10)], 1)
     assert ev == [(100, 4096), (UNIT - 4096, 4096)]
-    assert r.evicted_bytes == 8192
+    assert r.evicted_bytes == 8192 and r.resident_bytes == 10
+
+
+def test_residency_counts_bytes_not_units():
+    """Small ranges in many units fit a capacity smaller than their units' total size."""
+    r = G.Residency(UNIT, UNIT, "fifo")
+    assert r.admit([(u * UNIT, 64 * 1024) for u in range(16)], 0) == []   # 1 MiB in 16 units
+    assert r.resident_units == 16 and r.resident_bytes == 16 * 64 * 1024
+    ev = r.admit([(100 * UNIT, UNIT // 2 + 64 * 1024)], 1)                # needs 64 KiB more than is free
+    assert ev == [(0, 64 * 1024)]                                          # the oldest unit, and only it
+    assert r.resident_bytes == UNIT
 
 
 def test_residency_overflow_when_one_launch_exceeds_the_capacity():

@@ -118,7 +118,7 @@ def test_emulated_capacity_holds_on_a_real_launch_sequence(jacobi):
         eng = G.Engine(fake, policy, capacity=cap, predict=G.make_online_predict(model))
         for row in big.launches.slice(0, N_LAUNCHES).to_pylist():
             eng.on_launch(launch_args(row))
-            assert eng.residency.resident_units <= eng.residency.capacity_units or eng.stats.overflow_launches
+            assert eng.residency.resident_bytes <= cap or eng.stats.overflow_launches
         assert eng.stats.errors == 0, eng.stats.last_error
 
 
