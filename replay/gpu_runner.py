@@ -31,9 +31,9 @@ Prefetches go on the launch's own stream, so they complete before the kernel.
 Capacity emulation
 ------------------
 `--capacity` / `--oversub` emulate a smaller GPU without oversubscribing the
-real one: the engine keeps a residency estimate (`Residency`: which 2 MiB
-units it believes are on the GPU) and, before a launch whose estimated
-footprint would not fit, moves victims to the host (`cuMemPrefetchAsync` to
+real one: the engine keeps a residency estimate (`Residency`: the bytes it
+believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
+estimated footprint would not fit, moves victim units to the host (`cuMemPrefetchAsync` to
 the CPU) on a side stream; the launch's stream waits for that eviction (an
 event) before the kernel, so eviction overlaps population but never the kernel
 that needs the room. A launch's estimated footprint is, in order of preference:
