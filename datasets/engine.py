@@ -278,6 +278,12 @@ class Builder:
         n = len(ids)
         if n == 0:
             return
+        if not isinstance(grid, (tuple, list)):
+            grid = (grid,)
+        if not isinstance(block, (tuple, list)):
+            block = (block,)
+        if len(grid) > 3 or len(block) > 3:
+            raise ValueError(f"{kernel.name}: grid and block have at most 3 dimensions")
         prev = self.kernels.setdefault(kernel.mangled, kernel)
         if prev is not kernel and prev.params != kernel.params:
             raise ValueError(f"two kernels mangle to {kernel.mangled}")
