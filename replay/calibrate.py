@@ -27,7 +27,6 @@ quarter of it, so the GPU is never oversubscribed):
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field

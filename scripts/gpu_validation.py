@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import shlex
 import subprocess
 import sys
