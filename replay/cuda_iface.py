@@ -418,26 +418,23 @@ class CuptiMonitor:
         c = self._c
         K = c.ActivityKind
         UM = c.ActivityUnifiedMemoryCounterKind
+        k_um, k_kernel = int(K.UNIFIED_MEMORY_COUNTER), int(K.CONCURRENT_KERNEL)
+        um_kind = {int(UM.GPU_PAGE_FAULT): "fault", int(UM.BYTES_TRANSFER_HTOD): "htod",
+                   int(UM.BYTES_TRANSFER_DTOH): "dtoh", int(UM.THRASHING): "thrashing"}
         with self._lock:
             for a in activities:
-                try:
-                    kind = a.kind
-                    if kind == K.UNIFIED_MEMORY_COUNTER:
-                        ck = a.counter_kind
-                        rec = {"value": a.value, "start": a.start, "end": a.end, "address": a.address,
-                               "flags": a.flags_}
-                        if ck == UM.GPU_PAGE_FAULT:
-                            _add_record(self._counts, "fault", rec, self._keep)
-                        elif ck == UM.BYTES_TRANSFER_HTOD:
-                            _add_record(self._counts, "htod", rec, self._keep)
-                        elif ck == UM.BYTES_TRANSFER_DTOH:
-                            _add_record(self._counts, "dtoh", rec, self._keep)
-                        elif ck == UM.THRASHING:
-                            _add_record(self._counts, "thrashing", rec, self._keep)
-                    elif kind == K.CONCURRENT_KERNEL:
-                        _add_record(self._counts, "kernel", {"start": a.start, "end": a.end,
-                                                             "correlation_id": a.correlation_id,
-                                                             "name": a.name}, self._keep)
+                try:  # read every field inside the callback (the buffer is reused afterwards)
+                    kind = int(a.kind)
+                    if kind == k_um:
+                        what = um_kind.get(int(a.counter_kind))
+                        if what is not None:
+                            rec = {"value": int(a.value), "start": int(a.start), "end": int(a.end),
+                                   "address": int(a.address), "flags": int(a.flags_)}
+                            _add_record(self._counts, what, rec, self._keep)
+                    elif kind == k_kernel:
+                        _add_record(self._counts, "kernel", {"start": int(a.start), "end": int(a.end),
+                                                             "correlation_id": int(a.correlation_id),
+                                                             "name": str(a.name)}, self._keep)
                 except Exception:  # noqa: BLE001 - a record we cannot read must not kill the workload
                     self._counts.dropped += 1
 

@@ -656,3 +656,29 @@ def test_replay_command_gpu_backend_without_gpu(capsys, tmp_path):
                  "--", "python", str(tmp_path / "w.py")]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and "no usable NVIDIA GPU" in cap.err
+
+
+def test_cupti_monitor_folds_activity_records():
+    """The real monitor's record handling, fed stand-in records with cupti-python's field names."""
+    pytest.importorskip("cupti")
+    from types import SimpleNamespace as R
+
+    from pagecast.replay.cuda_iface import CuptiMonitor
+
+    m = CuptiMonitor(0)
+    m._keep = True
+    m._completed([
+        R(kind=25, counter_kind=4, value=3, start=150, end=150, address=1 << 40, flags_=1),      # 3 GPU faults
+        R(kind=25, counter_kind=1, value=65536, start=160, end=170, address=1 << 40, flags_=2),  # htod, coherence
+        R(kind=25, counter_kind=1, value=2 << 20, start=10, end=90, address=1 << 41, flags_=1),  # htod, user prefetch
+        R(kind=25, counter_kind=2, value=4096, start=300, end=310, address=1 << 40, flags_=4),   # dtoh, eviction
+        R(kind=10, start=100, end=200, correlation_id=7, name="k"),
+        R(kind=10, start=250, end=400, correlation_id=8, name="k"),
+        R(kind=25),                                                                              # unreadable
+    ])
+    c = m.poll()
+    assert c.faults == 3 and c.fault_groups == 1 and c.fault_records == [(150, 1 << 40, 3)]
+    assert c.htod_bytes == 65536 + (2 << 20) and c.htod_by_cause == {"coherence": 65536, "user": 2 << 20}
+    assert c.dtoh_bytes == 4096 and c.dtoh_by_cause == {"eviction": 4096}
+    assert c.kernels == 2 and c.kernel_busy_s == pytest.approx(250e-9) and c.gpu_span_s == pytest.approx(300e-9)
+    assert [k[2] for k in c.kernel_records] == [7, 8] and c.dropped == 1
