@@ -235,6 +235,16 @@ def test_trace_without_migrations_or_allocations(tmp_path):
     assert "no migrations recorded" in _svg_texts(html)
 
 
+def test_trace_without_faults(toy_trace, tmp_path):
+    from pagecast.report.render import write_report
+    tr = T.read_trace(toy_trace)
+    p = T.write_trace(tmp_path / "nofaults.pctrace", tr.manifest,
+                      {T.LAUNCHES: tr.launches, T.ALLOCATIONS: tr.allocations, T.TRUTH: tr.truth})
+    html = write_report(p, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 4
+    assert "no GPU page faults in this trace" in html or "nothing faulted" in html.lower()
+
+
 # ---- the replay report --------------------------------------------------------
 
 def test_replay_report_has_plots_and_numbers(toy_results, replay_html):
@@ -264,6 +274,28 @@ def test_replay_report_without_timeline(tmp_path):
     html = write_report(res, tmp_path / "r.html").read_text()
     assert len(_images(html)) == 2
     assert "No timeline beside" in html
+
+
+@pytest.mark.parametrize("variant", ["capacity-only", "no-demand"])
+def test_replay_report_variants(variant, tmp_path):
+    pytest.importorskip("pagecast.replay.results_io")
+    from pagecast.replay.results_io import read_results, write_results
+    from pagecast.report.render import write_report
+    runs, _ = read_results(make_results(tmp_path / "R.parquet", with_timeline=False, n_launches=3))
+    rows = runs.to_pylist()
+    if variant == "capacity-only":      # runs made with --capacity: no oversubscription ratio
+        for r in rows:
+            r["oversub"] = None
+    else:                               # no demand run: no speedups
+        rows = [dict(r, speedup_vs_demand=None) for r in rows if r["policy"] != "demand"]
+    res = write_results(tmp_path / "V.parquet", rows)
+    html = write_report(res, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 2
+    svg = _svg_texts(html)
+    if variant == "capacity-only":
+        assert "GPU capacity (GiB)" in svg and "16 GiB" in svg
+    else:
+        assert "run time (s)" in svg and "No 'demand' run" in _html_unescape(html)
 
 
 # ---- the model report ----------------------------------------------------------
@@ -407,3 +439,8 @@ def test_reports_render_in_headless_chromium(trace_html, model_html, replay_html
         for im in got["imgs"]:
             assert im["ok"] and im["nw"] > 100 and im["nh"] > 100 and im["w"] > 100 and im["h"] > 50, im
         assert got["width"] <= got["viewport"], "the page scrolls sideways on a laptop-sized window"
+
+
+def _html_unescape(s: str) -> str:
+    import html as _h
+    return _h.unescape(s)
