@@ -34,9 +34,10 @@ Capacity emulation
 real one: the engine keeps a residency estimate (`Residency`: the bytes it
 believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
 estimated footprint would not fit, moves victim units to the host (`cuMemPrefetchAsync` to
-the CPU) on a side stream; the launch's stream waits for that eviction (an
-event) before the kernel, so eviction overlaps population but never the kernel
-that needs the room. A launch's estimated footprint is, in order of preference:
+the CPU) on a side stream. The side stream first waits for the work already
+queued on the launch's stream (earlier kernels may still need the victims), and
+the launch's stream waits for the eviction before the kernel, so eviction
+overlaps population but never a kernel. A launch's estimated footprint is, in order of preference:
 the relocated footprint from a matching trace, the model's prediction, or the
 whole allocations its pointer arguments land in; what a policy prefetches is
 added to it. Victims:
@@ -630,6 +631,7 @@ class Engine:
             self.residency = Residency(capacity, unit, victim, scorer)
         self._evict_stream: int | None = None
         self._evict_event: int | None = None
+        self._queued_event: int | None = None
 
     # -- per launch -----------------------------------------------------------
     def on_launch(self, la) -> None:
@@ -692,6 +694,11 @@ class Engine:
                 if self._evict_stream is None:
                     self._evict_stream = self.cuda.new_stream()
                     self._evict_event = self.cuda.new_event()
+                    self._queued_event = self.cuda.new_event()
+                # evict only after the work already queued on the launch's stream (launches are
+                # asynchronous: earlier kernels may not have run yet and may need the victims)
+                self.cuda.record_event(self._queued_event, stream)
+                self.cuda.stream_wait_event(self._evict_stream, self._queued_event)
                 for a, n in evict:
                     self.cuda.prefetch_to_host(a, n, self._evict_stream)
                     st.evict_bytes += n

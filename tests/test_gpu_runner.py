@@ -280,13 +280,16 @@ def test_capacity_emulation_orders_evict_prefetch_wait():
     for b in bases:
         e.on_launch(mk_launch("k", [b], stream=5))
     ops = [x for x in f.log if x[0] in ("gpu", "host", "record", "wait", "stream")]
-    # third launch: one eviction on the side stream, an event, the prefetch, then the wait
+    # third launch: the side stream waits for what is queued on the launch's stream, evicts one unit,
+    # records an event; the prefetch goes on the launch's stream, which then waits for the eviction
     side = [x for x in ops if x[0] == "stream"][0][1]
-    tail = ops[-4:]
-    assert tail[0][0] == "host" and tail[0][3] == side
-    assert tail[1][0] == "record" and tail[1][2] == side
-    assert tail[2] == ("gpu", bases[2], 2 * MiB, 5)
-    assert tail[3][0] == "wait" and tail[3][1] == 5 and tail[3][2] == tail[1][1]
+    tail = ops[-6:]
+    assert tail[0][0] == "record" and tail[0][2] == 5
+    assert tail[1] == ("wait", side, tail[0][1])
+    assert tail[2][0] == "host" and tail[2][3] == side
+    assert tail[3][0] == "record" and tail[3][2] == side
+    assert tail[4] == ("gpu", bases[2], 2 * MiB, 5)
+    assert tail[5] == ("wait", 5, tail[3][1])
     assert e.stats.evict_bytes == 2 * MiB and e.residency.resident_units == 2
 
 
