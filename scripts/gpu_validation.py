@@ -39,6 +39,7 @@ OVERSUB = (1.5, 2.0, 3.0)
 BAR_SPEEDUP = 3.0        # template >= 3x faster than demand
 BAR_ORACLE = 0.8         # template's speed >= 80% of oracle's
 BAR_SIM = 0.30           # simulated time within 30% of measured
+BUDGET_PREDICT_US = 20.0 # online prediction per launch
 
 
 def pagecast(*args: str) -> list[str]:
@@ -191,6 +192,11 @@ def render(results: dict, *, device: str, date: str, profile: dict | None, setti
         if not b:
             L.append("- no template measurements: the bars cannot be checked")
             all_ok = False
+        pus = [r["predict_us"] for r in rows if r["policy"] == "template" and r.get("predict_us") is not None]
+        if pus:
+            mean = sum(pus) / len(pus)
+            L.append(f"- online prediction: {mean:.1f} us per launch on average"
+                     f" (budget {BUDGET_PREDICT_US:g} us: {'met' if mean <= BUDGET_PREDICT_US else 'NOT met'})")
         gaps = [r for r in rows if r["sim_error"] is not None and abs(r["sim_error"]) > BAR_SIM]
         if gaps:
             L.append(f"- the simulator is more than {100 * BAR_SIM:.0f}% off the GPU on {len(gaps)} of"

@@ -49,6 +49,7 @@ def _rows(backend, times):
         o = pol_times.get("oracle")
         for p, t in pol_times.items():
             out.append({"policy": p, "backend": backend, "oversub": ov, "time_s": t, "faults": 10,
+                        "predict_us_mean": 12.0 if p == "template" else None,
                         "speedup_vs_demand": d / t, "fraction_of_oracle": (o / t) if o else None})
     return out
 
@@ -70,6 +71,7 @@ def test_report_checks_the_bars_and_the_simulator(V):
     assert "NVIDIA H200" in md and "2026-11-29" in md and "### jacobi2d" in md
     assert "5.00x faster than demand (bar 3x: met)" in md and "NOT met" in md
     assert "+100%" in md and "⚠" in md            # demand at 300%: simulated 2x the measured time
+    assert "12.0 us per launch on average (budget 20 us: met)" in md
     assert "**fit failed**: exit 2" in md and "some bars not met" in md
 
 
