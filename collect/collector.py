@@ -88,6 +88,15 @@ class CudaDevice:
         return int(cupti.get_timestamp())
 
 
+# Python functions CUPTI calls from C: no exception may be raised inside them.
+def _callback_codes() -> frozenset:
+    from .activity import CuptiActivitySource
+    return frozenset({LaunchHook._callback.__code__, CuptiActivitySource._buffer_completed.__code__})
+
+
+_CALLBACK_CODES = _callback_codes()
+
+
 class Terminated(BaseException):
     """SIGTERM (or SIGINT) arrived while the workload ran."""
 
@@ -226,23 +235,29 @@ class Collector:
         self._ticker = threading.Thread(target=self._tick, name="pagecast-collect", daemon=True)
         self._ticker.start()
 
-    def _in_callback(self) -> bool:
+    @staticmethod
+    def _in_callback(frame) -> bool:
         # Python runs signal handlers in the main thread between bytecodes, which can be
-        # inside our CUPTI callback; an exception raised there would be lost in C. Defer it:
-        # the ticker sends the signal again once the callback has returned.
-        return bool(getattr(self.hook._tls, "busy", False))
+        # inside a CUPTI callback (called from C); an exception raised there would be lost.
+        # Defer it: the ticker sends the signal again, and it lands in the workload's code.
+        codes = _CALLBACK_CODES
+        while frame is not None:
+            if frame.f_code in codes:
+                return True
+            frame = frame.f_back
+        return False
 
     def _signal(self, signum, frame) -> None:
         if self._finished:
             return
-        if self._in_callback():
+        if self._in_callback(frame):
             self._deferred = signum
             return
         raise Terminated(signum)
 
     def _budget_signal(self, signum, frame) -> None:
         if self.violation and not self._finished:
-            if self._in_callback():
+            if self._in_callback(frame):
                 self._deferred = signum
                 return
             raise BudgetExceeded(self.violation)

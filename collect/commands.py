@@ -36,6 +36,7 @@ class CollectCommand(Command):
                        help="-- python SCRIPT [ARGS] | -- python -m MODULE [ARGS]")
 
     def run(self, args: argparse.Namespace) -> int:
+        import os
         from pathlib import Path
 
         from pagecast import trace as T
@@ -60,7 +61,12 @@ class CollectCommand(Command):
         from .activity import CuptiActivitySource
         from .collector import Collector, CudaDevice, default_part_seconds
 
-        budget = ManagedBudget(None if args.allow_oversubscription else env.free_bytes)
+        limit = None if args.allow_oversubscription else env.free_bytes
+        override = os.environ.get("PAGECAST_MANAGED_LIMIT")  # tests: a smaller limit, never a larger one
+        if override and limit is not None:
+            from pagecast.units import parse_size
+            limit = min(limit, parse_size(override))
+        budget = ManagedBudget(limit)
         allocator = install(managed, budget) if managed else ["workload's own"]
         manifest = T.new_manifest(
             mode=args.mode, source="cupti",

@@ -319,3 +319,25 @@ def test_parse_managed():
     assert M.parse_managed(None) == []
     with pytest.raises(UsageError):
         M.parse_managed("jax")
+
+
+def test_signals_landing_inside_a_cupti_callback_are_deferred(tmp_path):
+    from types import SimpleNamespace
+
+    from pagecast.collect.collector import Terminated
+
+    c, gpu = S.make_collector(tmp_path / "s.pctrace")
+    seen = {}
+
+    def probe(site, cbdata):  # runs inside LaunchHook._callback, as CUPTI would call it from C
+        try:
+            c._signal(signal.SIGTERM, sys._getframe())
+            seen["raised"] = False
+        except Terminated:
+            seen["raised"] = True
+
+    c.hook.api_callbacks[(1, 9999)] = probe
+    c.hook._callback(None, 1, 9999, SimpleNamespace(callback_site=0, correlation_id=1))
+    assert seen == {"raised": False} and c._deferred == signal.SIGTERM
+    with pytest.raises(Terminated):  # in the workload's own code it is raised at once
+        c._signal(signal.SIGTERM, sys._getframe())
