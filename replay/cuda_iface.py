@@ -170,6 +170,7 @@ class UvmCounts:
 class UvmMonitor(Protocol):
     def start(self, keep_records: bool = False) -> None: ...
     def poll(self) -> UvmCounts: ...   # flush what CUPTI has and return the running totals
+    def take(self) -> tuple[list, list]: ...  # (fault records, kernel records) kept since the last take
     def stop(self) -> UvmCounts: ...
 
 
@@ -397,6 +398,7 @@ class CuptiMonitor:
     """
 
     BUFFER_BYTES = 8 * 1024 * 1024
+    FLUSH_EVERY_S = 0.1
 
     def __init__(self, device: int = 0) -> None:
         try:
@@ -410,6 +412,8 @@ class CuptiMonitor:
         self._keep = False
         self._started = False
         self._kinds: list[int] = []
+        self._flush_thread: threading.Thread | None = None
+        self._stop_flush = threading.Event()
 
     def _requested(self):
         return self.BUFFER_BYTES, 0
@@ -460,17 +464,42 @@ class CuptiMonitor:
         except Exception as e:  # noqa: BLE001 - NotSupportedError (no driver) or cuptiError 28..31
             raise NoGPUError(f"no usable NVIDIA GPU: CUPTI unified-memory counters unavailable ({_first(e)})") from None
         self._started = True
+        if keep_records:
+            self._stop_flush = threading.Event()
+            self._flush_thread = threading.Thread(target=self._flusher, name="pagecast-cupti-flush", daemon=True)
+            self._flush_thread.start()
 
     def poll(self) -> UvmCounts:
+        """Flush what CUPTI holds and return the running totals (not from inside a CUPTI callback)."""
         if self._started:
             self._c.activity_flush_all(1)
         with self._lock:
             return self._counts
 
+    def take(self) -> tuple[list, list]:
+        """The fault and kernel records kept since the last take (keep_records), removed."""
+        with self._lock:
+            f, k = self._counts.fault_records, self._counts.kernel_records
+            self._counts.fault_records, self._counts.kernel_records = [], []
+        return f, k
+
+    def _flusher(self) -> None:
+        # records arrive in buffers; with keep_records (feedback) they are wanted during the run,
+        # so flush from this thread: flushing inside a launch callback could re-enter CUPTI
+        while not self._stop_flush.wait(self.FLUSH_EVERY_S):
+            try:
+                self._c.activity_flush_all(1)
+            except Exception:  # noqa: BLE001
+                pass
+
     def stop(self) -> UvmCounts:
         if not self._started:
             return self._counts
         c = self._c
+        if self._flush_thread is not None:
+            self._stop_flush.set()
+            self._flush_thread.join(timeout=5)
+            self._flush_thread = None
         c.activity_flush_all(1)
         for k in self._kinds:
             try:
@@ -626,6 +655,9 @@ class FakeMonitor:
     def poll(self) -> UvmCounts:
         f, h, d = self._base
         return UvmCounts(faults=self.cuda.faults - f, htod_bytes=self.cuda.htod - h, dtoh_bytes=self.cuda.dtoh - d)
+
+    def take(self) -> tuple[list, list]:
+        return [], []
 
     def stop(self) -> UvmCounts:
         return self.poll()

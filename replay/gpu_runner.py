@@ -725,20 +725,32 @@ class Engine:
         return allocation_ranges(data, self.allocs)
 
     # -- feedback -------------------------------------------------------------
-    def feedback_from(self, counts, apply: Callable[[Any, list[tuple[int, int]]], bool], page_size: int = 4096) -> int:
+    def feedback_from(self, faults: list, kernels: list, apply: Callable[[Any, list[tuple[int, int]]], bool],
+                      page_size: int = 4096) -> tuple[int, list]:
         """Hand faults the prediction missed to `apply(la, missed_page_intervals)`.
 
-        Faults are attributed to the launch whose kernel ran when they were
-        recorded (CUPTI kernel records carry the launch's correlation id).
-        Returns how many launches changed the model.
+        `faults`: (time_ns, address, count) records; `kernels`: (start_ns,
+        end_ns, correlation_id, name) records. A fault is attributed to the
+        launch whose kernel ran when it was recorded (CUPTI kernel records
+        carry the launch's correlation id). Returns (launches whose `apply`
+        said the model changed, faults recorded after the last known kernel
+        ended: their kernel's record may not have arrived yet).
         """
-        kernels = sorted(counts.kernel_records)
-        if not kernels or not counts.fault_records:
-            return 0
+        if not faults:
+            return 0, []
+        kernels = sorted(kernels)
+        if not kernels:
+            return 0, list(faults)
         starts = [k[0] for k in kernels]
+        last_end = max(k[1] for k in kernels)
         by_corr = {c: (t, la, pred) for t, c, la, pred in self.history}
         missed: dict[int, set[int]] = {}
-        for time_ns, addr, _count in counts.fault_records:
+        later = []
+        for rec in faults:
+            time_ns, addr = rec[0], rec[1]
+            if time_ns > last_end:
+                later.append(rec)
+                continue
             i = bisect.bisect_right(starts, time_ns) - 1
             if i < 0 or time_ns > kernels[i][1]:
                 continue
@@ -753,19 +765,16 @@ class Engine:
         changed = 0
         for corr, pages in missed.items():
             t, la, pred = by_corr[corr]
-            ps = sorted(pages)
             ivs: list[tuple[int, int]] = []
-            for p in ps:
+            for p in sorted(pages):
                 if ivs and ivs[-1][1] == p:
                     ivs[-1] = (ivs[-1][0], p + 1)
                 else:
                     ivs.append((p, p + 1))
             if apply(la, ivs):
                 changed += 1
-        counts.fault_records.clear()
-        counts.kernel_records.clear()
         self.stats.feedback_updates += changed
-        return changed
+        return changed, later
 
 
 # ---------------------------------------------------------------------------
@@ -1211,7 +1220,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
     hook.stop()
     counts = monitor.stop()
     if feedback is not None:
-        feedback.round(counts)
+        feedback.round()
     if code != 0:
         out.update(error=f"the workload exited with status {code}", exit_code=1)
         return finish(1)
@@ -1252,21 +1261,32 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
 
 
 class _FeedbackLoop:
-    """Every `every` launches, flush CUPTI and refine the model from the faults the prediction missed."""
+    """Every `every` launches, refine the model from the faults the prediction missed.
+
+    Records come from the monitor's `take()` (CUPTI delivers them in buffers,
+    flushed by the monitor's own thread, never from inside a launch callback).
+    Kernel records are kept a while (their faults may arrive later); faults
+    newer than every known kernel wait for the next round.
+    """
+
+    KEEP_KERNELS = 20_000
+    KEEP_FAULTS = 200_000
 
     def __init__(self, engine: Engine, monitor, model, fallback: str, predict, every: int = 256) -> None:
         self.engine, self.monitor, self.model, self.fallback = engine, monitor, model, fallback
         self.predict = predict
         self.every = max(1, every)
         self.n = 0
+        self._kernels: list = []
+        self._faults: list = []
 
     def on_launch(self, la) -> None:
         self.engine.on_launch(la)
         self.n += 1
         if self.n % self.every == 0:
-            self.round(self.monitor.poll())
+            self.round()
 
-    def round(self, counts) -> None:
+    def round(self) -> None:
         try:
             from pagecast.predict.feedback import apply_feedback
         except ImportError:  # the predictor without feedback: only the history fallback learns
@@ -1283,7 +1303,10 @@ class _FeedbackLoop:
             return bool(apply_feedback(self.model, tr, 0, [a for a, _ in ivs], [b for _, b in ivs]))
 
         try:
-            self.engine.feedback_from(counts, apply, page_size)
+            faults, kernels = self.monitor.take()
+            self._kernels = (self._kernels + list(kernels))[-self.KEEP_KERNELS:]
+            _, later = self.engine.feedback_from(self._faults + list(faults), self._kernels, apply, page_size)
+            self._faults = later[-self.KEEP_FAULTS:]
         except Exception as e:  # noqa: BLE001 - feedback is best effort; the run goes on
             self.engine.stats.errors += 1
             self.engine.stats.last_error = f"feedback: {type(e).__name__}: {e}"
@@ -1337,7 +1360,8 @@ def prefetching(model, capacity: int | str | None = None, fallback: str = "histo
     finally:
         hook.stop()
         if fb is not None:
-            fb.round(monitor.stop())
+            monitor.stop()
+            fb.round()
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - exercised through subprocesses

@@ -560,27 +560,27 @@ def test_prefetching_context_manager_with_stand_ins(monkeypatch):
 # ---- feedback: faults the prediction missed, attributed to their launch ---------------------------
 
 def test_feedback_attributes_missed_faults_to_the_launch_that_ran():
-    from pagecast.replay.cuda_iface import UvmCounts
-
     f, bases = fake_with_buffers(2)
     b0, b1 = bases
     preds = {b0: [(b0, 8192)], b1: [(b1, 4096)]}
     e = G.Engine(f, "template", predict=lambda la, a: preds[struct.unpack_from("<Q", la.param_data)[0]])
     e.on_launch(mk_launch("k", [b0], corr=11))
     e.on_launch(mk_launch("k", [b1], corr=12))
-    c = UvmCounts()
-    c.kernel_records = [(100, 200, 11, "k"), (300, 400, 12, "k")]
-    c.fault_records = [(150, b0 + 4096, 1),          # predicted: not missed
-                       (160, b0 + 3 * 4096, 1),      # missed by launch 11
-                       (170, b0 + 4 * 4096, 2),      # missed by launch 11 (adjacent page: one interval)
-                       (350, b1 + 2 * 4096, 1),      # missed by launch 12
-                       (250, b1 + 9 * 4096, 1)]      # between kernels: not attributed
+    kernels = [(100, 200, 11, "k"), (300, 400, 12, "k")]
+    faults = [(150, b0 + 4096, 1),          # predicted: not missed
+              (160, b0 + 3 * 4096, 1),      # missed by launch 11
+              (170, b0 + 4 * 4096, 2),      # missed by launch 11 (adjacent page: one interval)
+              (350, b1 + 2 * 4096, 1),      # missed by launch 12
+              (250, b1 + 9 * 4096, 1),      # between kernels: not attributed
+              (900, b1, 1)]                 # after every known kernel: kept for the next round
     got = []
-    n = e.feedback_from(c, lambda la, ivs: got.append((la.correlation_id, ivs)) or True)
+    n, later = e.feedback_from(faults, kernels, lambda la, ivs: got.append((la.correlation_id, ivs)) or True)
     ps = 4096
     assert n == 2 and e.stats.feedback_updates == 2
     assert sorted(got) == [(11, [(b0 // ps + 3, b0 // ps + 5)]), (12, [(b1 // ps + 2, b1 // ps + 3)])]
-    assert c.fault_records == [] and c.kernel_records == []   # consumed
+    assert later == [(900, b1, 1)]
+    assert e.feedback_from([], kernels, lambda la, ivs: True) == (0, [])
+    assert e.feedback_from(faults[:1], [], lambda la, ivs: True) == (0, faults[:1])
 
 
 # ---- run_gpu_replay end to end with stand-ins (the subprocess replaced by an in-process child) ---------
@@ -685,3 +685,5 @@ def test_cupti_monitor_folds_activity_records():
     assert c.dtoh_bytes == 4096 and c.dtoh_by_cause == {"eviction": 4096}
     assert c.kernels == 2 and c.kernel_busy_s == pytest.approx(250e-9) and c.gpu_span_s == pytest.approx(300e-9)
     assert [k[2] for k in c.kernel_records] == [7, 8] and c.dropped == 1
+    faults, kernels = m.take()
+    assert len(faults) == 1 and len(kernels) == 2 and m.take() == ([], [])

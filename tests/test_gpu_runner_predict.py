@@ -126,8 +126,6 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
     """Faults outside the prediction reach pagecast.predict.feedback.apply_feedback (and the history fallback)."""
     import copy
 
-    from pagecast.replay.cuda_iface import UvmCounts
-
     model, big = jacobi
     model = copy.deepcopy(model)
     fake = fake_for(big)
@@ -153,12 +151,13 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
     if found is None:
         pytest.skip("every prediction covers its whole allocations: nothing can be missed")
     corr, la, missed = found
-    c = UvmCounts()
-    c.kernel_records = [(100, 200, corr, la.kernel)]
-    c.fault_records = [(150, missed * ps, 1)]
+    class Records:   # a monitor that has seen the kernel and its fault
+        def take(self):
+            return [(150, missed * ps, 1)], [(100, 200, corr, la.kernel)]
+
     before = model.version_counter
-    loop = G._FeedbackLoop(eng, None, model, "history", predict)
-    loop.round(c)
+    loop = G._FeedbackLoop(eng, Records(), model, "history", predict)
+    loop.round()
     assert eng.stats.errors == 0, eng.stats.last_error
     km = model.kernels[la.kernel]
     assert km.feedback["events"] >= 1 and km.feedback["missed_pages"] >= 1
