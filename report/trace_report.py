@@ -193,23 +193,34 @@ def fault_scatter(trace: T.Trace, v: FaultView, zoom_launches: int | None = None
     x, y, cidx, cnt, colours = v.x[sel], v.y[sel], v.cidx[sel], v.cnt[sel], v.colours
 
     fig, ax = plt.subplots(figsize=(FIG_W, 5.6 if zoom_launches is None else 4.6))
-    # allocations as bands
+    # allocations as bands: one collection however many allocations there are
     A = trace.allocations
     if A.num_rows:
+        from matplotlib.collections import PolyCollection
+        from matplotlib.transforms import blended_transform_factory
         a_addr = A.column(T.ADDRESS).to_numpy().astype(np.int64)
         a_bytes = A.column(T.BYTES).to_numpy().astype(np.int64)
         a_id = A.column(T.ALLOC_ID).to_numpy()
         lo = layout.map(a_addr) / div
-        order = np.argsort(lo, kind="stable")
-        labelled = 0
-        for j, i in enumerate(order):
-            ax.axhspan(lo[i], lo[i] + a_bytes[i] / div, color=("#dfe8f3" if j % 2 == 0 else "#f1e9d8"),
-                       alpha=0.6, lw=0, zorder=0)
-            if a_bytes[i] / div >= 0.03 * layout.total / div and labelled < 25:
-                ax.text(1.005, (lo[i] + a_bytes[i] / div / 2) / max(layout.total / div, 1e-12),
-                        f"alloc {a_id[i]} ({format_size(a_bytes[i])})", transform=ax.transAxes,
-                        fontsize=7, va="center", color="#555")
-                labelled += 1
+        ok = np.flatnonzero(np.isfinite(lo))
+        order = ok[np.argsort(lo[ok], kind="stable")]
+        if len(order) > 1000:   # bands thinner than about a pixel only add noise (and bytes)
+            order = order[a_bytes[order] >= layout.total / 1000]
+        b0, b1 = lo[order], lo[order] + a_bytes[order] / div
+        verts = np.zeros((len(order), 4, 2))
+        verts[:, 1, 0] = verts[:, 2, 0] = 1.0
+        verts[:, 0, 1] = verts[:, 1, 1] = b0
+        verts[:, 2, 1] = verts[:, 3, 1] = b1
+        band = np.where(np.arange(len(order)) % 2 == 0, 0, 1)
+        ax.add_collection(PolyCollection(verts, facecolors=np.array(["#dfe8f3", "#f1e9d8"])[band], alpha=0.6,
+                                         lw=0, zorder=0, rasterized=True,
+                                         transform=blended_transform_factory(ax.transAxes, ax.transData)))
+        big = order[a_bytes[order] >= 0.03 * layout.total]
+        big = big[np.argsort(-a_bytes[big], kind="stable")][:25]
+        for i in big:
+            ax.text(1.005, (lo[i] + a_bytes[i] / div / 2) / max(layout.total / div, 1e-12),
+                    f"alloc {a_id[i]} ({format_size(a_bytes[i])})", transform=ax.transAxes,
+                    fontsize=7, va="center", color="#555")
     note = ""
     if n == 0:
         ax.text(0.5, 0.5, "no GPU page faults in this trace" if zoom_launches is None else
