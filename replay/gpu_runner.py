@@ -136,6 +136,29 @@ def split_by_unit(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> dict[i
     return out
 
 
+def subtract_ranges(ranges: Iterable[tuple[int, int]], minus: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of `ranges` not covered by `minus` (both (address, nbytes)); merged, sorted."""
+    a = merge_ranges(ranges)
+    b = merge_ranges(minus)
+    out: list[tuple[int, int]] = []
+    j = 0
+    for s, n in a:
+        e = s + n
+        while j < len(b) and b[j][0] + b[j][1] <= s:
+            j += 1
+        k = j
+        cur = s
+        while k < len(b) and b[k][0] < e:
+            bs, be = b[k][0], b[k][0] + b[k][1]
+            if bs > cur:
+                out.append((cur, bs - cur))
+            cur = max(cur, be)
+            k += 1
+        if cur < e:
+            out.append((cur, e - cur))
+    return out
+
+
 class AllocationMap:
     """Which allocation a pointer lands in, cached over `CudaIface.allocation_of`.
 
@@ -362,6 +385,14 @@ class Residency:
     @property
     def resident_units(self) -> int:
         return len(self.resident)
+
+    def missing(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of `ranges` the estimate does not already hold (what a prefetch must still move)."""
+        out: list[tuple[int, int]] = []
+        for u, rs in split_by_unit(merge_ranges(ranges), self.unit).items():
+            have = self.resident.get(u)
+            out.extend(subtract_ranges(rs, have) if have else rs)
+        return merge_ranges(out)
 
     def admit(self, ranges: Iterable[tuple[int, int]], t: int) -> list[tuple[int, int]]:
         parts = split_by_unit(merge_ranges(ranges), self.unit)
@@ -682,6 +713,9 @@ class Engine:
 
         stream = launch_stream(la)
         if self.residency is not None:
+            # with an emulated capacity the estimate knows what is already there: move only the rest
+            # (pages the host touched in between fault back in; that costs time, never correctness)
+            prefetch = self.residency.missing(prefetch)
             estimate = self._estimate(t, la, data, predicted, prefetch)
             admitted = merge_ranges(list(estimate) + list(prefetch))
             if self.residency.victim == "next-use":

@@ -59,6 +59,19 @@ def test_split_by_unit_and_units_of():
     assert G.units_of([(0, 1), (3 * UNIT, UNIT + 1)], UNIT) == {0, 3, 4}
 
 
+def test_subtract_ranges():
+    assert G.subtract_ranges([(0, 100)], [(10, 10), (50, 60)]) == [(0, 10), (20, 30)]
+    assert G.subtract_ranges([(0, 10), (20, 10)], []) == [(0, 10), (20, 10)]
+    assert G.subtract_ranges([(0, 10)], [(0, 10)]) == []
+    assert G.subtract_ranges([(5, 10), (30, 5)], [(0, 7), (32, 100)]) == [(7, 8), (30, 2)]
+
+
+def test_residency_missing_is_what_a_prefetch_must_still_move():
+    r = G.Residency(10 * UNIT, UNIT, "fifo")
+    r.admit([(0, 4096), (UNIT, UNIT)], 0)
+    assert r.missing([(0, 8192), (UNIT + 100, 50), (5 * UNIT, 10)]) == [(4096, 4096), (5 * UNIT, 10)]
+
+
 def test_allocation_map_caches_and_clips_to_managed_allocations():
     f = FakeCuda()
     f.add_allocation(1 << 40, 4 * MiB)
