@@ -207,7 +207,8 @@ def _report(args, runs, timeline) -> int:
     if args.json:
         console.emit_json(runs)
     else:
-        console.stdout().print(results_table(runs))
+        out = console.stdout()
+        out.print(results_table(runs), width=max(out.width, 132))
     if args.output:
         console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
     return 0

@@ -58,6 +58,8 @@ def compute_times(trace: T.Trace, truth: F.Footprints, profile) -> np.ndarray:
     (collected `full`-mode timestamps include the faults we want to simulate).
     """
     n = trace.n_launches
+    if not profile.charges:
+        return np.zeros(n)  # `none`: counting only
     model = np.maximum(truth.pages_per_launch() * trace.page_size / profile.device_bandwidth,
                        profile.launch_overhead_s)
     mode = profile.kernel_time

@@ -1,0 +1,259 @@
+"""The simulator against a peer (libCacheSim), its policies, plans, sweeps and timing."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from pagecast import trace as T
+from pagecast.footprints import footprints
+from pagecast.replay import simulator as S
+from pagecast.replay import sim_core as C
+from pagecast.replay.costs import load_profile
+from pagecast.replay.run import SimConfig, replay_sim
+from pagecast.replay.workload import build_workload
+
+lcs = pytest.importorskip("libcachesim")
+
+PS = 4096
+BASE = 0x7F10_0000_0000
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def page_trace(path, launches: list[np.ndarray], *, name="pages", base=BASE, compute_ns=10_000):
+    """A synthetic trace whose launch i touches exactly the pages launches[i] (page offsets
+    from `base`), one allocation covering them all, one pointer parameter."""
+    n = len(launches)
+    top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
+    start = np.arange(n, dtype=np.int64) * (compute_ns + 1000)
+    L = {T.LAUNCH_ID: np.arange(n), T.KERNEL: ["_Z1kPf"] * n, T.DEVICE: np.zeros(n, np.int32),
+         T.STREAM: np.zeros(n, np.int64), **{c: np.ones(n, np.int32) for c in T.GRID_COLUMNS},
+         T.SHARED_MEM_BYTES: np.zeros(n, np.int32), T.START_NS: start, T.END_NS: start + compute_ns,
+         T.PARAM_OFFSETS: [[0]] * n, T.PARAM_SIZES: [[8]] * n,
+         T.PARAM_DATA: [struct.pack("<Q", base)] * n}
+    A = {T.ALLOC_ID: [0], T.ADDRESS: np.array([base], np.uint64), T.BYTES: [top * PS], T.KIND: ["managed"],
+         T.DEVICE: [0], T.FIRST_LAUNCH: [0], T.LAST_LAUNCH: [None]}
+    tl, ta, tb = [], [], []
+    for i, p in enumerate(launches):
+        p = np.unique(p)
+        tl.append(np.full(len(p), i)), ta.append(base + p * PS), tb.append(np.full(len(p), PS))
+    TR = {T.LAUNCH_ID: np.concatenate(tl), T.ADDRESS: np.concatenate(ta).astype(np.uint64),
+          T.BYTES: np.concatenate(tb), T.ACCESS: ["read"] * int(sum(len(x) for x in tl))}
+    empty_f = {T.TIME_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.COUNT: np.zeros(0, np.int32), T.ACCESS: [],
+               T.DEVICE: np.zeros(0, np.int32), T.LAUNCH_ID: np.zeros(0, np.int64)}
+    empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.BYTES: np.zeros(0, np.int64),
+               T.DIRECTION: [], T.CAUSE: [], T.LAUNCH_ID: np.zeros(0, np.int64)}
+    man = T.new_manifest(mode="full", source="synthetic", workload={"name": name, "argv": None})
+    T.write_trace(path, man, {T.LAUNCHES: L, T.ALLOCATIONS: A, T.FAULTS: empty_f, T.MIGRATIONS: empty_m,
+                              T.TRUTH: TR})
+    return T.read_trace(path)
+
+
+def page_sequence(trace) -> np.ndarray:
+    """Each launch's footprint pages in ascending address order, concatenated."""
+    fp = footprints(trace)
+    return np.concatenate([fp.pages(i) for i in range(fp.n_launches)])
+
+
+def lcs_misses(cls, seq: np.ndarray, cap_pages: int) -> int:
+    """libCacheSim's misses; its cache_size is in bytes (objects weigh obj_size)."""
+    c = cls(cache_size=cap_pages * PS)
+    r = lcs.Request()
+    miss = 0
+    for t, u in enumerate(seq.tolist()):
+        r.obj_id, r.obj_size, r.clock_time = u, PS, t
+        miss += not c.get(r)
+    return miss
+
+
+def lcs_belady(seq: np.ndarray, cap_pages: int) -> int:
+    nxt = np.full(len(seq), INT64_MAX, np.int64)
+    last: dict[int, int] = {}
+    for t in range(len(seq) - 1, -1, -1):
+        u = int(seq[t])
+        nxt[t] = last.get(u, INT64_MAX)
+        last[u] = t
+    c = lcs.Belady(cache_size=cap_pages * PS)
+    r = lcs.Request()
+    miss = 0
+    for t, u in enumerate(seq.tolist()):
+        r.obj_id, r.obj_size, r.clock_time, r.next_access_vtime = u, PS, t, int(nxt[t])
+        miss += not c.get(r)
+    return miss
+
+
+NONE = load_profile("none")
+PEER = SimConfig(costs="none", granularity=PS, eviction_unit=PS, driver_prefetch=False)
+
+
+def pages_in(run) -> int:
+    return run["htod_bytes"] // PS
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory):
+    """Several page-touch patterns: datasets' workload models and random ones."""
+    from pagecast.datasets.registry import make_trace
+    d = tmp_path_factory.mktemp("wl")
+    out = {}
+    for name, scale in (("jacobi2d", 0.05), ("spmv-cg", 0.05), ("stream", 0.02)):
+        out[name] = T.read_trace(make_trace(name, d / f"{name}.pctrace", scale=scale, seed=5))
+    rng = np.random.default_rng(7)
+    # random ranges over 300 pages, 1..40 pages per launch, some reuse
+    L = [np.arange(s, s + k) for s, k in zip(rng.integers(0, 260, 400), rng.integers(1, 40, 400))]
+    out["ranges"] = page_trace(d / "ranges.pctrace", L, name="ranges")
+    # zipf-ish scattered pages
+    L = [np.unique(rng.zipf(1.4, rng.integers(1, 12)) % 500) for _ in range(600)]
+    out["scatter"] = page_trace(d / "scatter.pctrace", L, name="scatter")
+    return out
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "stream", "ranges", "scatter"])
+@pytest.mark.parametrize("eviction", ["lru", "fifo"])
+def test_demand_equals_libcachesim(workloads, name, eviction):
+    """4 KiB units and eviction, no driver prefetch: pages brought in == libCacheSim's misses."""
+    tr = workloads[name]
+    seq = page_sequence(tr)
+    fp = footprints(tr)
+    largest = int(fp.pages_per_launch().max())
+    union = fp.union_pages()
+    caps = sorted({largest, (largest + union) // 2, max(largest, union * 2 // 3), union})
+    cfg = SimConfig(costs="none", granularity=PS, eviction_unit=PS, driver_prefetch=False, eviction=eviction)
+    runs, _ = replay_sim([tr], ["demand"], capacity=[c * PS for c in caps], config=cfg)
+    ref = lcs.LRU if eviction == "lru" else lcs.FIFO
+    for c, run in zip(caps, runs):
+        assert pages_in(run) == run["faults"] == lcs_misses(ref, seq, c), (name, eviction, c)
+
+
+def test_lru_one_pass_matches_per_capacity_runs(workloads):
+    """The stack-distance sweep and the step-by-step engine agree on every counter and time."""
+    tr = workloads["ranges"]
+    prof = load_profile("pcie4")
+    w = build_workload([tr], gran=PS, eviction_unit=PS, profile=prof)
+    caps = [40, 90, 150, 250]
+    one = S.demand_lru_all(w, caps, prof)
+    for cap, r1 in zip(caps, one):
+        r2 = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction="lru", driver_prefetch=False))
+        np.testing.assert_array_equal(r1.counters, r2.counters)
+        np.testing.assert_allclose(r1.end, r2.end)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_oracle_equals_belady_on_single_page_launches(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    U = int(rng.integers(20, 80))
+    seq = (rng.zipf(1.3, 1500) % U) if seed % 2 else rng.integers(0, U, 1500)
+    tr = page_trace(tmp_path / "one.pctrace", [np.array([p]) for p in seq], name="single")
+    s = page_sequence(tr)
+    caps = [1, U // 4, U // 2, U - 1]
+    runs, _ = replay_sim([tr], ["oracle"], capacity=[c * PS for c in caps], config=PEER)
+    for c, run in zip(caps, runs):
+        assert run["faults"] == 0
+        assert pages_in(run) == lcs_belady(s, c), (seed, c)
+
+
+def test_oracle_equals_belady_on_workload_pages(workloads):
+    """Belady on each launch's pages, counted in transfers, when the capacity holds every launch:
+    the planner moves no more pages than libCacheSim's Belady misses, and faults none."""
+    tr = workloads["ranges"]
+    fp = footprints(tr)
+    largest = int(fp.pages_per_launch().max())
+    runs, _ = replay_sim([tr], ["oracle", "demand"], capacity=[largest * PS, 2 * largest * PS], config=PEER)
+    seq = page_sequence(tr)
+    for run in runs:
+        if run["policy"] == "oracle":
+            assert run["faults"] == 0
+            # launches as units make Belady's choice coarser than per page: never better than it
+            assert pages_in(run) >= lcs_belady(seq, run["capacity_bytes"] // PS)
+            demand = next(r for r in runs if r["policy"] == "demand" and r["capacity_bytes"] == run["capacity_bytes"])
+            assert pages_in(run) <= pages_in(demand)
+
+
+def test_planned_policies_beat_demand_on_a_mix(workloads):
+    trs = [workloads["jacobi2d"], workloads["spmv-cg"], workloads["stream"]]
+    runs, tl = replay_sim(trs, ["demand", "alloc", "oracle", "swap"], oversub=[1.5, 3.0],
+                          config=SimConfig(costs="msched-rtx5080", timeslice_ms=0.05))
+    by = {(r["policy"], r["oversub"]): r for r in runs}
+    for o in (1.5, 3.0):
+        assert by[("oracle", o)]["time_s"] < by[("demand", o)]["time_s"]
+        assert by[("oracle", o)]["speedup_vs_demand"] > 1
+        assert by[("oracle", o)]["fraction_of_oracle"] == 1.0
+        assert by[("demand", o)]["stall_s"] > by[("oracle", o)]["stall_s"]
+    r = runs[0]
+    assert r["tasks"] == ["jacobi2d", "spmv-cg", "stream"] and r["workload"] == "jacobi2d+spmv-cg+stream"
+    # the timeline: one row per launch per run, ordered in time, tasks interleaved
+    assert tl.num_rows == len(runs) * sum(t.n_launches for t in trs)
+    first = tl.filter(tl.column("run").to_numpy() == 0)
+    st = first.column("start_s").to_numpy()
+    en = first.column("end_s").to_numpy()
+    assert (np.diff(st) >= 0).all() and (en >= st).all()
+    tasks = first.column("task").to_numpy()
+    assert (tasks[1:] != tasks[:-1]).sum() >= 6
+    assert first.column("faults").to_numpy().sum() == runs[0]["faults"]
+
+
+def test_none_profile_charges_nothing_and_costs_scale(workloads):
+    tr = workloads["jacobi2d"]
+    r0, _ = replay_sim([tr], ["demand"], oversub=[2], config=SimConfig(costs="none"))
+    assert r0[0]["time_s"] == 0 and r0[0]["stall_s"] == 0 and r0[0]["faults"] > 0
+    r3, _ = replay_sim([tr], ["demand"], oversub=[2], config=SimConfig(costs="pcie3"))
+    r5, _ = replay_sim([tr], ["demand"], oversub=[2], config=SimConfig(costs="msched-rtx5080"))
+    assert r3[0]["faults"] == r5[0]["faults"] and r3[0]["stall_s"] > r5[0]["stall_s"] > 0
+
+
+def test_fault_cost_model_by_hand(tmp_path):
+    """Two launches, cold memory: faults per 64 KiB unit, charged 31.79 us each; the rest is compute."""
+    tr = page_trace(tmp_path / "t.pctrace", [np.arange(0, 32), np.arange(32, 48)], compute_ns=50_000)
+    cfg = SimConfig(costs="msched-rtx5080", driver_prefetch=False)
+    runs, tl = replay_sim([tr], ["demand"], capacity=[64 << 20], config=cfg)
+    r = runs[0]
+    assert r["faults"] == 2 + 1 and r["htod_bytes"] == 3 * 65536 and r["dtoh_bytes"] == 0
+    assert r["stall_s"] == pytest.approx(3 * 31.79e-6)
+    assert r["time_s"] == pytest.approx(3 * 31.79e-6 + 2 * 50e-6)
+    assert tl.column("faults").to_pylist() == [2, 1]
+
+
+def test_tree_prefetcher_cuts_sequential_faults(tmp_path):
+    """A 2 MiB block read in order: faults at units 0, 1, 2, 4, 8, 16 (past 51%, the region fills)."""
+    tr = page_trace(tmp_path / "t.pctrace", [np.arange(0, 512)])
+    on, _ = replay_sim([tr], ["demand"], capacity=[64 << 20], config=SimConfig(costs="none"))
+    off, _ = replay_sim([tr], ["demand"], capacity=[64 << 20], config=SimConfig(costs="none", driver_prefetch=False))
+    assert off[0]["faults"] == 32
+    assert on[0]["faults"] == 6
+    assert on[0]["htod_bytes"] == off[0]["htod_bytes"] == 2 << 20
+
+
+def test_thrashing_launch_is_simulated_not_refused(tmp_path):
+    tr = page_trace(tmp_path / "t.pctrace", [np.arange(0, 64)] * 5)
+    runs, _ = replay_sim([tr], ["demand", "oracle"], capacity=[32 * PS], config=PEER)
+    for r in runs:
+        assert r["thrashing_launches"] == 5 and r["faults"] > 0
+    oracle = next(r for r in runs if r["policy"] == "oracle")
+    # it streams: at most one launch's overflow (plus one unit) faults per launch
+    assert oracle["faults"] <= 5 * (64 - 32 + 1) + 32
+
+
+def test_swap_moves_whole_tasks(tmp_path):
+    a = page_trace(tmp_path / "a.pctrace", [np.arange(0, 16)] * 40, name="a")
+    b = page_trace(tmp_path / "b.pctrace", [np.arange(0, 16)] * 40, name="b")
+    runs, _ = replay_sim([a, b], ["swap", "demand"], capacity=[20 * PS],
+                         config=SimConfig(costs="msched-rtx5080", granularity=PS, eviction_unit=PS,
+                                          timeslice_ms=0.05))
+    swap = runs[0]
+    assert swap["faults"] == 0 and swap["prefetch_bytes"] > 0
+    assert runs[0]["tasks"] == ["a", "b"]
+
+
+def test_interval_difference():
+    s, e = S.interval_difference([0, 10], [5, 20], [3, 12], [4, 15])
+    assert s.tolist() == [0, 4, 10, 15] and e.tolist() == [3, 5, 12, 20]
+    s, e = S.interval_difference([0], [5], [], [])
+    assert s.tolist() == [0] and e.tolist() == [5]
+
+
+def test_stack_distances_small():
+    d = C.lru_stack_distances(np.array([1, 2, 1, 3, 2, 1], np.int64), 4)
+    inf = np.iinfo(np.int64).max
+    assert d.tolist() == [inf, inf, 2, inf, 3, 3]
