@@ -253,8 +253,9 @@ class PeriodDetector:
 
     P is accepted when the last max(P, min_match) launches equal the ones P
     before them. Checked in O(1) per launch while it holds; when it breaks,
-    searched again (smallest P up to max_period) at most every `search_every`
-    launches.
+    searched again among the distances back to earlier launches of the same
+    kernel (smallest first, up to max_period), at most every `search_every`
+    launches, backing off (up to 32x) while the sequence stays aperiodic.
     """
 
     def __init__(self, max_period: int = 1024, min_match: int = 16, search_every: int = 8) -> None:
@@ -264,30 +265,55 @@ class PeriodDetector:
         self.seq: list[int] = []
         self.period: int | None = None
         self._ids: dict[str, int] = {}
-        self._last_search = -10**9
+        self._pos: dict[int, deque] = {}
+        self._next_search = 0
+        self._backoff = 1
 
     def observe(self, kernel: str) -> int | None:
         k = self._ids.setdefault(kernel, len(self._ids))
         seq = self.seq
         seq.append(k)
         t = len(seq) - 1
+        pos = self._pos.get(k)
+        if pos is None:
+            pos = self._pos[k] = deque()
         if self.period is not None and seq[t - self.period] == k:
-            return self.period
-        self.period = None
-        if t - self._last_search >= self.search_every:
-            self._last_search = t
-            self.period = self._search()
+            pass
+        else:
+            self.period = None
+            if t >= self._next_search:
+                self.period, checked = self._search(pos)
+                if self.period is None and checked:
+                    self._backoff = min(self._backoff * 2, 32)   # a real miss, not too little history
+                elif self.period is not None:
+                    self._backoff = 1
+                self._next_search = t + self.search_every * self._backoff
+        pos.append(t)
+        while pos and pos[0] < t - self.max_period:
+            pos.popleft()
         return self.period
 
-    def _search(self) -> int | None:
+    def _search(self, pos: deque) -> tuple[int | None, bool]:
+        """(period or None, whether any candidate had enough history to be checked)."""
         seq, n = self.seq, len(self.seq)
-        for p in range(1, min(self.max_period, n // 2) + 1):
+        t = n - 1
+        checked = False
+        for prev in reversed(pos):        # nearest earlier launch of the same kernel first
+            p = t - prev
+            if p > self.max_period:
+                break
             m = max(p, self.min_match)
             if m + p > n:
                 break
-            if seq[n - m:] == seq[n - m - p:n - p]:
-                return p
-        return None
+            checked = True
+            ok = True
+            for j in range(n - m, n):
+                if seq[j] != seq[j - p]:
+                    ok = False
+                    break
+            if ok:
+                return p, True
+        return None, checked
 
 
 class SequenceNextUse:

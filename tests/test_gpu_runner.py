@@ -114,6 +114,19 @@ def test_period_detector_finds_the_step_of_an_iterative_workload():
     assert d.period is None                    # broken, until it repeats again
 
 
+def test_period_detector_finds_a_long_step_soon_after_it_repeated():
+    import random
+
+    rng = random.Random(1)
+    step = [f"k{rng.randrange(40)}" for _ in range(300)]
+    d = G.PeriodDetector()
+    first = next(i for i in range(2000) if d.observe(step[i % 300]) is not None)
+    assert d.period == 300 and first < 2 * 300 + 32 * 8
+    # random launches: no period is claimed
+    d = G.PeriodDetector()
+    assert all(d.observe(f"k{rng.randrange(40)}") is None for _ in range(3000))
+
+
 def test_sequence_next_use_predicts_from_the_last_period_and_falls_back_to_lru():
     d = G.PeriodDetector(min_match=4, search_every=1)
     nu = G.SequenceNextUse(d)
