@@ -334,7 +334,7 @@ def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
-def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float):
+def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "tight"):
     """Solve on a subsample of groups, verify on all, add violators and repeat."""
     U = len(groups)
     if U <= MAX_SEARCH_GROUPS:
@@ -349,7 +349,7 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float):
         sample = np.array(sorted(ext))
     for _ in range(4):
         mono = kd.mono(groups[sample])
-        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum())
+        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode)
         if f is None:
             return None
         if len(sample) == U:
@@ -363,14 +363,14 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float):
     return None
 
 
-def _solve_pair(kd, g, bounds):
+def _solve_pair(kd, g, bounds, modes=None):
     """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
     for budget in (0.0, ROBUST_BUDGET):
         out = []
         exact = 1.0
-        for lo, hi in bounds:
+        for q, (lo, hi) in enumerate(bounds):
             groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, budget)
+            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"))
             if f is None:
                 break
             out.append(f)
@@ -436,7 +436,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     np.maximum.at(ch_lo, own, elo_r - shi_r)
     np.minimum.at(ch_hi, own, ehi_r - slo_r)
     bounds = [(s0_lo - base, s0_hi - base), (cnt.astype(np.int64), cnt.astype(np.int64)), (st_lo, st_hi)]
-    res = _solve_pair(kd, g, bounds)
+    res = _solve_pair(kd, g, bounds, {2: "round"})
     if res is None:
         return None
     (fs, fc, fst), exact = res

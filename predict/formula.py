@@ -25,6 +25,14 @@ INF = np.int64(1) << np.int64(62)
 MAX_COEF = 1 << 24
 
 
+def odd(c: int) -> int:
+    """The odd part of |c|: coefficients are element sizes times dimensions, mostly powers of two."""
+    c = abs(int(c))
+    if c == 0:
+        return 0
+    return c >> ((c & -c).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class Formula:
     const: int = 0
@@ -49,8 +57,8 @@ class Formula:
 
     def score(self) -> tuple:
         grid = sum(1 for _, f in self.terms for n in f if n.startswith(("grid_", "block_")))
-        return (len(self.terms), grid, sum(abs(c) for c, _ in self.terms) + abs(self.const),
-                sum(len(f) for _, f in self.terms))
+        return (len(self.terms), grid, sum(odd(c) ** 2 for c, _ in self.terms) + odd(self.const),
+                sum(len(f) for _, f in self.terms), sum(abs(c) for c, _ in self.terms))
 
     def text(self) -> str:
         parts = []
@@ -136,21 +144,49 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
     return Monomials(names, vals, np.array([len(n) for n in names], np.int64))
 
 
-def _pick_const(lo: int, hi: int) -> int:
-    """The integer in [lo, hi] closest to zero."""
+PAGE = 4096
+
+
+def _roundest(lo: int, hi: int) -> int:
+    """The value in [lo, hi] with the smallest odd(v) * |v| (ties: smallest |v|)."""
+    best = (odd(lo) * abs(lo), abs(lo), lo)
+    for v in (hi,):
+        best = min(best, (odd(v) * abs(v), abs(v), v))
+    sign = 1 if lo > 0 else -1
+    a, b = (lo, hi) if lo > 0 else (-hi, -lo)
+    k = 0
+    while (1 << k) <= b:
+        for o in range(1, 16, 2):
+            v = o << k
+            if a <= v <= b:
+                best = min(best, (o * v, v, sign * v))
+        k += 1
+    return int(best[2])
+
+
+def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
+    """A constant in [lo, hi]: 0 when allowed; else the roundest value, either anywhere in the
+    interval (mode "round": strides) or within a page of the tight end (mode "tight": the
+    fewest predicted pages, for starts, ends and chunk sizes)."""
+    lo, hi = int(lo), int(hi)
     if lo <= 0 <= hi:
         return 0
-    return int(lo) if lo > 0 else int(hi)
+    if mode == "tight":
+        if lo > 0:
+            hi = min(hi, -(-lo // PAGE) * PAGE)
+        else:
+            lo = max(lo, (hi // PAGE) * PAGE)
+    return _roundest(lo, hi)
 
 
 def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float) -> tuple[bool, int]:
+          budget: float, mode: str = "tight") -> tuple[bool, int]:
     """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const)."""
     a = lo - formula_vals
     b = hi - formula_vals
     amax, bmin = int(a.max()), int(b.min())
     if amax <= bmin:
-        return True, _pick_const(amax, bmin)
+        return True, _pick_const(amax, bmin, mode)
     if budget <= 0:
         return False, 0
     # sweep: the const covering the most weight
@@ -165,16 +201,16 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
     # the interval of consts reaching that coverage
     lo_c = int(ev[o][k])
     hi_c = int(ev[o][k + 1] - 1) if k + 1 < len(ev) else lo_c
-    return True, _pick_const(lo_c, max(lo_c, hi_c))
+    return True, _pick_const(lo_c, max(lo_c, hi_c), mode)
 
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float = 0.0, max_terms: int = 3) -> Formula | None:
+          budget: float = 0.0, max_terms: int = 3, mode: str = "tight") -> Formula | None:
     """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight)."""
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
-    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget)
+    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode)
     if ok:
         return Formula(c0, ())
     G = mono.values
@@ -200,24 +236,20 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
     cmin = np.nanmax(np.where(np.isnan(lower), -np.inf, lower), axis=0) if len(i1) else np.full(M, -np.inf)
     cmax = np.nanmin(np.where(np.isnan(upper), np.inf, upper), axis=0) if len(i1) else np.full(M, np.inf)
     feas = np.flatnonzero(np.ceil(cmin - 1e-9) <= np.floor(cmax + 1e-9))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(G[:, feas] != 0, mid[:, None] / G[:, feas], np.nan)
-    c0s = np.nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=0) if len(feas) else np.zeros(0)
-    for m, c0 in zip(feas, c0s):
-        lo_c, hi_c = np.ceil(cmin[m] - 1e-9), np.floor(cmax[m] + 1e-9)
-        cands = {_pick_nonzero(lo_c, hi_c)}
-        if np.isfinite(c0) and abs(c0) < MAX_COEF:
-            r0 = int(round(c0))
-            cands |= {r0 - 1, r0, r0 + 1}
-        for c in cands:
-            if c is None or c == 0 or c < lo_c or c > hi_c:
-                continue
-            f = _try(mono, [m], [c], lo, hi, weight, budget)
-            if f is not None:
-                best.append((f.score(), f))
+    for m in feas:
+        lo_c, hi_c = int(np.ceil(cmin[m] - 1e-9)), int(np.floor(cmax[m] + 1e-9))
+        lo_c, hi_c = max(lo_c, -MAX_COEF), min(hi_c, MAX_COEF)
+        if lo_c > hi_c:
+            continue
+        c = _best_coef(G[:, m], lo, hi, lo_c, hi_c, mode)
+        if c is None:
+            continue
+        f = _try(mono, [m], [c], lo, hi, weight, budget, mode)
+        if f is not None:
+            best.append((f.score(), f))
     if not best and budget > 0:
         # pairwise bounds ignore the budget: round least squares too
-        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget)
+        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode)
     if best:
         return min(best, key=lambda t: t[0])[1]
     if max_terms < 2:
@@ -229,10 +261,69 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         limit = {2: 160, 3: 40}[k]
         cols = list(range(min(M, limit)))
         subsets = [list(s) for s in itertools.combinations(cols, k)]
-        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget)
+        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode)
         if best:
             return min(best, key=lambda t: t[0])[1]
     return None
+
+
+def _cost(c: int, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
+    """|c| + distance from 0 to the feasible constants for coefficient c (convex in c)."""
+    L = int((lo - c * g).max())
+    H = int((hi - c * g).min())
+    return abs(c) + max(L, 0, -H) + (0 if L <= H else 1e30)
+
+
+def _best_coef(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, lo_c: int, hi_c: int,
+               mode: str = "tight") -> int | None:
+    """The nonzero integer c in [lo_c, hi_c] with the smallest odd(c) * |c| + |const|.
+
+    Candidates: the minimizer of |c| + |const| (convex in c: integer ternary search)
+    and every c = o * 2^k (o odd <= 15) in the interval.
+    """
+    cands = set()
+    for a, b in ((lo_c, min(hi_c, -1)), (max(lo_c, 1), hi_c)):
+        if a > b:
+            continue
+        while b - a > 2:
+            m1 = a + (b - a) // 3
+            m2 = b - (b - a) // 3
+            c1, c2 = _cost(m1, g, lo, hi), _cost(m2, g, lo, hi)
+            if c1 < c2:
+                b = m2 - 1
+            elif c1 > c2:
+                a = m1 + 1
+            else:
+                a, b = m1, m2
+                if b - a <= 2:
+                    break
+                a += 1
+        cands.update(range(a, b + 1))
+    for sign, a, b in ((1, max(lo_c, 1), hi_c), (-1, max(-hi_c, 1), -lo_c)):
+        if a > b:
+            continue
+        k = 0
+        while (1 << k) <= b:
+            for o in range(1, 16, 2):
+                v = o << k
+                if a <= v <= b:
+                    cands.add(sign * v)
+            k += 1
+    cands.discard(0)
+    if not cands:
+        return None
+    C = np.array(sorted(cands), np.int64)
+    L = (lo[None, :] - C[:, None] * g[None, :]).max(axis=1)
+    H = (hi[None, :] - C[:, None] * g[None, :]).min(axis=1)
+    ok = L <= H
+    if not ok.any():
+        return None
+    oddp = np.array([odd(c) for c in C], np.float64)
+    cost = np.full(len(C), np.inf)
+    for i in np.flatnonzero(ok):
+        cost[i] = oddp[i] ** 2 + odd(_pick_const(int(L[i]), int(H[i]), mode))
+    i = int(np.lexsort((np.abs(C), cost))[0])
+    return int(C[i])
 
 
 def _pick_nonzero(lo: float, hi: float, shift: int = 0) -> int | None:
@@ -262,11 +353,11 @@ def _midpoints(lo, hi):
     return np.where(lo <= -INF, hif, np.where(hi >= INF, lof, (lof + hif) / 2))
 
 
-def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget) -> Formula | None:
+def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight") -> Formula | None:
     vals = np.zeros(len(lo), np.int64)
     for m, c in zip(cols, coefs):
         vals = vals + np.int64(c) * mono.values[:, m]
-    ok, c0 = check(vals, lo, hi, weight, budget)
+    ok, c0 = check(vals, lo, hi, weight, budget, mode)
     if not ok:
         return None
     terms = tuple(sorted(((int(c), mono.names[m]) for m, c in zip(cols, coefs)),
@@ -274,7 +365,7 @@ def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget) -> Formula | None
     return Formula(c0, terms)
 
 
-def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget):
+def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"):
     if not subsets:
         return []
     G = mono.values.astype(np.float64)
@@ -300,7 +391,7 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget):
             c = base + np.array(delta)
             if np.any(c == 0):
                 continue
-            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget)
+            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode)
             if f is not None:
                 out.append((f.score(), f))
                 break

@@ -1,0 +1,238 @@
+"""The predictor: fitting, batch/online prediction, evaluation, feedback, model file, commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pagecast import footprints as FP
+from pagecast import trace as T
+from pagecast.cli import main
+from pagecast.errors import ModelError, TraceError
+from pagecast.predict.evaluate import evaluate
+from pagecast.predict.feedback import apply_feedback, feedback_from_trace
+from pagecast.predict.fit import fit_model
+from pagecast.predict.formula import Formula
+from pagecast.predict.model_io import load_model, save_model
+from pagecast.predict.predictor import OnlinePredictor, predict_footprints, predict_ranges
+from pagecast.predict.synth import PS, SynthTrace, vector_workload
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synth")
+    paths = []
+    for scale, seed in [(1, 1), (3, 2), (2, 3)]:
+        p = d / f"s{scale}.pctrace"
+        vector_workload(scale, seed).write(p, drop=0.001, seed=seed)
+        paths.append(p)
+    return [T.read_trace(p) for p in paths]
+
+
+@pytest.fixture(scope="module")
+def model(synth):
+    return fit_model(synth[:2])
+
+
+def test_classes_and_formulas(model):
+    k = model.kernels
+    assert [r.text() for r in k["vadd"].regions] == ["[p0, p0 + 4*p3)", "[p1, p1 + 4*p3)", "[p2, p2 + 4*p3)"]
+    assert k["reduce"].regions[0].cls == "linear" and k["reduce"].regions[1].cls == "fixed"
+    sl = k["slice"].regions[0]
+    assert sl.cls == "strided"
+    # C (p3) is constant in these traces: 4*p2*p3 and 64*p2 are the same stride
+    assert sl.count.text() == "4" and sl.chunk.text() == "4*p2" and sl.stride.text() in ("4*p2*p3", "64*p2")
+    assert sl.start.text() == "4*p1*p2"
+    assert k["gather"].cls == "irregular"
+    st = {r.base: r for r in k["stencil"].regions}
+    assert st["p1"].text() == "[p1, p1 + 4*p2*p3)"
+    assert st["p0"].cls in ("linear", "allocation")
+
+
+def test_generalizes_to_unseen_scale(model, synth):
+    e = evaluate(model, synth[2])
+    d = e["determined"]
+    assert d["recall"] >= 0.9975 and d["precision"] >= 0.999
+    ks = {x["kernel"]: x for x in e["kernels"]}
+    for name in ("vadd", "reduce", "slice", "stencil"):
+        assert ks[name]["recall"] == 1.0 and ks[name]["precision"] == 1.0, ks[name]
+    assert e["baseline"]["precision"] < e["determined"]["precision"]
+    assert set(e["by_class"]) >= {"linear", "strided", "irregular"}
+    assert e["unseen"]["launches"] == 0
+
+
+def test_online_matches_batch(model, synth):
+    tr = synth[2]
+    batch = predict_footprints(model, tr, "none")
+    op = OnlinePredictor(model, "none")
+    for a in tr.allocations.to_pylist():
+        op.add_allocation(a[T.ADDRESS], a[T.BYTES], a[T.ALLOC_ID])
+    for i, l in enumerate(tr.launches.to_pylist()):
+        got = op.predict(l[T.KERNEL], l[T.PARAM_DATA], l[T.PARAM_OFFSETS], l[T.PARAM_SIZES],
+                         tuple(l[c] for c in T.GRID_COLUMNS[:3]), tuple(l[c] for c in T.GRID_COLUMNS[3:]))
+        s, e = batch.of(i)
+        assert got == list(zip(s.tolist(), e.tolist())), l[T.KERNEL]
+
+
+def test_predict_ranges_table(model, synth):
+    t = predict_ranges(model, synth[2], "history")
+    assert t.column_names == [T.LAUNCH_ID, T.ADDRESS, T.BYTES, "template"]
+    assert str(t.schema.field(T.ADDRESS).type) == "uint64"
+    assert set(t.column("template").to_pylist()) >= {"linear", "fixed", "strided"}
+    assert all(b % PS == 0 for b in t.column(T.BYTES).to_pylist())
+
+
+def test_fallbacks(model, synth):
+    tr = synth[2]
+    none = predict_footprints(model, tr, "none").pages_per_launch()
+    alloc = predict_footprints(model, tr, "allocation").pages_per_launch()
+    hist = predict_footprints(model, tr, "history").pages_per_launch()
+    kern = np.array(tr.launches.column(T.KERNEL).to_pylist())
+    g = kern == "gather"
+    assert (none[g] == 0).all()
+    assert (alloc[g] == (64 << 20) // PS).all()
+    assert (hist[g] > 0).all() and (hist[g] < alloc[g]).all()
+
+
+def test_model_roundtrip_and_bad_files(model, tmp_path):
+    p = tmp_path / "m.json"
+    save_model(model, p)
+    with pytest.raises(Exception):
+        save_model(model, p)  # exists, no force
+    m2 = load_model(p)
+    assert {k: [r.text() for r in v.regions] for k, v in m2.kernels.items()} == \
+        {k: [r.text() for r in v.regions] for k, v in model.kernels.items()}
+    doc = json.loads(p.read_text())
+    assert doc["format"] == "pagecast-model" and doc["version"] == 1
+    bad = dict(doc, version=99)
+    (tmp_path / "v.json").write_text(json.dumps(bad))
+    with pytest.raises(ModelError, match="version"):
+        load_model(tmp_path / "v.json")
+    nonsense = json.loads(p.read_text())
+    nonsense["kernels"]["vadd"]["regions"][0]["end"]["terms"] = [[4, ["p99"]]]
+    (tmp_path / "n.json").write_text(json.dumps(nonsense))
+    with pytest.raises(ModelError, match="p99"):
+        load_model(tmp_path / "n.json")
+    nonsense["kernels"]["vadd"]["regions"][0]["class"] = "wobbly"
+    (tmp_path / "n2.json").write_text(json.dumps(nonsense))
+    with pytest.raises(ModelError, match="class"):
+        load_model(tmp_path / "n2.json")
+    (tmp_path / "t.json").write_text("{not json")
+    with pytest.raises(ModelError, match="JSON"):
+        load_model(tmp_path / "t.json")
+    with pytest.raises(ModelError, match="no such"):
+        load_model(tmp_path / "missing.json")
+
+
+def test_feedback_replaces_and_demotes(synth, tmp_path):
+    m = fit_model(synth[:2])
+    r = m.kernels["vadd"].regions[0]
+    r.end = Formula(0, ((2, ("p3",)),))            # break it: half the vector
+    tr = synth[2]
+    truth = FP.truth_footprints(tr)
+    s, e = truth.of(0)
+    assert apply_feedback(m, tr, 0, s[:1], e[:1])
+    assert r.text() == "[p0, p0 + 4*p3)"            # the simplest formula explaining all evidence
+    assert not apply_feedback(m, tr, 0, s[:1], e[:1])  # nothing missed any more
+    # without evidence: a near miss widens, one far away demotes to irregular
+    r2 = m.kernels["vadd"].regions[1]
+    r2.fit.pop("evidence")
+    r2.end = Formula(0, ((4, ("p3",)),))
+    s1, e1 = s[1], e[1]
+    r2.end = Formula(-8 * PS, ((4, ("p3",)),))
+    v = m.version_counter
+    assert apply_feedback(m, tr, 0, np.array([e1 - 8]), np.array([e1]))
+    assert r2.cls == "linear" and r2.fit["widened_by_feedback"] == 1 and m.version_counter > v
+    r2.end = Formula(0, ((1, ("p3",)),))           # now a quarter: the miss is far
+    assert apply_feedback(m, tr, 0, np.array([e1 - 8]), np.array([e1]))
+    assert r2.cls == "irregular" and r2.history
+    # an unseen kernel gets an irregular entry
+    m3 = fit_model(synth[:2])
+    del m3.kernels["gather"]
+    gl = [i for i, k in enumerate(tr.launches.column(T.KERNEL).to_pylist()) if k == "gather"][0]
+    s, e = FP.observed_footprints(tr).of(gl)
+    assert apply_feedback(m3, tr, gl, s, e)
+    assert m3.kernels["gather"].regions[0].cls == "irregular"
+
+
+def test_feedback_from_trace_counts(synth):
+    m = fit_model(synth[:2])
+    assert feedback_from_trace(m, synth[2]) >= 0
+
+
+# ---- bad input --------------------------------------------------------------------
+
+def _small(st: SynthTrace, path, **kw):
+    return T.read_trace(st.write(path, **kw))
+
+
+def test_trace_without_faults(tmp_path):
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    st.launch("k", [("Q", a), ("i", 10)], [(a, 40)])
+    tr = _small(st, tmp_path / "nf.pctrace", faults=False)
+    with pytest.raises(TraceError, match="no faults"):
+        fit_model([tr])
+    assert main(["fit", str(tmp_path / "nf.pctrace"), "-o", str(tmp_path / "m.json")]) == 2
+
+
+def test_empty_trace(tmp_path):
+    st = SynthTrace()
+    tr = _small(st, tmp_path / "e.pctrace")
+    with pytest.raises(TraceError, match="no launches"):
+        fit_model([tr])
+
+
+def test_kernel_seen_once_and_no_pointer(tmp_path):
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    st.launch("once", [("Q", a), ("i", 1000)], [(a, 4000)])
+    st.launch("noptr", [("i", 7), ("Q", 12345)], [(a, 4096)])
+    st.launch("once2", [("Q", a)], [(a, 4096)])
+    tr = _small(st, tmp_path / "o.pctrace")
+    m = fit_model([tr])
+    assert m.kernels["once"].regions[0].cls == "fixed"
+    assert m.kernels["noptr"].cls == "irregular" and "points into" in m.kernels["noptr"].note
+    e = evaluate(m, tr)
+    assert e["overall"]["launches"] == 3
+
+
+def test_unseen_kernels_use_fallback(model, tmp_path):
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    st.launch("brand_new", [("Q", a), ("i", 5)], [(a, 8192)])
+    st.launch("brand_new", [("Q", a), ("i", 5)], [(a, 8192)])
+    tr = _small(st, tmp_path / "u.pctrace")
+    e = evaluate(model, tr, "history")
+    assert e["unseen"]["launches"] == 2 and e["unseen"]["kernels"] == ["brand_new"]
+    assert e["kernels"][0]["templates"] == ["unseen"]
+    # history: the second launch is predicted from what the first touched
+    pf = predict_footprints(model, tr, "history")
+    assert pf.pages_per_launch()[0] == 0 and pf.pages_per_launch()[1] > 0
+    ea = evaluate(model, tr, "allocation")
+    assert ea["unseen"]["recall"] == 1.0
+
+
+def test_commands(synth, tmp_path, capsys):
+    p1, p2, p3 = (str(t.path) for t in synth)
+    mp = tmp_path / "m.json"
+    assert main(["fit", p1, p2, "-o", str(mp)]) == 0
+    assert main(["fit", p1, p2, "-o", str(mp)]) == 2                  # exists
+    assert main(["fit", p1, "-o", str(mp), "--force", "--feedback", p3]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(mp), p3, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["overall"]) >= {"precision", "recall", "predicted_bytes", "footprint_bytes", "launches"}
+    assert set(doc["kernels"][0]) >= {"kernel", "templates", "launches", "precision", "recall",
+                                      "predicted_bytes", "footprint_bytes"}
+    assert main(["evaluate", str(mp), p3]) == 0
+    out = tmp_path / "pred.parquet"
+    assert main(["predict", str(mp), p3, "-o", str(out), "--fallback", "none"]) == 0
+    assert main(["predict", str(mp), p3, "-o", str(out)]) == 2
+    assert main(["evaluate", str(tmp_path / "nope.json"), p3]) == 2
+    (tmp_path / "bad.json").write_text('{"format": "pagecast-model", "version": 7}')
+    assert main(["evaluate", str(tmp_path / "bad.json"), p3]) == 2
+    err = capsys.readouterr().err
+    assert "version" in err and "Traceback" not in err
