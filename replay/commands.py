@@ -208,7 +208,8 @@ def _report(args, runs, timeline) -> int:
         console.emit_json(runs)
     else:
         out = console.stdout()
-        out.print(results_table(runs), width=max(out.width, 132))
+        out.width = max(out.width, 132)  # a 13-column table: do not squeeze it into 80 columns when piped
+        out.print(results_table(runs))
     if args.output:
         console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
     return 0

@@ -112,10 +112,11 @@ def run_demo(args) -> int:
     if args.json:
         console.emit_json(all_runs)
     else:
-        console.stdout().print(results_table(all_runs, title=f"pagecast demo: {len(names)} workloads and "
-                                                             f"{len(mixes)} mixes, costs {args.costs}"),
-                               width=max(console.stdout().width, 132))
-        console.stdout().print(headline(all_runs))
+        out = console.stdout()
+        out.width = max(out.width, 132)
+        out.print(results_table(all_runs, title=f"pagecast demo: {len(names)} workloads and "
+                                                f"{len(mixes)} mixes, costs {args.costs}"))
+        out.print(headline(all_runs))
     console.info(f"demo took {elapsed:.1f} s")
     console.wrote(res_path, "replay results", f"pagecast report {res_path} -o {out / 'report.html'}")
     try:

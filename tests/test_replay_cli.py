@@ -1,0 +1,265 @@
+"""Cost profiles, plan and results files, and the plan / replay / demo commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pagecast import trace as T
+from pagecast.cli import main
+from pagecast.errors import OutputExistsError, PlanError, ProfileError
+from pagecast.replay import plan_io
+from pagecast.replay.costs import builtin_names, load_profile, replace, save_profile
+from pagecast.replay.results_io import is_results, read_results, timeline_path, write_results
+
+from test_replay_sim import PS, page_trace
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- cost profiles -------------------------------------------------------------------
+
+def test_builtin_profiles():
+    assert {"msched-rtx5080", "pcie4", "pcie3", "none"} <= set(builtin_names())
+    m = load_profile("msched-rtx5080")
+    assert m.fault_time_s == pytest.approx(31.79e-6)
+    assert m.htod_bandwidth == 41.7e9 and m.pipelined_bandwidth == 63.5e9 and m.duplex
+    assert m.granularity == 64 << 10 and m.eviction_unit == 2 << 20 and m.faults_per_batch == 256
+    # pipelined eviction + population: 1 GB each way at 63.5 GB/s combined
+    assert m.bulk_time(1e9, 1e9) == pytest.approx(2e9 / 63.5e9)
+    assert m.fault_time(512) == pytest.approx(512 * 31.79e-6)
+    none = load_profile("none")
+    assert not none.charges and none.bulk_time(1e9, 1e9) == 0 and none.fault_time(10) == 0
+    p3 = load_profile("pcie3")
+    assert p3.fault_time_s == pytest.approx(45e-6) and p3.htod_bandwidth == 12.15e9
+
+
+def test_profile_round_trip_and_refusals(tmp_path):
+    p = replace(load_profile("pcie4"), name="mine", fault_time_s=20e-6)
+    path = save_profile(p, tmp_path / "p.json")
+    assert load_profile(path) == p
+    with pytest.raises(OutputExistsError):
+        save_profile(p, path)
+    save_profile(p, path, force=True)
+    d = json.loads(path.read_text())
+    del d["htod_bandwidth"]
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="missing field 'htod_bandwidth'"):
+        load_profile(tmp_path / "bad.json")
+    d = json.loads(path.read_text())
+    d["granularity"] = 3000
+    (tmp_path / "bad2.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="power of two"):
+        load_profile(tmp_path / "bad2.json")
+    d["version"] = 9
+    (tmp_path / "bad3.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="version"):
+        load_profile(tmp_path / "bad3.json")
+    with pytest.raises(ProfileError, match="built-in profiles: .*msched-rtx5080"):
+        load_profile("no-such-profile")
+
+
+# ---- results files -------------------------------------------------------------------------
+
+def test_results_round_trip(tmp_path):
+    runs = [{"policy": "demand", "backend": "sim", "capacity_bytes": 1 << 30, "oversub": 2.0, "time_s": 1.5,
+             "stall_s": 1.0, "faults": 10, "htod_bytes": 5, "dtoh_bytes": 4, "speedup_vs_demand": 1.0,
+             "tasks": ["a", "b"], "my_extra": 3}]
+    tl = {"run": [0, 0], "policy": ["demand"] * 2, "launch_id": [0, 1], "start_s": [0.0, 1.0]}
+    p = write_results(tmp_path / "r.parquet", runs, tl)
+    assert is_results(p) and not is_results(tmp_path / "nothing.parquet")
+    assert timeline_path(p).name == "r.timeline.parquet"
+    r, t = read_results(p)
+    row = r.to_pylist()[0]
+    assert row["tasks"] == ["a", "b"] and row["my_extra"] == 3 and row["fraction_of_oracle"] is None
+    assert t.num_rows == 2 and t.schema.field("faults").type == pa.int64()
+    with pytest.raises(OutputExistsError):
+        write_results(p, runs, tl)
+    write_results(p, runs, None, force=True)  # no stale timeline left beside new results
+    assert read_results(p)[1] is None
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    from pagecast.datasets.registry import make_trace
+    d = tmp_path_factory.mktemp("cli")
+    out = {}
+    for seed in (1, 2, 3):
+        out[seed] = make_trace("jacobi2d", d / f"j{seed}.pctrace", scale=0.05, seed=seed)
+    out["spmv"] = make_trace("spmv-cg", d / "s3.pctrace", scale=0.05, seed=3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(traces, tmp_path_factory):
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import save_model
+    m = fit_model([T.read_trace(traces[1]), T.read_trace(traces[2])])
+    return save_model(m, tmp_path_factory.mktemp("model") / "m.json")
+
+
+def test_replay_json_and_results_file(traces, tmp_path, capsys):
+    out = tmp_path / "r.parquet"
+    code, stdout, err = run_cli(capsys, "replay", traces[3], traces["spmv"], "--policy", "demand,alloc,oracle",
+                                "--oversub", "1.5,3", "--json", "-o", out, "--timeslice", "0.1")
+    assert code == 0, err
+    runs = json.loads(stdout)
+    assert len(runs) == 6
+    for r in runs:
+        for k in ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",
+                  "dtoh_bytes", "speedup_vs_demand", "fraction_of_oracle"):
+            assert k in r
+        assert r["backend"] == "sim" and r["workload"] == "jacobi2d+spmv-cg"
+    assert {r["oversub"] for r in runs} == {1.5, 3.0}
+    assert all(r["speedup_vs_demand"] == 1.0 for r in runs if r["policy"] == "demand")
+    assert "wrote replay results" in err
+    r, tl = read_results(out)
+    assert r.num_rows == 6 and tl.num_rows > 0
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "-o", out)
+    one_line_error(code, err, "exists", "--force")
+    code, stdout, _ = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--capacity", "1MiB")
+    assert code == 0 and "demand" in stdout  # the rich table
+    code, stdout, _ = run_cli(capsys, "replay", traces[3], "--policy", "demand,oracle", "--capacity", "512KiB",
+                              "--json", "--costs", "none", "--eviction", "lru", "--no-driver-prefetch",
+                              "--granularity", "4KiB", "--eviction-unit", "4KiB")
+    runs = json.loads(stdout)
+    assert code == 0 and runs[0]["granularity"] == 4096 and runs[0]["time_s"] == 0
+
+
+def test_bad_input_one_line_exit_2(traces, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,lfu", "--oversub", "2")
+    one_line_error(code, err, "unknown policy 'lfu'", "demand, alloc, template, oracle, swap")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--capacity", "0")
+    one_line_error(code, err, "capacity", "> 0")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "0")
+    one_line_error(code, err, "oversub")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--capacity", "1KiB")
+    one_line_error(code, err, "migration unit")
+    d = load_profile("pcie4").to_dict()
+    del d["faults_per_batch"]
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "--costs",
+                           tmp_path / "p.json")
+    one_line_error(code, err, "missing field 'faults_per_batch'")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "template", "--oversub", "2")
+    one_line_error(code, err, "--model")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand")
+    one_line_error(code, err, "--capacity")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2",
+                           "--granularity", "3000")
+    one_line_error(code, err, "power of two")
+
+
+def _hand_plan(trace_path, out):
+    tr = T.read_trace(trace_path)
+    table = pa.table({plan_io.LAUNCH_ID: [0], plan_io.ACTION: [plan_io.PREFETCH],
+                      plan_io.ADDRESS: pa.array([int(tr.allocations.column(T.ADDRESS)[0].as_py())], pa.uint64()),
+                      plan_io.BYTES: [65536], plan_io.ORDER: [0], plan_io.NEEDED_BY: [0]})
+    man = plan_io.new_manifest(trace=tr, capacity_bytes=1 << 20, granularity=65536, model=None)
+    return plan_io.write_plan(out, table, man)
+
+
+def test_plan_for_another_trace_is_refused(traces, tmp_path, capsys):
+    p = _hand_plan(traces[1], tmp_path / "a.plan")
+    assert plan_io.is_plan(p)
+    plan = plan_io.read_plan(p, T.read_trace(traces[1]))
+    assert plan.table.num_rows == 1 and plan.capacity_bytes == 1 << 20
+    with pytest.raises(PlanError, match="another trace"):
+        plan_io.read_plan(p, T.read_trace(traces[3]))
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template", "--plan", p,
+                           "--capacity", "1MiB")
+    one_line_error(code, err, "another trace")
+    with pytest.raises(PlanError, match="not a plan"):
+        plan_io.read_plan(tmp_path)
+    with pytest.raises(OutputExistsError):
+        _hand_plan(traces[1], tmp_path / "a.plan")
+
+
+def test_plan_command_and_replay_with_plan(traces, model, tmp_path, capsys):
+    out = tmp_path / "j3.plan"
+    code, stdout, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", out, "--json")
+    assert code == 0, err
+    man = json.loads(stdout)
+    tr = T.read_trace(traces[3])
+    assert man["trace"]["fingerprint"] == tr.launch_fingerprint() and man["granularity"] == 65536
+    plan = plan_io.read_plan(out, tr)
+    t = plan.table
+    assert t.num_rows > 0
+    acts = t.column(plan_io.ACTION).to_numpy(zero_copy_only=False)
+    lid = t.column(plan_io.LAUNCH_ID).to_numpy()
+    assert (np.diff(lid) >= 0).all()
+    assert (t.column(plan_io.NEEDED_BY).to_numpy()[acts == "prefetch"] >= lid[acts == "prefetch"]).all()
+    # merged: fewer transfers than units moved
+    assert t.num_rows < man["prefetch_bytes"] // 65536 + man["evict_bytes"] // 65536 or t.num_rows <= 2
+    code, _, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", out)
+    one_line_error(code, err, "exists")
+    # the plan and the same model planned on the fly replay the same
+    cap = man["capacity_bytes"]
+    code, s1, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template,oracle", "--plan", out,
+                            "--capacity", cap, "--json")
+    assert code == 0, err
+    code, s2, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template,oracle", "--model", model,
+                            "--capacity", cap, "--json")
+    assert code == 0, err
+    a, b = json.loads(s1), json.loads(s2)
+    ta = next(r for r in a if r["policy"] == "template")
+    tb = next(r for r in b if r["policy"] == "template")
+    assert ta["faults"] == tb["faults"] and ta["htod_bytes"] == tb["htod_bytes"]
+    assert ta["time_s"] == pytest.approx(tb["time_s"], rel=0.05)
+    assert ta["speedup_vs_demand"] > 1
+
+
+def test_template_with_feedback_runs(traces, model, capsys):
+    code, stdout, err = run_cli(capsys, "replay", traces[3], traces["spmv"], "--policy", "demand,template",
+                                "--model", model, "--oversub", "2", "--feedback", "--json")
+    assert code == 0, err
+    runs = json.loads(stdout)
+    t = next(r for r in runs if r["policy"] == "template")
+    assert t["feedback"] is True and "feedback_changes" in t
+
+
+def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
+    """--backend gpu hands the namespace to gpu_runner.run_gpu_replay and prints its rows."""
+    import pagecast.replay.gpu_runner as G
+    seen = {}
+
+    def fake(args):
+        seen.update(vars(args))
+        return [{"policy": "demand", "backend": "gpu", "capacity_bytes": None, "oversub": None, "time_s": 1.0,
+                 "stall_s": 0.0, "faults": 0, "htod_bytes": 0, "dtoh_bytes": 0, "speedup_vs_demand": 1.0}], None
+    monkeypatch.setattr(G, "run_gpu_replay", fake)
+    code, stdout, err = run_cli(capsys, "replay", "--backend", "gpu", "--policy", "demand", "--repeat", "3",
+                                "--json", "--", "python", "train.py", "--epochs", "1")
+    assert code == 0, err
+    assert json.loads(stdout)[0]["backend"] == "gpu"
+    assert seen["workload"] == ["python", "train.py", "--epochs", "1"] and seen["traces"] == []
+    assert seen["policy"] == ["demand"] and seen["repeat"] == 3 and seen["capacity"] is None
+
+
+def test_demo_refuses_non_empty_dir(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "demo", "-o", tmp_path / "x")
+    one_line_error(code, err, "exists")
+    code, _, err = run_cli(capsys, "demo", "-o", tmp_path / "x", "--force")
+    one_line_error(code, err, "not a pagecast demo")
+    assert (tmp_path / "x" / "keep.txt").exists()
