@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -73,9 +74,14 @@ def plan(name: str, work: Path, *, fit_scales, replay_scale: float, oversub, pol
         ("fit", pagecast("fit", *map(str, smalls), "-o", str(model), "--force")),
         ("collect (replay scale)", pagecast("collect", "-o", str(big), "--mode", "full", "--force", *extra, "--",
                                             *workload_cmd(name, replay_scale))),
-        ("replay gpu", pagecast("replay", str(big), "--backend", "gpu", "--model", str(model), "--policy", pol,
-                                "--oversub", ov, "--repeat", str(repeat), "--json", "--force",
-                                "-o", str(d / f"{name}.gpu.parquet"), "--", *workload_cmd(name, replay_scale))),
+    ] + [
+        # one GPU replay per level, so that a time-out loses one level, not all of them
+        (f"replay gpu {100 * r:.0f}%",
+         pagecast("replay", str(big), "--backend", "gpu", "--model", str(model), "--policy", pol,
+                  "--oversub", f"{r:g}", "--repeat", str(repeat), "--json", "--force",
+                  "-o", str(d / f"{name}.gpu-{r:g}.parquet"), "--", *workload_cmd(name, replay_scale)))
+        for r in oversub
+    ] + [
         ("replay sim", pagecast("replay", str(big), "--backend", "sim", "--costs", str(profile), "--model", str(model),
                                 "--policy", pol, "--oversub", ov, "--json", "--force",
                                 "-o", str(d / f"{name}.sim.parquet"))),
@@ -220,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-scale", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--managed", default=None, help="passed to pagecast collect --managed (e.g. cupy,torch)")
-    ap.add_argument("--step-timeout", type=float, default=300.0, help="seconds per command")
+    ap.add_argument("--step-timeout", type=float, default=300.0, help="seconds per command (default 300)")
+    env_budget = os.environ.get("GPU_VALIDATION_TIMEOUT")
+    ap.add_argument("--budget-s", type=float,
+                    default=(float(env_budget) - 20) if env_budget else 3600.0,
+                    help="total seconds for all steps; later steps are skipped and reported when it runs out"
+                         " (default: $GPU_VALIDATION_TIMEOUT - 20, else 3600)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     a = ap.parse_args(argv)
 
@@ -244,41 +255,64 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     log_path = work / "gpu_validation.log"
+    deadline = time.time() + a.budget_s
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    settings = {"fit_scale": ", ".join(f"{x:g}" for x in fit_scales), "replay_scale": a.replay_scale,
+                "repeat": a.repeat}
+    results: dict = {n: {"errors": [], "rows": []} for n in names}
+    state = {"profile": None, "device": "an unknown device (calibrate failed or did not run)"}
+
+    def write_report(final: bool) -> None:
+        # rewritten after every step: a run cut short by its caller still leaves a report
+        md = render(results, device=state["device"], date=date, profile=state["profile"], settings=settings)
+        if not final:
+            md += "\n*Partial: the validation was still running (or was stopped) when this was written.*\n"
+        md += f"\nCommands and their stderr: `{log_path}`.\n"
+        Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(a.output).with_name(f".{Path(a.output).name}.tmp")
+        tmp.write_text(md)
+        tmp.replace(a.output)
+
+    def timeout_left() -> float:
+        return min(a.step_timeout, deadline - time.time())
+
     with open(log_path, "w") as log:
-        ok, out, why = run_step(calibrate, a.step_timeout, log)
-        profile = json.loads(out) if ok else None
-        device = (profile or {}).get("device", {}).get("name") or "an unknown device (calibrate failed)"
-        results: dict = {}
+        write_report(False)
+        ok, out = False, ""
+        if timeout_left() >= 10:
+            ok, out, why = run_step(calibrate, timeout_left(), log)
+        if ok:
+            state["profile"] = json.loads(out)
+            state["device"] = (state["profile"].get("device") or {}).get("name") or state["device"]
+        write_report(False)
         for n, steps in plans.items():
-            res: dict = {"errors": [], "rows": []}
-            results[n] = res
-            gpu_rows = sim_rows = None
+            res = results[n]
+            gpu_rows: list = []
+            sim_rows: list = []
             for step, cmd in steps:
-                if step == "replay sim" and profile is None:
+                if step == "replay sim" and state["profile"] is None:
                     res["errors"].append((step, "skipped: no calibrated profile"))
                     continue
+                if timeout_left() < 10:
+                    res["errors"].append((step, "skipped: out of time (--budget-s)"))
+                    continue
                 print(f"[{n}] {step} ...", file=sys.stderr, flush=True)
-                ok, out, why = run_step(cmd, a.step_timeout, log)
+                ok, out, why = run_step(cmd, timeout_left(), log)
                 if not ok:
                     res["errors"].append((step, why))
                     if step.startswith("collect") or step == "fit":
                         break  # later steps need this one
                     continue
-                if step == "replay gpu":
-                    gpu_rows = json.loads(out)
+                if step.startswith("replay gpu"):
+                    gpu_rows += json.loads(out)
                 elif step == "replay sim":
                     sim_rows = json.loads(out)
-            if gpu_rows:
-                res["rows"] = compare(gpu_rows, sim_rows or [])
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = render(results, device=device, date=date, profile=profile,
-                settings={"fit_scale": ", ".join(f"{x:g}" for x in fit_scales), "replay_scale": a.replay_scale, "repeat": a.repeat})
-    md += f"\nCommands and their stderr: `{log_path}`.\n"
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(md)
+                if gpu_rows:
+                    res["rows"] = compare(gpu_rows, sim_rows)
+                write_report(False)
+    write_report(True)
     print(f"wrote {a.output}", file=sys.stderr)
-    return 0 if all(not r["errors"] for r in results.values()) and profile is not None else 1
-
+    return 0 if all(not r["errors"] for r in results.values()) and state["profile"] is not None else 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,15 +22,17 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     steps = V.plan("mlp-train", tmp_path, fit_scales=[0.5], replay_scale=2.0, oversub=[1.5, 2, 3],
                    policies=["demand", "template"], repeat=3, profile=tmp_path / "p.json")
     names = [s for s, _ in steps]
-    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)", "replay gpu", "replay sim"]
+    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)",
+                     "replay gpu 150%", "replay gpu 200%", "replay gpu 300%", "replay sim"]
     cmds = {s: c for s, c in steps}
     assert cmds["collect (fit scale 0.5)"][-5:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "0.5"]
-    gpu = cmds["replay gpu"]
+    gpu = cmds["replay gpu 200%"]
     assert "--backend" in gpu and gpu[gpu.index("--backend") + 1] == "gpu"
-    assert gpu[gpu.index("--oversub") + 1] == "1.5,2,3" and gpu[gpu.index("--repeat") + 1] == "3"
+    assert gpu[gpu.index("--oversub") + 1] == "2" and gpu[gpu.index("--repeat") + 1] == "3"
     assert gpu[gpu.index("--") + 1:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]
     sim = cmds["replay sim"]
     assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
+    assert sim[sim.index("--oversub") + 1] == "1.5,2,3"
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
     assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
 
@@ -78,7 +80,25 @@ def test_report_checks_the_bars_and_the_simulator(V):
 def test_dry_run_prints_every_command(V, capsys, tmp_path):
     assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 + 3 * 6          # two fit scales by default
+    assert len(lines) == 1 + 3 * 8          # two fit scales, three levels by default
     assert "calibrate" in lines[0]
-    assert sum("--backend gpu" in line for line in lines) == 3
+    assert sum("--backend gpu" in line for line in lines) == 9
     assert not (tmp_path / "out.md").exists()
+
+
+def test_a_run_out_of_budget_still_writes_a_report(V, tmp_path, monkeypatch):
+    """Every step fails fast here (no GPU, or a stand-in); the report names each failure or skip."""
+    calls = []
+
+    def fake_step(cmd, timeout, log):
+        calls.append(cmd)
+        return False, "", "exit status 2 (see the log)"
+
+    monkeypatch.setattr(V, "run_step", fake_step)
+    out = tmp_path / "val.md"
+    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "100"]) == 1
+    md = out.read_text()
+    assert "Calibration failed" in md and "collect (fit scale 0.25) failed" in md
+    assert "Partial" not in md and len(calls) == 2      # calibrate, then the first collect: nothing else can run
+    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "0"]) == 1
+    assert "out of time" in out.read_text()
