@@ -241,31 +241,17 @@ def test_calibrate_without_gpu_fails_in_one_line(tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU with a CUDA 13 driver")
-def test_calibrate_on_the_gpu(tmp_path, capsys):
+def test_calibrate_on_the_gpu(tmp_path):
+    import subprocess
+    import sys
+
     out = tmp_path / "gpu.json"
-    assert main(["calibrate", "-o", str(out), "--json", "--repeats", "2"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    # in its own process: CUPTI's activity callbacks are process-wide
+    p = subprocess.run([sys.executable, "-m", "pagecast.cli", "calibrate", "-o", str(out), "--json", "--repeats", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
     prof = load_profile(out)
     assert prof.fault_time_s > 0 and math.isfinite(prof.fault_time_s)
     assert prof.htod_bandwidth > 1e9 and prof.dtoh_bandwidth > 1e9
     assert doc["elapsed_s"] < 60
-
-
-def test_calibrate_command_end_to_end_on_the_stand_in(tmp_path, capsys, monkeypatch):
-    import pagecast.replay.cuda_iface as CI
-
-    fake = ClockedFake(total=16 * GiB, free=8 * GiB)
-    monkeypatch.setattr(CI, "open_cuda", lambda device=0: fake)
-    monkeypatch.setattr(CI, "CuptiMonitor", lambda device=0: FakeMonitor(fake))
-    out = tmp_path / "h200.json"
-    assert main(["calibrate", "-o", str(out), "--json", "--repeats", "1"]) == 0
-    cap = capsys.readouterr()
-    doc = json.loads(cap.out)
-    assert doc["fault_time_us"] == pytest.approx(30.0, rel=1e-6) and doc["duplex"] is True
-    assert doc["output"] == str(out) and "wrote cost profile" in cap.err and "--costs" in cap.err
-    prof = load_profile(out)
-    assert prof.name == "h200" and prof.htod_bandwidth == pytest.approx(40e9, rel=1e-6)
-    # a second run refuses to overwrite, --force replaces
-    assert main(["calibrate", "-o", str(out)]) == 2
-    assert main(["calibrate", "-o", str(out), "--force", "--repeats", "1"]) == 0
-    assert "GPU page fault" in capsys.readouterr().out

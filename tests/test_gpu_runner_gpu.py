@@ -47,23 +47,33 @@ def test_driver_interface_on_managed_memory():
     assert cuda.allocation_of(1 << 20) is None
 
 
-def test_uvm_counters_see_the_faults_of_a_touch_kernel():
-    from pagecast.replay.cuda_iface import CuptiMonitor, open_cuda
+UVM_SCRIPT = """
+import json, sys
+from pagecast.replay.cuda_iface import CuptiMonitor, open_cuda
+mon = CuptiMonitor(0)
+mon.start()
+cuda = open_cuda()
+base = cuda.alloc_managed(64 * 2**20)
+cuda.prefetch_to_host(base, 64 * 2**20, 0)
+cuda.synchronize()
+cuda.launch_touch(base, 256, 64 * 1024, 0)
+cuda.synchronize()
+c = mon.stop()
+cuda.free(base)
+print(json.dumps({"faults": c.faults, "htod": c.htod_bytes, "kernels": c.kernels}))
+"""
 
-    mon = CuptiMonitor(0)
-    mon.start()
-    cuda = open_cuda()
-    base = cuda.alloc_managed(64 * MiB)
-    try:
-        cuda.prefetch_to_host(base, 64 * MiB, 0)
-        cuda.synchronize()
-        cuda.launch_touch(base, 256, 64 * 1024, 0)
-        cuda.synchronize()
-        c = mon.stop()
-    finally:
-        cuda.free(base)
-    assert c.faults > 0 and c.htod_bytes >= 64 * 1024
-    assert c.kernels >= 1
+
+def test_uvm_counters_see_the_faults_of_a_touch_kernel():
+    import json
+    import subprocess
+    import sys
+
+    # in its own process: CUPTI's activity callbacks are process-wide
+    p = subprocess.run([sys.executable, "-c", UVM_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    c = json.loads(p.stdout.strip().splitlines()[-1])
+    assert c["faults"] > 0 and c["htod"] >= 64 * 1024 and c["kernels"] >= 1
 
 
 WORKLOAD = """
