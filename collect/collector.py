@@ -270,11 +270,18 @@ class Collector:
             except (OSError, ValueError):
                 pass
 
-    def run(self, target: Callable[[], Any]) -> int:
-        """Run the workload under collection; returns its exit code (the trace is written either way)."""
+    def run(self, target: Callable[[], Any], after_start: Callable[[], None] | None = None) -> int:
+        """Run the workload under collection; returns its exit code (the trace is written either way).
+
+        `after_start` runs once CUPTI is set up, before the workload (the command sets
+        the managed-memory limit there: it needs a CUDA context, which should come after
+        CUPTI's unified-memory counters are configured).
+        """
         code, complete = 0, True
         try:
             self.start()
+            if after_start is not None:
+                after_start()
         except BaseException:
             self.finish(False)
             raise

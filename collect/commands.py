@@ -56,27 +56,38 @@ class CollectCommand(Command):
             raise UsageError(f"--device must be >= 0, not {args.device}")
 
         gpuinfo.require_cupti()
-        env = gpuinfo.probe(args.device)  # NoGPUError (exit 2, one line) without a GPU or driver
+        env = gpuinfo.probe(args.device, context=False)  # NoGPUError (exit 2, one line) without a GPU or driver
 
         from .activity import CuptiActivitySource
         from .collector import Collector, CudaDevice, default_part_seconds
 
-        limit = None if args.allow_oversubscription else env.free_bytes
-        override = os.environ.get("PAGECAST_MANAGED_LIMIT")  # tests: a smaller limit, never a larger one
-        if override and limit is not None:
-            from pagecast.units import parse_size
-            limit = min(limit, parse_size(override))
-        budget = ManagedBudget(limit)
+        budget = ManagedBudget(None)  # its limit is set once CUPTI is running (after_start)
         allocator = install(managed, budget) if managed else ["workload's own"]
         manifest = T.new_manifest(
             mode=args.mode, source="cupti",
             workload={"name": work.name, "argv": list(work.argv)},
             device=env.manifest_device(), driver_prefetch=env.driver_prefetch,
             environment=env.manifest_environment(), allocator=allocator,
-            managed_limit_bytes=budget.limit, allow_oversubscription=bool(args.allow_oversubscription))
+            allow_oversubscription=bool(args.allow_oversubscription))
         collector = Collector(out, mode=args.mode, source=CuptiActivitySource(device=args.device),
                               device=CudaDevice(args.device), budget=budget, force=args.force,
                               part_seconds=default_part_seconds(), manifest=manifest)
+
+        def after_start() -> None:
+            free = gpuinfo.free_memory(args.device)  # creates the context: after CUPTI is configured
+            limit = None if args.allow_oversubscription else free
+            override = os.environ.get("PAGECAST_MANAGED_LIMIT")  # tests: a smaller limit, never a larger one
+            if override and limit is not None:
+                from pagecast.units import parse_size
+                limit = min(limit, parse_size(override))
+            budget.limit = limit
+            env.free_bytes = free
+            if managed and "torch" in managed:
+                from .managed import set_torch_limit
+                set_torch_limit(limit)
+            collector.writer.update_manifest(managed_limit_bytes=limit,
+                                             environment=env.manifest_environment())
+
         info(f"collecting {work.name} on {env.device_name} ({args.mode} mode) into {out}")
         code = collector.run(make_target(work))
         info(collector.overhead_line())

@@ -72,7 +72,24 @@ def _check(result, what: str):
     return rest[0] if len(rest) == 1 else rest
 
 
-def probe(device: int = 0) -> Environment:
+def free_memory(device: int = 0) -> int:
+    """Free device memory now (makes the device's primary context current in this thread)."""
+    from cuda.bindings import driver as drv
+
+    dev = _check(drv.cuDeviceGet(device), "cuDeviceGet")
+    ctx = _check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    free, _total = _check(drv.cuMemGetInfo(), "cuMemGetInfo")
+    return int(free)
+
+
+def probe(device: int = 0, *, context: bool = True) -> Environment:
+    """The device and driver; with context=False no CUDA context is created (free_bytes is then 0).
+
+    CUPTI's unified-memory counters are configured before any context exists (as
+    CUPTI's unified-memory sample does), so the collector probes without one,
+    starts CUPTI, then asks `free_memory`.
+    """
     try:
         from cuda.bindings import driver as drv
     except ImportError:
@@ -91,9 +108,7 @@ def probe(device: int = 0) -> Environment:
     name = _check(drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
     name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
     total = int(_check(drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
-    ctx = _check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    free, _total = _check(drv.cuMemGetInfo(), "cuMemGetInfo")
+    free = free_memory(device) if context else 0
     dver = int(_check(drv.cuDriverGetVersion(), "cuDriverGetVersion"))
     rver = None
     try:

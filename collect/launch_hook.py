@@ -424,6 +424,8 @@ class LaunchHook:
                 p = cupti.SubscriberParams()
                 p.struct_size = cupti.SUBSCRIBER_PARAMS_SIZE
                 p.subscriber_name = "pagecast"
+                if hasattr(p, "allow_multiple_subscribers"):  # CUPTI 13: let other tools subscribe too
+                    p.allow_multiple_subscribers = 1
                 sub = cupti.subscribe_v2(self._callback, None, p.ptr)
             except AttributeError:
                 sub = None

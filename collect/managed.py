@@ -287,16 +287,27 @@ def build_shim(cache: Path | None = None) -> Path:
     return so
 
 
+_TORCH_SHIM: Any = None
+
+
+def set_torch_limit(limit: int | None) -> None:
+    """Set (or lift, with None) the PyTorch shim's byte limit."""
+    if _TORCH_SHIM is not None:
+        _TORCH_SHIM.pagecast_set_limit(-1 if limit is None else int(limit))
+
+
 def install_torch(budget: ManagedBudget) -> str:
     """Make PyTorch allocate CUDA tensors with cudaMallocManaged (before it allocates anything)."""
     try:
         import torch
     except ImportError:
         raise UsageError("--managed torch: PyTorch is not installed in this Python") from None
+    global _TORCH_SHIM
     so = build_shim()
     lib = ctypes.CDLL(str(so))
     lib.pagecast_set_limit.argtypes = [ctypes.c_longlong]
     lib.pagecast_set_limit(-1 if budget.limit is None else int(budget.limit))
+    _TORCH_SHIM = lib
     try:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(str(so), "pagecast_malloc", "pagecast_free")
         torch.cuda.memory.change_current_allocator(alloc)
