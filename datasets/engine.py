@@ -507,6 +507,11 @@ def _alloc_table(b: Builder, n: int, start: np.ndarray, end: np.ndarray) -> pa.T
     })
 
 
+def _sorted(cols: dict, by: str) -> dict:
+    order = np.argsort(cols[by], kind="stable")
+    return {k: (v.take(pa.array(order)) if isinstance(v, pa.Array) else np.asarray(v)[order]) for k, v in cols.items()}
+
+
 def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
     """A string column from small integer codes, without building Python strings."""
     return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(list(names))).cast(pa.string())
@@ -601,7 +606,8 @@ class _Driver:
                     else np.concatenate([m[k] for m in mig])) for k in mig[0]}
         if self.mode != "full":
             migs.pop(T.LAUNCH_ID)
-        return faults, migs
+        # records arrive in time order, as a collector sees them
+        return _sorted(faults, T.TIME_NS), _sorted(migs, T.START_NS)
 
     def _migrations(self, l, a, bp, cause, start, end, at):
         idx, length = _runs(l, bp)
