@@ -19,6 +19,7 @@ from .page import FIG_W, OTHER_COLOUR, PALETTE, Section, figure, setup_matplotli
 
 MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch is binned in time
 STALL_BINS = 400
+GANTT_BINS = 900            # time bins of the multitask timeline when launches are denser than pixels
 MAX_GANTT_PANELS = 4
 POLICY_ORDER = ["demand", "prefetch", "lru", "fifo", "swap", "template", "plan", "history", "oracle"]
 
@@ -148,32 +149,63 @@ def _timeline_runs(tl: pa.Table, rows: list[dict], cap: int | None) -> list[tupl
     return out
 
 
+def _covered_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Sum over segments of their length before each time t: sum(clip(t - s, 0, e - s)) (vectorized)."""
+    def ramp(x):  # sum over x < t of (t - x)
+        x = np.sort(x)
+        pre = np.concatenate([[0.0], np.cumsum(x)])
+        k = np.searchsorted(x, t, side="left")
+        return k * t - pre[k]
+    return ramp(starts) - ramp(ends)
+
+
 def stall_plot(runs_tl, colours, cap_label: str):
     plt = setup_matplotlib()
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, 5.4), sharex=True)
-    binned = False
+    binned = any(len(c["start_s"]) > MAX_STALL_POINTS for _, c in runs_tl)
+    t_end = max((float(c["end_s"].max()) for _, c in runs_tl if len(c["end_s"])), default=1.0)
+    edges = np.linspace(0, max(t_end, 1e-12), STALL_BINS + 1)
     for r, c in runs_tl:
         order = np.argsort(c["start_s"], kind="stable")
         t, st = c["start_s"][order], c["stall_s"][order]
         lab = r["_label"]
-        if len(t) > MAX_STALL_POINTS:
-            binned = True
-            hi = max(float(t.max()), 1e-12)
-            edges = np.linspace(0, hi, STALL_BINS + 1)
-            b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, STALL_BINS - 1)
-            a1.stairs(np.bincount(b, weights=st, minlength=STALL_BINS) * 1e3, edges, color=colours[lab], label=lab)
+        if binned:
+            # exact share of each bin spent stalled (a launch's stall is [start, start + stall))
+            frac = np.diff(_covered_before(t, t + st, edges)) / np.diff(edges)
+            a1.stairs(100 * frac, edges, color=colours[lab], label=lab, lw=1.3)
         else:
             a1.plot(t, st * 1e3, ".", ms=3, color=colours[lab], label=lab)
-        a2.plot(np.concatenate([[0], t]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=1.6, label=lab)
-    a1.set_ylabel("stall per bin (ms)" if binned else "stall per launch (ms)")
+        a2.plot(np.concatenate([[0], t + st]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=1.6,
+                label=lab)
+    if binned:
+        a1.set_ylabel("time stalled (% of each bin)")
+        a1.set_ylim(0, 105)
+    else:
+        a1.set_ylabel("stall per launch (ms)")
     a1.set_title(f"Stall per launch over time ({cap_label})")
     a1.legend(loc="upper right", ncol=min(len(runs_tl), 4))
     a2.set_ylabel("cumulative stall (s)")
     a2.set_xlabel("simulated time since the run began (s)")
-    note = (f"launches binned into {STALL_BINS} time bins (total stall per bin)" if binned else "one point per launch")
+    note = (f"more than {MAX_STALL_POINTS:,} launches per run: the top panel shows the share of time stalled in "
+            f"{STALL_BINS} time bins of {t_end / STALL_BINS:.3g} s" if binned else "one point per launch")
     return figure(fig, "Stall timeline per launch",
                   "Demand paging stalls on almost every launch; a good prefetch policy keeps the cumulative stall "
                   "curve flat, with stalls only where a prediction missed or the working set changed.", note=note)
+
+
+def _merge_segments(a: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Merge [a, b) segments that overlap or lie within eps of each other (vectorized)."""
+    keep = b > a
+    a, b = a[keep], b[keep]
+    if len(a) == 0:
+        return a, b
+    o = np.argsort(a, kind="stable")
+    a, b = a[o], b[o]
+    run = np.maximum.accumulate(b)
+    new = np.ones(len(a), bool)
+    new[1:] = a[1:] > run[:-1] + eps
+    idx = np.flatnonzero(new)
+    return a[idx], np.maximum.reduceat(b, idx)
 
 
 def gantt_plot(runs_tl, cap_label: str):
@@ -191,19 +223,47 @@ def gantt_plot(runs_tl, cap_label: str):
     fig, axes = plt.subplots(len(runs_tl), 1, figsize=(FIG_W, 0.8 + len(runs_tl) * (0.5 + 0.28 * ntask)),
                              sharex=True, squeeze=False)
     tcol = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names_all)}
+    t_end = max((float(c["end_s"].max()) for _, c in runs_tl if len(c["end_s"])), default=1.0)
+    t_end = max(t_end, 1e-12)
+    eps = t_end / 3000   # gaps under a third of a pixel are merged: same picture, far fewer bars
+    dense = any(len(c["start_s"]) > MAX_STALL_POINTS for _, c in runs_tl)
+    edges = np.linspace(0, t_end, GANTT_BINS + 1)
+    from matplotlib.colors import to_rgb
+    red = np.array(to_rgb("#d62728"))
     for ax, (r, c) in zip(axes[:, 0], runs_tl):
         nm = np.array([str(tn) if tn is not None else f"task {tid}" for tid, tn in zip(c["task"], c["task_name"])])
+        verts, colours = [], []
         for y, name in enumerate(names_all):
             sel = nm == name
             if not sel.any():
                 continue
             s, e, st = c["start_s"][sel], c["end_s"][sel], c["stall_s"][sel]
-            ax.broken_barh(list(zip(s + st, np.maximum(e - s - st, 0))), (y - 0.35, 0.7),
-                           facecolors=tcol[name], lw=0, rasterized=True)
-            stalled = st > 0
-            if stalled.any():
-                ax.broken_barh(list(zip(s[stalled], st[stalled])), (y - 0.35, 0.7),
-                               facecolors="#d62728", lw=0, alpha=0.85, rasterized=True)
+            if dense:
+                # per time bin: the share the task ran, coloured between its colour (computing) and red (stalled)
+                w = np.diff(edges)
+                busy = np.clip(np.diff(_covered_before(s, e, edges)) / w, 0, 1)
+                busy[busy < 1e-6] = 0   # rounding noise of the prefix sums, not work
+                stalled = np.clip(np.diff(_covered_before(s, s + np.minimum(st, e - s), edges)) / w, 0, 1)
+                share = np.divide(stalled, busy, out=np.zeros_like(busy), where=busy > 0)
+                rgba = np.zeros((1, GANTT_BINS, 4))
+                rgba[0, :, :3] = (1 - share)[:, None] * np.array(to_rgb(tcol[name])) + share[:, None] * red
+                # tasks that share the GPU each run part of a bin: scale so the busiest bin is opaque
+                rgba[0, :, 3] = np.where(busy > 0, 0.15 + 0.85 * busy / max(busy.max(), 1e-12), 0)
+                ax.imshow(rgba, aspect="auto", interpolation="nearest", extent=(0, t_end, y - 0.35, y + 0.35))
+                continue
+            for (a, b), colour in ((_merge_segments(s + st, e, eps), tcol[name]),
+                                   (_merge_segments(s, s + st, eps), "#d62728")):
+                v = np.zeros((len(a), 4, 2))
+                v[:, 0, 0] = v[:, 3, 0] = a
+                v[:, 1, 0] = v[:, 2, 0] = np.maximum(b, a + eps / 3)
+                v[:, 0, 1] = v[:, 1, 1] = y - 0.35
+                v[:, 2, 1] = v[:, 3, 1] = y + 0.35
+                verts.append(v)
+                colours += [colour] * len(a)
+        if verts:
+            from matplotlib.collections import PolyCollection
+            ax.add_collection(PolyCollection(np.concatenate(verts), facecolors=colours, lw=0, rasterized=True))
+        ax.set_xlim(0, t_end * 1.01)
         ax.set_yticks(range(len(names_all)), [short(n, 24) for n in names_all], fontsize=8)
         ax.set_ylim(-0.6, len(names_all) - 0.4)
         ax.set_ylabel("task")
@@ -211,10 +271,13 @@ def gantt_plot(runs_tl, cap_label: str):
                      fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("simulated time since the run began (s); red = stalled on memory")
     fig.suptitle(f"Multitask timeline: which task ran when ({cap_label})", fontweight="bold")
+    note = (f"more than {MAX_STALL_POINTS:,} launches per run: each row is drawn in {GANTT_BINS} time bins; a bin's "
+            "opacity grows with the share of it the task ran, its colour goes from the task's colour (computing) to red "
+            "(stalled)" if dense else "one bar per launch: red while it stalled, the task's colour while it computed")
     return figure(fig, "Multitask timeline",
                   "Red is time a task waited for memory; with template prefetching each task's turn should be "
                   "mostly coloured (computing), and the whole mix should finish sooner than under demand paging.",
-                  raster=True)
+                  raster=True, note=note)
 
 
 def replay_sections(path: Path) -> tuple[list[Section], str]:

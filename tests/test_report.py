@@ -276,6 +276,26 @@ def test_replay_report_without_timeline(tmp_path):
     assert "No timeline beside" in html
 
 
+def test_replay_report_dense_timelines_are_binned(toy_results, tmp_path, monkeypatch):
+    from pagecast.report import replay_report
+    from pagecast.report.render import write_report
+    monkeypatch.setattr(replay_report, "MAX_STALL_POINTS", 10)   # the toy runs have 60 launches each
+    html = write_report(toy_results, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 4
+    assert "the top panel shows the share of time stalled in 400 time bins" in html
+    assert "each row is drawn in 900 time bins" in html
+    assert "time stalled (% of each bin)" in _svg_texts(html)
+
+
+def test_stall_share_and_segment_merging_are_exact():
+    from pagecast.report.replay_report import _covered_before, _merge_segments
+    s, e = np.array([0.0, 5, 7]), np.array([2.0, 6, 10])
+    t = np.array([0, 1, 2, 3, 5.5, 8, 11])
+    assert _covered_before(s, e, t).tolist() == [0, 1, 2, 2, 2.5, 4, 6]
+    a, b = _merge_segments(np.array([0.0, 1, 5, 5.05, 9]), np.array([1.0, 2, 5.02, 6, 9]), 0.1)
+    assert a.tolist() == [0, 5] and b.tolist() == [2, 6]      # touching and near segments merge; empty dropped
+
+
 @pytest.mark.parametrize("variant", ["capacity-only", "no-demand"])
 def test_replay_report_variants(variant, tmp_path):
     pytest.importorskip("pagecast.replay.results_io")
