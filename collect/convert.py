@@ -183,6 +183,7 @@ class Stats:
     unattributed_faults: int = 0
     releases_without_allocation: int = 0
     allocations_never_live: int = 0
+    kernel_name_mismatches: int = 0
     ignored_records: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -337,6 +338,8 @@ class RowBuilder:
                 if k is not None:
                     row[T.STREAM] = k.stream_id
                     row[T.DEVICE] = k.device
+                    if k.name != a.kernel:  # the hook's name is kept (the replay sees the same one)
+                        self.stats.kernel_name_mismatches += 1
                 else:
                     self.stats.launches_without_kernel_record += 1
             else:

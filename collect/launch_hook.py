@@ -335,7 +335,10 @@ def _driver_name(handle: int) -> str:
     from cuda.bindings import driver as drv
 
     for fn, cls in ((drv.cuFuncGetName, drv.CUfunction), (drv.cuKernelGetName, drv.CUkernel)):
-        err, name = fn(cls(handle))
+        try:
+            err, name = fn(cls(handle))
+        except Exception:
+            continue
         if _ok(err) and name:
             return name.decode() if isinstance(name, bytes) else str(name)
     return f"<function {handle:#x}>"
@@ -380,8 +383,9 @@ class LaunchHook:
     `after_launch(args)` at its exit (args may be None if decoding failed).
     Exceptions in these are counted in `errors` and never reach CUDA.
 
-    Only one CUPTI subscriber can exist per process: the collector and the GPU
-    replay runner must not both start a hook at once.
+    The subscriber asks CUPTI 13 to allow other subscribers (older CUPTI allows
+    one per process: there, the collector and the GPU replay runner must not both
+    start a hook at once).
     """
 
     def __init__(self, on_launch: Callable[[LaunchArgs], None], *,
@@ -582,7 +586,14 @@ class LaunchHook:
             data = b""
             if offsets:
                 raise ValueError("launch has parameters but neither kernelParams nor extra")
-        name = getattr(cbdata, "symbol_name", None) or self.params.name(func)
+        # The name as the driver reports it (cuFuncGetName: mangled for C++), which is what
+        # kernel activity records carry; the callback's symbol name where the driver has none.
+        name = self.params.name(func)
+        if name.startswith("<function"):
+            try:
+                name = cbdata.symbol_name or name
+            except Exception:
+                pass
         ctx = int(getattr(cbdata, "context", 0) or 0)
         stream_id = device = None
         if self._stream_id_fn is not None and ctx:

@@ -212,7 +212,7 @@ class StandInGPU:
 def make_collector(out, *, mode="full", limit=None, interval_s=0.05, part_seconds=0.3, dropped=0, force=False):
     source = StandInSource(interval_s=interval_s, dropped=dropped)
     device = StandInDevice()
-    info = lh.ParamInfo(layout_fn=lambda h: StandInGPU.LAYOUT, name_fn=lambda h: "saxpy", symbol_fn=lambda h: h)
+    info = lh.ParamInfo(layout_fn=lambda h: StandInGPU.LAYOUT, name_fn=lambda h: "_Z5saxpyPfS_i", symbol_fn=lambda h: h)
     manifest = T.new_manifest(mode=mode, source="cupti", workload={"name": "standin", "argv": ["standin"]})
     c = Collector(out, mode=mode, source=source, device=device, budget=M.ManagedBudget(limit),
                   hook_cls=StandInHook, hook_kwargs={"param_info": info, "clock": device.now},

@@ -64,7 +64,7 @@ def test_full_mode_collection_end_to_end(tmp_path):
     t = _read(tmp_path / "t.pctrace")
     assert t.complete and t.mode == "full" and t.n_launches == 6
     assert t.launches.column(T.LAUNCH_ID).to_pylist() == list(range(6))
-    assert t.launches.column(T.KERNEL).to_pylist() == ["saxpy"] * 6
+    assert t.launches.column(T.KERNEL).to_pylist() == ["_Z5saxpyPfS_i"] * 6
     p = _params(t)
     x, y = p[0][0], p[0][1]
     assert [q[2] for q in p] == ns + [256]
@@ -91,6 +91,7 @@ def test_full_mode_collection_end_to_end(tmp_path):
     m = t.manifest
     assert m["workload_exit_code"] == 0 and m["dropped_records"] == 0
     assert m["collection"]["launches_hooked"] == 6 and m["collection"]["hook_errors"] == 0
+    assert m["collection"]["rows_kernel_name_mismatches"] == 0
     assert "uvm_events" in [p.name for p in (tmp_path / "t.pctrace").iterdir()]
     assert "collection overhead: 6 launches" in c.overhead_line()
 

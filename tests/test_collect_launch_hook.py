@@ -131,7 +131,8 @@ def _cb(site, corr, params_ptr, symbol="vec_add", context=0):
 
 def _hook(**kw):
     got = []
-    info = lh.ParamInfo(layout_fn=lambda h: ((0, 8, 12), (8, 4, 4)), name_fn=lambda h: "named",
+    info = lh.ParamInfo(layout_fn=lambda h: ((0, 8, 12), (8, 4, 4)),
+                        name_fn=lambda h: "_Z7vec_addPfS_if" if h == 0xF00 else f"<function {h:#x}>",
                         symbol_fn=lambda host: 0xF00 if host == 0xBEEF else 0)
     hook = lh.LaunchHook(got.append, param_info=info, clock=lambda: 123, **kw)
     return hook, got
@@ -149,7 +150,7 @@ def test_driver_launch_is_decoded_at_api_enter():
     assert len(got) == 1
     a = got[0]
     assert (a.kernel, a.function, a.grid, a.block, a.shared_mem_bytes, a.stream) == \
-        ("vec_add", 0xF00, (16, 2, 1), (128, 1, 1), 256, 0x77)
+        ("_Z7vec_addPfS_if", 0xF00, (16, 2, 1), (128, 1, 1), 256, 0x77)  # the driver's (mangled) name
     assert a.param_data == P0 + P1 + P2 and a.param_offsets == (0, 8, 12) and a.param_sizes == (8, 4, 4)
     assert a.correlation_id == 41 and a.correlation_ids == [41] and a.host_ns == 123
     hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 41, ptr))
@@ -161,14 +162,14 @@ def test_driver_launch_with_extra_buffer_and_ex_config():
     blob = P0 + P1 + P2
     ex, keep = _extra(blob)
     cfg = lh.CUlaunchConfig(3, 1, 1, 32, 1, 1, 0, 0x99, None, 0)
-    rec, ptr = _struct("cu_launch_kernel_ex_params_dtype", config=ctypes.addressof(cfg), f=0xF00,
+    rec, ptr = _struct("cu_launch_kernel_ex_params_dtype", config=ctypes.addressof(cfg), f=0xF01,
                        kernel_params=0, extra=ex)
     hook, got = _hook()
-    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernelEx_ptsz, _cb(lh.API_ENTER, 5, ptr, symbol=""))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernelEx_ptsz, _cb(lh.API_ENTER, 5, ptr, symbol="k_ex"))
     hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernelEx_ptsz, _cb(lh.API_EXIT, 5, ptr))
     assert hook.errors == 0, hook.last_error
     (a,) = got
-    assert a.kernel == "named"  # no symbol name in the callback data: asked the driver
+    assert a.kernel == "k_ex"  # the driver has no name for this handle: the callback's symbol name
     assert a.grid == (3, 1, 1) and a.stream == 0x99 and a.param_data == blob and a.param(0) == P0
 
 
