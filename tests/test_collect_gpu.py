@@ -88,6 +88,9 @@ def _check_trace(t, name: str) -> dict:
             "dropped": t.manifest.get("dropped_records"), "callback_us": coll.get("callback_us_per_launch"),
             "evict_sync_us": coll.get("evict_and_sync_us_per_launch"),
             "launches_without_args": coll.get("rows_launches_without_args"),
+            "launches_without_kernel_record": coll.get("rows_launches_without_kernel_record"),
+            "kernel_name_mismatches": coll.get("rows_kernel_name_mismatches"),
+            "unattributed_faults": coll.get("rows_unattributed_faults"),
             "kernel_names": sorted(set(L.column(T.KERNEL).to_pylist()))[:12]}
 
 
