@@ -162,13 +162,14 @@ class UvmCounts:
     # raw records, kept only when asked (feedback, footprint estimate)
     fault_records: list = field(default_factory=list)      # (time_ns, address, count)
     htod_records: list = field(default_factory=list)       # (start_ns, end_ns, address, bytes, cause)
+    dtoh_records: list = field(default_factory=list)       # (start_ns, end_ns, address, bytes, cause)
     kernel_records: list = field(default_factory=list)     # (start_ns, end_ns, correlation_id, name)
     _first_ns: int | None = None
     _last_ns: int | None = None
 
 
 class UvmMonitor(Protocol):
-    def start(self, keep_records: bool = False) -> None: ...
+    def start(self, keep_records: bool = False, live: bool = False) -> None: ...
     def poll(self) -> UvmCounts: ...   # flush what CUPTI has and return the running totals
     def take(self) -> tuple[list, list]: ...  # (fault records, kernel records) kept since the last take
     def stop(self) -> UvmCounts: ...
@@ -195,6 +196,8 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
         else:
             c.dtoh_bytes += n
             c.dtoh_by_cause[cause] = c.dtoh_by_cause.get(cause, 0) + n
+            if keep:
+                c.dtoh_records.append((int(rec["start"]), int(rec["end"]), int(rec["address"]), n, cause))
     elif kind == "thrashing":
         c.thrashing += 1
     elif kind == "kernel":
@@ -414,6 +417,7 @@ class CuptiMonitor:
         self._kinds: list[int] = []
         self._flush_thread: threading.Thread | None = None
         self._stop_flush = threading.Event()
+        self._taken = (0, 0)
 
     def _requested(self):
         return self.BUFFER_BYTES, 0
@@ -442,11 +446,14 @@ class CuptiMonitor:
                 except Exception:  # noqa: BLE001 - a record we cannot read must not kill the workload
                     self._counts.dropped += 1
 
-    def start(self, keep_records: bool = False) -> None:
+    def start(self, keep_records: bool = False, live: bool = False) -> None:
+        """Start counting. keep_records: keep the raw records too (timeline, feedback);
+        live: also flush every FLUSH_EVERY_S from a thread, so records arrive during the run (feedback)."""
         c = self._c
         UM = c.ActivityUnifiedMemoryCounterKind
         self._keep = keep_records
         self._counts = UvmCounts()
+        self._taken = (0, 0)
         try:
             kinds = [UM.BYTES_TRANSFER_HTOD, UM.BYTES_TRANSFER_DTOH, UM.GPU_PAGE_FAULT, UM.THRASHING]
             cfg = c.ActivityUnifiedMemoryCounterConfig(len(kinds))
@@ -464,7 +471,7 @@ class CuptiMonitor:
         except Exception as e:  # noqa: BLE001 - NotSupportedError (no driver) or cuptiError 28..31
             raise NoGPUError(f"no usable NVIDIA GPU: CUPTI unified-memory counters unavailable ({_first(e)})") from None
         self._started = True
-        if keep_records:
+        if live:
             self._stop_flush = threading.Event()
             self._flush_thread = threading.Thread(target=self._flusher, name="pagecast-cupti-flush", daemon=True)
             self._flush_thread.start()
@@ -477,14 +484,15 @@ class CuptiMonitor:
             return self._counts
 
     def take(self) -> tuple[list, list]:
-        """The fault and kernel records kept since the last take (keep_records), removed."""
+        """The fault and kernel records kept (keep_records) since the last take."""
         with self._lock:
-            f, k = self._counts.fault_records, self._counts.kernel_records
-            self._counts.fault_records, self._counts.kernel_records = [], []
+            c = self._counts
+            f, k = c.fault_records[self._taken[0]:], c.kernel_records[self._taken[1]:]
+            self._taken = (len(c.fault_records), len(c.kernel_records))
         return f, k
 
     def _flusher(self) -> None:
-        # records arrive in buffers; with keep_records (feedback) they are wanted during the run,
+        # records arrive in buffers; with `live` (feedback) they are wanted during the run,
         # so flush from this thread: flushing inside a launch callback could re-enter CUPTI
         while not self._stop_flush.wait(self.FLUSH_EVERY_S):
             try:
@@ -649,7 +657,7 @@ class FakeMonitor:
         self.cuda = cuda
         self._base = (0, 0, 0)
 
-    def start(self, keep_records: bool = False) -> None:
+    def start(self, keep_records: bool = False, live: bool = False) -> None:
         self._base = (self.cuda.faults, self.cuda.htod, self.cuda.dtoh)
 
     def poll(self) -> UvmCounts:

@@ -88,6 +88,7 @@ UNIT = 2 * 1024 * 1024          # eviction unit: the driver's 2 MiB root chunk (
 POLICIES = ("demand", "alloc", "template", "oracle")
 VICTIMS = {"demand": "fifo", "alloc": "fifo", "template": "next-use", "oracle": "belady"}
 PER_THREAD_STREAM = 0x2         # CU_STREAM_PER_THREAD
+TIMELINE_MAX = 100_000          # launches per run kept in the timeline
 _MIN_PTR = 1 << 16
 _MAX_PTR = 1 << 57
 
@@ -675,6 +676,7 @@ class Engine:
         self.detector = PeriodDetector()
         self.t = 0
         self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
+        self.corr_launch: dict[int, int] = {}       # correlation id -> launch index (timeline), bounded
         self.residency: Residency | None = None
         self._seq_next = SequenceNextUse(self.detector)
         if capacity is not None:
@@ -735,7 +737,10 @@ class Engine:
             prefetch = self.allocs.clip(self.relocator.footprint(t, self.unit))
         else:
             prefetch = []
-        self.history.append((t, int(getattr(la, "correlation_id", 0) or 0), la, predicted))
+        corr = int(getattr(la, "correlation_id", 0) or 0)
+        self.history.append((t, corr, la, predicted))
+        if len(self.corr_launch) < TIMELINE_MAX:
+            self.corr_launch[corr] = t
 
         stream = launch_stream(la)
         if self.residency is not None:
@@ -1016,6 +1021,48 @@ def add_speedups(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def build_timeline(counts, corr_launch: dict[int, int], limit: int = TIMELINE_MAX) -> dict | None:
+    """Per-kernel rows (results_io's timeline columns) from CUPTI's kernel, fault and transfer records.
+
+    A fault counts for the kernel running when it was recorded; a transfer for
+    the kernel running when it started, else the next kernel to start (a
+    prefetch prepares the launch after it). Times are seconds from the first
+    kernel's start. `stall_s` is null: it is not measurable from outside.
+    """
+    ks = sorted(counts.kernel_records)[:limit]
+    if not ks:
+        return None
+    starts = [k[0] for k in ks]
+    n = len(ks)
+    faults, htod, dtoh = [0] * n, [0] * n, [0] * n
+
+    def running(time_ns: int) -> int | None:
+        i = bisect.bisect_right(starts, time_ns) - 1
+        return i if i >= 0 and time_ns <= ks[i][1] else None
+
+    for tm, _addr, cnt in counts.fault_records:
+        i = running(tm)
+        if i is not None:
+            faults[i] += int(cnt)
+    for recs, acc in ((counts.htod_records, htod), (counts.dtoh_records, dtoh)):
+        for st, _e, _a, nbytes, _cause in recs:
+            i = running(st)
+            if i is None:
+                i = bisect.bisect_right(starts, st)
+                if i >= n:
+                    continue
+            acc[i] += int(nbytes)
+    t0 = ks[0][0]
+    return {
+        "launch_id": [corr_launch.get(k[2]) for k in ks],
+        "kernel": [k[3] for k in ks],
+        "start_s": [(k[0] - t0) * 1e-9 for k in ks],
+        "end_s": [(k[1] - t0) * 1e-9 for k in ks],
+        "stall_s": [None] * n,
+        "faults": faults, "htod_bytes": htod, "dtoh_bytes": dtoh,
+    }
+
+
 # ---------------------------------------------------------------------------
 # The parent: run_gpu_replay
 # ---------------------------------------------------------------------------
@@ -1112,6 +1159,7 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
             console.warn(f"capacity {c} bytes is more than the GPU's free memory ({free} bytes): not emulated exactly")
 
     rows: list[dict] = []
+    timelines: list[dict] = []
     total_runs = len(caps) * len(policies) * repeat
     with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp, \
             console.progress("GPU replay", total_runs) as bar:
@@ -1123,6 +1171,8 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                     k += 1
                     res = Path(tmp) / f"run-{k}.json"
                     cmd = _child_cmd(policy, cap, args, res, traces[0] if trace is not None else None)
+                    if r == 0:
+                        cmd.insert(cmd.index("--"), "--timeline")
                     bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
                     # the workload's stdout goes to our stderr: stdout is kept for --json
                     proc = _run_child(cmd)
@@ -1137,6 +1187,16 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                             console.warn(w)
                     measured.append(out)
                     bar.advance()
+                tl = measured[0].pop("timeline", None)
+                for m_ in measured[1:]:
+                    m_.pop("timeline", None)
+                if tl:
+                    k_run = len(rows)
+                    nrow = len(tl["kernel"])
+                    tl.update(run=[k_run] * nrow, policy=[policy] * nrow,
+                              capacity_bytes=[cap if cap is not None else total] * nrow,
+                              task=[0] * nrow, task_name=[_workload_name(workload)] * nrow)
+                    timelines.append(tl)
                 row = aggregate(measured)
                 row.update({
                     "policy": policy, "backend": "gpu",
@@ -1152,7 +1212,20 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
     add_speedups(rows)
     for i, r in enumerate(rows):
         r["run"] = i
-    return rows, None
+    timeline = None
+    if timelines:
+        from .results_io import timeline_table
+        cols = {k: [v for tl in timelines for v in tl[k]] for k in timelines[0]}
+        timeline = timeline_table(cols)
+    return rows, timeline
+
+
+def _workload_name(workload: list[str]) -> str:
+    try:
+        kind, target, _ = parse_workload(workload)
+    except UsageError:
+        return " ".join(workload)
+    return target.rsplit(".", 1)[-1] if kind == "module" else Path(target).stem
 
 
 def _run_child(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -1190,6 +1263,7 @@ def _child_parser() -> argparse.ArgumentParser:
     p.add_argument("--fallback", default="history")
     p.add_argument("--result", required=True)
     p.add_argument("--feedback-every", type=int, default=256, help="launches between feedback rounds")
+    p.add_argument("--timeline", action="store_true", help="report per-kernel rows too")
     p.add_argument("workload", nargs=argparse.REMAINDER)
     return p
 
@@ -1225,7 +1299,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
             from .cuda_iface import CuptiMonitor
             monitor = CuptiMonitor(0)
         # unified-memory counters are configured and enabled before the CUDA context exists
-        monitor.start(keep_records=keep_records)
+        monitor.start(keep_records=True, live=keep_records)
         if cuda is None:
             from .cuda_iface import open_cuda
             cuda = open_cuda()
@@ -1316,6 +1390,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "feedback_updates": st["feedback_updates"],
         "oracle_unmapped_bytes": relocator.unmapped_bytes if relocator is not None else None,
         "dropped_records": counts.dropped,
+        "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
     })
     return finish(0)
 
@@ -1408,7 +1483,7 @@ def prefetching(model, capacity: int | str | None = None, fallback: str = "histo
         if monitor is None:
             from .cuda_iface import CuptiMonitor
             monitor = CuptiMonitor(cuda.device)
-        monitor.start(keep_records=True)
+        monitor.start(keep_records=True, live=True)
         fb = _FeedbackLoop(engine, monitor, model, fallback, predict)
     if hook_factory is None:
         from pagecast.collect.launch_hook import LaunchHook

@@ -9,6 +9,7 @@ child run (with a stand-in hook and workload) and the no-GPU failure.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import struct
 import sys
 import types
@@ -713,3 +714,59 @@ def test_cupti_monitor_folds_activity_records():
     assert [k[2] for k in c.kernel_records] == [7, 8] and c.dropped == 1
     faults, kernels = m.take()
     assert len(faults) == 1 and len(kernels) == 2 and m.take() == ([], [])
+
+
+# ---- the per-kernel timeline ------------------------------------------------------------------------
+
+def test_build_timeline_attributes_faults_and_transfers_to_kernels():
+    from pagecast.replay.cuda_iface import UvmCounts
+
+    c = UvmCounts()
+    c.kernel_records = [(1000, 2000, 7, "a"), (3000, 5000, 8, "b")]
+    c.fault_records = [(1500, 0, 3), (4000, 0, 2), (2500, 0, 9)]        # the last one: between kernels
+    c.htod_records = [(1200, 1300, 0, 65536, "coherence"),             # during a
+                      (2500, 2900, 0, 1 << 20, "user"),                # a prefetch before b: counts for b
+                      (9000, 9100, 0, 4096, "user")]                   # after every kernel: dropped
+    c.dtoh_records = [(3500, 3600, 0, 2 << 20, "eviction")]
+    tl = G.build_timeline(c, {7: 0, 8: 1})
+    assert tl["launch_id"] == [0, 1] and tl["kernel"] == ["a", "b"]
+    assert tl["start_s"] == [0.0, pytest.approx(2e-6)] and tl["end_s"] == [pytest.approx(1e-6), pytest.approx(4e-6)]
+    assert tl["faults"] == [3, 2] and tl["htod_bytes"] == [65536, 1 << 20] and tl["dtoh_bytes"] == [0, 2 << 20]
+    assert tl["stall_s"] == [None, None]
+    assert G.build_timeline(UvmCounts(), {}) is None
+
+
+def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, monkeypatch):
+    import subprocess
+
+    import pagecast.replay.cuda_iface as CI
+
+    seen = []
+
+    def child(cmd):
+        seen.append(cmd)
+        res = Path(cmd[cmd.index("--result") + 1])
+        policy = cmd[cmd.index("--policy") + 1]
+        out = {"policy": policy, "time_s": 2.0 if policy == "demand" else 1.0, "faults": 1, "htod_bytes": 0,
+               "dtoh_bytes": 0, "launches": 2, "warnings": []}
+        if "--timeline" in cmd:
+            out["timeline"] = {"launch_id": [0, 1], "kernel": ["a", "b"], "start_s": [0.0, 1.0],
+                               "end_s": [0.5, 1.5], "stall_s": [None, None], "faults": [1, 0],
+                               "htod_bytes": [0, 0], "dtoh_bytes": [0, 0]}
+        res.write_text(json.dumps(out))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(CI, "open_cuda", lambda device=0: FakeCuda())
+    monkeypatch.setattr(G, "_run_child", child)
+    rows, tl = G.run_gpu_replay(ns(policy=["demand", "alloc"], capacity=[64 * MiB], repeat=3,
+                                   workload=["python", "-m", "pkg.work", "--scale", "1"]))
+    assert sum("--timeline" in c for c in seen) == 2 and len(seen) == 6     # only the first repeat
+    assert tl.num_rows == 4
+    assert tl.column("run").to_pylist() == [0, 0, 1, 1]
+    assert tl.column("policy").to_pylist() == ["demand", "demand", "alloc", "alloc"]
+    assert set(tl.column("task_name").to_pylist()) == {"work"}
+    assert rows[1]["speedup_vs_demand"] == 2.0
+    from pagecast.replay.results_io import read_results, write_results
+
+    _, back = read_results(write_results(tmp_path / "r.parquet", rows, tl))
+    assert back.num_rows == 4 and back.column("faults").to_pylist() == [1, 0, 1, 0]
