@@ -175,6 +175,7 @@ class UvmMonitor(Protocol):
     def stop(self) -> UvmCounts: ...
 
 
+MAX_KEPT = 2_000_000  # raw records kept per kind (counts stay exact beyond it)
 _CAUSES = {0: "unknown", 1: "user", 2: "coherence", 3: "prefetch", 4: "eviction", 5: "access_counters"}
 
 
@@ -183,7 +184,7 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
     if kind == "fault":
         c.faults += int(rec["value"])
         c.fault_groups += 1
-        if keep:
+        if keep and len(c.fault_records) < MAX_KEPT:
             c.fault_records.append((int(rec["start"]), int(rec["address"]), int(rec["value"])))
     elif kind in ("htod", "dtoh"):
         cause = _CAUSES.get(int(rec.get("flags", 0)), "unknown")
@@ -191,12 +192,12 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
         if kind == "htod":
             c.htod_bytes += n
             c.htod_by_cause[cause] = c.htod_by_cause.get(cause, 0) + n
-            if keep:
+            if keep and len(c.htod_records) < MAX_KEPT:
                 c.htod_records.append((int(rec["start"]), int(rec["end"]), int(rec["address"]), n, cause))
         else:
             c.dtoh_bytes += n
             c.dtoh_by_cause[cause] = c.dtoh_by_cause.get(cause, 0) + n
-            if keep:
+            if keep and len(c.dtoh_records) < MAX_KEPT:
                 c.dtoh_records.append((int(rec["start"]), int(rec["end"]), int(rec["address"]), n, cause))
     elif kind == "thrashing":
         c.thrashing += 1
@@ -207,7 +208,7 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
         c._first_ns = s if c._first_ns is None else min(c._first_ns, s)
         c._last_ns = e if c._last_ns is None else max(c._last_ns, e)
         c.gpu_span_s = (c._last_ns - c._first_ns) * 1e-9
-        if keep:
+        if keep and len(c.kernel_records) < MAX_KEPT:
             c.kernel_records.append((s, e, int(rec.get("correlation_id", 0)), rec.get("name")))
 
 

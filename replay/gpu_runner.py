@@ -56,6 +56,10 @@ added to it. Victims:
 Real oversubscription (a workload larger than the GPU's free memory) is refused
 unless `--allow-oversubscription` is given.
 
+The first repeat of each run also reports a per-kernel timeline (kernel times
+from CUPTI, faults and migrated bytes attributed to kernels by time), which the
+replay command writes beside the results (RESULTS.timeline.parquet).
+
 Timing: `time_s` is the GPU part of the workload, host wall time from the first
 kernel launch to the completion of all GPU work (a synchronize after the
 script returns); `wall_s` is the whole script including Python start-up and
