@@ -198,14 +198,17 @@ def test_address_layout_removes_gaps_and_keeps_stray_faults(toy_trace):
     assert np.isnan(y[4])
 
 
-def test_fault_scatter_is_binned_above_threshold(toy_trace, tmp_path, monkeypatch):
-    from pagecast.report import trace_report
-    from pagecast.report.render import write_report
+def test_fault_scatter_is_binned_above_threshold(toy_trace, monkeypatch):
+    from pagecast.report import trace_report as R
 
-    monkeypatch.setattr(trace_report, "SCATTER_MAX_POINTS", 100)
-    html = write_report(toy_trace, tmp_path / "r.html").read_text()
-    assert "binned:" in html and "cells" in html
-    assert len(_images(html)) == 4
+    tr = T.read_trace(toy_trace)
+    names, codes = R.kernel_codes(tr)
+    view = R.FaultView(tr, names, codes, R.time_origin(tr))
+    monkeypatch.setattr(R, "SCATTER_MAX_POINTS", 100)
+    fig = R.fault_scatter(tr, view)
+    assert fig.kind == "png" and fig.note.startswith("binned: 17,920 fault records (17,920 faults) drawn as 900 x 500")
+    monkeypatch.setattr(R, "SCATTER_MAX_POINTS", 10**6)
+    assert R.fault_scatter(tr, view).note == "every fault record drawn (17,920 records)"
 
 
 def test_large_trace_renders_quickly_and_stays_small(tmp_path):
