@@ -31,6 +31,21 @@ def driver_prefetch(path: Path = PREFETCH_PARAM) -> bool | None:
     return None
 
 
+def kernel_driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (e.g. 580.159.03) where the system shows it."""
+    import re
+
+    for path in ("/sys/module/nvidia/version", "/proc/driver/nvidia/version"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        m = re.search(r"\b(\d{3,}\.\d+(?:\.\d+)?)\b", text)
+        if m:
+            return m.group(1)
+    return None
+
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -58,7 +73,8 @@ class Environment:
         return {"name": self.device_name, "index": self.device_index, "memory_bytes": self.memory_bytes}
 
     def manifest_environment(self) -> dict:
-        return {"driver_cuda_version": self.driver_version, "cuda_runtime_version": self.runtime_version,
+        return {"driver_version": kernel_driver_version(),
+                "driver_cuda_version": self.driver_version, "cuda_runtime_version": self.runtime_version,
                 "cupti_python_version": self.cupti_version,
                 "cuda_bindings_version": _version("cuda-bindings") or _version("cuda-python"),
                 "free_bytes_at_start": self.free_bytes,

@@ -342,3 +342,13 @@ def test_signals_landing_inside_a_cupti_callback_are_deferred(tmp_path):
     assert seen == {"raised": False} and c._deferred == signal.SIGTERM
     with pytest.raises(Terminated):  # in the workload's own code it is raised at once
         c._signal(signal.SIGTERM, sys._getframe())
+
+
+def test_driver_prefetch_setting_is_read_where_readable(tmp_path):
+    from pagecast.collect import gpuinfo
+
+    p = tmp_path / "uvm_perf_prefetch_enable"
+    for text, want in (("1\n", True), ("0\n", False), ("Y", True), ("N", False), ("maybe", None)):
+        p.write_text(text)
+        assert gpuinfo.driver_prefetch(p) is want
+    assert gpuinfo.driver_prefetch(tmp_path / "missing") is None
