@@ -929,7 +929,7 @@ def make_online_predict(model, fallback: str = "history") -> Callable[[Any, Allo
 # ---------------------------------------------------------------------------
 
 def parse_workload(argv: Sequence[str]) -> tuple[str, str, list[str]]:
-    """`python SCRIPT ARGS` / `python -m MODULE ARGS` / `SCRIPT.py ARGS` -> (kind, target, args).
+    """`python SCRIPT ARGS` / `python -m MODULE ARGS` / `SCRIPT.py ARGS` / `-m MODULE ARGS` -> (kind, target, args).
 
     The runner runs the workload in its own process (CUPTI sees only its own
     process's launches), so it must be Python.
@@ -940,6 +940,8 @@ def parse_workload(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     if not argv:
         raise UsageError("the GPU backend needs the workload after '--', e.g. "
                          "'-- python train.py' or '-- python -m pagecast.datasets.gpu.jacobi2d --scale 1'")
+    if argv[0] == "-m":
+        argv = ["python"] + argv
     first = os.path.basename(argv[0])
     if first.endswith(".py"):
         return "path", argv[0], argv[1:]

@@ -435,6 +435,7 @@ def test_oracle_policy_prefetches_the_relocated_truth_and_evicts_by_belady(tmp_p
     (["python3", "-u", "-m", "pkg.mod", "x"], ("module", "pkg.mod", ["x"])),
     (["--", "script.py"], ("path", "script.py", [])),
     ([sys.executable, "-m", "m"], ("module", "m", [])),
+    (["-m", "pkg.mod", "--scale", "2"], ("module", "pkg.mod", ["--scale", "2"])),
 ])
 def test_parse_workload(argv, want):
     assert G.parse_workload(argv) == want
