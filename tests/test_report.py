@@ -439,9 +439,14 @@ def test_model_with_results_is_refused(toy_results, tmp_path, capsys):
     assert "take no --model" in capsys.readouterr().err
 
 
-def test_missing_model_file(toy_trace, tmp_path, capsys):
+def test_missing_or_malformed_model_file(toy_trace, tmp_path, capsys):
     assert main(["report", str(toy_trace), "--model", str(tmp_path / "none.json"), "-o", str(tmp_path / "r.html")]) == 2
     assert "no such model" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["report", str(toy_trace), "--model", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err and not (tmp_path / "r.html").exists()
 
 
 # ---- a real headless browser ---------------------------------------------------
