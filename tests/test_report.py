@@ -299,7 +299,7 @@ def test_stall_share_and_segment_merging_are_exact():
     assert a.tolist() == [0, 5] and b.tolist() == [2, 6]      # touching and near segments merge; empty dropped
 
 
-@pytest.mark.parametrize("variant", ["capacity-only", "no-demand"])
+@pytest.mark.parametrize("variant", ["capacity-only", "no-demand", "sim-and-gpu"])
 def test_replay_report_variants(variant, tmp_path):
     pytest.importorskip("pagecast.replay.results_io")
     from pagecast.replay.results_io import read_results, write_results
@@ -309,14 +309,18 @@ def test_replay_report_variants(variant, tmp_path):
     if variant == "capacity-only":      # runs made with --capacity: no oversubscription ratio
         for r in rows:
             r["oversub"] = None
-    else:                               # no demand run: no speedups
+    elif variant == "no-demand":        # no demand run: no speedups
         rows = [dict(r, speedup_vs_demand=None) for r in rows if r["policy"] != "demand"]
+    else:                               # the same runs on the GPU backend beside the simulator's
+        rows = rows + [dict(r, backend="gpu", run=r["run"] + 100) for r in rows]
     res = write_results(tmp_path / "V.parquet", rows)
     html = write_report(res, tmp_path / "r.html").read_text()
     assert len(_images(html)) == 2
     svg = _svg_texts(html)
     if variant == "capacity-only":
         assert "GPU capacity (GiB)" in svg and "16 GiB" in svg
+    elif variant == "sim-and-gpu":
+        assert "template (gpu)" in svg and "oracle (gpu)" in svg and "gpu, sim" in html
     else:
         assert "run time (s)" in svg and "No 'demand' run" in _html_unescape(html)
 
