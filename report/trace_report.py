@@ -153,6 +153,11 @@ def summary_section(trace: T.Trace, s: dict) -> Section:
         ("migrated by cause", ", ".join(f"{k} {format_size(v)}" for k, v in s["migrated_bytes_by_cause"].items() if v)
          or "none"),
     ]
+    ev = trace.extra.get(T.UVM_EVENTS)
+    if ev is not None and ev.num_rows:
+        counts = ev.group_by(T.EVENT).aggregate([(T.EVENT, "count")]).to_pylist()
+        rows.append(("UVM events", ", ".join(f"{r[T.EVENT]} {r[f'{T.EVENT}_count']:,}"
+                                             for r in sorted(counts, key=lambda r: str(r[T.EVENT])))))
     sec.add_table(["property", "value"], rows)
     if not s["complete"]:
         sec.add_text("This trace is incomplete.", "warn")

@@ -241,10 +241,14 @@ def test_trace_without_migrations_or_allocations(tmp_path):
 def test_trace_without_faults(toy_trace, tmp_path):
     from pagecast.report.render import write_report
     tr = T.read_trace(toy_trace)
+    events = {T.TIME_NS: [1, 2, 3], T.EVENT: ["thrashing", "throttling", "thrashing"], T.ADDRESS: [None] * 3,
+              T.VALUE: [1, 1, 1], T.DEVICE: [0, 0, 0], T.LAUNCH_ID: [0, 1, 2]}
     p = T.write_trace(tmp_path / "nofaults.pctrace", tr.manifest,
-                      {T.LAUNCHES: tr.launches, T.ALLOCATIONS: tr.allocations, T.TRUTH: tr.truth})
+                      {T.LAUNCHES: tr.launches, T.ALLOCATIONS: tr.allocations, T.TRUTH: tr.truth,
+                       T.UVM_EVENTS: events})
     html = write_report(p, tmp_path / "r.html").read_text()
     assert len(_images(html)) == 4
+    assert "thrashing 2, throttling 1" in html      # the collector's optional uvm_events table
     assert "no GPU page faults in this trace" in html or "nothing faulted" in html.lower()
 
 
