@@ -344,13 +344,47 @@ def _driver_name(handle: int) -> str:
     return f"<function {handle:#x}>"
 
 
-def _runtime_func_by_symbol(host_func: int) -> int:
-    from cuda.bindings import runtime as rt
+_CUDART_LIBS: list | None = None
 
-    err, f = rt.cudaGetFuncBySymbol(host_func)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaGetFuncBySymbol failed ({err})")
-    return int(f)
+
+def _loaded_cudarts() -> list:
+    """The CUDA runtime libraries this process has loaded (the application's, e.g. PyTorch's).
+
+    A runtime launch names its kernel by the host stub the application registered
+    with its own libcudart, so only that instance can map it (cuda-bindings' runtime
+    module is a separate implementation and cannot).
+    """
+    global _CUDART_LIBS
+    if _CUDART_LIBS is None:
+        paths = []
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                    if "libcudart" in path.rsplit("/", 1)[-1] and path not in paths:
+                        paths.append(path)
+        except OSError:
+            pass
+        libs = []
+        for path in paths:
+            try:
+                lib = ctypes.CDLL(path)  # already loaded: the same instance
+                fn = lib.cudaGetFuncBySymbol
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            libs.append(fn)
+        _CUDART_LIBS = libs
+    return _CUDART_LIBS
+
+
+def _runtime_func_by_symbol(host_func: int) -> int:
+    for fn in _loaded_cudarts():
+        out = ctypes.c_void_p(0)
+        if fn(ctypes.byref(out), ctypes.c_void_p(host_func)) == 0 and out.value:
+            return int(out.value)
+    raise RuntimeError("cudaGetFuncBySymbol: no loaded CUDA runtime knows this kernel's host stub")
 
 
 # ---- the hook ------------------------------------------------------------------
@@ -364,7 +398,7 @@ def _default_clock() -> int:
 
 
 class _Pending:
-    __slots__ = ("corrs", "args", "delivered", "held", "site_domain", "site_cbid")
+    __slots__ = ("corrs", "args", "delivered", "held", "site_domain", "site_cbid", "runtime_error", "saw_driver")
 
     def __init__(self, corr: int, domain: int, cbid: int) -> None:
         self.corrs = [corr]
@@ -373,6 +407,8 @@ class _Pending:
         self.held: LaunchArgs | None = None
         self.site_domain = domain
         self.site_cbid = cbid
+        self.runtime_error: str | None = None
+        self.saw_driver = False
 
 
 class LaunchHook:
@@ -413,6 +449,9 @@ class LaunchHook:
         self.errors = 0
         self.last_error: str | None = None
         self.callback_ns = 0  # host time spent inside the callback (overhead)
+        # Whether runtime launches reach the driver launch callbacks (None: not seen yet).
+        # Once they do, runtime launches are not decoded at the runtime level any more.
+        self.runtime_reaches_driver: bool | None = None
 
     # -- lifecycle (needs cupti-python and a driver) --
     def start(self) -> "LaunchHook":
@@ -511,21 +550,35 @@ class LaunchHook:
             stack.append(pend)
             if pend.delivered:
                 return
-            args = self._decode(domain, cbid, cbdata, pend)
-            if args is None:
-                return
             if domain == DOMAIN_RUNTIME:
-                pend.held = args  # a driver launch may follow inside this call
+                if not outer or self.runtime_reaches_driver:
+                    return  # the driver launch inside this call will be decoded
+                try:
+                    pend.held = self._decode(domain, cbid, cbdata, pend)  # delivered at exit if no driver launch follows
+                except Exception as e:
+                    pend.runtime_error = f"{type(e).__name__}: {e}"
                 return
-            self._deliver(pend, args)
+            if not outer and pend.site_domain == DOMAIN_RUNTIME:
+                self.runtime_reaches_driver = True
+                pend.saw_driver = True
+            args = self._decode(domain, cbid, cbdata, pend)
+            if args is not None:
+                self._deliver(pend, args)
         else:  # API_EXIT
             if not stack:
                 return
             pend = stack.pop()
             if stack:
                 return
-            if not pend.delivered and pend.held is not None:
-                self._deliver(pend, pend.held)
+            if not pend.delivered and pend.site_domain == DOMAIN_RUNTIME:
+                if not pend.saw_driver:
+                    self.runtime_reaches_driver = False
+                if pend.held is not None:
+                    self._deliver(pend, pend.held)
+                elif not pend.saw_driver:  # (a failed driver decode was counted already)
+                    self.errors += 1
+                    self.last_error = ("a runtime launch was not decoded "
+                                       f"({pend.runtime_error or 'no driver launch callback followed it'})")
             if self.after_launch is not None:
                 self._guarded(self.after_launch, pend.args)
 

@@ -228,3 +228,54 @@ def test_reentrant_callbacks_and_failures_never_reach_cuda():
     bad._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 3, ptr))
     bad._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 3, ptr))
     assert bad.errors == 1 and len(seen) == 1
+
+
+def test_runtime_decode_is_skipped_once_runtime_launches_reach_the_driver():
+    kp, keep = _kernel_params([P0, P1, P2])
+    rt, rt_ptr = _struct("cuda_launch_kernel_v7000params_dtype", func=0xBEEF, grid_dim=(4, 1, 1),
+                         block_dim=(64, 1, 1), args=kp)
+    drv, drv_ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=4, grid_dim_y=1, grid_dim_z=1,
+                           block_dim_x=64, block_dim_y=1, block_dim_z=1, kernel_params=kp)
+    lookups = []
+
+    def symbol(host):
+        lookups.append(host)
+        raise RuntimeError("no runtime here")  # a failed runtime decode is not an error when the driver follows
+
+    got = []
+    info = lh.ParamInfo(layout_fn=lambda h: ((0, 8, 12), (8, 4, 4)), name_fn=lambda h: "k", symbol_fn=symbol)
+    hook = lh.LaunchHook(got.append, param_info=info, clock=lambda: 0)
+    for corr in (10, 20):
+        hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, corr, rt_ptr))
+        hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, corr + 1, drv_ptr))
+        hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, corr + 1, drv_ptr))
+        hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, corr, rt_ptr))
+    assert hook.errors == 0 and hook.runtime_reaches_driver is True
+    assert [a.correlation_ids for a in got] == [[10, 11], [20, 21]]
+    assert lookups == [0xBEEF]  # the second launch was not decoded at the runtime level
+    # a runtime launch with no driver callback inside: one launch lost, then runtime decoding again
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 30, rt_ptr))
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 30, rt_ptr))
+    assert hook.runtime_reaches_driver is False and hook.errors == 1 and len(got) == 2
+
+
+def test_host_stubs_are_resolved_by_the_loaded_cuda_runtime(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    src = tmp_path / "rt.c"
+    src.write_text("int cudaGetFuncBySymbol(void **f, const void *sym) {\n"
+                   "  if (!sym) return 1; *f = (void *)((unsigned long)sym + 0x1000); return 0; }\n")
+    so = tmp_path / "libcudart_standin.so.13"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    monkeypatch.setattr(lh, "_CUDART_LIBS", None)
+    if not any("libcudart" in ln for ln in open("/proc/self/maps")):  # no CUDA runtime loaded yet
+        with pytest.raises(RuntimeError, match="cudaGetFuncBySymbol"):
+            lh._runtime_func_by_symbol(0xBEEF)
+    lib = ctypes.CDLL(str(so))  # the application loads its runtime
+    monkeypatch.setattr(lh, "_CUDART_LIBS", None)
+    assert lh._runtime_func_by_symbol(0xBEEF) == 0xBEEF + 0x1000
+    del lib
