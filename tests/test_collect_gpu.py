@@ -91,6 +91,8 @@ def _check_trace(t, name: str) -> dict:
             "launches_without_kernel_record": coll.get("rows_launches_without_kernel_record"),
             "kernel_name_mismatches": coll.get("rows_kernel_name_mismatches"),
             "unattributed_faults": coll.get("rows_unattributed_faults"),
+            "runtime_reaches_driver": coll.get("runtime_reaches_driver"),
+            "hook_errors": coll.get("hook_errors"), "hook_last_error": coll.get("hook_last_error"),
             "kernel_names": sorted(set(L.column(T.KERNEL).to_pylist()))[:12]}
 
 
