@@ -195,3 +195,48 @@ def test_roofline_times(small):
                         minlength=tr.n_launches)
     assert (dur >= moved / 4.8e12).all()
     assert (dur < moved / 4.8e12 + 1e-3).mean() > 0.5
+
+
+def _tiny(tmp_path, mode, prefetch):
+    """One 2 MiB allocation (32 big pages); launches touch big pages [0,10), [5,20), [25,32), [0,17)."""
+    from pagecast.datasets.engine import BIG_PAGE, Builder, Range
+    k = Kernel("touch", [("p", "float*"), ("n", "long")], {"p": "linear"})
+    b = Builder("tiny", seed=1)
+    buf = b.malloc(2 << 20, "buf")
+    spans = [(0, 10), (5, 20), (25, 32), (0, 17)]
+    for lo, hi in spans:
+        b.launch(k, b.reserve(1), {"p": buf.ptr(lo * BIG_PAGE), "n": (hi - lo) * BIG_PAGE // 4}, grid=(1,),
+                 touches=[Range(buf, lo * BIG_PAGE, (hi - lo) * BIG_PAGE)])
+    b.write(tmp_path / f"{mode}{prefetch}", mode=mode, driver_prefetch=prefetch)
+    tr = T.read_trace(tmp_path / f"{mode}{prefetch}")
+    base = buf.address >> 16
+    fb = (tr.faults.column(T.ADDRESS).to_numpy().astype(np.int64) >> 16) - base
+    fl = pc.fill_null(tr.faults.column(T.LAUNCH_ID), -1).to_numpy()
+    m = tr.migrations
+    mig = [(c, int(a >> 16) - base, int(n) // BIG_PAGE) for c, a, n in zip(
+        m.column(T.CAUSE).to_pylist(), m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy())]
+    return tr, fb, fl, mig
+
+
+def test_driver_emulation_by_hand(tmp_path):
+    # full mode: every launch faults on all its big pages (up to the ~0.1% lost records);
+    # launches 0 (10/32), 1 (15/32) and 2 (7/32) stay under 51%, launch 3 (17/32 > 16.3) tips the block
+    tr, fb, fl, mig = _tiny(tmp_path, "full", True)
+    assert len(fb) >= 48 and len(fb) <= 10 + 15 + 7 + 17
+    assert ("prefetch", 17, 15) in mig and sum(c == "prefetch" for c, _, _ in mig) == 1
+    assert ("coherence", 0, 10) in mig and ("coherence", 5, 15) in mig and ("coherence", 0, 17) in mig
+    tr, fb, fl, mig = _tiny(tmp_path, "full", False)
+    assert all(c == "coherence" for c, _, _ in mig)
+    # natural mode: first touches only; launch 1 takes residency to 20/32 > 51%: big pages 20..31 are
+    # prefetched, so launch 2 (25..31) and launch 3 (0..16, all resident) never fault
+    tr, fb, fl, mig = _tiny(tmp_path, "natural", True)
+    assert (fl == -1).all()
+    assert set(fb.tolist()) <= set(range(20)) and len(fb) >= 19 and len(np.unique(fb)) == len(fb)
+    assert sorted(mig) == [("coherence", 0, 10), ("coherence", 10, 10), ("prefetch", 20, 12)]
+    t_f = tr.faults.column(T.TIME_NS).to_numpy()
+    s, e = tr.column(T.LAUNCHES, T.START_NS), tr.column(T.LAUNCHES, T.END_NS)
+    assert ((t_f >= s[0]) & (t_f <= e[1])).all()
+    # without the prefetcher, launch 2's big pages fault at their first touch
+    tr, fb, fl, mig = _tiny(tmp_path, "natural", False)
+    assert set(fb.tolist()) <= set(range(20)) | set(range(25, 32)) and len(fb) >= 26
+    assert sorted(mig) == [("coherence", 0, 10), ("coherence", 10, 10), ("coherence", 25, 7)]
