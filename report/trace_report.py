@@ -178,7 +178,7 @@ class FaultView:
         self.cnt = F.column(T.COUNT).to_numpy().astype(np.float64)
         self.lid = attribute_by_time(trace, F.column(T.LAUNCH_ID), F.column(T.TIME_NS))
         klabel = np.where(self.lid >= 0, codes[np.clip(self.lid, 0, max(len(codes) - 1, 0))] if len(codes) else -1, -1)
-        self.cidx, self.legend, _ = kernel_colours(klabel, self.cnt, names, TOP_COLOURED_KERNELS)
+        self.cidx, self.legend, self.has_other = kernel_colours(klabel, self.cnt, names, TOP_COLOURED_KERNELS)
         self.colours = np.array([c for _, c in self.legend])
         self.layout = AddressLayout(trace, addr)
         self.div, self.unit = size_unit(max(self.layout.total, 1))
@@ -265,7 +265,7 @@ def fault_scatter(trace: T.Trace, v: FaultView, zoom_launches: int | None = None
     if layout.total:
         ax.set_ylim(0, layout.total / div)
     from matplotlib.patches import Patch
-    handles = [Patch(color=c, label=l) for l, c in v.legend]
+    handles = [Patch(color=c, label=l) for l, c in (v.legend if v.has_other else v.legend[:-1])]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.12), ncol=3, frameon=False)
     if zoom_launches is None:
         ax.set_title(f"GPU page faults over time and address — {trace.name}")
