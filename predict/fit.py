@@ -27,7 +27,8 @@ from pagecast import trace as T
 from pagecast.errors import TraceError, UsageError
 
 from . import formula as FM
-from .features import GRID_NAMES, MAX_FEATURE, Word, candidate_words, grid_matrix, layouts, param_matrix
+from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize_rows, grid_matrix, layouts,
+                       param_matrix)
 from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
 
@@ -138,8 +139,7 @@ class KernelData:
         self.sel_varying = np.array([varying[j] for j in sel], bool)
         Fs = F[:, sel]
         if Fs.shape[1]:
-            self.uniq, inv = np.unique(Fs, axis=0, return_inverse=True)
-            self.group = inv.reshape(-1)
+            self.uniq, self.group = factorize_rows(Fs)
         else:
             self.uniq = np.zeros((1 if self.n else 0, 0), np.int64)
             self.group = np.zeros(self.n, np.int64)
@@ -265,8 +265,9 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     n_valid, n_obs = int(valid.sum()), int(nonempty.sum())
     if n_obs == 0:
         return None, None
-    fit = {"launches": n_valid, "observed": n_obs, "traces": int(len(np.unique(trace_no[nonempty]))),
-           "groups": int(len(np.unique(kd.group[nonempty])))}
+    fit = {"launches": n_valid, "observed": n_obs,
+           "traces": int((np.bincount(trace_no[nonempty], minlength=len(obs)) > 0).sum()),
+           "groups": int((np.bincount(kd.group[nonempty], minlength=kd.U) > 0).sum())}
     sel = np.flatnonzero(nonempty)
     g = kd.group[sel]
     base = cat["base"][sel]

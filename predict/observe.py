@@ -66,10 +66,22 @@ class TraceObs:
         self.n_records = trace.faults.num_rows + trace.migrations.num_rows
         lo = obs.launch_of_interval()
         self.okey, self.os, self.oe = split_by_alloc(ix, ps, lo, obs.start, obs.end)
-        allp = FP.observed_footprints(trace, include_prefetch=True)
-        self.akey, self.as_, self.ae = split_by_alloc(ix, ps, allp.launch_of_interval(), allp.start, allp.end)
-        # composite (key rank, page) index over A for "which piece holds this page"
-        self.aukeys = np.unique(self.akey)
+        # A = O plus the driver's prefetch migrations (pages that may have been touched unfaulted)
+        m = trace.migrations
+        if m.num_rows:
+            m = m.filter(pc.equal(m.column(T.CAUSE), "prefetch"))
+        if m.num_rows:
+            mlid = FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
+            ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+            ok = mlid >= 0
+            pk, p_s, p_e = split_by_alloc(ix, ps, mlid[ok], ms[ok], me[ok])
+            keys = np.concatenate([self.okey, pk])
+            uk, g = np.unique(keys, return_inverse=True)
+            g, a_s, a_e = FP.merge_intervals(g.reshape(-1).astype(np.int64), np.concatenate([self.os, p_s]),
+                                             np.concatenate([self.oe, p_e]), len(uk))
+            self.akey, self.as_, self.ae = uk[g], a_s, a_e
+        else:
+            self.akey, self.as_, self.ae = self.okey.copy(), self.os.copy(), self.oe.copy()
         lows = [self.as_.min()] if len(self.as_) else []
         highs = [self.ae.max()] if len(self.ae) else []
         if ix.n:
@@ -78,39 +90,33 @@ class TraceObs:
         pmin = int(min(lows)) if lows else 0
         pmax = int(max(highs)) if highs else 0
         self.pmin, self.span = pmin, pmax - pmin + 1
+        self.aukeys, arank = _sorted_unique(self.akey)
         if len(self.aukeys) * self.span >= 2 ** 62:  # pragma: no cover - absurd address spans
             raise ValueError(f"{trace.path}: address span too large to index")
-        arank = np.searchsorted(self.aukeys, self.akey)
         self.acomp = arank * self.span + (self.as_ - pmin)
-        # certainly-touched pages: the fault addresses (not the driver's prefetch faults)
+        self.oukeys, orank = _sorted_unique(self.okey)
+        self.ocomp_s = orank * self.span + (self.os - pmin)
+        self.ocomp_e = orank * self.span + (self.oe - pmin)
+        # certainly-touched pages: the fault addresses (not the driver's prefetch faults),
+        # keyed through the O piece that holds them (O includes every fault page)
+        self._fuk = self.oukeys
+        self._fcomp = self._fp = np.zeros(0, np.int64)
         f = trace.faults
         if f.num_rows:
-            sel = pc.not_equal(f.column(T.ACCESS), "prefetch")
-            f = f.filter(sel)
-        if f.num_rows:
+            f = f.filter(pc.not_equal(f.column(T.ACCESS), "prefetch"))
+        if f.num_rows and len(self.os):
             flid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
             fpage = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
-            ok = flid >= 0
-            fa = ix.lookup(fpage[ok].astype(np.uint64) * np.uint64(ps), flid[ok], one_past=False)
-            good = fa >= 0
-            fk = flid[ok][good] * self.nA + fa[good]
-            fp = fpage[ok][good]
-            o = np.lexsort((fp, fk))
-            fk, fp = fk[o], fp[o]
-            self._fuk = np.unique(fk)
-            self._fcomp = np.searchsorted(self._fuk, fk) * self.span + (fp - pmin)
-            self._fp = fp
-            if len(fk):
-                starts = np.flatnonzero(np.r_[True, fk[1:] != fk[:-1]])
-                self.fkeys = fk[starts]
-                self.fmin = np.minimum.reduceat(fp, starts)
-                self.fmax = np.maximum.reduceat(fp, starts)
-            else:
-                self.fkeys = self.fmin = self.fmax = np.zeros(0, np.int64)
-        else:
-            self.fkeys = self.fmin = self.fmax = np.zeros(0, np.int64)
-        if not len(self.fkeys):
-            self._fuk = self._fcomp = self._fp = np.zeros(0, np.int64)
+            olaunch = self.okey // self.nA
+            lspan = np.int64(self.span)
+            ocl = olaunch * lspan + (self.os - pmin)          # sorted: pieces are in (launch, start) order
+            q = flid * lspan + (fpage - pmin)
+            p = np.searchsorted(ocl, q, side="right") - 1
+            pc_ = np.maximum(p, 0)
+            good = (flid >= 0) & (p >= 0) & (olaunch[pc_] == flid) & (fpage < self.oe[pc_]) & (fpage >= pmin)
+            comp = np.sort(orank[pc_[good]] * lspan + (fpage[good] - pmin))
+            self._fcomp = comp
+            self._fp = comp % lspan + pmin
 
     def fault_bounds(self, key: np.ndarray, lo: np.ndarray, hi: np.ndarray):
         """First and last+1 fault page inside [lo, hi) under each key; -1 where none."""
@@ -153,10 +159,7 @@ class TraceObs:
         hi_f = al_e if hi_fence is None else np.minimum(hi_fence, al_e)
         n0 = len(self.os)
         if n0:
-            ur = np.unique(self.okey)
-            rank = np.searchsorted(ur, self.okey)
-            comp_s = rank * self.span + (self.os - self.pmin)
-            comp_e = rank * self.span + (self.oe - self.pmin)
+            ur, comp_s, comp_e = self.oukeys, self.ocomp_s, self.ocomp_e
             qr = np.minimum(np.searchsorted(ur, key), len(ur) - 1)
             known = ur[qr] == key
             r0 = np.searchsorted(comp_e, qr * self.span + (lo_f - self.pmin), side="right")
@@ -189,6 +192,14 @@ class TraceObs:
                 "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
                 "alloc_s": al_s, "alloc_e": al_e,
                 "base": ptr.astype(np.int64)}
+
+
+def _sorted_unique(keys: np.ndarray):
+    """(unique values, rank of each) of an already sorted array, without sorting again."""
+    if len(keys) == 0:
+        return keys.copy(), np.zeros(0, np.int64)
+    new = np.r_[True, keys[1:] != keys[:-1]]
+    return keys[new], np.cumsum(new) - 1
 
 
 def prefetch_free(trace: T.Trace) -> bool:
