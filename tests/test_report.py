@@ -322,7 +322,7 @@ def test_replay_report_variants(variant, tmp_path):
     assert len(_images(html)) == 2
     svg = _svg_texts(html)
     if variant == "capacity-only":
-        assert "GPU capacity (GiB)" in svg and "16 GiB" in svg
+        assert svg.count("GPU capacity (GiB)") == 2   # x axis of both plots
     elif variant == "sim-and-gpu":
         assert "template (gpu)" in svg and "oracle (gpu)" in svg and "gpu, sim" in html
     else:
