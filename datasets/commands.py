@@ -49,13 +49,11 @@ class DatasetsCommand(Command):
         if args.json:
             console.emit_json(docs)
             return 0
-        from rich.table import Table
-        t = Table(title="workload models")
-        for c in ("name", "category", "templates", "description"):
-            t.add_column(c, overflow="fold", no_wrap=c == "name")
+        out = console.stdout()
+        w_name = max(len(d["name"]) for d in docs)
         for d in docs:
-            t.add_row(d["name"], d["category"], ", ".join(d["templates"]), d["description"])
-        console.stdout().print(t)
+            out.print(f"[bold]{d['name']:<{w_name}}[/bold]  {d['category']:<13}  {d['summary']}"
+                      f"  [dim]({', '.join(d['templates'])})[/dim]", overflow="ignore", crop=False)
         return 0
 
     def _make(self, args: argparse.Namespace) -> int:

@@ -300,7 +300,8 @@ WORKLOADS = [
              "and bias gradients, and SGD with momentum over the whole flat parameter, gradient and momentum "
              "buffers, whose element count lives only in device memory (allocation). Batch size changes at "
              "each epoch's short last batch. Templates: linear, fixed, allocation.",
-             build_mlp_train, MLP_KERNELS),
+             build_mlp_train, MLP_KERNELS,
+             summary="MLP training: GEMMs, bias, ReLU, loss, SGD over a flat parameter buffer"),
     workload("cnn-infer", "deep-learning",
              "Batched inference of an Inception-style CNN: convolutions as implicit GEMM taking 40-byte "
              "TensorDesc structs {u64 data; i32 n,c,h,w; i64 nstride; i32 dtype,layout} and a 32-byte "
@@ -308,5 +309,6 @@ WORKLOADS = [
              "(strided: n chunks of c*h*w*4 bytes every nstride*4), max pooling, global average pooling, a "
              "classifier GEMM and softmax; requests of 1-32 images. Templates: linear, strided "
              "(struct fields).",
-             build_cnn_infer, CNN_KERNELS),
+             build_cnn_infer, CNN_KERNELS,
+             summary="Inception-style CNN inference: implicit-GEMM convs on NCHW descriptors"),
 ]

@@ -408,17 +408,20 @@ WORKLOADS = [
     workload("llm-decode", "llm",
              "Token-by-token decode of requests resuming cached contexts. " + _LLM
              + " Templates: fixed, linear, strided, irregular.",
-             build_llm_decode, DECODE_KERNELS),
+             build_llm_decode, DECODE_KERNELS,
+             summary="LLM decode: per-layer weights in one allocation, growing KV cache"),
     workload("llm-prefill-decode", "llm",
              "Requests with a prompt prefill (GEMMs with M = prompt length, causal attention with an "
              "n_heads*P*P score buffer, KV writes of P slots per head), then decode. Prefill temporaries are "
              "freed after each prompt and their addresses reused by the decode buffers and the next prompt. "
              + _LLM + " Templates: fixed, linear, strided, irregular.",
-             build_llm_prefill_decode, DECODE_KERNELS + PREFILL_KERNELS),
+             build_llm_prefill_decode, DECODE_KERNELS + PREFILL_KERNELS,
+             summary="LLM prompt prefill then decode; prompt temporaries freed and reused"),
     workload("moe-decode", "llm",
              "Decode through a mixture-of-experts model (8, 16 or 32 experts per layer, top-2): a router GEMV, "
              "a top-k kernel, and an expert FFN that reads the weights of the experts the router chose for "
              "the token (data-dependent, skewed per layer: irregular). " + _LLM
              + " Templates: fixed, linear, strided, irregular.",
-             build_moe_decode, [k for k in DECODE_KERNELS if k is not K_SILU] + MOE_KERNELS),
+             build_moe_decode, [k for k in DECODE_KERNELS if k is not K_SILU] + MOE_KERNELS,
+             summary="mixture-of-experts decode: router-chosen experts (irregular)"),
 ]

@@ -278,19 +278,22 @@ WORKLOADS = [
              "STREAM copy/scale/add/triad (float scalar beside an 8-byte n) over three arrays, reallocated "
              "(same addresses reused) with a new size in each of 4 phases; stream_init's footprint follows "
              "grid_x*block_x*4 with no size argument. Templates: linear (size 4*n; grid-derived).",
-             build_stream, STREAM_KERNELS),
+             build_stream, STREAM_KERNELS,
+             summary="STREAM copy/scale/add/triad over arrays reallocated each phase"),
     workload("jacobi2d", "scientific",
              "Weighted-Jacobi smoothing in a 4-level multigrid V-cycle with ping-pong buffers; the stencil "
              "reads through a pointer to the first interior row, so its region starts one row before the "
              "pointer (negative offset -4*nx, size 4*nx*(ny+2)); periodic halo rows (strided: 2 chunks of "
              "8*nx bytes, stride 4*nx*ny); restriction/prolongation; a residual whose per-block partial sums "
              "follow the grid, and a 4-byte reduction result. Templates: linear, strided, fixed.",
-             build_jacobi2d, JACOBI_KERNELS),
+             build_jacobi2d, JACOBI_KERNELS,
+             summary="weighted Jacobi in a multigrid V-cycle: halo rows, ping-pong buffers"),
     workload("spmv-cg", "scientific",
              "Conjugate gradient on a CSR matrix (band plus clustered long-range couplings) split into 6-10 "
              "uneven row blocks: per block a CSR SpMV whose gather of x follows the column indices "
              "(irregular, data-dependent), with rowptr/colind/vals/y pointers offset into their allocations "
              "(linear in nrows and nnz), dot products into per-block 4-byte partials (fixed), axpy/xpay with "
              "float coefficients beside int n, and a reduction. Templates: linear, fixed, irregular.",
-             build_spmv_cg, SPMV_KERNELS),
+             build_spmv_cg, SPMV_KERNELS,
+             summary="conjugate gradient: CSR SpMV with a data-dependent gather, dot, axpy"),
 ]

@@ -15,6 +15,7 @@ class Workload:
     description: str
     build: Callable[[Builder], None]   # issues the launches on a Builder (scale and seed are on it)
     kernels: list[Kernel] = field(default_factory=list)
+    summary: str = ""                  # one short line for `datasets list`
 
     def kernel_classes(self) -> dict[str, str]:
         """Mangled kernel name -> its intended template class (the hardest of its parameters')."""
@@ -31,12 +32,13 @@ class Workload:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "category": self.category, "description": self.description,
+                "summary": self.summary,
                 "templates": self.templates(), "kernels": len(self.kernels)}
 
 
 
 def workload(name: str, category: str, description: str, build: Callable[[Builder], None],
-             kernels: list[Kernel]) -> Workload:
+             kernels: list[Kernel], summary: str = "") -> Workload:
     if category not in ("scientific", "deep-learning", "llm"):
         raise ValueError(f"{name}: unknown category {category!r}")
-    return Workload(name, category, description, build, list(kernels))
+    return Workload(name, category, description, build, list(kernels), summary or description.split(". ")[0])
