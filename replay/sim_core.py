@@ -104,18 +104,18 @@ def _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi
     return n
 
 
-@njit(cache=True)
-def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+@njit(cache=True, inline="always")
+def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                   planned, unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb,
-                  track_unplanned, missed_out, counters):
+                  track_unplanned, missed_out, counters, row):
     """One launch touches `units` (ascending): hits refresh LRU order, misses
     fault in their unit (evicting chunks as needed) and may trigger the tree
     prefetcher. st_i[0] is the resident-unit count. Writes missed units to
     missed_out and returns how many."""
     sentinel = len(chunk_count)
     nmiss = 0
-    used_ptr = 0
-    for k in range(len(units)):
+    used_ptr = lo
+    for k in range(lo, hi):
         u = units[k]
         if resident[u] == 1:
             if lru:
@@ -124,7 +124,7 @@ def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo,
                 _list_append(prev, nxt, c, sentinel)
             continue
         # a fault
-        counters[C_FAULTS] += 1
+        counters[row, C_FAULTS] += 1
         missed_out[nmiss] = u
         nmiss += 1
         while st_i[0] + 1 > cap:
@@ -145,7 +145,7 @@ def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo,
                             break
                 if ev == 0:
                     # nothing used yet: give up the unit this launch needs last
-                    for kk in range(len(units) - 1, k, -1):
+                    for kk in range(hi - 1, k, -1):
                         v = units[kk]
                         if resident[v] == 1:
                             _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
@@ -153,30 +153,30 @@ def access_launch(units, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo,
                             ev = 1
                             break
                 if ev > 0:
-                    counters[C_FAULT_DTOH] += ev
+                    counters[row, C_FAULT_DTOH] += ev
                     continue
             ev = _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                                   planned, unplanned_q, uq_state)
             if ev == 0:
                 break
-            counters[C_FAULT_DTOH] += ev
+            counters[row, C_FAULT_DTOH] += ev
         _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
         st_i[0] += 1
-        counters[C_FAULT_IN] += 1
+        counters[row, C_FAULT_IN] += 1
         if track_unplanned:
             unplanned_q[uq_state[1] % len(unplanned_q)] = u
             uq_state[1] += 1
         if tree:
             _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                            planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
-                           track_unplanned, counters)
+                           track_unplanned, counters, row)
     return nmiss
 
 
 @njit(cache=True)
 def _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                    planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
-                   track_unplanned, counters):
+                   track_unplanned, counters, row):
     """nvidia-uvm's tree prefetcher, inside u's 2 MiB block: the largest
     aligned region around u more than `threshold` resident is filled."""
     sentinel = len(chunk_count)
@@ -205,35 +205,35 @@ def _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, ch
                 return  # the prefetcher never evicts
             _unit_in(v, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
             st_i[0] += 1
-            counters[C_TREE_IN] += 1
+            counters[row, C_TREE_IN] += 1
             if track_unplanned:
                 unplanned_q[uq_state[1] % len(unplanned_q)] = v
                 uq_state[1] += 1
 
 
-@njit(cache=True)
-def apply_group(evict, prefetch, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                planned, unplanned_q, uq_state, need_now, counters):
+@njit(cache=True, inline="always")
+def apply_group(evict, elo, ehi, prefetch, plo, phi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                planned, unplanned_q, uq_state, need_now, counters, row):
     """Carry out one planned group: evictions, then prefetches (in need order).
     Prefetches that find memory full evict unplanned units, then list heads.
     Counts transfers as runs of consecutive unit ids. Returns the units moved
     in for the first `need_now` prefetch entries (what the next launch waits for)."""
     sentinel = len(chunk_count)
     last = -2
-    for k in range(len(evict)):
+    for k in range(elo, ehi):
         u = evict[k]
         if resident[u] == 1:
             _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
             st_i[0] -= 1
-            counters[C_GROUP_DTOH] += 1
+            counters[row, C_GROUP_DTOH] += 1
             if u != last + 1:
-                counters[C_TRANSFERS] += 1
+                counters[row, C_TRANSFERS] += 1
             last = u
         elif u < len(planned):
             planned[u] = 0
     last = -2
     needed_in = 0
-    for k in range(len(prefetch)):
+    for k in range(plo, phi):
         u = prefetch[k]
         if resident[u] == 1:
             planned[u] = 1
@@ -243,19 +243,19 @@ def apply_group(evict, prefetch, cap, st_i, resident, unit_chunk, chunk_count, c
                                   planned, unplanned_q, uq_state)
             if ev == 0:
                 break
-            counters[C_GROUP_DTOH] += ev
+            counters[row, C_GROUP_DTOH] += ev
         if st_i[0] + 1 > cap:
             break
         _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
         planned[u] = 1
         st_i[0] += 1
-        counters[C_PREFETCH_IN] += 1
-        if k < need_now:
+        counters[row, C_PREFETCH_IN] += 1
+        if k - plo < need_now:
             needed_in += 1
         if u != last + 1:
-            counters[C_TRANSFERS] += 1
+            counters[row, C_TRANSFERS] += 1
         last = u
-    counters[C_PREFETCH_NEED] += needed_in
+    counters[row, C_PREFETCH_NEED] += needed_in
     return needed_in
 
 
@@ -535,12 +535,12 @@ def run_engine(s0, s1, need_ptr, need_unit, has_plan, ev_ptr, ev_unit, pf_ptr, p
     with misses when stop_on_miss (for online feedback)."""
     for i in range(s0, s1):
         if has_plan:
-            apply_group(ev_unit[ev_ptr[i]:ev_ptr[i + 1]], pf_unit[pf_ptr[i]:pf_ptr[i + 1]], cap, st_i, resident,
+            apply_group(ev_unit, ev_ptr[i], ev_ptr[i + 1], pf_unit, pf_ptr[i], pf_ptr[i + 1], cap, st_i, resident,
                         unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state,
-                        need_now[i], counters[i])
-        nm = access_launch(need_unit[need_ptr[i]:need_ptr[i + 1]], cap, st_i, resident, unit_chunk, chunk_count,
+                        need_now[i], counters, i)
+        nm = access_launch(need_unit, need_ptr[i], need_ptr[i + 1], cap, st_i, resident, unit_chunk, chunk_count,
                            chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state, lru, tree, threshold,
-                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters[i])
+                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters, i)
         if stop_on_miss and nm > 0:
             return i + 1, nm
     return s1, 0
