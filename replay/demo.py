@@ -44,79 +44,26 @@ def prepare_dir(out: Path, force: bool) -> None:
 
 
 def run_demo(args) -> int:
-    from pagecast.datasets.registry import MIXES, WORKLOADS, make_trace
-    from pagecast.predict.fit import fit_model
-    from pagecast.predict.model_io import save_model
-    from pagecast.trace import read_trace
-
     from .commands import results_table
     from .results_io import write_results
-    from .run import SimConfig, replay_sim
 
     out = Path(args.output)
     prepare_dir(out, args.force)
     scale = SCALE if args.scale is None else float(args.scale)
-    tdir = out / "traces"
-    tdir.mkdir()
-    names = sorted(WORKLOADS)
-    mixes = {k: v for k, v in MIXES.items() if v}
-    # replay instances: seed 3 for the first instance of a workload, 13, 23, ... for more
-    instances: dict[tuple[str, int], Path] = {}
-    for wl in [[n] for n in names] + list(mixes.values()):
-        for k, n in enumerate(wl):
-            seed = REPLAY_SEED + 10 * wl[:k].count(n)
-            instances[(n, seed)] = tdir / f"{n}-s{seed}.pctrace"
-    jobs = [(n, s, tdir / f"{n}-s{s}.pctrace") for n in names for s in FIT_SEEDS]
-    jobs += [(n, s, p) for (n, s), p in instances.items()]
-    n_replays = len(names) + len(mixes)
     t0 = time.perf_counter()
-    all_runs: list[dict] = []
-    timelines = []
-    with console.progress("demo", len(jobs) + 1 + n_replays) as bar:
-        for n, s, p in jobs:
-            bar.update(description=f"making {p.name}")
-            make_trace(n, p, scale=scale, seed=s, mode="full")
-            bar.advance()
-        bar.update(description="fitting templates")
-        fit_traces = [read_trace(tdir / f"{n}-s{s}.pctrace") for n in names for s in FIT_SEEDS]
-        model = fit_model(fit_traces)
-        save_model(model, out / "model.json")
-        bar.advance()
-        cache: dict[Path, object] = {}
-
-        def tr(p):
-            if p not in cache:
-                cache[p] = read_trace(p)
-            return cache[p]
-
-        cases = [(n, [n], False) for n in names] + [(f"mix:{k}", v, True) for k, v in mixes.items()]
-        for label, wl, is_mix in cases:
-            bar.update(description=f"replaying {label}")
-            paths = []
-            for k, n in enumerate(wl):
-                paths.append(instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))])
-            traces = [tr(p) for p in paths]
-            cfg = SimConfig(costs=args.costs, timeslice_ms=demo_timeslice_ms(traces, args.costs))
-            runs, tl = replay_sim(traces, POLICIES, oversub=list(OVERSUB), config=cfg,
-                                  model=model, model_path=str(out / "model.json"), workload_name=label)
-            base = len(all_runs)
-            for r in runs:
-                r["run"] += base
-                r["mix"] = is_mix
-            all_runs.extend(runs)
-            timelines.append(tl.set_column(0, "run", pc.add(tl.column("run"), base)))
-            bar.advance()
+    with console.progress("demo", None) as bar:
+        all_runs, timeline, info = run_suite(out, scale=scale, costs=args.costs, policies=POLICIES, bar=bar)
     elapsed = time.perf_counter() - t0
     res_path = out / "results.parquet"
-    write_results(res_path, all_runs, pa.concat_tables(timelines), force=True)
+    write_results(res_path, all_runs, timeline, force=True)
     if args.json:
         console.emit_json(all_runs)
     else:
-        out = console.stdout()
-        out.width = max(out.width, 132)
-        out.print(results_table(all_runs, title=f"pagecast demo: {len(names)} workloads and "
-                                                f"{len(mixes)} mixes, costs {args.costs}"))
-        out.print(headline(all_runs))
+        out_c = console.stdout()
+        out_c.width = max(out_c.width, 132)
+        out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
+                                                  f"{info['mixes']} mixes, costs {args.costs}"))
+        out_c.print(headline(all_runs))
     console.info(f"demo took {elapsed:.1f} s")
     console.wrote(res_path, "replay results", f"pagecast report {res_path} -o {out / 'report.html'}")
     try:
@@ -127,6 +74,74 @@ def run_demo(args) -> int:
         html = write_report(res_path, out / "report.html", force=True)
         console.wrote(html, "report", f"open {html}")
     return 0
+
+
+def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=None,
+              oversub=OVERSUB, workloads: list[str] | None = None, mixes: dict | None = None):
+    """Make traces (fit seeds and replay seeds) in out/traces, fit out/model.json, replay
+    every workload alone and every mix at each oversubscription. Returns (runs, timeline, info)."""
+    from pagecast.datasets.registry import MIXES, WORKLOADS, make_trace
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import save_model
+    from pagecast.trace import read_trace
+
+    from .run import SimConfig, replay_sim
+
+    tdir = out / "traces"
+    tdir.mkdir(exist_ok=True)
+    names = sorted(WORKLOADS) if workloads is None else list(workloads)
+    mixes = {k: v for k, v in (MIXES if mixes is None else mixes).items() if v}
+    used = sorted(set(names) | {n for v in mixes.values() for n in v})
+    instances: dict[tuple[str, int], Path] = {}
+    for wl in [[n] for n in names] + list(mixes.values()):
+        for k, n in enumerate(wl):
+            seed = REPLAY_SEED + 10 * wl[:k].count(n)
+            instances[(n, seed)] = tdir / f"{n}-s{seed}.pctrace"
+    jobs = [(n, s, tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS]
+    jobs += [(n, s, p) for (n, s), p in instances.items()]
+    cases = [(n, [n], False) for n in names] + [(f"mix:{k}", v, True) for k, v in mixes.items()]
+    if bar is not None:
+        bar.update(total=len(jobs) + 1 + len(cases))
+    for n, s, p in jobs:
+        if bar is not None:
+            bar.update(description=f"making {p.name}")
+        if not p.exists():
+            make_trace(n, p, scale=scale, seed=s, mode="full")
+        if bar is not None:
+            bar.advance()
+    if bar is not None:
+        bar.update(description="fitting templates")
+    model = fit_model([read_trace(tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS])
+    save_model(model, out / "model.json", force=True)
+    if bar is not None:
+        bar.advance()
+    cache: dict[Path, object] = {}
+
+    def tr(p):
+        if p not in cache:
+            cache[p] = read_trace(p)
+        return cache[p]
+
+    all_runs: list[dict] = []
+    timelines = []
+    for label, wl, is_mix in cases:
+        if bar is not None:
+            bar.update(description=f"replaying {label}")
+        paths = [instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))] for k, n in enumerate(wl)]
+        traces = [tr(p) for p in paths]
+        cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
+        runs, tl = replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=model,
+                              model_path=str(out / "model.json"), workload_name=label)
+        base = len(all_runs)
+        for r in runs:
+            r["run"] += base
+            r["mix"] = is_mix
+        all_runs.extend(runs)
+        timelines.append(tl.set_column(0, "run", pc.add(tl.column("run"), base)))
+        if bar is not None:
+            bar.advance()
+    info = {"workloads": len(names), "mixes": len(mixes), "scale": scale, "costs": costs}
+    return all_runs, pa.concat_tables(timelines), info
 
 
 def headline(runs: list[dict]) -> str:

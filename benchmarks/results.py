@@ -1,0 +1,186 @@
+"""The full comparison table, beside MSched's published numbers, into docs/results.md.
+
+    python benchmarks/results.py [--scale 0.2] [--costs msched-rtx5080] [--out docs/results.md] [--work DIR]
+
+Runs the demo's pipeline (pagecast.replay.demo.run_suite): every workload model
+and MSched's three mixes, fit on seeds 1 and 2, replayed on seed 3 (mix
+instances 3, 13, 23) at 150/200/300% oversubscription with demand, alloc,
+template, oracle and swap, then writes the table, the bar checks (template >=
+95% of oracle's speedup and ahead of alloc and demand) and the explanation
+paragraphs to --out. The prose around the numbers lives in this script, so
+rerunning it keeps docs/results.md in step with the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MSCHED = {  # speedup over UVM demand paging, MSched v2 (arXiv 2512.24637), RTX 5080
+    "scientific": {1.5: 11.05, 2.0: 9.35, 3.0: 7.52},
+    "multi-dnn": {1.5: 11.05, 2.0: 9.35, 3.0: 7.52},
+    "multi-llm": {1.5: 57.88, 2.0: 44.79, 3.0: 33.60},
+}
+POLICIES = ["demand", "alloc", "template", "oracle", "swap"]
+
+
+def fmt(x, spec=".2f", suffix="x"):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=0.2)
+    ap.add_argument("--costs", default="msched-rtx5080")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "results.md"))
+    ap.add_argument("--work", help="keep traces and results here (default: a temporary directory)")
+    args = ap.parse_args(argv)
+
+    from pagecast.replay.demo import OVERSUB, run_suite
+    from pagecast.replay.results_io import write_results
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        runs, timeline, info = run_suite(work, scale=args.scale, costs=args.costs, policies=POLICIES)
+        write_results(work / "results.parquet", runs, timeline, force=True)
+    elapsed = time.perf_counter() - t0
+
+    by = {(r["workload"], r["oversub"], r["policy"]): r for r in runs}
+    labels = list(dict.fromkeys(r["workload"] for r in runs))
+    rows = ["| workload | oversub | demand | alloc | template | oracle | swap | template / oracle | bar | MSched |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    failures = []
+    for lab in labels:
+        for o in OVERSUB:
+            g = lambda p: by.get((lab, o, p))
+            sp = {p: (g(p) or {}).get("speedup_vs_demand") for p in POLICIES}
+            t, orc = sp["template"], sp["oracle"]
+            frac = None if not (t and orc) else t / orc
+            ok = frac is not None and frac >= 0.95 and t > sp["alloc"] and t > 1.0
+            if not ok:
+                why = []
+                if frac is not None and frac < 0.95:
+                    why.append(f"template {frac:.0%} of oracle")
+                if t is not None and sp["alloc"] is not None and t <= sp["alloc"]:
+                    why.append("alloc ahead")
+                if t is not None and t <= 1.0:
+                    why.append("not ahead of demand")
+                failures.append((lab, o, ", ".join(why)))
+            ms = MSCHED.get(lab.removeprefix("mix:"), {}).get(o) if lab.startswith("mix:") else None
+            d = g("demand")
+            rows.append(f"| {lab} | {o:.0%} | {d['time_s'] * 1e3:.1f} ms | {fmt(sp['alloc'])} | {fmt(t)} | "
+                        f"{fmt(orc)} | {fmt(sp['swap'])} | {fmt(frac, '.1%', '')} | {'pass' if ok else 'FAIL'} | "
+                        f"{fmt(ms)} |")
+    geo = []
+    for o in OVERSUB:
+        parts = []
+        for p in ("alloc", "template", "oracle", "swap"):
+            v = [by[(lab, o, p)]["speedup_vs_demand"] for lab in labels if (lab, o, p) in by]
+            v = [x for x in v if x]
+            if v:
+                parts.append(f"{p} {statistics.geometric_mean(v):.2f}x")
+        geo.append(f"- {o:.0%}: " + ", ".join(parts))
+    llm = {o: by.get(("mix:multi-llm", o, "template"), {}).get("speedup_vs_demand") for o in OVERSUB}
+    n_pass = sum(1 for r in rows[2:] if "| pass |" in r)
+    text = f"""# Results: the simulator's comparison beside MSched's
+
+Written by `python benchmarks/results.py --scale {args.scale} --costs {args.costs}` in {elapsed:.0f} s
+(do not edit by hand: rerun it). Every workload model of `pagecast datasets list` and
+MSched's three multitask mixes (`scientific`, `multi-dnn`, `multi-llm`), generated at scale
+{args.scale}; one model fitted on seeds 1 and 2 of every workload; replayed on seed 3 (a
+mix's second and third instance of a workload: seeds 13 and 23) at 150%, 200% and 300%
+oversubscription (capacity = union of the launches' footprints / ratio), cost profile
+`{args.costs}` (docs/cost-model.md), the driver's defaults (64 KiB faults, 2 MiB FIFO
+eviction, tree prefetcher on). Mixes switch tasks round-robin every 1/20 of the shortest
+task's kernel time (the traces hold milliseconds of kernel time, not MSched's seconds).
+
+Speedups are over `demand` (UVM demand paging) at the same capacity; "template / oracle"
+is template's speedup over oracle's; "bar" checks template >= 95% of oracle and ahead of
+alloc and demand; "MSched" is the speedup MSched reports over demand paging for that
+kind of mix at that oversubscription (RTX 5080; 11.05x / 9.35x / 7.52x on scientific and
+multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances).
+
+{chr(10).join(rows)}
+
+Geometric means over all rows:
+{chr(10).join(geo)}
+
+{n_pass} of {len(rows) - 2} rows pass the bar.
+""" + explain(failures, llm) + perf_section()
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def explain(failures, llm) -> str:
+    out = ["\n## Where the bar is missed, and why\n"]
+    if not failures:
+        out.append("Nowhere.\n")
+    for lab, o, why in failures:
+        out.append(f"- {lab} at {o:.0%}: {why}.")
+    out.append("""
+Reading the misses:
+
+- *Prediction.* `template` can only be as good as the model's predictions on an unseen
+  seed: where a kernel's footprint is data dependent (MoE expert routing, irregular
+  gathers) or the fit did not generalise, the `history` fallback over-predicts (moving
+  and evicting memory that is not needed) and the rest faults. `pagecast evaluate MODEL
+  TRACE` shows the precision and recall behind each such row; the simulator charges the
+  consequences faithfully, it does not improve on them.
+- *Launches larger than memory.* Single workloads at 200-300% often have launches whose
+  footprint alone exceeds the capacity (a STREAM triad touches all three arrays); those
+  thrash under every policy and no plan can help (`thrashing_launches` in the results).
+  Where a workload's kernels touch whole allocations, `alloc` predicts exactly the truth and
+  ties `template` and `oracle`: the bar's "ahead of alloc" cannot hold strictly there.
+- *Oracle is Belady on transfers, not a time optimum.* It minimises units moved; a
+  prediction that moves a little more can overlap better, so `template` can exceed 100% of
+  `oracle`.
+""")
+    vals = [v for v in llm.values() if v]
+    out.append(f"""
+## The multi-LLM mix against MSched's tens of times
+
+Here `template` on the multi-LLM mix reaches {', '.join(f'{v:.1f}x' for v in vals) or '-'} over demand
+at 150/200/300%; MSched reports 57.88x / 44.79x / 33.60x. What the simulator's demand
+baseline charges, and why it is kinder than the real driver MSched measured:
+
+- The per-fault cost (31.79 us) buys a 64 KiB big page, and the tree prefetcher turns a
+  sequential sweep of a 2 MiB block into 6 faults instead of 32; the simulated demand
+  paging of weight matrices, read in order, therefore moves data at roughly 2 MiB per
+  (6 x 31.79 us + 50 us) = 8 GB/s, not the 0.12 GB/s MSched measured for fault-driven
+  migration. With the prefetcher off (`--no-driver-prefetch`) every big page faults and
+  the gap to bulk transfers (63.5 GB/s pipelined) grows to about 30x.
+- MSched measured 9,210 faults and a 78x slowdown per decode step of Llama3-8B under
+  UVM; the driver's thrashing mitigation (throttling, pinning after 10 throttles) and its
+  serialized eviction in the fault path, which the simulator does not model, account for
+  much of that.
+- The demo-scale traces hold a few milliseconds of kernel time per task; the
+  comparison rests on the transfer volume per switch, which scales, not on the absolute
+  times.
+
+So the order of magnitude MSched reports needs a demand baseline as slow as the real
+driver; `pagecast calibrate` (GPU) measures fault cost and bandwidth on the machine at
+hand and writes a profile the simulator takes with `--costs FILE`, and
+`pagecast replay --backend gpu` measures the real thing.
+""")
+    return "\n".join(out)
+
+
+def perf_section() -> str:
+    p = Path(__file__).resolve().parents[1] / "docs" / "simulator-performance.md"
+    if not p.exists():
+        return ""
+    body = p.read_text().split("\n", 2)[-1]
+    return "\n## Simulator throughput (benchmarks/bench_sim.py)\n" + body
+
+
+if __name__ == "__main__":
+    sys.exit(main())
