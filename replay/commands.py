@@ -200,6 +200,12 @@ JSON_FIELDS = ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stal
 
 def _report(args, runs, timeline) -> int:
     from pagecast import console
+    from pagecast.units import format_size
+
+    for cap in sorted({r["capacity_bytes"] for r in runs if r.get("thrashing_launches")}):
+        r = next(x for x in runs if x["capacity_bytes"] == cap and x.get("thrashing_launches"))
+        console.warn(f"{r['thrashing_launches']:,} of {r['launches']:,} launches touch more than the capacity"
+                     f" {format_size(cap)}; they are simulated as thrashing")
 
     if args.output:
         from .results_io import write_results

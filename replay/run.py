@@ -141,6 +141,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if len(traces) != 1:
             raise UsageError("--plan is for one trace; with several traces give --model and plans are made on the fly")
         plan = plan_io.read_plan(plan_path, traces[0])
+        if capacity is not None and any(c != plan.capacity_bytes for c in capacity):
+            from pagecast.console import warn
+            warn(f"{plan_path} was planned for a capacity of {plan.capacity_bytes} bytes; replaying it at"
+                 " another capacity follows the same transfers (memory the plan overfills is evicted by faults)")
     if "template" in policies and model is None and plan is None:
         raise UsageError("policy template needs --model MODEL or --plan PLAN")
     extra = []
@@ -151,9 +155,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         extra.append(predicted)
     if plan is not None:
         extra.append([_plan_footprints(plan, traces[0])])
-    need_alloc = "alloc" in policies or "swap" in policies or True
+    # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
-                       timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=need_alloc, extra_fps=extra)
+                       timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
     caps = capacities_for(w.footprint_bytes, capacity, oversub)
     opts = S.Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
@@ -280,7 +284,6 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
 def groups_to_table(g: S.Groups, needs, w: Workload) -> pa.Table:
     """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer."""
     n = w.n_steps
-    rows = {k: [] for k in (plan_io.LAUNCH_ID, plan_io.ACTION, plan_io.ADDRESS, plan_io.BYTES, plan_io.NEEDED_BY)}
     parts = []
     for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
         if len(units) == 0:

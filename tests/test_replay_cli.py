@@ -263,3 +263,22 @@ def test_demo_refuses_non_empty_dir(tmp_path, capsys):
     code, _, err = run_cli(capsys, "demo", "-o", tmp_path / "x", "--force")
     one_line_error(code, err, "not a pagecast demo")
     assert (tmp_path / "x" / "keep.txt").exists()
+
+
+def test_suite_pipeline_small(tmp_path):
+    """The demo's pipeline (make, fit on two seeds, replay a third, alone and as a mix) on two workloads."""
+    from pagecast.replay.demo import run_suite
+    runs, tl, info = run_suite(tmp_path, scale=0.05, costs="msched-rtx5080", policies=["demand", "template", "oracle"],
+                               workloads=["jacobi2d", "spmv-cg"], mixes={"sci": ["jacobi2d", "spmv-cg", "jacobi2d"]},
+                               oversub=(1.5, 3.0))
+    assert (tmp_path / "model.json").exists() and len(list((tmp_path / "traces").iterdir())) == 2 * 2 + 3
+    assert len(runs) == 3 * 3 * 2 and tl.num_rows > 0
+    labels = {r["workload"] for r in runs}
+    assert labels == {"jacobi2d", "spmv-cg", "mix:sci"}
+    mix = [r for r in runs if r["workload"] == "mix:sci"]
+    assert mix[0]["tasks"] == ["jacobi2d#1", "spmv-cg", "jacobi2d#2"]
+    for r in runs:
+        if r["policy"] == "oracle":
+            assert r["speedup_vs_demand"] > 1
+        if r["policy"] == "template":
+            assert r["fraction_of_oracle"] > 0.5
