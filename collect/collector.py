@@ -152,6 +152,9 @@ class Collector:
         self.last_sink_error: str | None = None
         self._source_started = False
         self._deferred: int | None = None
+        self._deferred_since = 0.0
+        self._stopping = False
+        self.abandon_after_s = 1.0
 
     # -- launch-hook side (the workload's launching thread) --
     def before_launch(self) -> None:
@@ -247,28 +250,60 @@ class Collector:
             frame = frame.f_back
         return False
 
+    def _defer(self, signum: int) -> None:
+        if self._deferred is None:
+            self._deferred_since = time.monotonic()
+        self._deferred = signum
+
     def _signal(self, signum, frame) -> None:
-        if self._finished:
+        if self._finished or self._stopping:
             return
         if self._in_callback(frame):
-            self._deferred = signum
+            self._defer(signum)
             return
+        self._stopping = True
         raise Terminated(signum)
 
     def _budget_signal(self, signum, frame) -> None:
-        if self.violation and not self._finished:
+        if self.violation and not self._finished and not self._stopping:
             if self._in_callback(frame):
-                self._deferred = signum
+                self._defer(signum)
                 return
+            self._stopping = True
             raise BudgetExceeded(self.violation)
 
     def _redeliver(self) -> None:
-        signum, self._deferred = self._deferred, None
-        if signum is not None and not self._finished:
-            try:
-                signal.pthread_kill(threading.main_thread().ident, signum)
-            except (OSError, ValueError):
-                pass
+        """Ticker: send a deferred signal again; if it keeps landing inside callbacks, abandon."""
+        signum = self._deferred
+        if signum is None or self._finished or self._stopping:
+            return
+        if time.monotonic() - self._deferred_since > self.abandon_after_s:
+            self._abandon(signum)  # does not return
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+        except (OSError, ValueError):
+            pass
+
+    def _abandon(self, signum: int) -> None:
+        """The workload spends its time inside launch callbacks (full mode waits there), where
+        no exception may be raised: write the trace from this thread and end the process, as
+        the signal's default action would have, but with the trace kept."""
+        budget = signum == signal.SIGUSR2 and self.violation
+        code = 2 if budget else 128 + signum
+        self.hook.disabled = True  # the launching thread's callbacks do nothing from now on
+        self.exit_code = code
+        if budget:
+            self.failure = self.violation
+        else:
+            warn(f"workload interrupted by {signal.Signals(signum).name}; writing the partial trace")
+        try:
+            self.finish(False, abandoning=True)
+        finally:
+            if budget:
+                print(f"pagecast collect: error: {self.violation}", file=sys.stderr, flush=True)
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(code)
 
     def run(self, target: Callable[[], Any], after_start: Callable[[], None] | None = None) -> int:
         """Run the workload under collection; returns its exit code (the trace is written either way).
@@ -317,22 +352,27 @@ class Collector:
             self.finish(complete and code == 0)
         return code
 
-    def finish(self, complete: bool) -> None:
+    def finish(self, complete: bool, *, abandoning: bool = False) -> None:
+        """The one flush path. `abandoning`: called from the ticker thread while the
+        workload's thread is stuck inside a callback (leave the hook, the device and the
+        signal handlers alone; the process ends right after)."""
         if self._finished:
             return
         self._finished = True
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                if sig in self._old_handlers:
-                    signal.signal(sig, signal.SIG_IGN)  # let the flush finish
+            if not abandoning:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    if sig in self._old_handlers:
+                        signal.signal(sig, signal.SIG_IGN)  # let the flush finish
             self._stop.set()
-            if self._ticker is not None:
+            if self._ticker is not None and threading.current_thread() is not self._ticker:
                 self._ticker.join(timeout=5)
-            try:
-                self.hook.stop()
-            except Exception as e:
-                warn(f"stopping the launch hook failed: {e}")
-            if self.device is not None:
+            if not abandoning:
+                try:
+                    self.hook.stop()
+                except Exception as e:
+                    warn(f"stopping the launch hook failed: {e}")
+            if self.device is not None and not abandoning:
                 try:
                     self.device.synchronize()
                 except Exception:
@@ -368,12 +408,13 @@ class Collector:
             if self.sink_errors:
                 warn(f"{self.sink_errors} rows could not be written; last: {self.last_sink_error}")
         finally:
-            for sig, old in self._old_handlers.items():
-                try:
-                    signal.signal(sig, old)
-                except (TypeError, ValueError):
-                    pass
-            self._old_handlers = {}
+            if not abandoning:
+                for sig, old in self._old_handlers.items():
+                    try:
+                        signal.signal(sig, old)
+                    except (TypeError, ValueError):
+                        pass
+                self._old_handlers = {}
 
     def _collection_info(self, running: bool) -> dict:
         st = self.builder.stats.as_dict()

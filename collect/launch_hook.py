@@ -452,6 +452,7 @@ class LaunchHook:
         # Whether runtime launches reach the driver launch callbacks (None: not seen yet).
         # Once they do, runtime launches are not decoded at the runtime level any more.
         self.runtime_reaches_driver: bool | None = None
+        self.disabled = False  # set when collection is abandoned: callbacks return at once
 
     # -- lifecycle (needs cupti-python and a driver) --
     def start(self) -> "LaunchHook":
@@ -510,7 +511,7 @@ class LaunchHook:
     # -- the callback (pure given cbdata; tests call it with stand-ins) --
     def _callback(self, userdata, domain, cbid, cbdata) -> None:
         tls = self._tls
-        if getattr(tls, "busy", False):
+        if self.disabled or getattr(tls, "busy", False):
             return  # re-entered from a driver call we made inside the callback
         tls.busy = True
         t0 = time.perf_counter_ns()
@@ -522,6 +523,7 @@ class LaunchHook:
         finally:
             tls.busy = False
             self.callback_ns += time.perf_counter_ns() - t0
+
 
     def _dispatch(self, domain: int, cbid: int, cbdata) -> None:
         other = self.api_callbacks.get((domain, cbid))

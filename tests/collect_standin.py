@@ -104,12 +104,15 @@ class StandInSource(CuptiActivitySource):
 
 
 class StandInDevice:
-    def __init__(self) -> None:
+    def __init__(self, sync_s: float = 0.0) -> None:
         self.syncs = 0
         self.evicted: list[list[tuple[int, int]]] = []
+        self.sync_s = sync_s
 
     def synchronize(self) -> None:
         self.syncs += 1
+        if self.sync_s:
+            time.sleep(self.sync_s)  # the launching thread waits inside the launch callback
 
     def evict(self, ranges) -> int:
         self.evicted.append(list(ranges))
@@ -209,9 +212,10 @@ class StandInGPU:
         hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, self._cb(lh.API_EXIT, corr, rec.ctypes.data))
 
 
-def make_collector(out, *, mode="full", limit=None, interval_s=0.05, part_seconds=0.3, dropped=0, force=False):
+def make_collector(out, *, mode="full", limit=None, interval_s=0.05, part_seconds=0.3, dropped=0, force=False,
+                   sync_s=0.0):
     source = StandInSource(interval_s=interval_s, dropped=dropped)
-    device = StandInDevice()
+    device = StandInDevice(sync_s)
     info = lh.ParamInfo(layout_fn=lambda h: StandInGPU.LAYOUT, name_fn=lambda h: "_Z5saxpyPfS_i", symbol_fn=lambda h: h)
     manifest = T.new_manifest(mode=mode, source="cupti", workload={"name": "standin", "argv": ["standin"]})
     c = Collector(out, mode=mode, source=source, device=device, budget=M.ManagedBudget(limit),
@@ -223,7 +227,8 @@ def make_collector(out, *, mode="full", limit=None, interval_s=0.05, part_second
 def main(argv: list[str]) -> int:
     out = argv[0]
     mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "full"
-    c, gpu = make_collector(out, mode=mode)
+    sync_ms = float(argv[argv.index("--sync-ms") + 1]) if "--sync-ms" in argv else 0.0
+    c, gpu = make_collector(out, mode=mode, sync_s=sync_ms / 1000)
 
     def workload():
         x = gpu.malloc_managed(64 * PAGE)
@@ -233,7 +238,8 @@ def main(argv: list[str]) -> int:
         while True:  # until killed
             gpu.saxpy(x, y, 1024 * (1 + i % 8))
             i += 1
-            time.sleep(0.002)
+            if not sync_ms:
+                time.sleep(0.002)
 
     return c.run(workload)
 

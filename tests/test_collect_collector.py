@@ -158,9 +158,9 @@ def test_dropped_records_are_counted_and_warned(tmp_path, capsys):
     assert "dropped 17 activity records" in capsys.readouterr().err
 
 
-def _start_collecting(out: Path, mode: str = "full"):
+def _start_collecting(out: Path, mode: str = "full", *extra: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
-    p = subprocess.Popen([sys.executable, str(HERE / "collect_standin.py"), str(out), "--mode", mode],
+    p = subprocess.Popen([sys.executable, str(HERE / "collect_standin.py"), str(out), "--mode", mode, *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert p.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 30
@@ -203,6 +203,20 @@ def test_sigterm_flushes_and_writes_an_incomplete_trace(tmp_path):
     # the kernel records arrived (the final flush delivered them); only a launch the
     # signal cut short between its callback and its kernel record may lack times
     assert t.launches.column(T.START_NS).null_count <= 1
+
+
+def test_sigterm_stops_a_workload_that_spends_its_time_inside_launch_callbacks(tmp_path):
+    # Full mode: the launching thread waits (synchronizes) inside the CUPTI callback almost all
+    # the time, where the signal's exception may not be raised; it must still stop promptly.
+    out = tmp_path / "busy.pctrace"
+    p = _start_collecting(out, "full", "--sync-ms", "20")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - t0 < 5
+    t = _check_partial(out)
+    assert t.manifest["workload_exit_code"] == 143 and "interrupted by SIGTERM" in err
 
 
 def test_sigkill_after_parts_leaves_a_readable_partial_trace(tmp_path):
