@@ -107,6 +107,7 @@ def test_full_mode_covers_every_touched_big_page(traces, name):
 def test_natural_mode_faults_once_per_big_page(traces, name):
     tr = traces[name, "natural"]
     assert tr.faults.column(T.LAUNCH_ID).null_count == tr.faults.num_rows
+    assert tr.migrations.column(T.LAUNCH_ID).null_count == tr.migrations.num_rows
     # per allocation instance: key the big page by the allocation live at the fault
     fa = tr.faults.column(T.ADDRESS).to_numpy().astype(np.int64)
     fl = _fault_launch(tr)
