@@ -462,18 +462,10 @@ class LaunchHook:
             self._stream_id_fn = lambda ctx, stream, ptsz: int(cupti.get_stream_id_ex(ctx, stream, int(ptsz)))
         if self._device_fn is None:
             self._device_fn = lambda ctx: int(cupti.get_device_id(ctx))
-        sub = None
-        if hasattr(cupti, "SubscriberParams") and hasattr(cupti, "subscribe_v2"):
-            try:
-                p = cupti.SubscriberParams()
-                p.struct_size = cupti.SUBSCRIBER_PARAMS_SIZE
-                p.subscriber_name = "pagecast"
-                if hasattr(p, "allow_multiple_subscribers"):  # CUPTI 13: let other tools subscribe too
-                    p.allow_multiple_subscribers = 1
-                sub = cupti.subscribe_v2(self._callback, None, p.ptr)
-            except AttributeError:
-                sub = None
-        if sub is None:
+        params = self._subscriber_params(cupti)
+        if params is not None:
+            sub = cupti.subscribe_v2(self._callback, None, params.ptr)
+        else:
             sub = cupti.subscribe(self._callback, None)
         self._subscriber = sub
         for cbid in DRIVER_LAUNCH_CBIDS:
@@ -484,6 +476,25 @@ class LaunchHook:
         for domain, cbid in self.api_callbacks:
             cupti.enable_callback(1, sub, domain, cbid)
         return self
+
+    @staticmethod
+    def _subscriber_params(cupti):
+        """CUpti_SubscriberParams naming us and allowing other subscribers (CUPTI 13), or None."""
+        if not (hasattr(cupti, "SubscriberParams") and hasattr(cupti, "subscribe_v2")):
+            return None
+        try:
+            p = cupti.SubscriberParams()
+            p.struct_size = cupti.SUBSCRIBER_PARAMS_SIZE
+            p.subscriber_name = "pagecast"
+        except (AttributeError, TypeError):
+            return None
+        try:
+            p.allow_multiple_subscribers = 1
+        except AttributeError:  # read-only in cupti-python 13.4: write the byte through its dtype
+            dt = getattr(cupti, "_subscriber_params_dtype", None)
+            if dt is not None and "allow_multiple_subscribers" in (dt.names or ()):
+                ctypes.c_uint8.from_address(int(p.ptr) + dt.fields["allow_multiple_subscribers"][1]).value = 1
+        return p
 
     def stop(self) -> None:
         if self._subscriber is None:

@@ -1,0 +1,138 @@
+"""The CUPTI calls the collector makes, with cupti-python's functions replaced by
+recorders (its classes, enums and parameter structs are the real ones): which
+callbacks the hook enables, how the unified-memory counters are configured,
+what happens when CUPTI says they are unsupported, dropped-record counting."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from pagecast.collect import activity as A
+from pagecast.collect import convert as C
+from pagecast.collect import launch_hook as lh
+from pagecast.collect import managed as M
+
+from collect_standin import kernel_record, um_record
+
+cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
+
+
+class Recorder:
+    def __init__(self, monkeypatch, um_error=None):
+        self.calls = []
+        self.callbacks = None
+        self.um_error = um_error
+        self.pending = []
+        for name in ("activity_enable", "activity_disable", "enable_callback", "unsubscribe"):
+            monkeypatch.setattr(cupti, name, self._rec(name))
+        monkeypatch.setattr(cupti, "subscribe_v2", self.subscribe_v2)
+        monkeypatch.setattr(cupti, "activity_register_callbacks", self.register)
+        monkeypatch.setattr(cupti, "activity_configure_unified_memory_counter", self.configure)
+        monkeypatch.setattr(cupti, "activity_flush_all", self.flush)
+        monkeypatch.setattr(cupti, "activity_get_num_dropped_records", self.dropped)
+
+    def _rec(self, name):
+        def f(*a):
+            self.calls.append((name, *[int(x) for x in a]))
+        return f
+
+    def subscribe_v2(self, callback, userdata, p_params):
+        p = cupti.SubscriberParams.from_ptr(p_params, readonly=True)
+        dt = cupti._subscriber_params_dtype  # the C struct's layout: read the byte CUPTI reads
+        allow = ctypes.c_uint8.from_address(p_params + dt.fields["allow_multiple_subscribers"][1]).value
+        self.calls.append(("subscribe_v2", p.subscriber_name, int(p.struct_size), int(allow)))
+        self.callback = callback
+        return 0xC0FFEE
+
+    def register(self, requested, completed):
+        self.callbacks = (requested, completed)
+
+    def configure(self, ptr, n):
+        arr = (ctypes.c_uint32 * (4 * n)).from_address(ptr)  # scope, kind, device_id, enable per element
+        self.config = [tuple(arr[4 * i:4 * i + 4]) for i in range(n)]
+        if self.um_error is not None:
+            raise cupti.cuptiError(self.um_error)
+
+    def flush(self, flag):
+        self.calls.append(("activity_flush_all", int(flag)))
+        batch, self.pending = self.pending, []
+        if batch:
+            self.callbacks[1](batch)
+
+    def dropped(self, context, stream, ptr):
+        ctypes.c_size_t.from_address(ptr).value = 5
+
+
+def test_hook_subscribes_and_enables_exactly_the_launch_callbacks(monkeypatch):
+    r = Recorder(monkeypatch)
+    tracker = M.ManagedTracker(M.ManagedBudget(None))
+    hook = lh.LaunchHook(lambda a: None, api_callbacks=tracker.callbacks()).start()
+    sub = [c for c in r.calls if c[0] == "subscribe_v2"]
+    assert sub == [("subscribe_v2", "pagecast", cupti.SUBSCRIBER_PARAMS_SIZE, 1)]
+    on = sorted((c[3], c[4]) for c in r.calls if c[0] == "enable_callback" and c[1] == 1)
+    want = sorted([(1, c) for c in lh.DRIVER_LAUNCH_CBIDS] + [(2, c) for c in lh.RUNTIME_LAUNCH_CBIDS]
+                  + list(tracker.callbacks()))
+    assert on == want
+    assert all(c[2] == 0xC0FFEE for c in r.calls if c[0] == "enable_callback")
+    # the cbids are cupti-python's own
+    D, R = cupti.driver_api_trace_cbid, cupti.runtime_api_trace_cbid
+    assert {D.cuLaunchKernel, D.cuLaunchKernel_ptsz, D.cuLaunchKernelEx, D.cuLaunchKernelEx_ptsz,
+            D.cuLaunchCooperativeKernel, D.cuLaunchCooperativeKernel_ptsz} == set(lh.DRIVER_LAUNCH_CBIDS)
+    assert {R.cudaLaunchKernel_v7000, R.cudaLaunchKernel_ptsz_v7000, R.cudaLaunchKernelExC_v11060,
+            R.cudaLaunchKernelExC_ptsz_v11060} == set(lh.RUNTIME_LAUNCH_CBIDS)
+    assert (D.cuMemAllocManaged, D.cuMemFree_v2, R.cudaMallocManaged_v6000, R.cudaFree_v3020) == \
+        (M.CB_cuMemAllocManaged, M.CB_cuMemFree_v2, M.CB_cudaMallocManaged, M.CB_cudaFree)
+    assert int(cupti.CallbackDomain.DRIVER_API) == lh.DOMAIN_DRIVER
+    assert int(cupti.ApiCallbackSite.API_EXIT) == lh.API_EXIT
+    r.calls.clear()
+    hook.stop()
+    off = [c for c in r.calls if c[0] == "enable_callback"]
+    assert len(off) == len(want) and all(c[1] == 0 for c in off)
+    assert r.calls[-1] == ("unsubscribe", 0xC0FFEE)
+
+
+def test_activity_source_configures_every_counter_and_delivers_snapshots(monkeypatch):
+    r = Recorder(monkeypatch)
+    got = []
+    src = A.CuptiActivitySource(device=0)
+    src.start(got.extend)
+    enabled = [c[1] for c in r.calls if c[0] == "activity_enable"]
+    assert enabled == [C.KIND_CONCURRENT_KERNEL, C.KIND_MEMORY2, C.KIND_UNIFIED_MEMORY_COUNTER]
+    # every element set: (scope PROCESS_SINGLE_DEVICE, kind, device 0, enable 1)
+    assert [e[1] for e in r.config] == list(C.UM_COUNTER_KINDS)
+    assert all(e[0] == 1 and e[2] == 0 and e[3] == 1 for e in r.config)
+    assert src.info["uvm_counters"] is True
+    assert r.callbacks[0]() == (A.CuptiActivitySource.BUFFER_BYTES, 0)
+    r.pending = [kernel_record(name="k", start=1, end=2, grid=(1, 1, 1), block=(32, 1, 1), smem=0, corr=3),
+                 um_record(counter_kind=C.UM_GPU_PAGE_FAULT, value=1, start=5, end=0, address=4096, flags=1)]
+    src.flush(True)
+    assert ("activity_flush_all", 1) in r.calls
+    assert [type(x).__name__ for x in got] == ["KernelRec", "UMRec"]
+    assert src.dropped() == 5 and src.dropped() == 10  # CUPTI counts since the previous call
+    src.stop()
+    assert [c[1] for c in r.calls if c[0] == "activity_disable"] == enabled[::-1]
+
+
+def test_unsupported_unified_memory_profiling_is_reported_not_fatal(monkeypatch):
+    r = Recorder(monkeypatch, um_error=28)
+    src = A.CuptiActivitySource()
+    src.start(lambda recs: None)
+    assert src.info["uvm_counters"] is False and "28" in src.info["uvm_counters_error"]
+    assert C.KIND_UNIFIED_MEMORY_COUNTER not in [c[1] for c in r.calls if c[0] == "activity_enable"]
+    r2 = Recorder(monkeypatch, um_error=1)  # any other CUPTI error is raised
+    with pytest.raises(cupti.cuptiError):
+        A.CuptiActivitySource().start(lambda recs: None)
+
+
+def test_buffer_callback_errors_never_reach_cupti(monkeypatch):
+    Recorder(monkeypatch)
+    src = A.CuptiActivitySource()
+
+    def boom(recs):
+        raise ValueError("sink failed")
+
+    src.start(boom)
+    src._buffer_completed([kernel_record(name="k", start=1, end=2, grid=(1, 1, 1), block=(1, 1, 1), smem=0, corr=1)])
+    assert src.callback_errors == 1 and "sink failed" in src.last_callback_error
