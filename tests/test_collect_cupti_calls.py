@@ -136,3 +136,42 @@ def test_buffer_callback_errors_never_reach_cupti(monkeypatch):
     src.start(boom)
     src._buffer_completed([kernel_record(name="k", start=1, end=2, grid=(1, 1, 1), block=(1, 1, 1), smem=0, corr=1)])
     assert src.callback_errors == 1 and "sink failed" in src.last_callback_error
+
+
+def test_tracker_reads_driver_and_runtime_allocation_structs():
+    import numpy as np
+    from types import SimpleNamespace
+
+    budget = M.ManagedBudget(1 << 20)
+    seen = []
+    tr = M.ManagedTracker(budget, on_violation=seen.append)
+    cb = tr.callbacks()
+    out = ctypes.c_uint64(0)
+    ok = ctypes.c_int(0)
+
+    def call(domain, cbid, dtype, site, **fields):
+        rec = np.zeros(1, dtype=getattr(cupti, dtype))
+        for k, v in fields.items():
+            rec[k] = v
+        cb[(domain, cbid)](site, SimpleNamespace(function_params=rec.ctypes.data,
+                                                 function_return_value=ctypes.addressof(ok)))
+
+    drv = (lh.DOMAIN_DRIVER, M.CB_cuMemAllocManaged, "cu_mem_alloc_managed_params_dtype")
+    call(*drv, lh.API_ENTER, dptr=ctypes.addressof(out), bytesize=4096, flags_=1)
+    out.value = 0x7000_0000
+    call(*drv, lh.API_EXIT, dptr=ctypes.addressof(out), bytesize=4096, flags_=1)
+    # the runtime call wrapping the same allocation is not counted twice
+    call(lh.DOMAIN_RUNTIME, M.CB_cudaMallocManaged, "cuda_malloc_managed_v6000params_dtype", lh.API_EXIT,
+         dev_ptr=ctypes.addressof(out), size_=4096, flags_=1)
+    assert budget.ranges() == [(0x7000_0000, 4096)] and budget.live_bytes == 4096
+    # a failed call adds nothing
+    ok.value = 2
+    out.value = 0x7100_0000
+    call(*drv, lh.API_EXIT, dptr=ctypes.addressof(out), bytesize=8192, flags_=1)
+    ok.value = 0
+    assert budget.live_bytes == 4096
+    # past the limit: reported at enter
+    call(*drv, lh.API_ENTER, dptr=ctypes.addressof(out), bytesize=1 << 20, flags_=1)
+    assert len(seen) == 1 and "past the GPU's free memory" in seen[0]
+    call(lh.DOMAIN_DRIVER, M.CB_cuMemFree_v2, "cu_mem_free_v2params_dtype", lh.API_ENTER, dptr=0x7000_0000)
+    assert budget.ranges() == [] and budget.peak == 4096
