@@ -366,3 +366,26 @@ def test_driver_prefetch_setting_is_read_where_readable(tmp_path):
         p.write_text(text)
         assert gpuinfo.driver_prefetch(p) is want
     assert gpuinfo.driver_prefetch(tmp_path / "missing") is None
+
+
+def test_collected_traces_feed_the_predictor(tmp_path):
+    """A model fitted on one collected run predicts another run's footprints (the seam to fit)."""
+    from pagecast.predict.evaluate import evaluate
+    from pagecast.predict.fit import fit_model
+
+    def run(name, ns):
+        c, gpu = S.make_collector(tmp_path / name)
+
+        def workload():
+            x, y = gpu.malloc_managed(256 * PAGE), gpu.malloc_managed(256 * PAGE)
+            for n in ns:
+                gpu.saxpy(x, y, n)
+
+        assert c.run(workload) == 0
+        return _read(tmp_path / name)
+
+    a = run("a.pctrace", [1024 * k for k in (1, 3, 5, 7, 2, 9)])
+    b = run("b.pctrace", [1024 * k for k in (4, 11, 6, 13, 8)])
+    ev = evaluate(fit_model([a]), b)
+    assert ev["overall"]["recall"] == 1.0 and ev["overall"]["precision"] == 1.0
+    assert ev["kernels"][0]["templates"] == ["linear"]
