@@ -39,6 +39,7 @@ MAX_CONST = 6
 MAX_SEARCH_GROUPS = 256
 ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
 HISTORY_INTERVALS = 64
+STRIDED_BUDGET = 0.10     # share of launches a strided fit may leave to verification (merged chunks)
 
 
 def fit_model(traces: list, progress=None) -> Model:
@@ -120,6 +121,8 @@ class KernelData:
                 else np.zeros(0, np.int64)
             if len(v) == 0 or _float_like(w, v) or np.abs(v).max() > MAX_FEATURE:
                 continue
+            if ".d" in w.name and np.abs(v).max() >= 1 << 32:
+                continue  # two 4-byte fields read as one (their 4-byte words are features already)
             key = v.tobytes()
             if key in seen:
                 continue
@@ -242,10 +245,16 @@ def _fences(kd: KernelData) -> list[list]:
             above = same & (P > P[:, b:b + 1])
             below = same & (P < P[:, b:b + 1])
             hi = np.where(above, P, big).min(axis=1)
-            hi_page = np.where(hi < big, -((-hi) // ps), big)
+            soft = np.where(hi < big, -((-hi) // ps), big)
+            # the next pointer's big page belongs to it (its region starts there); a region of
+            # ours may still run into that big page, up to the pointer itself (soft fence)
+            bigp = max(1, BIG_PAGE // ps)
+            hard = np.where(hi < big, (hi // ps // bigp) * bigp, big)
+            hard = np.where(hard <= P[:, b] // ps, soft, hard)
             lo_page = np.where(below.any(axis=1), P[:, b] // ps, -big)
+            fault_hi = np.where(hi < big, hi // ps, big)  # the next pointer's first page may hold its faults
             if above.any() or below.any():
-                out[b][ti] = (lo_page, hi_page)
+                out[b][ti] = (lo_page, hard, soft, fault_hi)
     return out
 
 
@@ -254,7 +263,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     ps = kd.ps
     bigp = max(1, BIG_PAGE // ps)
     fences = fences or [None] * len(kd.parts)
-    obs = [o.region(idx, v, *(fe if fe is not None else (None, None)))
+    obs = [o.region(idx, v, *(fe if fe is not None else (None, None, None, None)))
            for (o, idx, _, _), v, fe in zip(kd.parts, vals, fences)]
     natural = np.concatenate([np.full(len(idx), o.trace.mode != "full") for o, idx, _, _ in kd.parts])
     cat = {k: np.concatenate([ob[k] for ob in obs]) for k in obs[0]}
@@ -298,6 +307,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
     else:
         multi = sel[cat["npieces"][sel] >= 2]
+        multi = multi[_clean_runs(kd, cat, multi, bigp)]
         region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
         if region is not None:
             ok = _verify(kd, region, cat, sel, bigp)
@@ -335,7 +345,7 @@ def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
-def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "tight"):
+def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "tight", max_terms: int = 3):
     """Solve on a subsample of groups, verify on all, add violators and repeat."""
     U = len(groups)
     if U <= MAX_SEARCH_GROUPS:
@@ -350,7 +360,8 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "ti
         sample = np.array(sorted(ext))
     for _ in range(4):
         mono = kd.mono(groups[sample])
-        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode)
+        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode,
+                     max_terms=max_terms)
         if f is None:
             return None
         if len(sample) == U:
@@ -364,14 +375,14 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "ti
     return None
 
 
-def _solve_pair(kd, g, bounds, modes=None):
+def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_terms: int = 3):
     """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
-    for budget in (0.0, ROBUST_BUDGET):
+    for budget in budgets:
         out = []
         exact = 1.0
         for q, (lo, hi) in enumerate(bounds):
             groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"))
+            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"), max_terms)
             if f is None:
                 break
             out.append(f)
@@ -437,7 +448,11 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     np.maximum.at(ch_lo, own, elo_r - shi_r)
     np.minimum.at(ch_hi, own, ehi_r - slo_r)
     bounds = [(s0_lo - base, s0_hi - base), (cnt.astype(np.int64), cnt.astype(np.int64)), (st_lo, st_hi)]
-    res = _solve_pair(kd, g, bounds, {2: "round"})
+    # chunks that merged in fault data make some launches look like fewer, longer chunks:
+    # fit on the majority (up to 10% of launches may disagree); _verify then checks every
+    # launch against the big-page-rounded prediction
+    res = _solve_pair(kd, g, bounds, {2: "round"}, budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET), max_terms=1) \
+        or _solve_pair(kd, g, bounds, {2: "round"})
     if res is None:
         return None
     (fs, fc, fst), exact = res
@@ -451,7 +466,14 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     ch_hi = np.full(n, FM.INF, np.int64)
     np.maximum.at(ch_lo, own, elo_r - pstart)
     np.minimum.at(ch_hi, own, ehi_r - pstart)
-    res2 = _solve_pair(kd, g, [(np.maximum(ch_lo, 1), ch_hi)])
+    # only launches whose runs are the chunks (merged chunks give fewer runs) bound the chunk
+    pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
+    whole = np.flatnonzero(pc_ == cnt)
+    if len(whole) == 0:
+        return None
+    gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
+    res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET),
+                       max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
     if res2 is None:
         return None
     (fch,), exact2 = res2
@@ -460,6 +482,32 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
         return None
     fit["exact"] = exact
     return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
+
+
+def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
+    """Launches whose runs look like whole chunks: equal lengths and equal gaps (within 2 big pages).
+
+    Chunks closer than a big page merge in fault data; where only some of them merged, the
+    run count is not the chunk count, so those launches are left to the verification step.
+    """
+    if len(sel) == 0:
+        return np.zeros(0, bool)
+    own, s, e = _gather(kd, cat, sel, "O")
+    n = len(sel)
+    ln = e - s
+    big = np.int64(1) << np.int64(62)
+    mn = np.full(n, big, np.int64)
+    mx = np.full(n, -big, np.int64)
+    np.minimum.at(mn, own, ln)
+    np.maximum.at(mx, own, ln)
+    ok = (mx - mn) <= 2 * bigp
+    same = np.r_[False, own[1:] == own[:-1]]
+    gap = np.where(same, s - np.r_[0, s[:-1]], 0)
+    gmn = np.full(n, big, np.int64)
+    gmx = np.full(n, -big, np.int64)
+    np.minimum.at(gmn, own[same], gap[same])
+    np.maximum.at(gmx, own[same], gap[same])
+    return ok & ((gmx - gmn) <= 2 * bigp)
 
 
 def _gather(kd: KernelData, cat: dict, sel: np.ndarray, which: str):

@@ -101,7 +101,7 @@ class Monomials:
 
 
 def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
-              max_degree: int = 3, max_cols: int = 400, limit: float = 2.0 ** 50) -> Monomials:
+              max_degree: int = 3, max_cols: int = 1000, limit: float = 2.0 ** 50) -> Monomials:
     """Products of up to `max_degree` features with at least one varying factor.
 
     Columns equal over all groups are kept once (the simplest name), columns
@@ -237,8 +237,8 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
     cmax = np.nanmin(np.where(np.isnan(upper), np.inf, upper), axis=0) if len(i1) else np.full(M, np.inf)
     feas = np.flatnonzero(np.ceil(cmin - 1e-9) <= np.floor(cmax + 1e-9))
     for m in feas:
-        lo_c, hi_c = int(np.ceil(cmin[m] - 1e-9)), int(np.floor(cmax[m] + 1e-9))
-        lo_c, hi_c = max(lo_c, -MAX_COEF), min(hi_c, MAX_COEF)
+        lo_c = int(np.ceil(max(cmin[m], -MAX_COEF) - 1e-9))
+        hi_c = int(np.floor(min(cmax[m], MAX_COEF) + 1e-9))
         if lo_c > hi_c:
             continue
         c = _best_coef(G[:, m], lo, hi, lo_c, hi_c, mode)
@@ -247,8 +247,8 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         f = _try(mono, [m], [c], lo, hi, weight, budget, mode)
         if f is not None:
             best.append((f.score(), f))
-    if not best and budget > 0:
-        # pairwise bounds ignore the budget: round least squares too
+    if budget > 0:
+        # pairwise bounds ignore the budget (outliers close the interval): round least squares too
         best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode)
     if best:
         return min(best, key=lambda t: t[0])[1]

@@ -143,7 +143,8 @@ class TraceObs:
         p = np.searchsorted(self.acomp, comp, side="right") - 1
         return np.maximum(p, 0)
 
-    def region(self, lids: np.ndarray, ptr: np.ndarray, lo_fence=None, hi_fence=None) -> dict:
+    def region(self, lids: np.ndarray, ptr: np.ndarray, lo_fence=None, hi_fence=None, hi_soft=None,
+               fault_hi=None) -> dict:
         """What was observed in the allocation `ptr` points into, at launches `lids` (vectorized).
 
         `lo_fence`/`hi_fence` (pages) limit the pieces to the part of the allocation this
@@ -157,6 +158,7 @@ class TraceObs:
         al_s, al_e = self.alloc_s[ac], self.alloc_e[ac]
         lo_f = al_s if lo_fence is None else np.maximum(lo_fence, al_s)
         hi_f = al_e if hi_fence is None else np.minimum(hi_fence, al_e)
+        hi_s = al_e if hi_soft is None else np.minimum(np.maximum(hi_soft, hi_f), al_e)
         n0 = len(self.os)
         if n0:
             ur, comp_s, comp_e = self.oukeys, self.ocomp_s, self.ocomp_e
@@ -177,14 +179,15 @@ class TraceObs:
             pa_ = self.a_piece(key, O_s)
             pb_ = self.a_piece(key, np.maximum(O_e - 1, 0))
             A_s = np.where(ne, np.maximum(np.minimum(self.as_[pa_], O_s), lo_f), O_s)
-            A_e = np.where(ne, np.minimum(np.maximum(self.ae[pb_], O_e), hi_f), O_e)
+            A_e = np.where(ne, np.minimum(np.maximum(self.ae[pb_], O_e), hi_s), O_e)
             q0 = np.searchsorted(self.akey, key, side="left")
             q1 = np.searchsorted(self.akey, key, side="right")
             a_pieces = q1 - q0
         else:
-            A_s, A_e, a_pieces = O_s, O_e, np.zeros(len(lids), np.int64)
+            A_s, A_e, a_pieces = O_s, np.where(ne, np.minimum(np.maximum(self.oe[r1c], O_e), hi_s), O_e), \
+                np.zeros(len(lids), np.int64)
             q0 = np.zeros(len(lids), np.int64)
-        I_s, I_e = self.fault_bounds(key, O_s, O_e)
+        I_s, I_e = self.fault_bounds(key, O_s, O_e if fault_hi is None else np.minimum(O_e, fault_hi))
         I_s = np.where(ne, I_s, NONE)
         I_e = np.where(ne, I_e, NONE)
         return {"valid": valid, "alloc": a, "key": key, "r0": r0, "npieces": npieces,
