@@ -396,6 +396,8 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_ter
 
 def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
+    if len(sel) == 0:
+        return None
     from pagecast.footprints import _ranges  # noqa: PLC2701 - the CSR helper of the core
     ps = kd.ps
     parts_obs = []
