@@ -241,7 +241,7 @@ def main(argv=None) -> None:
             g.launch(K["rope_apply"], (nh,), (hd // 2,), (qkv, rope[pos * hd:], i32(pos), i32(nh), i32(hd), f32(10000.0)))
             kvk, kvv = KV[2 * l * per:], KV[(2 * l + 1) * per:]
             g.launch(K["kv_append"], (m.n_kv,), (hd,),
-                     (kvk, kvv, qkv[2 * m.n_heads * hd:], i32(pos), i32(m.max_seq), i32(m.n_kv), i32(hd)))
+                     (kvk, kvv, qkv[m.n_heads * hd:], i32(pos), i32(m.max_seq), i32(m.n_kv), i32(hd)))
             g.launch(K["attention_decode"], (m.n_heads,), (128,),
                      (att, qkv, kvk, kvv, i32(pos), i32(m.max_seq), i32(m.n_heads), i32(m.n_kv), i32(hd),
                       f32(hd ** -0.5)), shared_mem=attn_smem)

@@ -144,6 +144,8 @@ def main(argv=None) -> None:
             g.launch(K["spmv_csr_block"], (cdiv(e - s, 128),), (128,),
                      (i32(e - s), i32(nz), rowptr[s:], colind[int(k0[k]):], vals[int(k0[k]):], p, q[s:]))
         pq = dot(p, q, 1)
+        if pq == 0.0 or rr == 0.0:  # converged exactly (never with this matrix and a random b)
+            break
         alpha = rr / pq
         blocks("axpy", x, p, alpha)
         blocks("axpy", r, q, -alpha)

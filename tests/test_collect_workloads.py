@@ -1,0 +1,213 @@
+"""The GPU workloads' host code on the CPU, against a stand-in CuPy that checks
+every launch against the kernel's C signature (argument count, scalar types,
+pointer element types, pointers inside their arrays, launch shape). The
+kernels themselves only run on a GPU (tests/test_collect_gpu.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+
+C_SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32, "unsigned long": np.uint64}
+C_POINTEES = {"float": np.float32, "int": np.int32, "long": np.int64, "bf16": np.uint16}
+
+
+def signatures(code: str) -> dict[str, list[str]]:
+    out = {}
+    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
+        out[name] = [" ".join(p.split()[:-1]) if "*" not in p else p.rsplit("*", 1)[0].strip() + "*"
+                     for p in (q.strip() for q in params.split(","))]
+    return out
+
+
+class FakeArray:
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+    @property
+    def size(self):
+        return self.a.size
+
+    def __getitem__(self, idx):
+        v = self.a[idx]
+        return FakeArray(v) if isinstance(v, np.ndarray) else v
+
+    def set(self, host) -> None:
+        host = np.asarray(host)
+        assert host.shape == self.a.shape and host.dtype == self.a.dtype, (host.shape, host.dtype, self.a.shape)
+        self.a[...] = host
+
+    def get(self) -> np.ndarray:
+        return self.a.copy()
+
+
+class FakeCupy(types.ModuleType):
+    def __init__(self) -> None:
+        super().__init__("cupy")
+        self.launches: list[tuple[str, tuple, tuple, int]] = []
+        self.allocated = 0
+        fake = self
+
+        class Runtime:
+            @staticmethod
+            def memGetInfo():
+                return 64 << 30, 80 << 30
+
+            @staticmethod
+            def deviceSynchronize():
+                pass
+
+        class Cuda:
+            runtime = Runtime
+
+            @staticmethod
+            def set_allocator(f):
+                fake.allocator = f
+
+            @staticmethod
+            def malloc_managed(n):
+                raise AssertionError("not called by the stand-in")
+
+        self.cuda = Cuda
+        self.allocator = None
+
+        class RawModule:
+            def __init__(self, code: str, **kw) -> None:
+                self.sigs = signatures(code)
+
+            def get_function(self, name: str):
+                assert name in self.sigs, f"no extern \"C\" kernel {name}"
+                return lambda grid, block, args, shared_mem=0: fake._launch(name, self.sigs[name], grid, block,
+                                                                          args, shared_mem)
+
+        self.RawModule = RawModule
+
+    def empty(self, n, dtype):
+        assert self.allocator is not None, "allocate after choosing the managed allocator"
+        self.allocated += int(n) * np.dtype(dtype).itemsize
+        return FakeArray(np.ones(int(n), dtype))  # uninitialised on a GPU; ones keep scalars finite here
+
+    def asarray(self, host):
+        assert self.allocator is not None, "allocate after choosing the managed allocator"
+        host = np.asarray(host)
+        self.allocated += host.nbytes
+        return FakeArray(host.copy())
+
+    def _launch(self, name, sig, grid, block, args, shared_mem):
+        assert len(args) == len(sig), f"{name}: {len(args)} arguments for {len(sig)} parameters"
+        for i, (t, a) in enumerate(zip(sig, args)):
+            if t.endswith("*"):
+                base = t[:-1].replace("const", "").strip()
+                assert isinstance(a, FakeArray), f"{name} arg {i} ({t}): {type(a).__name__}"
+                assert a.dtype == C_POINTEES[base], f"{name} arg {i} ({t}): array of {a.dtype}"
+                assert a.size > 0, f"{name} arg {i}: pointer past the end of its array"
+            else:
+                assert type(a) is C_SCALARS[t], f"{name} arg {i} ({t}): {type(a).__name__}"
+        assert len(grid) in (1, 2, 3) and all(isinstance(g, int) and g >= 1 for g in grid), (name, grid)
+        assert all(isinstance(b, int) and b >= 1 for b in block) and np.prod(block) <= 1024, (name, block)
+        assert 0 <= shared_mem <= 48 * 1024, (name, shared_mem)
+        self.launches.append((name, tuple(grid), tuple(block), shared_mem))
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake
+
+
+def _run(module, argv, capsys):
+    module.main(argv)
+    return capsys.readouterr().out
+
+
+def test_jacobi2d_host_code(fake_cupy, capsys):
+    from pagecast.datasets.gpu import jacobi2d as m
+
+    out = _run(m, ["--scale", "0.5"], capsys)
+    names = [l[0] for l in fake_cupy.launches]
+    assert set(names) == set(m.KERNELS)
+    per_cycle = 4 * m.LEVELS + 2 * (m.LEVELS - 1) + 2 + 4 * (m.LEVELS - 1)
+    assert len(names) == m.CYCLES * per_cycle and "jacobi2d:" in out
+    assert fake_cupy.allocated <= m.plan(0.5)[1]
+
+
+def test_spmv_cg_host_code(fake_cupy, capsys, monkeypatch):
+    from pagecast.datasets.gpu import spmv_cg as m
+
+    monkeypatch.setattr(m, "plan", lambda s: (4096, 4 << 20))  # a small matrix: the CPU builds it
+    _run(m, ["--scale", "1"], capsys)
+    names = [l[0] for l in fake_cupy.launches]
+    assert set(names) == set(m.KERNELS)
+    nblk = names.count("spmv_csr_block") // m.ITERS
+    assert 6 <= nblk <= 10 and names.count("reduce_sum") == 1 + 2 * m.ITERS
+
+
+def test_spmv_matrix_is_symmetric_and_diagonally_dominant():
+    from pagecast.datasets.gpu.spmv_cg import matrix
+
+    rowptr, col, val = matrix(np.random.default_rng(0), 1024)
+    A = np.zeros((1024, 1024))
+    for i in range(1024):
+        A[i, col[rowptr[i]:rowptr[i + 1]]] = val[rowptr[i]:rowptr[i + 1]]
+    assert np.allclose(A, A.T)
+    assert (np.diag(A) > np.abs(A).sum(1) - np.diag(A)).all()
+    assert (np.diff(rowptr) > 1).all() and rowptr[-1] == len(col)
+
+
+def test_mlp_train_host_code(fake_cupy, capsys):
+    from pagecast.datasets.gpu import mlp_train as m
+
+    out = _run(m, ["--scale", "0.5"], capsys)
+    names = [l[0] for l in fake_cupy.launches]
+    assert set(names) == set(m.KERNELS)
+    assert names.count("sgd_momentum") == m.STEPS and "loss" in out
+    relu = [l for l in fake_cupy.launches if l[0] == "relu_inplace"]
+    assert relu and all(l[2] == (256,) for l in relu)
+
+
+def test_llm_decode_host_code(fake_cupy, capsys, monkeypatch):
+    from dataclasses import dataclass
+
+    from pagecast.datasets.gpu import llm_decode as m
+
+    @dataclass
+    class Small(m.Model):  # the same code paths on smaller weights
+        vocab: int = 1024
+        ffn: int = 256
+        max_seq: int = 128
+
+    monkeypatch.setattr(m, "Model", Small)
+    out = _run(m, ["--scale", "0.5"], capsys)
+    names = [l[0] for l in fake_cupy.launches]
+    assert set(names) == set(m.KERNELS)
+    steps = names.count("sample_top_p")
+    assert steps == 12 and len(names) == steps * (12 * 2 + 4) and "tokens decoded" in out
+    attn = [l for l in fake_cupy.launches if l[0] == "attention_decode"]
+    assert all(l[3] == 4 * (128 + 128) for l in attn)
+
+
+def test_workloads_refuse_to_pass_free_memory(fake_cupy, monkeypatch):
+    from pagecast.datasets.gpu import jacobi2d as m
+
+    monkeypatch.setattr(fake_cupy.cuda.runtime, "memGetInfo", staticmethod(lambda: (1 << 20, 80 << 30)))
+    with pytest.raises(SystemExit, match="never oversubscribe"):
+        m.main(["--scale", "1"])
+    assert fake_cupy.launches == []
+
+
+def test_bf16_rounding_matches_the_kernels_helper():
+    from pagecast.datasets.gpu.common import to_bf16
+
+    x = np.array([1.0, -2.5, 3.14159, 65504.0, 1e-3, 0.0], np.float32)
+    back = (to_bf16(x).astype(np.uint32) << 16).view(np.float32)
+    assert np.allclose(back, x, rtol=1 / 128)
+    assert to_bf16(np.array([1.0], np.float32))[0] == 0x3F80
