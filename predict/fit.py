@@ -449,18 +449,32 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     ch_hi = np.full(n, FM.INF, np.int64)
     np.maximum.at(ch_lo, own, elo_r - shi_r)
     np.minimum.at(ch_hi, own, ehi_r - slo_r)
-    bounds = [(s0_lo - base, s0_hi - base), (cnt.astype(np.int64), cnt.astype(np.int64)), (st_lo, st_hi)]
-    # chunks that merged in fault data make some launches look like fewer, longer chunks:
-    # fit on the majority (up to 10% of launches may disagree); _verify then checks every
-    # launch against the big-page-rounded prediction
-    res = _solve_pair(kd, g, bounds, {2: "round"}, budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET), max_terms=1) \
-        or _solve_pair(kd, g, bounds, {2: "round"})
+    # Chunks closer than a big page merge in fault data: such launches show fewer, longer
+    # runs. The count is fitted first (exactly if it can be, else as a lower bound: runs
+    # only ever merge), then start, stride and chunk on the launches whose runs are the
+    # chunks; _verify finally checks every launch against the big-page-rounded prediction.
+    c64 = cnt.astype(np.int64)
+    bud = (0.0, ROBUST_BUDGET, STRIDED_BUDGET)
+    rc = (_solve_pair(kd, g, [(c64, c64)], budgets=bud, max_terms=1)
+          or _solve_pair(kd, g, [(c64, np.full(n, FM.INF, np.int64))], max_terms=1))
+    if rc is None:
+        return None
+    (fc,), exact = rc
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+    pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
+    whole = np.flatnonzero(pc_ == cnt)
+    if len(whole) == 0:
+        return None
+    gw = g[whole]
+    bounds = [((s0_lo - base)[whole], (s0_hi - base)[whole]), (st_lo[whole], st_hi[whole])]
+    res = (_solve_pair(kd, gw, bounds, {1: "round"}, budgets=bud, max_terms=1)
+           or _solve_pair(kd, gw, bounds, {1: "round"}))
     if res is None:
         return None
-    (fs, fc, fst), exact = res
+    (fs, fst), exact1 = res
+    exact = min(exact, exact1)
     # chunk: bounded by each run's end against where the formulas put its start
-    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-    one = np.ones(len(g), np.int64)
     s0 = base + np.asarray(fs.evaluate(vals), np.int64) * one
     sd = np.asarray(fst.evaluate(vals), np.int64) * one
     pstart = s0[own] + j * sd[own]
@@ -468,11 +482,6 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     ch_hi = np.full(n, FM.INF, np.int64)
     np.maximum.at(ch_lo, own, elo_r - pstart)
     np.minimum.at(ch_hi, own, ehi_r - pstart)
-    # only launches whose runs are the chunks (merged chunks give fewer runs) bound the chunk
-    pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
-    whole = np.flatnonzero(pc_ == cnt)
-    if len(whole) == 0:
-        return None
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
     res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET),
                        max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
