@@ -16,17 +16,80 @@ C_SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32, "unsigned l
 C_POINTEES = {"float": np.float32, "int": np.int32, "long": np.int64, "bf16": np.uint16}
 
 
-def signatures(code: str) -> dict[str, list[str]]:
+def signatures(code: str) -> dict[str, list[tuple[str, str]]]:
+    """kernel -> [(C type, parameter name)] for every extern "C" kernel in the source."""
     out = {}
     for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
-        out[name] = [" ".join(p.split()[:-1]) if "*" not in p else p.rsplit("*", 1)[0].strip() + "*"
-                     for p in (q.strip() for q in params.split(","))]
+        ps = []
+        for q in (q.strip() for q in params.split(",")):
+            if "*" in q:
+                t, n = q.rsplit("*", 1)
+                ps.append((t.strip() + "*", n.strip()))
+            else:
+                *t, n = q.split()
+                ps.append((" ".join(t), n))
+        out[name] = ps
     return out
 
 
+def _gemm(a, ta=False, tb=False):
+    M, N, K = a["M"], a["N"], a["K"]
+    A = (K - 1) * a["lda"] + M if ta else (M - 1) * a["lda"] + K
+    B = (N - 1) * a["ldb"] + K if tb else (K - 1) * a["ldb"] + N
+    return [("A", 0, A), ("B", 0, B), ("C", 0, (M - 1) * a["ldc"] + N)]
+
+
+# What each kernel reads and writes, in elements relative to each pointer argument (its C code);
+# `v(name)` is the value a pointer argument points at (data-dependent accesses), g / b grid and block.
+EXTENTS = {
+    "jacobi2d_sweep": lambda a, v, g, b: [("out", 0, a["nx"] * a["ny"]), ("in", -a["nx"], (a["ny"] + 1) * a["nx"])],
+    "jacobi2d_halo": lambda a, v, g, b: [("u", 0, (a["ny"] + 2) * a["nx"])],
+    "jacobi2d_restrict": lambda a, v, g, b: [("coarse", 0, a["nxc"] * a["nyc"]), ("fine", 0, 4 * a["nxc"] * a["nyc"])],
+    "jacobi2d_prolong": lambda a, v, g, b: [("fine", 0, 4 * a["nxc"] * a["nyc"]), ("coarse", 0, a["nxc"] * a["nyc"])],
+    "jacobi2d_residual": lambda a, v, g, b: [("u", -a["nx"], (a["ny"] + 1) * a["nx"]),
+                                            ("partial", 0, int(np.prod(g)))],
+    "reduce_sum": lambda a, v, g, b: [("partial", 0, a["n"]), ("result", 0, 1)],
+    "spmv_csr_block": lambda a, v, g, b: [("rowptr", 0, a["nrows"] + 1), ("colind", 0, a["nnz"]), ("vals", 0, a["nnz"]),
+                                         ("y", 0, a["nrows"]), ("x", 0, int(v("colind")[:a["nnz"]].max()) + 1)],
+    "dot_partial": lambda a, v, g, b: [("a", 0, a["n"]), ("b", 0, a["n"]), ("out", 0, 1)],
+    "axpy": lambda a, v, g, b: [("y", 0, a["n"]), ("x", 0, a["n"])],
+    "xpay": lambda a, v, g, b: [("y", 0, a["n"]), ("x", 0, a["n"])],
+    "sgemm_nn": lambda a, v, g, b: _gemm(a),
+    "sgemm_tn": lambda a, v, g, b: _gemm(a, ta=True),
+    "sgemm_nt": lambda a, v, g, b: _gemm(a, tb=True),
+    "bias_add": lambda a, v, g, b: [("y", 0, a["rows"] * a["cols"]), ("bias", 0, a["cols"])],
+    "relu_inplace": lambda a, v, g, b: [("x", 0, g[0] * b[0])],
+    "softmax_xent": lambda a, v, g, b: [("logits", 0, a["batch"] * a["classes"]), ("labels", 0, a["batch"]),
+                                       ("loss", 0, 1), ("dlogits", 0, a["batch"] * a["classes"])],
+    "relu_backward": lambda a, v, g, b: [("dy", 0, a["n"]), ("y", 0, a["n"])],
+    "bias_grad": lambda a, v, g, b: [("dy", 0, a["rows"] * a["cols"]), ("db", 0, a["cols"])],
+    "sgd_momentum": lambda a, v, g, b: [("numel", 0, 1)] + [(k, 0, int(v("numel")[0]))
+                                                           for k in ("params", "grads", "momentum")],
+    "embedding_lookup": lambda a, v, g, b: [("out", 0, a["dim"]), ("token", 0, 1),
+                                           ("table", int(v("token")[0]) * a["dim"], (int(v("token")[0]) + 1) * a["dim"])],
+    "rmsnorm": lambda a, v, g, b: [("out", 0, 1024), ("x", 0, 1024), ("weight", 0, 1024)],
+    "gemv_bf16": lambda a, v, g, b: [("W", 0, a["rows"] * a["cols"]), ("x", 0, a["cols"]), ("y", 0, a["rows"])],
+    "rope_apply": lambda a, v, g, b: [("qk", 0, a["n_heads"] * a["head_dim"]), ("cos_sin", 0, a["head_dim"])],
+    "kv_append": lambda a, v, g, b: [("k_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
+                                    ("v_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
+                                    ("kv", 0, 2 * a["n_kv_heads"] * a["head_dim"])],
+    "attention_decode": lambda a, v, g, b: [("out", 0, a["n_heads"] * a["head_dim"]), ("q", 0, a["n_heads"] * a["head_dim"]),
+                                           ("k_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
+                                           ("v_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"])],
+    "residual_add": lambda a, v, g, b: [("x", 0, g[0] * b[0]), ("y", 0, g[0] * b[0])],
+    "silu_mul": lambda a, v, g, b: [("out", 0, a["n"]), ("gate_up", 0, 2 * a["n"])],
+    "sample_top_p": lambda a, v, g, b: [("logits", 0, a["vocab"]), ("token", 0, 1)],
+}
+
+
 class FakeArray:
-    def __init__(self, a: np.ndarray) -> None:
+    def __init__(self, a: np.ndarray, base: np.ndarray | None = None) -> None:
         self.a = a
+        self.base = a if base is None else base  # the whole allocation this view points into
+
+    @property
+    def offset(self) -> int:
+        return (self.a.ctypes.data - self.base.ctypes.data) // self.a.itemsize
 
     @property
     def dtype(self):
@@ -38,7 +101,7 @@ class FakeArray:
 
     def __getitem__(self, idx):
         v = self.a[idx]
-        return FakeArray(v) if isinstance(v, np.ndarray) else v
+        return FakeArray(v, self.base) if isinstance(v, np.ndarray) else v
 
     def set(self, host) -> None:
         host = np.asarray(host)
@@ -101,9 +164,12 @@ class FakeCupy(types.ModuleType):
         self.allocated += host.nbytes
         return FakeArray(host.copy())
 
+    def every_kernel_has_extents(self) -> bool:
+        return all(n in EXTENTS for n, *_ in self.launches)
+
     def _launch(self, name, sig, grid, block, args, shared_mem):
         assert len(args) == len(sig), f"{name}: {len(args)} arguments for {len(sig)} parameters"
-        for i, (t, a) in enumerate(zip(sig, args)):
+        for i, ((t, _), a) in enumerate(zip(sig, args)):
             if t.endswith("*"):
                 base = t[:-1].replace("const", "").strip()
                 assert isinstance(a, FakeArray), f"{name} arg {i} ({t}): {type(a).__name__}"
@@ -114,6 +180,13 @@ class FakeCupy(types.ModuleType):
         assert len(grid) in (1, 2, 3) and all(isinstance(g, int) and g >= 1 for g in grid), (name, grid)
         assert all(isinstance(b, int) and b >= 1 for b in block) and np.prod(block) <= 1024, (name, block)
         assert 0 <= shared_mem <= 48 * 1024, (name, shared_mem)
+        vals = {n: (int(a) if not isinstance(a, (FakeArray, np.floating)) else a) for (_, n), a in zip(sig, args)}
+        ptrs = {n: a for (_, n), a in zip(sig, args) if isinstance(a, FakeArray)}
+        for pname, lo, hi in EXTENTS[name](vals, lambda n: ptrs[n].a, tuple(grid), tuple(block)):
+            arr = ptrs[pname]
+            assert 0 <= arr.offset + lo and arr.offset + hi <= arr.base.size and lo < hi, \
+                (f"{name}: {pname} touches elements [{arr.offset + lo}, {arr.offset + hi}) "
+                 f"of an allocation of {arr.base.size}")
         self.launches.append((name, tuple(grid), tuple(block), shared_mem))
 
 
@@ -211,3 +284,19 @@ def test_bf16_rounding_matches_the_kernels_helper():
     back = (to_bf16(x).astype(np.uint32) << 16).view(np.float32)
     assert np.allclose(back, x, rtol=1 / 128)
     assert to_bf16(np.array([1.0], np.float32))[0] == 0x3F80
+
+
+def test_the_stand_in_catches_out_of_bounds_and_mistyped_launches(fake_cupy):
+    fake_cupy.cuda.set_allocator(object())
+    k = fake_cupy.RawModule(code='extern "C" __global__ void axpy(float* y, const float* x, float alpha, int n) {}')
+    axpy = k.get_function("axpy")
+    a, b = fake_cupy.empty(100, np.float32), fake_cupy.empty(100, np.float32)
+    axpy((1,), (256,), (a[80:], b, np.float32(1), np.int32(20)))  # [80, 100): fine
+    with pytest.raises(AssertionError, match="touches elements"):
+        axpy((1,), (256,), (a[90:], b, np.float32(1), np.int32(20)))
+    with pytest.raises(AssertionError, match="arg 3"):
+        axpy((1,), (256,), (a, b, np.float32(1), 20))  # a Python int is not a C int
+    with pytest.raises(AssertionError, match="array of int32"):
+        axpy((1,), (256,), (a, fake_cupy.empty(100, np.int32), np.float32(1), np.int32(20)))
+    with pytest.raises(AssertionError, match="3 arguments"):
+        axpy((1,), (256,), (a, b, np.float32(1)))
