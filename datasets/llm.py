@@ -404,18 +404,23 @@ _LLM = ("Llama-style bf16 decoder, hidden 1024 (rmsnorm<1024> is a template: fix
         "rows*cols; residual_add's footprint follows the grid; sampling takes floats beside an 8-byte "
         "rng offset.")
 
+# regions whose size never changes in decode (hidden size, heads and vocabulary are the model's)
+_DECODE_CONSTANT = {"residual_add": ("x", "y"), "sample_top_p": ("logits",), "embedding_lookup": ("out",),
+                       "rope_apply": ("qk",), "kv_append": ("kv",), "attention_decode": ("out", "q")}
+
 WORKLOADS = [
     workload("llm-decode", "llm",
              "Token-by-token decode of requests resuming cached contexts. " + _LLM
              + " Templates: fixed, linear, strided, irregular.",
              build_llm_decode, DECODE_KERNELS,
+             constant={**_DECODE_CONSTANT, "silu_mul": ("out", "gate_up")},
              summary="LLM decode: per-layer weights in one allocation, growing KV cache"),
     workload("llm-prefill-decode", "llm",
              "Requests with a prompt prefill (GEMMs with M = prompt length, causal attention with an "
              "n_heads*P*P score buffer, KV writes of P slots per head), then decode. Prefill temporaries are "
              "freed after each prompt and their addresses reused by the decode buffers and the next prompt. "
              + _LLM + " Templates: fixed, linear, strided, irregular.",
-             build_llm_prefill_decode, DECODE_KERNELS + PREFILL_KERNELS,
+             build_llm_prefill_decode, DECODE_KERNELS + PREFILL_KERNELS, constant=_DECODE_CONSTANT,
              summary="LLM prompt prefill then decode; prompt temporaries freed and reused"),
     workload("moe-decode", "llm",
              "Decode through a mixture-of-experts model (8, 16 or 32 experts per layer, top-2): a router GEMV, "
@@ -423,5 +428,7 @@ WORKLOADS = [
              "the token (data-dependent, skewed per layer: irregular). " + _LLM
              + " Templates: fixed, linear, strided, irregular.",
              build_moe_decode, [k for k in DECODE_KERNELS if k is not K_SILU] + MOE_KERNELS,
+             constant={**_DECODE_CONSTANT, "moe_router_topk": ("logits", "expert_ids", "expert_weights"),
+                       "moe_expert_ffn": ("y", "x", "expert_ids", "expert_weights")},
              summary="mixture-of-experts decode: router-chosen experts (irregular)"),
 ]

@@ -94,12 +94,12 @@ def build_jacobi2d(b: Builder) -> None:
     ops: list[tuple] = []
     for l in range(levels - 1):
         ops += [("sweep", l, 0), ("halo", l, 1), ("sweep", l, 1), ("halo", l, 0)] * (nu // 2)
-        ops += [("restrict", l)]
+        ops += [("residual", l), ("reduce", l), ("restrict", l)]
     ops += [("sweep", levels - 1, 0), ("halo", levels - 1, 1), ("sweep", levels - 1, 1), ("halo", levels - 1, 0)]
     for l in range(levels - 2, -1, -1):
         ops += [("prolong", l)]
         ops += [("sweep", l, 0), ("halo", l, 1), ("sweep", l, 1), ("halo", l, 0)] * (nu // 2)
-    ops += [("residual",), ("reduce",)]
+    ops += [("residual", 0), ("reduce", 0)]
     cycles = max(1, round(10_000 * s / len(ops)))
     base = b.reserve(cycles * len(ops))
     cyc = np.arange(cycles, dtype=np.int64) * len(ops)
@@ -140,19 +140,20 @@ def build_jacobi2d(b: Builder) -> None:
                      touches=[Range(fine, 4 * nxf, 4 * nxf * nyf, READWRITE),
                               Range(coarse, 0, 4 * nxc * (nyc + 2), READ)])
         elif kind == "residual":
-            nx, ny = dims[0]
-            u = bufs[0][0]
+            nx, ny = dims[op[1]]
+            u = bufs[op[1]][0]
             gx, gy = -(-nx // 32), -(-ny // 8)
             # one partial sum per block: the partial footprint follows the grid
             b.launch(K_JAC_RESIDUAL, ids, {"u": u.ptr(4 * nx), "partial": partial.ptr(), "nx": nx, "ny": ny},
                      grid=(gx, gy), block=(32, 8), flops=7 * nx * ny,
                      touches=[Range(u, 0, 4 * nx * (ny + 2), READ), Range(partial, 0, 4 * gx * gy, WRITE)])
         elif kind == "reduce":
-            nx, ny = dims[0]
+            nx, ny = dims[op[1]]
             nparts = -(-nx // 32) * -(-ny // 8)
-            b.launch(K_REDUCE, ids, {"partial": partial.ptr(), "result": scalars.ptr(), "n": nparts},
+            res = 4 * op[1]   # one residual norm per level
+            b.launch(K_REDUCE, ids, {"partial": partial.ptr(), "result": scalars.ptr(res), "n": nparts},
                      grid=(1,), block=(1024,), flops=nparts,
-                     touches=[Range(partial, 0, 4 * nparts, READ), Range(scalars, 0, 4, WRITE)])
+                     touches=[Range(partial, 0, 4 * nparts, READ), Range(scalars, res, 4, WRITE)])
 
 
 # ---------------------------------------------------------------------------
@@ -284,8 +285,8 @@ WORKLOADS = [
              "Weighted-Jacobi smoothing in a 4-level multigrid V-cycle with ping-pong buffers; the stencil "
              "reads through a pointer to the first interior row, so its region starts one row before the "
              "pointer (negative offset -4*nx, size 4*nx*(ny+2)); periodic halo rows (strided: 2 chunks of "
-             "8*nx bytes, stride 4*nx*ny); restriction/prolongation; a residual whose per-block partial sums "
-             "follow the grid, and a 4-byte reduction result. Templates: linear, strided, fixed.",
+             "8*nx bytes, stride 4*nx*ny); restriction/prolongation; a residual at each level whose per-block "
+             "partial sums follow the grid (grid_x*grid_y*4 bytes), and a 4-byte reduction result per level. Templates: linear, strided, fixed.",
              build_jacobi2d, JACOBI_KERNELS,
              summary="weighted Jacobi in a multigrid V-cycle: halo rows, ping-pong buffers"),
     workload("spmv-cg", "scientific",
@@ -294,6 +295,6 @@ WORKLOADS = [
              "(irregular, data-dependent), with rowptr/colind/vals/y pointers offset into their allocations "
              "(linear in nrows and nnz), dot products into per-block 4-byte partials (fixed), axpy/xpay with "
              "float coefficients beside int n, and a reduction. Templates: linear, fixed, irregular.",
-             build_spmv_cg, SPMV_KERNELS,
+             build_spmv_cg, SPMV_KERNELS, constant={"reduce_sum": ("partial",)},
              summary="conjugate gradient: CSR SpMV with a data-dependent gather, dot, axpy"),
 ]
