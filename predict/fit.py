@@ -39,6 +39,7 @@ MAX_CONST = 6
 MAX_SEARCH_GROUPS = 256
 ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
 HISTORY_INTERVALS = 64
+HULL_GAPS = 0.02          # a multi-run region may be fitted as one range if gaps are under 2% of it
 STRIDED_BUDGET = 0.10     # share of launches a strided fit may leave to verification (merged chunks)
 
 
@@ -287,7 +288,24 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     whole = (cat["npieces"][sel] == 1) & (O_s <= al_s) & (O_e >= al_e)
     maxp = int(cat["npieces"][sel].max())
     region = None
-    if maxp == 1:
+    if maxp > 1:
+        multi = sel[cat["npieces"][sel] >= 2]
+        multi = multi[_clean_runs(kd, cat, multi, bigp)]
+        region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
+        if region is not None:
+            ok = _verify(kd, region, cat, sel, bigp)
+            fit["exact"] = round(float(ok.mean()), 6)
+            if ok.mean() < 1 - ROBUST_BUDGET:
+                region = None
+    hull_ok = maxp == 1
+    if region is None and maxp > 1:
+        # one contiguous range over the runs (the hull), when the gaps inside are a sliver:
+        # chunks that nearly always merge in fault data (but never for gathers)
+        own, ps_, pe_ = _gather(kd, cat, sel, "O")
+        covered = int((pe_ - ps_).sum())
+        hull = int((O_e - O_s).sum())
+        hull_ok = hull > 0 and covered >= (1 - HULL_GAPS) * hull
+    if region is None and hull_ok:
         sp_lo = np.where(nat, al_s, A_s)
         sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
         sp_hi = np.where(I_s >= 0, np.minimum(sp_hi, I_s), sp_hi)
@@ -305,15 +323,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
                 fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
-    else:
-        multi = sel[cat["npieces"][sel] >= 2]
-        multi = multi[_clean_runs(kd, cat, multi, bigp)]
-        region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
-        if region is not None:
-            ok = _verify(kd, region, cat, sel, bigp)
-            fit["exact"] = round(float(ok.mean()), 6)
-            if ok.mean() < 1 - ROBUST_BUDGET:
-                region = None
+                if maxp > 1:
+                    fit["hull_of_runs"] = True
     if region is None and whole.all():
         region = Region(w.name, "allocation")
         fit["exact"] = 1.0
@@ -477,11 +488,16 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     # chunk: bounded by each run's end against where the formulas put its start
     s0 = base + np.asarray(fs.evaluate(vals), np.int64) * one
     sd = np.asarray(fst.evaluate(vals), np.int64) * one
-    pstart = s0[own] + j * sd[own]
+    # a launch whose chunks all merged into one run still bounds the chunk by its end:
+    # run end = start + (count - 1) * stride + chunk
+    merged = (cnt == 1) & (pc_ > 1)
+    jj = np.where(merged[own], pc_[own] - 1, j)
+    pstart = s0[own] + jj * sd[own]
     ch_lo = np.full(n, -FM.INF, np.int64)
     ch_hi = np.full(n, FM.INF, np.int64)
     np.maximum.at(ch_lo, own, elo_r - pstart)
     np.minimum.at(ch_hi, own, ehi_r - pstart)
+    whole = np.flatnonzero((pc_ == cnt) | merged)
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
     res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET),
                        max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
