@@ -21,7 +21,9 @@ MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch
 STALL_BINS = 400
 GANTT_BINS = 900            # time bins of the multitask timeline when launches are denser than pixels
 MAX_GANTT_PANELS = 4
-POLICY_ORDER = ["demand", "prefetch", "lru", "fifo", "swap", "template", "plan", "history", "oracle"]
+MAX_WORKLOAD_PANELS = 11    # speedup panels (plus the geometric mean) when results hold several workloads
+MAX_TABLE_ROWS = 40         # longer run tables are folded
+POLICY_ORDER = ["demand", "alloc", "prefetch", "lru", "fifo", "swap", "template", "plan", "history", "oracle"]
 
 
 def _col(t: pa.Table, name: str, default=None) -> list:
@@ -50,6 +52,7 @@ def _runs(runs: pa.Table) -> list[dict]:
         if r.get("run") is None:
             r["run"] = i
         r["_label"] = r["policy"] + ("" if r.get("backend") in (None, "sim") else f" ({r['backend']})")
+        r["_wl"] = str(r.get("workload") or "(unnamed)")
     return rows
 
 
@@ -60,44 +63,112 @@ def _x_of(r: dict, use_oversub: bool) -> float | None:
     return None if c is None else c / 2**30
 
 
-def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str]):
-    plt = setup_matplotlib()
-    use_oversub = any(r.get("oversub") is not None for r in rows)
-    have_speedup = any(r.get("speedup_vs_demand") is not None for r in rows)
-    fig, ax = plt.subplots(figsize=(FIG_W, 4.6))
-    ykey = "speedup_vs_demand" if have_speedup else "time_s"
+def _geomean(v: list[float]) -> float | None:
+    v = [x for x in v if x is not None and x > 0 and math.isfinite(x)]
+    return float(np.exp(np.mean(np.log(v)))) if v else None
+
+
+def geomean_rows(rows: list[dict], labels: list[str]) -> list[dict]:
+    """Per (policy label, oversub): the geometric mean of speedup over the workloads that have it."""
+    out = []
+    for lab in labels:
+        xs = sorted({r["oversub"] for r in rows if r["_label"] == lab and r.get("oversub") is not None})
+        for x in xs:
+            v = [r.get("speedup_vs_demand") for r in rows if r["_label"] == lab and r.get("oversub") == x]
+            g = _geomean(v)
+            if g is not None:
+                out.append({"_label": lab, "oversub": x, "speedup_vs_demand": g, "_n": len(v)})
+    return out
+
+
+def _speedup_axes(ax, rows, labels, colours, use_oversub, ykey, annotate: bool, fontsize=None):
     for lab in labels:
         pts = sorted((_x_of(r, use_oversub), r.get(ykey)) for r in rows
                      if r["_label"] == lab and _x_of(r, use_oversub) is not None and r.get(ykey) is not None)
         if not pts:
             continue
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", label=lab, color=colours[lab], lw=1.8)
-        if len(labels) <= 6:
+        ax.plot(xs, ys, marker="o", ms=4 if fontsize else 6, label=lab, color=colours[lab], lw=1.6)
+        if annotate:
             for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.3g}{'x' if have_speedup else ''}", (x, y), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7, color=colours[lab])
+                ax.annotate(f"{y:.3g}{'x' if ykey == 'speedup_vs_demand' else ''}", (x, y),
+                            textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[lab])
     ys_all = [r.get(ykey) for r in rows if r.get(ykey)]
     if ys_all and max(ys_all) / max(min(ys_all), 1e-12) > 20:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
         ax.set_yscale("log")
-    if have_speedup:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    if ykey == "speedup_vs_demand":
         ax.axhline(1.0, color="#555", lw=0.8, ls="--")
-        ax.set_ylabel("speedup over demand paging (x)")
-    else:
-        ax.set_ylabel("run time (s)")
-    ax.set_xlabel("oversubscription (footprint / GPU capacity; 2 = 200%)" if use_oversub
-                  else "GPU capacity (GiB)")
-    ax.set_title("Speedup per policy against oversubscription" if have_speedup else "Run time per policy")
-    ax.legend(loc="best")
+
+
+def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
+    plt = setup_matplotlib()
+    use_oversub = any(r.get("oversub") is not None for r in rows)
+    have_speedup = any(r.get("speedup_vs_demand") is not None for r in rows)
+    ykey = "speedup_vs_demand" if have_speedup else "time_s"
+    ylabel = "speedup over demand paging (x)" if have_speedup else "run time (s)"
+    xlabel = "oversubscription (footprint / GPU capacity; 2 = 200%)" if use_oversub else "GPU capacity (GiB)"
+    title = "Speedup per policy against oversubscription" if have_speedup else "Run time per policy"
     look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
             "oracle; the gap usually widens as oversubscription grows." if have_speedup else
             "No 'demand' run was among the policies, so speedups are unknown; lower run time is better.")
-    return figure(fig, "Speedup per policy against oversubscription", look)
+    note = ""
+    if len(workloads) <= 1:
+        fig, ax = plt.subplots(figsize=(FIG_W, 4.6))
+        _speedup_axes(ax, rows, labels, colours, use_oversub, ykey, annotate=len(labels) <= 6)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.legend(loc="best")
+        return figure(fig, title, look)
+    # several workloads: the geometric mean first, then one small panel per workload
+    panels: list[tuple[str, list[dict], bool]] = []
+    if have_speedup and use_oversub:
+        panels.append((f"geometric mean over {len(workloads)} workloads", geomean_rows(rows, labels), True))
+    shown = workloads[:MAX_WORKLOAD_PANELS]
+    if len(workloads) > len(shown):
+        note = f"the first {len(shown)} of {len(workloads)} workloads have a panel; the table lists all"
+    for w in shown:
+        panels.append((w, [r for r in rows if r["_wl"] == w], False))
+    ncol = 3
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_W, 0.8 + 2.5 * nrow), squeeze=False)
+    for ax, (name, prow, bold) in zip(axes.flat, panels):
+        _speedup_axes(ax, prow, labels, colours, use_oversub, ykey, annotate=bold and len(labels) <= 6, fontsize=7)
+        ax.set_title(short(name, 40), fontsize=9, fontweight="bold" if bold else "normal")
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in axes[-1, :]:
+        ax.set_xlabel(xlabel if ax.get_visible() else "", fontsize=8)
+    for ax in axes[-2, :] if nrow > 1 else []:
+        if ax.get_visible() and not axes[-1, list(axes[-2, :]).index(ax)].get_visible():
+            ax.set_xlabel(xlabel, fontsize=8)
+    handles = [plt.Line2D([], [], color=colours[lab], marker="o", label=lab) for lab in labels]
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(labels), 6), bbox_to_anchor=(0.5, 1.0),
+               frameon=False)
+    fig.suptitle(title + (", per workload" if len(workloads) > 1 else ""), fontweight="bold", y=1.04)
+    fig.tight_layout()
+    return figure(fig, title, look, note=note)
 
 
-def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str]):
+def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
     plt = setup_matplotlib()
     use_oversub = any(r.get("oversub") is not None for r in rows)
+    if len(workloads) > 1:
+        summed: dict[tuple, dict] = {}
+        for r in rows:
+            k = (r["_label"], r.get("oversub"))
+            d = summed.setdefault(k, {"_label": r["_label"], "oversub": r.get("oversub"), "capacity_bytes": None,
+                                      "htod_bytes": 0, "dtoh_bytes": 0})
+            d["htod_bytes"] += r.get("htod_bytes") or 0
+            d["dtoh_bytes"] += r.get("dtoh_bytes") or 0
+        rows = list(summed.values())
+        use_oversub = True
     xs = sorted({_x_of(r, use_oversub) for r in rows if _x_of(r, use_oversub) is not None})
     fig, ax = plt.subplots(figsize=(FIG_W, 4.4))
     tot = [(r.get("htod_bytes") or 0) + (r.get("dtoh_bytes") or 0) for r in rows]
@@ -113,7 +184,7 @@ def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str]):
     ax.set_xticks(np.arange(len(xs)), [f"{x:g}x" if use_oversub else f"{x:.3g}" for x in xs])
     ax.set_xlabel("oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)")
     ax.set_ylabel(f"bytes moved ({unit}); solid host→device, hatched device→host")
-    ax.set_title("Bytes moved per policy")
+    ax.set_title("Bytes moved per policy" + (f", summed over {len(workloads)} workloads" if len(workloads) > 1 else ""))
     ax.legend(loc="upper left", ncol=min(len(labels), 4))
     return figure(fig, "Bytes moved per policy",
                   "Good policies move little more than the footprint once; tall hatched bars mean heavy eviction "
@@ -174,7 +245,7 @@ def stall_plot(runs_tl, colours, cap_label: str):
             frac = np.diff(_covered_before(t, t + st, edges)) / np.diff(edges)
             a1.stairs(100 * frac, edges, color=colours[lab], label=lab, lw=1.3)
         else:
-            a1.plot(t, st * 1e3, ".", ms=3, color=colours[lab], label=lab)
+            a1.plot(t, st * 1e3, ".", ms=3, color=colours[lab], label=lab, rasterized=True)
         a2.plot(np.concatenate([[0], t + st]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=1.6,
                 label=lab)
     if binned:
@@ -280,6 +351,24 @@ def gantt_plot(runs_tl, cap_label: str):
                   raster=True, note=note)
 
 
+def _pick_timeline_workload(rows: list[dict], workloads: list[str]) -> str:
+    """The workload whose timeline is drawn: the one with most tasks (a multitask mix), else the first."""
+    ntask = {w: 0 for w in workloads}
+    for r in rows:
+        ntask[r["_wl"]] = max(ntask[r["_wl"]], len(r.get("tasks") or []))
+    return max(workloads, key=lambda w: (ntask[w], -workloads.index(w)))
+
+
+def _run_cells(r: dict, with_workload: bool) -> tuple:
+    cells = (r["policy"], r.get("backend"), _fmt(r.get("oversub"), "g"),
+             format_size(r["capacity_bytes"]) if r.get("capacity_bytes") is not None else "—",
+             _fmt(r.get("time_s"), ".4g"), _fmt(r.get("stall_s"), ".4g"),
+             f"{r['faults']:,}" if r.get("faults") is not None else "—",
+             format_size(r.get("htod_bytes") or 0), format_size(r.get("dtoh_bytes") or 0),
+             (_fmt(r.get("speedup_vs_demand"), ".3g") + "x") if r.get("speedup_vs_demand") is not None else "—")
+    return ((r["_wl"],) + cells) if with_workload else cells
+
+
 def replay_sections(path: Path) -> tuple[list[Section], str]:
     from pagecast.replay.results_io import read_results
 
@@ -290,39 +379,52 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
     rows = _runs(runs)
     labels = _policy_sort([r["_label"] for r in rows])
     colours = _colours(labels)
-    workloads = sorted({str(r.get("workload")) for r in rows if r.get("workload")})
-    label = ", ".join(workloads) or Path(path).name
+    workloads = list(dict.fromkeys(r["_wl"] for r in rows))
+    multi = len(workloads) > 1
+    label = workloads[0] if not multi else f"{len(workloads)} workloads"
 
     summ = Section("Runs", anchor="runs",
-                   intro="One row per (policy, capacity) run. Speedup is run time under demand paging divided by "
-                         "the policy's run time at the same capacity.")
-    best = max((r for r in rows if r.get("speedup_vs_demand") is not None),
-               key=lambda r: r["speedup_vs_demand"], default=None)
+                   intro="One row per " + ("(workload, policy, capacity)" if multi else "(policy, capacity)") +
+                         " run. Speedup is run time under demand paging divided by the policy's run time at the "
+                         "same capacity.")
     nums = [("runs", f"{len(rows)}"), ("policies", ", ".join(labels)),
             ("backend", ", ".join(sorted({str(r.get('backend')) for r in rows})))]
+    if multi:
+        nums.insert(0, ("workloads", f"{len(workloads)}"))
+    geo = geomean_rows(rows, labels) if multi else []
+    best_src = geo if multi else [r for r in rows if r.get("speedup_vs_demand") is not None]
+    best = max(best_src, key=lambda r: r["speedup_vs_demand"], default=None)
     if best is not None:
-        nums.append(("best speedup", f"{best['speedup_vs_demand']:.3g}x ({best['_label']} at "
-                                     f"{_fmt(best.get('oversub'), 'g')}x oversub)"))
-    tasks = sorted({t for r in rows for t in (r.get("tasks") or [])})
-    if tasks:
-        nums.append(("tasks", ", ".join(tasks)))
+        nums.append(("best " + ("geometric-mean " if multi else "") + "speedup",
+                     f"{best['speedup_vs_demand']:.3g}x ({best['_label']} at "
+                     f"{_fmt(best.get('oversub'), 'g')}x oversub)"))
+    if not multi:
+        tasks = list(dict.fromkeys(t for r in rows for t in (r.get("tasks") or [])))
+        if tasks:
+            nums.append(("tasks", ", ".join(tasks)))
     summ.add_numbers(nums)
-    summ.add_table(
-        ["policy", "backend", "oversub", "capacity", "time (s)", "stall (s)", "faults", "host→device",
-         "device→host", "speedup vs demand"],
-        [(r["policy"], r.get("backend"), _fmt(r.get("oversub"), "g"),
-          format_size(r["capacity_bytes"]) if r.get("capacity_bytes") is not None else "—",
-          _fmt(r.get("time_s"), ".4g"), _fmt(r.get("stall_s"), ".4g"),
-          f"{r['faults']:,}" if r.get("faults") is not None else "—",
-          format_size(r.get("htod_bytes") or 0), format_size(r.get("dtoh_bytes") or 0),
-          (_fmt(r.get("speedup_vs_demand"), ".3g") + "x") if r.get("speedup_vs_demand") is not None else "—")
-         for r in sorted(rows, key=lambda r: (labels.index(r["_label"]), r.get("oversub") or 0,
-                                              -(r.get("capacity_bytes") or 0)))],
-        numeric=[False, False, True, True, True, True, True, True, True, True])
+    if geo:
+        xs = sorted({g["oversub"] for g in geo})
+        by = {(g["_label"], g["oversub"]): g["speedup_vs_demand"] for g in geo}
+        summ.add_table(["policy"] + [f"{x:g}x oversub" for x in xs],
+                       [[lab] + [(f"{by[(lab, x)]:.3g}x" if (lab, x) in by else "—") for x in xs] for lab in labels],
+                       caption=f"Speedup over demand paging, geometric mean over {len(workloads)} workloads",
+                       numeric=[False] + [True] * len(xs))
+    header = (["workload"] if multi else []) + ["policy", "backend", "oversub", "capacity", "time (s)", "stall (s)",
+                                                "faults", "host→device", "device→host", "speedup vs demand"]
+    ordered = sorted(rows, key=lambda r: (workloads.index(r["_wl"]), labels.index(r["_label"]),
+                                          r.get("oversub") or 0, -(r.get("capacity_bytes") or 0)))
+    fold = len(ordered) > MAX_TABLE_ROWS
+    if fold:
+        summ.add_html(f"<details><summary>All {len(ordered)} runs</summary>")
+    summ.add_table(header, [_run_cells(r, multi) for r in ordered],
+                   numeric=([False] if multi else []) + [False, False] + [True] * 8)
+    if fold:
+        summ.add_html("</details>")
 
     perf = Section("Policies compared", anchor="policies")
-    perf.add_figure(speedup_plot(rows, labels, colours))
-    perf.add_figure(bytes_plot(rows, labels, colours))
+    perf.add_figure(speedup_plot(rows, labels, colours, workloads))
+    perf.add_figure(bytes_plot(rows, labels, colours, workloads))
     sections = [summ, perf]
 
     tl_sec = Section("Timelines", anchor="timelines")
@@ -330,16 +432,19 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
         tl_sec.add_text(f"No timeline beside {path} (RESULTS.timeline.parquet), so the per-launch stall and "
                         "multitask timelines cannot be drawn.", "note")
     else:
-        cap = _pick_capacity(rows)
-        runs_tl = _timeline_runs(timeline, rows, cap)
+        wl = _pick_timeline_workload(rows, workloads)
+        wrows = [r for r in rows if r["_wl"] == wl]
+        cap = _pick_capacity(wrows)
+        runs_tl = _timeline_runs(timeline, wrows, cap)
         runs_tl.sort(key=lambda rc: labels.index(rc[0]["_label"]))
         cap_rows = [r for r, _ in runs_tl]
         ov = cap_rows[0].get("oversub") if cap_rows else None
-        cap_label = (f"capacity {format_size(cap)}" if cap is not None else "all runs") + \
-                    (f", {ov:g}x oversubscribed" if ov is not None else "")
+        cap_label = ((f"{wl}, " if multi else "") + (f"capacity {format_size(cap)}" if cap is not None else "all runs")
+                     + (f", {ov:g}x oversubscribed" if ov is not None else ""))
         if runs_tl:
             tl_sec.intro = (f"Shown for the most oversubscribed capacity ({cap_label}), where the policies "
-                            "differ most.")
+                            "differ most" + (f"; of the {len(workloads)} workloads, the one with most tasks. The "
+                                             "timeline file holds every run's launches." if multi else "."))
             tl_sec.add_figure(stall_plot(runs_tl, colours, cap_label))
             tl_sec.add_figure(gantt_plot(runs_tl, cap_label))
             if len(runs_tl) > MAX_GANTT_PANELS:

@@ -283,6 +283,38 @@ def test_replay_report_without_timeline(tmp_path):
     assert "No timeline beside" in html
 
 
+def test_replay_report_of_several_workloads(tmp_path):
+    """Results of a suite (as `pagecast demo` writes): speedups per workload, their geometric mean, and the
+    timelines of the workload with most tasks."""
+    pytest.importorskip("pagecast.replay.results_io")
+    from pagecast.replay.results_io import read_results, timeline_path, write_results
+    from pagecast.report.render import write_report
+    import pyarrow.parquet as pq
+    src = make_results(tmp_path / "R.parquet", n_launches=6)
+    runs, tl = read_results(src)
+    rows, tl_rows = [], []
+    for j, (wl, tasks, factor) in enumerate((("stream", ["stream"], 2.0), ("jacobi2d", ["jacobi2d"], 0.5),
+                                             ("mix:scientific", ["jacobi2d", "stream", "resnet"], 1.0))):
+        for r in runs.to_pylist():
+            sp = r["speedup_vs_demand"] * factor if r["policy"] != "demand" else 1.0
+            rows.append(dict(r, workload=wl, tasks=tasks, run=r["run"] + 100 * j, speedup_vs_demand=sp))
+        tl_rows += [dict(t, run=t["run"] + 100 * j) for t in tl.to_pylist()]
+    import pyarrow as pa
+    res = write_results(tmp_path / "S.parquet", rows, pa.Table.from_pylist(tl_rows, schema=tl.schema))
+    assert pq.read_table(timeline_path(res)).num_rows == 3 * tl.num_rows
+    html = write_report(res, tmp_path / "r.html").read_text()
+    assert len(_images(html)) == 4
+    assert '<div class="v">3</div><div class="k">workloads</div>' in html
+    # geometric mean over the three workloads: factor 2 x 0.5 x 1 = 1, so it equals the one-workload speedup
+    one = {(r["policy"], r["oversub"]): r["speedup_vs_demand"] for r in runs.to_pylist()}
+    assert f"{one[('oracle', 3.0)]:.3g}x" in html and "geometric mean over 3 workloads" in html
+    svg = _svg_texts(html)
+    for wl in ("stream", "jacobi2d", "mix:scientific", "geometric mean over 3 workloads"):
+        assert f">{wl}<" in svg
+    assert "summed over 3 workloads" in svg
+    assert "mix:scientific, capacity" in html        # the timelines show the multitask mix
+
+
 def test_replay_report_dense_timelines_are_binned(toy_results, tmp_path, monkeypatch):
     from pagecast.report import replay_report
     from pagecast.report.render import write_report
