@@ -155,6 +155,7 @@ class Collector:
         self._deferred_since = 0.0
         self._stopping = False
         self.abandon_after_s = 1.0
+        self._pid = os.getpid()
 
     # -- launch-hook side (the workload's launching thread) --
     def before_launch(self) -> None:
@@ -226,6 +227,7 @@ class Collector:
     # -- lifecycle --
     def start(self) -> None:
         self._t0 = time.perf_counter()
+        self._pid = os.getpid()
         self.writer = T.TraceWriter(self.out, self.manifest, force=self.force, part_seconds=self.part_seconds,
                                     tables=(*T.REQUIRED_TABLES, T.UVM_EVENTS))
         if self.install_signals and threading.current_thread() is threading.main_thread():
@@ -255,7 +257,17 @@ class Collector:
             self._deferred_since = time.monotonic()
         self._deferred = signum
 
+    def _not_ours(self, signum) -> bool:
+        """In a child the workload forked (a data-loader worker), act as if we were not there."""
+        if os.getpid() == self._pid:
+            return False
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return True
+
     def _signal(self, signum, frame) -> None:
+        if self._not_ours(signum):
+            return
         if self._finished or self._stopping:
             return
         if self._in_callback(frame):
@@ -265,6 +277,8 @@ class Collector:
         raise Terminated(signum)
 
     def _budget_signal(self, signum, frame) -> None:
+        if self._not_ours(signum):
+            return
         if self.violation and not self._finished and not self._stopping:
             if self._in_callback(frame):
                 self._defer(signum)

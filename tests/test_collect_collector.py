@@ -389,3 +389,20 @@ def test_collected_traces_feed_the_predictor(tmp_path):
     ev = evaluate(fit_model([a]), b)
     assert ev["overall"]["recall"] == 1.0 and ev["overall"]["precision"] == 1.0
     assert ev["kernels"][0]["templates"] == ["linear"]
+
+
+def test_a_forked_child_of_the_workload_keeps_default_signal_behaviour(tmp_path):
+    c, gpu = S.make_collector(tmp_path / "f.pctrace")
+
+    def workload():
+        pid = os.fork()
+        if pid == 0:  # a data-loader-like worker: SIGTERM must simply end it
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+
+    assert c.run(workload) == 0
+    assert _read(tmp_path / "f.pctrace").complete
