@@ -71,8 +71,12 @@ def run_demo(args) -> int:
     except ImportError:
         write_report = None
     if write_report is not None:
-        html = write_report(res_path, out / "report.html", force=True)
-        console.wrote(html, "report", f"open {html}")
+        try:
+            html = write_report(res_path, out / "report.html", force=True)
+        except Exception as e:  # the results stand without the report
+            console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
+        else:
+            console.wrote(html, "report", f"open {html}")
     return 0
 
 

@@ -297,11 +297,15 @@ def groups_to_table(g: S.Groups, needs, w: Workload) -> pa.Table:
         addr, key = w.universe.address_ranges(0, units)
         # merge consecutive entries of the same step with consecutive addresses and the same need
         new = np.ones(len(units), bool)
-        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (need_by[1:] != need_by[:-1])
+        # (a group's own needs and its early prefetches stay apart: a runner waits for the first)
+        own = need_by == step
+        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
         idx = np.flatnonzero(new)
         cnt = np.diff(np.concatenate([idx, [len(units)]]))
+        first_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
+        first_need = np.where(first_need == np.iinfo(I64).max, -1, first_need)
         parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
-                      need_by[idx], idx))
+                      first_need, idx))
     if not parts:
         return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
     lid = np.concatenate([p[0] for p in parts])

@@ -359,19 +359,25 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
-    Before step i (issued while step i-1 runs): fetch step i's missing units,
-    evicting the resident unit whose next predicted use is furthest (Belady);
-    then, looking ahead in need order (at most lookahead_steps steps and
-    lookahead_units units in flight), prefetch later steps' units into free
-    space or in place of units never needed again (not used by step i-1). A
-    lookahead that evicted units needed later could cost fetches Belady would
-    not make (its victims' next uses are judged before steps i..j-1 run). Units that cannot fit (a step larger than the capacity) are left to
-    fault.
+    For step i: fetch its missing units, evicting the resident unit whose next
+    predicted use is furthest (Belady). Each such exchange is issued as early
+    as it can be: in the group of the step after the one following the
+    victim's last use (the victim is dead from then on), and not before the
+    fetched unit's own last eviction -- so transfers overlap earlier kernels
+    while every fetch and eviction stays Belady's. Then, looking ahead in
+    need order (at most lookahead_steps steps and lookahead_units units), it
+    prefetches later steps' units into free space or in place of units never
+    needed again. (A lookahead that evicted units needed later could cost
+    fetches Belady would not make: their next uses are judged before steps
+    i..j-1 run.) Units that cannot fit (a step larger than the capacity) are
+    left to fault, one unit kept free for them.
 
-    Returns CSR arrays: ev_ptr, ev_unit, pf_ptr, pf_unit, need_now (prefetch
-    entries of each group that its own step needs), wait_prev (group evicts
-    units of step i-1, so it starts after i-1 ends), thrash (step could not
-    be made resident).
+    Returns CSR arrays over groups start_step..: ev_ptr, ev_unit, pf_ptr,
+    pf_unit (each group's prefetches: those its own step needs first, then
+    the early ones, each by address), need_now (how many of a group's
+    prefetches its own step needs), wait_prev (the group evicts units of the
+    step before it, so it starts after that step ends), thrash (step could
+    not be made resident).
     """
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
@@ -386,6 +392,8 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         key[need_unit[k]] = step_of[k]
     resident = init_resident.copy()
     last_use = np.full(n_units, -1, np.int64)
+    ev_at = np.full(n_units, -1, np.int64)   # group of the unit's last eviction
+    in_at = np.full(n_units, -1, np.int64)   # group of the unit's last fetch
     cap_heap = n_occ + 2 * n_units + 16
     hk = np.empty(cap_heap, np.int64)
     hu = np.empty(cap_heap, np.int64)
@@ -396,13 +404,14 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             n_res += 1
             hsize = _heap_push(hk, hu, hsize, key[u], u)
     G = n_steps - start_step
-    ev_ptr = np.zeros(G + 1, np.int64)
-    pf_ptr = np.zeros(G + 1, np.int64)
-    ev_unit = np.empty(max(n_occ, 16), np.int64)
-    pf_unit = np.empty(max(n_occ, 16), np.int64)
+    m0 = max(n_occ, 16)
+    ev_g = np.empty(m0, np.int64)
+    ev_u = np.empty(m0, np.int64)
+    pf_g = np.empty(m0, np.int64)
+    pf_n = np.empty(m0, np.int64)
+    pf_u = np.empty(m0, np.int64)
     n_ev = 0
     n_pf = 0
-    need_now = np.zeros(G, np.int64)
     wait_prev = np.zeros(G, np.uint8)
     thrash = np.zeros(G, np.uint8)
     aside_u = np.empty(n_units + 1, np.int64)
@@ -435,6 +444,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                 k += 1
                 continue
             ok = True
+            at = i
             if n_res >= cap_i:
                 found = False
                 while hsize > 0:
@@ -453,16 +463,31 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                             aside_u[n_aside] = v
                             n_aside += 1
                             continue
-                        wait_prev[g] = 1
                     hsize = _heap_pop(hk, hu, hsize)
                     found = True
                     break
                 if found:
+                    if mandatory:
+                        # issue the exchange once the victim is dead
+                        at = last_use[v] + 2
+                        if at < in_at[v] + 1:
+                            at = in_at[v] + 1
+                        if at < ev_at[u] + 1:
+                            at = ev_at[u] + 1
+                        if at < start_step:
+                            at = start_step
+                        if at > i:
+                            at = i
+                        if at == i and last_use[v] == i - 1 and i > start_step:
+                            wait_prev[g] = 1
                     resident[v] = 0
                     n_res -= 1
-                    if n_ev >= len(ev_unit):
-                        ev_unit = _grow(ev_unit)
-                    ev_unit[n_ev] = v
+                    if n_ev >= len(ev_u):
+                        ev_u = _grow(ev_u)
+                        ev_g = _grow(ev_g)
+                    ev_g[n_ev] = at - start_step
+                    ev_u[n_ev] = v
+                    ev_at[v] = at
                     n_ev += 1
                 else:
                     ok = False
@@ -475,14 +500,17 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             resident[u] = 1
             n_res += 1
             key[u] = j
+            in_at[u] = at
             hsize = _heap_push(hk, hu, hsize, j, u)
-            if n_pf >= len(pf_unit):
-                pf_unit = _grow(pf_unit)
-            pf_unit[n_pf] = u
+            if n_pf >= len(pf_u):
+                pf_u = _grow(pf_u)
+                pf_g = _grow(pf_g)
+                pf_n = _grow(pf_n)
+            pf_g[n_pf] = at - start_step
+            pf_n[n_pf] = j - start_step
+            pf_u[n_pf] = u
             n_pf += 1
-            if mandatory:
-                need_now[g] += 1
-            else:
+            if not mandatory:
                 in_flight += 1
             k += 1
         if k > ahead:
@@ -493,8 +521,6 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             v = aside_u[a]
             if resident[v]:
                 hsize = _heap_push(hk, hu, hsize, key[v], v)
-        ev_ptr[g + 1] = n_ev
-        pf_ptr[g + 1] = n_pf
         # execute step i: its units' keys move to their next predicted use
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]
@@ -504,7 +530,29 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                 hsize = _heap_push(hk, hu, hsize, key[u], u)
         if hsize > cap_heap - n_units - 8:
             hsize = _heap_rebuild(hk, hu, resident, key, n_units)
-    return ev_ptr, ev_unit[:n_ev].copy(), pf_ptr, pf_unit[:n_pf].copy(), need_now, wait_prev, thrash
+    # groups: evictions in issue order; prefetches by the step that needs them
+    ev_g = ev_g[:n_ev]
+    pf_g = pf_g[:n_pf]
+    pf_n = pf_n[:n_pf]
+    # inside a group: evictions by address; prefetches its own step needs first,
+    # then the rest, each by address (so runs of neighbours merge into one transfer)
+    nu = max(n_units, 1)
+    oe = np.argsort(ev_g * nu + ev_u[:n_ev], kind="mergesort")
+    fut = (pf_n != pf_g).astype(np.int64)
+    op = np.argsort(pf_g * (2 * nu) + fut * nu + pf_u[:n_pf], kind="mergesort")
+    ev_ptr = np.zeros(G + 1, np.int64)
+    pf_ptr = np.zeros(G + 1, np.int64)
+    need_now = np.zeros(G, np.int64)
+    for t in range(n_ev):
+        ev_ptr[ev_g[t] + 1] += 1
+    for t in range(n_pf):
+        pf_ptr[pf_g[t] + 1] += 1
+        if pf_n[t] == pf_g[t]:
+            need_now[pf_g[t]] += 1
+    for t in range(G):
+        ev_ptr[t + 1] += ev_ptr[t]
+        pf_ptr[t + 1] += pf_ptr[t]
+    return ev_ptr, ev_u[:n_ev][oe], pf_ptr, pf_u[:n_pf][op], need_now, wait_prev, thrash
 
 
 @njit(cache=True)
