@@ -66,18 +66,20 @@ def build_mlp_train(b: Builder) -> None:
     L = len(dims) - 1
     bmax = int(rng.choice([64, 128, 256]))
     dataset = int(bmax * rng.uniform(5.3, 9.7))   # the last batch of each epoch is short
-    # one flat parameter buffer (W then b per layer, 256-byte aligned); grads and momentum alike
-    w_off, b_off, off = [], [], 0
+    # two parameter groups, as optimizers keep them: weights (with weight decay) and biases
+    # (without), each one flat buffer (256-byte aligned tensors); grads and momentum alike
+    w_off, b_off, woff, boff = [], [], 0, 0
     for l in range(L):
-        w_off.append(off)
-        off += _align(4 * dims[l] * dims[l + 1])
-        b_off.append(off)
-        off += _align(4 * dims[l + 1])
-    nparam_bytes = off
-    params = b.malloc(nparam_bytes, "params")
-    grads = b.malloc(nparam_bytes, "grads")
-    mom = b.malloc(nparam_bytes, "momentum")
-    meta = b.malloc(4096, "numel")            # the element count lives only in device memory
+        w_off.append(woff)
+        woff += _align(4 * dims[l] * dims[l + 1])
+        b_off.append(boff)
+        boff += _align(4 * dims[l + 1])
+    group_bytes = [woff, boff]
+    pg = [b.malloc(n, f"params_{g}") for g, n in zip(("decay", "no_decay"), group_bytes)]
+    gg = [b.malloc(n, f"grads_{g}") for g, n in zip(("decay", "no_decay"), group_bytes)]
+    mg = [b.malloc(n, f"momentum_{g}") for g, n in zip(("decay", "no_decay"), group_bytes)]
+    params, grads = pg[0], gg[0]
+    meta = b.malloc(4096, "numel")            # the element counts live only in device memory
     acts = [b.malloc(4 * bmax * d, f"act{l}") for l, d in enumerate(dims)]
     dacts = [None] + [b.malloc(4 * bmax * d, f"dact{l}") for l, d in enumerate(dims) if l > 0]
     labels = b.malloc(4 * bmax, "labels")
@@ -91,7 +93,7 @@ def build_mlp_train(b: Builder) -> None:
         if l < L - 1:
             ops += [("relu_bwd", l)]
         ops += [("dw", l), ("db", l)] + ([("dx", l)] if l > 0 else [])
-    ops += [("sgd",)]
+    ops += [("sgd", 0), ("sgd", 1)]
     steps = max(1, round(10_000 * s / len(ops)))
     per_epoch = -(-dataset // bmax)
     step = np.arange(steps, dtype=np.int64)
@@ -107,9 +109,9 @@ def build_mlp_train(b: Builder) -> None:
         elif kind == "bias_add":
             l = op[1]
             n = dims[l + 1]
-            b.launch(K_BIAS_ADD, ids, {"y": acts[l + 1].ptr(), "bias": params.ptr(b_off[l]), "rows": B, "cols": n},
+            b.launch(K_BIAS_ADD, ids, {"y": acts[l + 1].ptr(), "bias": pg[1].ptr(b_off[l]), "rows": B, "cols": n},
                      grid=(-(-B * n // 256),), flops=B * n,
-                     touches=[Range(acts[l + 1], 0, 4 * B * n, READWRITE), Range(params, b_off[l], 4 * n)])
+                     touches=[Range(acts[l + 1], 0, 4 * B * n, READWRITE), Range(pg[1], b_off[l], 4 * n)])
         elif kind == "relu":
             l = op[1]
             n = B * dims[l + 1]          # a multiple of 256: the grid covers it exactly
@@ -134,19 +136,21 @@ def build_mlp_train(b: Builder) -> None:
         elif kind == "db":
             l = op[1]
             n = dims[l + 1]
-            b.launch(K_BIAS_GRAD, ids, {"dy": dacts[l + 1].ptr(), "db": grads.ptr(b_off[l]), "rows": B, "cols": n},
+            b.launch(K_BIAS_GRAD, ids, {"dy": dacts[l + 1].ptr(), "db": gg[1].ptr(b_off[l]), "rows": B, "cols": n},
                      grid=(-(-n // 256),), flops=B * n,
-                     touches=[Range(dacts[l + 1], 0, 4 * B * n), Range(grads, b_off[l], 4 * n, WRITE)])
+                     touches=[Range(dacts[l + 1], 0, 4 * B * n), Range(gg[1], b_off[l], 4 * n, WRITE)])
         elif kind == "dx":
             l = op[1]
             gemm(b, K_SGEMM_NT, ids, B, dims[l], dims[l + 1], dacts[l + 1], 0, params, w_off[l], dacts[l], 0)
         elif kind == "sgd":
-            numel = nparam_bytes // 4
-            b.launch(K_SGD, ids, {"params": params.ptr(), "grads": grads.ptr(), "momentum": mom.ptr(),
-                                  "numel": meta.ptr(), "lr": 1e-3, "mu": 0.9, "weight_decay": 1e-4},
-                     grid=(1024,), block=(256,), flops=4 * numel,
-                     touches=[Range(params, 0, nparam_bytes, READWRITE), Range(grads, 0, nparam_bytes),
-                              Range(mom, 0, nparam_bytes, READWRITE), Range(meta, 0, 8)])
+            g = op[1]
+            nb = group_bytes[g]
+            b.launch(K_SGD, ids, {"params": pg[g].ptr(), "grads": gg[g].ptr(), "momentum": mg[g].ptr(),
+                                  "numel": meta.ptr(8 * g), "lr": 1e-3, "mu": 0.9,
+                                  "weight_decay": 1e-4 if g == 0 else 0.0},
+                     grid=(1024,), block=(256,), flops=4 * nb // 4,
+                     touches=[Range(pg[g], 0, nb, READWRITE), Range(gg[g], 0, nb),
+                              Range(mg[g], 0, nb, READWRITE), Range(meta, 8 * g, 8)])
 
 
 # ---------------------------------------------------------------------------
@@ -297,8 +301,9 @@ WORKLOADS = [
              "Training a 4-layer MLP (fp32): per step forward GEMMs (M*K, K*N, M*N regions, weights at offsets "
              "inside one flat parameter buffer), bias add, in-place ReLU whose footprint is grid_x*block_x*4 "
              "(no size argument), softmax cross-entropy (4-byte loss: fixed), backward GEMMs (nt, tn), ReLU "
-             "and bias gradients, and SGD with momentum over the whole flat parameter, gradient and momentum "
-             "buffers, whose element count lives only in device memory (allocation). Batch size changes at "
+             "and bias gradients, and SGD with momentum over two parameter groups (weights with weight decay, "
+             "biases without), each a flat parameter, gradient and momentum buffer whose element count lives "
+             "only in device memory (allocation: one kernel, two region sizes). Batch size changes at "
              "each epoch's short last batch. Templates: linear, fixed, allocation.",
              build_mlp_train, MLP_KERNELS,
              summary="MLP training: GEMMs, bias, ReLU, loss, SGD over a flat parameter buffer"),
