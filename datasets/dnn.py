@@ -59,8 +59,9 @@ def _align(x: int, a: int = 256) -> int:
 def build_mlp_train(b: Builder) -> None:
     rng, s = b.rng, b.scale
     sf = np.sqrt(size_factor(s))
-    d_in = scaled(768 * sf, 1, multiple=256)
-    hidden = [scaled(1024 * sf * rng.uniform(0.75, 1.25), 1, multiple=256) for _ in range(3)]
+    # distinct layer widths (multiples of 256), so that no two GEMM dimensions coincide by accident
+    lo, hi = max(1, int(0.6 * 1024 * sf / 256)), max(4, int(1.6 * 1024 * sf / 256)) + 1
+    d_in, *hidden = (int(v) * 256 for v in rng.choice(np.arange(lo, hi), 4, replace=False))
     classes = 256
     dims = [d_in, *hidden, classes]
     L = len(dims) - 1
