@@ -18,7 +18,7 @@ from pagecast.units import format_size
 from .page import FIG_W, OTHER_COLOUR, PALETTE, Section, figure, setup_matplotlib, short
 
 MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch is binned in time
-STALL_BINS = 400
+STALL_BINS = 200
 GANTT_BINS = 900            # time bins of the multitask timeline when launches are denser than pixels
 MAX_GANTT_PANELS = 4
 MAX_WORKLOAD_PANELS = 11    # speedup panels (plus the geometric mean) when results hold several workloads

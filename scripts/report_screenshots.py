@@ -4,9 +4,10 @@
     python scripts/report_screenshots.py [--work DIR] [--out docs/screenshots]
 
 Makes real data with pagecast itself (no GPU needed): the mlp-train workload
-model's trace, a model fitted on the same workload with another seed, and
-simulator replay results of the multi-DNN mix; renders the three reports and
-screenshots them in headless chromium (1400 px wide, palette PNG).
+model's trace, a model fitted on the same workload with another seed, and the
+simulator replay results of `pagecast demo` (every workload model and
+MSched's mixes); renders the three reports and screenshots them in headless
+chromium (1400 px wide, palette PNG).
 A stage that is not available in this checkout is skipped with a message.
 """
 
@@ -33,7 +34,6 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="where to keep the data (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     ap.add_argument("--workload", default="mlp-train")
-    ap.add_argument("--mix", default="mlp-train,cnn-infer", help="traces replayed together (comma-separated)")
     args = ap.parse_args()
 
     from pagecast.report.browser import screenshot
@@ -56,31 +56,13 @@ def main() -> int:
         shots.append(screenshot(html, args.out / "report-model.png"))
     except (SystemExit, ImportError) as e:
         print(f"skipped the model report: {e}", file=sys.stderr)
-        model = None
 
     try:
-        mix = []
-        for i, name in enumerate(args.mix.split(",")):
-            p = work / f"mix-{i}-{name}.pctrace"
-            run(["datasets", "make", name, "-o", str(p), "--seed", str(10 + i), "--force"])
-            mix.append(str(p))
-        results = work / "RESULTS.parquet"
-        pols = "demand,template,oracle" if model is not None else "demand,oracle"
-        extra = []
-        if model is not None:
-            # a model that knows every kernel of the mix
-            mmodel = work / "mix-model.json"
-            trains = []
-            for i, name in enumerate(dict.fromkeys(args.mix.split(","))):
-                p = work / f"train-{name}.pctrace"
-                run(["datasets", "make", name, "-o", str(p), "--seed", str(20 + i), "--force"])
-                trains.append(str(p))
-            run(["fit", *trains, "-o", str(mmodel), "--force"])
-            extra = ["--model", str(mmodel)]
-        run(["replay", *mix, "--policy", pols, "--oversub", "1.5,2,3", *extra, "-o", str(results), "--force"])
-        html = write_report(results, work / "replay.html", force=True)
+        demo = work / "demo"
+        run(["demo", "-o", str(demo), "--force"])
+        html = write_report(demo / "results.parquet", work / "replay.html", force=True)
         shots.append(screenshot(html, args.out / "report-replay.png"))
-    except (SystemExit, ImportError) as e:
+    except (SystemExit, ImportError, FileNotFoundError) as e:
         print(f"skipped the replay report: {e}", file=sys.stderr)
 
     for s in shots:

@@ -321,7 +321,7 @@ def test_replay_report_dense_timelines_are_binned(toy_results, tmp_path, monkeyp
     monkeypatch.setattr(replay_report, "MAX_STALL_POINTS", 10)   # the toy runs have 60 launches each
     html = write_report(toy_results, tmp_path / "r.html").read_text()
     assert len(_images(html)) == 4
-    assert "the top panel shows the share of time stalled in 400 time bins" in html
+    assert "the top panel shows the share of time stalled in 200 time bins" in html
     assert "each row is drawn in 900 time bins" in html
     assert "time stalled (% of each bin)" in _svg_texts(html)
 
