@@ -39,6 +39,8 @@ MAX_CONST = 6
 MAX_SEARCH_GROUPS = 256
 ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
 HISTORY_INTERVALS = 64
+STAT_LAUNCHES = 32        # launches of one feature group before its fault pages bound the extent
+STAT_SLACK_PAGES = 4      # pages allowed past the last faulting page seen (P(miss) < 1e-4 at 32 launches)
 HULL_GAPS = 0.02          # a multi-run region may be fitted as one range if gaps are under 2% of it
 STRIDED_BUDGET = 0.10     # share of launches a strided fit may leave to verification (merged chunks)
 
@@ -314,11 +316,13 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         ep_hi = np.where(nat, al_e, A_e)
         s_lo, s_hi = sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base
         e_lo, e_hi = (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
+        if all(fe is None for fe in fences):  # shared big pages (other pointers) spoil the statistic
+            s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, (I_s >= 0) & (I_e >= 0) & ~nat, ps)
         res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)])
         if res is not None:
             (fs, fe), exact = res
             cls = "fixed" if not fs.terms and not fe.terms else "linear"
-            ugly = max([abs(c) for c, _ in fs.terms + fe.terms] or [0]) > 64
+            ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > 15
             if not (cls == "linear" and ugly and whole.all()):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
@@ -333,6 +337,31 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         fit["exact"] = 0.0
     region.fit = fit
     return region, sig
+
+
+def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, has_faults, ps: int):
+    """Tighten the big-page-wide bounds with the fault records' statistics.
+
+    Each touched big page faults once, at a page the launch touched there, chosen at
+    random. Over many launches with equal features the faulting pages of the first and
+    last big page cover the touched pages, so the region cannot end more than a few pages
+    past the last faulting page seen (nor start much before the first). Applied only to
+    feature groups of >= STAT_LAUNCHES launches that all carry fault records (full mode).
+    """
+    U = kd.U
+    cnt = np.bincount(g, minlength=U)
+    allf = np.bincount(g, weights=has_faults.astype(np.float64), minlength=U) == cnt
+    big = (cnt >= STAT_LAUNCHES) & allf
+    if not big.any():
+        return s_lo, e_hi
+    lo_e = np.full(U, -FM.INF, np.int64)
+    np.maximum.at(lo_e, g, e_lo)
+    hi_s = np.full(U, FM.INF, np.int64)
+    np.minimum.at(hi_s, g, s_hi)
+    m = big[g]
+    e_hi = np.where(m, np.minimum(e_hi, lo_e[g] + STAT_SLACK_PAGES * ps), e_hi)
+    s_lo = np.where(m, np.maximum(s_lo, hi_s[g] - STAT_SLACK_PAGES * ps), s_lo)
+    return s_lo, e_hi
 
 
 def _evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
