@@ -183,12 +183,14 @@ def _desc(prefix: str, buf, off, n, c, h, w, nstride) -> dict:
 def build_cnn_infer(b: Builder) -> None:
     rng, s = b.rng, b.scale
     side = scaled(48 * np.sqrt(size_factor(s)), 1, multiple=8, minimum=24)
-    c0 = 32
+    c0 = int(rng.choice([24, 40, 48]))
     stages = 4
     # channels per stage and per inception branch (1x1, 3x3, pool-proj)
     chans, c = [], c0
     for st in range(stages):
-        br = (c // 2, c, c // 2)
+        # branch widths: seeded multiples of 8 (of 16 for the 3x3 branch, which has a reduce of half)
+        br = (8 * (st + 1) * int(rng.integers(2, 6)), 16 * (st + 1) * int(rng.integers(2, 6)),
+              8 * (st + 1) * int(rng.integers(1, 4)))
         chans.append((c, br, sum(br)))
         c = sum(br)
     n_classes = 1000
@@ -226,7 +228,7 @@ def build_cnn_infer(b: Builder) -> None:
         ops += [("b1", st), ("b2r", st), ("b2", st), ("b3pool", st), ("b3", st), ("pool", st)]
     ops += [("avgpool",), ("fc",), ("fc_bias",), ("softmax",)]
     reqs = max(1, round(10_000 * s / len(ops)))
-    N = rng.choice(np.array([1, 2, 4, 8, 16, 32]), reqs, p=[0.1, 0.15, 0.25, 0.25, 0.15, 0.1]).astype(np.int64)
+    N = rng.integers(1, nmax + 1, reqs).astype(np.int64)   # images per request
     base = b.reserve(reqs * len(ops))
     r = np.arange(reqs, dtype=np.int64)
 
@@ -313,7 +315,7 @@ WORKLOADS = [
              "TensorDesc structs {u64 data; i32 n,c,h,w; i64 nstride; i32 dtype,layout} and a 32-byte "
              "ConvParams struct by value; branch convolutions write channel slices of the concat output "
              "(strided: n chunks of c*h*w*4 bytes every nstride*4), max pooling, global average pooling, a "
-             "classifier GEMM and softmax; requests of 1-32 images. Templates: linear, strided "
+             "classifier GEMM and softmax; requests of 1-32 images; channel widths seeded (multiples of 8). Templates: linear, strided "
              "(struct fields).",
              build_cnn_infer, CNN_KERNELS,
              summary="Inception-style CNN inference: implicit-GEMM convs on NCHW descriptors"),
