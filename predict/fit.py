@@ -293,7 +293,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     if maxp > 1:
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
-        region = _fit_strided(kd, w, cat, multi, kd.group[multi], bigp, fit)
+        both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
+        region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi))
         if region is not None:
             ok = _verify(kd, region, cat, sel, bigp)
             fit["exact"] = round(float(ok.mean()), 6)
@@ -434,7 +435,8 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_ter
     return None
 
 
-def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict):
+def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
+                 shape: np.ndarray | None = None):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
         return None
@@ -495,15 +497,21 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     # chunks; _verify finally checks every launch against the big-page-rounded prediction.
     c64 = cnt.astype(np.int64)
     bud = (0.0, ROBUST_BUDGET, STRIDED_BUDGET)
-    rc = (_solve_pair(kd, g, [(c64, c64)], budgets=bud, max_terms=1)
-          or _solve_pair(kd, g, [(c64, np.full(n, FM.INF, np.int64))], max_terms=1))
+    # `shape`: launches that may decide count, start and stride (multi-run ones); the others
+    # (a single run: one chunk, or all chunks merged) only bound the chunk
+    shape = np.ones(n, bool) if shape is None else shape
+    sh = np.flatnonzero(shape)
+    if len(sh) == 0:
+        return None
+    rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1)
+          or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1))
     if rc is None:
         return None
     (fc,), exact = rc
     vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
     one = np.ones(len(g), np.int64)
     pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
-    whole = np.flatnonzero(pc_ == cnt)
+    whole = np.flatnonzero((pc_ == cnt) & shape)
     if len(whole) == 0:
         return None
     gw = g[whole]
