@@ -19,6 +19,9 @@ follows on the same thread before the runtime call returns, the driver's view
 (the CUfunction and its parameter layout) is delivered, carrying the runtime
 call's correlation id plus its own; otherwise the held runtime decode is
 delivered at the runtime call's exit. Each logical launch is delivered once.
+The runtime decode resolves the host stub with `cudaGetFuncBySymbol` from the
+libcudart the application loaded; once runtime launches are seen to reach the
+driver callbacks it is skipped.
 
 Parameter layout: `cuFuncGetParamCount` / `cuFuncGetParamInfo` (cuda-bindings,
 CUDA 12.4+ driver), `cuKernelGetParamCount` / `cuKernelGetParamInfo` where the
