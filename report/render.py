@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from pagecast import trace as T
-from pagecast.errors import InputError, OutputExistsError
+from pagecast.errors import InputError, OutputExistsError, UsageError
 
 from .page import Section, render_page
 
@@ -86,6 +86,8 @@ def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
                  model: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write one self-contained HTML report for a trace, a trace + model, or replay results."""
     out = Path(out_html)
+    if out.resolve() == Path(input_path).resolve() or (model is not None and out.resolve() == Path(model).resolve()):
+        raise UsageError(f"{out}: the report would overwrite its own input; choose another -o")
     if out.exists() and not force:
         raise OutputExistsError(out)
     if out.is_dir():

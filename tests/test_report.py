@@ -472,6 +472,13 @@ def test_bad_input_is_one_line_exit_2(what, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_report_never_overwrites_its_input(toy_results, capsys):
+    size = toy_results.stat().st_size
+    assert main(["report", str(toy_results), "-o", str(toy_results), "--force"]) == 2
+    assert "overwrite its own input" in capsys.readouterr().err
+    assert toy_results.stat().st_size == size
+
+
 def test_model_with_results_is_refused(toy_results, tmp_path, capsys):
     m = tmp_path / "m.json"
     m.write_text("{}")
