@@ -354,7 +354,7 @@ def next_occurrence(step_of, unit_of, n_units):
 
 
 @njit(cache=True)
-def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
                 lookahead_units):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
@@ -530,29 +530,29 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                 hsize = _heap_push(hk, hu, hsize, key[u], u)
         if hsize > cap_heap - n_units - 8:
             hsize = _heap_rebuild(hk, hu, resident, key, n_units)
-    # groups: evictions in issue order; prefetches by the step that needs them
-    ev_g = ev_g[:n_ev]
-    pf_g = pf_g[:n_pf]
-    pf_n = pf_n[:n_pf]
-    # inside a group: evictions by address; prefetches its own step needs first,
-    # then the rest, each by address (so runs of neighbours merge into one transfer)
-    nu = max(n_units, 1)
-    oe = np.argsort(ev_g * nu + ev_u[:n_ev], kind="mergesort")
-    fut = (pf_n != pf_g).astype(np.int64)
-    op = np.argsort(pf_g * (2 * nu) + fut * nu + pf_u[:n_pf], kind="mergesort")
+    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash
+
+
+def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
+                lookahead_units):
+    """`_belady_plan` (see there) as CSR arrays over groups start_step..:
+    ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash.
+
+    Inside a group: evictions by address; the prefetches its own step needs
+    first, then the early ones, each by address (so neighbours merge into one
+    transfer); need_now counts the first kind."""
+    ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash = _belady_plan(
+        need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units)
+    G = len(need_ptr) - 1 - start_step
+    oe = np.lexsort((ev_u, ev_g))
+    own = pf_n == pf_g
+    op = np.lexsort((pf_u, ~own, pf_g))
     ev_ptr = np.zeros(G + 1, np.int64)
     pf_ptr = np.zeros(G + 1, np.int64)
-    need_now = np.zeros(G, np.int64)
-    for t in range(n_ev):
-        ev_ptr[ev_g[t] + 1] += 1
-    for t in range(n_pf):
-        pf_ptr[pf_g[t] + 1] += 1
-        if pf_n[t] == pf_g[t]:
-            need_now[pf_g[t]] += 1
-    for t in range(G):
-        ev_ptr[t + 1] += ev_ptr[t]
-        pf_ptr[t + 1] += pf_ptr[t]
-    return ev_ptr, ev_u[:n_ev][oe], pf_ptr, pf_u[:n_pf][op], need_now, wait_prev, thrash
+    np.cumsum(np.bincount(ev_g, minlength=G)[:G], out=ev_ptr[1:])
+    np.cumsum(np.bincount(pf_g, minlength=G)[:G], out=pf_ptr[1:])
+    need_now = np.bincount(pf_g[own], minlength=G)[:G].astype(np.int64)
+    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash
 
 
 @njit(cache=True)
