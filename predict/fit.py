@@ -17,6 +17,7 @@ interval. Several traces are pooled: a template must hold in all of them.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 
@@ -160,7 +161,9 @@ class KernelData:
         return np.array([tuple(s) == self.sizes and tuple(o) == self.offsets for s, o in zip(sizes, offs)], bool)
 
     def mono(self, groups: np.ndarray) -> FM.Monomials:
-        return FM.monomials(self.sel_names, self.uniq[groups], self.sel_varying_on(groups))
+        # a feature that varies over the kernel's launches may stand alone even where it is
+        # constant over these groups (a stride of 128*max_seq seen at one max_seq)
+        return FM.monomials(self.sel_names, self.uniq[groups], self.sel_varying_on(groups) | self.sel_varying)
 
     def sel_varying_on(self, groups):
         u = self.uniq[groups]
@@ -294,12 +297,16 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
-        region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi))
-        if region is not None:
-            ok = _verify(kd, region, cat, sel, bigp)
-            fit["exact"] = round(float(ok.mean()), 6)
-            if ok.mean() < 1 - ROBUST_BUDGET:
-                region = None
+        for stride_terms in (0, 1):  # a constant stride seen at one size may really follow an argument
+            region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
+                                  stride_terms=stride_terms)
+            if region is not None:
+                ok = _verify(kd, region, cat, sel, bigp)
+                fit["exact"] = round(float(ok.mean()), 6)
+                if ok.mean() < 1 - ROBUST_BUDGET:
+                    region = None
+            if region is not None:
+                break
     hull_ok = maxp == 1
     if region is None and maxp > 1:
         # one contiguous range over the runs (the hull), when the gaps inside are a sliver:
@@ -386,7 +393,8 @@ def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
-def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "tight", max_terms: int = 3):
+def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", max_terms: int = 3,
+               min_terms: int = 0):
     """Solve on a subsample of groups, verify on all, add violators and repeat."""
     U = len(groups)
     if U <= MAX_SEARCH_GROUPS:
@@ -402,7 +410,7 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "ti
     for _ in range(4):
         mono = kd.mono(groups[sample])
         f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode,
-                     max_terms=max_terms)
+                     max_terms=max_terms, min_terms=min_terms)
         if f is None:
             return None
         if len(sample) == U:
@@ -416,14 +424,15 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode: str = "ti
     return None
 
 
-def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_terms: int = 3):
+def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_terms: int = 3, min_terms=None):
     """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
     for budget in budgets:
         out = []
         exact = 1.0
         for q, (lo, hi) in enumerate(bounds):
             groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"), max_terms)
+            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"), max_terms,
+                           (min_terms or {}).get(q, 0))
             if f is None:
                 break
             out.append(f)
@@ -436,7 +445,7 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_ter
 
 
 def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
-                 shape: np.ndarray | None = None):
+                 shape: np.ndarray | None = None, stride_terms: int = 0):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
         return None
@@ -516,8 +525,14 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
         return None
     gw = g[whole]
     bounds = [((s0_lo - base)[whole], (s0_hi - base)[whole]), (st_lo[whole], st_hi[whole])]
-    res = (_solve_pair(kd, gw, bounds, {1: "round"}, budgets=bud, max_terms=1)
-           or _solve_pair(kd, gw, bounds, {1: "round"}))
+    # a constant stride is most likely a product of constant arguments (max_seq * head_dim * 2)
+    const = [k for k in range(kd.uniq.shape[1]) if len(np.unique(kd.uniq[:, k])) == 1 and kd.uniq[0, k] > 1]
+    hints = sorted({int(np.prod([kd.uniq[0, k] for k in combo]))
+                    for d in (1, 2, 3) for combo in itertools.combinations(const, d)})
+    rmode = ("round", tuple(hints))
+    mt = {1: stride_terms}
+    res = (_solve_pair(kd, gw, bounds, {1: rmode}, budgets=bud, max_terms=1, min_terms=mt)
+           or _solve_pair(kd, gw, bounds, {1: rmode}, min_terms=mt))
     if res is None:
         return None
     (fs, fst), exact1 = res

@@ -171,6 +171,18 @@ def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
     lo, hi = int(lo), int(hi)
     if lo <= 0 <= hi:
         return 0
+    if isinstance(mode, tuple):  # ("round", hints): prefer small multiples of constant-argument products
+        best = None
+        for h in mode[1]:
+            if h <= 0:
+                continue
+            for c in range(max(1, -(-lo // h)), min(hi // h, 64) + 1):
+                key = (odd(c), c)
+                if best is None or key < best[0]:
+                    best = (key, c * h)
+        if best is not None:
+            return int(best[1])
+        mode = mode[0]
     if mode == "tight":
         if lo > 0:
             hi = min(hi, -(-lo // PAGE) * PAGE)
@@ -205,13 +217,13 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
 
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float = 0.0, max_terms: int = 3, mode: str = "tight") -> Formula | None:
+          budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0) -> Formula | None:
     """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight)."""
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
     ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode)
-    if ok:
+    if ok and min_terms == 0:
         return Formula(c0, ())
     G = mono.values
     M = G.shape[1]
