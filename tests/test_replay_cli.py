@@ -282,3 +282,20 @@ def test_suite_pipeline_small(tmp_path):
             assert r["speedup_vs_demand"] > 1
         if r["policy"] == "template":
             assert r["fraction_of_oracle"] > 0.5
+
+
+def test_demo_command_end_to_end(tmp_path, capsys):
+    """`pagecast demo` at a tiny scale: traces, model, results (+ timeline) in DIR, the table on stdout."""
+    out = tmp_path / "demo"
+    code, stdout, err = run_cli(capsys, "demo", "-o", out, "--scale", "0.02")
+    assert code == 0, err
+    assert "oversubscription, geometric mean over demand" in stdout and "template" in stdout
+    assert (out / "model.json").exists() and (out / "results.parquet").exists()
+    runs, tl = read_results(out / "results.parquet")
+    assert tl is not None and tl.num_rows > 0
+    labels = set(runs.column("workload").to_pylist())
+    assert {"mix:scientific", "mix:multi-dnn", "mix:multi-llm"} <= labels
+    assert set(runs.column("policy").to_pylist()) == {"demand", "alloc", "template", "oracle"}
+    assert set(runs.column("oversub").to_pylist()) == {1.5, 2.0, 3.0}
+    code, _, err = run_cli(capsys, "demo", "-o", out)
+    one_line_error(code, err, "exists")
