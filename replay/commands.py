@@ -191,7 +191,8 @@ class ReplayCommand(Command):
         total = len(args.policy) * len(args.capacity or args.oversub)
         with console.progress("replaying", total) as bar:
             return replay_sim(traces, args.policy, capacity=args.capacity, oversub=args.oversub, config=cfg,
-                              model=model, model_path=args.model, plan_path=args.plan, progress=bar)
+                              model=model, model_path=args.model, plan_path=args.plan, progress=bar,
+                              timeline=bool(args.output))
 
 
 JSON_FIELDS = ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",

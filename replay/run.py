@@ -129,8 +129,9 @@ def _plan_footprints(plan: plan_io.Plan, trace: T.Trace) -> F.Footprints:
 def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int] | None = None,
                oversub: list[float] | None = None, config: SimConfig | None = None, model=None,
                model_path: str | None = None, plan_path: str | None = None, progress=None,
-               workload_name: str | None = None) -> tuple[list[dict], pa.Table]:
-    """Run every (policy, capacity) pair; return run rows and the per-launch timeline."""
+               workload_name: str | None = None, timeline: bool = True) -> tuple[list[dict], pa.Table | None]:
+    """Run every (policy, capacity) pair; return run rows and the per-launch timeline
+    (None with timeline=False: it holds a row per launch per run)."""
     cfg = config or SimConfig()
     S.check_policies(policies)
     if not traces:
@@ -192,7 +193,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     wname = workload_name or "+".join(names)
     runs: list[dict] = []
     tl_parts = []
-    kernels = _step_kernels(w)
+    kernels = _step_kernels(w) if timeline else None
     task_names = pa.array([t.name for t in w.tasks])
     for i, p in enumerate(policies):
         for c, r_over in caps:
@@ -210,10 +211,12 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             if "feedback_changes" in r.extra:
                 run["feedback_changes"] = int(r.extra["feedback_changes"])
             runs.append(run)
-            tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
+            if timeline:
+                tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
     _relative(runs)
-    timeline = pa.concat_tables(tl_parts) if tl_parts else timeline_table({})
-    return runs, timeline
+    if not timeline:
+        return runs, None
+    return runs, (pa.concat_tables(tl_parts) if tl_parts else timeline_table({}))
 
 
 def _relative(runs: list[dict]) -> None:
