@@ -33,6 +33,9 @@ def odd(c: int) -> int:
     return c >> ((c & -c).bit_length() - 1)
 
 
+_COMPILED: dict = {}
+
+
 @dataclass(frozen=True)
 class Formula:
     const: int = 0
@@ -46,14 +49,20 @@ class Formula:
         return {n for _, f in self.terms for n in f}
 
     def evaluate(self, values) -> "np.ndarray | int":
-        """values: mapping feature name -> int64 array (or int)."""
-        out = self.const
-        for c, fac in self.terms:
-            t = c
-            for n in fac:
-                t = t * values[n]
-            out = out + t
-        return out
+        """values: mapping feature name -> int64 array (batch) or int (online)."""
+        return self.function()(values)
+
+    def function(self):
+        """The formula compiled once to a Python function of the values mapping (works on
+        numpy arrays and on ints alike: the batch and online predictors share it)."""
+        fn = _COMPILED.get(self)
+        if fn is None:
+            parts = [repr(int(self.const))]
+            for c, fac in self.terms:
+                parts.append(" * ".join([repr(int(c))] + [f"v[{n!r}]" for n in fac]))
+            fn = eval("lambda v: " + " + ".join(parts), {})  # noqa: S307 - built from validated names and ints
+            _COMPILED[self] = fn
+        return fn
 
     def score(self) -> tuple:
         grid = sum(1 for _, f in self.terms for n in f if n.startswith(("grid_", "block_")))

@@ -363,7 +363,11 @@ class OnlinePredictor:
             else:
                 comp = _compile(km)
                 words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
-                bases = [(r, b.param, b.within) for r, b in zip(km.regions, comp.bases)]
+                bases = []
+                for r, b in zip(km.regions, comp.bases):
+                    fns = tuple(f.function() if f is not None else None
+                                for f in (r.start, r.end, r.count, r.chunk, r.stride))
+                    bases.append((r, b.param, b.within, r.cls, fns))
                 c = (km, words, bases)
             self._compiled[name] = c
         km = c[0]
@@ -385,22 +389,26 @@ class OnlinePredictor:
         values = {}
         for name, p, within, fmt, w in words:
             values[name] = gb[within] if p < 0 else struct.unpack_from(fmt, param_data, offs[p] + within)[0]
-        for r, p, within in bases:
+        for r, p, within, cls, fns in bases:
             v = struct.unpack_from("<Q", param_data, offs[p] + within)[0]
             a = self._alloc_of(v)
             if a is None:
                 continue
             a_s, a_e = a // ps, -(-self._ends[a] // ps)
-            cls = r.cls
             if cls == "fixed" or cls == "linear":
-                sb, eb = region_bytes(r, values, v)
-                sp, ep = to_pages(sb, eb, ps, a_s, a_e)
+                # the same compiled formulas as the batch path (region_bytes); pages clipped alike
+                sp = (v + fns[0](values)) // ps
+                ep = -(-(v + fns[1](values)) // ps)
+                sp = a_s if sp < a_s else sp
+                ep = a_e if ep > a_e else ep
                 if ep > sp:
                     out.append((sp, ep))
             elif cls == "strided":
-                st, cnt, ch, sd = region_bytes(r, values, v)
+                st = v + fns[0](values)
+                cnt, ch, sd = fns[2](values), fns[3](values), fns[4](values)
                 for j in range(max(0, min(cnt, 1 << 20))):
-                    sp, ep = to_pages(st + j * sd, st + j * sd + ch, ps, a_s, a_e)
+                    b0 = st + j * sd
+                    sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
                     if ep > sp:
                         out.append((sp, ep))
             elif cls == "allocation":
