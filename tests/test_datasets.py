@@ -101,6 +101,14 @@ def test_full_mode_covers_every_touched_big_page(traces, name):
     assert len(np.unique(key(ml[rep], bp))) == len(keys)
     assert tr.faults.num_rows >= 0.99 * len(keys)
     assert (tr.faults.column(T.COUNT).to_numpy() >= 1).all()
+    # records carry their launch and lie inside it in time, in time order
+    s, e = tr.column(T.LAUNCHES, T.START_NS), tr.column(T.LAUNCHES, T.END_NS)
+    fl, ft = tr.faults.column(T.LAUNCH_ID).to_numpy(), tr.faults.column(T.TIME_NS).to_numpy()
+    assert ((ft >= s[fl]) & (ft <= e[fl])).all() and (np.diff(ft) >= 0).all()
+    ml_all = m.column(T.LAUNCH_ID).to_numpy()
+    ms, me = m.column(T.START_NS).to_numpy(), m.column(T.END_NS).to_numpy()
+    assert ((ms >= s[ml_all]) & (me <= e[ml_all]) & (me >= ms)).all()
+    assert set(m.column(T.DIRECTION).to_pylist()) == {"htod"}
 
 
 @pytest.mark.parametrize("name", sorted(registry.WORKLOADS))
