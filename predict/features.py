@@ -140,9 +140,26 @@ def _is_arange(idx: np.ndarray) -> bool:
     return len(idx) > 0 and idx[0] == 0 and idx[-1] == len(idx) - 1 and np.all(np.diff(idx) == 1)
 
 
+_CACHE: dict = {}
+
+
+def _cached(launches: pa.Table, what: str, make):
+    """Per-table numpy views (the table object is kept alive in the cache entry, so ids stay unique)."""
+    key = (id(launches), what)
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not launches:
+        if len(_CACHE) > 32:
+            _CACHE.clear()
+        hit = (launches, make())
+        _CACHE[key] = hit
+    return hit[1]
+
+
 def grid_matrix(launches: pa.Table, idx: np.ndarray) -> np.ndarray:
-    return np.stack([launches.column(c).take(pa.array(idx)).to_numpy() for c in GRID_NAMES], axis=1) \
-        if len(idx) else np.zeros((0, 6), np.int64)
+    if not len(idx):
+        return np.zeros((0, 6), np.int64)
+    full = _cached(launches, "grid", lambda: np.stack([launches.column(c).to_numpy() for c in GRID_NAMES], axis=1))
+    return full[idx]
 
 
 def kernel_groups(launches: pa.Table) -> tuple[list[str], np.ndarray, list[np.ndarray]]:
@@ -159,15 +176,28 @@ def kernel_groups(launches: pa.Table) -> tuple[list[str], np.ndarray, list[np.nd
 
 def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarray]:
     """The most common (sizes, offsets) of these launches and a mask of launches that have it."""
-    offs = launches.column(T.PARAM_OFFSETS).take(pa.array(idx))
-    sizes = launches.column(T.PARAM_SIZES).take(pa.array(idx))
-    lens = pc.list_value_length(offs).to_numpy(zero_copy_only=False)
-    fo = pc.list_flatten(offs).to_numpy(zero_copy_only=False).astype(np.int64)
-    fs = pc.list_flatten(sizes).to_numpy(zero_copy_only=False).astype(np.int64)
     n = len(idx)
     if n == 0:
         return (), (), np.zeros(0, bool)
+
+    def whole():
+        offs = launches.column(T.PARAM_OFFSETS)
+        sizes = launches.column(T.PARAM_SIZES)
+        lens_all = pc.list_value_length(offs).to_numpy(zero_copy_only=False).astype(np.int64)
+        return (lens_all, np.concatenate([[0], np.cumsum(lens_all)]).astype(np.int64),
+                pc.list_flatten(offs).to_numpy(zero_copy_only=False).astype(np.int64),
+                pc.list_flatten(sizes).to_numpy(zero_copy_only=False).astype(np.int64))
+
+    lens_all, starts_all, fo_all, fs_all = _cached(launches, "layout", whole)
+    lens = lens_all[idx]
     k = int(lens[0])
+    if np.all(lens == k):
+        pos = (starts_all[idx][:, None] + np.arange(k)[None, :]).reshape(-1)
+        fo, fs = fo_all[pos], fs_all[pos]
+    else:
+        from pagecast.footprints import _ranges  # noqa: PLC2701
+        pos = _ranges(starts_all[idx], lens)
+        fo, fs = fo_all[pos], fs_all[pos]
     if np.all(lens == k):
         so = np.concatenate([fs.reshape(n, k), fo.reshape(n, k)], axis=1) if k else np.zeros((n, 0), np.int64)
         if (so == so[0]).all():

@@ -202,8 +202,22 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
 
 def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc) -> None:
     """Per (kernel, allocation), in launch order: predict the union of what earlier launches touched."""
+    import dataclasses
+
+    import pyarrow.compute as pc
+
     from .observe import split_by_alloc
-    obs = FP.observed_footprints(trace)
+    # observed pages of the launches that asked only (faults without a launch id are kept:
+    # they are attributed by time)
+    ids = pa.array(np.unique(np.concatenate(fb_l)))
+    sub = {}
+    for name in (T.FAULTS, T.MIGRATIONS):
+        t = getattr(trace, name)
+        if t.num_rows:
+            lid = t.column(T.LAUNCH_ID)
+            t = t.filter(pc.or_kleene(pc.is_in(lid, value_set=ids), pc.is_null(lid)))
+        sub[name] = t
+    obs = FP.observed_footprints(dataclasses.replace(trace, **sub))
     okey, os_, oe = split_by_alloc(index, trace.page_size, obs.launch_of_interval(), obs.start, obs.end)
     nA = max(index.n, 1)
     out_l, out_s, out_e = [], [], []
@@ -248,18 +262,34 @@ def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc)
         acc.add(np.concatenate(out_l), np.concatenate(out_s), np.concatenate(out_e), "fallback:history")
 
 
+def _footprints(l, s, e, n: int, ps: int) -> FP.Footprints:
+    """Footprints from pieces: one argsort when they are already disjoint, else the core merge."""
+    if len(l):
+        smin = int(s.min())
+        span = int(e.max()) - smin + 1
+        if span * max(n, 1) < 2 ** 62:
+            o = np.argsort(l * span + (s - smin), kind="stable")
+            l2, s2, e2 = l[o], s[o], e[o]
+            same = l2[1:] == l2[:-1]
+            if not np.any(same & (s2[1:] <= e2[:-1])):
+                indptr = np.zeros(n + 1, np.int64)
+                np.cumsum(np.bincount(l2, minlength=n), out=indptr[1:])
+                return FP.Footprints(indptr, s2, e2, ps, "predicted")
+    return FP.Footprints.from_intervals(l, s, e, n, ps, "predicted")
+
+
 def predict_footprints(model: Model, trace: T.Trace, fallback: str = "history") -> FP.Footprints:
     """Predicted pages of every launch of a trace (source "predicted")."""
     acc, _ = _predict_pieces(model, trace, fallback)
     l, s, e, _ = acc.arrays()
-    return FP.Footprints.from_intervals(l, s, e, trace.n_launches, trace.page_size, "predicted")
+    return _footprints(l, s, e, trace.n_launches, trace.page_size)
 
 
 def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history"):
     """(footprints, mask of launches whose kernel the model never saw)."""
     acc, unseen = _predict_pieces(model, trace, fallback)
     l, s, e, _ = acc.arrays()
-    return FP.Footprints.from_intervals(l, s, e, trace.n_launches, trace.page_size, "predicted"), unseen
+    return _footprints(l, s, e, trace.n_launches, trace.page_size), unseen
 
 
 def allocation_footprints(trace: T.Trace) -> FP.Footprints:
