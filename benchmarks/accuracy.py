@@ -120,6 +120,15 @@ fault record per touched big page, ~0.1% of them lost, the driver's prefetches).
 FOOTER = """
 ## Notes
 
+- Speed (fit a 10^6-launch trace, batch and online prediction) is measured by
+  `benchmarks/bench_predict.py`; figures in docs/template-model.md, "Speed".
+- The bar (issue 3): on argument-determined kernels recall >= 99.75% and precision
+  >= 99.9% on the unseen scale, in full mode; irregular kernels classified `irregular`.
+  The workload models label each region's class; the kernels classified `irregular`
+  here are exactly those with a region the models call irregular (`spmv_csr_block`'s
+  `x`, `embedding_lookup`'s `table`, `embedding_lookup_rows`'s `table`,
+  `moe_expert_ffn`'s `experts`).
+
 - Natural mode: only a big page's first touch in the whole run faults, so most
   launches show nothing; templates can only be learned from launches that touched
   new memory, and unobserved extents stay unconstrained. These rows are reported as
