@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import READ, READWRITE, WRITE, Builder, Kernel, Range, Strided, Struct, register_struct, scaled
+from .engine import READWRITE, WRITE, Builder, Kernel, Range, Strided, Struct, register_struct, scaled
 from .scientific import size_factor
 from .workload import workload
 
@@ -250,7 +250,6 @@ def build_cnn_infer(b: Builder) -> None:
         ids = base + r * len(ops) + i
         kind = op[0]
         if kind == "stem":
-            woff, _ = w_layout["stem"]
             conv(ids, tmp[1], 0, 3, side, act[0], 0, c0, c0, "stem", w_layout["stem_b"][0], 3, 9)
             continue
         if kind in ("avgpool", "fc", "fc_bias", "softmax"):

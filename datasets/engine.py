@@ -28,7 +28,6 @@ launches and 10^8 touched pages fit in a few GB.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -711,6 +710,3 @@ def scaled(base: float, scale: float, power: float = 1.0, *, multiple: int = 1, 
     v = base * scale ** power
     return max(minimum, int(round(v / multiple)) * multiple)
 
-
-def check_name(name: str) -> bool:
-    return bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", name))

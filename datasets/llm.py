@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import READ, READWRITE, WRITE, Builder, Buffer, Kernel, Range, Ranges, Strided, scaled
+from .engine import READWRITE, WRITE, Builder, Buffer, Kernel, Range, Ranges, Strided, scaled
 from .scientific import size_factor
 from .workload import workload
 
@@ -320,11 +320,9 @@ def _prefill(b: Builder, m: Model, w: Weights, kv: KV, rope: Buffer, P: int) -> 
         one(K_ADD_ROWS, {"x": x.ptr(), "y": h.ptr(), "n": P * d}, grid=(-(-P * d // 1024),), flops=P * d,
             touches=[Range(x, 0, 2 * P * d, READWRITE), Range(h, 0, 2 * P * d)])
 
-    rows = np.arange(P)
     one(K_EMBED_ROWS, {"out": x.ptr(), "table": W.ptr(w.o["embed"]), "tokens": tokens.ptr(), "rows": P, "dim": d},
         grid=(P,), touches=[Ranges(W, np.zeros(P, np.int64), w.o["embed"] + tok * 2 * d, 2 * d),
                             Range(tokens, 0, 4 * P), Range(x, 0, 2 * P * d, WRITE)])
-    del rows
     nh = m.n_heads + m.n_kv
     for l in range(m.layers):
         norm(f"{l}.attn_norm")
