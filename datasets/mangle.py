@@ -39,10 +39,7 @@ def _parse(ctype: str) -> tuple:
     """'const float*' -> ('ptr', ('const', ('name', 'float'))). Pointers bind right to left."""
     t = ctype.strip()
     if t.endswith("*"):
-        inner = t[:-1].strip()
-        if inner.endswith("const") and not inner.startswith("const"):  # 'float* const' style not used
-            inner = inner[: -len("const")].strip()
-        return ("ptr", _parse(inner))
+        return ("ptr", _parse(t[:-1].strip()))
     if t.startswith("const "):
         return ("const", _parse(t[len("const "):]))
     if t.endswith(" const"):
