@@ -236,3 +236,47 @@ def test_commands(synth, tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "bad.json"), p3]) == 2
     err = capsys.readouterr().err
     assert "version" in err and "Traceback" not in err
+
+
+def test_struct_parameters_and_floats(tmp_path):
+    """A struct {float* data; int n; float scale; int m} : base p0.d0, size 4*n*m from p0.w2 and p0.w4."""
+    import struct as st_
+    st = SynthTrace()
+    bufs = [st.malloc(4 * 4096 * 64) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    for i in range(24):
+        n, m = int(rng.integers(64, 4096)), int(rng.integers(1, 64))
+        b = bufs[i % 2]
+        blob = st_.pack("<Qifi", b, n, 0.5 + i, m)
+        st.launch("desc_kernel", [("24s", blob), ("f", 1.5)], [(b, 4 * n * m)])
+    tr = _small(st, tmp_path / "s.pctrace")
+    m = fit_model([tr])
+    (r,) = m.kernels["desc_kernel"].regions
+    assert r.base == "p0.d0"
+    assert r.end.text() in ("4*p0.w2*p0.w4", "4*p0.w4*p0.w2"), r.text()
+    assert "p0.w3" not in r.feature_names()  # the float word is not a size
+    e = evaluate(m, tr)
+    assert e["overall"]["precision"] == 1.0 and e["overall"]["recall"] == 1.0
+
+
+def test_natural_mode_and_time_attribution(tmp_path):
+    """Natural-mode traces have no launch ids on faults (attributed by time) and few faults: no crash."""
+    tr = T.read_trace(vector_workload(1, 5).write(tmp_path / "n.pctrace", mode="natural", seed=5))
+    assert tr.faults.column(T.LAUNCH_ID).null_count == tr.faults.num_rows
+    m = fit_model([tr])
+    assert "vadd" in m.kernels
+    e = evaluate(m, tr)
+    assert 0.0 <= e["overall"]["recall"] <= 1.0
+
+
+def test_fit_never_reads_truth(tmp_path, synth):
+    """The same traces without their truth table give the same model."""
+    paths = []
+    for scale, seed in [(1, 1), (3, 2)]:
+        p = tmp_path / f"nt{scale}.pctrace"
+        vector_workload(scale, seed).write(p, drop=0.001, seed=seed, with_truth=False)
+        paths.append(p)
+    a = fit_model(synth[:2])
+    b = fit_model([T.read_trace(p) for p in paths])
+    assert {k: [r.text() for r in v.regions] for k, v in a.kernels.items()} == \
+        {k: [r.text() for r in v.regions] for k, v in b.kernels.items()}
