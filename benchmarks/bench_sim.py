@@ -228,7 +228,7 @@ def main(argv=None) -> int:
 
         def plan():
             return C.belady_plan(bptr, bseq, Ub, capb, 0, np.zeros(Ub, np.uint8), 1 << 20, capb)
-        (ev_ptr, ev, pf_ptr, pf, nn, _, _), t = timed(plan)
+        (ev_ptr, ev, pf_ptr, pf, nn, _, _, _), t = timed(plan)
         assert len(pf) == lcs_b, (len(pf), lcs_b)
         rows.append(("pagecast Belady: the oracle's planner (belady_plan; misses = its fetches)", nb, t,
                      f"{len(pf):,}", rss_mib()))

@@ -117,6 +117,12 @@ def _plan_groups_from_file(plan: plan_io.Plan, w: Workload) -> S.Groups:
     g.ev_ptr, g.ev_unit = out["ev"][0], out["ev"][1]
     g.pf_ptr, g.pf_unit = out["pf"][0], out["pf"][1]
     g.need_now = out["pf"][2].astype(I64)
+    # per step, the latest earlier group holding a prefetch it needs
+    pf = ~is_ev & (cols[plan_io.NEEDED_BY] > lid)
+    need_group = np.full(n, -1, I64)
+    if pf.any():
+        np.maximum.at(need_group, w.step_of(0, cols[plan_io.NEEDED_BY][pf]), w.step_of(0, lid[pf]))
+    g.need_group = need_group
     return g
 
 

@@ -536,7 +536,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
                 lookahead_units):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
-    ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash.
+    ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
+    (per step, the latest earlier group that prefetches a unit it needs; -1: none).
 
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
@@ -552,7 +553,11 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     np.cumsum(np.bincount(ev_g, minlength=G)[:G], out=ev_ptr[1:])
     np.cumsum(np.bincount(pf_g, minlength=G)[:G], out=pf_ptr[1:])
     need_now = np.bincount(pf_g[own], minlength=G)[:G].astype(np.int64)
-    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash
+    # the latest earlier group holding a unit a step needs (its launch waits for that group)
+    need_group = np.full(G, -1, np.int64)
+    early = ~own
+    np.maximum.at(need_group, pf_n[early], pf_g[early])
+    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group
 
 
 @njit(cache=True)
@@ -616,17 +621,20 @@ def bulk_seconds(h, d, transfers, charges, htod_bw, dtoh_bw, duplex, pipelined_b
 
 
 @njit(cache=True)
-def timing(counters, compute, gran, blocking, wait_prev, charges, fault_time_s, faults_per_batch,
+def timing(counters, compute, gran, blocking, wait_prev, need_group, charges, fault_time_s, faults_per_batch,
            batch_overhead_s, htod_bw, dtoh_bw, duplex, pipelined_bw, latency):
     """Simulated time per step. A planned group is issued while the previous
     launch runs (after it, when `wait_prev` or `blocking`) and runs on the copy
-    engines in issue order; a launch starts when the previous one ended and the
-    part of its group it needs has arrived; its faults (and the evictions and
-    driver prefetches they cause) stall it. Returns start, end, stall per step."""
+    engines in issue order; a launch starts when the previous one ended, the
+    part of its own group it needs has arrived (the whole group when
+    `blocking`) and the earlier group `need_group` holding units it needs has
+    finished; its faults (and the evictions and driver prefetches they cause)
+    stall it. Returns start, end, stall per step."""
     n = counters.shape[0]
     start = np.empty(n)
     end = np.empty(n)
     stall = np.empty(n)
+    g_end = np.zeros(n)
     prev_start = 0.0
     prev_end = 0.0
     ce = 0.0
@@ -635,19 +643,21 @@ def timing(counters, compute, gran, blocking, wait_prev, charges, fault_time_s, 
         pf_in = c[C_PREFETCH_IN]
         g_out = c[C_GROUP_DTOH]
         ready = prev_end
+        g_end[i] = ce
         if pf_in > 0 or g_out > 0:
             tg = bulk_seconds(pf_in * gran, g_out * gran, c[C_TRANSFERS], charges, htod_bw, dtoh_bw, duplex,
                               pipelined_bw, latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
             gs = max(ce, after)
-            if blocking[i]:
-                frac = 1.0
-            elif pf_in > 0:
-                frac = c[C_PREFETCH_NEED] / pf_in
-            else:
-                frac = 0.0
             ce = gs + tg
-            ready = max(prev_end, gs + tg * frac)
+            g_end[i] = ce
+            if blocking[i]:
+                ready = max(ready, ce)
+            elif c[C_PREFETCH_NEED] > 0:
+                ready = max(ready, gs + tg * (c[C_PREFETCH_NEED] / pf_in))
+        e = need_group[i]
+        if e >= 0 and e < i:
+            ready = max(ready, g_end[e])
         f = fault_seconds(c[C_FAULTS], charges, fault_time_s, faults_per_batch, batch_overhead_s)
         f += bulk_seconds(c[C_TREE_IN] * gran, c[C_FAULT_DTOH] * gran, 0, charges, htod_bw, dtoh_bw, False,
                           pipelined_bw, 0.0)

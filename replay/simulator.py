@@ -47,6 +47,11 @@ class Groups:
     wait_prev: np.ndarray    # uint8: the group evicts units of the step before: start after it ends
     blocking: np.ndarray     # uint8: the launch waits for the whole group (swapping)
     thrash: np.ndarray       # uint8: the planner could not fit the step
+    need_group: np.ndarray | None = None  # per step: latest earlier group prefetching a unit it needs (-1: none)
+
+    def __post_init__(self) -> None:
+        if self.need_group is None:
+            self.need_group = np.full(len(self.need_now), -1, I64)
 
     @property
     def n_steps(self) -> int:
@@ -69,7 +74,8 @@ class Groups:
         pf_ptr, pf = cat(self.pf_ptr, self.pf_unit, other.pf_ptr, other.pf_unit)
         j = lambda a, b: np.concatenate([a[:s], b[s:]])
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
-                      j(self.blocking, other.blocking), j(self.thrash, other.thrash))
+                      j(self.blocking, other.blocking), j(self.thrash, other.thrash),
+                      j(self.need_group, other.need_group))
 
 
 LOOKAHEAD_STEPS = 1 << 20
@@ -82,12 +88,14 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
     n = len(needs.ptr) - 1
     res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
     la_units = cap_units if lookahead_units is None else lookahead_units
-    ev_ptr, ev, pf_ptr, pf, nn, wp, th = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step, res,
-                                                       lookahead_steps, la_units)
+    ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
+                                                           res, lookahead_steps, la_units)
     pad = np.zeros(start_step, I64)
+    ng = np.where(ng >= 0, ng + start_step, -1)
     return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
                   np.concatenate([pad, nn]), np.concatenate([pad.astype(np.uint8), wp]),
-                  np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]))
+                  np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]),
+                  np.concatenate([pad - 1, ng]))
 
 
 # ---- the run context -------------------------------------------------------------
@@ -363,7 +371,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
 
 def timing(counters, comp, gran, groups: Groups, profile):
     p = profile
-    return C.timing(counters, comp, float(gran), groups.blocking, groups.wait_prev, bool(p.charges),
+    return C.timing(counters, comp, float(gran), groups.blocking, groups.wait_prev, groups.need_group,
+                    bool(p.charges),
                     float(p.fault_time_s), int(p.faults_per_batch), float(p.batch_overhead_s),
                     float(p.htod_bandwidth), float(p.dtoh_bandwidth), bool(p.duplex),
                     float(p.pipelined_bandwidth), float(p.transfer_latency_s))
