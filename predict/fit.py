@@ -329,6 +329,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)])
         if res is not None:
             (fs, fe), exact = res
+            if not fs.terms and not fe.terms and fe.const <= fs.const:
+                fe = FM.Formula(fs.const + 1, ())  # an observed region is not empty
             cls = "fixed" if not fs.terms and not fe.terms else "linear"
             ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > 15
             if not (cls == "linear" and ugly and whole.all()):
