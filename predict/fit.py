@@ -515,6 +515,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     if len(sh) == 0:
         return None
     rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1)
+          or _count_argument(kd, g[sh], c64[sh])
           or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1))
     if rc is None:
         return None
@@ -563,6 +564,22 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
         return None
     fit["exact"] = exact
     return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
+
+
+def _count_argument(kd: KernelData, g: np.ndarray, runs: np.ndarray):
+    """A count that is one argument: never below the runs seen (runs only merge) and equal to
+    them in most launches. ((formula,), exact) or None."""
+    best = None
+    for k, name in enumerate(kd.sel_names):
+        v = kd.uniq[g, k]
+        if not kd.sel_varying[k] or np.any(v < runs) or np.any(v > 1 << 16):
+            continue
+        agree = float(np.mean(v == runs))
+        if agree >= 0.5 and (best is None or agree > best[0]):
+            best = (agree, name)
+    if best is None:
+        return None
+    return (FM.Formula(0, ((1, (best[1],)),)),), round(best[0], 6)
 
 
 def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
