@@ -297,9 +297,10 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
-        for stride_terms in (0, 1):  # a constant stride seen at one size may really follow an argument
+        # a constant stride seen over a narrow range of sizes may really follow an argument
+        for stride_terms, start_terms in ((0, 0), (1, 0)):
             region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
-                                  stride_terms=stride_terms)
+                                  stride_terms=stride_terms, start_terms=start_terms)
             if region is not None:
                 ok = _verify(kd, region, cat, sel, bigp)
                 fit["exact"] = round(float(ok.mean()), 6)
@@ -447,7 +448,7 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_ter
 
 
 def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
-                 shape: np.ndarray | None = None, stride_terms: int = 0):
+                 shape: np.ndarray | None = None, stride_terms: int = 0, start_terms: int = 0):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
         return None
@@ -533,7 +534,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     hints = sorted({int(np.prod([kd.uniq[0, k] for k in combo]))
                     for d in (1, 2, 3) for combo in itertools.combinations(const, d)})
     rmode = ("round", tuple(hints))
-    mt = {1: stride_terms}
+    mt = {0: start_terms, 1: stride_terms}
     res = (_solve_pair(kd, gw, bounds, {1: rmode}, budgets=bud, max_terms=1, min_terms=mt)
            or _solve_pair(kd, gw, bounds, {1: rmode}, min_terms=mt))
     if res is None:
