@@ -24,7 +24,10 @@ def stderr() -> Console:
 
 
 def stdout() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # Piped output has no terminal width; rich would squeeze tables into 80
+    # columns and fold kernel names. Give tables room; a terminal keeps its own width.
+    width = None if sys.stdout.isatty() else 160
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
 def info(msg: str) -> None:
