@@ -31,6 +31,7 @@ from .model_io import KernelModel, Model, Region
 DEMOTE_AFTER = 3           # widenings of one region before it is declared irregular
 NEAR = 0.5                 # a miss within this share of the region's size (or 2 big pages) "nearly held"
 HISTORY_INTERVALS = 64
+FEEDBACK_ROWS = 64         # launches' bounds kept beside the fit's evidence
 
 def _index(trace: T.Trace) -> AllocIndex:
     holder = getattr(trace, "_pc_alloc_index", None)
@@ -156,15 +157,12 @@ def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: in
         return r.history != before
     if r.cls == "allocation":
         return False  # a miss inside the allocation cannot be: the prediction already held it
-    r.fit["feedback_misses"] = int(r.fit.get("feedback_misses", 0)) + 1
     if r.cls == "strided":
-        if r.fit["feedback_misses"] >= DEMOTE_AFTER:
-            _demote(r, s_, e_, a_s)
-        return True
+        return _refine_strided(r, values, base, s_, e_, a_s, a_e, ps)
     # fixed / linear: where is the current prediction?
     try:
-        sb = base + r.start.evaluate(values)
-        eb = base + r.end.evaluate(values)
+        sb = base + int(r.start.evaluate(values))
+        eb = base + int(r.end.evaluate(values))
     except KeyError:
         _demote(r, s_, e_, a_s)
         return True
@@ -173,27 +171,17 @@ def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: in
     if lo_need >= sp and hi_need <= ep:
         return False  # already covered (an earlier refinement took care of it)
     # 1. replace: the simplest formulas explaining the evidence plus this launch
-    ev = r.fit.get("evidence")
-    if ev and all(n in values for n in ev["features"]):
-        feats = ev["features"]
-        rows = [list(x) for x in ev["rows"]]
-        need_s = min(lo_need, sp)
-        need_e = max(hi_need, ep)
-        rows.append([values[n] for n in feats] + [-int(FM.INF), (need_s + 1) * ps - 1 - base,
-                                                  (need_e - 1) * ps + 1 - base, int(FM.INF), 1])
-        R = np.array(rows, dtype=np.int64)
-        U = R[:, :len(feats)]
-        varying = np.array([len(np.unique(U[:, k])) > 1 for k in range(U.shape[1])], bool)
-        mono = FM.monomials(list(feats), U, varying)
-        fs = FM.solve(mono, R[:, -5], R[:, -4], R[:, -1].astype(float))
-        fe = FM.solve(mono, R[:, -3], R[:, -2], R[:, -1].astype(float))
-        if fs is not None and fe is not None:
-            r.start, r.end = fs, fe
-            r.cls = "fixed" if not fs.terms and not fe.terms else "linear"
-            ev["rows"] = rows[-64:]
-            r.fit["replaced_by_feedback"] = int(r.fit.get("replaced_by_feedback", 0)) + 1
-            return True
+    need_s, need_e = min(lo_need, sp), max(hi_need, ep)
+    row = [-int(FM.INF), (need_s + 1) * ps - 1 - base, (need_e - 1) * ps + 1 - base, int(FM.INF)]
+    res = _resolve(r, values, row, pair=True)
+    if res is not None:
+        fs, fe = res
+        r.start, r.end = fs, fe
+        r.cls = "fixed" if not fs.terms and not fe.terms else "linear"
+        r.fit["replaced_by_feedback"] = int(r.fit.get("replaced_by_feedback", 0)) + 1
+        return True
     # 2. widen the formula that nearly held, 3. demote one that keeps missing
+    r.fit["feedback_misses"] = int(r.fit.get("feedback_misses", 0)) + 1
     size = max(ep - sp, 1)
     near = max(NEAR * size, 32)
     if r.fit["feedback_misses"] >= DEMOTE_AFTER or sp - lo_need > near or hi_need - ep > near:
@@ -208,17 +196,113 @@ def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: in
     return True
 
 
-def feedback_from_trace(model: Model, trace: T.Trace, progress=None) -> int:
-    """Apply feedback for every launch of a trace recorded while running with predictions.
+def _resolve(r: Region, values: dict, row: list, pair: bool):
+    """Re-solve a region's formula(s) over its stored evidence plus one new row of bounds.
 
-    Its faults are the misses; pages the model predicts anyway are not misses.
-    Returns how many launches changed the model.
+    `row` holds [start_lo, start_hi, end_lo, end_hi] in bytes relative to the base (for a
+    strided region's chunk, the chunk's bounds twice). The evidence keeps the fit's feature
+    groups; rows added by feedback are kept apart (at most FEEDBACK_ROWS, oldest dropped)
+    so that the fit's own groups are never forgotten. Strict: every row must hold.
+    """
+    ev = r.fit.get("evidence") if isinstance(r.fit, dict) else None
+    if not ev or not all(n in values for n in ev["features"]):
+        return None
+    feats = list(ev["features"])
+    new = [int(values[n]) for n in feats] + [int(x) for x in row] + [1]
+    rows = [list(x) for x in ev["rows"]] + [list(x) for x in ev.get("feedback_rows", [])] + [new]
+    R = np.array(rows, dtype=np.int64)
+    U = R[:, :len(feats)]
+    varying = np.array([len(np.unique(U[:, k])) > 1 for k in range(U.shape[1])], bool)
+    mono = FM.monomials(feats, U, varying)
+    w = np.ones(len(R), np.float64)
+    if pair:
+        fs = FM.solve(mono, R[:, -5], R[:, -4], w)
+        if fs is None:
+            return None
+        fe = FM.solve(mono, R[:, -3], R[:, -2], w)
+        if fe is None:
+            return None
+        out = (fs, fe)
+    else:
+        f = FM.solve(mono, R[:, -3], R[:, -2], w)
+        if f is None:
+            return None
+        out = (f,)
+    ev["feedback_rows"] = (list(ev.get("feedback_rows", [])) + [new])[-FEEDBACK_ROWS:]
+    return out
+
+
+def _refine_strided(r: Region, values: dict, base: int, s_, e_, a_s: int, a_e: int, ps: int) -> bool:
+    """A strided region whose chunk outgrew the training scales: re-solve the chunk."""
+    try:
+        start = base + int(r.start.evaluate(values))
+        stride = int(r.stride.evaluate(values))
+        count = int(r.count.evaluate(values))
+        chunk = int(r.chunk.evaluate(values))
+    except KeyError:
+        _demote(r, s_, e_, a_s)
+        return True
+    if count < 1 or chunk < 1:
+        _demote(r, s_, e_, a_s)
+        return True
+    # which chunk each missed interval extends: the last chunk starting at or before it
+    cs = np.asarray(s_, np.int64) * ps
+    ce = np.asarray(e_, np.int64) * ps
+    k = np.clip((cs + ps - 1 - start) // stride if stride > 0 else np.zeros(len(cs), np.int64), 0, count - 1)
+    cstart = start + k * stride
+    covered = (-(-(cstart + chunk) // ps)) * ps  # the prediction is page-rounded
+    miss = ce > covered
+    before = cs + ps - 1 < cstart
+    if not miss.any() and not before.any():
+        return False
+    if not before.any():
+        need = int(((ce - ps + 1) - cstart)[miss].max())   # chunk must reach into the last missed page
+        res = _resolve(r, values, [need, int(FM.INF), need, int(FM.INF)], pair=False)
+        if res is not None:
+            r.chunk = res[0]
+            r.fit["replaced_by_feedback"] = int(r.fit.get("replaced_by_feedback", 0)) + 1
+            return True
+    r.fit["feedback_misses"] = int(r.fit.get("feedback_misses", 0)) + 1
+    if r.fit["feedback_misses"] >= DEMOTE_AFTER or before.any():
+        _demote(r, s_, e_, a_s)
+        return True
+    need = int(((ce - cstart)[miss]).max())
+    if need - chunk > max(NEAR * chunk, 32 * ps):
+        _demote(r, s_, e_, a_s)
+        return True
+    r.chunk = FM.Formula(r.chunk.const + (-(-(need - chunk) // ps)) * ps, r.chunk.terms)
+    r.fit["widened_by_feedback"] = int(r.fit.get("widened_by_feedback", 0)) + 1
+    return True
+
+
+def fault_misses(model: Model, trace: T.Trace, fallback: str = "none"):
+    """The misses of a trace under a model: fault pages the model's predictions do not hold.
+
+    Every fault record's page was certainly touched (observe.py); in a trace recorded while
+    running with the model's predictions those are the misses, and in a full-mode trace
+    (recorded without them) the fault pages outside the predicted pages are exactly what the
+    prediction would have missed — never the rest of a fault's 64 KiB big page, which the
+    driver widens to but the launch need not have touched. Returns (launch, start, end)
+    page intervals sorted by launch.
     """
     from .predictor import predict_footprints
-    obs = FP.observed_footprints(trace)
-    pred = predict_footprints(model, trace, "none")
-    # missed = observed minus predicted, per launch (vectorized interval difference)
-    lo, s, e = _difference(obs, pred)
+    ps = trace.page_size
+    f = trace.faults
+    lid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+    page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
+    faults = FP.Footprints.from_intervals(lid, page, page + 1, trace.n_launches, ps, "observed")
+    pred = predict_footprints(model, trace, fallback)
+    return _difference(faults, pred)
+
+
+def feedback_from_trace(model: Model, trace: T.Trace, progress=None) -> int:
+    """Apply feedback for every launch of a trace, in launch order (see `fault_misses`).
+
+    The misses are computed once against the model as it was; a refinement made at one
+    launch covers later launches' misses, which `apply_feedback` then ignores (it checks
+    each miss against the current formulas). Returns how many launches changed the model.
+    """
+    lo, s, e = fault_misses(model, trace)
     changed = 0
     if len(lo) == 0:
         return 0

@@ -308,6 +308,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                     region = None
             if region is not None:
                 break
+            fit.pop("evidence", None)
     hull_ok = maxp == 1
     if region is None and maxp > 1:
         # one contiguous range over the runs (the hull), when the gaps inside are a sliver:
@@ -564,6 +565,9 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     if not fc.terms and fc.const == 1:
         return None
     fit["exact"] = exact
+    # the chunk's per-group byte bounds, kept for fault feedback (a chunk that outgrows a page)
+    fit["evidence"] = _evidence(kd, gb, lo_b, hi_b, lo_b, hi_b)
+    fit["evidence"]["of"] = "chunk"
     return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
 
 
