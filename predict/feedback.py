@@ -45,9 +45,25 @@ def _index(trace: T.Trace) -> AllocIndex:
 
 
 def _launch(trace: T.Trace, lid: int):
-    row = trace.launches.slice(lid, 1).to_pylist()[0]
-    grid = tuple(row[c] for c in T.GRID_COLUMNS)
-    return row[T.KERNEL], row[T.PARAM_DATA], tuple(row[T.PARAM_SIZES]), tuple(row[T.PARAM_OFFSETS]), grid
+    """One launch's kernel, parameter bytes, layout and grid (no whole-row conversion: this
+    runs once per launch with misses, online)."""
+    L = trace.launches
+    grid = tuple(int(L.column(c)[lid].as_py()) for c in T.GRID_COLUMNS)
+    return (L.column(T.KERNEL)[lid].as_py(), L.column(T.PARAM_DATA)[lid].as_py(),
+            tuple(L.column(T.PARAM_SIZES)[lid].as_py()), tuple(L.column(T.PARAM_OFFSETS)[lid].as_py()), grid)
+
+
+_WORDS: dict = {}
+
+
+def _word(name: str, sizes) -> Word:
+    key = (name, tuple(sizes))
+    w = _WORDS.get(key)
+    if w is None:
+        if len(_WORDS) > 65536:
+            _WORDS.clear()
+        w = _WORDS[key] = Word.parse(name).resolve(sizes)
+    return w
 
 
 def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, missed_end) -> bool:
@@ -77,24 +93,29 @@ def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, m
     km.feedback["missed_pages"] = int(km.feedback.get("missed_pages", 0)) + int((me - ms).sum())
     same_layout = tuple(km.param_sizes) == sizes and tuple(km.param_offsets) == offsets
     values = _values(km, data, offsets, grid) if same_layout else {}
-    a_s = (ix.addr // np.uint64(ps)).astype(np.int64)
-    a_e = ((ix.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+    # where every region's base points at this launch (one vectorized lookup)
+    ptr = [_word(r.base, km.param_sizes).pointer_one(data, offsets) for r in km.regions] if same_layout else []
+    prow = ix.lookup(np.array(ptr, np.uint64), np.full(len(ptr), lid)) if ptr else np.zeros(0, np.int64)
     for a in np.unique(arow):
         sel = arow == a
         s_, e_ = ms[sel], me[sel]
-        region, base = None, None
-        if same_layout:
-            for r in km.regions:
-                w = Word.parse(r.base).resolve(km.param_sizes)
-                v = w.pointer_one(data, offsets)
-                if ix.lookup(np.array([v], np.uint64), np.array([lid]))[0] == a:
-                    region, base = r, v
-                    break
-        if region is None:
-            changed |= _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, a_s[a])
+        a_s = int(ix.addr[a]) // ps
+        a_e = -(-int(ix.end[a]) // ps)
+        cands = [(ptr[i], km.regions[i]) for i in np.flatnonzero(prow == a)]
+        if not cands:
+            changed |= _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, a_s)
             continue
         km.feedback["misses"] = int(km.feedback.get("misses", 0)) + 1
-        changed |= _refine(km, region, values, base, s_, e_, int(a_s[a]), int(a_e[a]), ps)
+        # several pointers into one allocation: each owns the part from its own page up to the
+        # next pointer above it (observe.py), so a missed interval goes to the highest pointer
+        # at or below it (the lowest one for pages below every pointer)
+        cands.sort(key=lambda x: x[0])
+        bp = np.array([v // ps for v, _ in cands], np.int64)
+        who = np.maximum(np.searchsorted(bp, s_, side="right") - 1, 0)
+        for i in np.unique(who):
+            base, region = cands[int(i)]
+            m_ = who == i
+            changed |= _refine(km, region, values, base, s_[m_], e_[m_], a_s, a_e, ps)
     if changed:
         model.version_counter += 1
     return changed
@@ -110,7 +131,7 @@ def _values(km: KernelModel, data: bytes, offsets, grid) -> dict:
     out = {}
     for n in names:
         try:
-            out[n] = Word.parse(n).resolve(km.param_sizes).one(data, offsets, grid)
+            out[n] = _word(n, km.param_sizes).one(data, offsets, grid)
         except (ValueError, IndexError):
             pass
     return out
@@ -118,9 +139,13 @@ def _values(km: KernelModel, data: bytes, offsets, grid) -> dict:
 
 def _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, alloc_page) -> bool:
     ptrs, _ = candidate_words(sizes, offsets)
-    for w in ptrs:
-        v = w.pointer_one(data, offsets)
-        if ix.lookup(np.array([v], np.uint64), np.array([lid]))[0] == a:
+    if not ptrs:
+        return False
+    vals = np.array([w.pointer_one(data, offsets) for w in ptrs], np.uint64)
+    rows = ix.lookup(vals, np.full(len(vals), lid))
+    for i in np.flatnonzero(rows == a):
+        w = ptrs[int(i)]
+        if True:
             if any(r.base == w.name for r in km.regions):
                 return False
             km.regions.append(Region(w.name, "irregular", history=_merge_hist([], s_ - alloc_page, e_ - alloc_page),
