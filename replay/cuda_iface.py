@@ -389,6 +389,18 @@ def open_cuda(device: int = 0) -> DriverCuda:
     return DriverCuda(device)
 
 
+def no_gpu_reason(device: int = 0) -> str | None:
+    """Why `open_cuda(device)` fails here (the first line of its error), or None when it works.
+
+    For skipping GPU tests and choosing no-GPU paths; it opens the device once to find out.
+    """
+    try:
+        open_cuda(device)
+    except Exception as e:  # noqa: BLE001
+        return _first(e)
+    return None
+
+
 # ---------------------------------------------------------------------------
 # CUPTI unified-memory counters and kernel times
 # ---------------------------------------------------------------------------

@@ -17,21 +17,12 @@ from pagecast.cli import main
 from pagecast.errors import ProfileError
 from pagecast.replay import calibrate as C
 from pagecast.replay.costs import load_profile
-from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor
+from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor, no_gpu_reason
 
 GiB = 2**30
 
 
-def _has_gpu() -> bool:
-    try:
-        from pagecast.replay.cuda_iface import open_cuda
-        open_cuda()
-        return True
-    except Exception:
-        return False
-
-
-HAS_GPU = _has_gpu()
+HAS_GPU = no_gpu_reason() is None
 
 
 class ClockedFake(FakeCuda):

@@ -20,23 +20,20 @@ import pytest
 from pagecast import trace as T
 from pagecast.collect.launch_hook import CB_cuLaunchKernel_ptsz, LaunchArgs
 from pagecast.errors import NoGPUError, UsageError
+from pagecast.replay import gpu_child as C
+from pagecast.replay import gpu_engine as E
+from pagecast.replay import gpu_oracle as O
+from pagecast.replay import gpu_ranges as R
+from pagecast.replay import gpu_residency as RS
 from pagecast.replay import gpu_runner as G
-from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor
+from pagecast.replay import prefetching as PF
+from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor, no_gpu_reason
 
 MiB = 2**20
-UNIT = G.UNIT
+UNIT = R.UNIT
 
 
-def _has_gpu() -> bool:
-    try:
-        from pagecast.replay.cuda_iface import open_cuda
-        open_cuda()
-        return True
-    except Exception:
-        return False
-
-
-HAS_GPU = _has_gpu()
+HAS_GPU = no_gpu_reason() is None
 
 
 def mk_launch(kernel: str, words: list[int], *, stream: int = 7, corr: int = 0, cbid: int = 0) -> LaunchArgs:
@@ -50,25 +47,25 @@ def mk_launch(kernel: str, words: list[int], *, stream: int = 7, corr: int = 0, 
 # ---- ranges and allocations ---------------------------------------------------
 
 def test_merge_ranges_merges_touching_and_overlapping():
-    assert G.merge_ranges([(10, 5), (0, 10), (30, 1), (31, 0), (20, 15)]) == [(0, 15), (20, 15)]
-    assert G.merge_ranges([]) == []
+    assert R.merge_ranges([(10, 5), (0, 10), (30, 1), (31, 0), (20, 15)]) == [(0, 15), (20, 15)]
+    assert R.merge_ranges([]) == []
 
 
 def test_split_by_unit_and_units_of():
-    parts = G.split_by_unit([(UNIT - 100, 300)], UNIT)
+    parts = R.split_by_unit([(UNIT - 100, 300)], UNIT)
     assert parts == {0: [(UNIT - 100, 100)], 1: [(UNIT, 200)]}
-    assert G.units_of([(0, 1), (3 * UNIT, UNIT + 1)], UNIT) == {0, 3, 4}
+    assert R.units_of([(0, 1), (3 * UNIT, UNIT + 1)], UNIT) == {0, 3, 4}
 
 
 def test_subtract_ranges():
-    assert G.subtract_ranges([(0, 100)], [(10, 10), (50, 60)]) == [(0, 10), (20, 30)]
-    assert G.subtract_ranges([(0, 10), (20, 10)], []) == [(0, 10), (20, 10)]
-    assert G.subtract_ranges([(0, 10)], [(0, 10)]) == []
-    assert G.subtract_ranges([(5, 10), (30, 5)], [(0, 7), (32, 100)]) == [(7, 8), (30, 2)]
+    assert R.subtract_ranges([(0, 100)], [(10, 10), (50, 60)]) == [(0, 10), (20, 30)]
+    assert R.subtract_ranges([(0, 10), (20, 10)], []) == [(0, 10), (20, 10)]
+    assert R.subtract_ranges([(0, 10)], [(0, 10)]) == []
+    assert R.subtract_ranges([(5, 10), (30, 5)], [(0, 7), (32, 100)]) == [(7, 8), (30, 2)]
 
 
 def test_residency_missing_is_what_a_prefetch_must_still_move():
-    r = G.Residency(10 * UNIT, UNIT, "fifo")
+    r = RS.Residency(10 * UNIT, UNIT, "fifo")
     r.admit([(0, 4096), (UNIT, UNIT)], 0)
     assert r.missing([(0, 8192), (UNIT + 100, 50), (5 * UNIT, 10)]) == [(4096, 4096), (5 * UNIT, 10)]
 
@@ -83,7 +80,7 @@ def test_allocation_map_caches_and_clips_to_managed_allocations():
         calls.append(a)
         return f.allocation_of(a)
 
-    am = G.AllocationMap(lookup)
+    am = R.AllocationMap(lookup)
     base = 1 << 40
     assert am.find(base + 100).base == base
     assert am.find(base + 200).base == base and len(calls) == 1   # cached
@@ -98,15 +95,15 @@ def test_pointer_words_and_allocation_ranges():
     base = 1 << 40
     f.add_allocation(base, 3 * MiB)
     data = struct.pack("<QQI", base + 4096, 1000, 7) + b"\0" * 4
-    assert G.pointer_words(data) == [base + 4096]          # 1000 is too small to be a pointer
-    am = G.AllocationMap(f.allocation_of)
-    assert G.allocation_ranges(data, am) == [(base, 3 * MiB)]
+    assert R.pointer_words(data) == [base + 4096]          # 1000 is too small to be a pointer
+    am = R.AllocationMap(f.allocation_of)
+    assert R.allocation_ranges(data, am) == [(base, 3 * MiB)]
 
 
 # ---- next-use prediction ---------------------------------------------------------
 
 def test_period_detector_finds_the_step_of_an_iterative_workload():
-    d = G.PeriodDetector(min_match=8, search_every=1)
+    d = RS.PeriodDetector(min_match=8, search_every=1)
     step = ["embed", "attn", "mlp", "attn", "mlp", "head"]
     got = [d.observe(k) for k in step * 6]
     assert got[-1] == 6
@@ -120,17 +117,17 @@ def test_period_detector_finds_a_long_step_soon_after_it_repeated():
 
     rng = random.Random(1)
     step = [f"k{rng.randrange(40)}" for _ in range(300)]
-    d = G.PeriodDetector()
+    d = RS.PeriodDetector()
     first = next(i for i in range(2000) if d.observe(step[i % 300]) is not None)
     assert d.period == 300 and first < 2 * 300 + 32 * 8
     # random launches: no period is claimed
-    d = G.PeriodDetector()
+    d = RS.PeriodDetector()
     assert all(d.observe(f"k{rng.randrange(40)}") is None for _ in range(3000))
 
 
 def test_sequence_next_use_predicts_from_the_last_period_and_falls_back_to_lru():
-    d = G.PeriodDetector(min_match=4, search_every=1)
-    nu = G.SequenceNextUse(d)
+    d = RS.PeriodDetector(min_match=4, search_every=1)
+    nu = RS.SequenceNextUse(d)
     # no period yet: LRU distance
     nu.record(0, [1])
     nu.record(1, [2])
@@ -149,7 +146,7 @@ def test_sequence_next_use_predicts_from_the_last_period_and_falls_back_to_lru()
 
 
 def test_future_next_use_is_belady():
-    fut = G.FutureNextUse({"a": [1, 5, 9], "b": [2, 3]}, lambda u: {"a"} if u == 0 else {"b"})
+    fut = RS.FutureNextUse({"a": [1, 5, 9], "b": [2, 3]}, lambda u: {"a"} if u == 0 else {"b"})
     assert fut.score(0, 1) == 4 and fut.score(1, 1) == 1 and fut.score(1, 3) == float("inf")
 
 
@@ -160,7 +157,7 @@ def U(i, n=1):
 
 
 def test_residency_fifo_evicts_in_arrival_order_and_never_the_launchs_own_units():
-    r = G.Residency(3 * UNIT, UNIT, "fifo")
+    r = RS.Residency(3 * UNIT, UNIT, "fifo")
     assert r.admit([U(0), U(1), U(2)], 0) == []
     assert r.admit([U(1)], 1) == []                 # already resident: no change in order
     ev = r.admit([U(0), U(3)], 2)                   # needs 1 unit; 0 is needed, so 1 goes
@@ -169,7 +166,7 @@ def test_residency_fifo_evicts_in_arrival_order_and_never_the_launchs_own_units(
 
 
 def test_residency_lru_refreshes_on_use():
-    r = G.Residency(2 * UNIT, UNIT, "lru")
+    r = RS.Residency(2 * UNIT, UNIT, "lru")
     r.admit([U(0)], 0)
     r.admit([U(1)], 1)
     r.admit([U(0)], 2)
@@ -183,14 +180,14 @@ def test_residency_next_use_evicts_the_furthest():
         def score(self, u, t):
             return scores.get(u, 0.0)
 
-    r = G.Residency(3 * UNIT, UNIT, "next-use", S())
+    r = RS.Residency(3 * UNIT, UNIT, "next-use", S())
     r.admit([U(0), U(1), U(2)], 0)
-    assert r.admit([U(3), U(4)], 1) == G.merge_ranges([U(1), U(0)])
+    assert r.admit([U(3), U(4)], 1) == R.merge_ranges([U(1), U(0)])
     assert set(r.resident) == {2, 3, 4}
 
 
 def test_residency_evicts_only_the_bytes_that_were_admitted():
-    r = G.Residency(8192, UNIT, "fifo")
+    r = RS.Residency(8192, UNIT, "fifo")
     r.admit([(100, 4096), (UNIT - 4096, 4096)], 0)    # two small allocations inside one unit
     ev = r.admit([(5 * UNIT, 10)], 1)
     assert ev == [(100, 4096), (UNIT - 4096, 4096)]
@@ -199,7 +196,7 @@ def test_residency_evicts_only_the_bytes_that_were_admitted():
 
 def test_residency_counts_bytes_not_units():
     """Small ranges in many units fit a capacity smaller than their units' total size."""
-    r = G.Residency(UNIT, UNIT, "fifo")
+    r = RS.Residency(UNIT, UNIT, "fifo")
     assert r.admit([(u * UNIT, 64 * 1024) for u in range(16)], 0) == []   # 1 MiB in 16 units
     assert r.resident_units == 16 and r.resident_bytes == 16 * 64 * 1024
     ev = r.admit([(100 * UNIT, UNIT // 2 + 64 * 1024)], 1)                # needs 64 KiB more than is free
@@ -208,7 +205,7 @@ def test_residency_counts_bytes_not_units():
 
 
 def test_residency_overflow_when_one_launch_exceeds_the_capacity():
-    r = G.Residency(2 * UNIT, UNIT, "fifo")
+    r = RS.Residency(2 * UNIT, UNIT, "fifo")
     r.admit([U(9)], 0)
     ev = r.admit([U(0, 3)], 1)
     assert ev == [U(9)] and r.overflows == 1
@@ -222,7 +219,7 @@ def test_residency_matches_a_reference_cache_on_a_random_sequence(victim):
 
     rng = random.Random(3)
     seq = [rng.randrange(12) for _ in range(2000)]
-    r = G.Residency(5 * UNIT, UNIT, victim)
+    r = RS.Residency(5 * UNIT, UNIT, victim)
     ref: OrderedDict = OrderedDict()
     miss_r = miss_ref = 0
     for t, u in enumerate(seq):
@@ -255,7 +252,7 @@ def fake_with_buffers(n: int, size: int = 4 * MiB) -> tuple[FakeCuda, list[int]]
 
 def test_demand_adds_nothing_without_a_capacity():
     f, bases = fake_with_buffers(2)
-    e = G.Engine(f, "demand")
+    e = E.Engine(f, "demand")
     e.on_launch(mk_launch("k", [bases[0], 64]))
     assert [x for x in f.log if x[0] in ("gpu", "host", "wait")] == []
     assert e.stats.launches == 1 and e.stats.errors == 0
@@ -263,14 +260,14 @@ def test_demand_adds_nothing_without_a_capacity():
 
 def test_alloc_prefetches_whole_allocations_on_the_launch_stream():
     f, bases = fake_with_buffers(2)
-    e = G.Engine(f, "alloc")
+    e = E.Engine(f, "alloc")
     e.on_launch(mk_launch("k", [bases[0] + 4096, bases[1], 12345], stream=42))
     assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 4 * MiB, 42), ("gpu", bases[1], 4 * MiB, 42)]
 
 
 def test_per_thread_default_stream():
-    assert G.launch_stream(mk_launch("k", [], stream=0, cbid=CB_cuLaunchKernel_ptsz)) == G.PER_THREAD_STREAM
-    assert G.launch_stream(mk_launch("k", [], stream=0)) == 0
+    assert E.launch_stream(mk_launch("k", [], stream=0, cbid=CB_cuLaunchKernel_ptsz)) == E.PER_THREAD_STREAM
+    assert E.launch_stream(mk_launch("k", [], stream=0)) == 0
 
 
 def test_template_prefetches_the_prediction_clipped_to_managed_memory():
@@ -280,7 +277,7 @@ def test_template_prefetches_the_prediction_clipped_to_managed_memory():
         p, n = struct.unpack_from("<QQ", la.param_data)
         return [(p, n), (p + 100 * MiB, 4096)]          # the second lands in no allocation
 
-    e = G.Engine(f, "template", predict=predict, model_kernels={"k"})
+    e = E.Engine(f, "template", predict=predict, model_kernels={"k"})
     e.on_launch(mk_launch("k", [bases[0], 2 * MiB]))
     assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 2 * MiB, 7)]
     assert e.stats.predicted_launches == 1 and e.stats.predict_s >= 0
@@ -289,7 +286,7 @@ def test_template_prefetches_the_prediction_clipped_to_managed_memory():
 def test_unseen_kernels_warn_once():
     f, bases = fake_with_buffers(1)
     warnings = []
-    e = G.Engine(f, "template", predict=lambda la, a: [], model_kernels={"k"}, warn=warnings.append)
+    e = E.Engine(f, "template", predict=lambda la, a: [], model_kernels={"k"}, warn=warnings.append)
     for _ in range(3):
         e.on_launch(mk_launch("other", [bases[0]]))
     assert len(warnings) == 1 and "other" in warnings[0]
@@ -303,7 +300,7 @@ def test_capacity_emulation_orders_evict_prefetch_wait():
     def predict(la, allocs):
         return [(struct.unpack_from("<Q", la.param_data)[0], 2 * MiB)]
 
-    e = G.Engine(f, "template", capacity=2 * UNIT, predict=predict)
+    e = E.Engine(f, "template", capacity=2 * UNIT, predict=predict)
     for b in bases:
         e.on_launch(mk_launch("k", [b], stream=5))
     ops = [x for x in f.log if x[0] in ("gpu", "host", "record", "wait", "stream")]
@@ -327,7 +324,7 @@ def run_cycle(policy: str, steps: int = 12, cap_units: int = 3, predict_ok: bool
     def predict(la, allocs):
         return [(struct.unpack_from("<Q", la.param_data)[0], UNIT)] if predict_ok else []
 
-    e = G.Engine(f, policy, capacity=cap_units * UNIT, predict=predict if policy == "template" else None)
+    e = E.Engine(f, policy, capacity=cap_units * UNIT, predict=predict if policy == "template" else None)
     for _ in range(steps):
         for i, b in enumerate(bases):
             e.on_launch(mk_launch(f"k{i}", [b]))
@@ -354,7 +351,7 @@ def test_policy_errors_never_reach_the_workload():
     def broken(la, allocs):
         raise RuntimeError("bad formula")
 
-    e = G.Engine(f, "template", predict=broken)
+    e = E.Engine(f, "template", predict=broken)
     e.on_launch(mk_launch("k", [bases[0]]))
     assert e.stats.errors == 1 and "bad formula" in e.stats.last_error
 
@@ -362,11 +359,11 @@ def test_policy_errors_never_reach_the_workload():
 def test_engine_refuses_impossible_policies():
     f = FakeCuda()
     with pytest.raises(UsageError, match="model"):
-        G.Engine(f, "template")
+        E.Engine(f, "template")
     with pytest.raises(UsageError, match="trace"):
-        G.Engine(f, "oracle")
+        E.Engine(f, "oracle")
     with pytest.raises(UsageError, match="unknown policy"):
-        G.Engine(f, "lru")
+        E.Engine(f, "lru")
 
 
 # ---- the oracle's relocation ----------------------------------------------------------------
@@ -401,7 +398,7 @@ def oracle_trace(tmp_path, n_steps: int = 3):
 
 def test_relocator_moves_footprints_by_each_allocations_delta(tmp_path):
     tr = oracle_trace(tmp_path)
-    rel = G.Relocator(tr)
+    rel = O.Relocator(tr)
     run = [BASE, BASE + 64 * MiB]                      # this run's allocations live elsewhere
     assert rel.observe(0, "k0", struct.pack("<QQ", run[0], 4096))
     assert rel.footprint(0) == [(run[0], 3 * MiB)]
@@ -420,7 +417,7 @@ def test_oracle_policy_prefetches_the_relocated_truth_and_evicts_by_belady(tmp_p
     run = [BASE, BASE + 64 * MiB]
     for b in run:
         f.add_allocation(b, 4 * MiB)
-    e = G.Engine(f, "oracle", relocator=G.Relocator(tr), capacity=2 * UNIT)
+    e = E.Engine(f, "oracle", relocator=O.Relocator(tr), capacity=2 * UNIT)
     for i in range(tr.n_launches):
         e.on_launch(mk_launch(f"k{i % 2}", [run[i % 2], 4096]))
     gpu = [x for x in f.log if x[0] == "gpu"]
@@ -438,14 +435,14 @@ def test_oracle_policy_prefetches_the_relocated_truth_and_evicts_by_belady(tmp_p
     (["-m", "pkg.mod", "--scale", "2"], ("module", "pkg.mod", ["--scale", "2"])),
 ])
 def test_parse_workload(argv, want):
-    assert G.parse_workload(argv) == want
+    assert C.parse_workload(argv) == want
 
 
 @pytest.mark.parametrize("argv,msg", [([], "after '--'"), (["./a.out"], "not python"), (["python"], "names no script"),
                                       (["python", "-c", "x"], "unsupported")])
 def test_parse_workload_rejects(argv, msg):
     with pytest.raises(UsageError, match=msg):
-        G.parse_workload(argv)
+        C.parse_workload(argv)
 
 
 def test_aggregate_takes_the_median_and_spread():
@@ -506,7 +503,7 @@ def test_child_run_writes_its_measurements(tmp_path, fake_launch_module):
     script.write_text("import pagecast_test_launch as L\nfor _ in range(5):\n    for i in range(4):\n        L.launch(i)\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    code = G.child_main(["--policy", "demand", "--capacity", str(2 * UNIT), "--result", str(res),
+    code = C.child_main(["--policy", "demand", "--capacity", str(2 * UNIT), "--result", str(res),
                          "--", "python", str(script)], cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
     out = json.loads(res.read_text())
     assert code == 0 and "error" not in out
@@ -520,7 +517,7 @@ def test_child_run_reports_a_crashing_workload(tmp_path, fake_launch_module):
     script.write_text("raise ValueError('boom')\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    code = G.child_main(["--policy", "demand", "--result", str(res), "--", "python", str(script)],
+    code = C.child_main(["--policy", "demand", "--result", str(res), "--", "python", str(script)],
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
     assert code == 1 and "boom" in json.loads(res.read_text())["error"]
 
@@ -530,7 +527,7 @@ def test_child_run_nonzero_exit(tmp_path, fake_launch_module):
     script.write_text("import sys\nsys.exit(3)\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    assert G.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
+    assert C.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook) == 1
     assert "status 3" in json.loads(res.read_text())["error"]
 
@@ -570,16 +567,16 @@ def test_run_gpu_replay_without_gpu_is_a_one_line_exit_2():
 def test_pagecast_prefetching_is_exported_lazily():
     import pagecast
 
-    assert pagecast.prefetching is G.prefetching
+    assert pagecast.prefetching is PF.prefetching
     with pytest.raises(AttributeError):
         pagecast.no_such_thing  # noqa: B018
 
 
 def test_prefetching_context_manager_with_stand_ins(monkeypatch):
     f, bases = fake_with_buffers(1)
-    monkeypatch.setattr(G, "make_online_predict", lambda model, fallback: (lambda la, a: [(bases[0], MiB)]))
+    monkeypatch.setattr(PF, "make_online_predict", lambda model, fallback: (lambda la, a: [(bases[0], MiB)]))
     model = types.SimpleNamespace(kernels={"k": None})
-    with G.prefetching(model, capacity="64MiB", cuda=f, hook_factory=FakeHook) as eng:
+    with PF.prefetching(model, capacity="64MiB", cuda=f, hook_factory=FakeHook) as eng:
         FakeHook.current.on_launch(mk_launch("k", [bases[0]]))
     assert FakeHook.current is None
     assert eng.stats.prefetch_bytes == MiB and eng.residency.capacity_units == 32
@@ -591,7 +588,7 @@ def test_feedback_attributes_missed_faults_to_the_launch_that_ran():
     f, bases = fake_with_buffers(2)
     b0, b1 = bases
     preds = {b0: [(b0, 8192)], b1: [(b1, 4096)]}
-    e = G.Engine(f, "template", predict=lambda la, a: preds[struct.unpack_from("<Q", la.param_data)[0]])
+    e = E.Engine(f, "template", predict=lambda la, a: preds[struct.unpack_from("<Q", la.param_data)[0]])
     e.on_launch(mk_launch("k", [b0], corr=11))
     e.on_launch(mk_launch("k", [b1], corr=12))
     kernels = [(100, 200, 11, "k"), (300, 400, 12, "k")]
@@ -645,8 +642,8 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
 
     def fake_child(cmd):
         fake = state["fake"] = fresh()   # every run starts from a cold GPU, as a new process does
-        argv = cmd[cmd.index("pagecast.replay.gpu_runner") + 1:]
-        code = G.child_main(argv, cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
+        argv = cmd[cmd.index("pagecast.replay.gpu_child") + 1:]
+        code = C.child_main(argv, cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
         return subprocess.CompletedProcess(cmd, code)
 
     monkeypatch.setattr(CI, "open_cuda", lambda device=0: fresh())
@@ -729,12 +726,12 @@ def test_build_timeline_attributes_faults_and_transfers_to_kernels():
                       (2500, 2900, 0, 1 << 20, "user"),                # a prefetch before b: counts for b
                       (9000, 9100, 0, 4096, "user")]                   # after every kernel: dropped
     c.dtoh_records = [(3500, 3600, 0, 2 << 20, "eviction")]
-    tl = G.build_timeline(c, {7: 0, 8: 1})
+    tl = C.build_timeline(c, {7: 0, 8: 1})
     assert tl["launch_id"] == [0, 1] and tl["kernel"] == ["a", "b"]
     assert tl["start_s"] == [0.0, pytest.approx(2e-6)] and tl["end_s"] == [pytest.approx(1e-6), pytest.approx(4e-6)]
     assert tl["faults"] == [3, 2] and tl["htod_bytes"] == [65536, 1 << 20] and tl["dtoh_bytes"] == [0, 2 << 20]
     assert tl["stall_s"] == [None, None]
-    assert G.build_timeline(UvmCounts(), {}) is None
+    assert C.build_timeline(UvmCounts(), {}) is None
 
 
 def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, monkeypatch):

@@ -11,19 +11,13 @@ from argparse import Namespace
 
 import pytest
 
+from pagecast.replay.cuda_iface import no_gpu_reason
+
 MiB = 2**20
 
 
-def _gpu_reason() -> str | None:
-    try:
-        from pagecast.replay.cuda_iface import open_cuda
-        open_cuda()
-    except Exception as e:  # noqa: BLE001
-        return f"needs an NVIDIA GPU with a CUDA 13 driver ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-    return None
-
-
-REASON = _gpu_reason()
+_WHY = no_gpu_reason()
+REASON = None if _WHY is None else f"needs an NVIDIA GPU with a CUDA 13 driver ({_WHY})"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 

@@ -15,7 +15,10 @@ import pytest
 from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.footprints import footprints
-from pagecast.replay import gpu_runner as G
+from pagecast.replay import gpu_engine as E
+from pagecast.replay import gpu_oracle as O
+from pagecast.replay import gpu_predict as GP
+from pagecast.replay import gpu_ranges as R
 from pagecast.replay.cuda_iface import FakeCuda
 
 N_LAUNCHES = 400
@@ -37,7 +40,7 @@ def launch_args(row: dict, shift: int = 0) -> LaunchArgs:
     data = bytes(row[T.PARAM_DATA])
     if shift:  # move every pointer word (the allocations live elsewhere in this "run")
         words = np.frombuffer(data[: len(data) // 8 * 8], dtype="<u8").copy()
-        ptr = (words >= G._MIN_PTR) & (words < G._MAX_PTR)
+        ptr = (words >= R.MIN_PTR) & (words < R.MAX_PTR)
         words[ptr] += np.uint64(shift)
         data = words.tobytes() + data[len(data) // 8 * 8:]
     return LaunchArgs(kernel=row[T.KERNEL], function=0, grid_x=row[T.GRID_X], grid_y=row[T.GRID_Y],
@@ -47,7 +50,7 @@ def launch_args(row: dict, shift: int = 0) -> LaunchArgs:
                       param_data=data)
 
 
-def drive(engine: G.Engine, fake: FakeCuda, trace, shift: int = 0) -> list[list[tuple[int, int]]]:
+def drive(engine: E.Engine, fake: FakeCuda, trace, shift: int = 0) -> list[list[tuple[int, int]]]:
     """Feed the first N_LAUNCHES launches; return what was prefetched to the GPU at each."""
     out = []
     for row in trace.launches.slice(0, N_LAUNCHES).to_pylist():
@@ -78,7 +81,7 @@ def overlap_pages(ranges, starts, ends, ps, shift=0) -> tuple[int, int]:
 def test_template_policy_prefetches_the_truth_of_an_unseen_scale(jacobi):
     model, big = jacobi
     fake = fake_for(big)
-    eng = G.Engine(fake, "template", predict=G.make_online_predict(model), model_kernels=G.model_kernel_names(model))
+    eng = E.Engine(fake, "template", predict=GP.make_online_predict(model), model_kernels=GP.model_kernel_names(model))
     pre = drive(eng, fake, big)
     assert eng.stats.errors == 0, eng.stats.last_error
     assert eng.stats.unseen_kernels == []
@@ -95,7 +98,7 @@ def test_template_policy_prefetches_the_truth_of_an_unseen_scale(jacobi):
 def test_oracle_policy_prefetches_exactly_the_relocated_truth(jacobi):
     _, big = jacobi
     fake = fake_for(big, SHIFT)
-    eng = G.Engine(fake, "oracle", relocator=G.Relocator(big))
+    eng = E.Engine(fake, "oracle", relocator=O.Relocator(big))
     pre = drive(eng, fake, big, SHIFT)
     assert eng.stats.errors == 0, eng.stats.last_error
     fp = footprints(big)
@@ -115,7 +118,7 @@ def test_emulated_capacity_holds_on_a_real_launch_sequence(jacobi):
     cap = fp.union_pages() * fp.page_size // 2
     for policy in ("demand", "template"):
         fake = fake_for(big)
-        eng = G.Engine(fake, policy, capacity=cap, predict=G.make_online_predict(model))
+        eng = E.Engine(fake, policy, capacity=cap, predict=GP.make_online_predict(model))
         for row in big.launches.slice(0, N_LAUNCHES).to_pylist():
             eng.on_launch(launch_args(row))
             assert eng.residency.resident_bytes <= cap or eng.stats.overflow_launches
@@ -129,8 +132,8 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
     model, big = jacobi
     model = copy.deepcopy(model)
     fake = fake_for(big)
-    predict = G.make_online_predict(model)
-    eng = G.Engine(fake, "template", predict=predict)
+    predict = GP.make_online_predict(model)
+    eng = E.Engine(fake, "template", predict=predict)
     rows = big.launches.slice(0, 60).to_pylist()
     for row in rows:
         eng.on_launch(launch_args(row))
@@ -138,7 +141,7 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
     found = None
     for t, corr, la, pred in eng.history:   # a launch, and a page of one of its allocations it was not predicted to touch
         covered = {p for a, n in (pred or []) for p in range(a // ps, (a + n + ps - 1) // ps)}
-        for w in G.pointer_words(bytes(la.param_data)):
+        for w in R.pointer_words(bytes(la.param_data)):
             alloc = eng.allocs.find(w)
             if alloc is None:
                 continue
@@ -156,7 +159,7 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
             return [(150, missed * ps, 1)], [(100, 200, corr, la.kernel)]
 
     before = model.version_counter
-    loop = G._FeedbackLoop(eng, Records(), model, "history", predict)
+    loop = GP.FeedbackLoop(eng, Records(), model, "history", predict)
     loop.round()
     assert eng.stats.errors == 0, eng.stats.last_error
     km = model.kernels[la.kernel]

@@ -1,0 +1,292 @@
+"""One measured GPU run: `python -m pagecast.replay.gpu_child --policy P ... -- python SCRIPT ARGS`.
+
+`gpu_runner.run_gpu_replay` starts this once per (capacity, policy, repeat).
+The child subscribes to kernel launches with the collector's
+`pagecast.collect.launch_hook.LaunchHook`, starts CUPTI's unified-memory
+counters (`cuda_iface.CuptiMonitor`), runs the script in-process (runpy),
+waits for the GPU and writes its measurements as JSON to the file the parent
+names (`--result`); with `--timeline`, per-kernel rows too (`build_timeline`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from pagecast.errors import NoGPUError, PagecastError, UsageError
+
+from .gpu_engine import POLICIES, TIMELINE_MAX, Engine
+from .gpu_oracle import Relocator
+from .gpu_predict import FeedbackLoop, load_model_file, make_online_predict, model_kernel_names
+
+
+# ---------------------------------------------------------------------------
+# Workload command (pure)
+# ---------------------------------------------------------------------------
+
+def parse_workload(argv: Sequence[str]) -> tuple[str, str, list[str]]:
+    """`python SCRIPT ARGS` / `python -m MODULE ARGS` / `SCRIPT.py ARGS` / `-m MODULE ARGS` -> (kind, target, args).
+
+    The runner runs the workload in its own process (CUPTI sees only its own
+    process's launches), so it must be Python.
+    """
+    argv = list(argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("the GPU backend needs the workload after '--', e.g. "
+                         "'-- python train.py' or '-- python -m pagecast.datasets.gpu.jacobi2d --scale 1'")
+    if argv[0] == "-m":
+        argv = ["python"] + argv
+    first = os.path.basename(argv[0])
+    if first.endswith(".py"):
+        return "path", argv[0], argv[1:]
+    if not (first.startswith("python") or Path(argv[0]).resolve() == Path(sys.executable).resolve()):
+        raise UsageError(f"the GPU backend runs Python workloads in-process; {argv[0]!r} is not python "
+                         "(write '-- python SCRIPT [ARGS]' or '-- python -m MODULE [ARGS]')")
+    rest = argv[1:]
+    while rest and rest[0] in ("-u", "-B", "-O", "-X") or (rest and rest[0].startswith("-W")):
+        if rest[0] == "-X" and len(rest) > 1:
+            rest = rest[2:]
+        else:
+            rest = rest[1:]
+    if not rest:
+        raise UsageError("the workload command names no script: write '-- python SCRIPT [ARGS]'")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            raise UsageError("'-m' needs a module name")
+        return "module", rest[1], rest[2:]
+    if rest[0].startswith("-"):
+        raise UsageError(f"unsupported python option {rest[0]!r} in the workload command")
+    return "path", rest[0], rest[1:]
+
+
+def run_workload(kind: str, target: str, args: list[str]) -> int:
+    """Run a Python script or module in this process as `python` would; its exit code."""
+    import runpy
+
+    old_argv = sys.argv
+    sys.argv = [target if kind == "path" else target] + list(args)
+    code = 0
+    try:
+        if kind == "path":
+            if not Path(target).exists():
+                raise UsageError(f"{target}: no such workload script")
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        c = e.code
+        code = 0 if c is None else (c if isinstance(c, int) else 1)
+    finally:
+        sys.argv = old_argv
+    return code
+
+
+# ---------------------------------------------------------------------------
+# The per-kernel timeline of a run (pure)
+# ---------------------------------------------------------------------------
+
+def build_timeline(counts, corr_launch: dict[int, int], limit: int = TIMELINE_MAX) -> dict | None:
+    """Per-kernel rows (results_io's timeline columns) from CUPTI's kernel, fault and transfer records.
+
+    A fault counts for the kernel running when it was recorded; a transfer for
+    the kernel running when it started, else the next kernel to start (a
+    prefetch prepares the launch after it). Times are seconds from the first
+    kernel's start. `stall_s` is null: it is not measurable from outside.
+    """
+    ks = sorted(counts.kernel_records)[:limit]
+    if not ks:
+        return None
+    starts = [k[0] for k in ks]
+    n = len(ks)
+    faults, htod, dtoh = [0] * n, [0] * n, [0] * n
+
+    def running(time_ns: int) -> int | None:
+        i = bisect.bisect_right(starts, time_ns) - 1
+        return i if i >= 0 and time_ns <= ks[i][1] else None
+
+    for tm, _addr, cnt in counts.fault_records:
+        i = running(tm)
+        if i is not None:
+            faults[i] += int(cnt)
+    for recs, acc in ((counts.htod_records, htod), (counts.dtoh_records, dtoh)):
+        for st, _e, _a, nbytes, _cause in recs:
+            i = running(st)
+            if i is None:
+                i = bisect.bisect_right(starts, st)
+                if i >= n:
+                    continue
+            acc[i] += int(nbytes)
+    t0 = ks[0][0]
+    return {
+        "launch_id": [corr_launch.get(k[2]) for k in ks],
+        "kernel": [k[3] for k in ks],
+        "start_s": [(k[0] - t0) * 1e-9 for k in ks],
+        "end_s": [(k[1] - t0) * 1e-9 for k in ks],
+        "stall_s": [None] * n,
+        "faults": faults, "htod_bytes": htod, "dtoh_bytes": dtoh,
+    }
+
+
+# ---------------------------------------------------------------------------
+# The child: one measured run
+# ---------------------------------------------------------------------------
+
+def _child_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pagecast.replay.gpu_child",
+                                description="One measured GPU run of a workload under a policy (used by "
+                                            "'pagecast replay --backend gpu').")
+    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--capacity", type=int, default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--trace", default=None)
+    p.add_argument("--feedback", action="store_true")
+    p.add_argument("--fallback", default="history")
+    p.add_argument("--result", required=True)
+    p.add_argument("--feedback-every", type=int, default=256, help="launches between feedback rounds")
+    p.add_argument("--timeline", action="store_true", help="report per-kernel rows too")
+    p.add_argument("workload", nargs=argparse.REMAINDER)
+    return p
+
+
+class _Warnings:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def __call__(self, msg: str) -> None:
+        if len(self.items) < 50:
+            self.items.append(msg)
+
+
+def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_factory=None) -> int:
+    """One run: set up the policy, run the workload in-process, write the measurements as JSON.
+
+    `cuda`, `monitor` and `hook_factory` default to the real ones; tests pass stand-ins.
+    """
+    ns = _child_parser().parse_args(argv)
+    result = Path(ns.result)
+    warns = _Warnings()
+    out: dict[str, Any] = {"policy": ns.policy, "capacity_bytes": ns.capacity}
+
+    def finish(code: int) -> int:
+        out["warnings"] = warns.items
+        result.write_text(json.dumps(out, default=str))
+        return code
+
+    keep_records = bool(ns.feedback and ns.policy == "template")
+    try:
+        kind, target, wargs = parse_workload(ns.workload)
+        if monitor is None:
+            from .cuda_iface import CuptiMonitor
+            monitor = CuptiMonitor(0)
+        # unified-memory counters are configured and enabled before the CUDA context exists
+        monitor.start(keep_records=True, live=keep_records)
+        if cuda is None:
+            from .cuda_iface import open_cuda
+            cuda = open_cuda()
+        model = load_model_file(ns.model) if ns.model else None
+        predict = make_online_predict(model, ns.fallback) if model is not None else None
+        relocator = None
+        if ns.trace:
+            from pagecast import trace as T
+            relocator = Relocator(T.read_trace(ns.trace))
+        engine = Engine(cuda, ns.policy, capacity=ns.capacity,
+                        predict=predict if (ns.policy == "template" or ns.capacity is not None) else None,
+                        relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
+                        warn=warns)
+    except PagecastError as e:
+        if monitor is not None:
+            monitor.stop()
+        out.update(error=str(e), exit_code=e.exit_code, no_gpu=isinstance(e, NoGPUError))
+        return finish(e.exit_code)
+
+    feedback = None
+    if ns.feedback and ns.policy == "template":
+        feedback = FeedbackLoop(engine, monitor, model, ns.fallback, predict, every=ns.feedback_every)
+
+    on_launch = engine.on_launch if feedback is None else feedback.on_launch
+    first_launch: list[float] = []
+
+    def hooked(la) -> None:
+        if not first_launch:
+            first_launch.append(time.perf_counter())
+        on_launch(la)
+
+    if hook_factory is None:
+        from pagecast.collect.launch_hook import LaunchHook
+        hook_factory = LaunchHook
+    hook = hook_factory(hooked)
+    hook.start()
+    t0 = time.perf_counter()
+    try:
+        code = run_workload(kind, target, wargs)
+    except PagecastError as e:
+        hook.stop()
+        monitor.stop()
+        out.update(error=str(e), exit_code=e.exit_code)
+        return finish(e.exit_code)
+    except BaseException as e:  # noqa: BLE001 - report the workload's crash to the parent
+        hook.stop()
+        monitor.stop()
+        out.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", exit_code=1)
+        return finish(1)
+    cuda.synchronize()
+    t1 = time.perf_counter()
+    hook.stop()
+    counts = monitor.stop()
+    if feedback is not None:
+        feedback.round()
+    if code != 0:
+        out.update(error=f"the workload exited with status {code}", exit_code=1)
+        return finish(1)
+    st = engine.stats.to_dict()
+    if getattr(hook, "errors", 0):
+        warns(f"the launch hook failed on {hook.errors} launch(es): {getattr(hook, 'last_error', '')}")
+    if st["errors"]:
+        warns(f"the policy failed on {st['errors']} launch(es): {st['last_error']}")
+    if engine.stats.launches == 0:
+        warns("the workload launched no kernels that the runner saw")
+    if relocator is not None and relocator.matching and engine.stats.launches != relocator.n:
+        warns(f"the run launched {engine.stats.launches} kernels, the trace has {relocator.n}")
+    out.update({
+        "time_s": (t1 - first_launch[0]) if first_launch else (t1 - t0),
+        "wall_s": t1 - t0,
+        "gpu_kernel_s": counts.kernel_busy_s,
+        "gpu_span_s": counts.gpu_span_s,
+        "faults": counts.faults,
+        "htod_bytes": counts.htod_bytes,
+        "dtoh_bytes": counts.dtoh_bytes,
+        "htod_by_cause": counts.htod_by_cause,
+        "dtoh_by_cause": counts.dtoh_by_cause,
+        "thrashing": counts.thrashing,
+        "launches": engine.stats.launches,
+        "prefetch_bytes": st["prefetch_bytes"],
+        "evict_bytes": st["evict_bytes"],
+        "overflow_launches": st["overflow_launches"],
+        "predict_us_mean": st["predict_us_mean"],
+        "predict_us_max": st["predict_us_max"],
+        "callback_us_mean": 1e6 * st["callback_s"] / st["launches"] if st["launches"] else None,
+        "unseen_kernels": st["unseen_kernels"],
+        "period": st["period"],
+        "feedback_updates": st["feedback_updates"],
+        "oracle_unmapped_bytes": relocator.unmapped_bytes if relocator is not None else None,
+        "dropped_records": counts.dropped,
+        "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
+    })
+    return finish(0)
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - exercised through subprocesses
+    return child_main(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

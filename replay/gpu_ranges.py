@@ -1,0 +1,159 @@
+"""Byte ranges for the GPU runner: merging, splitting in 2 MiB units, and the managed allocations
+that a launch's pointer arguments land in (pure, apart from `AllocationMap`'s driver lookup).
+
+Ranges are (address, nbytes) pairs. These are per-launch helpers on short
+Python lists (the launch callback's hot path); `pagecast.footprints` merges
+whole traces' page intervals with numpy instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from typing import Any, Callable, Iterable
+
+UNIT = 2 * 1024 * 1024          # eviction unit: the driver's 2 MiB root chunk (background.md)
+MIN_PTR = 1 << 16               # a parameter word in [MIN_PTR, MAX_PTR) may be a pointer
+MAX_PTR = 1 << 57
+
+
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge (address, nbytes) ranges that overlap or touch; drop empty ones; sorted."""
+    rs = sorted((int(a), int(a) + int(n)) for a, n in ranges if int(n) > 0)
+    out: list[list[int]] = []
+    for a, b in rs:
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b - a) for a, b in out]
+
+
+def units_of(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> set[int]:
+    s: set[int] = set()
+    for a, n in ranges:
+        if n > 0:
+            s.update(range(a // unit, (a + n - 1) // unit + 1))
+    return s
+
+
+def split_by_unit(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> dict[int, list[tuple[int, int]]]:
+    """The part of each range inside each unit: unit -> [(address, nbytes)]."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for a, n in ranges:
+        end = a + n
+        while a < end:
+            u = a // unit
+            b = min(end, (u + 1) * unit)
+            out.setdefault(u, []).append((a, b - a))
+            a = b
+    return out
+
+
+def subtract_ranges(ranges: Iterable[tuple[int, int]], minus: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of `ranges` not covered by `minus` (both (address, nbytes)); merged, sorted."""
+    a = merge_ranges(ranges)
+    b = merge_ranges(minus)
+    out: list[tuple[int, int]] = []
+    j = 0
+    for s, n in a:
+        e = s + n
+        while j < len(b) and b[j][0] + b[j][1] <= s:
+            j += 1
+        k = j
+        cur = s
+        while k < len(b) and b[k][0] < e:
+            bs, be = b[k][0], b[k][0] + b[k][1]
+            if bs > cur:
+                out.append((cur, bs - cur))
+            cur = max(cur, be)
+            k += 1
+        if cur < e:
+            out.append((cur, e - cur))
+    return out
+
+
+class AllocationMap:
+    """Which allocation a pointer lands in, cached over `CudaIface.allocation_of`.
+
+    Hits are served from sorted bases (bisect); misses ask the driver once and
+    are remembered (negative answers in a bounded set). Freed and reused
+    addresses are not noticed: workloads with pooling allocators (CuPy,
+    PyTorch) rarely return memory to the driver while running.
+    """
+
+    def __init__(self, lookup: Callable[[int], Any]) -> None:
+        self._lookup = lookup
+        self._bases: list[int] = []
+        self._allocs: list[Any] = []
+        self._miss: set[int] = set()
+
+    def find(self, addr: int):
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i >= 0:
+            a = self._allocs[i]
+            if addr < a.base + a.size:
+                return a
+        if addr < MIN_PTR or addr >= MAX_PTR or addr in self._miss:
+            return None
+        a = self._lookup(addr)
+        if a is None:
+            if len(self._miss) > 100_000:
+                self._miss.clear()
+            self._miss.add(addr)
+            return None
+        j = bisect.bisect_left(self._bases, a.base)
+        if j < len(self._bases) and self._bases[j] == a.base:
+            self._allocs[j] = a
+        else:
+            self._bases.insert(j, a.base)
+            self._allocs.insert(j, a)
+        return a
+
+    def managed(self) -> list:
+        return [a for a in self._allocs if a.managed]
+
+    def clip(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Keep the parts of ranges that lie in managed allocations (prefetch fails elsewhere)."""
+        out = []
+        last = None
+        for a, n in ranges:
+            end = a + n
+            if last is not None and last.base <= a and end <= last.base + last.size:
+                out.append((a, n))   # fast path: inside the allocation of the previous range
+                continue
+            while a < end:
+                al = self.find(a)
+                if al is None:
+                    # skip to the next known allocation inside the range, if any
+                    i = bisect.bisect_right(self._bases, a)
+                    if i >= len(self._bases) or self._bases[i] >= end:
+                        break
+                    a = self._bases[i]
+                    continue
+                b = min(end, al.base + al.size)
+                if al.managed:
+                    out.append((a, b - a))
+                    last = al
+                a = b
+        return merge_ranges(out)
+
+
+def pointer_words(param_data: bytes) -> list[int]:
+    """Every 8-byte-aligned little-endian word of a parameter buffer that could be a pointer."""
+    n = len(param_data) // 8
+    if n == 0:
+        return []
+    words = struct.unpack_from(f"<{n}Q", param_data)
+    return [w for w in words if MIN_PTR <= w < MAX_PTR]
+
+
+def allocation_ranges(param_data: bytes, allocs: AllocationMap) -> list[tuple[int, int]]:
+    """The whole managed allocations the launch's pointer arguments land in (the `alloc` policy)."""
+    out = []
+    for w in pointer_words(param_data):
+        a = allocs.find(w)
+        if a is not None and a.managed:
+            out.append((a.base, a.size))
+    return merge_ranges(out)

@@ -1,0 +1,248 @@
+"""The GPU runner's capacity emulation: the residency estimate and how it chooses victims (pure).
+
+`Residency` holds the bytes the runner believes are on the emulated GPU,
+grouped in 2 MiB units, and says what to evict before a launch whose
+estimated footprint would not fit. Victims, by policy (`gpu_engine.VICTIMS`):
+
+- `demand`, `alloc`: FIFO of 2 MiB units in the order they became resident,
+  as the driver's eviction (its victim list is ordered by allocation);
+- `template`: furthest predicted next use (`SequenceNextUse`). Only the
+  current launch is known ahead of time, so the next use of a unit is
+  predicted from the kernel sequence seen so far: when the launch sequence is
+  periodic with period P (training steps, decode steps, solver sweeps;
+  `PeriodDetector`), a unit used at launch s in the last period is predicted
+  to be used again at s + P, and a unit not used in the last period is
+  predicted never to be used again (first victim); until a period is found,
+  least recently used;
+- `oracle`: Belady's OPT (`FutureNextUse`), with next uses read from the trace.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict, deque
+from typing import Any, Callable, Iterable, Sequence
+
+from .gpu_ranges import UNIT, merge_ranges, split_by_unit, subtract_ranges
+
+
+class PeriodDetector:
+    """The period of the kernel-name sequence seen so far, if it repeats.
+
+    P is accepted when the last max(P, min_match) launches equal the ones P
+    before them. Checked in O(1) per launch while it holds; when it breaks,
+    searched again among the distances back to earlier launches of the same
+    kernel (smallest first, up to max_period), at most every `search_every`
+    launches, backing off (up to 32x) while the sequence stays aperiodic.
+    """
+
+    def __init__(self, max_period: int = 1024, min_match: int = 16, search_every: int = 8) -> None:
+        self.max_period = max_period
+        self.min_match = min_match
+        self.search_every = search_every
+        self.seq: list[int] = []
+        self.period: int | None = None
+        self._ids: dict[str, int] = {}
+        self._pos: dict[int, deque] = {}
+        self._next_search = 0
+        self._backoff = 1
+
+    def observe(self, kernel: str) -> int | None:
+        k = self._ids.setdefault(kernel, len(self._ids))
+        seq = self.seq
+        seq.append(k)
+        t = len(seq) - 1
+        pos = self._pos.get(k)
+        if pos is None:
+            pos = self._pos[k] = deque()
+        if self.period is not None and seq[t - self.period] == k:
+            pass
+        else:
+            self.period = None
+            if t >= self._next_search:
+                self.period, checked = self._search(pos)
+                if self.period is None and checked:
+                    self._backoff = min(self._backoff * 2, 32)   # a real miss, not too little history
+                elif self.period is not None:
+                    self._backoff = 1
+                self._next_search = t + self.search_every * self._backoff
+        pos.append(t)
+        while pos and pos[0] < t - self.max_period:
+            pos.popleft()
+        return self.period
+
+    def _search(self, pos: deque) -> tuple[int | None, bool]:
+        """(period or None, whether any candidate had enough history to be checked)."""
+        seq, n = self.seq, len(self.seq)
+        t = n - 1
+        checked = False
+        for prev in reversed(pos):        # nearest earlier launch of the same kernel first
+            p = t - prev
+            if p > self.max_period:
+                break
+            m = max(p, self.min_match)
+            if m + p > n:
+                break
+            checked = True
+            ok = True
+            for j in range(n - m, n):
+                if seq[j] != seq[j - p]:
+                    ok = False
+                    break
+            if ok:
+                return p, True
+        return None, checked
+
+
+class SequenceNextUse:
+    """Predicted next use of a unit from the uses seen so far (the template policy's victims).
+
+    With a period P: a unit used at s in (t - P, t] is next used at s + P
+    (the earliest such s); a unit unused in the last period, never. Without
+    a period: least recently used. Scores are distances (larger: evict first).
+    """
+
+    def __init__(self, detector: PeriodDetector, keep: int = 4096) -> None:
+        self.detector = detector
+        self.keep = keep
+        self.uses: dict[int, deque] = {}
+
+    def record(self, t: int, units: Iterable[int]) -> None:
+        for u in units:
+            d = self.uses.get(u)
+            if d is None:
+                d = self.uses[u] = deque()
+            if not d or d[-1] != t:
+                d.append(t)
+            while d and d[0] < t - self.keep:
+                d.popleft()
+
+    def forget(self, u: int) -> None:
+        pass  # use history outlives residency: an evicted unit's pattern still predicts
+
+    def score(self, u: int, t: int) -> float:
+        d = self.uses.get(u)
+        if not d:
+            return math.inf
+        p = self.detector.period
+        if p is None:
+            return float(t - d[-1])  # LRU
+        lo = t - p
+        for s in d:  # ascending
+            if s > lo:
+                return float(s + p - t)
+        return math.inf
+
+
+class FutureNextUse:
+    """Belady's next use from known future uses: uses[key] = ascending launch ids."""
+
+    def __init__(self, uses: dict[Any, Sequence[int]], keys_of: Callable[[int], Iterable[Any]]) -> None:
+        self.uses = uses
+        self.keys_of = keys_of
+
+    def score(self, u: int, t: int) -> float:
+        best = math.inf
+        for k in self.keys_of(u):
+            arr = self.uses.get(k)
+            if arr is None or len(arr) == 0:
+                continue
+            i = bisect.bisect_right(arr, t)
+            if i < len(arr):
+                best = min(best, float(arr[i] - t))
+        return best
+
+
+class Residency:
+    """The runner's estimate of what is on the emulated GPU: byte ranges, grouped in `unit` chunks.
+
+    `admit(ranges, t)` makes room for a launch's ranges and records them as
+    resident; it returns the byte ranges to evict first (to the host). The
+    capacity is counted in resident bytes (as `--oversub` divides a footprint
+    counted in pages); victims are whole units (the driver evicts 2 MiB
+    chunks). The launch's own units are never victims; when its own bytes
+    alone exceed the capacity everything else is evicted and the launch counts
+    as an overflow (the driver would thrash inside the kernel).
+
+    victim: `fifo` (order of becoming resident), `lru` (order of last use),
+    `next-use` / `belady` (largest `next_use.score(unit, t)` first).
+    """
+
+    def __init__(self, capacity_bytes: int, unit: int = UNIT, victim: str = "fifo",
+                 next_use: Any = None) -> None:
+        if victim not in ("fifo", "lru", "next-use", "belady"):
+            raise ValueError(f"unknown victim rule {victim!r}")
+        if victim in ("next-use", "belady") and next_use is None:
+            raise ValueError(f"victim rule {victim!r} needs a next_use scorer")
+        self.capacity = max(1, int(capacity_bytes))
+        self.capacity_units = max(1, self.capacity // unit)
+        self.unit = unit
+        self.victim = victim
+        self.next_use = next_use
+        self.resident: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
+        self._bytes: dict[int, int] = {}
+        self.resident_bytes = 0
+        self.overflows = 0
+        self.evicted_bytes = 0
+        self.evictions = 0
+
+    @property
+    def resident_units(self) -> int:
+        return len(self.resident)
+
+    def missing(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of `ranges` the estimate does not already hold (what a prefetch must still move)."""
+        out: list[tuple[int, int]] = []
+        for u, rs in split_by_unit(merge_ranges(ranges), self.unit).items():
+            have = self.resident.get(u)
+            out.extend(subtract_ranges(rs, have) if have else rs)
+        return merge_ranges(out)
+
+    def admit(self, ranges: Iterable[tuple[int, int]], t: int) -> list[tuple[int, int]]:
+        parts = split_by_unit(merge_ranges(ranges), self.unit)
+        merged: dict[int, tuple[list[tuple[int, int]], int]] = {}
+        growth = own = 0
+        for u, rs in parts.items():
+            m = merge_ranges(self.resident.get(u, []) + rs)
+            b = sum(n for _, n in m)
+            merged[u] = (m, b)
+            growth += b - self._bytes.get(u, 0)
+            own += b
+        over = self.resident_bytes + growth - self.capacity
+        victims: list[int] = []
+        if over > 0:
+            victims = self._victims(set(parts), over, t)
+            if own > self.capacity:
+                self.overflows += 1
+        out: list[tuple[int, int]] = []
+        for u in victims:
+            out.extend(self.resident.pop(u))
+            self.resident_bytes -= self._bytes.pop(u)
+        for u, (m, b) in merged.items():
+            if u in self.resident:
+                self.resident[u] = m
+                if self.victim == "lru":
+                    self.resident.move_to_end(u)
+            else:
+                self.resident[u] = m
+            self.resident_bytes += b - self._bytes.get(u, 0)
+            self._bytes[u] = b
+        out = merge_ranges(out)
+        self.evictions += len(victims)
+        self.evicted_bytes += sum(n for _, n in out)
+        return out
+
+    def _victims(self, need: set[int], over: int, t: int) -> list[int]:
+        """Units to evict, in victim order, until `over` bytes are freed (or nothing else is left)."""
+        cands: Iterable[int] = (u for u in self.resident if u not in need)
+        if self.victim not in ("fifo", "lru"):
+            cands = [u for _, u in sorted(((self.next_use.score(u, t), u) for u in cands),
+                                          key=lambda x: (-x[0], x[1]))]
+        out, freed = [], 0
+        for u in cands:
+            out.append(u)
+            freed += self._bytes[u]
+            if freed >= over:
+                break
+        return out

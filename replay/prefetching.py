@@ -1,0 +1,58 @@
+"""`pagecast.prefetching`: the template policy in-process, for users' own programs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from .gpu_engine import Engine
+from .gpu_predict import FeedbackLoop, load_model_file, make_online_predict, model_kernel_names
+
+
+@contextlib.contextmanager
+def prefetching(model, capacity: int | str | None = None, fallback: str = "history",
+                feedback: bool = False, *, cuda=None, hook_factory=None, monitor=None) -> Iterator[Engine]:
+    """Apply the template policy to the kernels launched inside the block.
+
+    `model`: a model path or a loaded model (`pagecast fit`). `capacity`: bytes
+    or a size string (`"8GiB"`) to emulate a smaller GPU (evicting to the host);
+    None uses the whole GPU. Yields the `Engine` (its `stats` say what was
+    prefetched). Needs an NVIDIA GPU (NoGPUError otherwise) and no other CUPTI
+    subscriber in the process (e.g. not inside `pagecast collect`).
+
+        import pagecast
+        with pagecast.prefetching("model.json", capacity="16GiB") as eng:
+            train()
+        print(eng.stats.prefetch_bytes)
+    """
+    from pagecast.units import parse_size
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model_file(model)
+    cap = parse_size(capacity) if capacity is not None else None
+    if cuda is None:
+        from .cuda_iface import open_cuda
+        cuda = open_cuda()
+    predict = make_online_predict(model, fallback)
+    engine = Engine(cuda, "template", capacity=cap, predict=predict, model_kernels=model_kernel_names(model),
+                    warn=lambda m: __import__("warnings").warn(m, stacklevel=3))
+    fb = None
+    if feedback:
+        if monitor is None:
+            from .cuda_iface import CuptiMonitor
+            monitor = CuptiMonitor(cuda.device)
+        monitor.start(keep_records=True, live=True)
+        fb = FeedbackLoop(engine, monitor, model, fallback, predict)
+    if hook_factory is None:
+        from pagecast.collect.launch_hook import LaunchHook
+        hook_factory = LaunchHook
+    hook = hook_factory(engine.on_launch if fb is None else fb.on_launch)
+    hook.start()
+    try:
+        yield engine
+    finally:
+        hook.stop()
+        if fb is not None:
+            monitor.stop()
+            fb.round()
