@@ -35,7 +35,7 @@ class SimConfig:
     driver_prefetch: bool = True
     timeslice_ms: float = 10.0
     feedback: bool = False
-    fallback: str = "history"
+    fallback: str = "adaptive"   # replay/adaptive.py: history only where it proved precise
 
     def profile(self) -> CostProfile:
         p = load_profile(self.costs)
@@ -157,8 +157,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     extra = []
     predicted = None
     if "template" in policies and model is not None and plan is None:
-        from pagecast.predict.predictor import predict_footprints
-        predicted = [predict_footprints(model, t, cfg.fallback) for t in traces]
+        from .adaptive import predicted_footprints
+        predicted = [predicted_footprints(model, t, cfg.fallback) for t in traces]
         extra.append(predicted)
     if plan is not None:
         extra.append([_plan_footprints(plan, traces[0])])
@@ -268,10 +268,10 @@ def _timeline(run: int, policy: str, cap: int, r: S.RunResult, w: Workload, kern
 def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: float | None = None,
               config: SimConfig | None = None, model_path: str | None = None) -> tuple[pa.Table, dict]:
     """Belady plan on the model's predicted footprints -> (plan table, manifest)."""
-    from pagecast.predict.predictor import predict_footprints
+    from .adaptive import predicted_footprints
     cfg = config or SimConfig()
     prof = cfg.profile()
-    predicted = predict_footprints(model, trace, cfg.fallback)
+    predicted = predicted_footprints(model, trace, cfg.fallback)
     w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        need_alloc=False, extra_fps=[[predicted]])
     (cap, r), = capacities_for(w.footprint_bytes, None if capacity is None else [capacity],

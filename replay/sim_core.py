@@ -66,14 +66,24 @@ def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
 
 
 @njit(cache=True)
-def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, prev, nxt, planned, unplanned_q, uq_state):
+def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
+                     unplanned_q, uq_state):
+    """Evict the oldest unit brought in by a fault (the plan does not count on
+    it) together with the other such units of its eviction chunk, as the
+    driver evicts whole chunks: the room lets the tree prefetcher work for the
+    faults that follow, as it does under demand paging. Returns units evicted."""
     while uq_state[0] < uq_state[1]:
         u = unplanned_q[uq_state[0] % len(unplanned_q)]
         uq_state[0] += 1
         if resident[u] == 1 and planned[u] == 0:
-            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-            st_i[0] -= 1
-            return 1
+            c = unit_chunk[u]
+            n = 0
+            for v in range(chunk_lo[c], chunk_hi[c]):
+                if resident[v] == 1 and planned[v] == 0:
+                    _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                    n += 1
+            st_i[0] -= n
+            return n
     return 0
 
 
@@ -115,6 +125,7 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
     sentinel = len(chunk_count)
     nmiss = 0
     used_ptr = lo
+    oversized = hi - lo > cap
     for k in range(lo, hi):
         u = units[k]
         if resident[u] == 1:
@@ -131,18 +142,27 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
             if track_unplanned:
                 # planned policies: a fault first displaces what the plan does not
                 # count on, then what this launch already used (it streams
-                # through a launch larger than memory), then the oldest chunk
-                ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, prev, nxt, planned,
-                                      unplanned_q, uq_state)
+                # through a launch larger than memory), then the oldest chunk;
+                # a launch larger than memory takes its own used units first
+                # (what it faulted in ahead of its sweep is not dead yet)
+                ev = 0
+                if not oversized:
+                    ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                                          planned, unplanned_q, uq_state)
                 if ev == 0:
-                    while used_ptr < k:
+                    # as the driver frees a whole chunk: room for up to a
+                    # chunk's worth, so the tree prefetcher works as under demand
+                    want = chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]]
+                    while used_ptr < k and ev < want:
                         v = units[used_ptr]
                         used_ptr += 1
                         if resident[v] == 1:
                             _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
                             st_i[0] -= 1
-                            ev = 1
-                            break
+                            ev += 1
+                if ev == 0 and oversized:
+                    ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                                          planned, unplanned_q, uq_state)
                 if ev == 0:
                     # nothing used yet: give up the unit this launch needs last
                     for kk in range(hi - 1, k, -1):
@@ -170,6 +190,12 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
             _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                            planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
                            track_unplanned, counters, row)
+    if track_unplanned and oversized:
+        # a launch larger than memory streamed through it; the plan (sim_core's
+        # planner) counts on the units it ends holding: they are planned now
+        for k in range(lo, hi):
+            if resident[units[k]] == 1:
+                planned[units[k]] = 1
     return nmiss
 
 
@@ -521,6 +547,24 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
             v = aside_u[a]
             if resident[v]:
                 hsize = _heap_push(hk, hu, hsize, key[v], v)
+        if need_ptr[i + 1] - need_ptr[i] > cap_i:
+            # a step larger than memory streams through it: its first units are
+            # evicted to fault in the rest, so it ends holding its *last* cap_i
+            # units (as the simulator runs it): follow that, or the plan would
+            # count on units that are gone and move ones already there
+            tail = need_ptr[i + 1] - cap_i
+            for kk2 in range(need_ptr[i], need_ptr[i + 1]):
+                u = need_unit[kk2]
+                if kk2 < tail:
+                    if resident[u]:
+                        resident[u] = 0
+                        n_res -= 1
+                        ev_at[u] = i
+                elif resident[u] == 0:
+                    if n_res < cap_i:
+                        resident[u] = 1
+                        n_res += 1
+                        in_at[u] = i
         # execute step i: its units' keys move to their next predicted use
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]

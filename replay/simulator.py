@@ -189,7 +189,7 @@ class Template(Planned):
     name = "template"
     description = "follows a plan made from the learned templates (mispredictions fault)"
 
-    def __init__(self, model=None, plan_groups_fixed: Groups | None = None, fallback: str = "history"):
+    def __init__(self, model=None, plan_groups_fixed: Groups | None = None, fallback: str = "adaptive"):
         self.model = model
         self.fixed = plan_groups_fixed
         self.fallback = fallback
@@ -203,8 +203,8 @@ class Template(Planned):
     def predicted(self, ctx: Context) -> list[F.Footprints]:
         key = ("predicted", id(self.model), self.fallback)
         if key not in ctx.w.extra:
-            from pagecast.predict.predictor import predict_footprints
-            ctx.w.extra[key] = [predict_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
+            from .adaptive import predicted_footprints
+            ctx.w.extra[key] = [predicted_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
         return ctx.w.extra[key]
 
     def needs(self, ctx):
@@ -229,7 +229,8 @@ class Template(Planned):
 
     def on_miss(self, ctx, step, missed):
         from pagecast.predict.feedback import apply_feedback
-        from pagecast.predict.predictor import predict_footprints
+
+        from .adaptive import predicted_footprints
         w = ctx.w
         t = int(w.step_task[step])
         lid = int(w.step_launch[step])
@@ -243,7 +244,7 @@ class Template(Planned):
         if not apply_feedback(model, task.trace, lid, ms, me):
             return None
         ctx.state["feedback_changes"] += 1
-        ctx.state["pred"][t] = predict_footprints(model, task.trace, self.fallback)
+        ctx.state["pred"][t] = predicted_footprints(model, task.trace, self.fallback)
         needs = w.needs_from(ctx.state["pred"])
         ctx.state["needs"] = needs
         mem = ctx.memory
