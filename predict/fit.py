@@ -492,10 +492,14 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     s0_lo, s0_hi = slo_r[first], shi_r[first]
     n = len(sel)
     # stride from chunk j's start vs chunk 0's
+    # (and from chunk j's end vs chunk 0's: equal chunks end one stride apart too; the two
+    # bounds together pin strides that starts known to a big page leave loose)
+    e0_lo, e0_hi = elo_r[first], ehi_r[first]
     with np.errstate(divide="ignore", invalid="ignore"):
         jj = np.maximum(j, 1)
-        st_lo_r = np.where(j > 0, -((-(slo_r - s0_hi[own])) // jj), -FM.INF)
-        st_hi_r = np.where(j > 0, (shi_r - s0_lo[own]) // jj, FM.INF)
+        st_lo_r = np.where(j > 0, np.maximum(-((-(slo_r - s0_hi[own])) // jj), -((-(elo_r - e0_hi[own])) // jj)),
+                           -FM.INF)
+        st_hi_r = np.where(j > 0, np.minimum((shi_r - s0_lo[own]) // jj, (ehi_r - e0_lo[own]) // jj), FM.INF)
     st_lo = np.full(n, -FM.INF, np.int64)
     st_hi = np.full(n, FM.INF, np.int64)
     np.maximum.at(st_lo, own, st_lo_r)
