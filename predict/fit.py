@@ -298,7 +298,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
         # a constant stride seen over a narrow range of sizes may really follow an argument
-        for stride_terms, start_terms in ((0, 0), (1, 0)):
+        # (and a start known only to its big page at the fitting scales: the latest simple one)
+        for stride_terms, start_terms in ((0, 0), (1, 0), (0, 1)):
             region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
                                   stride_terms=stride_terms, start_terms=start_terms)
             if region is not None:
@@ -540,8 +541,9 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
                     for d in (1, 2, 3) for combo in itertools.combinations(const, d)})
     rmode = ("round", tuple(hints))
     mt = {0: start_terms, 1: stride_terms}
-    res = (_solve_pair(kd, gw, bounds, {1: rmode}, budgets=bud, max_terms=1, min_terms=mt)
-           or _solve_pair(kd, gw, bounds, {1: rmode}, min_terms=mt))
+    smode = {1: rmode, **({0: "late"} if start_terms else {})}
+    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt)
+           or _solve_pair(kd, gw, bounds, smode, min_terms=mt))
     if res is None:
         return None
     (fs, fst), exact1 = res

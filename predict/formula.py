@@ -192,7 +192,7 @@ def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
         if best is not None:
             return int(best[1])
         mode = mode[0]
-    if mode == "tight":
+    if mode in ("tight", "late"):
         if lo > 0:
             hi = min(hi, -(-lo // PAGE) * PAGE)
         else:
@@ -343,6 +343,13 @@ def _best_coef(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, lo_c: int, hi_c: i
     cost = np.full(len(C), np.inf)
     for i in np.flatnonzero(ok):
         cost[i] = oddp[i] ** 2 + odd(_pick_const(int(L[i]), int(H[i]), mode))
+    if mode == "late":
+        # the latest start the bounds allow among simple coefficients (odd part <= 15): a start
+        # known only to its big page, whose smallest simple coefficient would leave the chunk to
+        # span the gap (a slot written at pos*row)
+        simple = np.flatnonzero(ok & (oddp <= 15))
+        if len(simple):
+            return int(C[simple[np.argmax(np.abs(C[simple]))]])
     i = int(np.lexsort((np.abs(C), cost))[0])
     return int(C[i])
 
