@@ -259,11 +259,19 @@ FOOTER = """
   launches show nothing; templates can only be learned from launches that touched
   new memory, and unobserved extents stay unconstrained. These rows are reported as
   measured, not as a target.
-- Extrapolation (the last sections): the test scale lies beyond both fitting scales.
+- Extrapolation: the test scale lies beyond both fitting scales.
   Regions smaller than a page at the fitting scales carry no size information in fault
   data (one fault per big page, at page granularity), so a row buffer or a partial-sum
   array that fits in one page when fitted becomes `fixed` and loses recall once it
-  outgrows the page; the remedy is to fit on a scale where such arrays span pages.
+  outgrows the page (jacobi2d's halo chunk and `reduce_sum`'s partials). Two remedies:
+  fit on a scale where such arrays span pages, or fault feedback from a larger-scale run
+  (the feedback sections: `replace` re-solves the formula over the fit's evidence plus
+  the misses, and jacobi2d reaches 100% recall on the unseen scale).
+- spmv-cg's `x` gather touches every page of `x` in every training launch at scales 0.3
+  and 1.5, so it is learned `allocation` there (irregular at the main split) and loses
+  precision at scale 2.0, where a block gathers from part of `x` only. Fault feedback
+  cannot see this: a predicted page that goes untouched does not fault. A full-mode trace
+  of the larger scale belongs among the traces `fit` learns from instead.
 - Irregular kernels (data-dependent gathers: `spmv_csr_block`'s `x`, embedding
   lookups, MoE expert weights) are predicted by the `history` fallback; their
   precision is what that fallback gives, not a template's.
