@@ -219,9 +219,9 @@ FEEDBACK_TEXT = """The model fitted on {train} (the extrapolating split above) i
 `apply_feedback` from the misses of a full-mode trace at {fb} — what
 `pagecast fit TRAIN_TRACES --feedback FEEDBACK_TRACE -o refined.json` does — and scored
 again on the same unseen trace ({test}). Misses: the pages of the feedback trace's fault
-records that the model's predictions (no fallback) do not hold (`fault_misses`); each
-fault record's page was certainly touched, while the rest of its 64 KiB big page need not
-have been. Feedback sees only misses: pages predicted but never touched do not fault, so
+records that the model's predictions (default fallback `history`) do not hold
+(`fault_misses`); each fault record's page was certainly touched, while the rest of its
+64 KiB big page need not have been. Feedback sees only misses: pages predicted but never touched do not fault, so
 it cannot correct over-prediction (precision), only under-prediction (recall).
 """
 

@@ -300,14 +300,16 @@ def _refine_strided(r: Region, values: dict, base: int, s_, e_, a_s: int, a_e: i
     return True
 
 
-def fault_misses(model: Model, trace: T.Trace, fallback: str = "none"):
+def fault_misses(model: Model, trace: T.Trace, fallback: str = "history"):
     """The misses of a trace under a model: fault pages the model's predictions do not hold.
 
     Every fault record's page was certainly touched (observe.py); in a trace recorded while
     running with the model's predictions those are the misses, and in a full-mode trace
     (recorded without them) the fault pages outside the predicted pages are exactly what the
     prediction would have missed — never the rest of a fault's 64 KiB big page, which the
-    driver widens to but the launch need not have touched. Returns (launch, start, end)
+    driver widens to but the launch need not have touched. Irregular regions and unseen
+    kernels are predicted by `fallback` (`history`, the default of `pagecast predict`), so
+    their misses are the pages they had not touched before. Returns (launch, start, end)
     page intervals sorted by launch.
     """
     from .predictor import predict_footprints
