@@ -119,3 +119,32 @@ def test_a_region_that_keeps_missing_is_demoted_to_irregular(tmp_path):
     assert widened == 2 and r.cls == "irregular" and r.fit["demoted_by_feedback"]
     assert r.fit["widened_by_feedback"] == 2 and r.history and r.history[0][0] == 0
     assert m.kernels["wobbly"].feedback["events"] >= 3
+
+
+def _two_pointers(sizes: list[int], seed: int) -> SynthTrace:
+    """Weights and bias in one allocation: w = buf, b = buf + 4*n*n (each pointer owns its part)."""
+    rng = np.random.default_rng(seed)
+    st = SynthTrace()
+    buf = st.malloc(4 * max(sizes) ** 2 + 4096 * max(sizes) + (2 << 20))
+    for _ in range(2):
+        for n in rng.permutation(sizes):
+            n = int(n)
+            st.launch("layer", [("Q", buf), ("Q", buf + 4 * n * n + (1 << 20)), ("i", n)],
+                      [(buf, 4 * n * n), (buf + 4 * n * n + (1 << 20), 4096 * n)])
+    return st
+
+
+def test_a_miss_goes_to_the_pointer_that_owns_that_part_of_the_allocation(tmp_path):
+    tr = [T.read_trace(_two_pointers([64, 128, 256, 384], s).write(tmp_path / f"t{s}.pctrace", seed=s))
+          for s in (1, 2)]
+    m = fit_model(tr)
+    rw, rb = m.kernels["layer"].regions
+    assert (rw.base, rb.base) == ("p0", "p1") and rb.end.text() == "4096*p2"
+    rb.end = type(rb.end)(0, ((2048, ("p2",)),))      # break the second region: half its extent
+    run = T.read_trace(_two_pointers([200, 300], 3).write(tmp_path / "run.pctrace", seed=3))
+    truth = FP.truth_footprints(run)
+    s, e = truth.of(0)
+    s, e = s[-1:], e[-1:]                              # the bias part, above the second pointer
+    w_before = rw.text()
+    assert apply_feedback(m, run, 0, s, e)
+    assert rb.end.text() == "4096*p2" and rw.text() == w_before
