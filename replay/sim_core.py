@@ -164,14 +164,17 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                     ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                                           planned, unplanned_q, uq_state)
                 if ev == 0:
-                    # nothing used yet: give up the unit this launch needs last
+                    # nothing used yet: give up the units this launch needs last
+                    # (a chunk's worth, room for the tree prefetcher)
+                    want = chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]]
                     for kk in range(hi - 1, k, -1):
                         v = units[kk]
                         if resident[v] == 1:
                             _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
                             st_i[0] -= 1
-                            ev = 1
-                            break
+                            ev += 1
+                            if ev >= want:
+                                break
                 if ev > 0:
                     counters[row, C_FAULT_DTOH] += ev
                     continue
@@ -191,8 +194,8 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                            planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
                            track_unplanned, counters, row)
     if track_unplanned and oversized:
-        # a launch larger than memory streamed through it; the plan (sim_core's
-        # planner) counts on the units it ends holding: they are planned now
+        # a launch larger than memory streamed through it; the plan (the
+        # planner follows it) counts on the units it ends holding: planned now
         for k in range(lo, hi):
             if resident[units[k]] == 1:
                 planned[units[k]] = 1
@@ -565,14 +568,20 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
                         resident[u] = 1
                         n_res += 1
                         in_at[u] = i
-        # execute step i: its units' keys move to their next predicted use
+        # execute step i: its units' keys move to their next predicted use. A
+        # unit the next step needs again is not pushed now: it cannot be a
+        # victim while step i+1 is planned (keys <= i+1 never are), and step
+        # i+1 pushes it with its next use (a unit that every launch touches,
+        # as whole allocations are, costs no heap work until its last use)
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]
             last_use[u] = i
             key[u] = nocc[kk2]
-            if resident[u]:
+            if resident[u] and nocc[kk2] != i + 1:
                 hsize = _heap_push(hk, hu, hsize, key[u], u)
-        if hsize > cap_heap - n_units - 8:
+        # drop stale entries once they outnumber the units 3 to 1: a small heap
+        # stays in cache (a unit is pushed at every use, each push goes stale)
+        if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
             hsize = _heap_rebuild(hk, hu, resident, key, n_units)
     return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash
 

@@ -174,6 +174,15 @@ class Oracle(Planned):
 
 
 class Alloc(Planned):
+    """Whole allocations before each launch (MSched's baseline).
+
+    Planned on units like the others, unless the needs hold more than
+    CHUNK_PLAN_OCCURRENCES unit touches (a long trace whose kernels all point
+    into one large allocation needs every unit of it at every launch): then
+    planned on the driver's eviction chunks (2 MiB), whole chunks but for an
+    allocation's first and last, at 1/32 of the work, a chunk counting as
+    the largest chunk's units of capacity."""
+
     name = "alloc"
     description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
 
@@ -181,6 +190,44 @@ class Alloc(Planned):
         if "alloc" not in ctx.w.extra:
             ctx.w.extra["alloc"] = ctx.w.needs_from([t.alloc_fp for t in ctx.w.tasks])
         return ctx.w.extra["alloc"]
+
+    def chunk_needs(self, ctx):
+        if "alloc_chunks" not in ctx.w.extra:
+            ctx.w.extra["alloc_chunks"] = ctx.w.chunk_needs_from([t.alloc_fp for t in ctx.w.tasks])
+        return ctx.w.extra["alloc_chunks"]
+
+    def prefetch(self, ctx):
+        occ = sum(unit_touches(t.alloc_fp, ctx.w.gran) for t in ctx.w.tasks)
+        if occ <= CHUNK_PLAN_OCCURRENCES:
+            return super().prefetch(ctx)
+        u = ctx.w.universe
+        upc = max(int((u.chunk_hi - u.chunk_lo).max()), 1) if u.n_chunks else 1
+        cap_chunks = max(ctx.cap_units // upc, 1)
+        g = plan_groups(self.chunk_needs(ctx), u.n_chunks, cap_chunks)
+        return chunk_groups_to_units(g, u.chunk_lo, u.chunk_hi)
+
+
+CHUNK_PLAN_OCCURRENCES = 20_000_000
+
+
+def unit_touches(fp: F.Footprints, gran: int) -> int:
+    """Units a footprint's launches touch in all (without expanding them)."""
+    from .workload import unit_intervals
+    _, s, e = unit_intervals(fp, gran)
+    return int((e - s).sum())
+
+
+def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray) -> Groups:
+    """A plan over chunk ids -> the same plan over their units (order kept)."""
+    size = chunk_hi - chunk_lo
+
+    def expand(ptr, ch):
+        cs = np.concatenate([[0], np.cumsum(size[ch])]).astype(I64)
+        return cs[ptr], F._ranges(chunk_lo[ch], size[ch]), cs
+    ev_ptr, ev, _ = expand(g.ev_ptr, g.ev_unit)
+    pf_ptr, pf, cs = expand(g.pf_ptr, g.pf_unit)
+    need_now = cs[g.pf_ptr[:-1] + g.need_now] - cs[g.pf_ptr[:-1]]
+    return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), g.wait_prev, g.blocking, g.thrash, g.need_group)
 
 
 class Template(Planned):

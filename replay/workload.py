@@ -189,21 +189,43 @@ class Universe:
         self.block_lo = blo[ublock] if len(ublock) else np.zeros(0, I64)
         self.block_hi = bhi[ublock] if len(ublock) else np.zeros(0, I64)
 
+    def dense_intervals(self, task: int, s: np.ndarray, e: np.ndarray):
+        """Unit intervals -> dense [d0, d1) and whether each lies inside the universe."""
+        us, ue, off = self.iv[task]
+        s, e = np.asarray(s, I64), np.asarray(e, I64)
+        if len(us) == 0:
+            z = np.zeros(len(s), I64)
+            return z, z.copy(), np.zeros(len(s), bool)
+        k = np.searchsorted(us, s, side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = (k >= 0) & (e <= ue[kk]) & (e > s)
+        d0 = np.where(inside, off[kk] + s - us[kk], 0)
+        return d0, np.where(inside, d0 + e - s, 0), inside
+
     def dense(self, task: int, launch: np.ndarray, s: np.ndarray, e: np.ndarray,
               n_launches: int) -> tuple[np.ndarray, np.ndarray]:
         """Unit intervals of one task's launches -> CSR (indptr per launch, dense ids).
 
         Units outside the universe are dropped (only predictions can have them)."""
         us, ue, off = self.iv[task]
-        counts = e - s
-        units = F.expand_intervals(s, e)
+        s, e, launch = np.asarray(s, I64), np.asarray(e, I64), np.asarray(launch, I64)
+        # intervals inside one universe interval (all but some predictions'):
+        # map the interval, not every unit
+        d0, d1, inside = self.dense_intervals(task, s, e)
+        counts = d1 - d0
+        units = F._ranges(d0, counts)
         lid = np.repeat(launch, counts)
-        if len(units):
-            k = np.searchsorted(us, units, side="right") - 1
+        rest = np.flatnonzero(~inside & (e > s))
+        if len(rest):
+            ru = F.expand_intervals(s[rest], e[rest])
+            rl = np.repeat(launch[rest], (e - s)[rest])
+            k = np.searchsorted(us, ru, side="right") - 1 if len(us) else np.full(len(ru), -1, I64)
             kk = np.maximum(k, 0)
-            ok = (k >= 0) & (units < ue[kk]) if len(us) else np.zeros(len(units), bool)
-            d = off[kk] + units - us[kk]
-            units, lid = d[ok], lid[ok]
+            ok = (k >= 0) & (ru < ue[kk]) if len(us) else np.zeros(len(ru), bool)
+            units = np.concatenate([units, (off[kk] + ru - us[kk])[ok]])
+            lid = np.concatenate([lid, rl[ok]])
+            o = np.lexsort((units, lid))   # back to launch order, ascending units
+            units, lid = units[o], lid[o]
         indptr = np.zeros(n_launches + 1, I64)
         np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
         return indptr, units.astype(I64)
@@ -268,6 +290,23 @@ class Workload:
                 continue
             l, s, e = unit_intervals(fp, self.gran)
             csrs.append(self.universe.dense(t, l, s, e, n))
+        return gather_steps(csrs, self.step_task, self.step_launch)
+
+    def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:
+        """As needs_from, in eviction-chunk ids (for plans that move whole chunks)."""
+        u = self.universe
+        csrs = []
+        for t, fp in enumerate(per_task_fp):
+            n = self.tasks[t].trace.n_launches
+            l, s, e = unit_intervals(fp, self.gran)
+            d0, d1, ok = u.dense_intervals(t, s, e)
+            c0 = u.unit_chunk[d0[ok]]
+            c1 = u.unit_chunk[d1[ok] - 1] + 1
+            l, c0, c1 = F.merge_intervals(l[ok], c0, c1, n)
+            units = F.expand_intervals(c0, c1)
+            indptr = np.zeros(n + 1, I64)
+            np.cumsum(np.bincount(np.repeat(l, c1 - c0), minlength=n), out=indptr[1:])
+            csrs.append((indptr, units))
         return gather_steps(csrs, self.step_task, self.step_launch)
 
 

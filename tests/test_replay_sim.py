@@ -257,3 +257,72 @@ def test_stack_distances_small():
     d = C.lru_stack_distances(np.array([1, 2, 1, 3, 2, 1], np.int64), 4)
     inf = np.iinfo(np.int64).max
     assert d.tolist() == [inf, inf, 2, inf, 3, 3]
+
+
+def test_oversized_launches_degrade_to_demand_not_below(tmp_path):
+    """Launches larger than memory (three arrays swept in order): planned policies stream
+    through them with the driver's chunk eviction and tree prefetcher, never worse than demand."""
+    L = [np.arange(0, 3 * 8 * 512)] * 6             # 48 MiB: 3 arrays x 8 blocks of 2 MiB
+    tr = page_trace(tmp_path / "t.pctrace", L, compute_ns=200_000)
+    runs, _ = replay_sim([tr], ["demand", "alloc", "oracle"], capacity=[24 << 20, 40 << 20],  # 50%, 83%
+                         config=SimConfig(costs="msched-rtx5080"))
+    by = {(r["policy"], r["capacity_bytes"]): r for r in runs}
+    for cap in (24 << 20, 40 << 20):
+        assert by[("oracle", cap)]["thrashing_launches"] == 6
+        for p in ("alloc", "oracle"):
+            assert by[(p, cap)]["faults"] <= by[("demand", cap)]["faults"]
+            assert by[(p, cap)]["time_s"] < by[("demand", cap)]["time_s"]
+
+
+def test_alloc_plans_on_chunks_when_needs_are_huge(workloads, monkeypatch):
+    """Past CHUNK_PLAN_OCCURRENCES unit touches alloc plans on 2 MiB chunks: whole allocations
+    still arrive before their launches (no faults when they fit), and it stays ahead of demand."""
+    tr = workloads["stream"]
+    base, _ = replay_sim([tr], ["demand", "alloc"], oversub=[0.2, 1.5], config=SimConfig())
+    monkeypatch.setattr(S, "CHUNK_PLAN_OCCURRENCES", 0)
+    chunk, _ = replay_sim([tr], ["alloc"], oversub=[0.2, 1.5], config=SimConfig())
+    b = {(r["policy"], r["oversub"]): r for r in base}
+    c = {r["oversub"]: r for r in chunk}
+    assert c[0.2]["faults"] == b[("alloc", 0.2)]["faults"] == 0
+    assert c[0.2]["htod_bytes"] == b[("alloc", 0.2)]["htod_bytes"]
+    assert c[1.5]["time_s"] < b[("demand", 1.5)]["time_s"]
+
+
+def test_chunk_groups_expand_to_units():
+    g = S.Groups.empty(2)
+    g.pf_ptr, g.pf_unit = np.array([0, 2, 3]), np.array([1, 0, 2])
+    g.need_now = np.array([1, 1])
+    g.ev_ptr, g.ev_unit = np.array([0, 0, 1]), np.array([0])
+    out = S.chunk_groups_to_units(g, np.array([0, 3, 5]), np.array([3, 5, 9]))
+    assert out.pf_unit.tolist() == [3, 4, 0, 1, 2, 5, 6, 7, 8]
+    assert out.pf_ptr.tolist() == [0, 5, 9] and out.need_now.tolist() == [2, 4]
+    assert out.ev_unit.tolist() == [0, 1, 2] and out.ev_ptr.tolist() == [0, 0, 3]
+
+
+def test_adaptive_fallback_keeps_only_proven_history():
+    from pagecast.replay.adaptive import _proven
+    kernel = np.array([0, 1, 0, 1, 0, 1, 0])
+    asks = np.array([1, 1, 1, 1, 0, 1, 1], bool)
+    extra = np.array([10, 10, 10, 10, 0, 10, 10])
+    used = np.array([9, 1, 9, 1, 0, 9, 9])      # kernel 0 precise, kernel 1 not (until late)
+    keep = _proven(kernel, asks, extra, used, 0.5)
+    # a launch is judged on earlier launches of its kernel only; the first never has evidence
+    assert keep.tolist() == [False, False, True, False, False, False, True]
+
+
+def test_template_beats_demand_on_data_dependent_routing(tmp_path):
+    """MoE expert routing: the history fallback over-predicts; the adaptive one falls back
+    to demand paging for those kernels, so template is ahead of demand."""
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    fit = [T.read_trace(make_trace("moe-decode", tmp_path / f"m{s}.pctrace", scale=0.1, seed=s)) for s in (1, 2)]
+    tr = T.read_trace(make_trace("moe-decode", tmp_path / "m3.pctrace", scale=0.1, seed=3))
+    model = fit_model(fit)
+    runs, _ = replay_sim([tr], ["demand", "template"], oversub=[1.5, 3.0], config=SimConfig(), model=model,
+                         timeline=False)
+    hist, _ = replay_sim([tr], ["template"], oversub=[1.5, 3.0], config=SimConfig(fallback="history"),
+                         model=model, timeline=False)
+    by = {(r["policy"], r["oversub"]): r for r in runs}
+    for o, h in zip((1.5, 3.0), hist):
+        assert by[("template", o)]["time_s"] < by[("demand", o)]["time_s"]
+        assert by[("template", o)]["prefetch_bytes"] < h["prefetch_bytes"]
