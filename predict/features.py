@@ -18,6 +18,7 @@ predictors read arguments identically.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -256,6 +257,20 @@ class AllocIndex:
         self.alloc_id = a.column(T.ALLOC_ID).to_numpy()[order] if a.num_rows else np.zeros(0, np.int64)
         self.n = len(self.addr)
         self.maxsize = np.uint64(self.size.max()) if self.n else np.uint64(0)
+
+    def lookup_one(self, value: int, launch: int, one_past: bool = True) -> int:
+        """`lookup` for one value (Python ints, bisect): the online path, a few microseconds."""
+        py = self.__dict__.get("_py")
+        if py is None:
+            py = self._py = (self.addr.tolist(), self.end.tolist(), self.first.tolist(), self.last.tolist(),
+                             int(self.maxsize))
+        addr, end, first, last, maxsize = py
+        j = bisect.bisect_right(addr, value) - 1
+        while j >= 0 and addr[j] + maxsize >= value:
+            if (value < end[j] or (one_past and value == end[j])) and first[j] <= launch <= last[j]:
+                return j
+            j -= 1
+        return -1
 
     def lookup(self, values: np.ndarray, launch: np.ndarray, *, one_past: bool = True,
                depth: int = 100_000) -> np.ndarray:

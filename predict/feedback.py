@@ -48,7 +48,14 @@ def _launch(trace: T.Trace, lid: int):
     """One launch's kernel, parameter bytes, layout and grid (no whole-row conversion: this
     runs once per launch with misses, online)."""
     L = trace.launches
-    grid = tuple(int(L.column(c)[lid].as_py()) for c in T.GRID_COLUMNS)
+    g = getattr(trace, "_pc_grid", None)
+    if g is None:
+        g = np.stack([L.column(c).to_numpy() for c in T.GRID_COLUMNS], axis=1).astype(np.int64)
+        try:
+            object.__setattr__(trace, "_pc_grid", g)
+        except Exception:  # pragma: no cover
+            pass
+    grid = tuple(g[lid].tolist())
     return (L.column(T.KERNEL)[lid].as_py(), L.column(T.PARAM_DATA)[lid].as_py(),
             tuple(L.column(T.PARAM_SIZES)[lid].as_py()), tuple(L.column(T.PARAM_OFFSETS)[lid].as_py()), grid)
 
@@ -77,7 +84,10 @@ def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, m
     kernel, data, sizes, offsets, grid = _launch(trace, int(launch_id))
     ix = _index(trace)
     lid = int(launch_id)
-    arow = ix.lookup(ms.astype(np.uint64) * np.uint64(ps), np.full(len(ms), lid), one_past=False)
+    if len(ms) <= 8:  # the usual online case: a few missed intervals
+        arow = np.array([ix.lookup_one(int(x) * ps, lid, one_past=False) for x in ms.tolist()], np.int64)
+    else:
+        arow = ix.lookup(ms.astype(np.uint64) * np.uint64(ps), np.full(len(ms), lid), one_past=False)
     ok = arow >= 0
     if not ok.any():
         return False
@@ -95,7 +105,7 @@ def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, m
     values = _values(km, data, offsets, grid) if same_layout else {}
     # where every region's base points at this launch (one vectorized lookup)
     ptr = [_word(r.base, km.param_sizes).pointer_one(data, offsets) for r in km.regions] if same_layout else []
-    prow = ix.lookup(np.array(ptr, np.uint64), np.full(len(ptr), lid)) if ptr else np.zeros(0, np.int64)
+    prow = np.array([ix.lookup_one(int(v), lid) for v in ptr], np.int64)
     for a in np.unique(arow):
         sel = arow == a
         s_, e_ = ms[sel], me[sel]
@@ -141,8 +151,7 @@ def _new_irregular(km, data, sizes, offsets, ix, lid, a, s_, e_, alloc_page) -> 
     ptrs, _ = candidate_words(sizes, offsets)
     if not ptrs:
         return False
-    vals = np.array([w.pointer_one(data, offsets) for w in ptrs], np.uint64)
-    rows = ix.lookup(vals, np.full(len(vals), lid))
+    rows = np.array([ix.lookup_one(int(w.pointer_one(data, offsets)), lid) for w in ptrs], np.int64)
     for i in np.flatnonzero(rows == a):
         w = ptrs[int(i)]
         if True:
