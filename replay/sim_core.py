@@ -67,18 +67,23 @@ def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
 
 @njit(cache=True)
 def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
-                     unplanned_q, uq_state):
+                     unplanned_q, uq_state, limit):
     """Evict the oldest unit brought in by a fault (the plan does not count on
     it) together with the other such units of its eviction chunk, as the
     driver evicts whole chunks: the room lets the tree prefetcher work for the
-    faults that follow, as it does under demand paging. Returns units evicted."""
+    faults that follow, as it does under demand paging. At most `limit` units
+    (an eighth of memory: a chunk is a sliver of a real GPU's memory, not all
+    of a small simulated one). Returns units evicted."""
     while uq_state[0] < uq_state[1]:
         u = unplanned_q[uq_state[0] % len(unplanned_q)]
         uq_state[0] += 1
         if resident[u] == 1 and planned[u] == 0:
             c = unit_chunk[u]
-            n = 0
+            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            n = 1
             for v in range(chunk_lo[c], chunk_hi[c]):
+                if n >= limit:
+                    break
                 if resident[v] == 1 and planned[v] == 0:
                     _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
                     n += 1
@@ -148,11 +153,11 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                 ev = 0
                 if not oversized:
                     ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state)
+                                          planned, unplanned_q, uq_state, max(cap // 8, 1))
                 if ev == 0:
                     # as the driver frees a whole chunk: room for up to a
                     # chunk's worth, so the tree prefetcher works as under demand
-                    want = chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]]
+                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], max(cap // 8, 1))
                     while used_ptr < k and ev < want:
                         v = units[used_ptr]
                         used_ptr += 1
@@ -162,11 +167,11 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                             ev += 1
                 if ev == 0 and oversized:
                     ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state)
+                                          planned, unplanned_q, uq_state, max(cap // 8, 1))
                 if ev == 0:
                     # nothing used yet: give up the units this launch needs last
                     # (a chunk's worth, room for the tree prefetcher)
-                    want = chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]]
+                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], max(cap // 8, 1))
                     for kk in range(hi - 1, k, -1):
                         v = units[kk]
                         if resident[v] == 1:
