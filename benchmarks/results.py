@@ -175,16 +175,17 @@ Reading the misses and ties:
   times, so it does not see this either.
 - *Ties with alloc.* Where kernels touch whole allocations (STREAM's arrays), `alloc`'s prediction is the footprint and `alloc`, `template` and `oracle` make the
   same plan: these rows are reported as ties at the bound, not as misses.
-- *Oracle is Belady on transfers, not a time optimum.* It minimises units moved; `alloc`
-  moves whole allocations in few long ranges where Belady's exchanges are many short ones,
-  each charged the profile's 5 us `transfer_latency_s`. That figure is an assumption (the
-  fixed cost of one cudaMemPrefetchAsync-sized range; background.md gives none, and MSched's
-  41.7 GB/s is a batched rate), so it stays, marked as such in docs/cost-model.md. It is not
-  what puts `alloc` ahead on the scientific mix at 150%: with it set to 0, alloc, template and
-  oracle reach {lat0} there: `alloc` still level with oracle, template further behind.
-  Template and oracle differ there only in spmv-cg's gathers, which template leaves to
-  fault; why `alloc`'s earlier whole-allocation transfers match Belady's at 150% is not
-  analysed further.
+- *Oracle is Belady on transfers, not a time optimum (the scientific mix at 150%).* It
+  minimises units moved; `alloc` moves whole allocations in few long ranges where Belady's
+  exchanges are many short ones, each charged the profile's 5 us `transfer_latency_s`. That
+  figure is an assumption (the fixed cost of one cudaMemPrefetchAsync-sized range;
+  background.md gives none, and MSched's 41.7 GB/s is a batched rate), marked as such in
+  docs/cost-model.md, and it is what puts `alloc` ahead of oracle there: with it set to 0,
+  alloc, template and oracle reach {lat0}, `alloc` and oracle level. Template's remaining
+  gap is spmv-cg's gathers: the history fallback covers the rows earlier launches read, and
+  the rows read for the first time fault. Merging template's ranges as `alloc`'s are would
+  mean moving the gaps between them (memory the launches do not use) to save the assumed
+  per-range charge; the simulator does not do it.
 - *LLM decode and prefill.* With the history fallback dropped for the embedding lookups
   (precision under 1%: 390 pages predicted per launch for 3 used) the LLM rows are at
   100% of oracle; the few faults left are embedding rows, charged 31.79 us each.
