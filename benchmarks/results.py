@@ -116,7 +116,8 @@ task's kernel time (the traces hold milliseconds of kernel time, not MSched's se
 
 Speedups are over `demand` (UVM demand paging) at the same capacity; "template / oracle"
 is template's speedup over oracle's; "bar" checks template >= 95% of oracle and ahead of
-alloc and demand; "MSched" is the speedup MSched reports over demand paging for that
+alloc and demand ("tie: alloc at the bound" where alloc is within 0.5% of oracle and
+template within 0.5% of alloc); "MSched" is the speedup MSched reports over demand paging for that
 kind of mix at that oversubscription (RTX 5080; 11.05x / 9.35x / 7.52x on scientific and
 multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances).
 
