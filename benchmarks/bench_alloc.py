@@ -8,7 +8,8 @@ footprint holds the weight allocation, so planning on 64 KiB units touches
 every unit of it at every launch (over 10^8 unit touches). Times `alloc` planned
 on units (the threshold raised past the needs) and on 2 MiB chunks (the
 default past simulator.CHUNK_PLAN_OCCURRENCES), with their speedups over demand,
-and replaces the "alloc on long traces" section of --out.
+and replaces the "alloc on long traces" section of --out (run it after bench_sim.py,
+which rewrites that file).
 """
 
 from __future__ import annotations
