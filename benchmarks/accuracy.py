@@ -93,7 +93,6 @@ def main() -> None:
         out.append("| workload | launches (fit / test) | argument-determined kernels: precision | recall "
                    "| all kernels: precision | recall | allocation baseline: precision | irregular kernels "
                    "| fit time |\n|---|---|---|---|---|---|---|---|---|")
-        tot = {"i": 0.0, "p": 0, "f": 0}
         for n in names:
             r = results[mode][n]
             e = r["eval"]

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 CHILD = r"""

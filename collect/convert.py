@@ -30,7 +30,7 @@ classes, so stand-in records in tests exercise exactly this code.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from pagecast import trace as T

@@ -579,14 +579,12 @@ class _Driver:
         faccess = (acc[row] != READ).astype(np.int32)
         cnt = 1 + rng.binomial(np.maximum(pages - 1, 0), 0.25)
         if self.mode == "full":
-            key = l
             fault_sel = np.ones(len(l), bool)
             pf_key, pf_bp = self._prefetch_full(l, a, bp) if self.prefetch else (None, None)
         else:
-            key, fault_sel, pf_key, pf_bp = self._natural(l, a, bp)
+            _, fault_sel, pf_key, pf_bp = self._natural(l, a, bp)
             l, bp, a = l[fault_sel], bp[fault_sel], a[fault_sel]
             fpage, faccess, cnt, pages = fpage[fault_sel], faccess[fault_sel], cnt[fault_sel], pages[fault_sel]
-            key = l
         # faults (a few lost)
         keep = rng.random(len(l)) >= FAULT_LOSS
         s, e = start[l], end[l]

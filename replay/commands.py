@@ -145,7 +145,6 @@ class ReplayCommand(Command):
         _split_at_double_dash(p)
 
     def run(self, args):
-        from pagecast import console
         from pagecast.errors import OutputExistsError
         from pagecast.units import parse_float_list, parse_list
 
@@ -214,9 +213,7 @@ def _report(args, runs, timeline) -> int:
     if args.json:
         console.emit_json(runs)
     else:
-        out = console.stdout()
-        out.width = max(out.width, 132)  # a 13-column table: do not squeeze it into 80 columns when piped
-        out.print(results_table(runs))
+        console.stdout().print(results_table(runs))
     if args.output:
         console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
     return 0

@@ -8,22 +8,21 @@ timeline table. `make_plan(...)` is `pagecast plan`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from pagecast import footprints as F
 from pagecast import trace as T
-from pagecast.errors import PlanError, UsageError
+from pagecast.errors import UsageError
 
 from . import plan_io
 from . import simulator as S
 from .costs import CostProfile, load_profile, replace
 from .results_io import timeline_table
-from .workload import I64, Workload, build_workload, unit_intervals
+from .workload import I64, Workload, build_workload
 
 
 @dataclass
@@ -178,7 +177,6 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             w.extra[("predicted", id(model), cfg.fallback)] = predicted
     results: dict[tuple[str, int], S.RunResult] = {}
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
-    total = len(policies) * len(caps)
     for p in policies:
         cap_units = [c // w.gran for c, _ in caps]
         for c, cu in zip(caps, cap_units):

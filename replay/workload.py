@@ -147,7 +147,7 @@ class Universe:
     def __init__(self, per_task: list[list[tuple[np.ndarray, np.ndarray]]], gran: int, eviction_unit: int):
         self.gran = gran
         self.task_lo: list[int] = []
-        us_all, ue_all, off_all, keys, chunk_ids, block_ids = [], [], [], [], [], []
+        keys, chunk_ids, block_ids = [], [], []
         base = 0
         chunk_base = 0
         block_base = 0

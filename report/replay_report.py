@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from pagecast.units import format_size
 
-from .page import FIG_W, OTHER_COLOUR, PALETTE, Section, figure, setup_matplotlib, short
+from .page import FIG_W, PALETTE, Section, figure, setup_matplotlib, short
 
 MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch is binned in time
 STALL_BINS = 200

@@ -7,8 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 from pathlib import Path

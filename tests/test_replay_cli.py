@@ -15,7 +15,6 @@ from pagecast.replay import plan_io
 from pagecast.replay.costs import builtin_names, load_profile, replace, save_profile
 from pagecast.replay.results_io import is_results, read_results, timeline_path, write_results
 
-from test_replay_sim import PS, page_trace
 
 
 def run_cli(capsys, *argv):
