@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from . import PRODUCER
 from .errors import OutputExistsError, TraceError
+from .jsonfile import read_json, write_json_atomic
 
 FORMAT = "pagecast-trace"
 VERSION = 1
@@ -157,28 +158,6 @@ def new_manifest(*, page_size: int = 4096, mode: str = "full", source: str = "sy
     }
     m.update(extra)
     return m
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON next to `path`, then rename it into place (readers never see half a file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.bool_):
-        return bool(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 # ---- tables from Python data -----------------------------------------------
@@ -415,10 +394,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
     mpath = path / MANIFEST
     if not mpath.exists():
         raise TraceError(f"{mpath}: missing; {path} is not a pagecast trace")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{mpath}: not valid JSON ({e})") from None
+    manifest = read_json(mpath, TraceError)
     if not isinstance(manifest, dict):
         raise TraceError(f"{mpath}: expected a JSON object")
     fmt = manifest.get("format")

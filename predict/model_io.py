@@ -24,6 +24,7 @@ from typing import Any
 
 from pagecast import PRODUCER
 from pagecast.errors import ModelError, OutputExistsError
+from pagecast.jsonfile import read_json
 
 from .features import Word
 from .formula import Formula
@@ -163,10 +164,7 @@ def load_model(path) -> Model:
         raise ModelError(f"{path}: no such model file")
     if path.is_dir():
         raise ModelError(f"{path}: is a directory; a model is a JSON file written by 'pagecast fit'")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    doc = read_json(path, ModelError)
     try:
         return model_from_json(doc, path)
     except ModelError:

@@ -10,13 +10,13 @@ field and where each built-in number comes from). Built-ins live in
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pagecast.errors import OutputExistsError, ProfileError
+from pagecast.jsonfile import read_json
 
 FORMAT = "pagecast-cost-profile"
 VERSION = 1
@@ -161,16 +161,13 @@ def load_profile(name_or_path: str | Path | CostProfile) -> CostProfile:
         p = builtin
     if not p.exists():
         raise ProfileError(f"{p}: no such cost profile file")
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{p}: not valid JSON ({str(e).splitlines()[0]})") from None
+    d = read_json(p, ProfileError)
     return profile_from_dict(d, str(p))
 
 
 def save_profile(profile: CostProfile, path: str | Path, force: bool = False) -> Path:
     """Write a profile as JSON (refuses to overwrite without force)."""
-    from pagecast.trace import write_json_atomic
+    from pagecast.jsonfile import write_json_atomic
 
     path = Path(path)
     if path.exists() and not force:

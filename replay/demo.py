@@ -28,7 +28,8 @@ POLICIES = ["demand", "alloc", "template", "oracle"]
 
 
 def prepare_dir(out: Path, force: bool) -> None:
-    from pagecast.trace import MANIFEST, prepare_output_dir, write_json_atomic
+    from pagecast.jsonfile import write_json_atomic
+    from pagecast.trace import MANIFEST, prepare_output_dir
     if out.exists():
         if out.is_file() or any(out.iterdir()):
             if not force:

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagecast.errors import PlanError
-from pagecast.trace import prepare_output_dir, write_json_atomic
+from pagecast.jsonfile import read_json, write_json_atomic
+from pagecast.trace import prepare_output_dir
 
 FORMAT = "pagecast-plan"
 VERSION = 1
@@ -123,10 +124,7 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     if not path.is_dir() or not mpath.exists():
         raise PlanError(f"{path}: not a plan (a plan is a directory with {MANIFEST} and {TABLE};"
                         " make one with 'pagecast plan')")
-    try:
-        m = json.loads(mpath.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"{mpath}: not valid JSON ({str(e).splitlines()[0]})") from None
+    m = read_json(mpath, PlanError)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise PlanError(f"{mpath}: format is {m.get('format') if isinstance(m, dict) else None!r};"
                         f" expected {FORMAT!r}")
