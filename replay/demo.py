@@ -61,23 +61,18 @@ def run_demo(args) -> int:
         console.emit_json(all_runs)
     else:
         out_c = console.stdout()
-        out_c.width = max(out_c.width, 132)
         out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
                                                   f"{info['mixes']} mixes, costs {args.costs}"))
         out_c.print(headline(all_runs))
     console.info(f"demo took {elapsed:.1f} s")
-    console.wrote(res_path, "replay results", f"pagecast report {res_path} -o {out / 'report.html'}")
+    console.wrote(res_path, "replay results")
+    from pagecast.report.render import write_report
     try:
-        from pagecast.report.render import write_report
-    except ImportError:
-        write_report = None
-    if write_report is not None:
-        try:
-            html = write_report(res_path, out / "report.html", force=True)
-        except Exception as e:  # the results stand without the report
-            console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
-        else:
-            console.wrote(html, "report", f"open {html}")
+        html = write_report(res_path, out / "report.html", force=True)
+    except Exception as e:  # the results stand without the report
+        console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
+    else:
+        console.wrote(html, "report", f"open {html} in a browser; pagecast replay -h to replay your own traces")
     return 0
 
 
@@ -160,9 +155,13 @@ def headline(runs: list[dict]) -> str:
             sp = [r["speedup_vs_demand"] for r in sel if r["policy"] == p and r["speedup_vs_demand"]]
             if sp:
                 parts.append(f"{p} {statistics.geometric_mean(sp):.2f}x")
-        fo = [r["fraction_of_oracle"] for r in sel if r["policy"] == "template" and r["fraction_of_oracle"]]
+        fo = [(r["fraction_of_oracle"], r.get("workload")) for r in sel
+              if r["policy"] == "template" and r["fraction_of_oracle"]]
         if fo:
-            parts.append(f"template at {min(fo):.1%} of oracle or better")
+            near = sum(f >= 0.95 for f, _ in fo)
+            worst = min(fo, key=lambda x: x[0])
+            parts.append(f"template within 5% of oracle on {near} of {len(fo)}"
+                         + (f" (lowest: {worst[1]}, {worst[0]:.0%})" if near < len(fo) else ""))
         lines.append(f"{r_over:.0%} oversubscription, geometric mean over demand: " + ", ".join(parts))
     return "\n".join(lines)
 
