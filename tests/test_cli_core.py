@@ -88,3 +88,21 @@ def test_help_exits_0(capsys):
 
 def test_no_command_is_usage_error(capsys):
     assert main([]) == 2
+
+
+def test_query_on_a_generated_trace(tmp_path, capsys):
+    from pagecast.datasets.registry import make_trace
+
+    p = make_trace("jacobi2d", tmp_path / "j.pctrace", scale=0.05, seed=1)
+    capsys.readouterr()
+    assert main(["query", str(p), "SELECT kernel, count(*) AS n FROM launches GROUP BY 1 ORDER BY n DESC",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert main(["summary", str(p), "--json"]) == 0
+    assert sum(r["n"] for r in rows) == json.loads(capsys.readouterr().out)["launches"]
+    assert any("jacobi2d_sweep" in r["kernel"] for r in rows)
+    # every fault lies inside an allocation (a join across two views)
+    assert main(["query", str(p), "SELECT count(*) AS outside FROM faults f WHERE NOT EXISTS "
+                 "(SELECT 1 FROM allocations a WHERE f.address >= a.address AND f.address < a.address + a.bytes)",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"outside": 0}]
