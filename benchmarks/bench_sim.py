@@ -123,7 +123,7 @@ def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=N
     ev_ptr, ev, pf_ptr, pf, nn = plan
     C.run_engine(0, n, ptr, units, has, ev_ptr, ev, pf_ptr, pf, nn, cap, st, resident, geo.unit_chunk, cc,
                  geo.chunk_lo, geo.chunk_hi, prev, nxt, planned, uq, uqs, lru, tree, 0.51, geo.key, geo.block_lo,
-                 geo.block_hi, geo.upb, has, False, missed, counters)
+                 geo.block_hi, geo.upb, has, False, missed, counters, np.zeros(1, np.int64), False)
     return counters.sum(axis=0)
 
 

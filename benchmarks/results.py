@@ -162,18 +162,31 @@ Reading the misses and ties:
   as the driver evicts, so the tree prefetcher still works for them). Template is now ahead
   of demand on moe-decode; oracle knows each step's experts in advance and template cannot,
   so the gap to oracle there is inherent to data-dependent routing.
-- *Launches larger than memory* (stream, mlp-train, jacobi2d at 200-300%; `thrashing_launches`
-  in the results) stream through memory under every policy. A planned policy now frees
-  room for their faults as the driver does (a chunk's worth, at most an eighth of memory, of
-  units the launch already used or does not count on), so the tree prefetcher works as it
-  does under demand paging, and the planner follows what such a launch leaves resident; a
-  planned policy is no longer behind demand on them (mlp-train at 300% was 0.91x).
-- *jacobi2d and mlp-train at 150% (and jacobi2d at 300%): template equals oracle, alloc a few
-  percent ahead.* Launches there exceed the capacity (jacobi2d: 22-unit launches in 18 or
-  9 units of memory at this scale; mlp-train: 313-unit SGD updates in 225); what such a
-  launch leaves resident depends on the fault path's eviction choices, and `alloc`'s
-  whole-allocation plan happens to leave a better set for the launches after. Oracle's plan is Belady on the footprints, not on the
-  times, so it does not see this either.
+- *Launches larger than memory* (stream, mlp-train, jacobi2d; `thrashing_launches` in the
+  results) stream through memory under every policy. A planned policy frees room for their
+  faults as the driver does (a chunk's worth, at most an eighth of memory), so the tree
+  prefetcher works as under demand paging. Which units such a launch gives up is Belady
+  within the launch: of the units it already used, those whose next use (in the needs the
+  policy plans on: true footprints for oracle, predictions for template, allocations for
+  alloc) is furthest leave first, the faulting unit's own 2 MiB block last (evicting behind
+  the sweep there would stop the tree prefetcher: mlp-train fell from 3.4x to 1.8x at 150%
+  when it did). The planner walks the launch with the same rule (sim_core._inlaunch_victims), so
+  the plan counts on what the launch really leaves. Before, the fault path gave up the
+  launch's *first* units whatever their next use, and the planner assumed the launch kept
+  its last units: on jacobi2d a 22-unit sweep (units 0-21, 18 or 9 units of memory) is
+  followed by launches reading units 0-10 again while 11-21 wait for about 34 launches, so
+  oracle kept the wrong half, counted on units that were gone, and took 141 more faults than
+  `alloc` at 150% (whose whole-allocation plan refetched them before the next launch):
+  `alloc` was 3-6% ahead of oracle on jacobi2d at 150% and 300% and mlp-train at 150%.
+  Now oracle and template are ahead of `alloc` on those three rows but jacobi2d at 150%,
+  where `alloc` (planned with the same rule, and sped up by it as much) is 0.6% ahead;
+  jacobi2d at 200% turns from a pass into a tie with `alloc`. What a launch leaves resident still depends on the tree
+  prefetcher filling the room the fault path frees, which the planner does not model: STREAM
+  at 150% (all three planned policies alike) is 3% slower than with the old rule, at 200% and
+  300% 3-6% faster. Re-planning after each such launch from the residency it really left
+  closes that (tried on the seed-3 traces: jacobi2d 150% alloc = oracle, STREAM 150% 17%
+  less time) but costs a plan per launch larger than memory (17 times the replay time on
+  those traces); the simulator does not do it.
 - *Ties with alloc.* Where kernels touch whole allocations (STREAM's arrays), `alloc`'s prediction is the footprint and `alloc`, `template` and `oracle` make the
   same plan: these rows are reported as ties at the bound, not as misses.
 - *Oracle is Belady on transfers, not a time optimum (the scientific mix at 150%).* It

@@ -125,6 +125,22 @@ def _plan_groups_from_file(plan: plan_io.Plan, w: Workload) -> S.Groups:
     return g
 
 
+def _plan_model_predictions(plan: plan_io.Plan, trace: T.Trace, fallback: str) -> F.Footprints | None:
+    """The predictions the plan was made on, when its model (manifest) can be read:
+    a launch larger than memory then runs as planned (Belady within the launch on
+    the predicted next uses); without it, such launches give up their first units."""
+    path = plan.manifest.get("model")
+    if not path:
+        return None
+    try:
+        from pagecast.predict.model_io import load_model
+
+        from .adaptive import predicted_footprints
+        return predicted_footprints(load_model(path), trace, plan.manifest.get("fallback") or fallback)
+    except Exception:  # noqa: BLE001 -- a moved or unreadable model: replay without it
+        return None
+
+
 def _plan_footprints(plan: plan_io.Plan, trace: T.Trace) -> F.Footprints:
     cols = plan.columns()
     s, e = F.page_span(cols[plan_io.ADDRESS], cols[plan_io.BYTES], trace.page_size)
@@ -159,8 +175,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         from .adaptive import predicted_footprints
         predicted = [predicted_footprints(model, t, cfg.fallback) for t in traces]
         extra.append(predicted)
+    plan_pred = None
     if plan is not None:
         extra.append([_plan_footprints(plan, traces[0])])
+        plan_pred = _plan_model_predictions(plan, traces[0], cfg.fallback)
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
@@ -170,6 +188,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if "template" in policies:
         if plan is not None:
             tmpl = S.Template(plan_groups_fixed=_plan_groups_from_file(plan, w), fallback=cfg.fallback)
+            if plan_pred is not None:
+                tmpl.fixed_needs = w.needs_from([plan_pred])
             if cfg.feedback:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
         else:
@@ -278,7 +298,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     needs = w.needs_from([predicted])
-    g = S.plan_groups(needs, w.universe.n_units, cu)
+    g = S.plan_groups(needs, w.universe.n_units, cu, belady_in=True, universe=w.universe)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback,

@@ -119,10 +119,56 @@ def _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi
     return n
 
 
+@njit(cache=True)
+def _inlaunch_victims(units, nextuse, lo, hi, k, n_cap, hk, hu, hst, aside, resident, block_lo, bl, want, out):
+    """Belady within a launch larger than memory (units[lo:hi], its fault at
+    position k): up to `want` of the units it already used (positions < k,
+    resident), next use (nextuse, capped at n_cap) furthest first, ties
+    earliest first -- but those in the faulting unit's 2 MiB block (bl) last,
+    earliest first (the sweep's block stays dense, so the tree prefetcher
+    works as under demand paging). hst = [heap size, next position to push]
+    persists over the launch. Writes victims to out; returns how many."""
+    L = hi - lo
+    while hst[1] < k:
+        p = hst[1]
+        nx = nextuse[p]
+        if nx > n_cap:
+            nx = n_cap
+        hst[0] = _heap_push(hk, hu, hst[0], nx * (L + 1) + (hi - 1 - p), p)
+        hst[1] += 1
+    n = 0
+    na = 0
+    while hst[0] > 0 and n < want:
+        p = hu[0]
+        hst[0] = _heap_pop(hk, hu, hst[0])
+        v = units[p]
+        if resident[v] == 0:
+            continue
+        if block_lo[v] == bl:
+            aside[na] = p
+            na += 1
+            continue
+        out[n] = v
+        n += 1
+    if na > 0:
+        ap = np.sort(aside[:na])
+        for a in range(na):
+            p = ap[a]
+            if n < want:
+                out[n] = units[p]
+                n += 1
+            else:
+                nx = nextuse[p]
+                if nx > n_cap:
+                    nx = n_cap
+                hst[0] = _heap_push(hk, hu, hst[0], nx * (L + 1) + (hi - 1 - p), p)
+    return n
+
+
 @njit(cache=True, inline="always")
 def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                   planned, unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb,
-                  track_unplanned, missed_out, counters, row):
+                  track_unplanned, missed_out, counters, row, next_use, has_next_use):
     """One launch touches `units` (ascending): hits refresh LRU order, misses
     fault in their unit (evicting chunks as needed) and may trigger the tree
     prefetcher. st_i[0] is the resident-unit count. Writes missed units to
@@ -131,6 +177,17 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
     nmiss = 0
     used_ptr = lo
     oversized = hi - lo > cap
+    # Belady within a launch larger than memory (planned policies that know the
+    # next use of each of its units, next_use[k]: the step, capped): its used
+    # units leave furthest next use first, ties earliest first
+    belady_in = track_unplanned and oversized and has_next_use
+    L = hi - lo
+    hk = np.empty(L if belady_in else 1, np.int64)
+    hu = np.empty(L if belady_in else 1, np.int64)
+    aside = np.empty(L if belady_in else 1, np.int64)
+    vict = np.empty(L if belady_in else 1, np.int64)
+    hst = np.zeros(2, np.int64)
+    hst[1] = lo
     for k in range(lo, hi):
         u = units[k]
         if resident[u] == 1:
@@ -158,6 +215,14 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                     # as the driver frees a whole chunk: room for up to a
                     # chunk's worth, so the tree prefetcher works as under demand
                     want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], max(cap // 8, 1))
+                    if belady_in:
+                        nv = _inlaunch_victims(units, next_use, lo, hi, k, INF - 1, hk, hu, hst, aside, resident,
+                                               block_lo, block_lo[u], want, vict)
+                        for a in range(nv):
+                            _unit_out(vict[a], resident, unit_chunk, chunk_count, prev, nxt, planned)
+                            st_i[0] -= 1
+                            ev += 1
+                        used_ptr = k
                     while used_ptr < k and ev < want:
                         v = units[used_ptr]
                         used_ptr += 1
@@ -389,7 +454,7 @@ def next_occurrence(step_of, unit_of, n_units):
 
 @njit(cache=True)
 def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units):
+                lookahead_units, belady_in, unit_want, unit_block):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -556,23 +621,54 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
             if resident[v]:
                 hsize = _heap_push(hk, hu, hsize, key[v], v)
         if need_ptr[i + 1] - need_ptr[i] > cap_i:
-            # a step larger than memory streams through it: its first units are
-            # evicted to fault in the rest, so it ends holding its *last* cap_i
-            # units (as the simulator runs it): follow that, or the plan would
-            # count on units that are gone and move ones already there
-            tail = need_ptr[i + 1] - cap_i
-            for kk2 in range(need_ptr[i], need_ptr[i + 1]):
-                u = need_unit[kk2]
-                if kk2 < tail:
+            # a step larger than memory streams through it: units it used are
+            # evicted to fault in the rest; follow what it ends holding (as the
+            # simulator runs it), or the plan would count on units that are gone
+            # and move ones already there. Without belady_in: its *last* cap_i units
+            s0 = need_ptr[i]
+            L = need_ptr[i + 1] - s0
+            if belady_in:
+                # the simulator runs it as Belady within the launch: a fault
+                # that finds memory full evicts up to unit_want[u] of the units
+                # the step already used, furthest next use first (ties:
+                # earliest first): follow it unit by unit
+                hk2 = np.empty(L, np.int64)
+                hu2 = np.empty(L, np.int64)
+                aside2 = np.empty(L, np.int64)
+                vict2 = np.empty(L, np.int64)
+                hst2 = np.zeros(2, np.int64)
+                hst2[1] = s0
+                for kk2 in range(s0, s0 + L):
+                    u = need_unit[kk2]
                     if resident[u]:
-                        resident[u] = 0
-                        n_res -= 1
-                        ev_at[u] = i
-                elif resident[u] == 0:
-                    if n_res < cap_i:
-                        resident[u] = 1
-                        n_res += 1
-                        in_at[u] = i
+                        continue
+                    if n_res >= cap:
+                        nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, n_steps, hk2, hu2, hst2, aside2,
+                                               resident, unit_block, unit_block[u], unit_want[u], vict2)
+                        for a in range(nv):
+                            v = vict2[a]
+                            resident[v] = 0
+                            n_res -= 1
+                            ev_at[v] = i
+                        if nv == 0:
+                            continue
+                    resident[u] = 1
+                    n_res += 1
+                    in_at[u] = i
+            else:
+                tail = need_ptr[i + 1] - cap_i
+                for kk2 in range(s0, s0 + L):
+                    u = need_unit[kk2]
+                    if kk2 < tail:
+                        if resident[u]:
+                            resident[u] = 0
+                            n_res -= 1
+                            ev_at[u] = i
+                    elif resident[u] == 0:
+                        if n_res < cap_i:
+                            resident[u] = 1
+                            n_res += 1
+                            in_at[u] = i
         # execute step i: its units' keys move to their next predicted use. A
         # unit the next step needs again is not pushed now: it cannot be a
         # victim while step i+1 is planned (keys <= i+1 never are), and step
@@ -592,7 +688,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
 
 
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units):
+                lookahead_units, belady_in=False, unit_want=None, unit_block=None):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
     ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
     (per step, the latest earlier group that prefetches a unit it needs; -1: none).
@@ -601,7 +697,10 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     first, then the early ones, each by address (so neighbours merge into one
     transfer); need_now counts the first kind."""
     ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash = _belady_plan(
-        need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units)
+        need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units,
+        bool(belady_in and unit_want is not None),
+        np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
+        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g
@@ -640,7 +739,7 @@ def _heap_rebuild(hk, hu, resident, key, n_units):
 def run_engine(s0, s1, need_ptr, need_unit, has_plan, ev_ptr, ev_unit, pf_ptr, pf_unit, need_now,
                cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
                unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb, track_unplanned,
-               stop_on_miss, missed_buf, counters):
+               stop_on_miss, missed_buf, counters, next_use, has_next_use):
     """Steps s0..s1-1: each step's planned group (if any), then its launch.
     Returns (next step, misses of the last step) -- stopping after a step
     with misses when stop_on_miss (for online feedback)."""
@@ -651,7 +750,8 @@ def run_engine(s0, s1, need_ptr, need_unit, has_plan, ev_ptr, ev_unit, pf_ptr, p
                         need_now[i], counters, i)
         nm = access_launch(need_unit, need_ptr[i], need_ptr[i + 1], cap, st_i, resident, unit_chunk, chunk_count,
                            chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state, lru, tree, threshold,
-                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters, i)
+                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters, i, next_use,
+                           has_next_use)
         if stop_on_miss and nm > 0:
             return i + 1, nm
     return s1, 0

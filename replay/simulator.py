@@ -83,13 +83,21 @@ LOOKAHEAD_STEPS = 1 << 20
 
 def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
                 init_resident: np.ndarray | None = None, lookahead_steps: int = LOOKAHEAD_STEPS,
-                lookahead_units: int | None = None) -> Groups:
-    """Belady on (predicted) needs: see sim_core.belady_plan. Full-length Groups."""
+                lookahead_units: int | None = None, belady_in: bool = False, universe=None) -> Groups:
+    """Belady on (predicted) needs: see sim_core.belady_plan. Full-length Groups.
+    `belady_in`: the run gives a launch larger than memory the next uses of its
+    units (`next_use_of`), so it ends holding those needed soonest."""
     n = len(needs.ptr) - 1
     res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
     la_units = cap_units if lookahead_units is None else lookahead_units
+    want = None
+    if belady_in and universe is not None:
+        # a fault's eviction in such a launch: a chunk's worth, at most an eighth of memory (as sim_core runs it)
+        csize = (universe.chunk_hi - universe.chunk_lo)[universe.unit_chunk]
+        want = np.minimum(csize, max(cap_units // 8, 1)).astype(I64)
     ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
-                                                           res, lookahead_steps, la_units)
+                                                           res, lookahead_steps, la_units, belady_in, want,
+                                                           None if want is None else universe.block_lo)
     pad = np.zeros(start_step, I64)
     ng = np.where(ng >= 0, ng + start_step, -1)
     return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
@@ -162,7 +170,29 @@ class Planned(Policy):
         raise NotImplementedError
 
     def prefetch(self, ctx: Context) -> Groups:
-        return plan_groups(self.needs(ctx), ctx.w.universe.n_units, ctx.cap_units)
+        needs = self.needs(ctx)
+        ctx.state["plan_needs"] = needs
+        return plan_groups(needs, ctx.w.universe.n_units, ctx.cap_units, belady_in=True, universe=ctx.w.universe)
+
+
+def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
+    """For each occurrence of `truth` (unit u at step s): the first step after s
+    at which `needs` holds u (the number of steps when none). What a planned
+    policy knows of a unit's next use, for Belady within a launch larger than
+    memory."""
+    n = len(truth.ptr) - 1
+    m = n + 1
+    ns = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    nk = np.sort(needs.unit.astype(I64) * m + ns)
+    ts = np.repeat(np.arange(n, dtype=I64), np.diff(truth.ptr))
+    tu = truth.unit.astype(I64)
+    idx = np.searchsorted(nk, tu * m + ts, side="right")
+    out = np.full(len(tu), n, I64)
+    ok = idx < len(nk)
+    hit = nk[np.minimum(idx, max(len(nk) - 1, 0))] // m == tu if len(nk) else np.zeros(len(tu), bool)
+    ok &= hit
+    out[ok] = nk[idx[ok]] % m
+    return out
 
 
 class Oracle(Planned):
@@ -240,6 +270,7 @@ class Template(Planned):
         self.model = model
         self.fixed = plan_groups_fixed
         self.fallback = fallback
+        self.fixed_needs = None
 
     @property
     def wants_misses(self) -> bool:  # type: ignore[override]
@@ -262,6 +293,10 @@ class Template(Planned):
 
     def prefetch(self, ctx):
         if self.fixed is not None:
+            if self.fixed_needs is not None:
+                # the plan's predicted needs (its model at hand): Belady within
+                # a launch larger than memory, as the plan was made
+                ctx.state["plan_needs"] = self.fixed_needs
             return self.fixed
         if self.model is None:
             raise UsageError("policy template needs --model MODEL or --plan PLAN")
@@ -295,8 +330,9 @@ class Template(Planned):
         needs = w.needs_from(ctx.state["pred"])
         ctx.state["needs"] = needs
         mem = ctx.memory
+        ctx.state["plan_needs"] = needs
         return plan_groups(needs, w.universe.n_units, ctx.cap_units, start_step=step + 1,
-                           init_resident=mem.resident)
+                           init_resident=mem.resident, belady_in=True, universe=w.universe)
 
 
 class Swap(Policy):
@@ -401,12 +437,18 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     missed = np.zeros(max(maxstep, 1), I64)
     s = 0
     stop = bool(policy.wants_misses)
+    nu_for = None
+    next_use = np.zeros(1, I64)
     while s < n:
+        pn = ctx.state.get("plan_needs")
+        if pn is not None and pn is not nu_for:
+            next_use = next_use_of(w.truth, pn)
+            nu_for = pn
         s, nm = C.run_engine(s, n, w.truth.ptr, w.truth.unit, has_plan, groups.ev_ptr, groups.ev_unit,
                              groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
                              u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
                              mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
-                             u.block_hi, u.upb, has_plan, stop, missed, counters)
+                             u.block_hi, u.upb, has_plan, stop, missed, counters, next_use, nu_for is not None)
         if stop and nm > 0 and s < n:
             new = policy.on_miss(ctx, s - 1, missed[:nm])
             if new is not None:
