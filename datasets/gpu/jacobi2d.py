@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import Gpu, cdiv, f32, i32, parse_args, round_to
+from .common import REDUCE_SUM, Gpu, cdiv, f32, i32, parse_args, round_to
 
 CODE = r"""
 extern "C" __global__ void jacobi2d_sweep(float* out, const float* in, int nx, int ny, float omega) {
@@ -68,19 +68,7 @@ extern "C" __global__ void jacobi2d_residual(const float* u, float* partial, int
     if (t == 0) partial[blockIdx.y * gridDim.x + blockIdx.x] = s[0];
 }
 
-extern "C" __global__ void reduce_sum(const float* partial, float* result, int n) {
-    __shared__ float s[1024];
-    float v = 0.0f;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) v += partial[k];
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) result[0] = s[0];
-}
-"""
+""" + REDUCE_SUM
 KERNELS = ["jacobi2d_sweep", "jacobi2d_halo", "jacobi2d_restrict", "jacobi2d_prolong", "jacobi2d_residual",
            "reduce_sum"]
 LEVELS = 4

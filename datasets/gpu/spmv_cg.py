@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import Gpu, cdiv, f32, i32, parse_args, round_to
+from .common import REDUCE_SUM, Gpu, cdiv, f32, i32, parse_args, round_to
 
 CODE = r"""
 extern "C" __global__ void spmv_csr_block(int nrows, int nnz, const int* rowptr, const int* colind,
@@ -51,19 +51,7 @@ extern "C" __global__ void xpay(float* y, const float* x, float beta, int n) {
     if (i < n) y[i] = x[i] + beta * y[i];
 }
 
-extern "C" __global__ void reduce_sum(const float* partial, float* result, int n) {
-    __shared__ float s[1024];
-    float v = 0.0f;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) v += partial[k];
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) result[0] = s[0];
-}
-"""
+""" + REDUCE_SUM
 KERNELS = ["spmv_csr_block", "dot_partial", "axpy", "xpay", "reduce_sum"]
 ITERS = 6  # enough iterations that the gather pattern of x, seen once, dominates
 
