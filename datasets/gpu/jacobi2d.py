@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     a = parse_args("jacobi2d", __doc__.splitlines()[0], argv)
     dims, nbytes = plan(a.scale)
     g = Gpu("jacobi2d", nbytes)
-    cp, K = g.cp, g.module(CODE, KERNELS)
+    K = g.module(CODE, KERNELS)
     rng = np.random.default_rng(a.seed)
     bufs = []
     for nx, ny in dims:
