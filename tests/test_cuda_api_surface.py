@@ -1,6 +1,7 @@
-"""Every CUDA driver/runtime call the GPU code makes, checked against the installed
-cuda-bindings without a GPU: the function exists and takes the number of
-arguments we pass, and every enum member or class we name exists.
+"""Every CUDA driver/runtime and CUPTI call the GPU code makes, checked against the
+installed cuda-bindings and cupti-python without a GPU: the function exists and
+takes the number of arguments we pass, and every enum member or class we name
+exists.
 
 The GPU paths (collector, runner, calibration) run on CPU CI only against
 stand-ins; this catches a renamed function, a changed signature (CUDA 13 gave
@@ -17,17 +18,20 @@ import pytest
 
 driver = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed (pip install .[test])")
 runtime = pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not installed (pip install .[test])")
+cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
 
 ROOT = Path(__file__).resolve().parents[1]
 # (file, the expressions that name the driver / runtime module there)
 FILES = {
-    "collect/collector.py": {"drv": driver, "self.drv": driver},
-    "collect/gpuinfo.py": {"drv": driver, "rt": runtime},
-    "collect/launch_hook.py": {"drv": driver},
-    "replay/cuda_iface.py": {"d": driver, "self._d": driver},
+    "collect/activity.py": {"cupti": cupti},
+    "collect/collector.py": {"drv": driver, "self.drv": driver, "cupti": cupti},
+    "collect/gpuinfo.py": {"drv": driver, "rt": runtime, "cupti": cupti},
+    "collect/launch_hook.py": {"drv": driver, "cupti": cupti},
+    "collect/managed.py": {"cupti": cupti},
+    "replay/cuda_iface.py": {"d": driver, "self._d": driver, "cupti": cupti},
 }
 # names we reach for on purpose only where they exist (older/newer bindings)
-OPTIONAL = {"cuMemPrefetchAsync_v2"}
+OPTIONAL = {"cuMemPrefetchAsync_v2", "subscribe"}
 
 
 def _chain(node: ast.AST) -> list[str] | None:
@@ -79,7 +83,9 @@ def test_the_scan_finds_the_calls_we_depend_on():
     names = {(p, ".".join(attr)) for p, _, _, attr, _ in CASES}
     for want in [("replay/cuda_iface.py", "cuMemPrefetchAsync"), ("replay/cuda_iface.py", "cuLaunchKernel"),
                  ("collect/launch_hook.py", "cuFuncGetParamInfo"), ("collect/launch_hook.py", "cuKernelGetParamInfo"),
-                 ("collect/collector.py", "cuMemPrefetchAsync"), ("collect/gpuinfo.py", "cudaRuntimeGetVersion")]:
+                 ("collect/collector.py", "cuMemPrefetchAsync"), ("collect/gpuinfo.py", "cudaRuntimeGetVersion"),
+                 ("collect/launch_hook.py", "enable_callback"),
+                 ("collect/activity.py", "activity_configure_unified_memory_counter")]:
         assert want in names, want
 
 
