@@ -687,6 +687,28 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
     return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash
 
 
+@njit(cache=True)
+def _group_ptr(sorted_g, G):
+    """CSR row pointers of G groups from ascending group numbers (one pass, no G-sized bincount)."""
+    ptr = np.empty(G + 1, np.int64)
+    k = 0
+    n = len(sorted_g)
+    for g in range(G + 1):
+        while k < n and sorted_g[k] < g:
+            k += 1
+        ptr[g] = k
+    return ptr
+
+
+@njit(cache=True)
+def _own_counts(sorted_g, own, G):
+    out = np.zeros(G, np.int64)
+    for k in range(len(sorted_g)):
+        if own[k]:
+            out[sorted_g[k]] += 1
+    return out
+
+
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
                 lookahead_units, belady_in=False, unit_want=None, unit_block=None):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
@@ -705,11 +727,9 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g
     op = np.lexsort((pf_u, ~own, pf_g))
-    ev_ptr = np.zeros(G + 1, np.int64)
-    pf_ptr = np.zeros(G + 1, np.int64)
-    np.cumsum(np.bincount(ev_g, minlength=G)[:G], out=ev_ptr[1:])
-    np.cumsum(np.bincount(pf_g, minlength=G)[:G], out=pf_ptr[1:])
-    need_now = np.bincount(pf_g[own], minlength=G)[:G].astype(np.int64)
+    ev_ptr = _group_ptr(ev_g[oe], G)
+    pf_ptr = _group_ptr(pf_g[op], G)
+    need_now = _own_counts(pf_g[op], own[op], G)
     # the latest earlier group holding a unit a step needs (its launch waits for that group)
     need_group = np.full(G, -1, np.int64)
     early = ~own
