@@ -197,10 +197,13 @@ class Engine:
         stream = launch_stream(la)
         if self.residency is not None:
             # with an emulated capacity the estimate knows what is already there: move only the rest
-            # (pages the host touched in between fault back in; that costs time, never correctness)
-            prefetch = self.residency.missing(prefetch)
-            estimate = self._estimate(t, la, data, predicted, prefetch)
-            admitted = merge_ranges(list(estimate) + list(prefetch))
+            # (pages the host touched in between fault back in; that costs time, never correctness).
+            # What the launch needs is everything the policy wants there, resident or not: the
+            # already-resident part must be admitted too, or its units could be chosen as victims.
+            want = prefetch
+            prefetch = self.residency.missing(want)
+            estimate = self._estimate(t, la, data, predicted, want)
+            admitted = merge_ranges(list(estimate) + list(want))
             if self.residency.victim == "next-use":
                 self._seq_next.record(t, units_of(admitted, self.unit))
             overflow_before = self.residency.overflows
@@ -231,11 +234,13 @@ class Engine:
             # the kernel starts only once its room is made; population above overlaps the eviction
             self.cuda.stream_wait_event(stream, self._evict_event)
 
-    def _estimate(self, t: int, la, data: bytes, predicted, prefetch) -> list[tuple[int, int]]:
-        """What launch t will touch, for the residency estimate (see the module docstring)."""
+    def _estimate(self, t: int, la, data: bytes, predicted, want) -> list[tuple[int, int]]:
+        """What launch t will touch, for the residency estimate (see the module docstring).
+
+        `want`: everything the policy prefetches for it (before subtracting what is resident)."""
         if self.relocator is not None and self.relocator.matching:
             if self.policy == "oracle":
-                return prefetch
+                return want
             return self.allocs.clip(self.relocator.footprint(t, self.unit))
         if predicted is not None:
             return predicted

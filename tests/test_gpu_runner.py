@@ -425,6 +425,75 @@ def test_oracle_policy_prefetches_the_relocated_truth_and_evicts_by_belady(tmp_p
     assert e.stats.errors == 0 and e.stats.evict_bytes > 0
 
 
+def footprint_trace(tmp_path, steps: list[list[int]], n_bufs: int):
+    """One kernel per launch over one-unit managed buffers: launch i touches buffers steps[i] (truth),
+    and passes them all as pointer arguments."""
+    kernels, datas, offs, sizes = [], [], [], []
+    truth = {T.LAUNCH_ID: [], T.ADDRESS: [], T.BYTES: [], T.ACCESS: []}
+    for i, bufs in enumerate(steps):
+        kernels.append(f"k{i}")
+        datas.append(struct.pack(f"<{len(bufs)}Q", *(TB + b * 8 * MiB for b in bufs)))
+        offs.append([8 * j for j in range(len(bufs))])
+        sizes.append([8] * len(bufs))
+        for b in bufs:
+            truth[T.LAUNCH_ID].append(i)
+            truth[T.ADDRESS].append(TB + b * 8 * MiB)
+            truth[T.BYTES].append(UNIT)
+            truth[T.ACCESS].append("read")
+    n = len(steps)
+    launches = {T.LAUNCH_ID: list(range(n)), T.KERNEL: kernels, T.DEVICE: [0] * n, T.STREAM: [0] * n,
+                **{c: [1] * n for c in T.GRID_COLUMNS}, T.SHARED_MEM_BYTES: [0] * n,
+                T.PARAM_OFFSETS: offs, T.PARAM_SIZES: sizes, T.PARAM_DATA: datas}
+    allocations = {T.ALLOC_ID: list(range(n_bufs)), T.ADDRESS: [TB + b * 8 * MiB for b in range(n_bufs)],
+                   T.BYTES: [UNIT] * n_bufs, T.KIND: ["managed"] * n_bufs, T.DEVICE: [0] * n_bufs,
+                   T.FIRST_LAUNCH: [0] * n_bufs}
+    empty_f = {T.TIME_NS: [], T.ADDRESS: [], T.COUNT: [], T.ACCESS: [], T.DEVICE: []}
+    empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: [], T.BYTES: [], T.DIRECTION: [], T.CAUSE: []}
+    p = T.write_trace(tmp_path / "f.pctrace", T.new_manifest(mode="full"),
+                      {T.LAUNCHES: launches, T.ALLOCATIONS: allocations, T.FAULTS: empty_f,
+                       T.MIGRATIONS: empty_m, T.TRUTH: truth})
+    return T.read_trace(p)
+
+
+def test_oracle_never_evicts_what_the_launch_needs_and_is_already_resident(tmp_path):
+    """Regression: the oracle's estimate was only the part of its footprint not yet resident, so a
+    resident unit the launch needs was a victim candidate (Belady even picked it: no use after now)."""
+    A, B, C = 0, 1, 2
+    tr = footprint_trace(tmp_path, [[A], [B], [A, C], [B]], 3)
+    f = FakeCuda()
+    run = [BASE + b * 64 * MiB for b in range(3)]
+    for b in run:
+        f.add_allocation(b, UNIT)
+    e = E.Engine(f, "oracle", relocator=O.Relocator(tr), capacity=2 * UNIT)
+    for i, bufs in enumerate([[A], [B], [A, C], [B]]):
+        f.log.clear()
+        e.on_launch(mk_launch(f"k{i}", [run[b] for b in bufs]))
+        if i == 2:
+            assert [x[1] for x in f.log if x[0] == "host"] == [run[B]]      # not A: launch 2 reads it
+            assert [x[1] for x in f.log if x[0] == "gpu"] == [run[C]]
+            assert sorted(e.residency.resident) == sorted([run[A] // UNIT, run[C] // UNIT])
+    assert e.stats.errors == 0
+
+
+def test_alloc_with_a_partial_prediction_keeps_every_allocation_it_prefetches():
+    """Regression: with a capacity, alloc's estimate is the model's prediction; a whole allocation the
+    policy wants and that is already resident was left out of what the launch needs, so evicted."""
+    f, bases = fake_with_buffers(3, size=UNIT)
+    A, B, C = bases
+
+    def predict(la, allocs):          # a model that only knows the first pointer's buffer
+        return [(struct.unpack_from("<Q", la.param_data)[0], UNIT)]
+
+    e = E.Engine(f, "alloc", capacity=2 * UNIT, predict=predict)
+    e.on_launch(mk_launch("k", [A]))
+    e.on_launch(mk_launch("k", [B]))
+    f.log.clear()
+    e.on_launch(mk_launch("k", [C, A]))       # alloc wants A and C; A is resident, B is the only victim
+    assert [x[1] for x in f.log if x[0] == "host"] == [B]
+    assert [x[1] for x in f.log if x[0] == "gpu"] == [C]
+    assert sorted(e.residency.resident) == [A // UNIT, C // UNIT]
+
+
 # ---- workload command, aggregation -------------------------------------------------------------
 
 @pytest.mark.parametrize("argv,want", [
