@@ -380,7 +380,7 @@ def build_moe_decode(b: Builder) -> None:
     scratch = _decode_scratch(b, m)
     per_step = 12 * m.layers + 4
     total = max(1, round(10_000 * s / per_step))
-    # each layer's router prefers some experts (skewed), and consecutive tokens often agree
+    # each layer's router prefers some experts (skewed, Dirichlet(0.4)); tokens are routed independently
     pref = rng.dirichlet(np.full(m.experts, 0.4), m.layers)
     while total > 0:
         g = int(min(total, rng.integers(16, 129)))
