@@ -48,6 +48,7 @@ from .gpu_residency import FutureNextUse, PeriodDetector, Residency, SequenceNex
 
 POLICIES = ("demand", "alloc", "template", "oracle")
 VICTIMS = {"demand": "fifo", "alloc": "fifo", "template": "next-use", "oracle": "belady"}
+LEGACY_STREAM = 0x1             # CU_STREAM_LEGACY
 PER_THREAD_STREAM = 0x2         # CU_STREAM_PER_THREAD
 TIMELINE_MAX = 100_000          # launches per run kept in the timeline
 
@@ -55,7 +56,15 @@ _PTSZ: frozenset | None = None
 
 
 def launch_stream(la) -> int:
-    """The CUstream handle a launch runs on (0 in a *_ptsz call is the per-thread stream)."""
+    """The CUstream handle a launch runs on, never 0.
+
+    0 in a *_ptsz call is the per-thread default stream, in any other call the
+    legacy default stream. Both are named explicitly (CU_STREAM_PER_THREAD,
+    CU_STREAM_LEGACY) because what 0 means in the runner's own calls depends on
+    how cuda-bindings was set up, not on the launch: with
+    CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1 it calls the _ptsz entry points
+    and 0 is the per-thread stream.
+    """
     global _PTSZ
     s = int(la.stream or 0)
     if s == 0:
@@ -67,6 +76,7 @@ def launch_stream(la) -> int:
                 _PTSZ = frozenset()
         if int(getattr(la, "cbid", 0) or 0) in _PTSZ:
             return PER_THREAD_STREAM
+        return LEGACY_STREAM
     return s
 
 

@@ -112,3 +112,11 @@ def test_cuda_bindings_have_what_we_call(path, line, mod, attr, nargs):
     required = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
     assert required <= nargs <= len(params), \
         f"{path}:{line}: {'.'.join(attr)}{sig} called with {nargs} arguments"
+
+
+def test_the_runners_stream_constants_are_the_drivers():
+    """gpu_engine names the default streams by value (it imports no CUDA module on the CPU path)."""
+    from pagecast.replay import gpu_engine as E
+
+    assert E.LEGACY_STREAM == int(driver.CU_STREAM_LEGACY)
+    assert E.PER_THREAD_STREAM == int(driver.CU_STREAM_PER_THREAD)

@@ -265,9 +265,16 @@ def test_alloc_prefetches_whole_allocations_on_the_launch_stream():
     assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 4 * MiB, 42), ("gpu", bases[1], 4 * MiB, 42)]
 
 
-def test_per_thread_default_stream():
-    assert E.launch_stream(mk_launch("k", [], stream=0, cbid=CB_cuLaunchKernel_ptsz)) == E.PER_THREAD_STREAM
-    assert E.launch_stream(mk_launch("k", [], stream=0)) == 0
+def test_default_streams_are_named_explicitly():
+    """Regression: a launch on stream 0 got its prefetches on stream 0, which cuda-bindings reads as the
+    per-thread stream when CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1 (not the launch's legacy stream)."""
+    assert E.launch_stream(mk_launch("k", [], stream=0, cbid=CB_cuLaunchKernel_ptsz)) == E.PER_THREAD_STREAM == 2
+    assert E.launch_stream(mk_launch("k", [], stream=0)) == E.LEGACY_STREAM == 1
+    assert E.launch_stream(mk_launch("k", [], stream=0x7F00, cbid=CB_cuLaunchKernel_ptsz)) == 0x7F00
+    f, bases = fake_with_buffers(1)
+    e = E.Engine(f, "alloc")
+    e.on_launch(mk_launch("k", [bases[0]], stream=0))
+    assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 4 * MiB, 1)]
 
 
 def test_template_prefetches_the_prediction_clipped_to_managed_memory():
