@@ -193,7 +193,8 @@ Reading the misses and ties:
   minimises units moved; `alloc` moves whole allocations in few long ranges where Belady's
   exchanges are many short ones, each charged the profile's 5 us `transfer_latency_s`. That
   figure is an assumption (the fixed cost of one cudaMemPrefetchAsync-sized range;
-  background.md gives none, and MSched's 41.7 GB/s is a batched rate), marked as such in
+  background.md gives none, MSched's 41.7 GB/s is a batched rate, and the nearest published
+  figure is 5-7 us per cudaMemcpyAsync call, DualPath, arXiv 2602.21548), marked as such in
   docs/cost-model.md, and it is what puts `alloc` ahead of oracle there: with it set to 0,
   alloc, template and oracle reach {lat0}, `alloc` and oracle level. Template's remaining
   gap is spmv-cg's gathers: the history fallback covers the rows earlier launches read, and
