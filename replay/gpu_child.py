@@ -252,6 +252,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         warns(f"the launch hook failed on {hook.errors} launch(es): {getattr(hook, 'last_error', '')}")
     if st["errors"]:
         warns(f"the policy failed on {st['errors']} launch(es): {st['last_error']}")
+    elif st["failed_calls"]:
+        warns(f"the driver refused {st['failed_calls']} prefetch/eviction call(s): {st['last_error']}")
     if engine.stats.launches == 0:
         warns("the workload launched no kernels that the runner saw")
     if relocator is not None and relocator.matching and engine.stats.launches != relocator.n:
@@ -271,6 +273,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "prefetch_bytes": st["prefetch_bytes"],
         "evict_bytes": st["evict_bytes"],
         "overflow_launches": st["overflow_launches"],
+        "failed_calls": st["failed_calls"],
         "predict_us_mean": st["predict_us_mean"],
         "predict_us_max": st["predict_us_max"],
         "callback_us_mean": 1e6 * st["callback_s"] / st["launches"] if st["launches"] else None,

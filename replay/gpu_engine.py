@@ -92,7 +92,8 @@ class EngineStats:
     predict_max_s: float = 0.0
     predicted_launches: int = 0
     callback_s: float = 0.0
-    errors: int = 0
+    errors: int = 0                 # launches whose policy step failed
+    failed_calls: int = 0           # prefetch / eviction calls the driver refused (the rest went on)
     last_error: str | None = None
     unseen_kernels: list = field(default_factory=list)
     feedback_updates: int = 0
@@ -229,20 +230,35 @@ class Engine:
                 # asynchronous: earlier kernels may not have run yet and may need the victims)
                 self.cuda.record_event(self._queued_event, stream)
                 self.cuda.stream_wait_event(self._evict_stream, self._queued_event)
-                for a, n in evict:
-                    self.cuda.prefetch_to_host(a, n, self._evict_stream)
+                for a, n in self._calls(t, la, self.cuda.prefetch_to_host, evict, self._evict_stream):
                     st.evict_bytes += n
                     st.evictions += 1
                 self.cuda.record_event(self._evict_event, self._evict_stream)
         else:
             evict = []
-        for a, n in prefetch:
-            self.cuda.prefetch_to_gpu(a, n, stream)
+        for a, n in self._calls(t, la, self.cuda.prefetch_to_gpu, prefetch, stream):
             st.prefetch_bytes += n
             st.prefetches += 1
         if evict:
             # the kernel starts only once its room is made; population above overlaps the eviction
             self.cuda.stream_wait_event(stream, self._evict_event)
+
+    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int):
+        """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation;
+        yield the pieces that the driver took.
+
+        One refused piece (an allocation freed and its address reused since it was cached) does not
+        stop the others; the allocation is looked up afresh next time.
+        """
+        for a, n in self.allocs.pieces(ranges):
+            try:
+                move(a, n, stream)
+            except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
+                self.stats.failed_calls += 1
+                self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
+                self.allocs.forget(a)
+                continue
+            yield a, n
 
     def _estimate(self, t: int, la, data: bytes, predicted, want) -> list[tuple[int, int]]:
         """What launch t will touch, for the residency estimate (see the module docstring).

@@ -114,8 +114,24 @@ class AllocationMap:
     def managed(self) -> list:
         return [a for a in self._allocs if a.managed]
 
+    def forget(self, addr: int) -> None:
+        """Drop what is cached about the allocation holding addr (it was freed: look it up again)."""
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i >= 0 and addr < self._allocs[i].base + self._allocs[i].size:
+            del self._bases[i]
+            del self._allocs[i]
+        self._miss.discard(addr)
+
     def clip(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Keep the parts of ranges that lie in managed allocations (prefetch fails elsewhere)."""
+        return merge_ranges(self.pieces(ranges))
+
+    def pieces(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of ranges that lie in managed allocations, cut at allocation boundaries, in order.
+
+        What a prefetch is given: cuMemPrefetchAsync's range must be managed memory, and two
+        allocations that happen to be adjacent are not one range to the driver.
+        """
         out = []
         last = None
         for a, n in ranges:
@@ -137,7 +153,7 @@ class AllocationMap:
                     out.append((a, b - a))
                     last = al
                 a = b
-        return merge_ranges(out)
+        return out
 
 
 def pointer_words(param_data: bytes) -> list[int]:

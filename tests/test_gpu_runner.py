@@ -277,6 +277,43 @@ def test_default_streams_are_named_explicitly():
     assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 4 * MiB, 1)]
 
 
+def test_a_prefetch_never_spans_two_allocations():
+    """Regression: two managed allocations back to back merged into one cuMemPrefetchAsync range;
+    the driver's range must be managed memory of one allocation (the stand-in refuses it)."""
+    f = FakeCuda()
+    a, b = BASE, BASE + 2 * MiB
+    f.add_allocation(a, 2 * MiB)
+    f.add_allocation(b, 2 * MiB)
+    e = E.Engine(f, "alloc", capacity=UNIT, predict=lambda la, al: [(a, 4 * MiB)])
+    e.on_launch(mk_launch("k", [a, b]))
+    assert [x[1:3] for x in f.log if x[0] == "gpu"] == [(a, 2 * MiB), (b, 2 * MiB)]
+    f.log.clear()
+    e.on_launch(mk_launch("k2", [BASE + 64 * MiB]))       # nothing of it is managed: no eviction needed
+    e2 = E.Engine(f, "template", predict=lambda la, al: [(a + MiB, 2 * MiB)])
+    e2.on_launch(mk_launch("k", [a]))
+    assert [x[1:3] for x in f.log if x[0] == "gpu"] == [(a + MiB, MiB), (b, MiB)]
+    assert e.stats.errors == e2.stats.errors == e.stats.failed_calls == 0
+    assert R.AllocationMap(f.allocation_of).clip([(a, 4 * MiB)]) == [(a, 4 * MiB)]   # clip still merges
+
+
+def test_a_refused_prefetch_does_not_stop_the_others_and_the_allocation_is_looked_up_again():
+    """Regression: the first refused range (an allocation freed and its address reused since it was
+    cached) aborted every later prefetch of the launch."""
+    f, bases = fake_with_buffers(2)
+    e = E.Engine(f, "alloc")
+    e.on_launch(mk_launch("k", [bases[0], bases[1]]))
+    f.free(bases[0])
+    f.add_allocation(bases[0], 1 * MiB)                 # the address is reused by a smaller allocation
+    f.log.clear()
+    e.on_launch(mk_launch("k", [bases[0], bases[1]]))   # the cached 4 MiB range is refused ...
+    assert [x[1:3] for x in f.log if x[0] == "gpu"] == [(bases[1], 4 * MiB)]   # ... the next one still goes
+    assert e.stats.errors == 0 and e.stats.failed_calls == 1 and "INVALID_VALUE" in e.stats.last_error
+    f.log.clear()
+    e.on_launch(mk_launch("k", [bases[0], bases[1]]))   # looked up afresh: the new size
+    assert [x[1:3] for x in f.log if x[0] == "gpu"] == [(bases[0], 1 * MiB), (bases[1], 4 * MiB)]
+    assert e.stats.failed_calls == 1
+
+
 def test_template_prefetches_the_prediction_clipped_to_managed_memory():
     f, bases = fake_with_buffers(1)
 
