@@ -158,6 +158,10 @@ for r in rows:
                   f"{r['faults']} faults, complete={r['complete']}"]
     elif r["test"] == "collect-refuse-oversubscription":
         lines += ["", "## Managed allocation past the limit", "", f"- exit code {r['exit_code']}: {r['message']}"]
+seen = [r for r in rows if r["test"] == "runner-observed"]
+if seen:
+    lines += ["", "## Driver behaviour the GPU runner relies on (observed)", ""]
+    lines += [f"- {r['what']}: {r['value']}" for r in seen]
 if not rows:
     lines += ["", "No measurements were recorded (see pytest-collect.txt and device-check.log)."]
 open(report, "w").write("\n".join(lines) + "\n")

@@ -7,6 +7,8 @@ alloc at an emulated capacity.
 
 from __future__ import annotations
 
+import json
+import os
 from argparse import Namespace
 
 import pytest
@@ -14,6 +16,15 @@ import pytest
 from pagecast.replay.cuda_iface import no_gpu_reason
 
 MiB = 2**20
+
+
+def _observe(what: str, value) -> None:
+    """Print (pytest -rs shows it with -s) and record, for the device-check report, what the driver did."""
+    print(f"OBSERVED {what}: {value}")
+    path = os.environ.get("PAGECAST_DEVICE_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": "runner-observed", "what": what, "value": value}, default=str) + "\n")
 
 
 _WHY = no_gpu_reason()
@@ -97,3 +108,104 @@ def test_run_gpu_replay_on_a_tiny_cupy_workload(tmp_path):
     assert by["alloc"]["prefetch_bytes"] > 0 and by["alloc"]["evict_bytes"] > 0
     assert by["alloc"]["faults"] < by["demand"]["faults"]
     assert all(r["time_s"] > 0 and r["backend"] == "gpu" for r in rows)
+
+
+def _launch(kernel: str, words: list[int], stream: int = 0):
+    import struct
+
+    from pagecast.collect.launch_hook import LaunchArgs
+
+    return LaunchArgs(kernel=kernel, function=0, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1, block_z=1,
+                      shared_mem_bytes=0, stream=stream, correlation_id=0,
+                      param_offsets=tuple(8 * i for i in range(len(words))), param_sizes=(8,) * len(words),
+                      param_data=struct.pack(f"<{len(words)}Q", *words))
+
+
+def test_calibration_kernels_touch_one_word_per_stride_and_copy_exactly():
+    """The hand-written PTX (KERNELS_PTX), JIT-compiled by this driver: pagecast_touch adds 1 to the
+    word at base + i * stride for i < n and nothing else; pagecast_copy copies n bytes."""
+    import ctypes
+
+    from pagecast.replay.cuda_iface import open_cuda
+
+    cuda = open_cuda()
+    n, stride = 300, 64 * 1024                     # 300 threads: two blocks, the second partly idle
+    base = cuda.alloc_managed((n + 2) * stride)
+    src = cuda.alloc_managed(4 * MiB)
+    dst = cuda.alloc_managed(4 * MiB)
+    try:
+        ctypes.memset(base, 0, (n + 2) * stride)  # managed memory is host-accessible (nothing queued)
+        s = cuda.new_stream()
+        cuda.launch_touch(base, n, stride, s)
+        cuda.synchronize()
+        words = [ctypes.c_uint32.from_address(base + i * stride).value for i in range(n + 2)]
+        assert words == [1] * n + [0, 0]
+        assert ctypes.c_uint32.from_address(base + 4).value == 0
+        pattern = bytes(range(256)) * (4 * MiB // 256)
+        ctypes.memmove(src, pattern, len(pattern))
+        ctypes.memset(dst, 0, 4 * MiB)
+        cuda.launch_copy(dst, src, 4 * MiB, s)
+        cuda.synchronize()
+        assert ctypes.string_at(dst, 4 * MiB) == pattern
+    finally:
+        for b in (base, src, dst):
+            cuda.free(b)
+
+
+def test_the_default_stream_handles_the_engine_names():
+    """gpu_engine.launch_stream turns a launch's stream 0 into CU_STREAM_LEGACY / CU_STREAM_PER_THREAD:
+    prefetches, event records and waits on those handles must be accepted."""
+    from pagecast.replay.cuda_iface import open_cuda
+    from pagecast.replay.gpu_engine import LEGACY_STREAM, PER_THREAD_STREAM
+
+    cuda = open_cuda()
+    base = cuda.alloc_managed(4 * MiB)
+    try:
+        side, ev = cuda.new_stream(), cuda.new_event()
+        for st in (LEGACY_STREAM, PER_THREAD_STREAM):
+            cuda.prefetch_to_gpu(base, 4 * MiB, st)
+            cuda.record_event(ev, st)
+            cuda.stream_wait_event(side, ev)
+            cuda.prefetch_to_host(base, 2 * MiB, side)
+            cuda.record_event(ev, side)
+            cuda.stream_wait_event(st, ev)
+            cuda.launch_touch(base, 64, 64 * 1024, st)
+        cuda.synchronize()
+    finally:
+        cuda.free(base)
+
+
+def test_prefetches_stay_within_one_allocation():
+    """The engine cuts ranges at allocation boundaries (gpu_ranges.AllocationMap.pieces). Observed too:
+    whether this driver takes one cuMemPrefetchAsync over two adjacent managed allocations."""
+    from pagecast.replay.cuda_iface import CudaCallError, open_cuda
+    from pagecast.replay.gpu_engine import Engine
+    from pagecast.replay.gpu_ranges import pointer_words
+
+    cuda = open_cuda()
+    bufs = [cuda.alloc_managed(2 * MiB) for _ in range(16)]
+    try:
+        pairs = sorted((a, b) for a in bufs for b in bufs if b == a + 2 * MiB)
+        if pairs:
+            a, _ = pairs[0]
+            try:
+                cuda.prefetch_to_gpu(a, 4 * MiB, 1)
+                cuda.synchronize()
+                seen = "accepted"
+            except CudaCallError as e:
+                seen = f"refused ({e})"
+        else:
+            seen = "not tried: no two of 16 managed 2 MiB allocations were adjacent"
+        _observe("cuMemPrefetchAsync over two adjacent managed allocations", seen)
+        # each launch needs four buffers (8 MiB, the capacity): the next four evict them; ranges over
+        # adjacent buffers are merged by the estimate and cut again for the driver
+        e = Engine(cuda, "alloc", capacity=8 * MiB,
+                   predict=lambda la, al: [(w, 2 * MiB) for w in pointer_words(la.param_data)])
+        for i in range(4):
+            e.on_launch(_launch("k", sorted(bufs)[4 * i:4 * i + 4]))
+        cuda.synchronize()
+        assert e.stats.errors == 0 and e.stats.failed_calls == 0, e.stats.last_error
+        assert e.stats.prefetches >= 16 and e.stats.evictions > 0
+    finally:
+        for b in bufs:
+            cuda.free(b)
