@@ -19,8 +19,12 @@ allocators `--managed cupy,torch` installs.
   with the system C compiler (`cc`, or $CC) into ~/.cache/pagecast/. It needs no CUDA
   headers: it finds `cudaMallocManaged`/`cudaFree` already loaded in the process
   (PyTorch's runtime) or falls back to the driver's `cuMemAllocManaged`/`cuMemFree_v2`
-  from libcuda.so.1, and refuses (returns NULL, which PyTorch raises as out of
-  memory) an allocation that would pass the byte limit set from Python.
+  from libcuda.so.1, and refuses (returns NULL) an allocation that would pass the
+  byte limit set from Python. PyTorch does not check the pointer its pluggable
+  allocator returns (CUDAPluggableAllocator::allocate wraps it in a DataPtr as
+  is), so a NULL alone would not stop the workload: the shim also calls a hook
+  into Python (`ManagedBudget.refuse`), which reports the violation to the
+  collector like the CUPTI tracker does.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class ManagedBudget:
         self._lock = threading.Lock()
         self.peak = 0
         self.violation: str | None = None
+        # Called with the message when an allocator refused an allocation without being
+        # able to raise (the PyTorch shim); the collector stops the workload from there.
+        self.on_violation: Callable[[str], None] | None = None
 
     @property
     def live_bytes(self) -> int:
@@ -72,10 +79,19 @@ class ManagedBudget:
     def would_exceed(self, nbytes: int) -> bool:
         return self.limit is not None and self.live_bytes + int(nbytes) > self.limit
 
-    def message(self, nbytes: int) -> str:
+    def message(self, nbytes: int, live: int | None = None) -> str:
+        live = self.live_bytes if live is None else int(live)
         return (f"a managed allocation of {format_size(nbytes)} would bring live managed memory to "
-                f"{format_size(self.live_bytes + nbytes)}, past the GPU's free memory ({format_size(self.limit or 0)});"
+                f"{format_size(live + nbytes)}, past the GPU's free memory ({format_size(self.limit or 0)});"
                 " pagecast collect refuses to oversubscribe the GPU (pass --allow-oversubscription on your own machine)")
+
+    def refuse(self, nbytes: int, live: int | None = None) -> str:
+        """An allocator refused `nbytes` and could not raise: record the violation and report it."""
+        msg = self.message(nbytes, live)
+        self.violation = msg
+        if self.on_violation is not None:
+            self.on_violation(msg)
+        return msg
 
     def check(self, nbytes: int) -> None:
         if self.would_exceed(nbytes):
@@ -105,6 +121,8 @@ class ManagedTracker:
                  views: dict[str, Callable[[int], Any]] | None = None) -> None:
         self.budget = budget
         self.on_violation = on_violation
+        if on_violation is not None and budget.on_violation is None:
+            budget.on_violation = on_violation  # refusals by the PyTorch shim go the same way
         self._views = views
         self._pending = threading.local()
         self.allocations = 0
@@ -206,9 +224,12 @@ typedef int (*rt_free_t)(void *);
 typedef int (*drv_malloc_t)(unsigned long long *, size_t, unsigned int);
 typedef int (*drv_free_t)(unsigned long long);
 
+typedef void (*refuse_hook_t)(long long size, long long live);
+
 static rt_malloc_t rt_malloc; static rt_free_t rt_free;
 static drv_malloc_t drv_malloc; static drv_free_t drv_free;
 static long long limit_bytes = -1, live_bytes = 0, refused = 0;
+static refuse_hook_t refuse_hook;
 
 static int resolve(void) {
     if (rt_malloc || drv_malloc) return 1;
@@ -228,13 +249,19 @@ static int resolve(void) {
 }
 
 void pagecast_set_limit(long long limit) { limit_bytes = limit; }
+void pagecast_set_refuse_hook(refuse_hook_t hook) { refuse_hook = hook; }
 long long pagecast_live_bytes(void) { return live_bytes; }
 long long pagecast_refused(void) { return refused; }
 
 void *pagecast_malloc(ssize_t size, int device, void *stream) {
     (void)device; (void)stream;
     if (size <= 0) return 0;
-    if (limit_bytes >= 0 && live_bytes + size > limit_bytes) { refused++; return 0; }
+    if (limit_bytes >= 0 && live_bytes + size > limit_bytes) {
+        /* PyTorch does not check for NULL: tell Python, which stops the workload */
+        __atomic_add_fetch(&refused, 1, __ATOMIC_SEQ_CST);
+        if (refuse_hook) refuse_hook((long long)size, live_bytes);
+        return 0;
+    }
     if (!resolve()) return 0;
     void *p = 0;
     if (rt_malloc) {
@@ -288,6 +315,27 @@ def build_shim(cache: Path | None = None) -> Path:
 
 
 _TORCH_SHIM: Any = None
+_REFUSE_HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_longlong, ctypes.c_longlong)
+_REFUSE_HOOKS: list = []  # ctypes callbacks must outlive every call the shim makes
+
+
+def load_shim(so: Path, budget: ManagedBudget):
+    """Load the compiled shim, set its limit from `budget` and route its refusals to `budget.refuse`."""
+    lib = ctypes.CDLL(str(so))
+    lib.pagecast_set_limit.argtypes = [ctypes.c_longlong]
+    lib.pagecast_set_refuse_hook.argtypes = [_REFUSE_HOOK_T]
+    lib.pagecast_set_limit(-1 if budget.limit is None else int(budget.limit))
+
+    def refused(size: int, live: int) -> None:  # called from C: must not raise
+        try:
+            budget.refuse(int(size), int(live))
+        except Exception:
+            pass
+
+    hook = _REFUSE_HOOK_T(refused)
+    _REFUSE_HOOKS.append(hook)
+    lib.pagecast_set_refuse_hook(hook)
+    return lib
 
 
 def set_torch_limit(limit: int | None) -> None:
@@ -304,10 +352,7 @@ def install_torch(budget: ManagedBudget) -> str:
         raise UsageError("--managed torch: PyTorch is not installed in this Python") from None
     global _TORCH_SHIM
     so = build_shim()
-    lib = ctypes.CDLL(str(so))
-    lib.pagecast_set_limit.argtypes = [ctypes.c_longlong]
-    lib.pagecast_set_limit(-1 if budget.limit is None else int(budget.limit))
-    _TORCH_SHIM = lib
+    _TORCH_SHIM = load_shim(so, budget)
     try:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(str(so), "pagecast_malloc", "pagecast_free")
         torch.cuda.memory.change_current_allocator(alloc)

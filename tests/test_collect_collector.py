@@ -329,6 +329,32 @@ def test_torch_allocator_shim_allocates_managed_and_refuses_past_the_limit(tmp_p
     lib.pagecast_free(b, 600_000, 0, None)
 
 
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine")
+def test_torch_shim_refusal_reaches_the_collector(tmp_path, monkeypatch):
+    # PyTorch's CUDAPluggableAllocator::allocate wraps whatever alloc_fn returns in a
+    # DataPtr without checking it, so returning NULL does not raise anything in the
+    # workload: the shim must report the refusal itself (budget.refuse -> on_violation).
+    so = M.build_shim(tmp_path / "cache")
+    src = tmp_path / "fakecuda.c"
+    src.write_text(_FAKE_DRIVER)
+    fake = tmp_path / "libfakecuda.so"
+    subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-o", str(fake), str(src)], check=True)
+    monkeypatch.setenv("PAGECAST_SHIM_DRIVER", str(fake))
+    budget = M.ManagedBudget(1 << 20)
+    reported: list[str] = []
+    M.ManagedTracker(budget, on_violation=reported.append)  # what the Collector builds
+    lib = M.load_shim(so, budget)
+    lib.pagecast_malloc.restype = ctypes.c_void_p
+    lib.pagecast_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.pagecast_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    a = lib.pagecast_malloc(600_000, 0, None)
+    assert a and not reported and budget.violation is None
+    assert lib.pagecast_malloc(600_000, 0, None) is None
+    assert len(reported) == 1 and budget.violation == reported[0]
+    assert "past the GPU's free memory" in reported[0] and "1.1 MiB" in reported[0]  # the shim's live bytes
+    lib.pagecast_free(a, 600_000, 0, None)
+
+
 def test_parse_managed():
     assert M.parse_managed("cupy, torch,cupy") == ["cupy", "torch"]
     assert M.parse_managed(None) == []
