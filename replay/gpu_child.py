@@ -256,6 +256,10 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         warns(f"the driver refused {st['failed_calls']} prefetch/eviction call(s): {st['last_error']}")
     if engine.stats.launches == 0:
         warns("the workload launched no kernels that the runner saw")
+    if getattr(hook, "runtime_reaches_driver", None) is False:
+        # the hook then delivers runtime launches at the runtime call's exit, after the kernel is queued
+        warns("CUDA runtime launches did not reach the driver's launch callbacks: the runner saw them only "
+              "after their kernels were queued, so their prefetches came too late to help those kernels")
     if relocator is not None and relocator.matching and engine.stats.launches != relocator.n:
         warns(f"the run launched {engine.stats.launches} kernels, the trace has {relocator.n}")
     out.update({
@@ -282,6 +286,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "feedback_updates": st["feedback_updates"],
         "oracle_unmapped_bytes": relocator.unmapped_bytes if relocator is not None else None,
         "dropped_records": counts.dropped,
+        "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
         "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
     })
     return finish(0)

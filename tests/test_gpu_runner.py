@@ -625,6 +625,23 @@ def test_child_run_writes_its_measurements(tmp_path, fake_launch_module):
     assert ("sync",) in fake.log
 
 
+def test_child_run_warns_when_runtime_launches_are_seen_after_their_kernels(tmp_path, fake_launch_module):
+    """The launch hook delivers a runtime launch at the runtime call's exit when no driver launch callback
+    follows it (collect/launch_hook.py): the kernel is queued by then, so the prefetch is too late."""
+    class RuntimeOnlyHook(FakeHook):
+        runtime_reaches_driver = False
+
+    script = tmp_path / "work.py"
+    script.write_text("import pagecast_test_launch as L\nL.launch(0)\n")
+    res = tmp_path / "r.json"
+    fake = fake_launch_module.fake
+    assert C.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
+                        cuda=fake, monitor=FakeMonitor(fake), hook_factory=RuntimeOnlyHook) == 0
+    out = json.loads(res.read_text())
+    assert out["runtime_reaches_driver"] is False
+    assert any("too late" in w for w in out["warnings"])
+
+
 def test_child_run_reports_a_crashing_workload(tmp_path, fake_launch_module):
     script = tmp_path / "bad.py"
     script.write_text("raise ValueError('boom')\n")
