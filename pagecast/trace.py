@@ -401,7 +401,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
     if fmt != FORMAT:
         raise TraceError(f"{mpath}: format is {fmt!r}; this reader reads {FORMAT!r}")
     ver = manifest.get("version")
-    if ver != VERSION:
+    if type(ver) is not int or ver != VERSION:  # true and 1.0 are not the version 1
         raise TraceError(f"{mpath}: version is {ver!r}; this reader reads version {VERSION}")
     ps = manifest.get("page_size")
     if not isinstance(ps, int) or isinstance(ps, bool) or ps <= 0 or ps & (ps - 1):
@@ -411,6 +411,9 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {mode!r}")
     if not isinstance(manifest.get("complete"), bool):
         raise TraceError(f"{mpath}: complete must be true or false, found {manifest.get('complete')!r}")
+    for key in ("workload", "device"):
+        if not isinstance(manifest.get(key), (dict, type(None))):
+            raise TraceError(f"{mpath}: {key} must be an object or null, found {manifest.get(key)!r}")
     return manifest
 
 
@@ -538,6 +541,7 @@ def _validate(trace: Trace) -> None:
                     raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
     _validate_launches(trace)
     _validate_allocations(trace)
+    _validate_truth(trace)
 
 
 def _validate_launches(trace: Trace) -> None:
@@ -573,6 +577,22 @@ def _validate_launches(trace: Trace) -> None:
         if bad.any():
             i = int(owner[np.argmax(bad)])
             raise TraceError(f"{where}: launch {i}: a parameter lies outside param_data")
+
+
+def _validate_truth(trace: Trace) -> None:
+    """In a complete trace truth rows describe its launches: a launch_id outside 0..n-1 names none.
+
+    (An incomplete trace may hold truth for launches whose part was never closed.)
+    """
+    t = trace.truth
+    if t is None or not t.num_rows or not trace.complete:
+        return
+    n = trace.n_launches
+    mn, mx = pc.min_max(t.column(LAUNCH_ID)).values()
+    if mn.as_py() < 0 or mx.as_py() >= n:
+        bad = mn.as_py() if mn.as_py() < 0 else mx.as_py()
+        raise TraceError(f"{trace.path / TRUTH}: launch_id {bad} names no launch"
+                         f" (the trace has {n} launches{f', ids 0..{n - 1}' if n else ''})")
 
 
 def _validate_allocations(trace: Trace) -> None:

@@ -113,6 +113,19 @@ def _set_col(t: pa.Table, name, arr):
     return t.set_column(t.column_names.index(name), name, arr)
 
 
+def _manifest(p, **changes):
+    m = json.loads((p / "manifest.json").read_text())
+    (p / "manifest.json").write_text(json.dumps({**m, **changes}))
+
+
+def _add_truth(p, launch_ids):
+    (p / "truth").mkdir()
+    pq.write_table(pa.table({"launch_id": pa.array(launch_ids, pa.int64()),
+                             "address": pa.array([BASE] * len(launch_ids), pa.uint64()),
+                             "bytes": pa.array([4096] * len(launch_ids), pa.int64()),
+                             "access": pa.array(["read"] * len(launch_ids))}), p / "truth" / "part-00000.parquet")
+
+
 BAD = {
     "format": (lambda p: (p / "manifest.json").write_text(json.dumps({"format": "nsys", "version": 1})),
                "format is 'nsys'"),
@@ -143,6 +156,15 @@ BAD = {
         t, "address", pa.array([None] * t.num_rows, pa.uint64()))), "null"),
     "param-outside": (lambda p: _rewrite(p, "launches", lambda t: _set_col(
         t, "param_sizes", pa.array([[8, 8, 400]] * t.num_rows, pa.list_(pa.int32())))), "outside param_data"),
+    # version true / 1.0 are not the integer 1 (were read as version 1)
+    "version-true": (lambda p: _manifest(p, version=True), "version is True"),
+    "version-float": (lambda p: _manifest(p, version=1.0), "version is 1.0"),
+    # a workload or device that is not an object (was an internal error, exit 1, in summary/fit/report)
+    "workload-string": (lambda p: _manifest(p, workload="vadd"), "workload must be an object or null"),
+    "device-string": (lambda p: _manifest(p, device="gpu"), "device must be an object or null"),
+    # truth rows for launches the trace does not have (were silently dropped)
+    "truth-unknown-launch": (lambda p: _add_truth(p, [0, 99]), "launch_id 99 names no launch"),
+    "truth-negative-launch": (lambda p: _add_truth(p, [-1, 0]), "launch_id -1 names no launch"),
 }
 
 
