@@ -187,13 +187,15 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
         raise ModelError(f"{where}: expected a JSON object, found {type(doc).__name__}")
     if doc.get("format") != FORMAT:
         raise ModelError(f"{where}: format is {doc.get('format')!r}; this reader reads {FORMAT!r}")
-    if doc.get("version") != VERSION:
+    if type(doc.get("version")) is not int or doc.get("version") != VERSION:  # true and 1.0 are not 1
         raise ModelError(f"{where}: model version is {doc.get('version')!r}; this pagecast reads version {VERSION}"
                          " (refit with 'pagecast fit')")
     ps = _int(doc, "page_size", "model", 1)
     if ps & (ps - 1):
         raise ValueError(f"page_size must be a power of two, found {ps}")
-    big = doc.get("big_page", 65536)
+    big = _int(doc, "big_page", "model", ps) if "big_page" in doc else 65536
+    if big & (big - 1):
+        raise ValueError(f"big_page must be a power of two, found {big}")
     kernels_doc = doc.get("kernels")
     if not isinstance(kernels_doc, dict):
         raise ValueError("'kernels' must be an object mapping kernel names to templates")
@@ -249,8 +251,8 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-                and p[0] < p[1] for p in h):
-            raise ValueError(f"{where}: history must be a list of [start, end) page pairs")
+                and 0 <= p[0] < p[1] for p in h):
+            raise ValueError(f"{where}: history must be a list of [start, end) page pairs, 0 <= start < end")
         r.history = h
     return r
 

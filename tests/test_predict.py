@@ -126,6 +126,40 @@ def test_model_roundtrip_and_bad_files(model, tmp_path):
         load_model(tmp_path / "missing.json")
 
 
+def _all_regions(doc):
+    return [r for k in doc["kernels"].values() for r in k["regions"]]
+
+
+BAD_MODELS = {
+    # valid JSON, wrong shape: each was read (exit 0) or crashed (exit 1) before
+    "version-true": (lambda d: d.update(version=True), "version is True"),
+    "big-page-zero": (lambda d: d.update(big_page=0), "big_page must be an integer >= 4096"),
+    "big-page-string": (lambda d: d.update(big_page="x"), "big_page must be an integer"),
+    "big-page-not-power-of-two": (lambda d: d.update(big_page=5000), "big_page must be a power of two"),
+    "const-beyond-int64": (lambda d: [r["end"].update(const=2**70) for r in _all_regions(d) if "end" in r],
+                           "64-bit integer"),
+    "history-negative-pages": (lambda d: _all_regions(d)[0].update({"class": "irregular", "history": [[-5, -1]]}),
+                               "0 <= start < end"),
+    "coefficient-beyond-int64": (lambda d: [r["end"].update(terms=[[2**70, ["p2"]]])
+                                            for r in _all_regions(d) if r["class"] == "linear"], "64-bit integer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODELS))
+def test_model_of_wrong_shape_is_one_line_exit_2(model, synth, tmp_path, capsys, case):
+    p = tmp_path / "m.json"
+    save_model(model, p)
+    doc = json.loads(p.read_text())
+    damage, expect = BAD_MODELS[case]
+    damage(doc)
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match=expect):
+        load_model(p)
+    assert main(["evaluate", str(p), str(synth[0].path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and expect in err
+
+
 def test_feedback_replaces_and_demotes(synth, tmp_path):
     m = fit_model(synth[:2])
     r = m.kernels["vadd"].regions[0]
