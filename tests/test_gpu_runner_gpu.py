@@ -209,3 +209,39 @@ def test_prefetches_stay_within_one_allocation():
     finally:
         for b in bufs:
             cuda.free(b)
+
+
+UVM_AFTER_CONTEXT = """
+import json
+from pagecast.replay.cuda_iface import CuptiMonitor, open_cuda
+cuda = open_cuda()                      # the context exists first, as in a user's program
+base = cuda.alloc_managed(64 * 2**20)
+mon = CuptiMonitor(0)
+try:
+    mon.start(keep_records=True, live=True)
+except Exception as e:
+    print(json.dumps({"error": str(e)}))
+    raise SystemExit(0)
+cuda.prefetch_to_host(base, 64 * 2**20, 1)
+cuda.synchronize()
+cuda.launch_touch(base, 256, 64 * 1024, 1)
+cuda.synchronize()
+c = mon.stop()
+cuda.free(base)
+print(json.dumps({"faults": c.faults, "htod": c.htod_bytes, "kernels": c.kernels, "fault_records": len(c.fault_records)}))
+"""
+
+
+def test_uvm_counters_started_after_the_context_exists():
+    """pagecast.prefetching(feedback=True) starts the counters inside a program whose CUDA context already
+    exists (gpu_child and calibrate start them before): do they start, and do they count, there?
+    Also exercises the live flush thread (live=True) for a hang."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", UVM_AFTER_CONTEXT], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    c = json.loads(p.stdout.strip().splitlines()[-1])
+    _observe("CUPTI unified-memory counters started after the context exists (256 pages touched)", c)
+    assert "error" not in c, c["error"]
+    assert c["faults"] > 0 and c["kernels"] >= 1
