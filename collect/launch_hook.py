@@ -423,9 +423,15 @@ class LaunchHook:
     Exceptions in these are counted in `errors` and never reach CUDA.
 
     The subscriber asks CUPTI 13 to allow other subscribers (older CUPTI allows
-    one per process: there, the collector and the GPU replay runner must not both
-    start a hook at once).
+    one per process). cupti-python, however, keeps one Python callback per process
+    (`subscribe` stores it in `cupti.globals.pythonCallbacks["callbackFunc"]`, and
+    its C wrapper hands every subscriber's callbacks to that one function), so two
+    hooks started at once would both receive the later one's callbacks: `start`
+    refuses while another LaunchHook of this process is running.
     """
+
+    _running: "LaunchHook | None" = None  # the hook whose callback cupti-python holds now
+    _running_lock = threading.Lock()
 
     def __init__(self, on_launch: Callable[[LaunchArgs], None], *,
                  before_launch: Callable[[], None] | None = None,
@@ -465,19 +471,33 @@ class LaunchHook:
             self._stream_id_fn = lambda ctx, stream, ptsz: int(cupti.get_stream_id_ex(ctx, stream, int(ptsz)))
         if self._device_fn is None:
             self._device_fn = lambda ctx: int(cupti.get_device_id(ctx))
-        params = self._subscriber_params(cupti)
-        if params is not None:
-            sub = cupti.subscribe_v2(self._callback, None, params.ptr)
-        else:
-            sub = cupti.subscribe(self._callback, None)
-        self._subscriber = sub
-        for cbid in DRIVER_LAUNCH_CBIDS:
-            cupti.enable_callback(1, sub, cupti.CallbackDomain.DRIVER_API, cbid)
-        if self.runtime:
-            for cbid in RUNTIME_LAUNCH_CBIDS:
-                cupti.enable_callback(1, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
-        for domain, cbid in self.api_callbacks:
-            cupti.enable_callback(1, sub, domain, cbid)
+        with LaunchHook._running_lock:
+            other = LaunchHook._running
+            if other is not None and other is not self:
+                raise RuntimeError("another launch hook is running in this process: cupti-python delivers every "
+                                   "subscriber's callbacks to the one Python function subscribed last, so two "
+                                   "cannot run at once (stop the other first)")
+            params = self._subscriber_params(cupti)
+            if params is not None:
+                sub = cupti.subscribe_v2(self._callback, None, params.ptr)
+            else:
+                sub = cupti.subscribe(self._callback, None)
+            self._subscriber = sub
+            LaunchHook._running = self
+        try:
+            for cbid in DRIVER_LAUNCH_CBIDS:
+                cupti.enable_callback(1, sub, cupti.CallbackDomain.DRIVER_API, cbid)
+            if self.runtime:
+                for cbid in RUNTIME_LAUNCH_CBIDS:
+                    cupti.enable_callback(1, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+            for domain, cbid in self.api_callbacks:
+                cupti.enable_callback(1, sub, domain, cbid)
+        except BaseException:
+            try:
+                self.stop()
+            except Exception:
+                pass
+            raise
         return self
 
     @staticmethod
@@ -514,7 +534,12 @@ class LaunchHook:
             for domain, cbid in self.api_callbacks:
                 cupti.enable_callback(0, sub, domain, cbid)
         finally:
-            cupti.unsubscribe(sub)
+            try:
+                cupti.unsubscribe(sub)
+            finally:
+                with LaunchHook._running_lock:
+                    if LaunchHook._running is self:
+                        LaunchHook._running = None
 
     def __enter__(self) -> "LaunchHook":
         return self.start()

@@ -93,6 +93,33 @@ def test_hook_subscribes_and_enables_exactly_the_launch_callbacks(monkeypatch):
     assert r.calls[-1] == ("unsubscribe", 0xC0FFEE)
 
 
+def test_a_second_hook_cannot_start_while_one_runs(monkeypatch):
+    # cupti-python hands every subscriber's callbacks to the Python function subscribed
+    # last (test_collect_launch_hook shows it), so a second running hook would steal the
+    # first one's launches.
+    Recorder(monkeypatch)
+    first = lh.LaunchHook(lambda a: None).start()
+    with pytest.raises(RuntimeError, match="another launch hook"):
+        lh.LaunchHook(lambda a: None).start()
+    first.stop()
+    second = lh.LaunchHook(lambda a: None).start()  # free again once the first stopped
+    second.stop()
+
+
+def test_a_hook_that_fails_to_enable_its_callbacks_unsubscribes(monkeypatch):
+    r = Recorder(monkeypatch)
+
+    def enable_fails(*a):
+        raise cupti.cuptiError(1)
+
+    monkeypatch.setattr(cupti, "enable_callback", enable_fails)
+    with pytest.raises(cupti.cuptiError):
+        lh.LaunchHook(lambda a: None).start()
+    assert ("unsubscribe", 0xC0FFEE) in r.calls
+    monkeypatch.setattr(cupti, "enable_callback", r._rec("enable_callback"))
+    lh.LaunchHook(lambda a: None).start().stop()  # nothing left running
+
+
 def test_activity_source_configures_every_counter_and_delivers_snapshots(monkeypatch):
     r = Recorder(monkeypatch)
     got = []

@@ -279,3 +279,80 @@ def test_host_stubs_are_resolved_by_the_loaded_cuda_runtime(tmp_path, monkeypatc
     monkeypatch.setattr(lh, "_CUDART_LIBS", None)
     assert lh._runtime_func_by_symbol(0xBEEF) == 0xBEEF + 0x1000
     del lib
+
+
+# ---- through cupti-python's own C callback wrapper ----------------------------------
+
+def _cupti_callback_wrapper():
+    """cupti-python's C function that CUPTI calls (callback_wrappers.callbackFuncWrapper) and
+    the dict holding the Python callback it dispatches to, or a skip if this version differs."""
+    try:
+        import cupti.callback_wrappers as cw
+        import cupti.globals as cg
+        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        get_name = ctypes.pythonapi.PyCapsule_GetName
+        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+
+        def ptr(mod, name):
+            cap = mod.__pyx_capi__[name]
+            return get_ptr(cap, get_name(cap))
+
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)(
+            ptr(cw, "callbackFuncWrapper"))
+        callbacks = ctypes.cast(ctypes.c_void_p.from_address(ptr(cg, "pythonCallbacks")).value,
+                                ctypes.py_object).value
+        assert isinstance(callbacks, dict)
+    except Exception as e:  # noqa: BLE001 - internals of this cupti-python version
+        pytest.skip(f"cupti-python's callback wrapper is not reachable here ({type(e).__name__}: {e})")
+    return fn, callbacks
+
+
+def test_callbacks_delivered_by_cupti_pythons_wrapper_are_decoded():
+    # What CUPTI calls is cupti-python's C wrapper: it wraps the C CUpti_CallbackData in a
+    # cupti.CallbackData and calls the Python function `subscribe` stored, with
+    # (userdata, domain, cbid, cbdata). Drive the hook through that real wrapper with a
+    # real CUpti_CallbackData and real launch-parameter structs.
+    wrapper, callbacks = _cupti_callback_wrapper()
+    kp, keep = _kernel_params([P0, P1, P2])
+    rec, ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=16, grid_dim_y=2, grid_dim_z=1,
+                       block_dim_x=128, block_dim_y=1, block_dim_z=1, shared_mem_bytes=256, h_stream=0x77,
+                       kernel_params=kp, extra=0)
+    cbd = cupti_mod.CallbackData()
+    cbd.correlation_id = 41
+    cbd.function_params = ptr
+    hook, got = _hook()
+    saved = dict(callbacks)
+    userdata = None  # what LaunchHook.start passes to subscribe
+    try:
+        callbacks["callbackFunc"] = hook._callback  # what cupti.subscribe(hook._callback, None) stores
+        for site in (lh.API_ENTER, lh.API_EXIT):
+            cbd.callback_site = site
+            wrapper(id(userdata), lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, cbd.ptr)
+    finally:
+        callbacks.clear()
+        callbacks.update(saved)
+    assert hook.errors == 0, hook.last_error
+    (a,) = got
+    assert (a.kernel, a.grid, a.block, a.shared_mem_bytes, a.stream) == \
+        ("_Z7vec_addPfS_if", (16, 2, 1), (128, 1, 1), 256, 0x77)
+    assert a.param_data == P0 + P1 + P2 and a.correlation_id == 41
+
+
+def test_cupti_python_keeps_one_python_callback_per_process():
+    # The reason LaunchHook.start refuses a second running hook: subscribe replaces it.
+    wrapper, callbacks = _cupti_callback_wrapper()
+    saved = dict(callbacks)
+    seen = []
+    try:
+        for tag in ("first", "second"):
+            try:
+                cupti_mod.subscribe(lambda u, d, c, data, tag=tag: seen.append((tag, d, c)), None)
+            except Exception:  # no driver here: subscribe stores the function, then fails in CUPTI
+                pass
+        cbd = cupti_mod.CallbackData()
+        wrapper(id(None), lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, cbd.ptr)
+    finally:
+        callbacks.clear()
+        callbacks.update(saved)
+    assert seen == [("second", lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel)]
