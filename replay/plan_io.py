@@ -128,13 +128,26 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise PlanError(f"{mpath}: format is {m.get('format') if isinstance(m, dict) else None!r};"
                         f" expected {FORMAT!r}")
-    if m.get("version") != VERSION:
+    if type(m.get("version")) is not int or m.get("version") != VERSION:  # true and 1.0 are not 1
         raise PlanError(f"{mpath}: version is {m.get('version')!r}; this pagecast reads plan version {VERSION}")
     for k in ("trace", "capacity_bytes", "page_size", "granularity"):
         if k not in m:
             raise PlanError(f"{mpath}: missing field {k!r}")
     if not isinstance(m["trace"], dict) or "fingerprint" not in m["trace"]:
         raise PlanError(f"{mpath}: field 'trace' must name the trace's fingerprint")
+
+    def positive_int(k: str) -> int:
+        v = m[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise PlanError(f"{mpath}: field {k!r} must be an integer > 0, found {v!r}")
+        return v
+    ps = positive_int("page_size")
+    if ps & (ps - 1):
+        raise PlanError(f"{mpath}: field 'page_size' must be a power of two, found {ps}")
+    positive_int("capacity_bytes")
+    if m["granularity"] is not None and positive_int("granularity") % ps:
+        raise PlanError(f"{mpath}: field 'granularity' must be a multiple of the page size {ps},"
+                        f" found {m['granularity']}")
     if trace is not None:
         fp = trace.launch_fingerprint()
         if m["trace"]["fingerprint"] != fp:
@@ -143,6 +156,8 @@ def read_plan(path: str | Path, trace=None) -> Plan:
                             f" ({trace.n_launches} launches); make one with"
                             f" 'pagecast plan MODEL {trace.path} ...'")
     tpath = path / TABLE
+    if not tpath.is_file():
+        raise PlanError(f"{tpath}: missing; {path} is not a whole plan (make one with 'pagecast plan')")
     try:
         t = pq.read_table(tpath)
     except Exception as e:
@@ -150,6 +165,9 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     for f in SCHEMA:
         if f.name not in t.column_names:
             raise PlanError(f"{tpath}: column {f.name!r} is missing")
+        if t.column(f.name).null_count:
+            raise PlanError(f"{tpath}: column {f.name!r} has {t.column(f.name).null_count} null values;"
+                            " it may not be null")
     try:
         t = pa.Table.from_arrays([t.column(f.name).cast(f.type) for f in SCHEMA], schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -165,7 +183,7 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         lid = t.column(LAUNCH_ID).to_numpy()
         n = m["trace"].get("launches")
         if lid.min() < 0 or (isinstance(n, int) and lid.max() >= n):
-            raise PlanError(f"{tpath}: launch_id outside 0..{n}")
+            raise PlanError(f"{tpath}: launch_id outside 0..{n - 1 if isinstance(n, int) else n}")
         order = np.lexsort((t.column(ORDER).to_numpy(), lid))
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))

@@ -193,6 +193,47 @@ def test_plan_for_another_trace_is_refused(traces, tmp_path, capsys):
         _hand_plan(traces[1], tmp_path / "a.plan")
 
 
+def _plan_manifest(p, **changes):
+    m = json.loads((p / plan_io.MANIFEST).read_text())
+    (p / plan_io.MANIFEST).write_text(json.dumps({**m, **changes}))
+
+
+def _plan_table(p, fn):
+    import pyarrow.parquet as pq
+    pq.write_table(fn(pq.read_table(p / plan_io.TABLE)), p / plan_io.TABLE)
+
+
+BAD_PLANS = {
+    # each was replayed (exit 0) or an internal error (exit 1) before
+    "capacity-zero": (lambda p: _plan_manifest(p, capacity_bytes=0), "'capacity_bytes' must be an integer > 0"),
+    "capacity-negative": (lambda p: _plan_manifest(p, capacity_bytes=-5), "'capacity_bytes' must be an integer > 0"),
+    "capacity-string": (lambda p: _plan_manifest(p, capacity_bytes="lots"), "'capacity_bytes' must be an integer"),
+    "capacity-null": (lambda p: _plan_manifest(p, capacity_bytes=None), "'capacity_bytes' must be an integer"),
+    "capacity-true": (lambda p: _plan_manifest(p, capacity_bytes=True), "'capacity_bytes' must be an integer"),
+    "granularity-zero": (lambda p: _plan_manifest(p, granularity=0), "'granularity' must be an integer > 0"),
+    "granularity-string": (lambda p: _plan_manifest(p, granularity="64k"), "'granularity' must be an integer"),
+    "granularity-below-page": (lambda p: _plan_manifest(p, granularity=1024), "multiple of the page size"),
+    "page-size-zero": (lambda p: _plan_manifest(p, page_size=0), "'page_size' must be an integer > 0"),
+    "page-size-odd": (lambda p: _plan_manifest(p, page_size=3000), "power of two"),
+    "version-true": (lambda p: _plan_manifest(p, version=True), "version is True"),
+    "null-address": (lambda p: _plan_table(p, lambda t: t.set_column(
+        t.column_names.index("address"), "address", pa.nulls(t.num_rows, pa.uint64()))), "null"),
+    "no-table": (lambda p: (p / plan_io.TABLE).unlink(), "plan.parquet: missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PLANS))
+def test_bad_plan_one_line_exit_2(traces, tmp_path, capsys, case):
+    p = _hand_plan(traces[1], tmp_path / "a.plan")
+    damage, expect = BAD_PLANS[case]
+    damage(p)
+    with pytest.raises(PlanError, match=expect):
+        plan_io.read_plan(p, T.read_trace(traces[1]))
+    code, _, err = run_cli(capsys, "replay", traces[1], "--policy", "demand,template", "--plan", p,
+                           "--capacity", "1MiB")
+    one_line_error(code, err, expect)
+
+
 def test_plan_command_and_replay_with_plan(traces, model, tmp_path, capsys):
     out = tmp_path / "j3.plan"
     code, stdout, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", out, "--json")
