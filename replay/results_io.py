@@ -177,7 +177,15 @@ def read_results(path: str | Path) -> tuple[pa.Table, pa.Table | None]:
         raise InputError(f"{p}: no such results file")
     if not is_results(p):
         raise InputError(f"{p}: not pagecast replay results (write them with 'pagecast replay ... -o FILE.parquet')")
-    runs = pq.read_table(p)
+    try:
+        runs = pq.read_table(p)
+    except Exception as e:  # pyarrow raises several kinds for a damaged file
+        raise InputError(f"{p}: unreadable Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    for name in ("policy", "backend", "capacity_bytes", "oversub", "time_s"):
+        if name not in runs.column_names:
+            raise InputError(f"{p}: replay results without the column {name!r}")
+    if runs.column("policy").null_count:
+        raise InputError(f"{p}: replay results with runs that name no policy")
     tl_path = timeline_path(p)
     timeline = pq.read_table(tl_path) if tl_path.exists() else None
     return runs, timeline

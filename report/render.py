@@ -82,11 +82,18 @@ def build_html(input_path: str | os.PathLike, *, model: str | os.PathLike | None
     return render_page(title, sub, sections, kind=kind), kind
 
 
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not a file we could overwrite or read
+        return False
+
+
 def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
                  model: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write one self-contained HTML report for a trace, a trace + model, or replay results."""
     out = Path(out_html)
-    if out.resolve() == Path(input_path).resolve() or (model is not None and out.resolve() == Path(model).resolve()):
+    if _same_file(out, input_path) or (model is not None and _same_file(out, model)):
         raise UsageError(f"{out}: the report would overwrite its own input; choose another -o")
     if out.exists() and not force:
         raise OutputExistsError(out)

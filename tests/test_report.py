@@ -445,7 +445,8 @@ def test_cli_writes_refuses_overwrite_and_forces(tmp_path, capsys):
     assert main(["report", str(toy_trace), "-o", str(out), "--force"]) == 0
 
 
-@pytest.mark.parametrize("what", ["text-file", "plain-dir", "missing", "parquet", "empty-trace"])
+@pytest.mark.parametrize("what", ["text-file", "plain-dir", "missing", "parquet", "empty-trace",
+                                  "symlink-loop", "results-without-policy"])
 def test_bad_input_is_one_line_exit_2(what, tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -460,6 +461,13 @@ def test_bad_input_is_one_line_exit_2(what, tmp_path, capsys):
     elif what == "parquet":
         p = tmp_path / "other.parquet"
         pq.write_table(pa.table({"a": [1, 2]}), p)
+    elif what == "symlink-loop":  # was an internal error (RuntimeError from Path.resolve)
+        p = tmp_path / "loop1"
+        p.symlink_to(tmp_path / "loop2")
+        (tmp_path / "loop2").symlink_to(p)
+    elif what == "results-without-policy":  # was an internal error (KeyError)
+        p = make_results(tmp_path / "R.parquet")
+        pq.write_table(pq.read_table(p).drop_columns(["policy"]), p)
     else:
         p = T.write_trace(tmp_path / "empty.pctrace", T.new_manifest(), {})
     out = tmp_path / "r.html"
