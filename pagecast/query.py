@@ -27,6 +27,8 @@ def connect(trace_path):
 def run_sql(trace_path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     import duckdb
 
+    if not sql.strip().strip(";").strip():
+        raise UsageError("SQL is empty; give a statement, e.g. 'SELECT count(*) FROM launches'")
     con = connect(trace_path)
     try:
         rel = con.execute(sql)

@@ -72,6 +72,14 @@ def test_query_bad_sql_is_one_line(hand_trace, capsys):
     assert len(err.strip().splitlines()) == 1 and "SQL failed" in err
 
 
+@pytest.mark.parametrize("sql", ["", "   ", ";"])
+def test_query_empty_sql_is_one_line(hand_trace, capsys, sql):
+    # was an internal error (AttributeError on DuckDB's None result), exit 1
+    assert main(["query", str(hand_trace), sql]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "SQL is empty" in err
+
+
 @pytest.mark.parametrize("argv", [["summary"], ["nonsense-command"], ["summary", "x", "--top", "many"],
                                   ["query", "x"]])
 def test_bad_flags_one_line_exit_2(argv, capsys):
