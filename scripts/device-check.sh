@@ -10,7 +10,9 @@
 #      CUPTI answers (subscribe/unsubscribe, a timestamp); if the first set fails, tries
 #      .whl/fallback/ (the CUDA 13.0 pair), then cupti-python alone over the machine's own
 #      nvidia-cuda-cupti; records which one worked;
-#   2. runs `pytest -m gpu` (tests/test_collect_gpu.py collects each GPU workload in full
+#   2. runs `pytest -m gpu` (tests/test_collect_gpu.py first probes the CUPTI facts the collector
+#      relies on in one short process (callback data, CUkernel handles, one clock, fault
+#      records), then collects each GPU workload in full
 #      mode at two scales, fits on one and evaluates on the other (recall >= 99% against
 #      the observed footprints), collects a plain PyTorch MLP with --managed torch,
 #      measures natural-mode overhead against no collection, kills a collection with
@@ -156,6 +158,13 @@ for r in rows:
         lines += ["", "## SIGTERM halfway", "",
                   f"- exit code {r['exit_code']}, partial trace read back: {r['launches']} launches, "
                   f"{r['faults']} faults, complete={r['complete']}"]
+    elif r["test"] == "collect-cupti-facts":
+        o = r.get("obs") or {}
+        keys = ("hook", "cuFuncGetParamCount(CUkernel cast)", "cuFuncGetParamInfo(CUkernel cast, 1)",
+                "cuKernelGetParamCount(CUkernel)", "cuFuncIsLoaded before launch", "uvm_counters", "um_kinds",
+                "faults", "dropped", "torch_calls", "errors")
+        lines += ["", "## CUPTI facts the collector relies on (tests/test_collect_gpu.py probe)", "",
+                  f"- probe exit code {r['exit_code']}"] + [f"- {k}: `{o.get(k)}`" for k in keys]
     elif r["test"] == "collect-refuse-oversubscription":
         lines += ["", "## Managed allocation past the limit", "", f"- exit code {r['exit_code']}: {r['message']}"]
 seen = [r for r in rows if r["test"] == "runner-observed"]

@@ -96,6 +96,150 @@ def _check_trace(t, name: str) -> dict:
             "kernel_names": sorted(set(L.column(T.KERNEL).to_pylist()))[:12]}
 
 
+# ---- the CUPTI / driver facts the collector relies on, observed directly --------------
+# Written without a GPU; each fact below was read from cupti-python 13.4 / cuda-bindings 13
+# (see the collector docs) and is checked here first, in one short process, so the answers
+# reach the device report even if a longer test below runs out of time.
+
+PROBE = r'''
+import ctypes, json, sys, time
+obs = {"errors": {}}
+def note(key, fn):
+    try:
+        obs[key] = fn()
+    except Exception as e:  # noqa: BLE001
+        obs["errors"][key] = f"{type(e).__name__}: {e}"
+from cupti import cupti
+from cuda.bindings import driver as drv
+from pagecast.collect import convert as C
+from pagecast.collect import launch_hook as lh
+from pagecast.collect.activity import CuptiActivitySource
+
+recs = []
+src = CuptiActivitySource(device=0)
+src.start(recs.extend)                      # before any context, as `pagecast collect` does
+obs["uvm_counters"] = src.info.get("uvm_counters")
+calls, got = [], []
+hook = lh.LaunchHook(got.append)
+real = hook._callback
+def spy(userdata, domain, cbid, cbdata):
+    calls.append([int(domain), int(cbid), int(cbdata.callback_site), type(cbdata).__name__,
+                  int(cbdata.correlation_id), type(domain).__name__])
+    real(userdata, domain, cbid, cbdata)
+hook._callback = spy                         # start() subscribes self._callback
+hook.start()
+drv.cuInit(0)
+err, dev = drv.cuDeviceGet(0)
+err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
+drv.cuCtxSetCurrent(ctx)
+
+SRC = b'extern "C" __global__ void k(float* a, int n, double s) {' \
+      b' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) a[i] = a[i] * (float)s + 1.0f; }'
+from cuda.bindings import nvrtc
+err, prog = nvrtc.nvrtcCreateProgram(SRC, b"k.cu", 0, [], [])
+err, = nvrtc.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=compute_90"])
+obs["nvrtc"] = int(err)
+err, n = nvrtc.nvrtcGetPTXSize(prog)
+ptx = b" " * n
+nvrtc.nvrtcGetPTX(prog, ptx)
+
+N = 1 << 18
+err, buf = drv.cuMemAllocManaged(N * 4, 1)   # CU_MEM_ATTACH_GLOBAL; fresh pages: the GPU's first touch faults
+obs["managed"] = [int(buf), N * 4]
+
+def launch(f, label):
+    a, nn, s = ctypes.c_uint64(int(buf)), ctypes.c_int(N), ctypes.c_double(0.5)
+    arr = (ctypes.c_void_p * 3)(ctypes.addressof(a), ctypes.addressof(nn), ctypes.addressof(s))
+    t0 = int(cupti.get_timestamp())
+    err, = drv.cuLaunchKernel(f, N // 256, 1, 1, 256, 1, 1, 0, 0, ctypes.addressof(arr), 0)
+    drv.cuCtxSynchronize()
+    t1 = int(cupti.get_timestamp())
+    obs[label] = {"launch_err": int(err), "t0": t0, "t1": t1,
+                  "expect_params": (bytes(a) + bytes(nn) + b"\0" * 4 + bytes(s)).hex()}
+
+err, mod = drv.cuModuleLoadData(ptx)
+err, fn = drv.cuModuleGetFunction(mod, b"k")
+obs["cuFuncGetParamCount(CUfunction)"] = [int(x) for x in drv.cuFuncGetParamCount(fn)]
+note("cuFuncIsLoaded before launch", lambda: [int(x) for x in drv.cuFuncIsLoaded(fn)])
+launch(fn, "function")
+err, lib = drv.cuLibraryLoadData(ptx, None, None, 0, None, None, 0)
+err, kern = drv.cuLibraryGetKernel(lib, b"k")
+obs["kernel_handle"] = int(kern)
+as_fn = drv.CUfunction(int(kern))            # a CUkernel passed where a CUfunction goes
+note("cuFuncGetParamCount(CUkernel cast)", lambda: [int(x) for x in drv.cuFuncGetParamCount(as_fn)])
+note("cuFuncGetParamInfo(CUkernel cast, 1)", lambda: [int(x) for x in drv.cuFuncGetParamInfo(as_fn, 1)])
+note("cuKernelGetParamCount(CUkernel)", lambda: [int(x) for x in drv.cuKernelGetParamCount(kern)])
+note("cuFuncGetName(CUkernel cast)", lambda: [str(x) for x in drv.cuFuncGetName(as_fn)])
+launch(as_fn, "cukernel")
+
+try:
+    import torch                              # PyTorch launches through the runtime API
+    x = torch.ones(1 << 16, device="cuda")
+    n0 = len(calls)
+    y = x * 2
+    torch.cuda.synchronize()
+    obs["torch_calls"] = calls[n0:n0 + 8]
+except Exception as e:  # noqa: BLE001
+    obs["errors"]["torch"] = f"{type(e).__name__}: {e}"
+
+hook.stop()
+src.flush(True)
+obs["dropped"] = src.dropped()
+src.stop()
+obs["hook"] = {"launches": hook.launches, "errors": hook.errors, "last_error": hook.last_error,
+               "runtime_reaches_driver": hook.runtime_reaches_driver}
+obs["calls"] = calls[:6]
+obs["decoded"] = [{"kernel": a.kernel, "function": a.function, "params": a.param_data.hex(),
+                   "offsets": list(a.param_offsets), "sizes": list(a.param_sizes), "corr": a.correlation_ids,
+                   "host_ns": a.host_ns, "cbid": a.cbid, "domain": a.domain, "stream_id": a.stream_id} for a in got]
+obs["kernels"] = [[r.name, r.start, r.end, r.correlation_id, r.stream_id] for r in recs if isinstance(r, C.KernelRec)]
+um = [r for r in recs if isinstance(r, C.UMRec)]
+obs["um_kinds"] = sorted({r.counter_kind for r in um})
+faults = [r for r in um if r.counter_kind == C.UM_GPU_PAGE_FAULT]
+obs["faults"] = {"n": len(faults), "value_sum": sum(r.value for r in faults),
+                 "flags": sorted({r.flags for r in faults}), "src_ids": sorted({r.src_id for r in faults}),
+                 "dst_ids": sorted({r.dst_id for r in faults}),
+                 "in_buffer": sum(1 for r in faults if int(buf) <= r.address < int(buf) + N * 4),
+                 "starts": [r.start for r in faults[:3]], "ends": [r.end for r in faults[:3]]}
+mems = [r for r in recs if isinstance(r, C.MemRec)]
+obs["memory2"] = [[r.address, r.bytes, r.memory_kind, r.op, r.correlation_id] for r in mems[:4]]
+print("PROBE " + json.dumps(obs, default=str))
+'''
+
+
+def test_cupti_facts_the_collector_relies_on(tmp_path):
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
+    obs = json.loads(line[-1][6:]) if line else {}
+    _report(test="collect-cupti-facts", exit_code=r.returncode, obs=obs, stderr=r.stderr[-1500:])
+    print(json.dumps(obs, indent=1)[:6000])
+    assert r.returncode == 0 and obs, r.stderr[-3000:]
+    # the callback: (userdata, domain, cbid, CallbackData), API enter 0 then exit 1
+    assert obs["calls"] and all(c[3] == "CallbackData" for c in obs["calls"]), obs["calls"]
+    assert {c[2] for c in obs["calls"]} == {0, 1}, obs["calls"]
+    assert obs["hook"]["errors"] == 0, obs["hook"]
+    dec = {d["function"]: d for d in obs["decoded"]}
+    # a CUfunction launch and a CUkernel-as-CUfunction launch both decode to the bytes passed
+    for label in ("function", "cukernel"):
+        assert obs[label]["launch_err"] == 0, obs[label]
+    by_params = [d for d in obs["decoded"] if d["params"] == obs["function"]["expect_params"]]
+    assert len(by_params) >= 2, (obs["decoded"], obs["errors"])
+    assert all(d["offsets"] == [0, 8, 16] and d["sizes"] == [8, 4, 8] for d in by_params), by_params
+    assert obs["kernel_handle"] in dec, "the CUkernel launch was not decoded"
+    # one clock: host timestamps bracket the kernel records and the faults
+    lo, hi = obs["function"]["t0"], obs["cukernel"]["t1"]
+    ours = [k for k in obs["kernels"] if k[0] == "k"]
+    assert len(ours) == 2 and all(lo <= k[1] <= k[2] <= hi for k in ours), (lo, hi, obs["kernels"])
+    if obs["uvm_counters"]:
+        f = obs["faults"]
+        assert f["n"] > 0 and f["in_buffer"] > 0, f
+        assert all(lo <= s <= hi for s in f["starts"]), (lo, hi, f)
+        assert set(f["flags"]) <= {0, 1, 2, 3, 4} and f["src_ids"] == [0], f
+    # correlation: each decoded launch's id is its kernel record's
+    kcorr = {k[3] for k in obs["kernels"]}
+    assert all(set(d["corr"]) & kcorr for d in obs["decoded"] if d["domain"] == 1), (obs["decoded"], kcorr)
+
+
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_collect_fit_on_one_scale_predicts_the_other(tmp_path, name):
     from pagecast.predict.evaluate import evaluate
