@@ -59,6 +59,9 @@ class SimConfig:
         return p
 
 
+MAX_CAPACITY = 1 << 60  # 1 EiB: capacities stay far inside int64 arithmetic
+
+
 def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: list[float] | None
                    ) -> list[tuple[int, float]]:
     """(capacity_bytes, oversubscription) pairs from --capacity or --oversub."""
@@ -69,6 +72,8 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
         for c in capacity:
             if c <= 0:
                 raise UsageError(f"--capacity must be > 0, not {c}")
+            if c > MAX_CAPACITY:
+                raise UsageError(f"--capacity {c} bytes is more than the simulator handles (1 EiB)")
             out.append((int(c), footprint_bytes / c))
     else:
         for r in oversub:
@@ -77,6 +82,8 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
             c = int(footprint_bytes / r)
             if c <= 0:
                 raise UsageError(f"--oversub {r} leaves no capacity (footprint {footprint_bytes} bytes)")
+            if c > MAX_CAPACITY:
+                raise UsageError(f"--oversub {r} gives a capacity of {c} bytes, more than the simulator handles (1 EiB)")
             out.append((c, float(r)))
     return out
 

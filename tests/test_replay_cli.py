@@ -168,6 +168,16 @@ def test_bad_input_one_line_exit_2(traces, tmp_path, capsys):
     one_line_error(code, err, "power of two")
 
 
+@pytest.mark.parametrize("cmd", ["replay", "plan"])
+@pytest.mark.parametrize("flag", [("--capacity", "99999999999999999999999GiB"), ("--oversub", "1e-300")])
+def test_capacity_beyond_int64_is_one_line_exit_2(traces, model, tmp_path, capsys, cmd, flag):
+    # were internal errors (numba TypingError / OverflowError), exit 1
+    argv = (["replay", traces[3], "--policy", "demand"] if cmd == "replay"
+            else ["plan", model, traces[3], "-o", tmp_path / "p.plan"])
+    code, _, err = run_cli(capsys, *argv, *flag)
+    one_line_error(code, err, "more than the simulator handles")
+
+
 def _hand_plan(trace_path, out):
     tr = T.read_trace(trace_path)
     table = pa.table({plan_io.LAUNCH_ID: [0], plan_io.ACTION: [plan_io.PREFETCH],
