@@ -20,6 +20,15 @@ def _read(path):
     return read_trace(path)
 
 
+def _read_launches(path, what: str):
+    """A trace that has launches; an empty one is bad input (one line, exit 2)."""
+    from pagecast.errors import TraceError
+    trace = _read(path)
+    if trace.n_launches == 0:
+        raise TraceError(f"{trace.path}: the trace has no launches; nothing to {what}")
+    return trace
+
+
 class FitCommand(Command):
     name = "fit"
     help = "learn per-kernel templates (launch arguments -> pages) from traces"
@@ -100,7 +109,7 @@ class PredictCommand(Command):
         if out.exists() and not args.force:
             raise OutputExistsError(out)
         model = load_model(args.model)
-        trace = _read(args.trace)
+        trace = _read_launches(args.trace, "predict")
         table = predict_ranges(model, trace, args.fallback)
         tmp = out.with_name(f".{out.name}.tmp")
         pq.write_table(table, tmp, compression="zstd")
@@ -137,7 +146,7 @@ class EvaluateCommand(Command):
         from .model_io import load_model
 
         model = load_model(args.model)
-        trace = _read(args.trace)
+        trace = _read_launches(args.trace, "evaluate")
         doc = evaluate(model, trace, args.fallback)
         if args.json:
             console.emit_json(doc)

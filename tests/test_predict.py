@@ -219,6 +219,18 @@ def test_empty_trace(tmp_path):
         fit_model([tr])
 
 
+@pytest.mark.parametrize("cmd", ["predict", "evaluate"])
+def test_empty_trace_is_refused_by_predict_and_evaluate(model, tmp_path, capsys, cmd):
+    # were exit 0: 'wrote 0 predicted ranges', 'precision 100% recall 100%' of nothing
+    _small(SynthTrace(), tmp_path / "e.pctrace")
+    save_model(model, tmp_path / "m.json")
+    argv = [cmd, str(tmp_path / "m.json"), str(tmp_path / "e.pctrace")]
+    assert main(argv + (["-o", str(tmp_path / "p.parquet")] if cmd == "predict" else [])) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no launches" in err
+    assert not (tmp_path / "p.parquet").exists()
+
+
 def test_kernel_seen_once_and_no_pointer(tmp_path):
     st = SynthTrace()
     a = st.malloc(1 << 20)
