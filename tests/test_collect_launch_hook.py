@@ -343,16 +343,18 @@ def test_cupti_python_keeps_one_python_callback_per_process():
     # The reason LaunchHook.start refuses a second running hook: subscribe replaces it.
     wrapper, callbacks = _cupti_callback_wrapper()
     saved = dict(callbacks)
-    seen = []
+    seen, subs = [], []
     try:
         for tag in ("first", "second"):
             try:
-                cupti_mod.subscribe(lambda u, d, c, data, tag=tag: seen.append((tag, d, c)), None)
+                subs.append(cupti_mod.subscribe(lambda u, d, c, data, tag=tag: seen.append((tag, d, c)), None))
             except Exception:  # no driver here: subscribe stores the function, then fails in CUPTI
                 pass
         cbd = cupti_mod.CallbackData()
         wrapper(id(None), lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, cbd.ptr)
     finally:
+        for sub in subs:  # with a driver, real subscribers: leave none behind
+            cupti_mod.unsubscribe(sub)
         callbacks.clear()
         callbacks.update(saved)
     assert seen == [("second", lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel)]
