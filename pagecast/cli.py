@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         name = f"pagecast {cmd.name}"
+        if isinstance(getattr(args, "output", None), str):  # every -o/--output: writable, before any work
+            from .outputs import check_output_path
+            check_output_path(args.output)
         return int(cmd.run(args) or 0)
     except PagecastError as e:
         print(f"{name}: error: {e}", file=sys.stderr)

@@ -50,5 +50,5 @@ class NoGPUError(PagecastError):
 class OutputExistsError(UsageError):
     """An output exists and --force was not given."""
 
-    def __init__(self, path) -> None:
-        super().__init__(f"{path} exists; pass --force to overwrite it")
+    def __init__(self, path, message: str | None = None) -> None:
+        super().__init__(message or f"{path} exists; pass --force to overwrite it")

@@ -199,8 +199,8 @@ def prepare_output_dir(path: Path, force: bool) -> None:
             raise OutputExistsError(path)
         if path.is_dir():
             if any(path.iterdir()) and not (path / MANIFEST).exists():
-                raise OutputExistsError(f"{path} is a non-empty directory that is not a pagecast output;"
-                                        " refusing to delete it even with --force")
+                raise OutputExistsError(path, f"{path} is a non-empty directory that is not a pagecast output;"
+                                              " refusing to delete it even with --force")
             shutil.rmtree(path)
         else:
             path.unlink()

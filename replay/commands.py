@@ -164,6 +164,8 @@ class ReplayCommand(Command):
             for pth in (Path(args.output), timeline_path(args.output)):
                 if pth.exists() and not args.force:
                     raise OutputExistsError(pth)
+                if pth.is_dir():
+                    raise UsageError(f"{pth} is a directory; give a file name such as results.parquet")
         if args.backend == "gpu":
             from .gpu_runner import run_gpu_replay
             runs, timeline = run_gpu_replay(args)

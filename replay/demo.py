@@ -35,8 +35,8 @@ def prepare_dir(out: Path, force: bool) -> None:
             if not force:
                 raise OutputExistsError(out)
             if not (out / MANIFEST).exists():
-                raise OutputExistsError(f"{out} is a non-empty directory that is not a pagecast demo;"
-                                        " refusing to delete it even with --force")
+                raise OutputExistsError(out, f"{out} is a non-empty directory that is not a pagecast demo;"
+                                             " refusing to delete it even with --force")
             prepare_output_dir(out, True)
         else:
             out.rmdir()

@@ -40,3 +40,83 @@ def test_cli_reference_is_current():
     script = Path(__file__).resolve().parents[1] / "scripts" / "gen_cli_reference.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# Every -o/--output is checked before any work (the inputs here need not exist).
+OUTPUT_ARGV = {
+    "datasets": ["datasets", "make", "stream", "-o"],
+    "fit": ["fit", "in.pctrace", "-o"],
+    "predict": ["predict", "m.json", "in.pctrace", "-o"],
+    "plan": ["plan", "m.json", "in.pctrace", "--oversub", "2", "-o"],
+    "replay": ["replay", "in.pctrace", "--policy", "demand", "--oversub", "2", "-o"],
+    "report": ["report", "in.pctrace", "-o"],
+    "demo": ["demo", "-o"],
+    "collect": ["collect", "-o"],
+    "calibrate": ["calibrate", "-o"],
+}
+
+
+def _one_line_exit_2(argv, capsys, *needles):
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.mark.parametrize("cmd", sorted(OUTPUT_ARGV))
+def test_output_under_a_file_is_one_line_exit_2(cmd, tmp_path, capsys):
+    # was an internal error (NotADirectoryError / FileExistsError), exit 1, often after all the work
+    (tmp_path / "afile").write_text("x")
+    _one_line_exit_2(OUTPUT_ARGV[cmd] + [tmp_path / "afile" / "out"], capsys, "is not a directory")
+
+
+@pytest.mark.parametrize("cmd", sorted(OUTPUT_ARGV))
+def test_empty_output_path_is_one_line_exit_2(cmd, capsys):
+    # was "'.' exists; pass --force" (and with --force, the current directory was the output)
+    _one_line_exit_2(OUTPUT_ARGV[cmd] + [""], capsys, "output path is empty")
+
+
+@pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
+                    reason="root writes into read-only directories")
+def test_unwritable_output_directory_is_one_line_exit_2(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        _one_line_exit_2(OUTPUT_ARGV["fit"] + [ro / "m.json"], capsys, "is not writable")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_unwritable_output_directory_via_access(tmp_path, capsys, monkeypatch):
+    # the same refusal where the process runs as root: os.access says no
+    import os
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    _one_line_exit_2(OUTPUT_ARGV["fit"] + [tmp_path / "m.json"], capsys, "is not writable")
+
+
+@pytest.mark.parametrize("cmd", ["predict", "replay"])
+def test_output_file_that_is_a_directory_is_one_line_exit_2(cmd, tmp_path, capsys):
+    # with --force these ran the whole command, then failed with IsADirectoryError, exit 1
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import save_model
+    from pagecast.trace import read_trace
+    tr = make_trace("stream", tmp_path / "s.pctrace", scale=0.01, seed=1)
+    save_model(fit_model([read_trace(tr)]), tmp_path / "m.json")
+    (tmp_path / "d").mkdir()
+    argv = (["predict", tmp_path / "m.json", tr] if cmd == "predict"
+            else ["replay", tr, "--policy", "demand", "--oversub", "2"])
+    _one_line_exit_2(argv + ["-o", tmp_path / "d", "--force"], capsys, "is a directory")
+
+
+def test_force_never_deletes_a_foreign_directory_and_says_so_once(tmp_path, capsys):
+    # the message was "... refusing to delete it even with --force exists; pass --force to overwrite it"
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "keep.txt").write_text("x")
+    assert main(["datasets", "make", "stream", "--scale", "0.01", "-o", str(d), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "refusing to delete" in err and "pass --force" not in err
+    assert (d / "keep.txt").exists()
