@@ -140,8 +140,9 @@ err, prog = nvrtc.nvrtcCreateProgram(SRC, b"k.cu", 0, [], [])
 err, = nvrtc.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=compute_90"])
 obs["nvrtc"] = int(err)
 err, n = nvrtc.nvrtcGetPTXSize(prog)
-ptx = b" " * n
+ptx = bytearray(n)   # NVRTC writes into it: never a bytes object (b" " * 1 is Python's shared b" ")
 nvrtc.nvrtcGetPTX(prog, ptx)
+ptx = bytes(ptx)
 
 N = 1 << 18
 err, buf = drv.cuMemAllocManaged(N * 4, 1)   # CU_MEM_ATTACH_GLOBAL; fresh pages: the GPU's first touch faults

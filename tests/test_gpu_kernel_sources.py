@@ -44,16 +44,19 @@ def compile_cuda(code: str, arch: str) -> tuple[bool, str, str]:
     try:
         opts = [f"-arch={arch}".encode()]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # NVRTC writes into the buffer: a bytearray, never bytes (cuda-python's samples pass
+        # b" " * n, and for n == 1 that is Python's shared b" " object, which NVRTC's NUL
+        # then corrupts for the whole process: matplotlib's SVGs came out with NUL bytes)
         _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * n
+        log = bytearray(n)
         nvrtc.nvrtcGetProgramLog(prog, log)
         ptx = ""
         if int(res) == 0 and arch.startswith("compute_"):
             _, m = nvrtc.nvrtcGetPTXSize(prog)
-            buf = b" " * m
+            buf = bytearray(m)
             nvrtc.nvrtcGetPTX(prog, buf)
-            ptx = buf.rstrip(b"\0 ").decode()
-        return int(res) == 0, log.rstrip(b"\0 ").decode(errors="replace"), ptx
+            ptx = bytes(buf).rstrip(b"\0 ").decode()
+        return int(res) == 0, bytes(log).rstrip(b"\0 ").decode(errors="replace"), ptx
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -76,6 +79,11 @@ def test_every_kernel_a_workload_launches_is_an_entry_of_its_module(name):
     entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", ptx))
     missing = [k for k in mod.KERNELS if k not in entries]
     assert not missing, f"{name}: kernels not in the module (mangled or misspelt?): {missing}; entries: {sorted(entries)}"
+
+
+def test_compiling_leaves_pythons_shared_bytes_alone():
+    compile_cuda('extern "C" __global__ void k() {}', ARCH)   # a one-byte log (its NUL)
+    assert bytes([32]) == b" " and b"a b".split(b" ") == [b"a", b"b"]
 
 
 def test_a_broken_source_is_caught():

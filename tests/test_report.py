@@ -516,13 +516,7 @@ def test_reports_render_in_headless_chromium(trace_html, model_html, replay_html
     from pagecast.report.browser import probe
     paths = [(trace_html, 4), (model_html, 3), (replay_html, 4)]
     for p, n_figures in paths:
-        # On a loaded machine (CI beside other jobs) headless chromium has once reported
-        # embedded images as failed to load that load fine on the next try; a broken image
-        # fails every time
-        for _ in range(3):
-            got = probe(p, width=1366, height=900)
-            if not got["errors"] or any(e != "resource IMG failed to load" for e in got["errors"]):
-                break
+        got = probe(p, width=1366, height=900)
         assert got["errors"] == [], got["errors"]
         assert got["figures"] == n_figures and len(got["imgs"]) == n_figures
         for im in got["imgs"]:
