@@ -1,7 +1,8 @@
 """The `pagecast` console script: one list of subcommands, `main(argv) -> int`.
 
 Exit codes (cli.md): 0 success, 2 bad input (one line on stderr, never a
-traceback), 1 internal error. Set PAGECAST_DEBUG=1 to see tracebacks.
+traceback; also what the file system refuses: permissions, a full or
+read-only disk), 1 internal error. Set PAGECAST_DEBUG=1 to see tracebacks.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # the file system said no (permissions, a full or read-only disk, /sys as root)
+        if os.environ.get("PAGECAST_DEBUG"):
+            traceback.print_exc()
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"{name}: error: {e.strerror or type(e).__name__}{where}", file=sys.stderr)
+        return 2
     except Exception as e:  # an internal error: one line unless debugging
         if os.environ.get("PAGECAST_DEBUG"):
             traceback.print_exc()

@@ -96,6 +96,22 @@ def test_unwritable_output_directory_via_access(tmp_path, capsys, monkeypatch):
     _one_line_exit_2(OUTPUT_ARGV["fit"] + [tmp_path / "m.json"], capsys, "is not writable")
 
 
+def test_what_the_file_system_refuses_while_writing_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    # a full disk, or /sys as root (os.access says yes, the write says no): found only when writing
+    import errno
+
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict import model_io
+
+    def full(model, path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(model_io, "save_model", full)
+    make_trace("stream", tmp_path / "in.pctrace", scale=0.02, seed=1)
+    _one_line_exit_2(["fit", tmp_path / "in.pctrace", "-o", tmp_path / "m.json"], capsys,
+                     "No space left on device", "m.json")
+
+
 @pytest.mark.parametrize("cmd", ["predict", "replay"])
 def test_output_file_that_is_a_directory_is_one_line_exit_2(cmd, tmp_path, capsys):
     # with --force these ran the whole command, then failed with IsADirectoryError, exit 1
