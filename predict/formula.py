@@ -23,7 +23,10 @@ import numpy as np
 
 INF = np.int64(1) << np.int64(62)
 MAX_COEF = 1 << 24
-_I64 = 1 << 63  # a formula read from a model file evaluates in int64
+# a formula read from a model file evaluates in int64, multiplied by argument values: its numbers
+# are byte offsets and sizes, so nothing beyond the 48-bit address space (2**62 passed int64 and
+# silently overflowed in the products)
+_LIMIT = 1 << 48
 
 
 def odd(c: int) -> int:
@@ -89,14 +92,14 @@ class Formula:
         if not isinstance(d, dict):
             raise ValueError("a formula must be an object with const and terms")
         const = d.get("const", 0)
-        if not isinstance(const, int) or isinstance(const, bool) or not -_I64 <= const < _I64:
-            raise ValueError(f"formula const must be a 64-bit integer, found {const!r}")
+        if not isinstance(const, int) or isinstance(const, bool) or not -_LIMIT <= const <= _LIMIT:
+            raise ValueError(f"formula const must be an integer within +-2**48, found {const!r}")
         terms = []
         for t in d.get("terms", []):
             if (not isinstance(t, (list, tuple)) or len(t) != 2 or not isinstance(t[0], int)
-                    or isinstance(t[0], bool) or not -_I64 <= t[0] < _I64 or not isinstance(t[1], (list, tuple))
+                    or isinstance(t[0], bool) or not -_LIMIT <= t[0] <= _LIMIT or not isinstance(t[1], (list, tuple))
                     or not all(isinstance(x, str) for x in t[1]) or not t[1]):
-                raise ValueError(f"formula term must be [64-bit integer, [feature, ...]], found {t!r}")
+                raise ValueError(f"formula term must be [integer within +-2**48, [feature, ...]], found {t!r}")
             terms.append((int(t[0]), tuple(t[1])))
         return Formula(int(const), tuple(terms))
 

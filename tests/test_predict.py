@@ -137,11 +137,15 @@ BAD_MODELS = {
     "big-page-string": (lambda d: d.update(big_page="x"), "big_page must be an integer"),
     "big-page-not-power-of-two": (lambda d: d.update(big_page=5000), "big_page must be a power of two"),
     "const-beyond-int64": (lambda d: [r["end"].update(const=2**70) for r in _all_regions(d) if "end" in r],
-                           "64-bit integer"),
+                           "within"),
     "history-negative-pages": (lambda d: _all_regions(d)[0].update({"class": "irregular", "history": [[-5, -1]]}),
                                "0 <= start < end"),
     "coefficient-beyond-int64": (lambda d: [r["end"].update(terms=[[2**70, ["p2"]]])
-                                            for r in _all_regions(d) if r["class"] == "linear"], "64-bit integer"),
+                                            for r in _all_regions(d) if r["class"] == "linear"], "within"),
+    # within int64 but overflowing it once multiplied by an argument: predictions changed silently
+    "coefficient-beyond-address-space": (lambda d: [r["end"].update(terms=[[2**62, ["p2"]]])
+                                                    for r in _all_regions(d) if r["class"] == "linear"],
+                                         "within"),
 }
 
 
