@@ -166,6 +166,21 @@ class ReplayCommand(Command):
                     raise OutputExistsError(pth)
                 if pth.is_dir():
                     raise UsageError(f"{pth} is a directory; give a file name such as results.parquet")
+        if args.repeat < 1:
+            raise UsageError(f"--repeat must be >= 1, not {args.repeat}")
+        if args.backend == "sim":
+            from pagecast import console
+            if "template" not in args.policy:
+                for flag, val in (("--plan", args.plan), ("--model", args.model), ("--feedback", args.feedback)):
+                    if val:
+                        console.warn(f"{flag} is for the template policy, which is not among --policy; ignored")
+                args.plan = args.model = None
+                args.feedback = False
+            elif args.plan and args.model:
+                console.warn("--plan and --model both given: template follows the plan (its manifest names its"
+                             " model); --model is not used")
+            if args.repeat != 1:
+                console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
         if args.backend == "gpu":
             from .gpu_runner import run_gpu_replay
             runs, timeline = run_gpu_replay(args)

@@ -349,3 +349,30 @@ def test_demo_command_end_to_end(tmp_path, capsys):
     assert set(runs.column("oversub").to_pylist()) == {1.5, 2.0, 3.0}
     code, _, err = run_cli(capsys, "demo", "-o", out)
     one_line_error(code, err, "exists")
+
+
+def test_flags_for_another_policy_or_backend_are_named_and_ignored(traces, tmp_path, capsys):
+    # --plan / --model / --feedback without template, --repeat under the simulator: were silently ignored
+    # (and a missing --plan still failed the run)
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,oracle", "--oversub", "2",
+                           "--plan", tmp_path / "nowhere.plan", "--model", tmp_path / "nowhere.json",
+                           "--feedback", "--repeat", "3")
+    assert code == 0, err
+    for flag in ("--plan", "--model", "--feedback"):
+        assert f"{flag} is for the template policy" in err
+    assert "--repeat is for --backend gpu" in err
+
+
+def test_plan_and_model_together_say_which_is_used(traces, model, tmp_path, capsys):
+    plan = tmp_path / "p.plan"
+    assert run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", plan)[0] == 0
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "template", "--oversub", "2",
+                           "--plan", plan, "--model", model)
+    assert code == 0, err
+    assert "template follows the plan" in err
+
+
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_repeat_below_one_is_one_line_exit_2(traces, capsys, n):
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "--repeat", n)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--repeat must be >= 1" in err
