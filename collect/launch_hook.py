@@ -18,7 +18,10 @@ launch is decoded at its API enter but held; if a driver launch callback
 follows on the same thread before the runtime call returns, the driver's view
 (the CUfunction and its parameter layout) is delivered, carrying the runtime
 call's correlation id plus its own; otherwise the held runtime decode is
-delivered at the runtime call's exit. Each logical launch is delivered once.
+delivered at the runtime call's exit. Once a runtime launch has been seen with
+no driver callback inside, later runtime launches are delivered at their
+enter (before the kernel is queued, which a prefetching consumer needs). Each
+logical launch is delivered once.
 The runtime decode resolves the host stub with `cudaGetFuncBySymbol` from the
 libcudart the application loaded; once runtime launches are seen to reach the
 driver callbacks it is skipped.
@@ -595,9 +598,17 @@ class LaunchHook:
                 if not outer or self.runtime_reaches_driver:
                     return  # the driver launch inside this call will be decoded
                 try:
-                    pend.held = self._decode(domain, cbid, cbdata, pend)  # delivered at exit if no driver launch follows
+                    args = self._decode(domain, cbid, cbdata, pend)
                 except Exception as e:
                     pend.runtime_error = f"{type(e).__name__}: {e}"
+                    return
+                if self.runtime_reaches_driver is False and args is not None:
+                    # runtime launches were seen not to reach the driver callbacks: no driver view
+                    # will follow, so deliver now, before the kernel is queued (a prefetching
+                    # consumer must act before the launch, not at its exit)
+                    self._deliver(pend, args)
+                else:
+                    pend.held = args  # delivered at exit if no driver launch follows
                 return
             if not outer and pend.site_domain == DOMAIN_RUNTIME:
                 self.runtime_reaches_driver = True

@@ -257,9 +257,10 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
     if engine.stats.launches == 0:
         warns("the workload launched no kernels that the runner saw")
     if getattr(hook, "runtime_reaches_driver", None) is False:
-        # the hook then delivers runtime launches at the runtime call's exit, after the kernel is queued
-        warns("CUDA runtime launches did not reach the driver's launch callbacks: the runner saw them only "
-              "after their kernels were queued, so their prefetches came too late to help those kernels")
+        # the hook delivers the first runtime launch at the runtime call's exit, after its kernel is
+        # queued; once it knows no driver callback follows, later ones at their enter
+        warns("CUDA runtime launches did not reach the driver's launch callbacks: the first one was seen "
+              "only after its kernel was queued (its prefetch came too late); later ones in time")
     if relocator is not None and relocator.matching and engine.stats.launches != relocator.n:
         warns(f"the run launched {engine.stats.launches} kernels, the trace has {relocator.n}")
     out.update({

@@ -358,3 +358,28 @@ def test_cupti_python_keeps_one_python_callback_per_process():
         callbacks.clear()
         callbacks.update(saved)
     assert seen == [("second", lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel)]
+
+
+def test_runtime_launches_are_delivered_at_enter_once_they_are_seen_not_to_reach_the_driver():
+    # the runner prefetches in on_launch: a delivery at the runtime call's exit comes after the
+    # kernel is queued, too late; only the first runtime launch has to wait to find out
+    kp, keep = _kernel_params([P0, P1, P2])
+    rt, rt_ptr = _struct("cuda_launch_kernel_v7000params_dtype", func=0xBEEF, grid_dim=(4, 1, 1),
+                         block_dim=(64, 1, 1), args=kp, shared_mem=0, stream=0x31)
+    hook, got = _hook()
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 40, rt_ptr))
+    assert got == []
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 40, rt_ptr))
+    assert len(got) == 1 and hook.runtime_reaches_driver is False
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 41, rt_ptr))
+    assert len(got) == 2 and got[1].correlation_id == 41 and got[1].param_data == P0 + P1 + P2
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 41, rt_ptr))
+    assert len(got) == 2 and hook.errors == 0 and hook.launches == 2
+    # should a driver callback turn up inside a later runtime launch after all, it is not delivered twice
+    drv, drv_ptr = _struct("cu_launch_kernel_params_dtype", f=0xF00, grid_dim_x=4, grid_dim_y=1, grid_dim_z=1,
+                           block_dim_x=64, block_dim_y=1, block_dim_z=1, kernel_params=kp)
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_ENTER, 50, rt_ptr))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_ENTER, 51, drv_ptr))
+    hook._callback(None, lh.DOMAIN_DRIVER, lh.CB_cuLaunchKernel, _cb(lh.API_EXIT, 51, drv_ptr))
+    hook._callback(None, lh.DOMAIN_RUNTIME, lh.CB_cudaLaunchKernel, _cb(lh.API_EXIT, 50, rt_ptr))
+    assert len(got) == 3 and got[2].correlation_ids == [50, 51] and hook.errors == 0

@@ -626,8 +626,8 @@ def test_child_run_writes_its_measurements(tmp_path, fake_launch_module):
 
 
 def test_child_run_warns_when_runtime_launches_are_seen_after_their_kernels(tmp_path, fake_launch_module):
-    """The launch hook delivers a runtime launch at the runtime call's exit when no driver launch callback
-    follows it (collect/launch_hook.py): the kernel is queued by then, so the prefetch is too late."""
+    """The launch hook delivers the first runtime launch at the runtime call's exit when no driver launch
+    callback follows it (collect/launch_hook.py): that kernel is queued by then, its prefetch too late."""
     class RuntimeOnlyHook(FakeHook):
         runtime_reaches_driver = False
 
