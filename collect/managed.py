@@ -181,6 +181,23 @@ class ManagedTracker:
             self.budget.remove(int(self.views()["rt_free"](int(cbdata.function_params)).dev_ptr))
 
 
+def free_callbacks(on_free: Callable[[int], None],
+                   views: dict[str, Callable[[int], Any]] | None = None) -> dict[tuple[int, int], Callable[[int, Any], None]]:
+    """`api_callbacks` for LaunchHook that call on_free(address) at the enter of every
+    cuMemFree / cudaFree (the GPU runner drops freed allocations from its caches)."""
+    reader = ManagedTracker(ManagedBudget(None), views=views)   # its views: cupti-python's structs, on first use
+
+    def drv(site: int, cbdata) -> None:
+        if site == lh.API_ENTER:
+            on_free(int(reader.views()["drv_free"](int(cbdata.function_params)).dptr))
+
+    def rt(site: int, cbdata) -> None:
+        if site == lh.API_ENTER:
+            on_free(int(reader.views()["rt_free"](int(cbdata.function_params)).dev_ptr))
+
+    return {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2): drv, (lh.DOMAIN_RUNTIME, CB_cudaFree): rt}
+
+
 # ---- allocators for --managed -------------------------------------------------
 
 MANAGED_CHOICES = ("cupy", "torch")

@@ -223,7 +223,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
     if hook_factory is None:
         from pagecast.collect.launch_hook import LaunchHook
         hook_factory = LaunchHook
-    hook = hook_factory(hooked)
+    from pagecast.collect.managed import free_callbacks
+    hook = hook_factory(hooked, api_callbacks=free_callbacks(engine.on_free))
     hook.start()
     t0 = time.perf_counter()
     try:

@@ -156,6 +156,19 @@ class Engine:
         self._queued_event: int | None = None
 
     # -- per launch -----------------------------------------------------------
+    def on_free(self, addr: int) -> None:
+        """The workload freed the allocation at addr (a cuMemFree / cudaFree callback): drop it
+        from the allocation cache and its pages from the residency estimate (they take no room
+        now, and evicting them would be refused)."""
+        try:
+            a = self.allocs.cached(int(addr))
+            if a is not None and self.residency is not None:
+                self.residency.release([(a.base, a.size)])
+            self.allocs.forget(int(addr))
+        except Exception as e:  # noqa: BLE001 - never into the workload's free
+            self.stats.errors += 1
+            self.stats.last_error = f"on_free: {type(e).__name__}: {e}"
+
     def on_launch(self, la) -> None:
         t0 = time.perf_counter()
         t = self.t

@@ -78,9 +78,9 @@ class AllocationMap:
     """Which allocation a pointer lands in, cached over `CudaIface.allocation_of`.
 
     Hits are served from sorted bases (bisect); misses ask the driver once and
-    are remembered (negative answers in a bounded set). Freed and reused
-    addresses are not noticed: workloads with pooling allocators (CuPy,
-    PyTorch) rarely return memory to the driver while running.
+    are remembered (negative answers in a bounded set). A free the launch hook
+    sees (cuMemFree / cudaFree) drops its allocation (`forget`); one it does not
+    see is found when a prefetch into the stale range is refused.
     """
 
     def __init__(self, lookup: Callable[[int], Any]) -> None:
@@ -113,6 +113,13 @@ class AllocationMap:
 
     def managed(self) -> list:
         return [a for a in self._allocs if a.managed]
+
+    def cached(self, addr: int):
+        """The cached allocation holding addr, or None (never asks the driver)."""
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i >= 0 and addr < self._allocs[i].base + self._allocs[i].size:
+            return self._allocs[i]
+        return None
 
     def forget(self, addr: int) -> None:
         """Drop what is cached about the allocation holding addr (it was freed: look it up again)."""

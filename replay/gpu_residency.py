@@ -199,6 +199,26 @@ class Residency:
             out.extend(subtract_ranges(rs, have) if have else rs)
         return merge_ranges(out)
 
+    def release(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Forget the parts of `ranges` the estimate holds (freed memory: nothing to evict,
+        no room taken). Returns the bytes released."""
+        freed = 0
+        for u, rs in split_by_unit(merge_ranges(ranges), self.unit).items():
+            have = self.resident.get(u)
+            if not have:
+                continue
+            left = subtract_ranges(have, rs)
+            b = sum(n for _, n in left)
+            freed += self._bytes[u] - b
+            self.resident_bytes -= self._bytes[u] - b
+            if left:
+                self.resident[u] = left
+                self._bytes[u] = b
+            else:
+                del self.resident[u]
+                del self._bytes[u]
+        return freed
+
     def admit(self, ranges: Iterable[tuple[int, int]], t: int) -> list[tuple[int, int]]:
         parts = split_by_unit(merge_ranges(ranges), self.unit)
         merged: dict[int, tuple[list[tuple[int, int]], int]] = {}

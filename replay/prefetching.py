@@ -47,7 +47,8 @@ def prefetching(model, capacity: int | str | None = None, fallback: str = "histo
     if hook_factory is None:
         from pagecast.collect.launch_hook import LaunchHook
         hook_factory = LaunchHook
-    hook = hook_factory(engine.on_launch if fb is None else fb.on_launch)
+    from pagecast.collect.managed import free_callbacks
+    hook = hook_factory(engine.on_launch if fb is None else fb.on_launch, api_callbacks=free_callbacks(engine.on_free))
     hook.start()
     try:
         yield engine

@@ -584,8 +584,9 @@ class FakeHook:
 
     current = None
 
-    def __init__(self, on_launch):
+    def __init__(self, on_launch, api_callbacks=None):
         self.on_launch = on_launch
+        self.api_callbacks = dict(api_callbacks or {})
         self.errors = 0
 
     def start(self):
@@ -898,3 +899,61 @@ def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, mon
 
     _, back = read_results(write_results(tmp_path / "r.parquet", rows, tl))
     assert back.num_rows == 4 and back.column("faults").to_pylist() == [1, 0, 1, 0]
+
+
+def test_residency_release_forgets_freed_bytes():
+    r = RS.Residency(4 * UNIT, UNIT, "fifo")
+    r.admit([U(0, 3)], 0)
+    assert r.release([(UNIT + 4096, UNIT)]) == UNIT          # the tail of unit 1 and the head of unit 2
+    assert r.resident_bytes == 2 * UNIT and set(r.resident) == {0, 1, 2}
+    assert r.release([U(0, 3)]) == 2 * UNIT and r.resident_bytes == 0 and not r.resident
+    assert r.release([U(7)]) == 0
+
+
+def test_a_freed_allocation_leaves_the_residency_estimate_and_the_allocation_cache():
+    """Regression: freed memory kept its room in the emulated capacity (later launches evicted live
+    data for it, and evicting it was refused) and its cached allocation answered for a reused address."""
+    f, bases = fake_with_buffers(3)
+    e = E.Engine(f, "alloc", capacity=8 * MiB)
+    e.on_launch(mk_launch("k", [bases[0], bases[1]]))
+    assert e.residency.resident_bytes == 8 * MiB and e.allocs.cached(bases[0]) is not None
+    e.on_free(bases[0] + 123)
+    assert e.residency.resident_bytes == 4 * MiB and e.allocs.cached(bases[0]) is None
+    f.log.clear()
+    e.on_launch(mk_launch("k", [bases[2]]))                   # fits beside bases[1]: nothing evicted
+    assert [x for x in f.log if x[0] == "host"] == [] and e.stats.errors == e.stats.failed_calls == 0
+    e.on_free(BASE - 1 * MiB)                                  # not an allocation it knows: nothing happens
+    assert e.residency.resident_bytes == 8 * MiB and e.stats.errors == 0
+
+
+def test_free_callbacks_report_the_freed_pointer_at_enter():
+    from types import SimpleNamespace as NS
+
+    from pagecast.collect import launch_hook as lh
+    from pagecast.collect.managed import CB_cudaFree, CB_cuMemFree_v2, free_callbacks
+    freed = []
+    views = {"drv_free": lambda p: NS(dptr=p + 1), "rt_free": lambda p: NS(dev_ptr=p + 2)}
+    cbs = free_callbacks(freed.append, views)
+    assert set(cbs) == {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2), (lh.DOMAIN_RUNTIME, CB_cudaFree)}
+    for (dom, cbid), fn in cbs.items():
+        fn(lh.API_ENTER, NS(function_params=100 * dom))
+        fn(lh.API_EXIT, NS(function_params=100 * dom))
+    assert sorted(freed) == [101, 202]
+
+
+def test_the_runner_watches_frees(tmp_path, fake_launch_module):
+    from pagecast.collect import launch_hook as lh
+    from pagecast.collect.managed import CB_cudaFree, CB_cuMemFree_v2
+    script = tmp_path / "work.py"
+    script.write_text("import pagecast_test_launch as L\nL.launch(0)\n")
+    fake = fake_launch_module.fake
+    made = []
+
+    class Hook(FakeHook):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    assert C.child_main(["--policy", "alloc", "--result", str(tmp_path / "r.json"), "--", "python", str(script)],
+                        cuda=fake, monitor=FakeMonitor(fake), hook_factory=Hook) == 0
+    assert {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2), (lh.DOMAIN_RUNTIME, CB_cudaFree)} <= set(made[0].api_callbacks)
