@@ -69,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
         except SystemExit as e:  # -h and --version
             return int(e.code or 0)
         cmd = getattr(args, "_cmd", None)
+        if cmd is not None:
+            name = f"pagecast {cmd.name}"
+        if extra:  # point at the subcommand's -h, not the top level's
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{name} -h')")
         if cmd is None:
             parser.print_help(sys.stderr)
             return 2
-        name = f"pagecast {cmd.name}"
         if isinstance(getattr(args, "output", None), str):  # every -o/--output: writable, before any work
             from .outputs import check_output_path
             check_output_path(args.output)

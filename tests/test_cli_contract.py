@@ -29,6 +29,7 @@ def test_unknown_flag_is_one_line_exit_2(name, capsys):
     assert main([name, "--no-such-flag"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"see 'pagecast {name} -h'" in err, err   # the subcommand's help, not the top level's
 
 
 def test_console_script_runs():
