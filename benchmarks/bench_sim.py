@@ -249,8 +249,18 @@ def main(argv=None) -> int:
         Path(args.out).write_text(
             "# Simulator performance\n\nWritten by `python benchmarks/bench_sim.py"
             f" --requests {args.requests} --pages {args.pages} --out {args.out}`"
-            " (see the script's docstring for what is timed).\n\n" + head + "\n\n" + table + "\n")
+            " (see the script's docstring for what is timed).\n\n" + head + "\n\n" + table + "\n\n" + NOTES + "\n")
     return 0
+
+
+NOTES = """\
+The rows come from one run on the same sequence, so they compare with each other; the
+machine is shared with other jobs, so absolute rates vary from run to run by a factor of
+two or more (ratios between rows are what the figures mean). Misses agree exactly with
+libCacheSim's in every row (the script asserts it). "Peak RSS" is the process's
+high-water mark so far, dominated by generating the 20 M request sequence and its binary
+file (24 bytes a request); the simulator's own state is a few arrays of one int64 per
+unit plus its per-launch counters."""
 
 
 if __name__ == "__main__":
