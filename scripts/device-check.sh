@@ -85,7 +85,19 @@ step "cupti-python" "$CUPTI_SET"
 if $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$LOG" 2>&1; then
   step "pagecast editable install" "ok"
 else
-  step "pagecast editable install" "FAILED (see log)"
+  # No build backend offline (an old setuptools without `wheel` cannot build an editable
+  # wheel): lay the package out as setuptools' package-dir mapping does, with links, and
+  # put it on PYTHONPATH. Everything below runs `python -m pagecast.cli`, so this is enough.
+  SRC=/tmp/pagecast-src
+  rm -rf "$SRC" && mkdir -p "$SRC/pagecast"
+  for f in "$ROOT"/pagecast/*; do ln -s "$f" "$SRC/pagecast/"; done
+  for d in collect datasets predict replay report; do ln -s "$ROOT/$d" "$SRC/pagecast/$d"; done
+  export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
+  if $PY -c 'import pagecast.cli, pagecast.collect.collector, pagecast.datasets.gpu.jacobi2d, pagecast.replay.gpu_runner' >>"$LOG" 2>&1; then
+    step "pagecast editable install" "failed (see log); using a linked source tree on PYTHONPATH ($SRC)"
+  else
+    step "pagecast editable install" "FAILED, and the linked source tree does not import either (see log)"
+  fi
 fi
 
 {
