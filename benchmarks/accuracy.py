@@ -200,7 +200,7 @@ def feedback_section(names: list[str], results: dict, cache: Path) -> list[str]:
     for n in names:
         for k, base, text, (r_, w_, d_) in fbs[n]["refined"]:
             out.append(f"| {n} | `{k}` | {base} | `{text}` | {r_} / {w_} / {d_} |")
-    out.append(f"\n## full mode, extrapolating, with fault feedback: per kernel where it changed\n")
+    out.append("\n## full mode, extrapolating, with fault feedback: per kernel where it changed\n")
     out.append("| workload | kernel | class before → after | precision before → after | recall before → after |"
                "\n|---|---|---|---|---|")
     for n in names:

@@ -148,7 +148,7 @@ def test_unsupported_unified_memory_profiling_is_reported_not_fatal(monkeypatch)
     src.start(lambda recs: None)
     assert src.info["uvm_counters"] is False and "28" in src.info["uvm_counters_error"]
     assert C.KIND_UNIFIED_MEMORY_COUNTER not in [c[1] for c in r.calls if c[0] == "activity_enable"]
-    r2 = Recorder(monkeypatch, um_error=1)  # any other CUPTI error is raised
+    Recorder(monkeypatch, um_error=1)  # any other CUPTI error is raised
     with pytest.raises(cupti.cuptiError):
         A.CuptiActivitySource().start(lambda recs: None)
 

@@ -178,7 +178,7 @@ def test_feedback_replaces_and_demotes(synth, tmp_path):
     r2 = m.kernels["vadd"].regions[1]
     r2.fit.pop("evidence")
     r2.end = Formula(0, ((4, ("p3",)),))
-    s1, e1 = s[1], e[1]
+    e1 = e[1]
     r2.end = Formula(-8 * PS, ((4, ("p3",)),))
     v = m.version_counter
     assert apply_feedback(m, tr, 0, np.array([e1 - 8]), np.array([e1]))
