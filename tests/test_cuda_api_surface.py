@@ -96,7 +96,7 @@ def test_cuda_bindings_have_what_we_call(path, line, mod, attr, nargs):
     for i, name in enumerate(attr):
         if not hasattr(obj, name):
             if i == 0 and name in OPTIONAL:
-                pytest.skip(f"{name} is a fallback for bindings that have it")
+                return  # a fallback the code reaches for only where the bindings have it
             pytest.fail(f"{path}:{line}: {mod.__name__}.{'.'.join(attr[:i + 1])} does not exist "
                         f"in the installed cuda-bindings")
         obj = getattr(obj, name)
