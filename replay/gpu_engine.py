@@ -35,6 +35,7 @@ arguments land in; what a policy prefetches is added to it. Victims: see
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -154,6 +155,9 @@ class Engine:
         self._evict_stream: int | None = None
         self._evict_event: int | None = None
         self._queued_event: int | None = None
+        # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
+        # main one): one at a time through the residency estimate and the caches
+        self.lock = threading.RLock()
 
     # -- per launch -----------------------------------------------------------
     def on_free(self, addr: int) -> None:
@@ -161,26 +165,28 @@ class Engine:
         from the allocation cache and its pages from the residency estimate (they take no room
         now, and evicting them would be refused)."""
         try:
-            a = self.allocs.cached(int(addr))
-            if a is not None and self.residency is not None:
-                self.residency.release([(a.base, a.size)])
-            self.allocs.forget(int(addr))
+            with self.lock:
+                a = self.allocs.cached(int(addr))
+                if a is not None and self.residency is not None:
+                    self.residency.release([(a.base, a.size)])
+                self.allocs.forget(int(addr))
         except Exception as e:  # noqa: BLE001 - never into the workload's free
             self.stats.errors += 1
             self.stats.last_error = f"on_free: {type(e).__name__}: {e}"
 
     def on_launch(self, la) -> None:
         t0 = time.perf_counter()
-        t = self.t
-        self.t += 1
-        st = self.stats
-        st.launches += 1
-        try:
-            self._launch(t, la)
-        except Exception as e:  # noqa: BLE001 - never break the workload's launch
-            st.errors += 1
-            st.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
-        st.callback_s += time.perf_counter() - t0
+        with self.lock:
+            t = self.t
+            self.t += 1
+            st = self.stats
+            st.launches += 1
+            try:
+                self._launch(t, la)
+            except Exception as e:  # noqa: BLE001 - never break the workload's launch
+                st.errors += 1
+                st.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
+            st.callback_s += time.perf_counter() - t0
 
     def _launch(self, t: int, la) -> None:
         st = self.stats

@@ -107,10 +107,11 @@ class FeedbackLoop:
         self._faults: list = []
 
     def on_launch(self, la) -> None:
-        self.engine.on_launch(la)
-        self.n += 1
-        if self.n % self.every == 0:
-            self.round()
+        with self.engine.lock:   # a round changes the model the engine predicts from
+            self.engine.on_launch(la)
+            self.n += 1
+            if self.n % self.every == 0:
+                self.round()
 
     def round(self) -> None:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import struct
+import time
 import sys
 import types
 from argparse import Namespace
@@ -957,3 +958,30 @@ def test_the_runner_watches_frees(tmp_path, fake_launch_module):
     assert C.child_main(["--policy", "alloc", "--result", str(tmp_path / "r.json"), "--", "python", str(script)],
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=Hook) == 0
     assert {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2), (lh.DOMAIN_RUNTIME, CB_cudaFree)} <= set(made[0].api_callbacks)
+
+
+def test_launches_from_several_threads_go_through_the_engine_one_at_a_time():
+    """PyTorch launches from its autograd thread beside the main one: the residency estimate and the
+    caches are not thread-safe, so the engine takes its launches one at a time."""
+    import threading
+    f, bases = fake_with_buffers(4)
+    e = E.Engine(f, "alloc", capacity=8 * MiB)
+    inside, most = [0], [0]
+    real = e._launch
+
+    def slow(t, la):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.001)
+        real(t, la)
+        inside[0] -= 1
+
+    e._launch = slow
+    threads = [threading.Thread(target=lambda i=i: [e.on_launch(mk_launch("k", [bases[(i + j) % 4]]))
+                                                    for j in range(20)]) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert most[0] == 1 and e.stats.launches == 80 and e.stats.errors == 0
+    assert e.residency.resident_bytes <= 8 * MiB
