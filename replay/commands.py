@@ -247,7 +247,12 @@ def results_table(runs, title: str | None = None):
                  ("time", "right"), ("stall", "right"), ("faults", "right"), ("in", "right"), ("out", "right"),
                  ("vs demand", "right"), ("of oracle", "right")):
         t.add_column(c, justify=j)
-    for r in sorted(runs, key=lambda r: (r.get("workload") or "", r["capacity_bytes"] or 0, r.get("run", 0))):
+    # capacities in the order they were asked for (--oversub 1.5,2,3 reads 150% first), per workload
+    first: dict = {}
+    for i, r in enumerate(runs):
+        first.setdefault((r.get("workload") or "", r["capacity_bytes"] or 0), i)
+    for r in sorted(runs, key=lambda r: (r.get("workload") or "", first[(r.get("workload") or "", r["capacity_bytes"] or 0)],
+                                         r.get("run", 0))):
         sp = r.get("speedup_vs_demand")
         fo = r.get("fraction_of_oracle")
         t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
