@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -356,6 +357,9 @@ class OnlinePredictor:
         self._compiled: dict[str, tuple] = {}
         self._history: dict[tuple, list] = {}
         self._model_version = model.version_counter
+        # optional: pointer -> (address, nbytes) of the allocation it lands in, or None; asked when
+        # a pointer lands in no allocation known yet (the GPU runner looks them up lazily)
+        self.resolve: Callable[[int], tuple[int, int] | None] | None = None
 
     # allocations
     def add_allocation(self, address: int, nbytes: int, alloc_id=None) -> None:
@@ -376,10 +380,23 @@ class OnlinePredictor:
 
     def _alloc_of(self, v: int):
         i = bisect.bisect_right(self._addrs, v) - 1
-        if i < 0:
-            return None
-        a = self._addrs[i]
-        return a if v <= self._ends[a] else None
+        if i >= 0:
+            a = self._addrs[i]
+            if v <= self._ends[a]:
+                return a
+        if self.resolve is not None:
+            r = self.resolve(v)
+            if r is not None:
+                self.add_allocation(r[0], r[1])
+                return int(r[0])
+        return None
+
+    def warm(self) -> "OnlinePredictor":
+        """Compile every kernel of the model now, so that no launch pays for it (the first launch
+        of a kernel otherwise compiles its formulas: milliseconds, inside a launch callback)."""
+        for name in list(self.model.kernels):
+            self._kernel(name, None)
+        return self
 
     def _kernel(self, name: str, sizes):
         if self.model.version_counter != self._model_version:

@@ -170,6 +170,9 @@ class Engine:
                 if a is not None and self.residency is not None:
                     self.residency.release([(a.base, a.size)])
                 self.allocs.forget(int(addr))
+                forget = getattr(self.predict, "forget", None)
+                if forget is not None:
+                    forget(int(addr))
         except Exception as e:  # noqa: BLE001 - never into the workload's free
             self.stats.errors += 1
             self.stats.last_error = f"on_free: {type(e).__name__}: {e}"
@@ -205,7 +208,9 @@ class Engine:
         predicted: list[tuple[int, int]] | None = None
         if self.predict is not None and (self.policy == "template" or self.residency is not None):
             p0 = time.perf_counter()
-            predicted = self.allocs.clip(self.predict(la, self.allocs))
+            predicted = self.predict(la, self.allocs)
+            if not getattr(self.predict, "clipped", False):   # the online predictor's already are
+                predicted = self.allocs.clip(predicted)
             dt = time.perf_counter() - p0
             st.predict_s += dt
             st.predict_max_s = max(st.predict_max_s, dt)

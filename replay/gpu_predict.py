@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .gpu_ranges import AllocationMap, pointer_words
+from .gpu_ranges import AllocationMap
 
 if TYPE_CHECKING:
     from .gpu_engine import Engine
@@ -55,34 +55,38 @@ def _launch_table(las: list, allocs: AllocationMap):
 def make_online_predict(model, fallback: str = "history") -> Callable[[Any, AllocationMap], list[tuple[int, int]]]:
     """`predict(la, allocs) -> [(address, nbytes)]` from the predictor's OnlinePredictor.
 
-    The managed allocations the launch's pointer words land in are handed to
-    the predictor (`add_allocation`) the first time they are seen; its page
-    intervals come back as byte ranges. The predictor notices model changes
-    (feedback) by itself (`Model.version_counter`).
+    The managed allocation a pointer the model reads lands in is handed to the
+    predictor the first time it is needed (`OnlinePredictor.resolve`, through
+    the runner's AllocationMap); its page intervals come back as byte ranges.
+    The predictor notices model changes (feedback) by itself
+    (`Model.version_counter`).
     """
     from pagecast.predict.predictor import OnlinePredictor
 
-    op = OnlinePredictor(model, fallback)
+    op = OnlinePredictor(model, fallback).warm()   # compile every kernel before the workload launches any
     ps = int(getattr(op, "ps", None) or model.page_size)
-    known: set[int] = set()
-    seen: set[int] = set()   # pointer words already looked up (bounded below)
+    current: list = [None]   # the AllocationMap of the launch being predicted
+
+    def resolve(v: int):
+        a = current[0].find(v) if current[0] is not None else None
+        return (a.base, a.size) if a is not None and a.managed else None
+
+    # allocations are looked up only when a pointer the model reads lands in none known yet
+    op.resolve = resolve
 
     def predict(la, allocs: AllocationMap) -> list[tuple[int, int]]:
-        data = bytes(la.param_data or b"")
-        for w in pointer_words(data):
-            if w in seen:
-                continue
-            seen.add(w)
-            a = allocs.find(w)
-            if a is not None and a.managed and a.base not in known:
-                op.add_allocation(a.base, a.size)
-                known.add(a.base)
-        if len(seen) > 1_000_000:
-            seen.clear()
-        pages = op.predict(la.kernel, data, la.param_offsets, la.param_sizes, la.grid, la.block)
-        return [(int(s) * ps, (int(e) - int(s)) * ps) for s, e in pages if e > s]
+        current[0] = allocs
+        pages = op.predict(la.kernel, bytes(la.param_data or b""), la.param_offsets, la.param_sizes, la.grid, la.block)
+        return [(s * ps, (e - s) * ps) for s, e in pages if e > s]
 
+    def forget(addr: int) -> None:
+        op.free_allocation(addr)   # freed (cudaFree / cuMemFree): its history goes too
+
+    predict.forget = forget  # type: ignore[attr-defined]
     predict.online = op  # type: ignore[attr-defined]  (feedback feeds it the pages it missed)
+    # merged ranges inside the managed allocations it was given (its regions are clipped to their
+    # allocation): the engine need not clip them again; it cuts them per allocation for the calls
+    predict.clipped = True  # type: ignore[attr-defined]
     return predict
 
 

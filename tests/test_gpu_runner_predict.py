@@ -165,3 +165,35 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
     km = model.kernels[la.kernel]
     assert km.feedback["events"] >= 1 and km.feedback["missed_pages"] >= 1
     assert eng.stats.feedback_updates == (1 if model.version_counter != before else 0)
+
+
+def test_allocations_are_looked_up_only_when_a_prediction_needs_one(jacobi):
+    """The online predictor asks the runner's AllocationMap for a pointer's allocation the first time a
+    region needs it (no scan of every parameter word per launch), compiles every kernel before the
+    first launch, and forgets an allocation the workload frees."""
+    model, big = jacobi
+    fake = fake_for(big)
+    pred = GP.make_online_predict(model)
+    op = pred.online
+    assert set(op._compiled) == set(model.kernels)            # warmed: nothing compiles inside a launch
+    eng = E.Engine(fake, "template", predict=pred)
+    lookups = []
+    real = eng.allocs._lookup                                  # what asks the driver (cuMemGetAddressRange)
+    eng.allocs._lookup = lambda addr: (lookups.append(addr), real(addr))[1]
+    rows = big.launches.slice(0, N_LAUNCHES).to_pylist()
+    for row in rows:
+        eng.on_launch(launch_args(row))
+    assert eng.stats.errors == 0, eng.stats.last_error
+    n_allocs = len({a.base for a in map(real, lookups) if a is not None})
+    assert 0 < len(lookups) <= 2 * n_allocs + 8               # once per allocation, not per launch
+    before = len(lookups)
+    for row in rows[:50]:
+        eng.on_launch(launch_args(row))
+    assert len(lookups) == before
+    # a freed allocation is forgotten by the predictor too, and looked up again when next needed
+    base = op._addrs[0]
+    eng.on_free(base)
+    assert base not in op._ends
+    for row in rows[:50]:
+        eng.on_launch(launch_args(row))
+    assert base in op._ends and len(lookups) > before
