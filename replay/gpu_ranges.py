@@ -19,6 +19,11 @@ MAX_PTR = 1 << 57
 
 def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge (address, nbytes) ranges that overlap or touch; drop empty ones; sorted."""
+    if not isinstance(ranges, list):
+        ranges = list(ranges)
+    if len(ranges) == 1:   # the common case on the hot path: one range
+        a, n = ranges[0]
+        return [(int(a), int(n))] if n > 0 else []
     rs = sorted((int(a), int(a) + int(n)) for a, n in ranges if int(n) > 0)
     out: list[list[int]] = []
     for a, b in rs:

@@ -20,6 +20,7 @@ estimated footprint would not fit. Victims, by policy (`gpu_engine.VICTIMS`):
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Sequence
@@ -129,10 +130,12 @@ class SequenceNextUse:
         if p is None:
             return float(t - d[-1])  # LRU
         lo = t - p
-        for s in d:  # ascending
-            if s > lo:
-                return float(s + p - t)
-        return math.inf
+        first = None
+        for s in reversed(d):  # newest first: only the uses of the last period are looked at
+            if s <= lo:
+                break
+            first = s
+        return math.inf if first is None else float(first + p - t)
 
 
 class FutureNextUse:
@@ -152,6 +155,18 @@ class FutureNextUse:
             if i < len(arr):
                 best = min(best, float(arr[i] - t))
         return best
+
+
+def _covers(have: list[tuple[int, int]], rs: list[tuple[int, int]]) -> bool:
+    """Does `have` (merged ranges) contain every range of `rs`?"""
+    for a, n in rs:
+        e = a + n
+        for h, m in have:
+            if h <= a and e <= h + m:
+                break
+        else:
+            return False
+    return True
 
 
 class Residency:
@@ -196,7 +211,10 @@ class Residency:
         out: list[tuple[int, int]] = []
         for u, rs in split_by_unit(merge_ranges(ranges), self.unit).items():
             have = self.resident.get(u)
-            out.extend(subtract_ranges(rs, have) if have else rs)
+            if not have:
+                out.extend(rs)
+            elif not _covers(have, rs):
+                out.extend(subtract_ranges(rs, have))
         return merge_ranges(out)
 
     def release(self, ranges: Iterable[tuple[int, int]]) -> int:
@@ -224,8 +242,12 @@ class Residency:
         merged: dict[int, tuple[list[tuple[int, int]], int]] = {}
         growth = own = 0
         for u, rs in parts.items():
-            m = merge_ranges(self.resident.get(u, []) + rs)
-            b = sum(n for _, n in m)
+            have = self.resident.get(u)
+            if have and _covers(have, rs):   # the common case: all of it is there already
+                m, b = have, self._bytes[u]
+            else:
+                m = merge_ranges((have or []) + rs)
+                b = sum(n for _, n in m)
             merged[u] = (m, b)
             growth += b - self._bytes.get(u, 0)
             own += b
@@ -256,10 +278,17 @@ class Residency:
     def _victims(self, need: set[int], over: int, t: int) -> list[int]:
         """Units to evict, in victim order, until `over` bytes are freed (or nothing else is left)."""
         cands: Iterable[int] = (u for u in self.resident if u not in need)
-        if self.victim not in ("fifo", "lru"):
-            cands = [u for _, u in sorted(((self.next_use.score(u, t), u) for u in cands),
-                                          key=lambda x: (-x[0], x[1]))]
         out, freed = [], 0
+        if self.victim not in ("fifo", "lru"):
+            # furthest next use first (ties: lowest unit): a heap, since a launch usually needs
+            # one or two victims out of all resident units
+            scored = [(-self.next_use.score(u, t), u) for u in cands]
+            heapq.heapify(scored)
+            while scored and freed < over:
+                u = heapq.heappop(scored)[1]
+                out.append(u)
+                freed += self._bytes[u]
+            return out
         for u in cands:
             out.append(u)
             freed += self._bytes[u]
