@@ -114,7 +114,8 @@ def measure(workload: str, n: int, work: Path) -> dict:
             return r
 
         for attr in ("clipped", "forget", "online"):
-            setattr(timed, attr, getattr(real, attr))
+            if hasattr(real, attr):
+                setattr(timed, attr, getattr(real, attr))
         eng.predict = timed
         t = time.perf_counter()
         for la in las:
