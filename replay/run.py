@@ -88,8 +88,16 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
     return out
 
 
-def _plan_groups_from_file(plan: plan_io.Plan, w: Workload) -> S.Groups:
-    """A plan's rows -> Groups over the (single-task) workload's steps."""
+def _plan_groups_from_file(plan: plan_io.Plan, w: Workload, needs=None) -> S.Groups:
+    """A plan's rows -> Groups over the (single-task) workload's steps.
+
+    `needs`: the predicted needs the plan was made on (its model's), when they
+    can be read. The file does not say which groups evict units the launch
+    before uses (they start once it ends) nor, for a merged row of early
+    prefetches, every launch that waits for it (its `needed_by` is the first):
+    both are derived from `needs` as the planner derived them, so the plan
+    replays as template planned on the fly does. Without them: the launch
+    before's true footprint, and each row's `needed_by`."""
     cols = plan.columns()
     n = w.n_steps
     gran = w.gran
@@ -124,11 +132,30 @@ def _plan_groups_from_file(plan: plan_io.Plan, w: Workload) -> S.Groups:
     g.pf_ptr, g.pf_unit = out["pf"][0], out["pf"][1]
     g.need_now = out["pf"][2].astype(I64)
     # per step, the latest earlier group holding a prefetch it needs
-    pf = ~is_ev & (cols[plan_io.NEEDED_BY] > lid)
     need_group = np.full(n, -1, I64)
-    if pf.any():
-        np.maximum.at(need_group, w.step_of(0, cols[plan_io.NEEDED_BY][pf]), w.step_of(0, lid[pf]))
+    if needs is not None:
+        pf_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))
+        first = _first_need(pf_step, g.pf_unit, needs, n)
+        early = first > pf_step
+        np.maximum.at(need_group, first[early], pf_step[early])
+    else:
+        pf = ~is_ev & (cols[plan_io.NEEDED_BY] > lid)
+        if pf.any():
+            np.maximum.at(need_group, w.step_of(0, cols[plan_io.NEEDED_BY][pf]), w.step_of(0, lid[pf]))
     g.need_group = need_group
+    # a group that evicts units the launch before uses starts once it ends (as the planner marks it)
+    used = needs if needs is not None else w.truth
+    ev_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.ev_ptr))
+    m = ev_step > 0
+    if m.any():
+        prev_step = ev_step[m] - 1
+        occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(used.ptr))
+        occ = np.sort(used.unit.astype(I64) * (n + 1) + occ_step)
+        q = g.ev_unit[m].astype(I64) * (n + 1) + prev_step
+        pos = np.minimum(np.searchsorted(occ, q), max(len(occ) - 1, 0))
+        hit = occ[pos] == q if len(occ) else np.zeros(len(q), bool)
+        g.wait_prev = np.zeros(n, np.uint8)
+        g.wait_prev[ev_step[m][hit]] = 1
     return g
 
 
@@ -186,6 +213,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if plan is not None:
         extra.append([_plan_footprints(plan, traces[0])])
         plan_pred = _plan_model_predictions(plan, traces[0], cfg.fallback)
+        if plan_pred is not None:
+            # the universe template planned on the fly has (its chunks' sizes set the planner's evictions)
+            extra.append([plan_pred])
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
@@ -194,9 +224,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     tmpl = None
     if "template" in policies:
         if plan is not None:
-            tmpl = S.Template(plan_groups_fixed=_plan_groups_from_file(plan, w), fallback=cfg.fallback)
-            if plan_pred is not None:
-                tmpl.fixed_needs = w.needs_from([plan_pred])
+            pneeds = None if plan_pred is None else w.needs_from([plan_pred])
+            tmpl = S.Template(plan_groups_fixed=_plan_groups_from_file(plan, w, pneeds), fallback=cfg.fallback)
+            tmpl.fixed_needs = pneeds
             if cfg.feedback:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
         else:
@@ -298,7 +328,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     prof = cfg.profile()
     predicted = predicted_footprints(model, trace, cfg.fallback)
     w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
-                       need_alloc=False, extra_fps=[[predicted]])
+                       need_alloc=True, extra_fps=[[predicted]])
     (cap, r), = capacities_for(w.footprint_bytes, None if capacity is None else [capacity],
                                None if oversub is None else [oversub])
     cu = cap // w.gran
