@@ -169,9 +169,9 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, n_cap, hk, hu, hst, aside, resi
 def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
                   planned, unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb,
                   track_unplanned, missed_out, counters, row, next_use, has_next_use):
-    """One launch touches `units` (ascending): hits refresh LRU order, misses
-    fault in their unit (evicting chunks as needed) and may trigger the tree
-    prefetcher. st_i[0] is the resident-unit count. Writes missed units to
+    """One launch touches `units` (ascending): hits and misses refresh LRU
+    order, misses fault in their unit (evicting chunks as needed) and may
+    trigger the tree prefetcher. st_i[0] is the resident-unit count. Writes missed units to
     missed_out and returns how many."""
     sentinel = len(chunk_count)
     nmiss = 0
@@ -254,6 +254,12 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                 break
             counters[row, C_FAULT_DTOH] += ev
         _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+        if lru:
+            # a fault is an access: its chunk becomes the most recently used
+            # (_unit_in appends only a chunk that was not resident)
+            c = unit_chunk[u]
+            _list_remove(prev, nxt, c)
+            _list_append(prev, nxt, c, sentinel)
         st_i[0] += 1
         counters[row, C_FAULT_IN] += 1
         if track_unplanned:

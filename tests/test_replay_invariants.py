@@ -1,0 +1,496 @@
+"""Invariants of the trace-driven simulator (replay/sim_core.py, replay/simulator.py), as
+property tests on small random traces: what every run must satisfy whatever the policy,
+capacity, eviction order, tree prefetcher or number of tasks.
+
+- memory: the resident count never exceeds the capacity, after every planned group and
+  every launch; the engine's bookkeeping (count, per-chunk counts, chunk list, planned
+  marks) agrees with the resident set;
+- conservation: units moved in minus units moved out = units resident at the end (from
+  empty); the summary's bytes are those units times the granularity;
+- faults: a launch faults at most once per unit it touches, and (without the tree
+  prefetcher) at least once per unit not resident when it starts; demand paging equals a
+  plain-Python model of the same rules (chunk FIFO/LRU, tree prefetcher) counter for counter;
+- oracle: no faults when every launch fits (no tree prefetcher), and exactly the fetches of
+  Belady on the launches' unit sets; template with perfect predictions is oracle;
+- timing: launches run one after another, end >= start + compute, stall >= 0, time =
+  compute + stall; demand's speedup_vs_demand is 1 and oracle's fraction_of_oracle is 1;
+- the LRU stack-distance pass equals the engine's LRU where it is exact;
+- a plan written by `pagecast plan` replays exactly as template planned on the fly.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagecast import trace as T
+from pagecast.replay import sim_core as C
+from pagecast.replay import simulator as S
+from pagecast.replay.costs import load_profile, replace
+from pagecast.replay.run import SimConfig, replay_sim
+from pagecast.replay.workload import I64, build_workload
+
+PS = 4096
+BASE = 0x7F20_0000_0000
+PROF = load_profile("msched-rtx5080")
+SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- traces --------------------------------------------------------------------------
+
+
+def page_trace(path, launches, *, name="pages", n_allocs=1, compute_ns=10_000):
+    """A synthetic trace: launch i touches exactly the pages launches[i] (offsets from BASE);
+    the span is cut into n_allocs allocations and each launch points at those it touches."""
+    n = len(launches)
+    top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
+    cuts = np.unique(np.linspace(0, top, n_allocs + 1).astype(np.int64))
+    a_lo, a_hi = cuts[:-1], cuts[1:]
+    params = []
+    for p in launches:
+        hit = [k for k in range(len(a_lo)) if len(p) and ((p >= a_lo[k]) & (p < a_hi[k])).any()] or [0]
+        params.append(hit)
+    start = np.arange(n, dtype=np.int64) * (compute_ns + 1000)
+    L = {T.LAUNCH_ID: np.arange(n), T.KERNEL: ["_Z1kPf"] * n, T.DEVICE: np.zeros(n, np.int32),
+         T.STREAM: np.zeros(n, np.int64), **{c: np.ones(n, np.int32) for c in T.GRID_COLUMNS},
+         T.SHARED_MEM_BYTES: np.zeros(n, np.int32), T.START_NS: start, T.END_NS: start + compute_ns,
+         T.PARAM_OFFSETS: [[8 * j for j in range(len(h))] for h in params],
+         T.PARAM_SIZES: [[8] * len(h) for h in params],
+         T.PARAM_DATA: [b"".join(struct.pack("<Q", BASE + int(a_lo[k]) * PS) for k in h) for h in params]}
+    A = {T.ALLOC_ID: np.arange(len(a_lo)), T.ADDRESS: (BASE + a_lo * PS).astype(np.uint64),
+         T.BYTES: (a_hi - a_lo) * PS, T.KIND: ["managed"] * len(a_lo), T.DEVICE: np.zeros(len(a_lo), np.int32),
+         T.FIRST_LAUNCH: np.zeros(len(a_lo), np.int64), T.LAST_LAUNCH: [None] * len(a_lo)}
+    tl, ta = [], []
+    for i, p in enumerate(launches):
+        p = np.unique(np.asarray(p, np.int64))
+        tl.append(np.full(len(p), i)), ta.append(BASE + p * PS)
+    n_tr = int(sum(len(x) for x in tl))
+    TR = {T.LAUNCH_ID: np.concatenate(tl), T.ADDRESS: np.concatenate(ta).astype(np.uint64),
+          T.BYTES: np.full(n_tr, PS), T.ACCESS: ["read"] * n_tr}
+    empty_f = {T.TIME_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.COUNT: np.zeros(0, np.int32), T.ACCESS: [],
+               T.DEVICE: np.zeros(0, np.int32), T.LAUNCH_ID: np.zeros(0, np.int64)}
+    empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.BYTES: np.zeros(0, np.int64),
+               T.DIRECTION: [], T.CAUSE: [], T.LAUNCH_ID: np.zeros(0, np.int64)}
+    man = T.new_manifest(mode="full", source="synthetic", workload={"name": name, "argv": None})
+    T.write_trace(path, man, {T.LAUNCHES: L, T.ALLOCATIONS: A, T.FAULTS: empty_f, T.MIGRATIONS: empty_m,
+                              T.TRUTH: TR})
+    return T.read_trace(path)
+
+
+@st.composite
+def launch_lists(draw, max_launches=24, max_span=1200):
+    """Page sets of a few launches: contiguous ranges (sweeps) and scattered pages."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    span = draw(st.integers(8, max_span))
+    n = draw(st.integers(1, max_launches))
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(1, max(2, span // 3)))
+        if rng.random() < 0.65:
+            s = int(rng.integers(0, span))
+            out.append(np.arange(s, min(span, s + k)))
+        else:
+            out.append(np.unique(rng.integers(0, span, k)))
+    return out
+
+
+GEOMETRY = st.sampled_from([(PS, PS), (PS, 8 * PS), (16 * PS, 16 * PS), (16 * PS, 512 * PS), (4 * PS, 512 * PS)])
+
+
+def workload(traces, gran, ev, timeslice_s=0.010):
+    p = replace(PROF, granularity=gran, eviction_unit=ev)
+    return build_workload(traces, gran=gran, eviction_unit=ev, profile=p, timeslice_s=timeslice_s), p
+
+
+def capacity(w, frac):
+    """A capacity between one unit and the whole universe (frac in [0, 1])."""
+    return max(1, int(round(frac * w.universe.n_units)))
+
+
+# ---- the engine, one step at a time, checked -----------------------------------------
+
+
+def check_memory(mem, w, cap, where):
+    u = w.universe
+    r = mem.resident
+    n = int(r.sum())
+    assert mem.st[0] == n, (where, "resident count", int(mem.st[0]), n)
+    assert n <= cap, (where, "over capacity", n, cap)
+    assert (np.bincount(u.unit_chunk[r == 1], minlength=u.n_chunks) == mem.chunk_count).all(), (where, "chunks")
+    assert not (mem.planned.astype(bool) & ~r.astype(bool)).any(), (where, "planned but not resident")
+    sent, seen, c = u.n_chunks, [], mem.nxt[u.n_chunks]
+    while c != sent:
+        seen.append(int(c))
+        assert len(seen) <= u.n_chunks, (where, "chunk list loops")
+        c = mem.nxt[c]
+    assert sorted(seen) == np.flatnonzero(mem.chunk_count > 0).tolist(), (where, "chunk list")
+
+
+def run_checked(w, policy, cap, profile, options):
+    """run_policy's loop (run_engine's body), checking memory after every group and launch.
+    Returns the RunResult, the final Memory and, per step, how many of its units were not
+    resident when it started."""
+    ctx = S.Context(w, cap, options)
+    mem = S.Memory(w, cap)
+    ctx.memory = mem
+    groups = policy.prefetch(ctx)
+    n = w.n_steps
+    has_plan = groups is not None
+    if groups is None:
+        groups = S.Groups.empty(n)
+    counters = np.zeros((n, C.N_COUNTERS), I64)
+    u = w.universe
+    lru = (policy.evict_order or options.eviction) == "lru"
+    tree = bool(options.driver_prefetch) and u.upb > 1
+    missed = np.zeros(max(int(w.truth.sizes().max()) if n else 0, 1), I64)
+    nu_for, next_use = None, np.zeros(1, I64)
+    absent = np.zeros(n, I64)
+    for i in range(n):
+        pn = ctx.state.get("plan_needs")
+        if pn is not None and pn is not nu_for:
+            next_use, nu_for = S.next_use_of(w.truth, pn), pn
+        if has_plan:
+            C.apply_group(groups.ev_unit, groups.ev_ptr[i], groups.ev_ptr[i + 1], groups.pf_unit, groups.pf_ptr[i],
+                          groups.pf_ptr[i + 1], mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
+                          u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state,
+                          groups.need_now[i], counters, i)
+            check_memory(mem, w, cap, ("group", i))
+        absent[i] = int((mem.resident[w.truth.of(i)] == 0).sum())
+        nm = C.access_launch(w.truth.unit, w.truth.ptr[i], w.truth.ptr[i + 1], mem.cap, mem.st, mem.resident,
+                             u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
+                             mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
+                             u.block_hi, u.upb, has_plan, missed, counters, i, next_use, nu_for is not None)
+        check_memory(mem, w, cap, ("launch", i))
+        if policy.wants_misses and nm > 0 and i + 1 < n:
+            new = policy.on_miss(ctx, i, missed[:nm])
+            if new is not None:
+                groups = groups.splice(new, i + 1)
+    start, end, stall = S.timing(counters, S.step_compute(w), w.gran, groups, profile)
+    return S.RunResult(policy.name, cap, counters, start, end, stall, S.step_compute(w)), mem, absent
+
+
+def check_run(w, r, mem, absent, cap, tree):
+    c = r.counters.sum(axis=0)
+    moved_in = c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]
+    moved_out = c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]
+    assert moved_in - moved_out == mem.resident.sum()
+    assert (r.counters[:, C.C_FAULT_IN] == r.counters[:, C.C_FAULTS]).all()
+    s = S.summarize(r, w)
+    assert s["htod_bytes"] == moved_in * w.gran and s["dtoh_bytes"] == moved_out * w.gran
+    assert s["prefetch_bytes"] == c[C.C_PREFETCH_IN] * w.gran
+    sizes = w.truth.sizes()
+    assert s["thrashing_launches"] == int((sizes > cap).sum())
+    f = r.counters[:, C.C_FAULTS]
+    assert (f <= sizes).all()
+    if not tree:
+        # every unit not resident when its launch starts faults (the tree prefetcher may bring some in)
+        assert (f >= absent).all()
+        quiet = r.counters[:, C.C_FAULT_DTOH] == 0
+        assert (f[quiet] == absent[quiet]).all()
+    check_timing(r)
+
+
+def check_timing(r):
+    n = len(r.start)
+    if n == 0:
+        return
+    assert (np.diff(r.start) >= 0).all()
+    assert (r.start[1:] >= r.end[:-1]).all()
+    assert (r.end >= r.start + r.compute - 1e-12).all()
+    assert (r.stall >= -1e-12).all()
+    assert r.end[-1] >= r.compute.sum() * (1 - 1e-12)
+    assert r.end[-1] == pytest.approx(r.compute.sum() + r.stall.sum(), rel=1e-9, abs=1e-12)
+
+
+POLICIES = ["demand", "alloc", "oracle", "swap"]
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(launch_lists(), GEOMETRY, st.floats(0.02, 1.0), st.integers(1, 3),
+       st.sampled_from(["fifo", "lru"]), st.booleans())
+def test_memory_conservation_faults_one_task(launches, geo, frac, n_allocs, eviction, tree):
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", launches, n_allocs=n_allocs)
+        w, prof = workload([tr], *geo)
+        cap = capacity(w, frac)
+        opts = S.Options(eviction=eviction, driver_prefetch=tree)
+        for p in POLICIES:
+            r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+            check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
+            # the checked loop is the engine's
+            np.testing.assert_array_equal(r.counters, S.run_policy(w, S.POLICIES[p](), cap, prof, opts).counters)
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=14, max_span=600), min_size=2, max_size=3), GEOMETRY,
+       st.floats(0.05, 1.0), st.sampled_from([0.0, 0.012, 0.05]), st.sampled_from(["fifo", "lru"]), st.booleans())
+def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms, eviction, tree):
+    with tempfile.TemporaryDirectory() as d:
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
+        w, prof = workload(trs, *geo, timeslice_s=timeslice_ms / 1e3)
+        assert sorted(zip(w.step_task, w.step_launch)) == [(t, i) for t, L in enumerate(tasks) for i in range(len(L))]
+        cap = capacity(w, frac)
+        opts = S.Options(eviction=eviction, driver_prefetch=tree)
+        for p in POLICIES:
+            r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+            check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "stream", "cnn-infer"])
+def test_memory_conservation_on_workload_models(tmp_path, name):
+    from pagecast.datasets.registry import make_trace
+    tr = T.read_trace(make_trace(name, tmp_path / "t.pctrace", scale=0.02, seed=4))
+    w, prof = workload([tr], PROF.granularity, PROF.eviction_unit)
+    mx = int(w.truth.sizes().max())
+    for cap in (max(mx // 2, 1), mx, (mx + w.universe.n_units) // 2):
+        for eviction, tree in (("fifo", True), ("lru", False)):
+            opts = S.Options(eviction=eviction, driver_prefetch=tree)
+            for p in POLICIES:
+                r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+                check_run(w, r, mem, absent, cap, tree)
+
+
+# ---- demand paging against a plain-Python model ----------------------------------------
+
+
+def reference_demand(w, cap, lru, tree, threshold):
+    """Demand paging as cost-model.md describes it, written plainly: per step, faults, units
+    faulted in, units the tree prefetcher brought in, units evicted (whole chunks, oldest
+    first: by becoming resident, or by last access under LRU -- a fault is an access)."""
+    u = w.universe
+    res, order, cnt = set(), OrderedDict(), {}
+    out = np.zeros((w.n_steps, 4), I64)
+
+    def unit_in(v):
+        res.add(v)
+        c = int(u.unit_chunk[v])
+        if cnt.get(c, 0) == 0:
+            order[c] = None
+        cnt[c] = cnt.get(c, 0) + 1
+
+    for i in range(w.n_steps):
+        for x in w.truth.of(i).tolist():
+            if x in res:
+                if lru:
+                    order.move_to_end(int(u.unit_chunk[x]))
+                continue
+            out[i, 0] += 1
+            while len(res) + 1 > cap and order:
+                c = next(iter(order))
+                gone = [v for v in range(u.chunk_lo[c], u.chunk_hi[c]) if v in res]
+                res.difference_update(gone)
+                del order[c]
+                cnt[c] = 0
+                out[i, 3] += len(gone)
+            unit_in(x)
+            out[i, 1] += 1
+            if lru:
+                order.move_to_end(int(u.unit_chunk[x]))
+            if tree:
+                lo, hi, kx = u.block_lo[x], u.block_hi[x], int(u.key[x])
+                best, size = None, 2
+                while size <= u.upb:
+                    r0 = kx - kx % size
+                    if sum(1 for v in range(lo, hi) if r0 <= u.key[v] < r0 + size and v in res) > threshold * size:
+                        best = (r0, r0 + size)
+                    size *= 2
+                if best:
+                    for v in range(lo, hi):
+                        if best[0] <= u.key[v] < best[1] and v not in res:
+                            if len(res) + 1 > cap:
+                                break
+                            unit_in(v)
+                            out[i, 2] += 1
+    return out
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(launch_lists(max_launches=20, max_span=900), GEOMETRY, st.floats(0.02, 1.0),
+       st.sampled_from(["fifo", "lru"]), st.booleans())
+def test_demand_equals_reference_model(launches, geo, frac, eviction, tree):
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", launches)
+        w, prof = workload([tr], *geo)
+        cap = capacity(w, frac)
+        r = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction=eviction, driver_prefetch=tree))
+        got = r.counters[:, [C.C_FAULTS, C.C_FAULT_IN, C.C_TREE_IN, C.C_FAULT_DTOH]]
+        exp = reference_demand(w, cap, eviction == "lru", tree and w.universe.upb > 1, prof.prefetch_threshold)
+        np.testing.assert_array_equal(got, exp)
+
+
+# ---- oracle and template ---------------------------------------------------------------
+
+
+def reference_belady(steps, cap):
+    """Fetches of Belady on steps of unit sets (each step's set resident together):
+    a missing unit evicts the resident unit, not of this step, used again furthest ahead."""
+    nxt, later = {}, [None] * len(steps)
+    for i in range(len(steps) - 1, -1, -1):
+        later[i] = {x: nxt.get(x, float("inf")) for x in steps[i]}
+        for x in steps[i]:
+            nxt[x] = i
+    res, fetches = {}, 0
+    for i, st_ in enumerate(steps):
+        for x in st_:
+            if x not in res:
+                fetches += 1
+                if len(res) >= cap:
+                    del res[max((v for v in res if v not in st_), key=res.__getitem__)]
+                res[x] = None
+        for x in st_:
+            res[x] = later[i][x]
+    return fetches
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(launch_lists(max_launches=30, max_span=900), GEOMETRY, st.floats(0.0, 1.0), st.sampled_from(["fifo", "lru"]))
+def test_oracle_is_belady_when_every_launch_fits(launches, geo, frac, eviction):
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", launches)
+        w, prof = workload([tr], *geo)
+        mx, U = int(w.truth.sizes().max()), w.universe.n_units
+        cap = mx + int(round(frac * (U - mx)))
+        opts = S.Options(eviction=eviction, driver_prefetch=False)
+        r = S.run_policy(w, S.Oracle(), cap, prof, opts)
+        c = r.counters.sum(axis=0)
+        assert c[C.C_FAULTS] == 0 and c[C.C_FAULT_DTOH] == 0 and c[C.C_TREE_IN] == 0
+        assert c[C.C_PREFETCH_IN] == reference_belady([w.truth.of(i).tolist() for i in range(w.n_steps)], cap)
+        if (w.truth.sizes() <= 1).all():
+            # one unit per launch: Belady moves no more than any demand paging
+            for ev in ("fifo", "lru"):
+                dm = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction=ev, driver_prefetch=False))
+                assert c[C.C_PREFETCH_IN] <= dm.counters[:, C.C_FAULT_IN].sum()
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=1).map(np.array), min_size=1, max_size=150),
+       st.integers(1, 60), st.sampled_from(["fifo", "lru"]))
+def test_oracle_moves_no_more_than_demand_on_single_unit_launches(launches, cap, eviction):
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", launches)
+        w, prof = workload([tr], PS, PS)
+        opts = S.Options(eviction=eviction, driver_prefetch=False)
+        o = S.run_policy(w, S.Oracle(), cap, prof, opts).counters.sum(axis=0)
+        dm = S.run_policy(w, S.Demand(), cap, prof, opts).counters.sum(axis=0)
+        assert o[C.C_FAULTS] == 0 and o[C.C_PREFETCH_IN] <= dm[C.C_FAULT_IN]
+
+
+class PerfectTemplate(S.Template):
+    """Template whose model predicts every launch's true footprint."""
+
+    def __init__(self):
+        super().__init__(model=object())
+
+    def predicted(self, ctx):
+        return [t.truth for t in ctx.w.tasks]
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=14, max_span=600), min_size=1, max_size=2), GEOMETRY,
+       st.floats(0.05, 1.0), st.sampled_from(["fifo", "lru"]), st.booleans(), st.booleans())
+def test_template_with_perfect_predictions_is_oracle(tasks, geo, frac, eviction, tree, feedback):
+    with tempfile.TemporaryDirectory() as d:
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
+        w, prof = workload(trs, *geo, timeslice_s=2e-5)
+        cap = capacity(w, frac)
+        opts = S.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
+        o = S.run_policy(w, S.Oracle(), cap, prof, opts)
+        t = S.run_policy(w, PerfectTemplate(), cap, prof, opts)
+        np.testing.assert_array_equal(t.counters, o.counters)
+        np.testing.assert_array_equal(t.end, o.end)
+
+
+# ---- timing and relative figures ---------------------------------------------------------
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=16, max_span=800), min_size=1, max_size=2), st.floats(0.05, 1.0),
+       st.sampled_from(["msched-rtx5080", "pcie3", "none"]), st.booleans())
+def test_timing_and_relative_figures(tasks, frac, costs, tree):
+    with tempfile.TemporaryDirectory() as d:
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}", compute_ns=3_000 + 7_000 * k)
+               for k, L in enumerate(tasks)]
+        cfg = SimConfig(costs=costs, granularity=PS, driver_prefetch=tree, timeslice_ms=0.02)
+        pages = sum(len(np.unique(np.concatenate(L))) for L in tasks)
+        runs, tl = replay_sim(trs, ["demand", "alloc", "oracle", "swap"], capacity=[max(1, round(frac * pages)) * PS],
+                              config=cfg)
+        for r in runs:
+            assert r["time_s"] >= r["compute_s"] * (1 - 1e-12)
+            assert r["stall_s"] >= -1e-12
+            assert r["time_s"] == pytest.approx(r["compute_s"] + r["stall_s"], rel=1e-9, abs=1e-15)
+            if costs == "none":
+                assert r["time_s"] == 0 and r["speedup_vs_demand"] is None
+            elif r["policy"] == "demand":
+                assert r["speedup_vs_demand"] == 1.0
+            elif r["policy"] == "oracle":
+                assert r["fraction_of_oracle"] == 1.0
+        for run in range(len(runs)):
+            part = tl.filter(tl.column("run").to_numpy() == run)
+            st_, en = part.column("start_s").to_numpy(), part.column("end_s").to_numpy()
+            assert (np.diff(st_) >= 0).all() and (st_[1:] >= en[:-1]).all() and (part.column("stall_s").to_numpy() >= -1e-12).all()
+            assert part.column("faults").to_numpy().sum() == runs[run]["faults"]
+            assert part.column("htod_bytes").to_numpy().sum() == runs[run]["htod_bytes"]
+
+
+# ---- the LRU one-pass sweep --------------------------------------------------------------
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=20, max_span=500), min_size=1, max_size=3),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.sampled_from([PS, 16 * PS]))
+def test_lru_one_pass_equals_engine(tasks, fracs, gran):
+    with tempfile.TemporaryDirectory() as d:
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
+        w, prof = workload(trs, gran, gran, timeslice_s=2e-5)
+        caps = [capacity(w, f) for f in fracs]
+        for cap, one in zip(caps, S.demand_lru_all(w, caps, prof)):
+            eng = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction="lru", driver_prefetch=False))
+            np.testing.assert_array_equal(one.counters, eng.counters)
+            np.testing.assert_allclose(one.end, eng.end, rtol=1e-12)
+
+
+# ---- plans on disk -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """Models fit on seeds 1 and 2 of a few workload models, their seed-3 traces."""
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import save_model
+    d = tmp_path_factory.mktemp("plans")
+    out = {}
+    for name in ("jacobi2d", "spmv-cg", "cnn-infer", "llm-decode"):
+        fit = [T.read_trace(make_trace(name, d / f"{name}{s}.pctrace", scale=0.03, seed=s)) for s in (1, 2)]
+        tr = T.read_trace(make_trace(name, d / f"{name}3.pctrace", scale=0.03, seed=3))
+        m = fit_model(fit)
+        out[name] = (m, save_model(m, d / f"{name}.json"), tr)
+    return out
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "cnn-infer", "llm-decode"])
+@pytest.mark.parametrize("oversub,tree", [(1.3, True), (2.0, False), (3.0, True)])
+def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversub, tree):
+    from pagecast.replay import plan_io
+    from pagecast.replay.run import make_plan
+    model, path, tr = fitted[name]
+    cfg = SimConfig(driver_prefetch=tree)
+    table, man = make_plan(model, tr, oversub=oversub, config=cfg, model_path=str(path))
+    plan = plan_io.write_plan(tmp_path / "p.plan", table, man)
+    cap = [man["capacity_bytes"]]
+    a, tla = replay_sim([tr], ["demand", "template", "oracle"], capacity=cap, config=cfg, plan_path=str(plan))
+    b, tlb = replay_sim([tr], ["demand", "template", "oracle"], capacity=cap, config=cfg, model=model,
+                        model_path=str(path))
+    for ra, rb in zip(a, b):
+        for k in ("time_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes", "prefetch_bytes",
+                  "thrashing_launches", "speedup_vs_demand", "fraction_of_oracle"):
+            assert ra[k] == rb[k], (ra["policy"], k, ra[k], rb[k])
+    for col in ("start_s", "end_s", "faults", "htod_bytes", "dtoh_bytes"):
+        np.testing.assert_array_equal(tla.column(col).to_numpy(), tlb.column(col).to_numpy())
