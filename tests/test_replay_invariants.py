@@ -241,6 +241,8 @@ def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms
         for p in POLICIES:
             r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
             check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
+            if p == "oracle" and not tree and (w.truth.sizes() <= cap).all():
+                assert r.counters[:, C.C_FAULTS].sum() == 0
 
 
 @pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "stream", "cnn-infer"])
@@ -255,6 +257,33 @@ def test_memory_conservation_on_workload_models(tmp_path, name):
             for p in POLICIES:
                 r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
                 check_run(w, r, mem, absent, cap, tree)
+
+
+def test_memory_conservation_template_feedback_and_chunk_plans(tmp_path, monkeypatch):
+    """Template with a fitted model, re-planned online (--feedback), and alloc planned on
+    chunks, on a two-task mix: the same invariants after every group and launch."""
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    fits, trs = [], []
+    for n in ("jacobi2d", "spmv-cg"):
+        fits += [T.read_trace(make_trace(n, tmp_path / f"{n}{s}", scale=0.03, seed=s)) for s in (1, 2)]
+        trs.append(T.read_trace(make_trace(n, tmp_path / f"{n}3", scale=0.03, seed=3)))
+    model = fit_model(fits)
+    w, prof = workload(trs, PROF.granularity, PROF.eviction_unit, timeslice_s=1e-4)
+    mx, U = int(w.truth.sizes().max()), w.universe.n_units
+    caps = (max(1, mx // 2), mx, (mx + U) // 2)
+    for cap in caps:
+        for feedback in (False, True):
+            for eviction, tree in (("fifo", True), ("lru", False)):
+                opts = S.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
+                r, mem, absent = run_checked(w, S.Template(model=model), cap, prof, opts)
+                check_run(w, r, mem, absent, cap, tree)
+                np.testing.assert_array_equal(r.counters, S.run_policy(w, S.Template(model=model), cap, prof,
+                                                                       opts).counters)
+    monkeypatch.setattr(S, "CHUNK_PLAN_OCCURRENCES", 0)
+    for cap in caps:
+        r, mem, absent = run_checked(w, S.Alloc(), cap, prof, S.Options())
+        check_run(w, r, mem, absent, cap, True)
 
 
 # ---- demand paging against a plain-Python model ----------------------------------------
