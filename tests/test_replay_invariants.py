@@ -392,7 +392,11 @@ def test_oracle_is_belady_when_every_launch_fits(launches, geo, frac, eviction):
         assert c[C.C_FAULTS] == 0 and c[C.C_FAULT_DTOH] == 0 and c[C.C_TREE_IN] == 0
         assert c[C.C_PREFETCH_IN] == reference_belady([w.truth.of(i).tolist() for i in range(w.n_steps)], cap)
         if (w.truth.sizes() <= 1).all():
-            # one unit per launch: Belady moves no more than any demand paging
+            # one unit per launch: Belady moves no more than any demand paging. Not in general: oracle
+            # keeps each launch's whole set resident together, demand may evict a unit the launch has
+            # already used (64 KiB units and chunks, capacity 4, FIFO, no tree prefetcher, launches
+            # [1] [1,2] [4] [4] [0,1,2,3] [2,3] [2] [2,3] [0,2,3,4] [3,4] [2,3] [2,3]: demand moves 5
+            # units, oracle 6 -- it keeps 1 through [0,1,2,3] and refetches 4)
             for ev in ("fifo", "lru"):
                 dm = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction=ev, driver_prefetch=False))
                 assert c[C.C_PREFETCH_IN] <= dm.counters[:, C.C_FAULT_IN].sum()
