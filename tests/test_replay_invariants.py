@@ -20,7 +20,6 @@ capacity, eviction order, tree prefetcher or number of tasks.
 
 from __future__ import annotations
 
-import struct
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -37,51 +36,14 @@ from pagecast.replay.costs import load_profile, replace
 from pagecast.replay.run import SimConfig, replay_sim
 from pagecast.replay.workload import I64, build_workload
 
+from test_replay_sim import page_trace  # noqa: E402 - the same synthetic page traces
+
 PS = 4096
-BASE = 0x7F20_0000_0000
 PROF = load_profile("msched-rtx5080")
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---- traces --------------------------------------------------------------------------
-
-
-def page_trace(path, launches, *, name="pages", n_allocs=1, compute_ns=10_000):
-    """A synthetic trace: launch i touches exactly the pages launches[i] (offsets from BASE);
-    the span is cut into n_allocs allocations and each launch points at those it touches."""
-    n = len(launches)
-    top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
-    cuts = np.unique(np.linspace(0, top, n_allocs + 1).astype(np.int64))
-    a_lo, a_hi = cuts[:-1], cuts[1:]
-    params = []
-    for p in launches:
-        hit = [k for k in range(len(a_lo)) if len(p) and ((p >= a_lo[k]) & (p < a_hi[k])).any()] or [0]
-        params.append(hit)
-    start = np.arange(n, dtype=np.int64) * (compute_ns + 1000)
-    L = {T.LAUNCH_ID: np.arange(n), T.KERNEL: ["_Z1kPf"] * n, T.DEVICE: np.zeros(n, np.int32),
-         T.STREAM: np.zeros(n, np.int64), **{c: np.ones(n, np.int32) for c in T.GRID_COLUMNS},
-         T.SHARED_MEM_BYTES: np.zeros(n, np.int32), T.START_NS: start, T.END_NS: start + compute_ns,
-         T.PARAM_OFFSETS: [[8 * j for j in range(len(h))] for h in params],
-         T.PARAM_SIZES: [[8] * len(h) for h in params],
-         T.PARAM_DATA: [b"".join(struct.pack("<Q", BASE + int(a_lo[k]) * PS) for k in h) for h in params]}
-    A = {T.ALLOC_ID: np.arange(len(a_lo)), T.ADDRESS: (BASE + a_lo * PS).astype(np.uint64),
-         T.BYTES: (a_hi - a_lo) * PS, T.KIND: ["managed"] * len(a_lo), T.DEVICE: np.zeros(len(a_lo), np.int32),
-         T.FIRST_LAUNCH: np.zeros(len(a_lo), np.int64), T.LAST_LAUNCH: [None] * len(a_lo)}
-    tl, ta = [], []
-    for i, p in enumerate(launches):
-        p = np.unique(np.asarray(p, np.int64))
-        tl.append(np.full(len(p), i)), ta.append(BASE + p * PS)
-    n_tr = int(sum(len(x) for x in tl))
-    TR = {T.LAUNCH_ID: np.concatenate(tl), T.ADDRESS: np.concatenate(ta).astype(np.uint64),
-          T.BYTES: np.full(n_tr, PS), T.ACCESS: ["read"] * n_tr}
-    empty_f = {T.TIME_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.COUNT: np.zeros(0, np.int32), T.ACCESS: [],
-               T.DEVICE: np.zeros(0, np.int32), T.LAUNCH_ID: np.zeros(0, np.int64)}
-    empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.BYTES: np.zeros(0, np.int64),
-               T.DIRECTION: [], T.CAUSE: [], T.LAUNCH_ID: np.zeros(0, np.int64)}
-    man = T.new_manifest(mode="full", source="synthetic", workload={"name": name, "argv": None})
-    T.write_trace(path, man, {T.LAUNCHES: L, T.ALLOCATIONS: A, T.FAULTS: empty_f, T.MIGRATIONS: empty_m,
-                              T.TRUTH: TR})
-    return T.read_trace(path)
 
 
 @st.composite

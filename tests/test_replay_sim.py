@@ -22,25 +22,34 @@ BASE = 0x7F10_0000_0000
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def page_trace(path, launches: list[np.ndarray], *, name="pages", base=BASE, compute_ns=10_000):
-    """A synthetic trace whose launch i touches exactly the pages launches[i] (page offsets
-    from `base`), one allocation covering them all, one pointer parameter."""
+def page_trace(path, launches, *, name="pages", n_allocs=1, base=BASE, compute_ns=10_000):
+    """A synthetic trace: launch i touches exactly the pages launches[i] (offsets from `base`);
+    the span is cut into n_allocs allocations and each launch points at those it touches."""
     n = len(launches)
     top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
+    cuts = np.unique(np.linspace(0, top, n_allocs + 1).astype(np.int64))
+    a_lo, a_hi = cuts[:-1], cuts[1:]
+    params = []
+    for p in launches:
+        hit = [k for k in range(len(a_lo)) if len(p) and ((p >= a_lo[k]) & (p < a_hi[k])).any()] or [0]
+        params.append(hit)
     start = np.arange(n, dtype=np.int64) * (compute_ns + 1000)
     L = {T.LAUNCH_ID: np.arange(n), T.KERNEL: ["_Z1kPf"] * n, T.DEVICE: np.zeros(n, np.int32),
          T.STREAM: np.zeros(n, np.int64), **{c: np.ones(n, np.int32) for c in T.GRID_COLUMNS},
          T.SHARED_MEM_BYTES: np.zeros(n, np.int32), T.START_NS: start, T.END_NS: start + compute_ns,
-         T.PARAM_OFFSETS: [[0]] * n, T.PARAM_SIZES: [[8]] * n,
-         T.PARAM_DATA: [struct.pack("<Q", base)] * n}
-    A = {T.ALLOC_ID: [0], T.ADDRESS: np.array([base], np.uint64), T.BYTES: [top * PS], T.KIND: ["managed"],
-         T.DEVICE: [0], T.FIRST_LAUNCH: [0], T.LAST_LAUNCH: [None]}
-    tl, ta, tb = [], [], []
+         T.PARAM_OFFSETS: [[8 * j for j in range(len(h))] for h in params],
+         T.PARAM_SIZES: [[8] * len(h) for h in params],
+         T.PARAM_DATA: [b"".join(struct.pack("<Q", base + int(a_lo[k]) * PS) for k in h) for h in params]}
+    A = {T.ALLOC_ID: np.arange(len(a_lo)), T.ADDRESS: (base + a_lo * PS).astype(np.uint64),
+         T.BYTES: (a_hi - a_lo) * PS, T.KIND: ["managed"] * len(a_lo), T.DEVICE: np.zeros(len(a_lo), np.int32),
+         T.FIRST_LAUNCH: np.zeros(len(a_lo), np.int64), T.LAST_LAUNCH: [None] * len(a_lo)}
+    tl, ta = [], []
     for i, p in enumerate(launches):
-        p = np.unique(p)
-        tl.append(np.full(len(p), i)), ta.append(base + p * PS), tb.append(np.full(len(p), PS))
+        p = np.unique(np.asarray(p, np.int64))
+        tl.append(np.full(len(p), i)), ta.append(base + p * PS)
+    n_tr = int(sum(len(x) for x in tl))
     TR = {T.LAUNCH_ID: np.concatenate(tl), T.ADDRESS: np.concatenate(ta).astype(np.uint64),
-          T.BYTES: np.concatenate(tb), T.ACCESS: ["read"] * int(sum(len(x) for x in tl))}
+          T.BYTES: np.full(n_tr, PS), T.ACCESS: ["read"] * n_tr}
     empty_f = {T.TIME_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.COUNT: np.zeros(0, np.int32), T.ACCESS: [],
                T.DEVICE: np.zeros(0, np.int32), T.LAUNCH_ID: np.zeros(0, np.int64)}
     empty_m = {T.START_NS: [], T.END_NS: [], T.ADDRESS: np.zeros(0, np.uint64), T.BYTES: np.zeros(0, np.int64),
