@@ -36,6 +36,7 @@
 #   python3 -m pip download $P -d .whl/fallback cupti-python==13.0.1 'nvidia-cuda-cupti~=13.0.0'
 # (about 19 MB and 20 MB). Then, with the device tool:
 #   run(command="bash scripts/device-check.sh", carry=[".whl"], timeout_s=600)
+# or in two calls while the machine is warm (ONLY=collect,other, then ONLY=validation).
 #
 # Status: written without a GPU; it has NOT yet been run on one (see docs/gpu-validation.md).
 
@@ -108,21 +109,31 @@ fi
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt" | tee -a "$LOG"
 
+# Which parts run: ONLY=collect,other,validation (the default: all three, in that order). A
+# session whose device time cannot hold all of them in one 10-minute command runs them in two
+# calls while the machine is warm, e.g. ONLY=collect,other then ONLY=validation.
+ONLY=",${ONLY:-collect,other,validation},"
+wants() { case "$ONLY" in *",$1,"*) return 0 ;; esac; return 1; }
+
 # ---- 2. pytest -m gpu ----------------------------------------------------------------
 export PAGECAST_DEVICE_REPORT="$METRICS"
-log "pytest -m gpu (collect tests first)"
-timeout 330 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_collect_gpu.py >"$OUT/pytest-collect.txt" 2>&1
-rc=$?
-step "pytest -m gpu tests/test_collect_gpu.py" "exit $rc ($(tail -1 "$OUT/pytest-collect.txt"))"
-timeout 150 $PY -m pytest -m gpu -q -rs -p no:cacheprovider --continue-on-collection-errors tests \
-  --ignore=tests/test_collect_gpu.py >"$OUT/pytest-other.txt" 2>&1
-rc=$?
-step "pytest -m gpu (other stages)" "exit $rc ($(tail -1 "$OUT/pytest-other.txt"))"
+if wants collect; then
+  log "pytest -m gpu (collect tests first)"
+  timeout 330 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_collect_gpu.py >"$OUT/pytest-collect.txt" 2>&1
+  rc=$?
+  step "pytest -m gpu tests/test_collect_gpu.py" "exit $rc ($(tail -1 "$OUT/pytest-collect.txt"))"
+fi
+if wants other; then
+  timeout 150 $PY -m pytest -m gpu -q -rs -p no:cacheprovider --continue-on-collection-errors tests \
+    --ignore=tests/test_collect_gpu.py >"$OUT/pytest-other.txt" 2>&1
+  rc=$?
+  step "pytest -m gpu (other stages)" "exit $rc ($(tail -1 "$OUT/pytest-other.txt"))"
+fi
 
 # ---- 3. HOOK: the GPU replay engineer's checks (runs if present) ----------------------
 # The device tool ends a command after 10 minutes: whatever time is left, less a margin for
 # the report, goes to the replay checks (at most GPU_VALIDATION_TIMEOUT seconds).
-if [ -f scripts/gpu_validation.py ]; then
+if wants validation && [ -f scripts/gpu_validation.py ]; then
   left=$(( ${DEVICE_CHECK_BUDGET:-570} - ($(date +%s) - START) - 20 ))
   want=${GPU_VALIDATION_TIMEOUT:-420}
   [ "$want" -lt "$left" ] || want=$left
