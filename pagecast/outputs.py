@@ -2,8 +2,9 @@
 
 `check_output_path(path)` refuses an empty path and one whose nearest existing
 ancestor is not a writable directory (a file in the way, a read-only or
-missing mount). Whether the output itself exists (--force) stays with each
-command, which knows whether it writes a file or a directory.
+missing mount). `check_output_file(path, force, example)` is the check of a
+command whose output is one file: an existing one needs --force, a directory
+in its place is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import OutputExistsError, UsageError
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -26,4 +27,15 @@ def check_output_path(path: str | os.PathLike) -> Path:
         raise UsageError(f"cannot write {p}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {p}: {parent} is not writable")
+    return p
+
+
+def check_output_file(path: str | os.PathLike, force: bool, example: str) -> Path:
+    """An output that is one file: refuse an existing one without --force, and a directory
+    in its place even with it (`example` names a file to give instead)."""
+    p = Path(path)
+    if p.exists() and not force:
+        raise OutputExistsError(p)
+    if p.is_dir():
+        raise UsageError(f"{p} is a directory; give a file name such as {example}")
     return p

@@ -100,16 +100,12 @@ class PredictCommand(Command):
 
         from pagecast import console
         from pagecast import trace as T
-        from pagecast.errors import OutputExistsError, UsageError
+        from pagecast.outputs import check_output_file
 
         from .model_io import load_model
         from .predictor import predict_ranges
 
-        out = Path(args.output)
-        if out.exists() and not args.force:
-            raise OutputExistsError(out)
-        if out.is_dir():
-            raise UsageError(f"{out} is a directory; give a file name such as predicted.parquet")
+        out = check_output_file(args.output, args.force, "predicted.parquet")
         model = load_model(args.model)
         trace = _read_launches(args.trace, "predict")
         table = predict_ranges(model, trace, args.fallback)

@@ -145,7 +145,7 @@ class ReplayCommand(Command):
         _split_at_double_dash(p)
 
     def run(self, args):
-        from pagecast.errors import OutputExistsError
+        from pagecast.outputs import check_output_file
         from pagecast.units import parse_float_list, parse_list
 
         from .simulator import check_policies
@@ -162,10 +162,7 @@ class ReplayCommand(Command):
         if args.output:
             from .results_io import timeline_path
             for pth in (Path(args.output), timeline_path(args.output)):
-                if pth.exists() and not args.force:
-                    raise OutputExistsError(pth)
-                if pth.is_dir():
-                    raise UsageError(f"{pth} is a directory; give a file name such as results.parquet")
+                check_output_file(pth, args.force, "results.parquet")
         if args.repeat < 1:
             raise UsageError(f"--repeat must be >= 1, not {args.repeat}")
         if args.backend == "sim":

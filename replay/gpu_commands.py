@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pagecast.command import Command
 
@@ -29,13 +28,10 @@ class CalibrateCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from pagecast import console
-        from pagecast.errors import OutputExistsError, UsageError
+        from pagecast.errors import UsageError
+        from pagecast.outputs import check_output_file
 
-        out = Path(args.output)
-        if out.exists() and not args.force:
-            raise OutputExistsError(out)
-        if out.exists() and out.is_dir():
-            raise UsageError(f"{out} is a directory; give a file name such as profile.json")
+        out = check_output_file(args.output, args.force, "profile.json")
         if args.repeats < 1:
             raise UsageError(f"--repeats must be >= 1, found {args.repeats}")
         name = args.name or out.stem

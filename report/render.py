@@ -15,7 +15,8 @@ import warnings
 from pathlib import Path
 
 from pagecast import trace as T
-from pagecast.errors import InputError, OutputExistsError, UsageError
+from pagecast.errors import InputError, UsageError
+from pagecast.outputs import check_output_file
 
 from .page import Section, render_page
 
@@ -95,10 +96,7 @@ def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
     out = Path(out_html)
     if _same_file(out, input_path) or (model is not None and _same_file(out, model)):
         raise UsageError(f"{out}: the report would overwrite its own input; choose another -o")
-    if out.exists() and not force:
-        raise OutputExistsError(out)
-    if out.is_dir():
-        raise InputError(f"{out}: is a directory; give a file name such as report.html")
+    check_output_file(out, force, "report.html")
     if model is not None and not Path(model).exists():
         raise InputError(f"{model}: no such model file")
     from pagecast.console import progress
