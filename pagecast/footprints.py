@@ -125,6 +125,17 @@ def merge_intervals(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     return g[idx], s[idx], out_end
 
 
+def coarsen_intervals(start: np.ndarray, end: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `k` intervals covering sorted, disjoint [start, end) intervals: the smallest gaps
+    between them are closed (ties at the cut close together, so there may be fewer than k)."""
+    if len(start) <= k:
+        return start, end
+    gaps = start[1:] - end[:-1]
+    cut = np.sort(gaps)[len(start) - k - 1]
+    idx = np.flatnonzero(np.r_[True, gaps > cut])
+    return start[idx], np.maximum.reduceat(end, idx)
+
+
 def _segmented_cummax(g: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
     """Running maximum of e that restarts at each group (g sorted)."""
     lo, hi = int(e.min()), int(e.max())

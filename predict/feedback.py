@@ -26,11 +26,11 @@ from pagecast import trace as T
 
 from . import formula as FM
 from .features import AllocIndex, Word, candidate_words
+from .fit import HISTORY_INTERVALS   # the same bound on a region's stored history as the fit's
 from .model_io import KernelModel, Model, Region
 
 DEMOTE_AFTER = 3           # widenings of one region before it is declared irregular
 NEAR = 0.5                 # a miss within this share of the region's size (or 2 big pages) "nearly held"
-HISTORY_INTERVALS = 64
 FEEDBACK_ROWS = 64         # launches' bounds kept beside the fit's evidence
 
 def _index(trace: T.Trace) -> AllocIndex:
@@ -168,12 +168,7 @@ def _merge_hist(hist, s, e):
     hs = np.array([h[0] for h in hist] + list(s), np.int64)
     he = np.array([h[1] for h in hist] + list(e), np.int64)
     _, hs, he = FP.merge_intervals(np.zeros(len(hs), np.int64), hs, he, 1)
-    while len(hs) > HISTORY_INTERVALS:
-        gaps = hs[1:] - he[:-1]
-        cut = np.sort(gaps)[len(hs) - HISTORY_INTERVALS - 1]
-        idx = np.flatnonzero(np.r_[True, gaps > cut])
-        he = np.maximum.reduceat(he, idx)
-        hs = hs[idx]
+    hs, he = FP.coarsen_intervals(hs, he, HISTORY_INTERVALS)
     return [[int(x), int(y)] for x, y in zip(hs, he)]
 
 

@@ -669,7 +669,7 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
 
 def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
     """Pages an irregular region touched, relative to its allocation's first page (coarsened)."""
-    from pagecast.footprints import _ranges, merge_intervals  # noqa: PLC2701
+    from pagecast.footprints import _ranges, coarsen_intervals, merge_intervals  # noqa: PLC2701
     ss, ee = [], []
     for (o, idx, _, _), ob in zip(kd.parts, obs):
         n = ob["npieces"]
@@ -683,13 +683,5 @@ def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
         return []
     s, e = np.concatenate(ss), np.concatenate(ee)
     _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
-    while len(s) > HISTORY_INTERVALS:  # merge the smallest gaps
-        gaps = s[1:] - e[:-1]
-        cut = np.sort(gaps)[len(s) - HISTORY_INTERVALS - 1]
-        keep = np.r_[True, gaps > cut]
-        idx = np.flatnonzero(keep)
-        e = np.maximum.reduceat(e, idx)
-        s = s[idx]
-        if len(idx) == len(keep):
-            break
+    s, e = coarsen_intervals(s, e, HISTORY_INTERVALS)
     return [[int(a), int(b)] for a, b in zip(s, e)]

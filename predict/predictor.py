@@ -253,12 +253,7 @@ def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc)
                     continue
             _, cs, ce = FP.merge_intervals(np.zeros(len(cs) + len(ns), np.int64), np.concatenate([cs, ns]),
                                            np.concatenate([ce, ne_]), 1)
-            if len(cs) > HISTORY_MAX_INTERVALS:
-                gaps = cs[1:] - ce[:-1]
-                cut = np.sort(gaps)[len(cs) - HISTORY_MAX_INTERVALS - 1]
-                idx = np.flatnonzero(np.r_[True, gaps > cut])
-                ce = np.maximum.reduceat(ce, idx)
-                cs = cs[idx]
+            cs, ce = FP.coarsen_intervals(cs, ce, HISTORY_MAX_INTERVALS)
     if out_l:
         acc.add(np.concatenate(out_l), np.concatenate(out_s), np.concatenate(out_e), "fallback:history")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from pagecast.footprints import (Footprints, expand_intervals, intersection_pages, merge_intervals,
-                                 page_span)
+from pagecast.footprints import (Footprints, coarsen_intervals, expand_intervals, intersection_pages,
+                                 merge_intervals, page_span)
 
 intervals = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 200), st.integers(0, 40)), max_size=60)
 
@@ -74,3 +74,19 @@ def test_page_span_covers_bytes(addr, n):
     s, e = page_span(np.array([addr], np.uint64), np.array([n]), 4096)
     assert s[0] * 4096 <= addr and e[0] * 4096 >= addr + n
     assert (e[0] - s[0]) * 4096 < n + 2 * 4096
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 50)), max_size=60), st.integers(1, 12))
+@settings(max_examples=200, deadline=None)
+def test_coarsen_intervals_keeps_at_most_k_and_covers_everything(raw, k):
+    s = np.array([a for a, _ in raw], np.int64)
+    e = np.array([a + n for a, n in raw], np.int64)
+    _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
+    cs, ce = coarsen_intervals(s, e, k)
+    assert len(cs) <= k
+    assert np.all(cs[1:] > ce[:-1])                       # still sorted and disjoint
+    assert set(cs.tolist()) <= set(s.tolist()) and set(ce.tolist()) <= set(e.tolist())
+    j = np.searchsorted(cs, s, side="right") - 1         # every input interval lies in one output
+    assert np.all(j >= 0) and np.all(ce[j] >= e)
+    if len(s) <= k:
+        assert np.array_equal(cs, s) and np.array_equal(ce, e)
