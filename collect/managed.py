@@ -130,8 +130,7 @@ class ManagedTracker:
     def callbacks(self) -> dict[tuple[int, int], Callable[[int, Any], None]]:
         return {(lh.DOMAIN_DRIVER, CB_cuMemAllocManaged): self._drv_alloc,
                 (lh.DOMAIN_RUNTIME, CB_cudaMallocManaged): self._rt_alloc,
-                (lh.DOMAIN_DRIVER, CB_cuMemFree_v2): self._drv_free,
-                (lh.DOMAIN_RUNTIME, CB_cudaFree): self._rt_free}
+                **free_callbacks(self.budget.remove, self.views)}
 
     def views(self) -> dict[str, Callable[[int], Any]]:
         if self._views is None:
@@ -172,28 +171,25 @@ class ManagedTracker:
         p = self.views()["rt_alloc"](int(cbdata.function_params))
         self._alloc(site, cbdata, int(p.dev_ptr), int(p.size_))
 
-    def _drv_free(self, site: int, cbdata) -> None:
-        if site == lh.API_ENTER:
-            self.budget.remove(int(self.views()["drv_free"](int(cbdata.function_params)).dptr))
-
-    def _rt_free(self, site: int, cbdata) -> None:
-        if site == lh.API_ENTER:
-            self.budget.remove(int(self.views()["rt_free"](int(cbdata.function_params)).dev_ptr))
 
 
 def free_callbacks(on_free: Callable[[int], None],
-                   views: dict[str, Callable[[int], Any]] | None = None) -> dict[tuple[int, int], Callable[[int, Any], None]]:
+                   views: dict | Callable[[], dict] | None = None) -> dict[tuple[int, int], Callable[[int, Any], None]]:
     """`api_callbacks` for LaunchHook that call on_free(address) at the enter of every
-    cuMemFree / cudaFree (the GPU runner drops freed allocations from its caches)."""
-    reader = ManagedTracker(ManagedBudget(None), views=views)   # its views: cupti-python's structs, on first use
+    cuMemFree / cudaFree: the budget's live map, and the GPU runner's caches, drop the
+    allocation. `views`: the parameter-struct readers (a dict, or a function returning one
+    on first use; default cupti-python's)."""
+    if views is None:
+        views = ManagedTracker(ManagedBudget(None)).views
+    get = views if callable(views) else (lambda: views)
 
     def drv(site: int, cbdata) -> None:
         if site == lh.API_ENTER:
-            on_free(int(reader.views()["drv_free"](int(cbdata.function_params)).dptr))
+            on_free(int(get()["drv_free"](int(cbdata.function_params)).dptr))
 
     def rt(site: int, cbdata) -> None:
         if site == lh.API_ENTER:
-            on_free(int(reader.views()["rt_free"](int(cbdata.function_params)).dev_ptr))
+            on_free(int(get()["rt_free"](int(cbdata.function_params)).dev_ptr))
 
     return {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2): drv, (lh.DOMAIN_RUNTIME, CB_cudaFree): rt}
 
