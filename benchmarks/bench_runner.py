@@ -63,16 +63,6 @@ class NullCuda:
         return 2000 + self._n
 
 
-def launch_args(row: dict):
-    from pagecast import trace as T
-    from pagecast.collect.launch_hook import LaunchArgs
-    return LaunchArgs(kernel=row[T.KERNEL], function=0, grid_x=row[T.GRID_X], grid_y=row[T.GRID_Y],
-                      grid_z=row[T.GRID_Z], block_x=row[T.BLOCK_X], block_y=row[T.BLOCK_Y], block_z=row[T.BLOCK_Z],
-                      shared_mem_bytes=row[T.SHARED_MEM_BYTES], stream=7, correlation_id=row[T.LAUNCH_ID],
-                      param_offsets=tuple(row[T.PARAM_OFFSETS]), param_sizes=tuple(row[T.PARAM_SIZES]),
-                      param_data=bytes(row[T.PARAM_DATA]))
-
-
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -80,6 +70,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def measure(workload: str, n: int, work: Path) -> dict:
     from pagecast import trace as T
+    from pagecast.collect.launch_hook import LaunchArgs
     from pagecast.datasets.registry import make_trace
     from pagecast.predict.fit import fit_model
     from pagecast.replay import gpu_engine as E
@@ -89,7 +80,7 @@ def measure(workload: str, n: int, work: Path) -> dict:
     big = T.read_trace(make_trace(workload, work / f"{workload}-run.pctrace", scale=0.5, seed=2))
     model = fit_model([small])
     allocs = [(int(a[T.ADDRESS]), int(a[T.BYTES])) for a in big.allocations.to_pylist()]
-    las = [launch_args(r) for r in big.launches.slice(0, n).to_pylist()]
+    las = [LaunchArgs.from_row(r, stream=7) for r in big.launches.slice(0, n).to_pylist()]
     out = {"workload": workload, "launches": len(las), "kernels": len(model.kernels)}
 
     # the predictor alone (allocations known up front)

@@ -131,6 +131,17 @@ class LaunchArgs:
         o, s = self.param_offsets[i], self.param_sizes[i]
         return self.param_data[o:o + s]
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any], *, param_data: bytes | None = None, stream: int = 0) -> "LaunchArgs":
+        """The launch a launches-table row records, as the hook would hand it over (the inverse
+        of `to_row`; replays feed traced launches to consumers this way)."""
+        return cls(kernel=row[T.KERNEL], function=0, grid_x=row[T.GRID_X], grid_y=row[T.GRID_Y],
+                   grid_z=row[T.GRID_Z], block_x=row[T.BLOCK_X], block_y=row[T.BLOCK_Y], block_z=row[T.BLOCK_Z],
+                   shared_mem_bytes=row[T.SHARED_MEM_BYTES], stream=stream, correlation_id=row[T.LAUNCH_ID],
+                   param_offsets=tuple(row[T.PARAM_OFFSETS]), param_sizes=tuple(row[T.PARAM_SIZES]),
+                   param_data=bytes(row[T.PARAM_DATA] if param_data is None else param_data),
+                   launch_id=row[T.LAUNCH_ID])
+
     def to_row(self, launch_id: int | None = None, *, start_ns: int | None = None,
                end_ns: int | None = None) -> dict[str, Any]:
         """A launches-table row (keys are pagecast.trace column names)."""

@@ -106,6 +106,10 @@ def test_launch_args_row_and_param_slices():
     assert row[T.LAUNCH_ID] == 5 and row[T.STREAM] == 3 and row[T.PARAM_DATA] == P0 + P1
     assert set(row) == set(T.SCHEMAS[T.LAUNCHES].names)
     T.to_table(T.LAUNCHES, {k: [v] for k, v in row.items()})  # fits the schema
+    b = lh.LaunchArgs.from_row(row)                             # and back, as replays hand traced launches over
+    assert (b.kernel, b.grid, b.block, b.param_offsets, b.param_sizes, b.param_data, b.launch_id) == \
+        (a.kernel, a.grid, a.block, a.param_offsets, a.param_sizes, a.param_data, 5)
+    assert b.to_row(5, start_ns=10, end_ns=20) == {**row, T.STREAM: 0}
 
 
 # ---- dispatch through the callback, with cupti-python's param views ----------

@@ -43,11 +43,7 @@ def launch_args(row: dict, shift: int = 0) -> LaunchArgs:
         ptr = (words >= R.MIN_PTR) & (words < R.MAX_PTR)
         words[ptr] += np.uint64(shift)
         data = words.tobytes() + data[len(data) // 8 * 8:]
-    return LaunchArgs(kernel=row[T.KERNEL], function=0, grid_x=row[T.GRID_X], grid_y=row[T.GRID_Y],
-                      grid_z=row[T.GRID_Z], block_x=row[T.BLOCK_X], block_y=row[T.BLOCK_Y], block_z=row[T.BLOCK_Z],
-                      shared_mem_bytes=row[T.SHARED_MEM_BYTES], stream=0, correlation_id=row[T.LAUNCH_ID],
-                      param_offsets=tuple(row[T.PARAM_OFFSETS]), param_sizes=tuple(row[T.PARAM_SIZES]),
-                      param_data=data)
+    return LaunchArgs.from_row(row, param_data=data)
 
 
 def drive(engine: E.Engine, fake: FakeCuda, trace, shift: int = 0) -> list[list[tuple[int, int]]]:
