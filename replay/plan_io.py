@@ -13,7 +13,9 @@ plan.parquet, one row per transfer, in the order a runner issues them:
 
 manifest.json: format `pagecast-plan`, version, the model (path), the trace
 (path, `Trace.launch_fingerprint()`, launches), capacity_bytes, page_size,
-granularity, and the planner's counts. `read_plan(path, trace)` refuses a plan
+granularity, the span the planner chose (`unit`: the predicted units; `block`: widened
+to whole 2 MiB VA blocks; `allocation`: with the whole allocations the launch points
+into added; absent means `unit`), and the planner's counts. `read_plan(path, trace)` refuses a plan
 whose fingerprint does not match the trace (PlanError, one line).
 """
 
@@ -38,6 +40,7 @@ MANIFEST = "manifest.json"
 TABLE = "plan.parquet"
 PREFETCH, EVICT = "prefetch", "evict"
 ACTIONS = (PREFETCH, EVICT)
+SPANS = ("unit", "block", "allocation")   # simulator.PLAN_SPANS: what the planner widened the predictions to
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
 SCHEMA = pa.schema([
@@ -148,6 +151,8 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     if m["granularity"] is not None and positive_int("granularity") % ps:
         raise PlanError(f"{mpath}: field 'granularity' must be a multiple of the page size {ps},"
                         f" found {m['granularity']}")
+    if m.get("span", "unit") not in SPANS:
+        raise PlanError(f"{mpath}: field 'span' must be one of {', '.join(SPANS)}, found {m.get('span')!r}")
     if trace is not None:
         fp = trace.launch_fingerprint()
         if m["trace"]["fingerprint"] != fp:

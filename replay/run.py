@@ -224,9 +224,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     tmpl = None
     if "template" in policies:
         if plan is not None:
-            pneeds = None if plan_pred is None else w.needs_from([plan_pred])
+            span = plan.manifest.get("span", "unit")
+            pneeds = None if plan_pred is None else S.span_needs(w.needs_from([plan_pred]), span, w)
             tmpl = S.Template(plan_groups_fixed=_plan_groups_from_file(plan, w, pneeds), fallback=cfg.fallback)
-            tmpl.fixed_needs = pneeds
+            tmpl.fixed_needs, tmpl.fixed_span = pneeds, span
             if cfg.feedback:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
         else:
@@ -271,6 +272,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             })
             if "feedback_changes" in r.extra:
                 run["feedback_changes"] = int(r.extra["feedback_changes"])
+            if "plan_span" in r.extra:
+                run["plan_span"] = r.extra["plan_span"]
             runs.append(run)
             if timeline:
                 tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
@@ -334,11 +337,11 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     cu = cap // w.gran
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
-    needs = w.needs_from([predicted])
-    g = S.plan_groups(needs, w.universe.n_units, cu, belady_in=True, universe=w.universe)
+    opts = S.Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
+    span, needs, g = S.choose_span(w, w.needs_from([predicted]), cu, prof, opts)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
-                                    oversub=r, costs=prof.name, fallback=cfg.fallback,
+                                    oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
                                     thrashing_launches=int(g.thrash.sum()),
                                     prefetch_bytes=int(len(g.pf_unit) * w.gran),
                                     evict_bytes=int(len(g.ev_unit) * w.gran))

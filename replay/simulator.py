@@ -136,13 +136,15 @@ class Memory:
 
 @dataclass
 class Context:
-    """What a policy sees: the workload (timeline, true needs), capacity, options, memory."""
+    """What a policy sees: the workload (timeline, true needs), capacity, options,
+    memory, and the cost profile (planned policies simulate their candidate plans)."""
 
     w: Workload
     cap_units: int
     options: Options
     memory: Memory | None = None
     state: dict = field(default_factory=dict)
+    profile: Any = None
 
 
 class Policy:
@@ -164,15 +166,107 @@ class Demand(Policy):
 
 
 class Planned(Policy):
-    """Follows a Belady plan made on some needs (predicted, allocation-level or true)."""
+    """Follows a Belady plan made on some needs (predicted, allocation-level or true),
+    at the span (PLAN_SPANS) whose plan the policy's own needs say is fastest."""
+
+    spans: tuple[str, ...] | None = None   # None: every one of PLAN_SPANS
 
     def needs(self, ctx: Context) -> Needs:
         raise NotImplementedError
 
     def prefetch(self, ctx: Context) -> Groups:
-        needs = self.needs(ctx)
+        span, needs, g = choose_span(ctx.w, self.needs(ctx), ctx.cap_units, ctx.profile, ctx.options,
+                                     self.spans or PLAN_SPANS)
         ctx.state["plan_needs"] = needs
-        return plan_groups(needs, ctx.w.universe.n_units, ctx.cap_units, belady_in=True, universe=ctx.w.universe)
+        ctx.state["plan_span"] = span
+        return g
+
+
+# ---- the planner's span ----------------------------------------------------------
+
+PLAN_SPANS = ("unit", "block", "allocation")   # plan_io.SPANS: a plan file names the one chosen
+
+
+def span_needs(needs: Needs, span: str, w: Workload) -> Needs:
+    """`needs` at a planning span, each coarser than the last (fewer, longer transfers;
+    more bytes): "unit" as they are; "block" each step's units widened to the whole
+    2 MiB VA blocks they lie in (the universe's units of them); "allocation" with the
+    whole allocations the launch's pointer parameters point into added (what the
+    `alloc` baseline moves, known from the launch arguments as the predictions are)."""
+    if span == "unit":
+        return needs
+    n = len(needs.ptr) - 1
+    step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    if span == "block":
+        u = w.universe
+        lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
+        ptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
+        return Needs(ptr, F.expand_intervals(s, e).astype(I64))
+    if span == "allocation":
+        a = alloc_needs(w)
+        astep = np.repeat(np.arange(n, dtype=I64), np.diff(a.ptr))
+        m = I64(w.universe.n_units + 1)
+        key = np.concatenate([step * m + needs.unit, astep * m + a.unit])
+        key.sort()
+        key = key[np.concatenate([[True], key[1:] != key[:-1]])] if len(key) else key
+        ptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(key // m, minlength=n), out=ptr[1:])
+        return Needs(ptr, (key % m).astype(I64))
+    raise ValueError(f"unknown plan span {span!r}; known: {', '.join(PLAN_SPANS)}")
+
+
+def alloc_needs(w: Workload) -> Needs:
+    """Per step, the units of the whole allocations its pointer parameters point into."""
+    if "alloc" not in w.extra:
+        w.extra["alloc"] = w.needs_from([t.alloc_fp for t in w.tasks])
+    return w.extra["alloc"]
+
+
+class _Given(Policy):
+    """A plan already made (for choose_span's trial runs)."""
+
+    def __init__(self, groups: Groups, needs: Needs):
+        self.groups, self.plan_needs = groups, needs
+
+    def prefetch(self, ctx):
+        ctx.state["plan_needs"] = self.plan_needs
+        return self.groups
+
+
+SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
+
+
+def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Options,
+                spans: tuple[str, ...] = PLAN_SPANS) -> tuple[str, Needs, Groups]:
+    """Plan `needs` at each span and keep the plan that runs fastest when `needs`
+    are what the launches touch: the planner's own view of the future (predictions
+    for template, the truth for oracle), never anything it could not know. Ties
+    and a missing profile keep the earlier span. Returns (span, needs at that span, plan)."""
+    best = None
+    tried: list[Needs] = []
+    view = None
+    for span in spans:
+        limit = max(SPAN_GROWTH * len(needs.unit), 1)
+        if span == "allocation" and len(alloc_needs(w).unit) > limit:
+            continue  # many times the units to plan (launches pointing into one huge allocation)
+        sn = span_needs(needs, span, w)
+        if tried and len(sn.unit) > limit:
+            continue
+        if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
+            continue  # widening added nothing: the same plan
+        tried.append(sn)
+        g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe)
+        if profile is None or len(spans) == 1:
+            return span, sn, g
+        if view is None:
+            view = copy.copy(w)
+            view.truth, view.extra = needs, {}
+        r = run_policy(view, _Given(g, sn), cap_units, profile, options)
+        t = float(r.end[-1]) if len(r.end) else 0.0
+        if best is None or t < best[3]:
+            best = (span, sn, g, t)
+    return best[0], best[1], best[2]
 
 
 def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
@@ -215,11 +309,10 @@ class Alloc(Planned):
 
     name = "alloc"
     description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
+    spans = ("unit",)   # the baseline as MSched defines it: whole allocations, nothing else
 
     def needs(self, ctx):
-        if "alloc" not in ctx.w.extra:
-            ctx.w.extra["alloc"] = ctx.w.needs_from([t.alloc_fp for t in ctx.w.tasks])
-        return ctx.w.extra["alloc"]
+        return alloc_needs(ctx.w)
 
     def chunk_needs(self, ctx):
         if "alloc_chunks" not in ctx.w.extra:
@@ -271,6 +364,7 @@ class Template(Planned):
         self.fixed = plan_groups_fixed
         self.fallback = fallback
         self.fixed_needs = None
+        self.fixed_span = "unit"
 
     @property
     def wants_misses(self) -> bool:  # type: ignore[override]
@@ -297,6 +391,7 @@ class Template(Planned):
                 # the plan's predicted needs (its model at hand): Belady within
                 # a launch larger than memory, as the plan was made
                 ctx.state["plan_needs"] = self.fixed_needs
+            ctx.state["plan_span"] = self.fixed_span
             return self.fixed
         if self.model is None:
             raise UsageError("policy template needs --model MODEL or --plan PLAN")
@@ -330,6 +425,8 @@ class Template(Planned):
         needs = w.needs_from(ctx.state["pred"])
         ctx.state["needs"] = needs
         mem = ctx.memory
+        # re-planned at the span chosen for the run (one more choice per miss would cost a run each)
+        needs = span_needs(needs, ctx.state.get("plan_span", "unit"), w)
         ctx.state["plan_needs"] = needs
         return plan_groups(needs, w.universe.n_units, ctx.cap_units, start_step=step + 1,
                            init_resident=mem.resident, belady_in=True, universe=w.universe)
@@ -420,7 +517,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     """Simulate one policy at one capacity (in units)."""
     if cap_units < 1:
         raise UsageError(f"capacity is smaller than one migration unit ({w.gran} bytes)")
-    ctx = Context(w, cap_units, options)
+    ctx = Context(w, cap_units, options, profile=profile)
     mem = Memory(w, cap_units)
     ctx.memory = mem
     groups = policy.prefetch(ctx)
@@ -456,7 +553,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     comp = step_compute(w)
     start, end, stall = timing(counters, comp, w.gran, groups, profile)
     return RunResult(policy.name, cap_units, counters, start, end, stall, comp,
-                     {k: v for k, v in ctx.state.items() if k == "feedback_changes"})
+                     {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
 
 
 def timing(counters, comp, gran, groups: Groups, profile):
