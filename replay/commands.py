@@ -63,7 +63,9 @@ class PlanCommand(Command):
     name = "plan"
     help = "a prefetch/evict plan for a trace's launch sequence, made from a model"
     description = ("Predict every launch's footprint with MODEL, then plan before each launch what to prefetch\n"
-                   "and what to evict (Belady on the predictions), never exceeding the capacity.\n\n"
+                   "and what to evict (Belady on the predictions), never exceeding the capacity. The plan is\n"
+                   "made on the predicted units, on whole 2 MiB blocks, or with whole allocations added:\n"
+                   "whichever runs fastest when the simulator tries each on the predictions.\n\n"
                    "  pagecast plan model.json run.pctrace --oversub 2 -o run.plan")
 
     def add_arguments(self, p):
@@ -75,7 +77,8 @@ class PlanCommand(Command):
         p.add_argument("-o", "--output", required=True, metavar="PLAN", help="plan directory to write")
         p.add_argument("--force", action="store_true", help="overwrite an existing plan")
         p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE",
-                       help="cost profile (for the migration granularity; default msched-rtx5080)")
+                       help="cost profile: the migration granularity, and the costs the span is chosen by"
+                            " (default msched-rtx5080)")
         p.add_argument("--granularity", metavar="SIZE", help="plan in units of SIZE (default: the profile's)")
         p.add_argument("--json", action="store_true", help="print the plan's manifest as JSON")
 
@@ -107,7 +110,7 @@ class PlanCommand(Command):
         else:
             console.info(f"{table.num_rows:,} transfers: {format_size(manifest['prefetch_bytes'])} in, "
                          f"{format_size(manifest['evict_bytes'])} out at capacity "
-                         f"{format_size(manifest['capacity_bytes'])}"
+                         f"{format_size(manifest['capacity_bytes'])}, planned on {SPAN_WORDS[manifest['span']]}"
                          + (f"; {manifest['thrashing_launches']} launches larger than it" if manifest['thrashing_launches'] else ""))
         console.wrote(out, "plan", f"pagecast replay {args.trace} --policy demand,template,oracle "
                                    f"--plan {out} --capacity {manifest['capacity_bytes']}")
@@ -253,11 +256,21 @@ def results_table(runs, title: str | None = None):
         sp = r.get("speedup_vs_demand")
         fo = r.get("fraction_of_oracle")
         t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
-                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", r["policy"],
+                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", _policy_cell(r),
                   _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
                   format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
                   "-" if fo is None else f"{fo:.1%}")
     return t
+
+
+SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faster here than units)",
+              "allocation": "whole allocations (faster here than units or blocks)"}
+
+
+def _policy_cell(r) -> str:
+    """The policy, and the span its plan was made at where wider than units (docs/cost-model.md)."""
+    span = r.get("plan_span")
+    return r["policy"] if not span or span == "unit" else f"{r['policy']} ({span}s)"
 
 
 def _secs(s) -> str:

@@ -378,3 +378,23 @@ def test_plan_and_model_together_say_which_is_used(traces, model, tmp_path, caps
 def test_repeat_below_one_is_one_line_exit_2(traces, capsys, n):
     code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "--repeat", n)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--repeat must be >= 1" in err
+
+
+def test_results_table_names_a_plan_wider_than_units():
+    from rich.console import Console
+
+    from pagecast.replay.commands import results_table
+    base = {"workload": "w", "capacity_bytes": 1 << 20, "oversub": 2.0, "time_s": 1.0, "stall_s": 0.5, "faults": 3,
+            "htod_bytes": 1, "dtoh_bytes": 0, "speedup_vs_demand": 1.0, "fraction_of_oracle": 1.0}
+    rows = [{**base, "policy": "demand", "run": 0}, {**base, "policy": "alloc", "plan_span": "unit", "run": 1},
+            {**base, "policy": "template", "plan_span": "block", "run": 2},
+            {**base, "policy": "oracle", "plan_span": "allocation", "run": 3}]
+    c = Console(width=200, record=True)
+    c.print(results_table(rows))
+    text = c.export_text()
+    assert "template (blocks)" in text and "oracle (allocations)" in text
+    assert "alloc (" not in text and "demand (" not in text
+    from pagecast.replay import plan_io
+    from pagecast.replay import simulator as S
+    from pagecast.replay.commands import SPAN_WORDS
+    assert set(SPAN_WORDS) == set(plan_io.SPANS) == set(S.PLAN_SPANS)

@@ -12,7 +12,7 @@ capacity, eviction order, tree prefetcher or number of tasks.
   plain-Python model of the same rules (chunk FIFO/LRU, tree prefetcher) counter for counter;
 - oracle: no faults when every launch fits (no tree prefetcher), and, planned on units,
   exactly the fetches of Belady on the launches' unit sets; the span it chooses is never
-  slower than the unit span; template with perfect predictions is oracle;
+  slower than the unit span, nor than alloc; template with perfect predictions is oracle;
 - timing: launches run one after another, end >= start + compute, stall >= 0, time =
   compute + stall; demand's speedup_vs_demand is 1 and oracle's fraction_of_oracle is 1;
 - the LRU stack-distance pass equals the engine's LRU where it is exact;
@@ -351,7 +351,7 @@ def unit_oracle() -> S.Oracle:
 @settings(max_examples=20, **SETTINGS)
 @given(st.lists(launch_lists(max_launches=16, max_span=900), min_size=1, max_size=2), GEOMETRY,
        st.floats(0.05, 1.0), st.sampled_from(["msched-rtx5080", "pcie3"]), st.booleans())
-def test_chosen_span_is_never_slower_than_units(tasks, geo, frac, costs, tree):
+def test_chosen_span_is_never_slower_than_units_or_alloc(tasks, geo, frac, costs, tree):
     with tempfile.TemporaryDirectory() as d:
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
         w, _ = workload(trs, *geo, timeslice_s=2e-5)
@@ -366,6 +366,10 @@ def test_chosen_span_is_never_slower_than_units(tasks, geo, frac, costs, tree):
         event(f"span {chosen.extra['plan_span']}")
         if chosen.extra["plan_span"] == "unit":
             np.testing.assert_array_equal(chosen.counters, units.counters)
+        # the allocation span is alloc's plan (the launches touch only what they point into),
+        # so oracle is never behind alloc while that span is tried
+        if len(S.alloc_needs(w).unit) <= S.SPAN_GROWTH * len(w.truth.unit):
+            assert chosen.end[-1] <= S.run_policy(w, S.Alloc(), cap, prof, opts).end[-1]
 
 
 def test_wider_span_where_its_plan_is_faster():
