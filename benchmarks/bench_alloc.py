@@ -8,8 +8,8 @@ footprint holds the weight allocation, so planning on 64 KiB units touches
 every unit of it at every launch (over 10^8 unit touches). Times `alloc` planned
 on units (the threshold raised past the needs) and on 2 MiB chunks (the
 default past simulator.CHUNK_PLAN_OCCURRENCES), with their speedups over demand,
-and replaces the "alloc on long traces" section of --out (run it after bench_sim.py,
-which rewrites that file).
+and what choosing the plan's span costs `oracle` there; replaces the "alloc on long
+traces" section of --out (run it after bench_sim.py, which rewrites that file).
 """
 
 from __future__ import annotations
@@ -53,6 +53,14 @@ def main(argv=None) -> int:
             runs, _ = replay_sim(trs, ["alloc"], oversub=oversub, config=cfg, timeline=False)
             rows[name] = (time.perf_counter() - t0, {r["oversub"]: r["time_s"] for r in runs})
         S.CHUNK_PLAN_OCCURRENCES = saved
+        # what choosing the plan's span costs a planned policy on the same long mix
+        spans = {}
+        for name, sp in (("units only", ("unit",)), ("span chosen (default)", None)):
+            S.Oracle.spans = sp
+            t0 = time.perf_counter()
+            runs, _ = replay_sim(trs, ["oracle"], oversub=oversub, config=cfg, timeline=False)
+            spans[name] = (time.perf_counter() - t0, {r["oversub"]: (r["time_s"], r["plan_span"]) for r in runs})
+        S.Oracle.spans = None
     n = sum(t.n_launches for t in trs)
     d = {r["oversub"]: r["time_s"] for r in dem}
     lines = [SECTION, "",
@@ -67,7 +75,17 @@ def main(argv=None) -> int:
     lines += ["", "Demand's simulated times: " + ", ".join(f"{d[o] * 1e3:.0f} ms" for o in oversub) + ". "
               "The chunk plan is the same whole-allocation plan on a coarser grid (a chunk counts as the "
               "largest chunk's units of capacity), so the two columns of speedups differ a little; the "
-              "unit plan's time is Belady's work on every unit touch (about 1.4 x 10^8 here).", ""]
+              "unit plan's time is Belady's work on every unit touch (about 1.4 x 10^8 here).", "",
+              "What choosing the plan's span (docs/cost-model.md) costs `oracle` on the same mix: wall "
+              "time of its three runs planned on units only and with the span chosen (each tried span is "
+              "a plan and a trial run; the allocation span is not tried here, its needs being far more "
+              "than 8 times the footprints'), its speedup over demand and the span chosen.", "",
+              "| oracle planned on | seconds (3 runs) | " + " | ".join(f"{o:.0%}" for o in oversub) + " |",
+              "|---|---:|" + "---:|" * len(oversub)]
+    for name, (t, sp) in spans.items():
+        lines.append(f"| {name} | {t:.1f} | " + " | ".join(f"{d[o] / sp[o][0]:.2f}x ({sp[o][1]})" for o in oversub)
+                     + " |")
+    lines += [""]
     text = "\n".join(lines)
     print(text)
     if args.out:

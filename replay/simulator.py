@@ -248,8 +248,11 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
     view = None
     for span in spans:
         limit = max(SPAN_GROWTH * len(needs.unit), 1)
-        if span == "allocation" and len(alloc_needs(w).unit) > limit:
+        if span == "allocation" and "alloc" not in w.extra and \
+                sum(unit_touches(t.alloc_fp, w.gran) for t in w.tasks) > limit:
             continue  # many times the units to plan (launches pointing into one huge allocation)
+        if span == "allocation" and len(alloc_needs(w).unit) > limit:
+            continue
         sn = span_needs(needs, span, w)
         if tried and len(sn.unit) > limit:
             continue
