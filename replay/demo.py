@@ -105,8 +105,8 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     for n, s, p in jobs:
         if bar is not None:
             bar.update(description=f"making {p.name}")
-        if not p.exists():
-            make_trace(n, p, scale=scale, seed=s, mode="full")
+        if not _made_as(p, n, scale, s):
+            make_trace(n, p, scale=scale, seed=s, mode="full", force=p.exists())
         if bar is not None:
             bar.advance()
     if bar is not None:
@@ -142,6 +142,20 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
             bar.advance()
     info = {"workloads": len(names), "mixes": len(mixes), "scale": scale, "costs": costs}
     return all_runs, pa.concat_tables(timelines), info
+
+
+def _made_as(p: Path, name: str, scale: float, seed: int) -> bool:
+    """Whether p is a whole trace of that workload model at that scale and seed (a
+    --work directory kept from another run is reused only where it is)."""
+    from pagecast.errors import PagecastError
+    from pagecast.trace import read_trace
+    if not p.exists():
+        return False
+    try:
+        wl = read_trace(p).manifest.get("workload") or {}
+    except PagecastError:
+        return False
+    return wl.get("name") == name and wl.get("scale") == scale and wl.get("seed") == seed
 
 
 def headline(runs: list[dict]) -> str:

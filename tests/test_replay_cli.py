@@ -336,6 +336,21 @@ def test_suite_pipeline_small(tmp_path):
             assert r["fraction_of_oracle"] > 0.5
 
 
+def test_suite_remakes_traces_kept_from_another_scale(tmp_path):
+    """A --work directory kept from a run at another scale: its traces are made again, not reused."""
+    from pagecast.replay.demo import run_suite
+    kw = dict(costs="none", policies=["demand"], workloads=["stream"], mixes={}, oversub=(2.0,))
+    run_suite(tmp_path, scale=0.02, **kw)
+    p = tmp_path / "traces" / "stream-s3.pctrace"
+    assert T.read_trace(p).manifest["workload"]["scale"] == 0.02
+    before = (p / "manifest.json").stat().st_mtime_ns
+    run_suite(tmp_path, scale=0.02, **kw)
+    assert (p / "manifest.json").stat().st_mtime_ns == before   # the same scale: reused
+    run_suite(tmp_path, scale=0.04, **kw)
+    for q in (tmp_path / "traces").iterdir():
+        assert T.read_trace(q).manifest["workload"]["scale"] == 0.04, q
+
+
 def test_demo_command_end_to_end(tmp_path, capsys):
     """`pagecast demo` at a tiny scale: traces, model, results (+ timeline) in DIR, the table on stdout."""
     out = tmp_path / "demo"
