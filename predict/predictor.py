@@ -351,6 +351,7 @@ class OnlinePredictor:
         self._ids: dict[int, object] = {}
         self._compiled: dict[str, tuple] = {}
         self._history: dict[tuple, list] = {}
+        self._merged_len: dict[tuple, int] = {}
         self._model_version = model.version_counter
         # optional: pointer -> (address, nbytes) of the allocation it lands in, or None; asked when
         # a pointer lands in no allocation known yet (the GPU runner looks them up lazily)
@@ -372,6 +373,7 @@ class OnlinePredictor:
             i = bisect.bisect_left(self._addrs, address)
             del self._addrs[i]
             self._history = {k: v for k, v in self._history.items() if k[1] != address}
+            self._merged_len = {k: v for k, v in self._merged_len.items() if k[1] != address}
 
     def _alloc_of(self, v: int):
         i = bisect.bisect_right(self._addrs, v) - 1
@@ -484,10 +486,20 @@ class OnlinePredictor:
             a = self._alloc_of(int(s) * self.ps)
             if a is None:
                 continue
-            h = self._history.setdefault((kernel, a), [])
+            key = (kernel, a)
+            h = self._history.setdefault(key, [])
             h.append((int(s), int(e)))
-            if len(h) > 64:
-                self._history[(kernel, a)] = _merge(h)[:HISTORY_MAX_INTERVALS]
+            # merged once it has doubled since the last merge (amortised O(1) per interval, at most
+            # 2 x HISTORY_MAX_INTERVALS held), coarsened to HISTORY_MAX_INTERVALS as the batch
+            # history is: never cut
+            if len(h) > max(64, 2 * self._merged_len.get(key, 0)):
+                m = _merge(h)
+                if len(m) > HISTORY_MAX_INTERVALS:
+                    cs, ce = FP.coarsen_intervals(np.array([x for x, _ in m], np.int64),
+                                                  np.array([y for _, y in m], np.int64), HISTORY_MAX_INTERVALS)
+                    m = list(zip(cs.tolist(), ce.tolist()))
+                self._history[key] = m
+                self._merged_len[key] = len(m)
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:

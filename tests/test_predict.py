@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -330,3 +331,24 @@ def test_fit_never_reads_truth(tmp_path, synth):
     b = fit_model([T.read_trace(p) for p in paths])
     assert {k: [r.text() for r in v.regions] for k, v in a.kernels.items()} == \
         {k: [r.text() for r in v.regions] for k, v in b.kernels.items()}
+
+
+def test_online_history_keeps_every_observed_page(model):
+    """The history fallback's online record is coarsened like the batch one (to at most
+    HISTORY_MAX_INTERVALS intervals when merged, twice that between merges), never cut:
+    every page observed stays predicted."""
+    from pagecast.predict.predictor import HISTORY_MAX_INTERVALS
+    op = OnlinePredictor(model, "history")
+    base = 1 << 40
+    op.add_allocation(base, 8192 * PS, 7)
+    rng = np.random.default_rng(5)
+    pages = rng.permutation(np.arange(0, 8192, 7))[:1000]   # 1000 pages, no two adjacent
+    for p in pages:
+        op.observe("unseen_kernel", [(base // PS + int(p), base // PS + int(p) + 1)])
+    got = op.predict("unseen_kernel", struct.pack("<Q", base), [0], [8])
+    assert len(got) <= 2 * HISTORY_MAX_INTERVALS
+    s = np.array([a for a, _ in got]) - base // PS
+    e = np.array([b for _, b in got]) - base // PS
+    k = np.searchsorted(s, pages, side="right") - 1
+    assert ((k >= 0) & (pages < e[np.maximum(k, 0)])).all()
+    assert sum(b - a for a, b in got) < 8192   # coarsened, not the whole allocation
