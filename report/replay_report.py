@@ -360,7 +360,9 @@ def _pick_timeline_workload(rows: list[dict], workloads: list[str]) -> str:
 
 
 def _run_cells(r: dict, with_workload: bool) -> tuple:
-    cells = (r["policy"], r.get("backend"), _fmt(r.get("oversub"), "g"),
+    span = r.get("plan_span")   # the span a planned policy's plan was made at (docs/cost-model.md)
+    policy = r["policy"] if not span or span == "unit" else f"{r['policy']} ({span}s)"
+    cells = (policy, r.get("backend"), _fmt(r.get("oversub"), "g"),
              format_size(r["capacity_bytes"]) if r.get("capacity_bytes") is not None else "—",
              _fmt(r.get("time_s"), ".4g"), _fmt(r.get("stall_s"), ".4g"),
              f"{r['faults']:,}" if r.get("faults") is not None else "—",

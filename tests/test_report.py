@@ -90,7 +90,9 @@ def make_results(path: Path, *, with_timeline: bool = True, n_launches: int = 60
             demand_t = t if p == "demand" else demand_t
             runs.append(dict(policy=p, backend="sim", capacity_bytes=cap, oversub=ov, time_s=t, stall_s=total_stall,
                              faults=int(total_stall * 3e4), htod_bytes=int(fp * ov), dtoh_bytes=int(fp * (ov - 1)),
-                             speedup_vs_demand=demand_t / t, workload="toy-mix", tasks=tasks, run=i))
+                             speedup_vs_demand=demand_t / t, workload="toy-mix", tasks=tasks, run=i,
+                             **({} if p == "demand" else
+                                {"plan_span": "block" if (p, ov) == ("template", 1.5) else "unit"})))
             i += 1
     return write_results(path, runs, cols if with_timeline else None)
 
@@ -267,6 +269,7 @@ def test_replay_report_has_plots_and_numbers(toy_results, replay_html):
     assert f"{best:.3g}x" in html
     for pol in ("demand", "template", "oracle"):
         assert f"<td class=\"\">{pol}</td>" in html
+    assert "<td class=\"\">template (blocks)</td>" in html   # a plan wider than units is named
     assert "jacobi2d" in html
     svg = _svg_texts(html)
     assert "speedup over demand paging (x)" in svg and "oversubscription (footprint / GPU capacity" in svg
