@@ -223,6 +223,13 @@ def alloc_needs(w: Workload) -> Needs:
     return w.extra["alloc"]
 
 
+def _alloc_touches(w: Workload) -> int:
+    """len(alloc_needs(w).unit), without building them when they are not built yet."""
+    if "alloc" in w.extra:
+        return len(w.extra["alloc"].unit)
+    return sum(unit_touches(t.alloc_fp, w.gran) for t in w.tasks)
+
+
 class _Given(Policy):
     """A plan already made (for choose_span's trial runs)."""
 
@@ -246,13 +253,10 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
     best = None
     tried: list[Needs] = []
     view = None
+    limit = max(SPAN_GROWTH * len(needs.unit), 1)
     for span in spans:
-        limit = max(SPAN_GROWTH * len(needs.unit), 1)
-        if span == "allocation" and "alloc" not in w.extra and \
-                sum(unit_touches(t.alloc_fp, w.gran) for t in w.tasks) > limit:
+        if span == "allocation" and _alloc_touches(w) > limit:
             continue  # many times the units to plan (launches pointing into one huge allocation)
-        if span == "allocation" and len(alloc_needs(w).unit) > limit:
-            continue
         sn = span_needs(needs, span, w)
         if tried and len(sn.unit) > limit:
             continue
