@@ -47,6 +47,16 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-driver-prefetch", action="store_true", help="switch the driver's tree prefetcher off")
     g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
                    help="round-robin time slice between tasks, ms of kernel time (default 10)")
+    _add_span_flag(g)
+
+
+SPAN_CHOICES = ("auto", "unit", "block", "allocation")
+
+
+def _add_span_flag(g) -> None:
+    g.add_argument("--span", default="auto", choices=SPAN_CHOICES,
+                   help="what template and oracle plan on: their units, whole 2 MiB blocks, or with whole "
+                        "allocations added; auto (default) tries each in the simulator and keeps the fastest")
 
 
 def _sim_config(args):
@@ -56,7 +66,8 @@ def _sim_config(args):
                      granularity=None if args.granularity is None else parse_size(args.granularity),
                      eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit),
                      eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                     timeslice_ms=args.timeslice, feedback=bool(getattr(args, "feedback", False)))
+                     timeslice_ms=args.timeslice, feedback=bool(getattr(args, "feedback", False)),
+                     span=args.span)
 
 
 class PlanCommand(Command):
@@ -80,6 +91,7 @@ class PlanCommand(Command):
                        help="cost profile: the migration granularity, and the costs the span is chosen by"
                             " (default msched-rtx5080)")
         p.add_argument("--granularity", metavar="SIZE", help="plan in units of SIZE (default: the profile's)")
+        _add_span_flag(p)
         p.add_argument("--json", action="store_true", help="print the plan's manifest as JSON")
 
     def run(self, args):
@@ -100,7 +112,8 @@ class PlanCommand(Command):
             raise UsageError(f"--capacity must be > 0, not {args.capacity}")
         model = load_model(args.model)
         trace = read_trace(args.trace)
-        cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity))
+        cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
+                        span=args.span)
         with console.progress("planning", None):
             table, manifest = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg,
                                         model_path=str(args.model))
@@ -181,6 +194,9 @@ class ReplayCommand(Command):
                              " model); --model is not used")
             if args.repeat != 1:
                 console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
+            if args.plan and "template" in args.policy and args.span != "auto":
+                console.warn(f"--span {args.span} applies to oracle only: template follows the plan, made at the"
+                             " span its manifest names")
         if args.backend == "gpu":
             from .gpu_runner import run_gpu_replay
             runs, timeline = run_gpu_replay(args)

@@ -35,6 +35,10 @@ class SimConfig:
     timeslice_ms: float = 10.0
     feedback: bool = False
     fallback: str = "adaptive"   # replay/adaptive.py: history only where it proved precise
+    span: str = "auto"           # what template and oracle plan on (simulator.PLAN_SPANS), or "auto": the fastest
+
+    def spans(self) -> tuple[str, ...]:
+        return S.PLAN_SPANS if self.span == "auto" else (self.span,)
 
     def profile(self) -> CostProfile:
         p = load_profile(self.costs)
@@ -54,6 +58,8 @@ class SimConfig:
             p = replace(p, **ch)
         if self.eviction not in ("fifo", "lru"):
             raise UsageError(f"--eviction must be fifo or lru, not {self.eviction!r}")
+        if self.span != "auto" and self.span not in S.PLAN_SPANS:
+            raise UsageError(f"--span must be auto or one of {', '.join(S.PLAN_SPANS)}, not {self.span!r}")
         if not (self.timeslice_ms >= 0):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         return p
@@ -247,6 +253,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                     progress.advance()
             continue
         pol = tmpl if p == "template" else S.POLICIES[p]()
+        if p in ("template", "oracle"):
+            pol.spans = cfg.spans()
         for (c, _), cu in zip(caps, cap_units):
             results[(p, c)] = S.run_policy(w, pol, cu, prof, opts)
             if progress:
@@ -338,7 +346,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     opts = S.Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
-    span, needs, g = S.choose_span(w, w.needs_from([predicted]), cu, prof, opts)
+    span, needs, g = S.choose_span(w, w.needs_from([predicted]), cu, prof, opts, cfg.spans())
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,

@@ -413,3 +413,25 @@ def test_results_table_names_a_plan_wider_than_units():
     from pagecast.replay import simulator as S
     from pagecast.replay.commands import SPAN_WORDS
     assert set(SPAN_WORDS) == set(plan_io.SPANS) == set(S.PLAN_SPANS)
+
+
+@pytest.mark.parametrize("span", ["unit", "block", "allocation"])
+def test_span_flag_fixes_the_span(traces, model, tmp_path, capsys, span):
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,alloc,template,oracle", "--model", model,
+                             "--oversub", "2", "--span", span, "--json")
+    assert code == 0, err
+    runs = {r["policy"]: r for r in json.loads(out)}
+    assert runs["template"]["plan_span"] == runs["oracle"]["plan_span"] == span
+    assert runs["alloc"]["plan_span"] == "unit"
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,oracle", "--oversub", "2", "--json")
+    auto = {r["policy"]: r for r in json.loads(out)}
+    assert auto["oracle"]["time_s"] <= runs["oracle"]["time_s"]   # auto keeps the fastest span on the truth
+    code, out, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "--span", span,
+                             "-o", tmp_path / "p.plan", "--json")
+    assert code == 0, err
+    assert json.loads(out)["span"] == span
+
+
+def test_span_flag_refuses_nonsense(traces, capsys):
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "--span", "page")
+    assert code == 2 and "--span" in err and "Traceback" not in err
