@@ -68,7 +68,8 @@ def main(argv=None) -> int:
             sp = {p: (g(p) or {}).get("speedup_vs_demand") for p in POLICIES}
             t, orc = sp["template"], sp["oracle"]
             frac = None if not (t and orc) else t / orc
-            ok = frac is not None and frac >= 0.95 and t > sp["alloc"] and t > 1.0
+            # ahead of alloc by more than 0.5%: within that, a tie (below)
+            ok = frac is not None and frac >= 0.95 and t > 1.005 * sp["alloc"] and t > 1.0
             # alloc already at oracle's bound (its whole allocations are the footprints) and
             # template level with it: nothing is left to beat, report it as a tie, not a miss
             tie = (not ok and frac is not None and frac >= 0.95 and t > 1.0 and sp["alloc"]
@@ -116,9 +117,9 @@ eviction, tree prefetcher on). Mixes switch tasks round-robin every 1/20 of the 
 task's kernel time (the traces hold milliseconds of kernel time, not MSched's seconds).
 
 Speedups are over `demand` (UVM demand paging) at the same capacity; "template / oracle"
-is template's speedup over oracle's; "bar" checks template >= 95% of oracle and ahead of
-alloc and demand ("tie: alloc at the bound" where alloc is within 0.5% of oracle and
-template within 0.5% of alloc); "MSched" is the speedup MSched reports over demand paging for that
+is template's speedup over oracle's; "bar" checks template >= 95% of oracle, more than 0.5%
+ahead of alloc, and ahead of demand ("tie: alloc at the bound" where alloc is within 0.5% of
+oracle and template within 0.5% of alloc); "MSched" is the speedup MSched reports over demand paging for that
 kind of mix at that oversubscription (RTX 5080; 11.05x / 9.35x / 7.52x on scientific and
 multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances).
 
@@ -202,7 +203,8 @@ Reading the misses and ties:
   the bound.
 - *Ties with alloc.* Where kernels touch whole allocations (STREAM's arrays), `alloc`'s
   prediction is the footprint and `alloc`, `template` and `oracle` make the same plan; on
-  jacobi2d at 150% and 200%, oracle's fastest span is `alloc`'s plan. These rows are
+  jacobi2d at 150% and 200% and the scientific mix at 150%, oracle's fastest plan is on
+  whole 2 MiB blocks, which is `alloc`'s plan or within 0.1% of it. These rows are
   reported as ties at the bound, not as misses.
 - *Belady on units is not a time optimum (the scientific mix at 150%).* Belady minimises
   units moved; `alloc` moves whole allocations in few long ranges where Belady's exchanges
