@@ -82,8 +82,10 @@ def plan(name: str, work: Path, *, fit_scales, replay_scale: float, oversub, pol
                   "-o", str(d / f"{name}.gpu-{r:g}.parquet"), "--", *workload_cmd(name, replay_scale)))
         for r in oversub
     ] + [
+        # --span unit: the GPU runner prefetches the predicted (or, for oracle, true) ranges
+        # themselves, so the simulator is compared planning on them too, not on wider spans
         ("replay sim", pagecast("replay", str(big), "--backend", "sim", "--costs", str(profile), "--model", str(model),
-                                "--policy", pol, "--oversub", ov, "--json", "--force",
+                                "--policy", pol, "--oversub", ov, "--span", "unit", "--json", "--force",
                                 "-o", str(d / f"{name}.sim.parquet"))),
     ]
 

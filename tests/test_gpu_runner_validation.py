@@ -33,6 +33,7 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     sim = cmds["replay sim"]
     assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
     assert sim[sim.index("--oversub") + 1] == "1.5,2,3"
+    assert sim[sim.index("--span") + 1] == "unit"   # the runner prefetches the predicted ranges themselves
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
     assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
 
