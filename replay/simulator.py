@@ -10,8 +10,12 @@ Policies are small objects with named hooks, in libCacheSim's spirit:
 - `prefetch(ctx) -> Groups | None`: the transfers (evictions, then prefetches
   in need order) to issue before each step; policies see the whole timeline
   (which task runs next and its upcoming launches), so they plan it at once;
+- `on_launch(ctx, step) -> (evict_units, prefetch_units) | None`: called before
+  every step, when `wants_launches`, for policies that decide online;
 - `on_miss(ctx, step, missed_units) -> Groups | None`: called after a step
   that faulted, when `wants_misses`; may re-plan the steps after it;
+- `on_evict(ctx, step, evicted_units)`: called after a step that evicted
+  units (its group's or its faults', still gone at its end), when `wants_evictions`;
 - `evict_order`: how fault-path evictions pick victims ("fifo", "lru", or
   None for the run's `--eviction`); planned policies first evict units the
   plan does not count on (brought in by faults).
@@ -148,15 +152,33 @@ class Context:
 
 
 class Policy:
+    """A policy's hooks (override what it needs; see the module doc). The per-step hooks
+    cost a Python call per launch, so the built-in policies plan in `prefetch` instead."""
+
     name = ""
     description = ""
     evict_order: str | None = None
-    wants_misses = False
+    wants_misses = False      # on_miss after each launch that faulted
+    wants_launches = False    # on_launch before every launch
+    wants_evictions = False   # on_evict after every launch that evicted units
 
     def prefetch(self, ctx: Context) -> Groups | None:
+        """The planned transfers before every step, at once (the whole timeline is known)."""
+        return None
+
+    def on_launch(self, ctx: Context, step: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Before step `step` (after its planned group, if any): (units to evict, units to
+        prefetch, in need order), issued like a planned group; the launch waits for them."""
         return None
 
     def on_miss(self, ctx: Context, step: int, missed: np.ndarray) -> Groups | None:
+        """After step `step` faulted on `missed` units: a full-length plan to follow from the
+        next step on, or None."""
+        return None
+
+    def on_evict(self, ctx: Context, step: int, evicted: np.ndarray) -> None:
+        """Units that left the GPU during step `step` (its group, its launch's faults) and were
+        not back by its end (the tree prefetcher may return one within the step)."""
         return None
 
 
@@ -529,7 +551,9 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     ctx.memory = mem
     groups = policy.prefetch(ctx)
     n = w.n_steps
-    has_plan = groups is not None
+    on_launch, on_evict = bool(policy.wants_launches), bool(policy.wants_evictions)
+    # a policy moving units online is tracked as a planned one (faults evict what it did not bring first)
+    has_plan = groups is not None or on_launch
     if groups is None:
         groups = Groups.empty(n)
     counters = np.zeros((n, C.N_COUNTERS), I64)
@@ -548,11 +572,22 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         if pn is not None and pn is not nu_for:
             next_use = next_use_of(w.truth, pn)
             nu_for = pn
-        s, nm = C.run_engine(s, n, w.truth.ptr, w.truth.unit, has_plan, groups.ev_ptr, groups.ev_unit,
+        s0 = s
+        before = mem.resident.copy() if on_evict else None
+        if on_launch:
+            mv = policy.on_launch(ctx, s0)
+            if mv is not None:
+                _apply_now(mv, mem, u, counters, s0)
+        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, w.truth.ptr, w.truth.unit, has_plan,
+                             groups.ev_ptr, groups.ev_unit,
                              groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
                              u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
                              mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
                              u.block_hi, u.upb, has_plan, stop, missed, counters, next_use, nu_for is not None)
+        if on_evict:
+            gone = np.flatnonzero((before == 1) & (mem.resident == 0))
+            if len(gone):
+                policy.on_evict(ctx, s0, gone)
         if stop and nm > 0 and s < n:
             new = policy.on_miss(ctx, s - 1, missed[:nm])
             if new is not None:
@@ -561,6 +596,17 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     start, end, stall = timing(counters, comp, w.gran, groups, profile)
     return RunResult(policy.name, cap_units, counters, start, end, stall, comp,
                      {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
+
+
+def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int) -> None:
+    """An on_launch hook's (evict, prefetch) units, carried out as a planned group of `step`."""
+    ev, pf = (np.asarray(x, I64).ravel() for x in mv)
+    bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= u.n_units)]
+    if bad:
+        raise ValueError(f"on_launch named units outside 0..{u.n_units - 1}")
+    C.apply_group(ev, 0, len(ev), pf, 0, len(pf), mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
+                  u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state, len(pf),
+                  counters, step)
 
 
 def timing(counters, comp, gran, groups: Groups, profile):

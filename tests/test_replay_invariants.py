@@ -572,3 +572,112 @@ def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversu
         assert (man["span"] != "unit") == (oversub < 3)
     for col in ("start_s", "end_s", "faults", "htod_bytes", "dtoh_bytes"):
         np.testing.assert_array_equal(tla.column(col).to_numpy(), tlb.column(col).to_numpy())
+
+
+# ---- per-launch hooks ------------------------------------------------------------------
+
+
+class OnlineTruth(S.Policy):
+    """Before each launch, prefetch exactly what it touches (an online policy through on_launch),
+    and record every hook call."""
+
+    name = "online-truth"
+    wants_launches = True
+    wants_evictions = True
+
+    def __init__(self):
+        self.launches, self.evicted = [], []
+
+    def on_launch(self, ctx, step):
+        self.launches.append(step)
+        need = ctx.w.truth.of(step)
+        res = ctx.memory.resident
+        held = np.flatnonzero(res)
+        over = len(held) + int((res[need] == 0).sum()) - ctx.cap_units
+        # room first: units this launch does not touch, lowest ids first
+        ev = held[~np.isin(held, need)][:max(over, 0)]
+        return ev, need
+
+    def on_evict(self, ctx, step, evicted):
+        self.evicted.append((step, evicted.copy()))
+
+
+class Watcher(S.Demand):
+    """Demand paging that only watches its evictions."""
+
+    wants_evictions = True
+
+    def __init__(self):
+        self.evicted = []
+
+    def on_evict(self, ctx, step, evicted):
+        self.evicted.append((step, evicted.copy()))
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=20, max_span=700), min_size=1, max_size=2), GEOMETRY,
+       st.floats(0.0, 1.0), st.booleans())
+def test_per_launch_hooks(tasks, geo, frac, tree):
+    with tempfile.TemporaryDirectory() as d:
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
+        w, prof = workload(trs, *geo, timeslice_s=2e-5)
+        mx, U = int(w.truth.sizes().max()), w.universe.n_units
+        cap = max(mx + int(round(frac * (U - mx))), 1)
+        opts = S.Options(driver_prefetch=tree)
+        pol = OnlineTruth()
+        r = S.run_policy(w, pol, cap, prof, opts)
+        c = r.counters
+        # on_launch runs once before every launch, in order; what it brings, the launch finds
+        assert pol.launches == list(range(w.n_steps))
+        assert c[:, C.C_FAULTS].sum() == 0
+        assert (c[:, C.C_PREFETCH_NEED] == c[:, C.C_PREFETCH_IN]).all()
+        # on_evict hears of the units that went back to the host over each step and were not
+        # back by its end: all of them for the online policy (it evicts explicitly and never
+        # faults, so nothing returns within a step); under demand paging a unit the launch has
+        # yet to touch may be evicted and fault back within the step
+        for p in (pol, Watcher()):
+            rr = r if p is pol else S.run_policy(w, p, cap, prof, opts)
+            out = rr.counters[:, C.C_FAULT_DTOH] + rr.counters[:, C.C_GROUP_DTOH]
+            heard = np.zeros(w.n_steps, I64)
+            for step, ev in p.evicted:
+                assert len(ev) and len(np.unique(ev)) == len(ev)
+                heard[step] += len(ev)
+            assert (heard <= out).all()
+            if p is pol:
+                np.testing.assert_array_equal(heard, out)
+        # watching changes nothing
+        np.testing.assert_array_equal(S.run_policy(w, S.Demand(), cap, prof, opts).counters,
+                                      S.run_policy(w, Watcher(), cap, prof, opts).counters)
+
+
+def test_on_launch_refuses_units_outside_the_universe():
+    class Bad(S.Policy):
+        wants_launches = True
+
+        def on_launch(self, ctx, step):
+            return [], [ctx.w.universe.n_units]
+    with tempfile.TemporaryDirectory() as d:
+        w, prof = workload([page_trace(Path(d) / "t.pctrace", [np.array([0, 1])])], PS, PS)
+        with pytest.raises(ValueError, match="outside"):
+            S.run_policy(w, Bad(), 4, prof, S.Options())
+
+
+def test_cost_model_policy_example_runs():
+    """docs/cost-model.md's example policy, run as written: registered, replayed by name, no faults."""
+    import re
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cost-model.md").read_text()
+    code = re.search(r"```python\n(import numpy as np\nfrom pagecast.replay import simulator as S\n.*?)```",
+                     doc, re.S).group(1)
+    saved = dict(S.POLICIES)
+    try:
+        exec(compile(code, "cost-model.md", "exec"), {})
+        with tempfile.TemporaryDirectory() as d:
+            tr = page_trace(Path(d) / "t.pctrace", [np.arange(0, 64), np.arange(32, 96), np.arange(0, 16)])
+            runs, _ = replay_sim([tr], ["demand", "just-in-time"], capacity=[64 * PS],
+                                 config=SimConfig(granularity=PS, eviction_unit=PS))
+        jit = runs[1]
+        assert jit["policy"] == "just-in-time" and jit["faults"] == 0 and runs[0]["faults"] > 0
+        assert jit["speedup_vs_demand"] > 1
+    finally:
+        S.POLICIES.clear()
+        S.POLICIES.update(saved)
