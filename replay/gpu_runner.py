@@ -135,6 +135,8 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
         load_model_file(model)  # a bad model fails here, before any run
     if getattr(args, "plan", None):
         console.warn("the GPU backend makes its decisions online; --plan is ignored")
+    if getattr(args, "span", "auto") not in (None, "auto"):
+        console.warn("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
     traces = [str(t) for t in (getattr(args, "traces", None) or [])]
     if len(traces) > 1:
         raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")

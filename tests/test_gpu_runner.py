@@ -696,6 +696,16 @@ def test_run_gpu_replay_without_gpu_is_a_one_line_exit_2():
     assert ei.value.exit_code == 2 and "\n" not in str(ei.value)
 
 
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this machine has a GPU")
+def test_run_gpu_replay_says_span_is_for_the_simulator(capsys):
+    with pytest.raises(NoGPUError):
+        G.run_gpu_replay(ns(span="block"))
+    assert "--span is for the simulator" in capsys.readouterr().err
+    with pytest.raises(NoGPUError):
+        G.run_gpu_replay(ns())   # an old namespace without span, or auto: no warning
+    assert "--span" not in capsys.readouterr().err
+
+
 def test_pagecast_prefetching_is_exported_lazily():
     import pagecast
 
