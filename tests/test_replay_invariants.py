@@ -399,16 +399,21 @@ def test_wider_span_where_its_plan_is_faster():
             assert S.run_policy(w, S.Alloc(), cap, prof, S.Options()).extra["plan_span"] == "unit"
 
 
-def test_span_needs():
-    """block: whole VA blocks of the universe; allocation: the pointed-to allocations added."""
+@settings(max_examples=25, **SETTINGS)
+@given(st.lists(launch_lists(max_launches=12, max_span=1500), min_size=1, max_size=2), GEOMETRY,
+       st.integers(1, 3))
+def test_span_needs(tasks, geo, n_allocs):
+    """block: whole VA blocks of the universe; allocation: the pointed-to allocations added
+    (against a per-step set reference)."""
     with tempfile.TemporaryDirectory() as d:
-        tr = page_trace(Path(d) / "t.pctrace", [np.array([3]), np.array([700, 1030])], n_allocs=3)
-        w, _ = workload([tr], 16 * PS, 512 * PS)
+        trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}", n_allocs=n_allocs) for k, L in enumerate(tasks)]
+        w, _ = workload(trs, *geo, timeslice_s=2e-5)
         needs = w.truth
         b = S.span_needs(needs, "block", w)
         for i in range(w.n_steps):
             lo, hi = w.universe.block_lo[needs.of(i)], w.universe.block_hi[needs.of(i)]
-            assert b.of(i).tolist() == sorted(set(np.concatenate([np.arange(x, y) for x, y in zip(lo, hi)]).tolist()))
+            want = set().union(*(range(x, y) for x, y in zip(lo.tolist(), hi.tolist())))
+            assert b.of(i).tolist() == sorted(want)
         a = S.span_needs(needs, "allocation", w)
         al = S.alloc_needs(w)
         for i in range(w.n_steps):
