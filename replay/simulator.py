@@ -197,10 +197,13 @@ class Planned(Policy):
         raise NotImplementedError
 
     def prefetch(self, ctx: Context) -> Groups:
+        trial: list = []
         span, needs, g = choose_span(ctx.w, self.needs(ctx), ctx.cap_units, ctx.profile, ctx.options,
-                                     self.spans or PLAN_SPANS)
+                                     self.spans or PLAN_SPANS, trial)
         ctx.state["plan_needs"] = needs
         ctx.state["plan_span"] = span
+        if trial:
+            ctx.state["trial_run"] = trial[0]
         return g
 
 
@@ -267,11 +270,13 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 
 
 def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Options,
-                spans: tuple[str, ...] = PLAN_SPANS) -> tuple[str, Needs, Groups]:
+                spans: tuple[str, ...] = PLAN_SPANS, trial: list | None = None) -> tuple[str, Needs, Groups]:
     """Plan `needs` at each span and keep the plan that runs fastest when `needs`
     are what the launches touch: the planner's own view of the future (predictions
     for template, the truth for oracle), never anything it could not know. Ties
-    and a missing profile keep the earlier span. Returns (span, needs at that span, plan)."""
+    and a missing profile keep the earlier span. Returns (span, needs at that span, plan).
+    When `needs` are the truth, the winning trial run is the run itself: it is put in
+    `trial` (run_policy then does not run it again)."""
     best = None
     tried: list[Needs] = []
     view = None
@@ -294,7 +299,9 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
         r = run_policy(view, _Given(g, sn), cap_units, profile, options)
         t = float(r.end[-1]) if len(r.end) else 0.0
         if best is None or t < best[3]:
-            best = (span, sn, g, t)
+            best = (span, sn, g, t, r)
+    if trial is not None and needs is w.truth:
+        trial.append(best[4])
     return best[0], best[1], best[2]
 
 
@@ -552,6 +559,11 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     groups = policy.prefetch(ctx)
     n = w.n_steps
     on_launch, on_evict = bool(policy.wants_launches), bool(policy.wants_evictions)
+    done = ctx.state.pop("trial_run", None)
+    if done is not None and not (policy.wants_misses or on_launch or on_evict):
+        # the planner's winning trial ran this very plan on these very needs (oracle)
+        return RunResult(policy.name, cap_units, done.counters, done.start, done.end, done.stall, done.compute,
+                         {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
     # a policy moving units online is tracked as a planned one (faults evict what it did not bring first)
     has_plan = groups is not None or on_launch
     if groups is None:
