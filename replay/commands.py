@@ -8,7 +8,7 @@ from pathlib import Path
 from pagecast.command import Command
 from pagecast.errors import UsageError
 
-POLICY_NAMES = "demand, alloc, template, oracle, swap"
+POLICY_NAMES = "demand, alloc, template, oracle, swap, runner"
 
 
 def _size_list(text: str) -> list[int]:

@@ -209,6 +209,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                  " another capacity follows the same transfers (memory the plan overfills is evicted by faults)")
     if "template" in policies and model is None and plan is None:
         raise UsageError("policy template needs --model MODEL or --plan PLAN")
+    if "runner" in policies and model is None:
+        raise UsageError("policy runner needs --model MODEL (it predicts as the GPU runner does)")
     extra = []
     predicted = None
     if "template" in policies and model is not None and plan is None:
@@ -252,7 +254,11 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 if progress:
                     progress.advance()
             continue
-        pol = tmpl if p == "template" else S.POLICIES[p]()
+        if p == "runner":
+            from .runner_policy import Runner
+            pol = Runner(model)
+        else:
+            pol = tmpl if p == "template" else S.POLICIES[p]()
         if p in ("template", "oracle"):
             pol.spans = cfg.spans()
         for (c, _), cu in zip(caps, cap_units):

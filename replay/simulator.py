@@ -166,9 +166,11 @@ class Policy:
         """The planned transfers before every step, at once (the whole timeline is known)."""
         return None
 
-    def on_launch(self, ctx: Context, step: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Before step `step` (after its planned group, if any): (units to evict, units to
-        prefetch, in need order), issued like a planned group; the launch waits for them."""
+    def on_launch(self, ctx: Context, step: int) -> tuple | None:
+        """Before step `step` (before its planned group, if any): (units to evict, units to
+        prefetch in need order[, wait]), issued like a planned group; the launch waits for the
+        prefetches. The group overlaps the launch before unless `wait` (default: it evicts a
+        unit that launch touches)."""
         return None
 
     def on_miss(self, ctx: Context, step: int, missed: np.ndarray) -> Groups | None:
@@ -513,8 +515,16 @@ def interval_difference(as_, ae, bs, be):
     return s, e
 
 
+def _runner(*a, **k) -> Policy:
+    from .runner_policy import Runner
+    return Runner(*a, **k)
+
+
+_runner.description = ("the GPU runner's own decisions, one launch at a time (template, no lookahead), "  # type: ignore[attr-defined]
+                       "replayed in the simulator")
+
 POLICIES: dict[str, Callable[..., Policy]] = {
-    "demand": Demand, "alloc": Alloc, "template": Template, "oracle": Oracle, "swap": Swap,
+    "demand": Demand, "alloc": Alloc, "template": Template, "oracle": Oracle, "swap": Swap, "runner": _runner,
 }
 
 
@@ -589,7 +599,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         if on_launch:
             mv = policy.on_launch(ctx, s0)
             if mv is not None:
-                _apply_now(mv, mem, u, counters, s0)
+                if _apply_now(mv, mem, u, counters, s0, w.truth.of(s0 - 1) if s0 > 0 else None):
+                    groups.wait_prev[s0] = 1
         s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, w.truth.ptr, w.truth.unit, has_plan,
                              groups.ev_ptr, groups.ev_unit,
                              groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
@@ -610,15 +621,20 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
                      {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
 
 
-def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int) -> None:
-    """An on_launch hook's (evict, prefetch) units, carried out as a planned group of `step`."""
-    ev, pf = (np.asarray(x, I64).ravel() for x in mv)
+def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int, prev_units) -> bool:
+    """An on_launch hook's (evict, prefetch[, wait]) units, carried out as a planned group of
+    `step`. Returns whether the group waits for the launch before to end: `wait` if given,
+    else whether it evicts a unit that launch touches (as the planner decides)."""
+    ev, pf = (np.asarray(x, I64).ravel() for x in mv[:2])
     bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= u.n_units)]
     if bad:
         raise ValueError(f"on_launch named units outside 0..{u.n_units - 1}")
     C.apply_group(ev, 0, len(ev), pf, 0, len(pf), mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
                   u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state, len(pf),
                   counters, step)
+    if len(mv) > 2:
+        return bool(mv[2])
+    return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())
 
 
 def timing(counters, comp, gran, groups: Groups, profile):

@@ -699,3 +699,29 @@ def test_cost_model_policy_example_runs():
     finally:
         S.POLICIES.clear()
         S.POLICIES.update(saved)
+
+
+def test_on_launch_group_waits_for_the_launch_whose_units_it_evicts():
+    """An on_launch group evicting units the launch before touches starts once that launch ends
+    (as the planner's groups do); one evicting nothing of it overlaps it; `wait` overrides."""
+    class Swapper(S.Policy):
+        wants_launches = True
+
+        def __init__(self, wait=None):
+            self.wait = wait
+
+        def on_launch(self, ctx, step):
+            if step == 0:
+                return [], ctx.w.truth.of(0)
+            mv = (ctx.w.truth.of(step - 1), ctx.w.truth.of(step))
+            return mv if self.wait is None else (*mv, self.wait)
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", [np.arange(0, 32), np.arange(32, 64)], compute_ns=10_000)
+        w, prof = workload([tr], PS, PS)
+        starts = {}
+        for label, wait in (("default", None), ("no", False), ("yes", True)):
+            r = S.run_policy(w, Swapper(wait), 32, prof, S.Options(driver_prefetch=False))
+            assert r.counters[:, C.C_FAULTS].sum() == 0
+            starts[label] = r.start[1]
+            assert r.start[1] >= r.end[0] - 1e-15
+        assert starts["default"] == starts["yes"] > starts["no"]

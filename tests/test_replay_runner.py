@@ -1,0 +1,94 @@
+"""Policy `runner`: the GPU runner's engine driven by a trace, its transfers replayed in the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagecast import trace as T
+from pagecast.errors import UsageError
+from pagecast.replay import simulator as S
+from pagecast.replay.run import SimConfig, replay_sim
+from pagecast.replay.runner_policy import Runner, _TraceCuda
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    d = tmp_path_factory.mktemp("runner")
+    out = {}
+    for name in ("jacobi2d", "llm-prefill-decode"):
+        fit = [T.read_trace(make_trace(name, d / f"{name}{s}.pctrace", scale=0.05, seed=s)) for s in (1, 2)]
+        out[name] = (fit_model(fit), T.read_trace(make_trace(name, d / f"{name}3.pctrace", scale=0.05, seed=3)))
+    return out
+
+
+def test_trace_cuda_answers_the_allocation_live_at_each_launch(fitted):
+    """llm-prefill-decode frees its prompt temporaries and reuses their addresses."""
+    _, tr = fitted["llm-prefill-decode"]
+    cuda = _TraceCuda(tr)
+    a = tr.allocations.to_pylist()
+    assert len({r[T.ADDRESS] for r in a}) < len(a)          # the trace does reuse addresses
+    rng = np.random.default_rng(0)
+    for r in a:
+        last = r[T.LAST_LAUNCH] if r[T.LAST_LAUNCH] is not None else tr.n_launches - 1
+        for t in {r[T.FIRST_LAUNCH], last, int(rng.integers(r[T.FIRST_LAUNCH], last + 1))}:
+            cuda.t = t
+            for addr in (r[T.ADDRESS], r[T.ADDRESS] + r[T.BYTES] - 1):
+                got = cuda.allocation_of(addr)
+                assert got is not None and (got.base, got.size) == (r[T.ADDRESS], r[T.BYTES]), (r, t)
+    cuda.t = 0
+    assert cuda.allocation_of(1) is None
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "llm-prefill-decode"])
+def test_runner_replays_the_engines_transfers(fitted, name):
+    model, tr = fitted[name]
+    cfg = SimConfig()
+    runs, _ = replay_sim([tr], ["demand", "runner", "template"], oversub=[0.5, 1.5, 3.0], config=cfg, model=model)
+    by = {(r["policy"], r["oversub"]): r for r in runs}
+    again, _ = replay_sim([tr], ["runner"], oversub=[1.5], config=cfg, model=model)
+    assert again[0]["time_s"] == by[("runner", 1.5)]["time_s"]          # deterministic
+    # memory for everything: the engine evicts nothing, and what it prefetches never faults again
+    roomy = by[("runner", 0.5)]
+    assert roomy["dtoh_bytes"] == 0 and roomy["faults"] <= by[("demand", 0.5)]["faults"]
+    assert roomy["prefetch_bytes"] > 0
+    for o in (1.5, 3.0):
+        r = by[("runner", o)]
+        assert r["prefetch_bytes"] > 0 and r["dtoh_bytes"] > 0
+        assert r["htod_bytes"] >= r["prefetch_bytes"]
+
+
+def test_runner_transfers_are_the_engines(fitted):
+    """The units the simulator moves for `runner` are the ranges the engine asked for."""
+    from pagecast.replay.workload import build_workload
+    model, tr = fitted["jacobi2d"]
+    prof = SimConfig().profile()
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    cap = w.universe.n_units // 2
+    pol = Runner(model)
+    ctx = S.Context(w, cap, S.Options(), memory=S.Memory(w, cap), profile=prof)
+    pol.prefetch(ctx)
+    asked = 0
+    pages = set()
+    for step in range(w.n_steps):
+        ev, pf, _ = pol.on_launch(ctx, step)
+        asked += sum(n for _, n in pol.cuda.to_gpu)
+        assert len(np.unique(pf)) == len(pf) and len(np.unique(ev)) == len(ev)
+        # each range's first and last 64 KiB unit is among the units handed to the simulator
+        for a, n in pol.cuda.to_gpu:
+            for b in (a, a + n - 1):
+                d0, _, inside = w.universe.dense_intervals(0, np.array([b // w.gran]), np.array([b // w.gran + 1]))
+                if inside[0]:
+                    assert d0[0] in set(pf.tolist())
+        pages.update(pf.tolist())
+    assert asked == pol.engine.stats.prefetch_bytes > 0 and pages
+
+
+def test_runner_needs_a_model_and_one_trace(fitted):
+    model, tr = fitted["jacobi2d"]
+    with pytest.raises(UsageError, match="--model"):
+        replay_sim([tr], ["runner"], oversub=[2.0])
+    with pytest.raises(UsageError, match="one trace"):
+        replay_sim([tr, tr], ["runner"], oversub=[2.0], model=model)
