@@ -34,6 +34,7 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
     assert sim[sim.index("--oversub") + 1] == "1.5,2,3"
     assert sim[sim.index("--span") + 1] == "unit"   # the runner prefetches the predicted ranges themselves
+    assert sim[sim.index("--policy") + 1] == "demand,template,runner"   # and its own decisions, replayed
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
     assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
 
@@ -76,6 +77,20 @@ def test_report_checks_the_bars_and_the_simulator(V):
     assert "+100%" in md and "⚠" in md            # demand at 300%: simulated 2x the measured time
     assert "12.0 us per launch on average (budget 20 us: met)" in md
     assert "**fit failed**: exit 2" in md and "some bars not met" in md
+
+
+def test_gpu_template_is_compared_with_the_simulated_runner(V):
+    """Where the simulator replayed the runner's own decisions, the GPU's template is set against
+    them (the difference is then the cost model), the planned template's speedup beside."""
+    gpu = _rows("gpu", {2.0: {"demand": 10.0, "template": 4.0, "oracle": 2.0}})
+    sim = _rows("sim", {2.0: {"demand": 10.0, "template": 2.0, "runner": 4.4, "oracle": 2.0}})
+    rows = V.compare(gpu, sim)
+    t = next(r for r in rows if r["policy"] == "template")
+    assert t["sim_policy"] == "runner" and t["sim_time_s"] == 4.4 and t["sim_planned_speedup"] == 5.0
+    assert abs(t["sim_error"] - 0.1) < 1e-12
+    md = V.render({"jacobi2d": {"rows": rows, "errors": []}}, device="d", date="x",
+                  settings={"fit_scale": 0.5, "replay_scale": 1, "repeat": 1}, profile=None)
+    assert "replay the runner's own decisions" in md and "reaches 5.00x at 200%" in md
 
 
 def test_dry_run_prints_every_command(V, capsys, tmp_path):
