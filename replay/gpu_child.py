@@ -23,7 +23,7 @@ from pagecast.errors import NoGPUError, PagecastError, UsageError
 
 from .gpu_engine import POLICIES, TIMELINE_MAX, Engine
 from .gpu_oracle import Relocator
-from .gpu_predict import FeedbackLoop, load_model_file, make_online_predict, model_kernel_names
+from .gpu_predict import FeedbackLoop, default_fallback, load_model_file, make_online_predict, model_kernel_names
 
 
 # ---------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def _child_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None)
     p.add_argument("--trace", default=None)
     p.add_argument("--feedback", action="store_true")
-    p.add_argument("--fallback", default="history")
+    p.add_argument("--fallback", default=None, help="default: gpu_predict.default_fallback(--feedback)")
     p.add_argument("--result", required=True)
     p.add_argument("--feedback-every", type=int, default=256, help="launches between feedback rounds")
     p.add_argument("--timeline", action="store_true", help="report per-kernel rows too")
@@ -193,6 +193,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
             from .cuda_iface import open_cuda
             cuda = open_cuda()
         model = load_model_file(ns.model) if ns.model else None
+        if ns.fallback is None:
+            ns.fallback = default_fallback(ns.feedback)
         predict = make_online_predict(model, ns.fallback) if model is not None else None
         relocator = None
         if ns.trace:

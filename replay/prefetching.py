@@ -7,11 +7,11 @@ import os
 from typing import Iterator
 
 from .gpu_engine import Engine
-from .gpu_predict import FeedbackLoop, load_model_file, make_online_predict, model_kernel_names
+from .gpu_predict import FeedbackLoop, default_fallback, load_model_file, make_online_predict, model_kernel_names
 
 
 @contextlib.contextmanager
-def prefetching(model, capacity: int | str | None = None, fallback: str = "history",
+def prefetching(model, capacity: int | str | None = None, fallback: str | None = None,
                 feedback: bool = False, *, cuda=None, hook_factory=None, monitor=None) -> Iterator[Engine]:
     """Apply the template policy to the kernels launched inside the block.
 
@@ -34,6 +34,8 @@ def prefetching(model, capacity: int | str | None = None, fallback: str = "histo
     if cuda is None:
         from .cuda_iface import open_cuda
         cuda = open_cuda()
+    if fallback is None:
+        fallback = default_fallback(feedback)
     predict = make_online_predict(model, fallback)
     engine = Engine(cuda, "template", capacity=cap, predict=predict, model_kernels=model_kernel_names(model),
                     warn=lambda m: __import__("warnings").warn(m, stacklevel=3))

@@ -724,6 +724,22 @@ def test_prefetching_context_manager_with_stand_ins(monkeypatch):
     assert eng.stats.prefetch_bytes == MiB and eng.residency.capacity_units == 32
 
 
+def test_prefetching_falls_back_to_history_only_with_feedback(monkeypatch):
+    """Without feedback the fit's history is stale (every expert a MoE fit saw): no fallback."""
+    f, bases = fake_with_buffers(1)
+    seen = []
+    monkeypatch.setattr(PF, "make_online_predict",
+                        lambda model, fallback: seen.append(fallback) or (lambda la, a: []))
+    model = types.SimpleNamespace(kernels={"k": None})
+    with PF.prefetching(model, cuda=f, hook_factory=FakeHook):
+        pass
+    with PF.prefetching(model, fallback="allocation", cuda=f, hook_factory=FakeHook):
+        pass
+    assert seen == ["none", "allocation"]
+    from pagecast.replay.gpu_predict import default_fallback
+    assert default_fallback(True) == "history" and default_fallback(False) == "none"
+
+
 # ---- feedback: faults the prediction missed, attributed to their launch ---------------------------
 
 def test_feedback_attributes_missed_faults_to_the_launch_that_ran():
