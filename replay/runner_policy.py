@@ -20,8 +20,6 @@ host-side time per launch.
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from pagecast.errors import UsageError
@@ -32,20 +30,13 @@ from .workload import I64
 
 class _TraceCuda:
     """The engine's CUDA interface, answered from a trace: the allocations live at the
-    current launch; transfers are recorded, not made."""
+    current launch (looked up as the oracle's relocator does); transfers are recorded,
+    not made."""
 
     device = 0
 
-    def __init__(self, trace) -> None:
-        from pagecast import trace as T
-        a = trace.allocations
-        self.addr = np.asarray(a.column(T.ADDRESS).to_numpy(zero_copy_only=False), dtype=np.int64)
-        self.size = np.asarray(a.column(T.BYTES).to_numpy(zero_copy_only=False), dtype=np.int64)
-        self.first = trace.column(T.ALLOCATIONS, T.FIRST_LAUNCH).astype(np.int64)
-        last = trace.column(T.ALLOCATIONS, T.LAST_LAUNCH).astype(np.int64)
-        self.last = np.where(last < 0, np.iinfo(np.int64).max, last)
-        self.order = np.argsort(self.addr, kind="stable")
-        self.sorted_addr = self.addr[self.order].tolist()
+    def __init__(self, relocator) -> None:
+        self.rel = relocator
         self.t = 0
         self.to_gpu: list[tuple[int, int]] = []
         self.to_host: list[tuple[int, int]] = []
@@ -53,17 +44,12 @@ class _TraceCuda:
 
     def allocation_of(self, addr: int):
         from .cuda_iface import Allocation
-        i = bisect.bisect_right(self.sorted_addr, int(addr)) - 1
-        # an address may be reused after a free: the allocation live now, among the few below
-        for k in range(i, max(i - 8, -1), -1):
-            j = int(self.order[k])
-            if self.addr[j] <= addr < self.addr[j] + self.size[j] and self.first[j] <= self.t <= self.last[j]:
-                return Allocation(int(self.addr[j]), int(self.size[j]), True)
-        return None
+        j = self.rel.find_alloc(int(addr), self.t)
+        return None if j is None else Allocation(int(self.rel.a_addr[j]), int(self.rel.a_bytes[j]), True)
 
     def freed_before(self, t: int) -> np.ndarray:
         """Addresses of the allocations whose last launch is t - 1."""
-        return self.addr[self.last == t - 1]
+        return self.rel.a_addr[self.rel.a_last == t - 1]
 
     def prefetch_to_gpu(self, addr, nbytes, stream=0) -> None:
         self.to_gpu.append((int(addr), int(nbytes)))
@@ -109,10 +95,11 @@ class Runner(S.Policy):
         if len(w.tasks) != 1:
             raise UsageError("policy runner replays one trace (the GPU runner runs one workload)")
         trace = w.tasks[0].trace
-        self.cuda = _TraceCuda(trace)
+        rel = Relocator(trace)
+        self.cuda = _TraceCuda(rel)   # its allocation tables only (the engine's observe() moves no address here)
         # the runner is given the workload's trace for --oversub: its residency estimate uses it
         self.engine = Engine(self.cuda, "template", capacity=ctx.cap_units * w.gran,
-                             predict=make_online_predict(self.model, self.fallback), relocator=Relocator(trace),
+                             predict=make_online_predict(self.model, self.fallback), relocator=rel,
                              model_kernels=model_kernel_names(self.model))
         rows = trace.launches.to_pylist()
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in rows]

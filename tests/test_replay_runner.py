@@ -27,7 +27,8 @@ def fitted(tmp_path_factory):
 def test_trace_cuda_answers_the_allocation_live_at_each_launch(fitted):
     """llm-prefill-decode frees its prompt temporaries and reuses their addresses."""
     _, tr = fitted["llm-prefill-decode"]
-    cuda = _TraceCuda(tr)
+    from pagecast.replay.gpu_oracle import Relocator
+    cuda = _TraceCuda(Relocator(tr))
     a = tr.allocations.to_pylist()
     assert len({r[T.ADDRESS] for r in a}) < len(a)          # the trace does reuse addresses
     rng = np.random.default_rng(0)
