@@ -23,7 +23,7 @@ GANTT_BINS = 900            # time bins of the multitask timeline when launches 
 MAX_GANTT_PANELS = 4
 MAX_WORKLOAD_PANELS = 11    # speedup panels (plus the geometric mean) when results hold several workloads
 MAX_TABLE_ROWS = 40         # longer run tables are folded
-POLICY_ORDER = ["demand", "alloc", "prefetch", "lru", "fifo", "swap", "template", "plan", "history", "oracle"]
+POLICY_ORDER = ["demand", "alloc", "prefetch", "lru", "fifo", "swap", "runner", "template", "plan", "history", "oracle"]
 
 
 def _col(t: pa.Table, name: str, default=None) -> list:
