@@ -10,8 +10,8 @@ Policies are small objects with named hooks, in libCacheSim's spirit:
 - `prefetch(ctx) -> Groups | None`: the transfers (evictions, then prefetches
   in need order) to issue before each step; policies see the whole timeline
   (which task runs next and its upcoming launches), so they plan it at once;
-- `on_launch(ctx, step) -> (evict_units, prefetch_units) | None`: called before
-  every step, when `wants_launches`, for policies that decide online;
+- `on_launch(ctx, step) -> (evict_units, prefetch_units[, wait]) | None`: called
+  before every step, when `wants_launches`, for policies that decide online;
 - `on_miss(ctx, step, missed_units) -> Groups | None`: called after a step
   that faulted, when `wants_misses`; may re-plan the steps after it;
 - `on_evict(ctx, step, evicted_units)`: called after a step that evicted
@@ -578,6 +578,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     has_plan = groups is not None or on_launch
     if groups is None:
         groups = Groups.empty(n)
+    elif on_launch:
+        groups.wait_prev = groups.wait_prev.copy()   # on_launch may mark steps: not in the policy's own plan
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
     order = policy.evict_order or options.eviction
