@@ -184,10 +184,13 @@ class ReplayCommand(Command):
         if args.backend == "sim":
             from pagecast import console
             if "template" not in args.policy:
-                for flag, val in (("--plan", args.plan), ("--model", args.model), ("--feedback", args.feedback)):
+                uses_model = "runner" in args.policy
+                for flag, val in (("--plan", args.plan), ("--model", None if uses_model else args.model),
+                                  ("--feedback", args.feedback)):
                     if val:
                         console.warn(f"{flag} is for the template policy, which is not among --policy; ignored")
-                args.plan = args.model = None
+                args.plan = None
+                args.model = args.model if uses_model else None
                 args.feedback = False
             elif args.plan and args.model:
                 console.warn("--plan and --model both given: template follows the plan (its manifest names its"

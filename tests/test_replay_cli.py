@@ -435,3 +435,10 @@ def test_span_flag_fixes_the_span(traces, model, tmp_path, capsys, span):
 def test_span_flag_refuses_nonsense(traces, capsys):
     code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2", "--span", "page")
     assert code == 2 and "--span" in err and "Traceback" not in err
+
+
+def test_runner_policy_keeps_model_without_template(traces, model, capsys):
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,runner", "--model", model,
+                             "--oversub", "2", "--json")
+    assert code == 0, err
+    assert "ignored" not in err and [r["policy"] for r in json.loads(out)] == ["demand", "runner"]
