@@ -407,8 +407,8 @@ fetches each launch's units only when it is issued, so they overlap less with ea
 kernels, and its victims are chosen without the future. The runner predicts kernels its
 model cannot with no fallback unless it has fault feedback (`gpu_predict.default_fallback`):
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
-ran at 0.28x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
-help, 2.90x against 2.75x). These are the numbers the GPU validation
+ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
+help, 2.72x against 2.58x). These are the numbers the GPU validation
 (docs/gpu-validation.md) should be read against.
 """
 

@@ -95,7 +95,7 @@ def default_fallback(feedback: bool) -> str:
     which feeds it the pages launches really fault on; without it the history is the fit's,
     which on data-dependent kernels names every row or expert the fitting runs read
     (replaying the runner's own decisions in the simulator, policy `runner`: moe-decode
-    0.28x of demand with it, 1.49x without, at 150%; the other workloads level or better
+    0.26x of demand with it, 1.49x without, at 150%; the other workloads level or better
     without it but spmv-cg at 150%, 5% behind; docs/results.md)."""
     return "history" if feedback else "none"
 
