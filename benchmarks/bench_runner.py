@@ -30,18 +30,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pagecast.replay.cuda_iface import Allocation, InertCuda  # noqa: E402  (after the path)
 
-class NullCuda:
+
+class NullCuda(InertCuda):
     """Allocations answered from a sorted table; every call that would move memory does nothing."""
 
-    device = 0
-
     def __init__(self, allocs: list[tuple[int, int]]) -> None:
-        from pagecast.replay.cuda_iface import Allocation
+        super().__init__()
         allocs = sorted(allocs)
         self._bases = [a for a, _ in allocs]
         self._allocs = [Allocation(a, n, True) for a, n in allocs]
-        self._n = 0
 
     def allocation_of(self, addr: int):
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -51,16 +50,6 @@ class NullCuda:
 
     def prefetch_to_gpu(self, addr, nbytes, stream=0): pass
     def prefetch_to_host(self, addr, nbytes, stream=0): pass
-    def record_event(self, event, stream=0): pass
-    def stream_wait_event(self, stream, event): pass
-
-    def new_stream(self) -> int:
-        self._n += 1
-        return 1000 + self._n
-
-    def new_event(self, timing=False) -> int:
-        self._n += 1
-        return 2000 + self._n
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -533,8 +533,33 @@ class CuptiMonitor:
 
 
 # ---------------------------------------------------------------------------
-# The stand-in for CPU tests
+# The stand-ins for CPU tests and CPU-side replays of the engine
 # ---------------------------------------------------------------------------
+
+class InertCuda:
+    """Streams and events that do nothing, for driving the runner's engine without a GPU
+    (the simulator's `runner` policy, benchmarks/bench_runner.py). Subclasses answer
+    `allocation_of` and say what a prefetch does."""
+
+    device = 0
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def record_event(self, event, stream=0) -> None:
+        pass
+
+    def stream_wait_event(self, stream, event) -> None:
+        pass
+
+    def new_stream(self) -> int:
+        self._n += 1
+        return 1000 + self._n
+
+    def new_event(self, timing=False) -> int:
+        self._n += 1
+        return 2000 + self._n
+
 
 class FakeCuda:
     """A CudaIface that logs calls and tracks which 4 KiB pages are on the GPU.

@@ -25,25 +25,23 @@ import numpy as np
 from pagecast.errors import UsageError
 
 from . import simulator as S
+from .cuda_iface import Allocation, InertCuda
 from .workload import I64
 
 
-class _TraceCuda:
+class _TraceCuda(InertCuda):
     """The engine's CUDA interface, answered from a trace: the allocations live at the
     current launch (looked up as the oracle's relocator does); transfers are recorded,
     not made."""
 
-    device = 0
-
     def __init__(self, relocator) -> None:
+        super().__init__()
         self.rel = relocator
         self.t = 0
         self.to_gpu: list[tuple[int, int]] = []
         self.to_host: list[tuple[int, int]] = []
-        self._n = 0
 
     def allocation_of(self, addr: int):
-        from .cuda_iface import Allocation
         j = self.rel.find_alloc(int(addr), self.t)
         return None if j is None else Allocation(int(self.rel.a_addr[j]), int(self.rel.a_bytes[j]), True)
 
@@ -56,20 +54,6 @@ class _TraceCuda:
 
     def prefetch_to_host(self, addr, nbytes, stream=0) -> None:
         self.to_host.append((int(addr), int(nbytes)))
-
-    def record_event(self, event, stream=0) -> None:
-        pass
-
-    def stream_wait_event(self, stream, event) -> None:
-        pass
-
-    def new_stream(self) -> int:
-        self._n += 1
-        return 1000 + self._n
-
-    def new_event(self, timing=False) -> int:
-        self._n += 1
-        return 2000 + self._n
 
 
 class Runner(S.Policy):
