@@ -499,13 +499,7 @@ class LaunchHook:
             self._subscriber = sub
             LaunchHook._running = self
         try:
-            for cbid in DRIVER_LAUNCH_CBIDS:
-                cupti.enable_callback(1, sub, cupti.CallbackDomain.DRIVER_API, cbid)
-            if self.runtime:
-                for cbid in RUNTIME_LAUNCH_CBIDS:
-                    cupti.enable_callback(1, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
-            for domain, cbid in self.api_callbacks:
-                cupti.enable_callback(1, sub, domain, cbid)
+            self._enable_callbacks(cupti, sub, 1)
         except BaseException:
             try:
                 self.stop()
@@ -513,6 +507,16 @@ class LaunchHook:
                 pass
             raise
         return self
+
+    def _enable_callbacks(self, cupti, sub, on: int) -> None:
+        """Switch every callback this hook uses on (1) or off (0)."""
+        for cbid in DRIVER_LAUNCH_CBIDS:
+            cupti.enable_callback(on, sub, cupti.CallbackDomain.DRIVER_API, cbid)
+        if self.runtime:
+            for cbid in RUNTIME_LAUNCH_CBIDS:
+                cupti.enable_callback(on, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
+        for domain, cbid in self.api_callbacks:
+            cupti.enable_callback(on, sub, domain, cbid)
 
     @staticmethod
     def _subscriber_params(cupti):
@@ -540,13 +544,7 @@ class LaunchHook:
 
         sub, self._subscriber = self._subscriber, None
         try:
-            for cbid in DRIVER_LAUNCH_CBIDS:
-                cupti.enable_callback(0, sub, cupti.CallbackDomain.DRIVER_API, cbid)
-            if self.runtime:
-                for cbid in RUNTIME_LAUNCH_CBIDS:
-                    cupti.enable_callback(0, sub, cupti.CallbackDomain.RUNTIME_API, cbid)
-            for domain, cbid in self.api_callbacks:
-                cupti.enable_callback(0, sub, domain, cbid)
+            self._enable_callbacks(cupti, sub, 0)
         finally:
             try:
                 cupti.unsubscribe(sub)
