@@ -53,8 +53,12 @@ def main(argv=None) -> int:
         write_results(work / "results.parquet", runs, timeline, force=True)
         variants = llm_variants(work, args.costs)
         lat0_text = latency_free_sci(work, args.costs)
-        moe_text = predicted_part_bound(work, args.costs, "moe-decode")
-        runner_text = runner_section(work, args.costs, sorted({r["workload"] for r in runs if not r.get("mix")}))
+        moe_text = predicted_part_bound(work, args.costs, "moe-decode",
+                                        {(r["policy"], r["oversub"]): r["time_s"] for r in runs
+                                         if r["workload"] == "moe-decode"})
+        runner_text = runner_section(work, args.costs, sorted({r["workload"] for r in runs if not r.get("mix")}),
+                                     {(r["workload"], r["oversub"]): r["speedup_vs_demand"]
+                                      for r in runs if r["policy"] == "template"})
     elapsed = time.perf_counter() - t0
 
     by = {(r["workload"], r["oversub"], r["policy"]): r for r in runs}
@@ -298,11 +302,12 @@ def llm_variants(work: Path, costs: str):
     return out
 
 
-def predicted_part_bound(work: Path, costs: str, name: str) -> str:
+def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     """How much of the gap to oracle on `name` the predictions could close: oracle planned on
     only the pages template predicts and the launch really touches (the truth within the
     predictions), beside template and oracle. Equal to template: nothing is lost on what is
-    predicted, and the gap is the pages no prediction names."""
+    predicted, and the gap is the pages no prediction names. `times`: (policy, oversub) ->
+    time_s of `name` in the main table's runs (same trace, profile and capacities)."""
     import numpy as np
 
     from pagecast.predict.model_io import load_model
@@ -340,10 +345,8 @@ def predicted_part_bound(work: Path, costs: str, name: str) -> str:
     for o in OVERSUB:
         (cap, _), = capacities_for(w.footprint_bytes, None, [o])
         cu = cap // w.gran
-        t = {}
-        for lab, pol in (("demand", S.Demand()), ("template", S.Template(model=load_model(work / "model.json"))),
-                         ("known", Known()), ("oracle", S.Oracle())):
-            t[lab] = S.run_policy(w, pol, cu, prof, S.Options()).end[-1]
+        t = {p: times[(p, o)] for p in ("demand", "template", "oracle")}
+        t["known"] = S.run_policy(w, Known(), cu, prof, S.Options()).end[-1]
         worst = min(worst, t["known"] / t["template"])
         rows.append(f"| {o:.0%} | {t['demand'] / t['template']:.2f}x | {t['demand'] / t['known']:.2f}x | "
                     f"{t['demand'] / t['oracle']:.2f}x |")
@@ -362,8 +365,9 @@ def predicted_part_bound(work: Path, costs: str, name: str) -> str:
          "  pages the router chooses.\n"))
 
 
-def runner_section(work: Path, costs: str, names: list[str]) -> str:
-    """template (planned ahead) against runner (the GPU runner's own online decisions) per workload."""
+def runner_section(work: Path, costs: str, names: list[str], template: dict) -> str:
+    """template (planned ahead) against runner (the GPU runner's own online decisions) per workload.
+    `template`: (workload, oversub) -> template's speedup, from the main table's runs."""
     import statistics
 
     from pagecast.predict.model_io import load_model
@@ -377,12 +381,12 @@ def runner_section(work: Path, costs: str, names: list[str]) -> str:
     ratio = {o: [] for o in OVERSUB}
     below = []
     for n in names:
-        runs, _ = replay_sim([read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")], ["demand", "template", "runner"],
+        runs, _ = replay_sim([read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")], ["demand", "runner"],
                              oversub=list(OVERSUB), config=SimConfig(costs=costs), model=model, timeline=False)
-        by = {(r["policy"], r["oversub"]): r["speedup_vs_demand"] for r in runs}
+        by = {r["oversub"]: r["speedup_vs_demand"] for r in runs if r["policy"] == "runner"}
         cells = []
         for o in OVERSUB:
-            t, r = by[("template", o)], by[("runner", o)]
+            t, r = template[(n, o)], by[o]
             ratio[o].append(r / t)
             if r < 1:
                 below.append(f"{n} at {o:.0%}")
