@@ -21,7 +21,8 @@ class Relocator:
     trace; on the first mismatch the relocator stops (`matching` false).
     """
 
-    def __init__(self, trace) -> None:
+    def __init__(self, trace, fp=None) -> None:
+        """`fp`: the trace's footprints (`footprints(trace)`) when the caller has them already."""
         import numpy as np
 
         from pagecast import trace as T
@@ -40,7 +41,7 @@ class Relocator:
         order = np.argsort(self.a_addr, kind="stable")
         self.order = order
         self.sorted_addr = self.a_addr[order]
-        fp = footprints(trace)
+        fp = footprints(trace) if fp is None else fp
         ps = fp.page_size
         self.fp_indptr, self.fp_start, self.fp_end, self.ps = fp.indptr, fp.start * ps, fp.end * ps, ps
         self.delta: dict[int, int] = {}

@@ -79,7 +79,7 @@ class Runner(S.Policy):
         if len(w.tasks) != 1:
             raise UsageError("policy runner replays one trace (the GPU runner runs one workload)")
         trace = w.tasks[0].trace
-        rel = Relocator(trace)
+        rel = Relocator(trace, w.tasks[0].truth)   # the workload's footprints of the trace, not computed again
         self.cuda = _TraceCuda(rel)   # its allocation tables only (the engine's observe() moves no address here)
         # the runner is given the workload's trace for --oversub: its residency estimate uses it
         self.engine = Engine(self.cuda, "template", capacity=ctx.cap_units * w.gran,
