@@ -50,7 +50,7 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     _add_span_flag(g)
 
 
-SPAN_CHOICES = ("auto", "unit", "block", "allocation")
+SPAN_CHOICES = ("auto", "unit", "block", "allocation")   # "auto" and plan_io.SPANS (not imported: CLI start-up)
 
 
 def _add_span_flag(g) -> None:

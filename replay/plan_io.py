@@ -40,7 +40,7 @@ MANIFEST = "manifest.json"
 TABLE = "plan.parquet"
 PREFETCH, EVICT = "prefetch", "evict"
 ACTIONS = (PREFETCH, EVICT)
-SPANS = ("unit", "block", "allocation")   # simulator.PLAN_SPANS: what the planner widened the predictions to
+SPANS = ("unit", "block", "allocation")   # what the planner widened the predictions to (simulator.span_needs)
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
 SCHEMA = pa.schema([

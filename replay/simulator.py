@@ -33,6 +33,7 @@ import numpy as np
 from pagecast import footprints as F
 from pagecast.errors import UsageError
 
+from . import plan_io
 from . import sim_core as C
 from .workload import I64, Needs, Workload
 
@@ -211,7 +212,7 @@ class Planned(Policy):
 
 # ---- the planner's span ----------------------------------------------------------
 
-PLAN_SPANS = ("unit", "block", "allocation")   # plan_io.SPANS: a plan file names the one chosen
+PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "allocation"): a plan file names the one chosen
 
 
 def span_needs(needs: Needs, span: str, w: Workload) -> Needs:
@@ -573,7 +574,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     if done is not None and not (policy.wants_misses or on_launch or on_evict):
         # the planner's winning trial ran this very plan on these very needs (oracle)
         return RunResult(policy.name, cap_units, done.counters, done.start, done.end, done.stall, done.compute,
-                         {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
+                         _run_extra(ctx))
     # a policy moving units online is tracked as a planned one (faults evict what it did not bring first)
     has_plan = groups is not None or on_launch
     if groups is None:
@@ -619,8 +620,12 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
                 groups = groups.splice(new, s)
     comp = step_compute(w)
     start, end, stall = timing(counters, comp, w.gran, groups, profile)
-    return RunResult(policy.name, cap_units, counters, start, end, stall, comp,
-                     {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")})
+    return RunResult(policy.name, cap_units, counters, start, end, stall, comp, _run_extra(ctx))
+
+
+def _run_extra(ctx: Context) -> dict:
+    """What a run reports beside its counters: feedback changes, the plan's span."""
+    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")}
 
 
 def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int, prev_units) -> bool:

@@ -411,8 +411,9 @@ def test_results_table_names_a_plan_wider_than_units():
     assert "alloc (" not in text and "demand (" not in text
     from pagecast.replay import plan_io
     from pagecast.replay import simulator as S
-    from pagecast.replay.commands import SPAN_WORDS
+    from pagecast.replay.commands import SPAN_CHOICES, SPAN_WORDS
     assert set(SPAN_WORDS) == set(plan_io.SPANS) == set(S.PLAN_SPANS)
+    assert SPAN_CHOICES == ("auto", *plan_io.SPANS)
 
 
 @pytest.mark.parametrize("span", ["unit", "block", "allocation"])
