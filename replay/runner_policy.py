@@ -40,14 +40,17 @@ class _TraceCuda(InertCuda):
         self.t = 0
         self.to_gpu: list[tuple[int, int]] = []
         self.to_host: list[tuple[int, int]] = []
+        self._freed: dict[int, list[int]] = {}   # launch -> allocations freed just before it
+        for a, last in zip(relocator.a_addr.tolist(), relocator.a_last.tolist()):
+            self._freed.setdefault(last + 1, []).append(a)
 
     def allocation_of(self, addr: int):
         j = self.rel.find_alloc(int(addr), self.t)
         return None if j is None else Allocation(int(self.rel.a_addr[j]), int(self.rel.a_bytes[j]), True)
 
-    def freed_before(self, t: int) -> np.ndarray:
+    def freed_before(self, t: int) -> list[int]:
         """Addresses of the allocations whose last launch is t - 1."""
-        return self.rel.a_addr[self.rel.a_last == t - 1]
+        return self._freed.get(t, [])
 
     def prefetch_to_gpu(self, addr, nbytes, stream=0) -> None:
         self.to_gpu.append((int(addr), int(nbytes)))
@@ -93,8 +96,8 @@ class Runner(S.Policy):
         w = ctx.w
         t = int(w.step_launch[step])
         cuda, eng = self.cuda, self.engine
-        for a in cuda.freed_before(t).tolist():
-            eng.on_free(int(a))
+        for a in cuda.freed_before(t):
+            eng.on_free(a)
         cuda.t = t
         cuda.to_gpu, cuda.to_host = [], []
         eng.on_launch(self.launches[t])
