@@ -27,7 +27,7 @@ class SummaryCommand(Command):
         from .trace import read_trace
         from .units import format_size
 
-        s = trace_summary(read_trace(args.trace), top=args.top)
+        s = trace_summary(read_trace(args.trace).require_launches("summarize"), top=args.top)
         if args.json:
             console.emit_json(s)
             return 0

@@ -347,6 +347,14 @@ class Trace:
     def n_launches(self) -> int:
         return self.launches.num_rows
 
+    def require_launches(self, what: str) -> "Trace":
+        """This trace, or TraceError (one line, exit 2) when it has no launches: an empty trace is bad input."""
+        if self.n_launches == 0:
+            n = self.allocations.num_rows
+            held = f" ({n} allocation{'s' if n != 1 else ''}, no kernel ran)" if n else ""
+            raise TraceError(f"{self.path}: the trace has no launches{held}; nothing to {what}")
+        return self
+
     @property
     def name(self) -> str:
         wl = self.manifest.get("workload") or {}

@@ -22,11 +22,7 @@ def _read(path):
 
 def _read_launches(path, what: str):
     """A trace that has launches; an empty one is bad input (one line, exit 2)."""
-    from pagecast.errors import TraceError
-    trace = _read(path)
-    if trace.n_launches == 0:
-        raise TraceError(f"{trace.path}: the trace has no launches; nothing to {what}")
-    return trace
+    return _read(path).require_launches(what)
 
 
 class FitCommand(Command):

@@ -111,7 +111,7 @@ class PlanCommand(Command):
         if cap is not None and cap <= 0:
             raise UsageError(f"--capacity must be > 0, not {args.capacity}")
         model = load_model(args.model)
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace).require_launches("plan")
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span)
         with console.progress("planning", None):
@@ -217,7 +217,7 @@ class ReplayCommand(Command):
 
         from .run import replay_sim
 
-        traces = [read_trace(t) for t in args.traces]
+        traces = [read_trace(t).require_launches("replay") for t in args.traces]
         model = None
         if args.model:
             from pagecast.predict.model_io import load_model

@@ -140,7 +140,7 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
     traces = [str(t) for t in (getattr(args, "traces", None) or [])]
     if len(traces) > 1:
         raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")
-    trace = T.read_trace(traces[0]) if traces else None
+    trace = T.read_trace(traces[0]).require_launches("replay") if traces else None
     if "oracle" in policies:
         if trace is None:
             raise UsageError("policy oracle needs a full-mode trace of the same workload (pagecast collect --mode full)")

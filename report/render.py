@@ -53,9 +53,7 @@ def _read_trace(p: Path) -> T.Trace:
         trace = T.read_trace(p)
     for w in caught:  # incompleteness is said in the report and on stderr, once
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if trace.n_launches == 0:
-        raise InputError(f"{p}: the trace has no launches; nothing to report")
-    return trace
+    return trace.require_launches("report")
 
 
 def build_html(input_path: str | os.PathLike, *, model: str | os.PathLike | None = None) -> tuple[str, str]:

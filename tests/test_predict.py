@@ -224,16 +224,24 @@ def test_empty_trace(tmp_path):
         fit_model([tr])
 
 
-@pytest.mark.parametrize("cmd", ["predict", "evaluate"])
-def test_empty_trace_is_refused_by_predict_and_evaluate(model, tmp_path, capsys, cmd):
-    # were exit 0: 'wrote 0 predicted ranges', 'precision 100% recall 100%' of nothing
-    _small(SynthTrace(), tmp_path / "e.pctrace")
+@pytest.mark.parametrize("cmd", ["predict", "evaluate", "plan", "replay", "summary"])
+def test_empty_trace_is_refused_by_every_consumer(model, tmp_path, capsys, cmd):
+    # were exit 0: 'wrote 0 predicted ranges', 'precision 100% recall 100%' of nothing, an empty plan,
+    # a table of zero-time runs, a summary of nothing
+    st = SynthTrace()
+    st.malloc(1 << 20)  # allocated, then crashed before any kernel
+    _small(st, tmp_path / "e.pctrace")
     save_model(model, tmp_path / "m.json")
-    argv = [cmd, str(tmp_path / "m.json"), str(tmp_path / "e.pctrace")]
-    assert main(argv + (["-o", str(tmp_path / "p.parquet")] if cmd == "predict" else [])) == 2
+    m, tr, out = str(tmp_path / "m.json"), str(tmp_path / "e.pctrace"), str(tmp_path / "out")
+    argv = {"predict": ["predict", m, tr, "-o", out], "evaluate": ["evaluate", m, tr],
+            "plan": ["plan", m, tr, "--capacity", "1MiB", "-o", out],
+            "replay": ["replay", tr, "--policy", "demand,template", "--model", m, "--capacity", "1MiB",
+                       "-o", out],
+            "summary": ["summary", tr]}[cmd]
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "no launches" in err
-    assert not (tmp_path / "p.parquet").exists()
+    assert len(err.strip().splitlines()) == 1 and "no launches (1 allocation, no kernel ran)" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_kernel_seen_once_and_no_pointer(tmp_path):
