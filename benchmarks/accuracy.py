@@ -39,15 +39,14 @@ def pct(x) -> str:
 
 def run(workload: str, mode: str, cache: Path, train=None, test=None) -> dict:
     from pagecast import trace as T
-    from pagecast.datasets.registry import make_trace
+    from pagecast.datasets.registry import reuse_or_make
     from pagecast.predict.evaluate import evaluate
     from pagecast.predict.fit import fit_model
 
     paths = []
     for scale, seed in (train or TRAIN) + [test or TEST]:
         p = cache / f"{workload}-{mode}-{scale}-{seed}.pctrace"
-        if not p.exists():
-            make_trace(workload, p, scale=scale, seed=seed, mode=mode)
+        reuse_or_make(workload, p, scale=scale, seed=seed, mode=mode)
         paths.append(p)
     tr = [T.read_trace(p) for p in paths]
     t0 = time.perf_counter()
@@ -120,15 +119,13 @@ def feedback(workload: str, res: dict, cache: Path) -> dict:
     import numpy as np
 
     from pagecast import trace as T
-    from pagecast.datasets.registry import make_trace
+    from pagecast.datasets.registry import reuse_or_make
     from pagecast.predict.evaluate import evaluate
     from pagecast.predict.feedback import apply_feedback, fault_misses
 
     scale, seed = FEEDBACK_X
     p = cache / f"{workload}-full-{scale}-{seed}.pctrace"
-    if not p.exists():
-        make_trace(workload, p, scale=scale, seed=seed, mode="full")
-    fb = T.read_trace(p)
+    fb = T.read_trace(reuse_or_make(workload, p, scale=scale, seed=seed, mode="full"))
     tp = cache / f"{workload}-full-{TEST_X[0]}-{TEST_X[1]}.pctrace"
     model = res["model"]
     t0 = time.perf_counter()

@@ -18,7 +18,13 @@ from pagecast.errors import UsageError
 from .engine import Builder
 from .workload import Workload
 
-__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "build", "get_workload", "MAX_SCALE"]
+__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "reuse_or_make", "build", "get_workload", "MAX_SCALE"]
+
+# Bumped whenever a workload model changes what it generates (sizes, kernels, layouts), and
+# written into each trace's manifest ("workload": {"revision": ...}): a trace kept in a work or
+# cache directory is reused only if it was made by the same revision (2: scientific problem
+# sizes grown to tens of MiB, so that capacities hold several 2 MiB eviction units).
+REVISION = 2
 
 MIN_SCALE = 0.01
 MAX_SCALE = 100.0   # ~10^6 launches; see docs/workloads.md for measured sizes and times
@@ -89,6 +95,24 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
         argv.append("--no-driver-prefetch")
     b.write(out, mode=mode, driver_prefetch=driver_prefetch, force=True,
             workload={"name": name, "argv": argv, "scale": scale, "seed": int(seed),
-                      "category": WORKLOADS[name].category},
+                      "category": WORKLOADS[name].category, "revision": REVISION},
             progress=progress)
     return out
+
+
+def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full") -> Path:
+    """`out` if it already holds a whole trace of this workload model, scale, seed and mode made by
+    this REVISION of the models (a kept work or cache directory); otherwise it is (re)made there."""
+    from pagecast import trace as T
+    from pagecast.errors import PagecastError
+    out = Path(out)
+    if out.exists():
+        try:
+            tr = T.read_trace(out)
+            wl = tr.manifest.get("workload") or {}
+            if (wl.get("name"), wl.get("scale"), wl.get("seed"), wl.get("revision"), tr.mode) == \
+                    (name, check_scale(scale), int(seed), REVISION, mode) and tr.complete:
+                return out
+        except PagecastError:
+            pass
+    return make_trace(name, out, scale=scale, seed=seed, mode=mode, force=out.exists())

@@ -27,12 +27,20 @@ def size_factor(scale: float) -> float:
     return scale ** 0.25
 
 
+# Problem sizes are set so that every workload's footprint is tens of MiB or more even at the demo's
+# scale 0.2: a capacity of a few 2 MiB eviction units at 300% oversubscription, never less than one
+# (the driver evicts whole 2 MiB chunks; a GPU smaller than that is not one UVM runs on).
+STREAM_N = 131072 * 16        # elements per array at scale 1 (8 MiB of float32)
+JACOBI_SIDE = 512 * 4         # finest grid side at scale 1 (16 MiB per buffer)
+SPMV_ROWS = 65536 * 8         # matrix rows at scale 1 (about 40 MiB of CSR values and columns)
+
+
 def build_stream(b: Builder) -> None:
     rng, s = b.rng, b.scale
     phases = 4
     iters = scaled(625, s)                      # 4 phases x 4 kernels x 625 = 10^4 launches at scale 1
     for _ in range(phases):
-        n = scaled(131072 * size_factor(s) * rng.uniform(0.5, 1.5), 1, multiple=256, minimum=256)
+        n = scaled(STREAM_N * size_factor(s) * rng.uniform(0.5, 1.5), 1, multiple=256, minimum=256)
         a, bb, c = (b.malloc(4 * n, name) for name in ("a", "b", "c"))
         base = b.reserve(3 + 4 * iters)
         for i, (buf, v) in enumerate(((a, 1.0), (bb, 2.0), (c, 0.0))):
@@ -79,8 +87,8 @@ JACOBI_KERNELS = [K_JAC_SWEEP, K_JAC_HALO, K_JAC_RESTRICT, K_JAC_PROLONG, K_JAC_
 def build_jacobi2d(b: Builder) -> None:
     rng, s = b.rng, b.scale
     side = np.sqrt(size_factor(s))
-    nx0 = scaled(512 * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
-    ny0 = scaled(512 * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
+    nx0 = scaled(JACOBI_SIDE * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
+    ny0 = scaled(JACOBI_SIDE * side * rng.uniform(0.8, 1.25), 1, multiple=64, minimum=128)
     levels = 4
     dims = [(nx0 >> l, ny0 >> l) for l in range(levels)]
     # two buffers per level, each (ny + 2) rows with one halo row above and below
@@ -189,7 +197,7 @@ def _csr_columns(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
 
 def build_spmv_cg(b: Builder) -> None:
     rng, s = b.rng, b.scale
-    n = scaled(65536 * size_factor(s) * rng.uniform(0.75, 1.25), 1, multiple=256, minimum=1024)
+    n = scaled(SPMV_ROWS * size_factor(s) * rng.uniform(0.75, 1.25), 1, multiple=256, minimum=1024)
     rowptr, col = _csr_columns(rng, n)
     nnz = int(rowptr[-1])
     nblk = int(rng.integers(6, 11))

@@ -80,7 +80,7 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
               oversub=OVERSUB, workloads: list[str] | None = None, mixes: dict | None = None):
     """Make traces (fit seeds and replay seeds) in out/traces, fit out/model.json, replay
     every workload alone and every mix at each oversubscription. Returns (runs, timeline, info)."""
-    from pagecast.datasets.registry import MIXES, WORKLOADS, make_trace
+    from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
     from pagecast.predict.fit import fit_model
     from pagecast.predict.model_io import save_model
     from pagecast.trace import read_trace
@@ -105,8 +105,7 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     for n, s, p in jobs:
         if bar is not None:
             bar.update(description=f"making {p.name}")
-        if not _made_as(p, n, scale, s):
-            make_trace(n, p, scale=scale, seed=s, mode="full", force=p.exists())
+        reuse_or_make(n, p, scale=scale, seed=s)
         if bar is not None:
             bar.advance()
     if bar is not None:
@@ -142,20 +141,6 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
             bar.advance()
     info = {"workloads": len(names), "mixes": len(mixes), "scale": scale, "costs": costs}
     return all_runs, pa.concat_tables(timelines), info
-
-
-def _made_as(p: Path, name: str, scale: float, seed: int) -> bool:
-    """Whether p is a whole trace of that workload model at that scale and seed (a
-    --work directory kept from another run is reused only where it is)."""
-    from pagecast.errors import PagecastError
-    from pagecast.trace import read_trace
-    if not p.exists():
-        return False
-    try:
-        wl = read_trace(p).manifest.get("workload") or {}
-    except PagecastError:
-        return False
-    return wl.get("name") == name and wl.get("scale") == scale and wl.get("seed") == seed
 
 
 def headline(runs: list[dict]) -> str:

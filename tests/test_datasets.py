@@ -234,3 +234,24 @@ def test_unknown_name_lists_known():
     from pagecast.errors import UsageError
     with pytest.raises(UsageError, match="jacobi2d"):
         registry.make_trace("nope", "/nonexistent/x")
+
+
+def test_a_kept_trace_is_reused_only_if_made_as_asked(tmp_path, monkeypatch):
+    p = tmp_path / "s.pctrace"
+    registry.reuse_or_make("stream", p, scale=0.02, seed=1)
+    made = (p / "manifest.json").stat().st_mtime_ns
+    assert json.loads((p / "manifest.json").read_text())["workload"]["revision"] == registry.REVISION
+    assert registry.reuse_or_make("stream", p, scale=0.02, seed=1) == p
+    assert (p / "manifest.json").stat().st_mtime_ns == made          # reused, not made again
+
+    def remade(**kw):
+        before = (p / "manifest.json").stat().st_mtime_ns
+        registry.reuse_or_make("stream", p, **{"scale": 0.02, "seed": 1, **kw})
+        return (p / "manifest.json").stat().st_mtime_ns != before
+    assert remade(seed=2) and remade(seed=1)                          # another seed, then back
+    assert remade(mode="natural") and T.read_trace(p).mode == "natural"
+    assert remade()
+    monkeypatch.setattr(registry, "REVISION", registry.REVISION + 1)  # the models changed since
+    assert remade()
+    (p / "launches").rename(tmp_path / "gone")                        # a damaged trace is made again
+    assert remade() and T.read_trace(p).n_launches > 0
