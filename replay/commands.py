@@ -315,6 +315,8 @@ class DemoCommand(Command):
         p.add_argument("--force", action="store_true", help="reuse a non-empty DIR")
         p.add_argument("--scale", type=float, default=None, help="workload scale (default: the demo's small scale)")
         p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE", help="cost profile")
+        p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                       help="replay the workloads and mixes in N processes (default: the CPUs, at most 4)")
         p.add_argument("--json", action="store_true", help="print the runs as one JSON list")
 
     def run(self, args):

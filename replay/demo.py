@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pagecast import console
-from pagecast.errors import OutputExistsError
+from pagecast.errors import OutputExistsError, UsageError
 
 DEMO_FORMAT = "pagecast-demo"
 SCALE = 0.2
@@ -51,9 +51,13 @@ def run_demo(args) -> int:
     out = Path(args.output)
     prepare_dir(out, args.force)
     scale = SCALE if args.scale is None else float(args.scale)
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {jobs}")
     t0 = time.perf_counter()
     with console.progress("demo", None) as bar:
-        all_runs, timeline, info = run_suite(out, scale=scale, costs=args.costs, policies=POLICIES, bar=bar)
+        all_runs, timeline, info = run_suite(out, scale=scale, costs=args.costs, policies=POLICIES, bar=bar,
+                                             jobs=jobs)
     elapsed = time.perf_counter() - t0
     res_path = out / "results.parquet"
     write_results(res_path, all_runs, timeline, force=True)
@@ -77,15 +81,15 @@ def run_demo(args) -> int:
 
 
 def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=None,
-              oversub=OVERSUB, workloads: list[str] | None = None, mixes: dict | None = None):
+              oversub=OVERSUB, workloads: list[str] | None = None, mixes: dict | None = None,
+              jobs: int | None = None):
     """Make traces (fit seeds and replay seeds) in out/traces, fit out/model.json, replay
-    every workload alone and every mix at each oversubscription. Returns (runs, timeline, info)."""
+    every workload alone and every mix at each oversubscription, in `jobs` processes
+    (default: default_jobs()). Returns (runs, timeline, info)."""
     from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
     from pagecast.predict.fit import fit_model
     from pagecast.predict.model_io import save_model
     from pagecast.trace import read_trace
-
-    from .run import SimConfig, replay_sim
 
     tdir = out / "traces"
     tdir.mkdir(exist_ok=True)
@@ -97,12 +101,12 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
         for k, n in enumerate(wl):
             seed = REPLAY_SEED + 10 * wl[:k].count(n)
             instances[(n, seed)] = tdir / f"{n}-s{seed}.pctrace"
-    jobs = [(n, s, tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS]
-    jobs += [(n, s, p) for (n, s), p in instances.items()]
+    to_make = [(n, s, tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS]
+    to_make += [(n, s, p) for (n, s), p in instances.items()]
     cases = [(n, [n], False) for n in names] + [(f"mix:{k}", v, True) for k, v in mixes.items()]
     if bar is not None:
-        bar.update(total=len(jobs) + 1 + len(cases))
-    for n, s, p in jobs:
+        bar.update(total=len(to_make) + 1 + len(cases))
+    for n, s, p in to_make:
         if bar is not None:
             bar.update(description=f"making {p.name}")
         reuse_or_make(n, p, scale=scale, seed=s)
@@ -114,33 +118,67 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     save_model(model, out / "model.json", force=True)
     if bar is not None:
         bar.advance()
-    cache: dict[Path, object] = {}
-
-    def tr(p):
-        if p not in cache:
-            cache[p] = read_trace(p)
-        return cache[p]
-
+    # each case replays in its own process where there are cores for it, the largest first
+    # (spawned, not forked: pyarrow's thread pools make a fork unsafe); the model is read back
+    # from model.json in every case, in one process or several, so the runs are the same
+    specs = [(label, [str(instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))]) for k, n in enumerate(wl)],
+              list(policies), list(oversub), costs, str(out / "model.json")) for label, wl, _ in cases]
+    results: list = [None] * len(cases)
+    todo = sorted(range(len(cases)), key=lambda i: -len(specs[i][1]))
+    n_jobs = min(jobs if jobs is not None else default_jobs(), len(cases))
+    if n_jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            if bar is not None:
+                bar.update(description=f"replaying {len(cases)} cases in {n_jobs} processes")
+            futures = {ex.submit(replay_case, *specs[i]): i for i in todo}
+            for f in as_completed(futures):
+                results[futures[f]] = f.result()
+                if bar is not None:
+                    bar.advance()
+    else:
+        for i in todo:
+            if bar is not None:
+                bar.update(description=f"replaying {specs[i][0]}")
+            results[i] = replay_case(*specs[i])
+            if bar is not None:
+                bar.advance()
     all_runs: list[dict] = []
     timelines = []
-    for label, wl, is_mix in cases:
-        if bar is not None:
-            bar.update(description=f"replaying {label}")
-        paths = [instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))] for k, n in enumerate(wl)]
-        traces = [tr(p) for p in paths]
-        cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
-        runs, tl = replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=model,
-                              model_path=str(out / "model.json"), workload_name=label)
+    for (label, wl, is_mix), (runs, tl) in zip(cases, results):
         base = len(all_runs)
         for r in runs:
             r["run"] += base
             r["mix"] = is_mix
         all_runs.extend(runs)
         timelines.append(tl.set_column(0, "run", pc.add(tl.column("run"), base)))
-        if bar is not None:
-            bar.advance()
     info = {"workloads": len(names), "mixes": len(mixes), "scale": scale, "costs": costs}
     return all_runs, pa.concat_tables(timelines), info
+
+
+def default_jobs() -> int:
+    """Processes for the replays: the CPUs this process may use, at most 4."""
+    import os
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 4))
+
+
+def replay_case(label: str, paths: list[str], policies: list[str], oversub: list[float], costs: str,
+                model_path: str):
+    """One demo case (a workload alone or a mix) at every oversubscription: (runs, timeline).
+    Module-level so that a spawned process can run it."""
+    from pagecast.predict.model_io import load_model
+    from pagecast.trace import read_trace
+
+    from .run import SimConfig, replay_sim
+    traces = [read_trace(p) for p in paths]
+    cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
+    return replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=load_model(model_path),
+                      model_path=model_path, workload_name=label)
 
 
 def headline(runs: list[dict]) -> str:

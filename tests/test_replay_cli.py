@@ -318,11 +318,15 @@ def test_demo_refuses_non_empty_dir(tmp_path, capsys):
 
 
 def test_suite_pipeline_small(tmp_path):
-    """The demo's pipeline (make, fit on two seeds, replay a third, alone and as a mix) on two workloads."""
+    """The demo's pipeline (make, fit on two seeds, replay a third, alone and as a mix) on two workloads;
+    in two processes, the same runs as in one."""
     from pagecast.replay.demo import run_suite
-    runs, tl, info = run_suite(tmp_path, scale=0.05, costs="msched-rtx5080", policies=["demand", "template", "oracle"],
-                               workloads=["jacobi2d", "spmv-cg"], mixes={"sci": ["jacobi2d", "spmv-cg", "jacobi2d"]},
-                               oversub=(1.5, 3.0))
+    kw = dict(scale=0.05, costs="msched-rtx5080", policies=["demand", "template", "oracle"],
+              workloads=["jacobi2d", "spmv-cg"], mixes={"sci": ["jacobi2d", "spmv-cg", "jacobi2d"]},
+              oversub=(1.5, 3.0))
+    runs, tl, info = run_suite(tmp_path, jobs=2, **kw)
+    runs1, tl1, _ = run_suite(tmp_path, jobs=1, **kw)
+    assert runs1 == runs and tl1.equals(tl)
     assert (tmp_path / "model.json").exists() and len(list((tmp_path / "traces").iterdir())) == 2 * 2 + 3
     assert len(runs) == 3 * 3 * 2 and tl.num_rows > 0
     labels = {r["workload"] for r in runs}
