@@ -27,10 +27,12 @@ def size_factor(scale: float) -> float:
     return scale ** 0.25
 
 
-# Problem sizes are set so that every workload's footprint is tens of MiB or more even at the demo's
-# scale 0.2: a capacity of a few 2 MiB eviction units at 300% oversubscription, never less than one
-# (the driver evicts whole 2 MiB chunks; a GPU smaller than that is not one UVM runs on).
-STREAM_N = 131072 * 16        # elements per array at scale 1 (8 MiB of float32)
+# Problem sizes are set so that even at the demo's scale 0.2 every capacity holds at least two
+# 2 MiB eviction units at 300% oversubscription (the driver evicts whole 2 MiB chunks; a GPU
+# smaller than that is not one UVM runs on). STREAM's is the smallest: each of its launches
+# touches whole arrays, so a full-mode trace's fault records grow as launches x array size
+# (about 3*10^8 at scale 100 with these sizes; twice the size did not fit in 23 GiB when read back).
+STREAM_N = 131072 * 8         # elements per array at scale 1 (4 MiB of float32)
 JACOBI_SIDE = 512 * 4         # finest grid side at scale 1 (16 MiB per buffer)
 SPMV_ROWS = 65536 * 8         # matrix rows at scale 1 (about 40 MiB of CSR values and columns)
 
