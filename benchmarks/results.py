@@ -44,6 +44,7 @@ def main(argv=None) -> int:
 
     from pagecast.replay.demo import OVERSUB, run_suite
     from pagecast.replay.results_io import write_results
+    from pagecast.units import format_size
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,8 +64,8 @@ def main(argv=None) -> int:
 
     by = {(r["workload"], r["oversub"], r["policy"]): r for r in runs}
     labels = list(dict.fromkeys(r["workload"] for r in runs))
-    rows = ["| workload | oversub | demand | alloc | template | oracle | swap | template / oracle | bar | MSched |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    rows = ["| workload | oversub | capacity | demand | alloc | template | oracle | swap | template / oracle | bar | MSched |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     failures = []
     ties = []
     for lab in labels:
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
                    and sp["alloc"] >= 0.995 * orc and t >= 0.995 * sp["alloc"])
             why = []
             if tie:
-                ties.append((lab, o))
+                ties.append((lab, o, (g("oracle") or {}).get("plan_span") or "unit"))
             elif not ok:
                 if frac is not None and frac < 0.95:
                     why.append(f"{frac:.1%} of oracle")
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
                 failures.append((lab, o, ", ".join(why)))
             ms = MSCHED.get(lab.removeprefix("mix:"), {}).get(o) if lab.startswith("mix:") else None
             d = g("demand")
-            rows.append(f"| {lab} | {o:.0%} | {d['time_s'] * 1e3:.1f} ms | {fmt(sp['alloc'])} | {fmt(t)} | "
+            rows.append(f"| {lab} | {o:.0%} | {format_size(d['capacity_bytes'])} | {d['time_s'] * 1e3:.1f} ms | "
+                        f"{fmt(sp['alloc'])} | {fmt(t)} | "
                         f"{fmt(orc)} | {fmt(sp['swap'])} | {fmt(frac, '.1%', '')} | {verdict(ok, tie, why)} | "
                         f"{fmt(ms)} |")
     geo = []
@@ -108,6 +110,8 @@ def main(argv=None) -> int:
         geo.append(f"- {o:.0%}: " + ", ".join(parts))
     llm = {o: by.get(("mix:multi-llm", o, "template"), {}).get("speedup_vs_demand") for o in OVERSUB}
     n_pass = sum(1 for r in rows[2:] if "| pass |" in r)
+    thrashing = [lab for lab in labels if any(by.get((lab, o, "oracle"), {}).get("thrashing_launches")
+                                               for o in OVERSUB)]
     n_tie = len(ties)
     text = f"""# Results: the simulator's comparison beside MSched's
 
@@ -137,7 +141,7 @@ Geometric means over all rows:
 oracle's bound ("tie: alloc at the bound": `alloc`'s plan is the fastest one oracle finds,
 because the kernels touch whole allocations, as STREAM's do, or because whole-allocation
 transfers are the fastest span, as on jacobi2d's sweeps); {len(failures)} miss it.
-""" + explain(failures, llm, variants, lat0_text, moe_text) + runner_text + perf_section()
+""" + explain(failures, ties, thrashing, llm, variants, lat0_text, moe_text) + runner_text + perf_section()
     Path(args.out).write_text(text)
     print(text)
     return 0
@@ -147,7 +151,7 @@ def verdict(ok, tie, why) -> str:
     return "pass" if ok else "tie: alloc at the bound" if tie else "miss: " + ", ".join(why)
 
 
-def explain(failures, llm, variants, *variants_dir) -> str:
+def explain(failures, ties, thrashing, llm, variants, *variants_dir) -> str:
     out = ["\n## Where the bar is missed, and why\n"]
     if not failures:
         out.append("Nowhere.\n")
@@ -155,6 +159,8 @@ def explain(failures, llm, variants, *variants_dir) -> str:
         out.append(f"- {lab} at {o:.0%}: {why}.")
     lat0 = variants_dir[0] if variants_dir else "-"
     moe = variants_dir[1] if len(variants_dir) > 1 else ""
+    thrash = ", ".join(thrashing) or "none here"
+    tie_list = "; ".join(f"{lab} at {o:.0%} ({span})" for lab, o, span in ties) or "none"
     out.append(f"""
 Reading the misses and ties:
 
@@ -181,7 +187,7 @@ Reading the misses and ties:
   traces do not record. Keeping the most used experts resident does not help enough either:
   with 32 experts and top-2 routing, experts used in at least half of earlier launches carry
   about 2% of the expert traffic.
-{moe}- *Launches larger than memory* (stream, mlp-train, jacobi2d; `thrashing_launches` in the
+{moe}- *Launches larger than memory* ({thrash}: `thrashing_launches` in the
   results) stream through memory under every policy. A planned policy frees room for their
   faults as the driver does (a chunk's worth, at most an eighth of memory), so the tree
   prefetcher works as under demand paging. Which units such a launch gives up is Belady
@@ -191,35 +197,29 @@ Reading the misses and ties:
   the sweep there would stop the tree prefetcher: mlp-train fell from 3.4x to 1.8x at 150%
   when it did). The planner walks the launch with the same rule (sim_core._inlaunch_victims), so
   the plan counts on what the launch really leaves. Before, the fault path gave up the
-  launch's *first* units whatever their next use, and the planner assumed the launch kept
-  its last units: on jacobi2d a 22-unit sweep (units 0-21, 18 or 9 units of memory) is
-  followed by launches reading units 0-10 again while 11-21 wait for about 34 launches, so
-  oracle kept the wrong half, counted on units that were gone, and took 141 more faults than
-  `alloc` at 150% (whose whole-allocation plan refetched them before the next launch):
-  `alloc` was 3-6% ahead of oracle on jacobi2d at 150% and 300% and mlp-train at 150%.
-  That rule left `alloc` 0.6% ahead on jacobi2d at 150%: what a launch leaves resident also
-  depends on the tree prefetcher filling the room the fault path frees, which a plan on
-  64 KiB units does not model. Re-planning after each such launch from the residency it
-  really left closed it but cost a plan per launch larger than memory (17 times the replay
-  time). What closes it now is the plan's span (docs/cost-model.md): template and oracle
-  plan on their units, on whole 2 MiB blocks and with whole allocations added, simulate
-  each plan on their own footprints and keep the fastest. On jacobi2d at 150% and 200% that
-  is whole blocks, which at this scale (grids of about 2 MiB) is `alloc`'s plan: a tie at
-  the bound.
+  launch's *first* units whatever their next use and the planner assumed the launch kept its
+  last units, so oracle kept the wrong half of jacobi2d's sweeps and counted on units that
+  were gone (`alloc` was 3-6% ahead of oracle on jacobi2d and mlp-train, revision-1 models).
+  What a launch leaves resident also depends on the tree prefetcher filling the room the
+  fault path frees, which a plan on 64 KiB units does not model; the plan's span
+  (docs/cost-model.md) covers that: template and oracle plan on their units, on whole 2 MiB
+  blocks and with whole allocations added, simulate each plan on their own footprints and
+  keep the fastest.
 - *Ties with alloc.* Where kernels touch whole allocations (STREAM's arrays), `alloc`'s
-  prediction is the footprint and `alloc`, `template` and `oracle` make the same plan; on
-  jacobi2d at 150% and 200% and the scientific mix at 150%, oracle's fastest plan is on
-  whole 2 MiB blocks, which is `alloc`'s plan or within 0.1% of it. These rows are
-  reported as ties at the bound, not as misses.
-- *Belady on units is not a time optimum (the scientific mix at 150%).* Belady minimises
-  units moved; `alloc` moves whole allocations in few long ranges where Belady's exchanges
-  are many short ones, each charged the profile's 5 us `transfer_latency_s`. That figure is
-  an assumption (the fixed cost of one cudaMemPrefetchAsync-sized range; background.md
-  gives none, MSched's 41.7 GB/s is a batched rate, and the nearest published figure is
-  5-7 us per cudaMemcpyAsync call, DualPath, arXiv 2602.21548), marked as such in
-  docs/cost-model.md. On units it put `alloc` (4.40x) ahead of oracle (3.90x) and template
-  (3.76x); with the plan's span chosen, both plan on whole 2 MiB blocks there and reach
-  `alloc`. With the latency set to 0, alloc, template and oracle reach {lat0}.
+  prediction is the footprint and `alloc`, `template` and `oracle` make the same plan; where
+  oracle's fastest plan is on whole allocations (or on whole 2 MiB blocks that cover them),
+  it is `alloc`'s plan. The ties here, with the span oracle chose:
+  {tie_list}. They are reported as ties at the bound, not as misses.
+- *Belady on units is not a time optimum.* Belady minimises units moved; `alloc` moves
+  whole allocations in few long ranges where Belady's exchanges are many short ones, each
+  charged the profile's 5 us `transfer_latency_s`. That figure is an assumption (the fixed
+  cost of one cudaMemPrefetchAsync-sized range; background.md gives none, MSched's
+  41.7 GB/s is a batched rate, and the nearest published figure is 5-7 us per
+  cudaMemcpyAsync call, DualPath, arXiv 2602.21548), marked as such in docs/cost-model.md.
+  Planned on units only, oracle and template fell behind `alloc` on the scientific mix at
+  150% (revision-1 models: 3.90x and 3.76x against 4.40x); with the plan's span chosen they
+  plan on whatever span runs fastest and reach it. With the latency set to 0, alloc,
+  template and oracle reach {lat0} on the scientific mix at 150%.
 - *The plan's span elsewhere.* Whole blocks also win on the LLM decoders (a GEMV's weight
   slice is a run of 64 KiB units inside one allocation, fetched as a few long ranges instead
   of many short ones: llm-decode 9.07x to 10.29x at 150%) and the DNN mix at 200-300%. On
@@ -412,7 +412,7 @@ kernels, and its victims are chosen without the future. The runner predicts kern
 model cannot with no fallback unless it has fault feedback (`gpu_predict.default_fallback`):
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
 ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
-help, 2.72x against 2.58x). These are the numbers the GPU validation
+help, 2.72x against 2.58x; measured on the revision-1 models when that default changed). These are the numbers the GPU validation
 (docs/gpu-validation.md) should be read against.
 """
 
