@@ -128,15 +128,20 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     n_jobs = min(jobs if jobs is not None else default_jobs(), len(cases))
     if n_jobs > 1:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        pool = multiprocessing.get_context("spawn").Pool(n_jobs, initializer=_worker_init)
+        try:
             if bar is not None:
                 bar.update(description=f"replaying {len(cases)} cases in {n_jobs} processes")
-            futures = {ex.submit(replay_case, *specs[i]): i for i in todo}
-            for f in as_completed(futures):
-                results[futures[f]] = f.result()
+            for i, res in pool.imap_unordered(_replay_indexed, [(i, specs[i]) for i in todo]):
+                results[i] = res
                 if bar is not None:
                     bar.advance()
+            pool.close()
+        except BaseException:  # Ctrl-C or a failed case: stop the workers now, not after their case
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
     else:
         for i in todo:
             if bar is not None:
@@ -165,6 +170,16 @@ def default_jobs() -> int:
     except AttributeError:  # not on Linux
         n = os.cpu_count() or 1
     return max(1, min(n, 4))
+
+
+def _worker_init() -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+
+
+def _replay_indexed(job):
+    i, spec = job
+    return i, replay_case(*spec)
 
 
 def replay_case(label: str, paths: list[str], policies: list[str], oversub: list[float], costs: str,
