@@ -189,7 +189,7 @@ Reading the misses and ties:
   about 2% of the expert traffic.
 {moe}- *Launches larger than memory* ({thrash}: `thrashing_launches` in the
   results) stream through memory under every policy. A planned policy frees room for their
-  faults as the driver does (a chunk's worth, at most an eighth of memory), so the tree
+  faults as the driver does (a chunk's worth), so the tree
   prefetcher works as under demand paging. Which units such a launch gives up is Belady
   within the launch: of the units it already used, those whose next use (in the needs the
   policy plans on: true footprints for oracle, predictions for template, allocations for

@@ -71,9 +71,8 @@ def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi
     """Evict the oldest unit brought in by a fault (the plan does not count on
     it) together with the other such units of its eviction chunk, as the
     driver evicts whole chunks: the room lets the tree prefetcher work for the
-    faults that follow, as it does under demand paging. At most `limit` units
-    (an eighth of memory: a chunk is a sliver of a real GPU's memory, not all
-    of a small simulated one). Returns units evicted."""
+    faults that follow, as it does under demand paging. At most `limit` units.
+    Returns units evicted."""
     while uq_state[0] < uq_state[1]:
         u = unplanned_q[uq_state[0] % len(unplanned_q)]
         uq_state[0] += 1
@@ -210,11 +209,11 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                 ev = 0
                 if not oversized:
                     ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state, max(cap // 8, 1))
+                                          planned, unplanned_q, uq_state, cap)
                 if ev == 0:
                     # as the driver frees a whole chunk: room for up to a
                     # chunk's worth, so the tree prefetcher works as under demand
-                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], max(cap // 8, 1))
+                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
                     if belady_in:
                         nv = _inlaunch_victims(units, next_use, lo, hi, k, INF - 1, hk, hu, hst, aside, resident,
                                                block_lo, block_lo[u], want, vict)
@@ -232,11 +231,11 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                             ev += 1
                 if ev == 0 and oversized:
                     ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state, max(cap // 8, 1))
+                                          planned, unplanned_q, uq_state, cap)
                 if ev == 0:
                     # nothing used yet: give up the units this launch needs last
                     # (a chunk's worth, room for the tree prefetcher)
-                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], max(cap // 8, 1))
+                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
                     for kk in range(hi - 1, k, -1):
                         v = units[kk]
                         if resident[v] == 1:

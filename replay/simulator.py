@@ -97,9 +97,9 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
     la_units = cap_units if lookahead_units is None else lookahead_units
     want = None
     if belady_in and universe is not None:
-        # a fault's eviction in such a launch: a chunk's worth, at most an eighth of memory (as sim_core runs it)
+        # a fault's eviction in such a launch: a chunk's worth, at most all of memory (as sim_core runs it)
         csize = (universe.chunk_hi - universe.chunk_lo)[universe.unit_chunk]
-        want = np.minimum(csize, max(cap_units // 8, 1)).astype(I64)
+        want = np.minimum(csize, max(cap_units, 1)).astype(I64)
     ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
                                                            res, lookahead_steps, la_units, belady_in, want,
                                                            None if want is None else universe.block_lo)
