@@ -242,7 +242,10 @@ class Engine:
             if self.residency.victim == "next-use":
                 self._seq_next.record(t, units_of(admitted, self.unit))
             overflow_before = self.residency.overflows
-            evict = self.residency.admit(admitted, t)
+            # a footprint the engine knows (a prediction or the oracle's) streams through memory when
+            # larger than it; whole allocations, the guess for an unpredicted launch, may not
+            known = predicted is not None or (self.relocator is not None and self.relocator.matching)
+            evict = self.residency.admit(admitted, t, streams=known)
             if self.residency.overflows > overflow_before:
                 st.overflow_launches += 1
             if evict:

@@ -177,8 +177,10 @@ class Residency:
     capacity is counted in resident bytes (as `--oversub` divides a footprint
     counted in pages); victims are whole units (the driver evicts 2 MiB
     chunks). The launch's own units are never victims; when its own bytes
-    alone exceed the capacity everything else is evicted and the launch counts
-    as an overflow (the driver would thrash inside the kernel).
+    alone exceed the capacity everything else is evicted, the launch counts
+    as an overflow (the driver thrashes inside the kernel) and, when the ranges
+    are a prediction rather than a guess, only its last units, a capacity's
+    worth, are counted resident after it.
 
     victim: `fifo` (order of becoming resident), `lru` (order of last use),
     `next-use` / `belady` (largest `next_use.score(unit, t)` first).
@@ -237,11 +239,17 @@ class Residency:
                 del self._bytes[u]
         return freed
 
-    def admit(self, ranges: Iterable[tuple[int, int]], t: int) -> list[tuple[int, int]]:
+    def admit(self, ranges: Iterable[tuple[int, int]], t: int, streams: bool = True) -> list[tuple[int, int]]:
+        """Make room for `ranges` (a launch's footprint) and record them resident; returns the
+        byte ranges to evict first. `streams`: the ranges are the launch's real footprint (a
+        prediction, not a guess such as whole allocations), so when they exceed the capacity the
+        launch streams through memory and only its last units are counted resident after it."""
         parts = split_by_unit(merge_ranges(ranges), self.unit)
         merged: dict[int, tuple[list[tuple[int, int]], int]] = {}
         growth = own = 0
+        mine: dict[int, int] = {}   # the launch's own bytes per unit (own also counts co-resident ones)
         for u, rs in parts.items():
+            mine[u] = sum(n for _, n in rs)
             have = self.resident.get(u)
             if have and _covers(have, rs):   # the common case: all of it is there already
                 m, b = have, self._bytes[u]
@@ -261,6 +269,19 @@ class Residency:
         for u in victims:
             out.extend(self.resident.pop(u))
             self.resident_bytes -= self._bytes.pop(u)
+        launch = sum(mine.values())
+        if launch > self.capacity and streams:
+            # the launch streams through memory: the driver's fault path evicts as it goes, so
+            # what stays is the launch's last units (in address order, as a sweep leaves them),
+            # a capacity's worth; the rest are counted gone, to be fetched again when needed
+            for u in sorted(merged):
+                if launch <= self.capacity:
+                    break
+                merged.pop(u)
+                if u in self.resident:
+                    self.resident_bytes -= self._bytes.pop(u)
+                    del self.resident[u]
+                launch -= mine[u]
         for u, (m, b) in merged.items():
             if u in self.resident:
                 self.resident[u] = m

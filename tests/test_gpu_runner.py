@@ -210,6 +210,24 @@ def test_residency_overflow_when_one_launch_exceeds_the_capacity():
     r.admit([U(9)], 0)
     ev = r.admit([U(0, 3)], 1)
     assert ev == [U(9)] and r.overflows == 1
+    # the launch streamed through memory: only its last units, a capacity's worth, are counted there
+    assert set(r.resident) == {1, 2} and r.resident_bytes == 2 * UNIT
+    assert r.missing([U(0, 3)]) == [U(0)]
+
+
+def test_residency_keeps_a_guessed_footprint_larger_than_memory():
+    """Whole allocations, the guess for a launch with no prediction, say nothing of how it streams."""
+    r = RS.Residency(2 * UNIT, UNIT, "fifo")
+    r.admit([U(0, 3)], 0, streams=False)
+    assert r.overflows == 1 and set(r.resident) == {0, 1, 2}
+
+
+def test_residency_streams_on_the_launchs_own_bytes_not_its_units_others():
+    """A launch that fits, in units already partly resident for other launches, does not stream."""
+    r = RS.Residency(2 * UNIT, UNIT, "fifo")
+    r.admit([U(0, 2)], 0)                                    # memory full
+    r.admit([(0, 4096), (UNIT, 4096), (2 * UNIT, 4096)], 1)  # 12 KiB, in units holding 2 MiB each
+    assert set(r.resident) == {0, 1, 2}
 
 
 @pytest.mark.parametrize("victim", ["fifo", "lru"])
