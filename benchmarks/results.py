@@ -413,12 +413,13 @@ model cannot with no fallback unless it has fault feedback (`gpu_predict.default
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
 ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
 help, 2.72x against 2.58x; measured on the revision-1 models when that default changed).
-Where launches are larger than memory (stream at 150%, 250 of them) the runner loses most:
-a fault there frees a whole 2 MiB chunk's worth, as the driver does, and the runner's
-residency estimate does not see those evictions (on a GPU it would learn of them only
-through fault feedback), so it leaves units out that are gone. With the fault path capped
-at an eighth of memory, as the simulator had it until this revision, the runner reached
-6.04x there with 5,404 faults; with whole chunks it takes 20,157. These are the numbers the
+Where launches are larger than memory the runner's residency estimate keeps, after such a
+launch, only its last units, a capacity's worth: the driver evicts whole 2 MiB chunks as the
+launch faults, and the runner sees those evictions only through fault feedback. Counting all
+of the launch's units resident, as the runner did before, left it at 1.73x on stream at 150%
+(20,157 faults; 250 launches larger than memory), where it now runs ahead of template: its
+prefetch before each such launch streams the arrays in bulk, where the plan leaves the
+overflow to fault. These are the numbers the
 GPU validation (docs/gpu-validation.md) should be read against.
 """
 
