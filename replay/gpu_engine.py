@@ -237,14 +237,12 @@ class Engine:
             # already-resident part must be admitted too, or its units could be chosen as victims.
             want = prefetch
             prefetch = self.residency.missing(want)
-            estimate = self._estimate(t, la, data, predicted, want)
+            estimate, known = self._estimate(t, la, data, predicted, want)
             admitted = merge_ranges(list(estimate) + list(want))
             if self.residency.victim == "next-use":
                 self._seq_next.record(t, units_of(admitted, self.unit))
             overflow_before = self.residency.overflows
-            # a footprint the engine knows (a prediction or the oracle's) streams through memory when
-            # larger than it; whole allocations, the guess for an unpredicted launch, may not
-            known = predicted is not None or (self.relocator is not None and self.relocator.matching)
+            # a footprint the engine knows streams through memory when larger than it; a guess may not
             evict = self.residency.admit(admitted, t, streams=known)
             if self.residency.overflows > overflow_before:
                 st.overflow_launches += 1
@@ -287,17 +285,19 @@ class Engine:
                 continue
             yield a, n
 
-    def _estimate(self, t: int, la, data: bytes, predicted, want) -> list[tuple[int, int]]:
-        """What launch t will touch, for the residency estimate (see the module docstring).
+    def _estimate(self, t: int, la, data: bytes, predicted, want) -> tuple[list[tuple[int, int]], bool]:
+        """What launch t will touch, for the residency estimate (see the module docstring), and
+        whether that is known (the trace's footprint or a prediction) rather than guessed (the
+        allocations its pointers point into).
 
         `want`: everything the policy prefetches for it (before subtracting what is resident)."""
         if self.relocator is not None and self.relocator.matching:
             if self.policy == "oracle":
-                return want
-            return self.allocs.clip(self.relocator.footprint(t, self.unit))
+                return want, True
+            return self.allocs.clip(self.relocator.footprint(t, self.unit)), True
         if predicted is not None:
-            return predicted
-        return allocation_ranges(data, self.allocs)
+            return predicted, True
+        return allocation_ranges(data, self.allocs), False
 
     # -- feedback -------------------------------------------------------------
     def feedback_from(self, faults: list, kernels: list, apply: Callable[[Any, list[tuple[int, int]]], bool],
