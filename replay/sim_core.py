@@ -222,6 +222,17 @@ def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, c
                             st_i[0] -= 1
                             ev += 1
                         used_ptr = k
+                        # too few used units for a chunk's worth (the sweep has just begun): the
+                        # units it needs last make up the rest, or each fault would evict the
+                        # unit faulted just before, leaving the tree prefetcher no room
+                        for kk in range(hi - 1, k, -1):
+                            if ev >= want:
+                                break
+                            v = units[kk]
+                            if resident[v] == 1:
+                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                                st_i[0] -= 1
+                                ev += 1
                     while used_ptr < k and ev < want:
                         v = units[used_ptr]
                         used_ptr += 1
@@ -655,6 +666,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
                             resident[v] = 0
                             n_res -= 1
                             ev_at[v] = i
+                        # as the run does: the units it needs last make up a chunk's worth
+                        for kk3 in range(s0 + L - 1, kk2, -1):
+                            if nv >= unit_want[u]:
+                                break
+                            v = need_unit[kk3]
+                            if resident[v]:
+                                resident[v] = 0
+                                n_res -= 1
+                                ev_at[v] = i
+                                nv += 1
                         if nv == 0:
                             continue
                     resident[u] = 1

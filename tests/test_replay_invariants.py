@@ -587,7 +587,7 @@ def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversu
     # spans (jacobi2d's sweeps plan faster on whole blocks or allocations, cnn-infer's on units)
     assert man["span"] == b[1]["plan_span"]
     if name == "jacobi2d":
-        assert man["span"] == ("block" if oversub < 2 else "allocation")
+        assert man["span"] == ("block" if oversub < 3 else "allocation")
     if name == "cnn-infer":
         assert man["span"] == "unit"
     for col in ("start_s", "end_s", "faults", "htod_bytes", "dtoh_bytes"):
@@ -740,3 +740,27 @@ def test_oracle_is_not_behind_demand_on_launches_larger_than_memory(tmp_path):
     demand, oracle = runs
     assert oracle["thrashing_launches"] > tr.n_launches // 2
     assert oracle["time_s"] < demand["time_s"]
+
+
+def test_a_sweep_larger_than_memory_leaves_the_tree_prefetcher_room_under_a_plan(tmp_path):
+    """jacobi2d at 300%: every sweep is larger than memory and starts with the last sweep's tail
+    resident. At its first faults it has used too few units to free a chunk's worth; evicting
+    only those made each fault evict the unit faulted just before, so the tree prefetcher never
+    had room and oracle, planned on units, faulted more than demand paging (21,979 against
+    21,327 at scale 0.2). The units the launch needs last make up the chunk's worth."""
+    from pagecast.datasets.registry import make_trace
+    from pagecast.replay.run import capacities_for
+    tr = T.read_trace(make_trace("jacobi2d", tmp_path / "j.pctrace", scale=0.2, seed=3))
+    prof = load_profile("msched-rtx5080")
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    (cap, _), = capacities_for(w.footprint_bytes, None, [3.0])
+    cu = cap // w.gran
+    assert int(w.truth.sizes().max()) > 2 * cu
+
+    class UnitOracle(S.Oracle):
+        spans = ("unit",)
+    demand = S.run_policy(w, S.Demand(), cu, prof, S.Options())
+    oracle = S.run_policy(w, UnitOracle(), cu, prof, S.Options())
+    f_d, f_o = (int(r.counters[:, C.C_FAULTS].sum()) for r in (demand, oracle))
+    assert f_o < 0.7 * f_d
+    assert oracle.end[-1] < 0.75 * demand.end[-1]
