@@ -28,8 +28,10 @@ still need the victims), and the launch's stream waits for the eviction before
 the kernel, so eviction overlaps population but never a kernel. A launch's
 estimated footprint is, in order of preference: the relocated footprint from a
 matching trace, the model's prediction, or the whole allocations its pointer
-arguments land in; what a policy prefetches is added to it. Victims: see
-`gpu_residency`.
+arguments land in; what a policy prefetches is added to it. A launch whose
+known footprint is larger than the capacity streams through memory: `template`
+and `oracle` prefetch only its first capacity's worth (address order).
+Victims: see `gpu_residency`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, Callable, Iterable
 from pagecast.errors import UsageError
 
 from .gpu_oracle import Relocator
-from .gpu_ranges import UNIT, AllocationMap, allocation_ranges, merge_ranges, units_of
+from .gpu_ranges import UNIT, AllocationMap, allocation_ranges, front, merge_ranges, units_of
 from .gpu_residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
 
 POLICIES = ("demand", "alloc", "template", "oracle")
@@ -236,8 +238,16 @@ class Engine:
             # What the launch needs is everything the policy wants there, resident or not: the
             # already-resident part must be admitted too, or its units could be chosen as victims.
             want = prefetch
-            prefetch = self.residency.missing(want)
             estimate, known = self._estimate(t, la, data, predicted, want)
+            if known and self.policy in ("template", "oracle") \
+                    and sum(n for _, n in merge_ranges(estimate)) > self.residency.capacity:
+                # a launch larger than memory streams through it: bring in only its first capacity's
+                # worth (address order, as the residency estimate has it sweep), which it uses
+                # before faulting and which its faults then evict; prefetching all of it would
+                # leave only its last part resident, evicted by its first faults before use
+                prefetch = self.residency.missing(front(want, self.residency.capacity))
+            else:
+                prefetch = self.residency.missing(want)
             admitted = merge_ranges(list(estimate) + list(want))
             if self.residency.victim == "next-use":
                 self._seq_next.record(t, units_of(admitted, self.unit))

@@ -35,6 +35,17 @@ def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b - a) for a, b in out]
 
 
+def front(ranges: Iterable[tuple[int, int]], nbytes: int) -> list[tuple[int, int]]:
+    """The first `nbytes` of `ranges` in address order (merged)."""
+    out: list[tuple[int, int]] = []
+    for a, n in merge_ranges(ranges):
+        if nbytes <= 0:
+            break
+        out.append((a, min(n, nbytes)))
+        nbytes -= n
+    return out
+
+
 def units_of(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> set[int]:
     s: set[int] = set()
     for a, n in ranges:

@@ -380,6 +380,26 @@ def test_capacity_emulation_orders_evict_prefetch_wait():
     assert e.stats.evict_bytes == 2 * MiB and e.residency.resident_units == 2
 
 
+def test_a_launch_larger_than_the_capacity_gets_only_its_first_capacitys_worth_prefetched():
+    """It streams through memory: what it uses first, a capacity's worth in address order, comes in
+    bulk before it; prefetching all of it would leave only its end resident, and the first faults
+    would evict that before the kernel reached it. A launch that fits gets all of it."""
+    f, bases = fake_with_buffers(1, size=8 * UNIT)
+
+    def predict(la, allocs):
+        p, n = struct.unpack_from("<QQ", la.param_data)
+        return [(p, n)]
+
+    e = E.Engine(f, "template", capacity=3 * UNIT, predict=predict)
+    e.on_launch(mk_launch("k", [bases[0], 8 * UNIT], stream=5))
+    assert [x for x in f.log if x[0] == "gpu"] == [("gpu", bases[0], 3 * UNIT, 5)]
+    assert e.stats.overflow_launches == 1
+    f.log.clear()
+    e.on_launch(mk_launch("k", [bases[0] + 5 * UNIT, 2 * UNIT], stream=5))
+    gpu = [x for x in f.log if x[0] == "gpu"]
+    assert sum(x[2] for x in gpu) <= 2 * UNIT and e.stats.overflow_launches == 1
+
+
 def run_cycle(policy: str, steps: int = 12, cap_units: int = 3, predict_ok: bool = True):
     """A periodic workload over 4 buffers of one unit each on an emulated GPU of `cap_units`; faults counted."""
     f, bases = fake_with_buffers(4, size=UNIT)
