@@ -470,7 +470,7 @@ def next_occurrence(step_of, unit_of, n_units):
 
 @njit(cache=True)
 def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units, belady_in, unit_want, unit_block):
+                lookahead_units, belady_in, unit_want, unit_block, front):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -485,7 +485,11 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
     needed again. (A lookahead that evicted units needed later could cost
     fetches Belady would not make: their next uses are judged before steps
     i..j-1 run.) Units that cannot fit (a step larger than the capacity) are
-    left to fault, one unit kept free for them.
+    left to fault, one unit kept free for them; with `front`, such a step's
+    first units (in need order, as many as fit) come in before it in place of
+    the units it needs last, which its first faults would evict before it got
+    to them (bulk transfers instead of faults; not Belady's, so the planner
+    tries plans with and without it, see simulator.choose_span).
 
     Returns CSR arrays over groups start_step..: ev_ptr, ev_unit, pf_ptr,
     pf_unit (each group's prefetches: those its own step needs first, then
@@ -537,6 +541,9 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
         # a step larger than memory streams through it: keep one unit free for
         # its faults, as the simulator runs it (so plan and memory agree after)
         cap_i = cap - 1 if (need_ptr[i + 1] - need_ptr[i] > cap and cap > 1) else cap
+        big_i = front and need_ptr[i + 1] - need_ptr[i] > cap
+        front_end = need_ptr[i] + cap_i     # its first cap_i units, in need order
+        tail_k = need_ptr[i + 1] - 1        # where the search for its last resident units goes on
         in_flight = 0
         # step i's own units first (some may have been prefetched, then evicted
         # again by a more urgent need), then the lookahead from where it stopped
@@ -581,6 +588,15 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
                     hsize = _heap_pop(hk, hu, hsize)
                     found = True
                     break
+                if not found and mandatory and big_i and k < front_end:
+                    # a step larger than memory: its front comes in in place of the units it
+                    # needs last, which its first faults would evict before it got to them
+                    while tail_k > k:
+                        v = need_unit[tail_k]
+                        tail_k -= 1
+                        if resident[v] and key[v] == i:
+                            found = True
+                            break
                 if found:
                     if mandatory:
                         # issue the exchange once the victim is dead
@@ -736,7 +752,7 @@ def _own_counts(sorted_g, own, G):
 
 
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units, belady_in=False, unit_want=None, unit_block=None):
+                lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
     ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
     (per step, the latest earlier group that prefetches a unit it needs; -1: none).
@@ -748,7 +764,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units,
         bool(belady_in and unit_want is not None),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64))
+        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64), bool(front))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g

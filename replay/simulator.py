@@ -53,6 +53,7 @@ class Groups:
     blocking: np.ndarray     # uint8: the launch waits for the whole group (swapping)
     thrash: np.ndarray       # uint8: the planner could not fit the step
     need_group: np.ndarray | None = None  # per step: latest earlier group prefetching a unit it needs (-1: none)
+    front: bool = False      # planned with launches larger than memory getting their front first (belady_plan)
 
     def __post_init__(self) -> None:
         if self.need_group is None:
@@ -80,7 +81,7 @@ class Groups:
         j = lambda a, b: np.concatenate([a[:s], b[s:]])
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
                       j(self.blocking, other.blocking), j(self.thrash, other.thrash),
-                      j(self.need_group, other.need_group))
+                      j(self.need_group, other.need_group), self.front)
 
 
 LOOKAHEAD_STEPS = 1 << 20
@@ -88,10 +89,12 @@ LOOKAHEAD_STEPS = 1 << 20
 
 def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
                 init_resident: np.ndarray | None = None, lookahead_steps: int = LOOKAHEAD_STEPS,
-                lookahead_units: int | None = None, belady_in: bool = False, universe=None) -> Groups:
+                lookahead_units: int | None = None, belady_in: bool = False, universe=None,
+                front: bool = False) -> Groups:
     """Belady on (predicted) needs: see sim_core.belady_plan. Full-length Groups.
     `belady_in`: the run gives a launch larger than memory the next uses of its
-    units (`next_use_of`), so it ends holding those needed soonest."""
+    units (`next_use_of`), so it ends holding those needed soonest. `front`: such
+    a launch's first units come in before it in place of those it needs last."""
     n = len(needs.ptr) - 1
     res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
     la_units = cap_units if lookahead_units is None else lookahead_units
@@ -102,13 +105,13 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
         want = np.minimum(csize, max(cap_units, 1)).astype(I64)
     ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = C.belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
                                                            res, lookahead_steps, la_units, belady_in, want,
-                                                           None if want is None else universe.block_lo)
+                                                           None if want is None else universe.block_lo, front)
     pad = np.zeros(start_step, I64)
     ng = np.where(ng >= 0, ng + start_step, -1)
     return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
                   np.concatenate([pad, nn]), np.concatenate([pad.astype(np.uint8), wp]),
                   np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]),
-                  np.concatenate([pad - 1, ng]))
+                  np.concatenate([pad - 1, ng]), front)
 
 
 # ---- the run context -------------------------------------------------------------
@@ -195,6 +198,7 @@ class Planned(Policy):
     at the span (PLAN_SPANS) whose plan the policy's own needs say is fastest."""
 
     spans: tuple[str, ...] | None = None   # None: every one of PLAN_SPANS
+    fronts: tuple[bool, ...] = (False, True)   # plans tried for launches larger than memory (plan_groups)
 
     def needs(self, ctx: Context) -> Needs:
         raise NotImplementedError
@@ -202,9 +206,10 @@ class Planned(Policy):
     def prefetch(self, ctx: Context) -> Groups:
         trial: list = []
         span, needs, g = choose_span(ctx.w, self.needs(ctx), ctx.cap_units, ctx.profile, ctx.options,
-                                     self.spans or PLAN_SPANS, trial)
+                                     self.spans or PLAN_SPANS, trial, self.fronts)
         ctx.state["plan_needs"] = needs
         ctx.state["plan_span"] = span
+        ctx.state["plan_front"] = g.front
         if trial:
             ctx.state["trial_run"] = trial[0]
         return g
@@ -273,12 +278,15 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 
 
 def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Options,
-                spans: tuple[str, ...] = PLAN_SPANS, trial: list | None = None) -> tuple[str, Needs, Groups]:
+                spans: tuple[str, ...] = PLAN_SPANS, trial: list | None = None,
+                fronts: tuple[bool, ...] = (False, True)) -> tuple[str, Needs, Groups]:
     """Plan `needs` at each span and keep the plan that runs fastest when `needs`
     are what the launches touch: the planner's own view of the future (predictions
     for template, the truth for oracle), never anything it could not know. Ties
-    and a missing profile keep the earlier span. Returns (span, needs at that span, plan).
-    When `needs` are the truth, the winning trial run is the run itself: it is put in
+    and a missing profile keep the earlier span. Where a launch is larger than memory,
+    each span is also planned with each of `fronts` (plan_groups' `front`: such a
+    launch's first units brought in before it), ties keeping the earlier. Returns
+    (span, needs at that span, plan; the plan's `front` says which). When `needs` are the truth, the winning trial run is the run itself: it is put in
     `trial` (run_policy then does not run it again)."""
     best = None
     tried: list[Needs] = []
@@ -293,16 +301,20 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
         if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
             continue  # widening added nothing: the same plan
         tried.append(sn)
-        g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe)
-        if profile is None or len(spans) == 1:
-            return span, sn, g
-        if view is None:
-            view = copy.copy(w)
-            view.truth, view.extra = needs, {}
-        r = run_policy(view, _Given(g, sn), cap_units, profile, options)
-        t = float(r.end[-1]) if len(r.end) else 0.0
-        if best is None or t < best[3]:
-            best = (span, sn, g, t, r)
+        # launches larger than memory: also the plan that brings their front in first
+        tries = fronts if profile is not None and len(sn.ptr) > 1 and \
+            int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
+        for front in tries:
+            g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
+            if profile is None or (len(spans) == 1 and len(tries) == 1):
+                return span, sn, g
+            if view is None:
+                view = copy.copy(w)
+                view.truth, view.extra = needs, {}
+            r = run_policy(view, _Given(g, sn), cap_units, profile, options)
+            t = float(r.end[-1]) if len(r.end) else 0.0
+            if best is None or t < best[3]:
+                best = (span, sn, g, t, r)
     if trial is not None and needs is w.truth:
         trial.append(best[4])
     return best[0], best[1], best[2]
@@ -349,6 +361,7 @@ class Alloc(Planned):
     name = "alloc"
     description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
     spans = ("unit",)   # the baseline as MSched defines it: whole allocations, nothing else
+    fronts = (False,)
 
     def needs(self, ctx):
         return alloc_needs(ctx.w)
@@ -468,7 +481,8 @@ class Template(Planned):
         needs = span_needs(needs, ctx.state.get("plan_span", "unit"), w)
         ctx.state["plan_needs"] = needs
         return plan_groups(needs, w.universe.n_units, ctx.cap_units, start_step=step + 1,
-                           init_resident=mem.resident, belady_in=True, universe=w.universe)
+                           init_resident=mem.resident, belady_in=True, universe=w.universe,
+                           front=ctx.state.get("plan_front", False))
 
 
 class Swap(Policy):
