@@ -304,10 +304,14 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
         # launches larger than memory: also the plan that brings their front in first
         tries = fronts if profile is not None and len(sn.ptr) > 1 and \
             int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
+        plans: list[Groups] = []
         for front in tries:
             g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
             if profile is None or (len(spans) == 1 and len(tries) == 1):
                 return span, sn, g
+            if any(_same_plan(g, o) for o in plans):
+                continue   # no launch's front changed anything: the same run
+            plans.append(g)
             if view is None:
                 view = copy.copy(w)
                 view.truth, view.extra = needs, {}
@@ -318,6 +322,11 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
     if trial is not None and needs is w.truth:
         trial.append(best[4])
     return best[0], best[1], best[2]
+
+
+def _same_plan(a: Groups, b: Groups) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f))
+               for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group"))
 
 
 def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
