@@ -29,8 +29,12 @@ def read_json(path: str | os.PathLike, error: type[InputError] = InputError) -> 
     path = Path(path)
     try:
         return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise error(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:   # JSONDecodeError, over-long integers
+        raise error(f"{path}: not valid JSON ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+    except RecursionError:
+        raise error(f"{path}: not valid JSON (nested too deeply)") from None
+    except MemoryError:
+        raise error(f"{path}: too large to read as JSON") from None
 
 
 def _json_default(o: Any) -> Any:

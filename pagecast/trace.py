@@ -392,6 +392,18 @@ class Trace:
         return h.hexdigest()[:32]
 
 
+PAGE_SIZE_MIN, PAGE_SIZE_MAX = 512, 1 << 21   # bytes; x86-64 UVM pages are 4096
+
+
+def _shown(v: Any, limit: int = 60) -> str:
+    """repr(v) for an error line, cut to `limit` characters (a manifest value can be anything)."""
+    try:
+        r = repr(v)
+    except ValueError:   # an integer too long to print
+        return f"an integer of {v.bit_length()} bits"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def read_manifest(path: str | os.PathLike) -> dict:
     """Read and check a trace's manifest: format, version and page size."""
     path = Path(path)
@@ -407,21 +419,23 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise TraceError(f"{mpath}: expected a JSON object")
     fmt = manifest.get("format")
     if fmt != FORMAT:
-        raise TraceError(f"{mpath}: format is {fmt!r}; this reader reads {FORMAT!r}")
+        raise TraceError(f"{mpath}: format is {_shown(fmt)}; this reader reads {FORMAT!r}")
     ver = manifest.get("version")
     if type(ver) is not int or ver != VERSION:  # true and 1.0 are not the version 1
-        raise TraceError(f"{mpath}: version is {ver!r}; this reader reads version {VERSION}")
+        raise TraceError(f"{mpath}: version is {_shown(ver)}; this reader reads version {VERSION}")
     ps = manifest.get("page_size")
-    if not isinstance(ps, int) or isinstance(ps, bool) or ps <= 0 or ps & (ps - 1):
-        raise TraceError(f"{mpath}: page_size must be a positive power of two, found {ps!r}")
+    if not isinstance(ps, int) or isinstance(ps, bool) or ps <= 0 or ps & (ps - 1) \
+            or not PAGE_SIZE_MIN <= ps <= PAGE_SIZE_MAX:
+        raise TraceError(f"{mpath}: page_size must be a power of two from {PAGE_SIZE_MIN} to {PAGE_SIZE_MAX}, "
+                         f"found {_shown(ps)}")
     mode = manifest.get("mode")
     if mode not in MODES:
-        raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {mode!r}")
+        raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {_shown(mode)}")
     if not isinstance(manifest.get("complete"), bool):
-        raise TraceError(f"{mpath}: complete must be true or false, found {manifest.get('complete')!r}")
+        raise TraceError(f"{mpath}: complete must be true or false, found {_shown(manifest.get('complete'))}")
     for key in ("workload", "device"):
         if not isinstance(manifest.get(key), (dict, type(None))):
-            raise TraceError(f"{mpath}: {key} must be an object or null, found {manifest.get(key)!r}")
+            raise TraceError(f"{mpath}: {key} must be an object or null, found {_shown(manifest.get(key))}")
     return manifest
 
 

@@ -165,6 +165,14 @@ BAD = {
     # truth rows for launches the trace does not have (were silently dropped)
     "truth-unknown-launch": (lambda p: _add_truth(p, [0, 99]), "launch_id 99 names no launch"),
     "truth-negative-launch": (lambda p: _add_truth(p, [-1, 0]), "launch_id -1 names no launch"),
+    # found by fuzzing the CLI (were internal errors, exit 1, or memory errors further on)
+    "page-size-huge": (lambda p: _manifest(p, page_size=1 << 62), "page_size must be a power of two from 512"),
+    "page-size-tiny": (lambda p: _manifest(p, page_size=2), "page_size must be a power of two from 512"),
+    "version-long-int": (lambda p: _manifest(p, version=10 ** 4000), "version is 1000"),
+    "manifest-nested": (lambda p: (p / "manifest.json").write_text("[" * 100_000 + "]" * 100_000),
+                        "not valid JSON"),
+    "manifest-int-too-long": (lambda p: (p / "manifest.json").write_text('{"version": ' + "9" * 5001 + "}"),
+                              "not valid JSON"),
 }
 
 
