@@ -12,16 +12,24 @@ import numpy as np
 from .errors import InputError
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON next to `path`, then rename it into place (readers never see half a file)."""
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
+    """Write JSON next to `path`, then rename it into place (readers never see half a file;
+    a failed write leaves no temporary file behind)."""
+    from .outputs import refuse_special
     path = Path(path)
+    refuse_special(path)
+    path.parent.mkdir(parents=True, exist_ok=True)   # as plan, datasets make and demo do
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=indent, default=_json_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: str | os.PathLike, error: type[InputError] = InputError) -> Any:

@@ -10,6 +10,7 @@ in its place is refused.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from .errors import OutputExistsError, UsageError
@@ -30,12 +31,26 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
+def refuse_special(p: Path) -> None:
+    """--force replaces files and pagecast's directories, never a device, FIFO or socket
+    (`-o /dev/null --force` as root would replace the device)."""
+    try:
+        mode = os.lstat(p).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        raise UsageError(f"{p} is not a regular file or directory; refusing to replace it even with --force")
+
+
 def check_output_file(path: str | os.PathLike, force: bool, example: str) -> Path:
-    """An output that is one file: refuse an existing one without --force, and a directory
-    in its place even with it (`example` names a file to give instead)."""
+    """An output that is one file: refuse an existing one without --force, a directory in its
+    place even with it (`example` names a file to give instead), and anything but a file or a
+    link. Missing parent directories are made (as for the outputs that are directories)."""
     p = Path(path)
     if p.exists() and not force:
         raise OutputExistsError(p)
+    refuse_special(p)
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name such as {example}")
+    p.parent.mkdir(parents=True, exist_ok=True)
     return p

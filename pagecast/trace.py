@@ -197,6 +197,8 @@ def prepare_output_dir(path: Path, force: bool) -> None:
     if path.exists():
         if not force:
             raise OutputExistsError(path)
+        from .outputs import refuse_special
+        refuse_special(path)
         if path.is_dir():
             if any(path.iterdir()) and not (path / MANIFEST).exists():
                 raise OutputExistsError(path, f"{path} is a non-empty directory that is not a pagecast output;"

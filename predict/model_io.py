@@ -16,15 +16,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pagecast import PRODUCER
 from pagecast.errors import ModelError, OutputExistsError
-from pagecast.jsonfile import read_json
+from pagecast.jsonfile import read_json, write_json_atomic
 
 from .features import Word
 from .formula import Formula
@@ -149,11 +147,7 @@ def save_model(model: Model, path, force: bool = False) -> Path:
         raise OutputExistsError(path)
     if path.is_dir():
         raise ModelError(f"{path} is a directory; a model is one JSON file")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(model.to_json(), f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, model.to_json(), indent=1)
     model.path = path
     return path
 

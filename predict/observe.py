@@ -30,6 +30,9 @@ def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
     """
     L, S, E = (np.asarray(x, np.int64) for x in (launch, s, e))
     outs = []
+    if index.n == 0:   # no allocations: nothing is inside one
+        z = np.zeros(0, np.int64)
+        return z, z.copy(), z.copy()
     aend_page = ((index.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
     for _ in range(256):
         if len(S) == 0:
@@ -184,8 +187,8 @@ class TraceObs:
             q1 = np.searchsorted(self.akey, key, side="right")
             a_pieces = q1 - q0
         else:
-            A_s, A_e, a_pieces = O_s, np.where(ne, np.minimum(np.maximum(self.oe[r1c], O_e), hi_s), O_e), \
-                np.zeros(len(lids), np.int64)
+            A_s, A_e, a_pieces = O_s, np.where(ne, np.minimum(np.maximum(self.oe[r1c] if n0 else 0, O_e), hi_s),
+                                               O_e), np.zeros(len(lids), np.int64)
             q0 = np.zeros(len(lids), np.int64)
         I_s, I_e = self.fault_bounds(key, O_s, O_e if fault_hi is None else np.minimum(O_e, fault_hi))
         I_s = np.where(ne, I_s, NONE)

@@ -244,6 +244,69 @@ def test_empty_trace_is_refused_by_every_consumer(model, tmp_path, capsys, cmd):
     assert not (tmp_path / "out").exists()
 
 
+def _rewrite_table(trace_dir, table, fn):
+    import glob
+
+    import pyarrow.parquet as pq
+    for f in glob.glob(str(trace_dir / table / "*.parquet")):
+        pq.write_table(fn(pq.read_table(f)), f)
+
+
+def _nulls(t, *cols):
+    import pyarrow as pa
+    for c in cols:
+        t = t.set_column(t.schema.get_field_index(c), c, pa.nulls(t.num_rows, t.schema.field(c).type))
+    return t
+
+
+@pytest.mark.parametrize("damage", ["no-allocations", "no-attribution"])
+def test_fit_without_allocations_or_fault_attribution_learns_nothing_and_says_so(tmp_path, capsys, damage):
+    """Found by fuzzing the CLI: an allocations table with no rows (the spec allows it), and faults
+    and migrations that no launch_id or kernel time attributes, were internal errors (exit 1)."""
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    for n in (10, 20, 30):
+        st.launch("k", [("Q", a), ("i", n)], [(a, 4096 * n)])
+    p = st.write(tmp_path / "t.pctrace")
+    if damage == "no-allocations":
+        _rewrite_table(p, "allocations", lambda t: t.slice(0, 0))
+    else:
+        import shutil
+        shutil.rmtree(p / "truth", ignore_errors=True)
+        _rewrite_table(p, "faults", lambda t: _nulls(t, "launch_id"))
+        _rewrite_table(p, "migrations", lambda t: _nulls(t, "launch_id"))
+        _rewrite_table(p, "launches", lambda t: _nulls(t, "start_ns", "end_ns"))
+    assert main(["fit", str(p), "-o", str(tmp_path / "m.json")]) == 0
+    assert "1 kernels: 1 irregular" in capsys.readouterr().err
+
+
+def test_fit_writes_no_temporary_file_and_makes_missing_directories(tmp_path):
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    for n in (10, 20, 30):
+        st.launch("k", [("Q", a), ("i", n)], [(a, 4096 * n)])
+    p = st.write(tmp_path / "t.pctrace")
+    out = tmp_path / "new" / "dir" / "m.json"
+    assert main(["fit", str(p), "-o", str(out)]) == 0
+    assert out.exists() and [x.name for x in out.parent.iterdir()] == ["m.json"]
+    assert main(["predict", str(out), str(p), "-o", str(tmp_path / "other" / "p.parquet")]) == 0
+
+
+def test_force_never_replaces_a_device_or_fifo(tmp_path, capsys):
+    import os
+    st = SynthTrace()
+    a = st.malloc(1 << 20)
+    for n in (10, 20, 30):
+        st.launch("k", [("Q", a), ("i", n)], [(a, 4096 * n)])
+    p = st.write(tmp_path / "t.pctrace")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv in (["fit", str(p)], ["datasets", "make", "stream", "--scale", "0.01"]):
+        assert main([*argv, "-o", str(fifo), "--force"]) == 2
+        assert "not a regular file or directory" in capsys.readouterr().err
+    assert fifo.exists() and not fifo.is_file()
+
+
 def test_kernel_seen_once_and_no_pointer(tmp_path):
     st = SynthTrace()
     a = st.malloc(1 << 20)
