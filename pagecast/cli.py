@@ -98,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"{name}: error: {e.strerror or type(e).__name__}{where}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # almost always an input naming absurd sizes (a corrupted bytes column)
+        if os.environ.get("PAGECAST_DEBUG"):
+            traceback.print_exc()
+        first = str(e).splitlines()[0] if str(e) else "out of memory"
+        print(f"{name}: error: ran out of memory ({first}); an input names more memory than this machine "
+              "holds: check its bytes and address columns", file=sys.stderr)
+        return 2
     except Exception as e:  # an internal error: one line unless debugging
         if os.environ.get("PAGECAST_DEBUG"):
             traceback.print_exc()

@@ -88,6 +88,23 @@ _POSITIVE = ("htod_bandwidth", "dtoh_bandwidth", "pipelined_bandwidth", "device_
 _NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s")
 
 
+_RANGES = {   # what a profile may say: far beyond any GPU and link, short of overflowing a run
+    "fault_time_s": (0.0, 1.0), "batch_overhead_s": (0.0, 1.0), "transfer_latency_s": (0.0, 1.0),
+    "launch_overhead_s": (0.0, 1.0),
+    "htod_bandwidth": (1e3, 1e15), "dtoh_bandwidth": (1e3, 1e15), "pipelined_bandwidth": (1e3, 1e15),
+    "device_bandwidth": (1e3, 1e16),
+    "granularity": (512, 1 << 30), "eviction_unit": (512, 1 << 30), "faults_per_batch": (1, 1 << 20),
+}
+
+
+def _shown(v: Any, limit: int = 40) -> str:
+    try:
+        r = repr(v)
+    except ValueError:
+        return "an over-long integer"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def builtin_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
@@ -124,8 +141,12 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ProfileError(f"{where}: field {k!r} must be an integer, found {v!r}")
         else:
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise ProfileError(f"{where}: field {k!r} must be a number, found {v!r}")
+            try:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            except OverflowError:   # an integer too large for a float
+                ok = False
+            if not ok:
+                raise ProfileError(f"{where}: field {k!r} must be a number, found {_shown(v)}")
             v = float(v)
         kw[k] = v
     for k in _POSITIVE:
@@ -134,6 +155,9 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
     for k in _NONNEG:
         if kw[k] < 0:
             raise ProfileError(f"{where}: field {k!r} must be >= 0, found {kw[k]!r}")
+    for k, (lo, hi) in _RANGES.items():   # beyond these, runs overflow to inf/nan or allocate petabytes
+        if not lo <= kw[k] <= hi:
+            raise ProfileError(f"{where}: field {k!r} must be from {lo:g} to {hi:g}, found {_shown(kw[k])}")
     if not 0.0 <= kw["prefetch_threshold"] <= 1.0:
         raise ProfileError(f"{where}: field 'prefetch_threshold' must be in [0, 1]")
     for k in ("granularity", "eviction_unit"):

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pagecast.errors import PlanError
 from pagecast.jsonfile import read_json, write_json_atomic
-from pagecast.trace import prepare_output_dir
+from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, prepare_output_dir
 
 FORMAT = "pagecast-plan"
 VERSION = 1
@@ -147,10 +147,17 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     ps = positive_int("page_size")
     if ps & (ps - 1):
         raise PlanError(f"{mpath}: field 'page_size' must be a power of two, found {ps}")
-    positive_int("capacity_bytes")
+    if not PAGE_SIZE_MIN <= ps <= PAGE_SIZE_MAX:
+        raise PlanError(f"{mpath}: field 'page_size' must be from {PAGE_SIZE_MIN} to {PAGE_SIZE_MAX}, found {ps}")
+    cap = positive_int("capacity_bytes")
     if m["granularity"] is not None and positive_int("granularity") % ps:
         raise PlanError(f"{mpath}: field 'granularity' must be a multiple of the page size {ps},"
                         f" found {m['granularity']}")
+    if m["granularity"] is not None and m["granularity"] > 1 << 30:
+        raise PlanError(f"{mpath}: field 'granularity' must be at most 1 GiB, found {m['granularity']}")
+    n = m["trace"].get("launches")
+    if type(n) is not int or n < 0:
+        raise PlanError(f"{mpath}: field 'trace' must give the trace's number of launches, found {n!r}")
     if m.get("span", "unit") not in SPANS:
         raise PlanError(f"{mpath}: field 'span' must be one of {', '.join(SPANS)}, found {m.get('span')!r}")
     if trace is not None:
@@ -185,10 +192,14 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         b = t.column(BYTES).to_numpy()
         if (b <= 0).any():
             raise PlanError(f"{tpath}: column 'bytes' must be > 0")
+        if (b > cap).any():   # a plan never moves more than the capacity at once
+            raise PlanError(f"{tpath}: column 'bytes' holds a transfer larger than the capacity ({cap} bytes)")
+        a = t.column(ADDRESS).to_numpy()
+        if (a > np.uint64(2**64 - 1) - b.astype(np.uint64)).any():
+            raise PlanError(f"{tpath}: a range runs past the end of the address space")
         lid = t.column(LAUNCH_ID).to_numpy()
-        n = m["trace"].get("launches")
-        if lid.min() < 0 or (isinstance(n, int) and lid.max() >= n):
-            raise PlanError(f"{tpath}: launch_id outside 0..{n - 1 if isinstance(n, int) else n}")
+        if lid.min() < 0 or lid.max() >= n or (trace is not None and lid.max() >= trace.n_launches):
+            raise PlanError(f"{tpath}: launch_id outside 0..{n - 1}")
         order = np.lexsort((t.column(ORDER).to_numpy(), lid))
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))

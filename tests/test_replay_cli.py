@@ -50,6 +50,23 @@ def test_builtin_profiles():
     assert p3.fault_time_s == pytest.approx(45e-6) and p3.htod_bandwidth == 12.15e9
 
 
+@pytest.mark.parametrize("field,value,expect", [
+    # found by fuzzing the CLI: memory errors, a numba typing error, an overflow (exit 1), and
+    # profiles that ran to inf / nan times (exit 0)
+    ("granularity", 2, "'granularity' must be from 512"),
+    ("faults_per_batch", 2 ** 70, "'faults_per_batch' must be from 1"),
+    ("fault_time_s", 10 ** 400, "'fault_time_s' must be a number, found 1000"),
+    ("fault_time_s", 1e308, "'fault_time_s' must be from 0 to 1"),
+    ("htod_bandwidth", 1e-300, "'htod_bandwidth' must be from 1000"),
+])
+def test_profile_values_beyond_any_machine_are_refused(tmp_path, field, value, expect):
+    d = load_profile("msched-rtx5080").to_dict()
+    d[field] = value
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=expect):
+        load_profile(tmp_path / "p.json")
+
+
 def test_profile_round_trip_and_refusals(tmp_path):
     p = replace(load_profile("pcie4"), name="mine", fault_time_s=20e-6)
     path = save_profile(p, tmp_path / "p.json")
@@ -230,6 +247,17 @@ BAD_PLANS = {
     "null-address": (lambda p: _plan_table(p, lambda t: t.set_column(
         t.column_names.index("address"), "address", pa.nulls(t.num_rows, pa.uint64()))), "null"),
     "no-table": (lambda p: (p / plan_io.TABLE).unlink(), "plan.parquet: missing"),
+    # found by fuzzing the CLI: memory errors, negative repeats and index errors (exit 1)
+    "bytes-huge": (lambda p: _plan_table(p, lambda t: t.set_column(
+        t.column_names.index("bytes"), "bytes", pa.array([2 ** 50] * t.num_rows, pa.int64()))),
+        "larger than the capacity"),
+    "address-wraps": (lambda p: _plan_table(p, lambda t: t.set_column(
+        t.column_names.index("address"), "address", pa.array([2 ** 64 - 4096] * t.num_rows, pa.uint64()))),
+        "past the end of the address space"),
+    "launches-string": (lambda p: _plan_manifest(p, trace={**json.loads((p / plan_io.MANIFEST).read_text())["trace"],
+                                                             "launches": "many"}), "number of launches"),
+    "granularity-huge": (lambda p: _plan_manifest(p, granularity=2 ** 70), "at most 1 GiB"),
+    "page-size-huge": (lambda p: _plan_manifest(p, page_size=2 ** 40), "'page_size' must be from 512"),
 }
 
 
@@ -447,3 +475,15 @@ def test_runner_policy_keeps_model_without_template(traces, model, capsys):
                              "--oversub", "2", "--json")
     assert code == 0, err
     assert "ignored" not in err and [r["policy"] for r in json.loads(out)] == ["demand", "runner"]
+
+
+def test_running_out_of_memory_is_one_line_exit_2(traces, capsys, monkeypatch):
+    """A corrupted bytes column (2**50 in a truth row) made numpy allocate 128 GiB: exit 1 with an
+    internal error before; now one line that says what to check."""
+    from pagecast.replay import run
+
+    def boom(*a, **k):
+        raise MemoryError("Unable to allocate 128. GiB for an array with shape (17179869184,)")
+    monkeypatch.setattr(run, "replay_sim", boom)
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2")
+    one_line_error(code, err, "ran out of memory", "bytes and address columns")
