@@ -27,6 +27,7 @@ MAX_COEF = 1 << 24
 # are byte offsets and sizes, so nothing beyond the 48-bit address space (2**62 passed int64 and
 # silently overflowed in the products)
 _LIMIT = 1 << 48
+MAX_TERMS_READ, MAX_FACTORS_READ = 64, 16   # what a model file may hold (fit writes far less)
 
 
 def odd(c: int) -> int:
@@ -89,13 +90,21 @@ class Formula:
 
     @staticmethod
     def from_json(d) -> "Formula":
+        """A formula of a model file (ValueError says what is wrong)."""
         if not isinstance(d, dict):
             raise ValueError("a formula must be an object with const and terms")
         const = d.get("const", 0)
         if not isinstance(const, int) or isinstance(const, bool) or not -_LIMIT <= const <= _LIMIT:
             raise ValueError(f"formula const must be an integer within +-2**48, found {const!r}")
         terms = []
-        for t in d.get("terms", []):
+        raw = d.get("terms", [])
+        if not isinstance(raw, list) or len(raw) > MAX_TERMS_READ:
+            # the fitter writes at most 3; thousands made compiling the formula recurse too deep
+            raise ValueError(f"formula terms must be a list of at most {MAX_TERMS_READ}")
+        for t in raw:
+            if isinstance(t, (list, tuple)) and len(t) == 2 and isinstance(t[1], (list, tuple)) \
+                    and len(t[1]) > MAX_FACTORS_READ:
+                raise ValueError(f"a formula term may multiply at most {MAX_FACTORS_READ} features")
             if (not isinstance(t, (list, tuple)) or len(t) != 2 or not isinstance(t[0], int)
                     or isinstance(t[0], bool) or not -_LIMIT <= t[0] <= _LIMIT or not isinstance(t[1], (list, tuple))
                     or not all(isinstance(x, str) for x in t[1]) or not t[1]):

@@ -147,6 +147,9 @@ BAD_MODELS = {
     "coefficient-beyond-address-space": (lambda d: [r["end"].update(terms=[[2**62, ["p2"]]])
                                                     for r in _all_regions(d) if r["class"] == "linear"],
                                          "within"),
+    # found by fuzzing the CLI: compiling a 5000-term formula recursed too deep (exit 1)
+    "thousands-of-terms": (lambda d: [r["end"].update(terms=[[1, ["p2"]]] * 5000)
+                                      for r in _all_regions(d) if r["class"] == "linear"], "at most 64"),
 }
 
 
