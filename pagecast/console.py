@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,16 +19,25 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # `pagecast summary T | head -1`: rich's own handling exits 1 with nothing said; a reader
+        # that stopped reading is not an error (the CLI answers BrokenPipeError with exit 0)
+        devnull = os.open(os.devnull, os.O_WRONLY)   # as rich does: no error at exit's flush
+        os.dup2(devnull, sys.stdout.fileno())
+        raise BrokenPipeError
+
+
 def stderr() -> Console:
     # Built per call so tests that swap sys.stderr (capsys) see the output.
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    return _Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
 def stdout() -> Console:
     # Piped output has no terminal width; rich would squeeze tables into 80
     # columns and fold kernel names. Give tables room; a terminal keeps its own width.
     width = None if sys.stdout.isatty() else 160
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
+    return _Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
 def info(msg: str) -> None:
