@@ -35,6 +35,8 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
 def read_json(path: str | os.PathLike, error: type[InputError] = InputError) -> Any:
     """Parse a JSON file; a file that is unreadable or not JSON raises `error` naming it."""
     path = Path(path)
+    if path.exists() and not path.is_file():   # a FIFO would block, /dev/zero never end
+        raise error(f"{path}: not a regular file")
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:   # JSONDecodeError, over-long integers

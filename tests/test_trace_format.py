@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import numpy as np
@@ -173,6 +174,9 @@ BAD = {
                         "not valid JSON"),
     "manifest-int-too-long": (lambda p: (p / "manifest.json").write_text('{"version": ' + "9" * 5001 + "}"),
                               "not valid JSON"),
+    # a FIFO made every command hang, a link to /dev/zero read until memory ran out
+    "manifest-fifo": (lambda p: ((p / "manifest.json").unlink(), os.mkfifo(p / "manifest.json")),
+                      "not a regular file"),
 }
 
 
