@@ -167,6 +167,8 @@ def read_plan(path: str | Path, trace=None) -> Plan:
                             f" {m['trace'].get('launches')} launches), not {trace.path}"
                             f" ({trace.n_launches} launches); make one with"
                             f" 'pagecast plan MODEL {trace.path} ...'")
+        if ps != trace.page_size:
+            raise PlanError(f"{mpath}: page_size {ps} is not the trace's ({trace.page_size})")
     tpath = path / TABLE
     if not tpath.is_file():
         raise PlanError(f"{tpath}: missing; {path} is not a whole plan (make one with 'pagecast plan')")

@@ -6,14 +6,16 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pagecast import trace as T
 from pagecast.cli import main
-from pagecast.errors import OutputExistsError, PlanError, ProfileError
+from pagecast.errors import InputError, OutputExistsError, PlanError, ProfileError
 from pagecast.replay import plan_io
 from pagecast.replay.costs import builtin_names, load_profile, replace, save_profile
-from pagecast.replay.results_io import is_results, read_results, timeline_path, write_results
+from pagecast.replay.results_io import (RUN_SCHEMA, TIMELINE_SCHEMA, is_results, read_results, timeline_path,
+                                        write_results)
 
 
 
@@ -110,6 +112,101 @@ def test_results_round_trip(tmp_path):
         write_results(p, runs, tl)
     write_results(p, runs, None, force=True)  # no stale timeline left beside new results
     assert read_results(p)[1] is None
+
+
+def _runs_and_timeline(tmp_path):
+    runs = [{"policy": p, "backend": "sim", "capacity_bytes": 1 << 30, "oversub": 2.0, "time_s": t, "run": i}
+            for i, (p, t) in enumerate((("demand", 2.0), ("oracle", 1.0)))]
+    tl = {"run": [0, 1], "policy": ["demand", "oracle"], "task": [0, 0], "start_s": [0.0, 0.0],
+          "end_s": [2.0, 1.0], "stall_s": [1.5, 0.5]}
+    p = write_results(tmp_path / "r.parquet", runs, tl)
+    return p, pq.read_table(p), pq.read_table(timeline_path(p))
+
+
+def _with(t, name, arr):
+    return t.set_column(t.schema.get_field_index(name), name, arr)
+
+
+def _meta(t, **changes):
+    meta = dict(t.schema.metadata)
+    meta.update({k.encode(): v.encode() for k, v in changes.items()})
+    return t.replace_schema_metadata(meta)
+
+
+@pytest.mark.parametrize("case,needles", [
+    ("version-99", ["r.parquet: results version is '99'", "reads version 1"]),
+    ("version-abc", ["results version is 'abc'"]),
+    ("version-missing", ["results version is missing"]),
+    ("time-as-string", ["r.parquet: replay results whose column 'time_s' holds string, not numbers"]),
+    ("time-inf", ["column 'time_s' holds inf; it must be finite"]),
+    ("speedup-nan", ["column 'speedup_vs_demand' holds nan"]),
+    ("tasks-as-string", ["column 'tasks' holds string, not lists of strings"]),
+    ("capacity-beyond-int64", ["column 'capacity_bytes' does not fit int64"]),
+    ("timeline-garbage", ["r.timeline.parquet: unreadable Parquet"]),
+    ("timeline-version-99", ["r.timeline.parquet: timeline version is '99'"]),
+    ("timeline-is-results", ["r.timeline.parquet: not the timeline of replay results", "'pagecast-results'"]),
+    ("timeline-without-start", ["r.timeline.parquet: timeline without the column 'start_s'"]),
+    ("timeline-all-strings", ["r.timeline.parquet: timeline whose column 'run' holds string, not integers"]),
+    ("timeline-end-inf", ["column 'end_s' holds inf; it must be finite, within ±1e+12 s"]),
+    ("timeline-end-huge", ["column 'end_s' holds 1e+300"]),
+])
+def test_read_results_refuses_malformed_files(tmp_path, case, needles):
+    # each was read (a version) or left to crash the report (exit 1) before
+    p, runs, tl = _runs_and_timeline(tmp_path)
+    tlp = timeline_path(p)
+    if case.startswith("version-"):
+        v = case.split("-")[1]
+        meta = dict(runs.schema.metadata)
+        if v == "missing":
+            del meta[b"pagecast.version"]
+        else:
+            meta[b"pagecast.version"] = v.encode()
+        pq.write_table(runs.replace_schema_metadata(meta), p)
+    elif case == "time-as-string":
+        pq.write_table(_with(runs, "time_s", runs.column("time_s").cast(pa.string())), p)
+    elif case == "time-inf":
+        pq.write_table(_with(runs, "time_s", pa.array([1.0, float("inf")])), p)
+    elif case == "speedup-nan":
+        pq.write_table(_with(runs, "speedup_vs_demand", pa.array([1.0, float("nan")])), p)
+    elif case == "tasks-as-string":
+        pq.write_table(_with(runs, "tasks", pa.array(["a", "b"])), p)
+    elif case == "capacity-beyond-int64":
+        pq.write_table(_with(runs, "capacity_bytes", pa.array([2**63, 1], pa.uint64())), p)
+    elif case == "timeline-garbage":
+        tlp.write_bytes(bytes(range(256)) * 4)
+    elif case == "timeline-version-99":
+        pq.write_table(_meta(tl, **{"pagecast.version": "99"}), tlp)
+    elif case == "timeline-is-results":
+        tlp.write_bytes(p.read_bytes())
+    elif case == "timeline-without-start":
+        pq.write_table(tl.drop_columns(["start_s"]), tlp)
+    elif case == "timeline-all-strings":
+        pq.write_table(pa.table({n: tl.column(n).cast(pa.string()) for n in tl.column_names})
+                       .replace_schema_metadata(tl.schema.metadata), tlp)
+    else:
+        pq.write_table(_with(tl, "end_s", pa.array([2.0, float("inf") if case.endswith("inf") else 1e300])), tlp)
+    with pytest.raises(InputError) as e:
+        read_results(p)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(tlp if case.startswith("timeline") else p) + ": ")
+    for n in needles:
+        assert n in msg, msg
+
+
+def test_read_results_casts_compatible_columns(tmp_path):
+    """Narrower integer, dictionary-encoded and all-null columns are read with the schema's types."""
+    p, runs, tl = _runs_and_timeline(tmp_path)
+    runs = _with(runs, "capacity_bytes", runs.column("capacity_bytes").cast(pa.int32()))
+    runs = _with(runs, "time_s", pa.array([2, 1], pa.int16()))
+    runs = _with(runs, "policy", runs.column("policy").dictionary_encode())
+    runs = _with(runs, "stall_s", pa.nulls(2))
+    pq.write_table(runs, p)
+    pq.write_table(_with(tl, "start_s", pa.array([-1.0, 0.0])), timeline_path(p))
+    r, t = read_results(p)
+    for f in ("capacity_bytes", "time_s", "policy", "stall_s"):
+        assert r.schema.field(f).type == RUN_SCHEMA.field(f).type
+    assert r.column("policy").to_pylist() == ["demand", "oracle"] and r.column("time_s").to_pylist() == [2.0, 1.0]
+    assert t.schema == TIMELINE_SCHEMA and t.column("start_s").to_pylist() == [-1.0, 0.0]
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -258,6 +355,8 @@ BAD_PLANS = {
                                                              "launches": "many"}), "number of launches"),
     "granularity-huge": (lambda p: _plan_manifest(p, granularity=2 ** 70), "at most 1 GiB"),
     "page-size-huge": (lambda p: _plan_manifest(p, page_size=2 ** 40), "'page_size' must be from 512"),
+    "page-size-not-the-traces": (lambda p: _plan_manifest(p, page_size=8192, granularity=65536),
+                                 "page_size 8192 is not the trace's"),
 }
 
 
