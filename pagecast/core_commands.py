@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 
 from .command import Command
@@ -71,26 +72,45 @@ class QueryCommand(Command):
         p.add_argument("sql", metavar="SQL")
         g = p.add_mutually_exclusive_group()
         g.add_argument("--csv", action="store_true", help="write CSV on stdout")
-        g.add_argument("--json", action="store_true", help="write a JSON list of row objects on stdout")
-        p.add_argument("--limit", type=int, default=50, help="rows shown in the table view (default 50)")
+        g.add_argument("--json", action="store_true",
+                       help="write a JSON list of row objects on stdout: dates, times and timestamps as ISO 8601 "
+                            "strings, intervals as seconds, decimals and UUIDs as strings, BLOBs as hex, NaN as null")
+        p.add_argument("--limit", type=int, default=50,
+                       help="rows shown in the table view (default 50); only these are fetched. --csv and --json "
+                            "write every row")
 
     def run(self, args: argparse.Namespace) -> int:
         from . import console
-        from .query import run_sql
+        from .query import execute, json_value
 
-        names, rows = run_sql(args.trace, args.sql)
+        if args.limit < 0:
+            raise UsageError(f"--limit must be >= 0, got {args.limit}")
+        res = execute(args.trace, args.sql)
+        names = res.names
         if args.json:
-            console.emit_json([dict(zip(names, r)) for r in rows])
+            # streamed, as console.emit_json would print the whole list (indent 2)
+            out, first = sys.stdout, True
+            for batch in res.batches():
+                for r in batch:
+                    doc = json.dumps({n: json_value(v) for n, v in zip(names, r)}, indent=2)
+                    out.write(("[\n  " if first else ",\n  ") + doc.replace("\n", "\n  "))
+                    first = False
+            out.write("[]\n" if first else "\n]\n")
+            out.flush()
         elif args.csv:
             w = csv.writer(sys.stdout)
             w.writerow(names)
-            w.writerows(rows)
+            for batch in res.batches():
+                w.writerows(batch)
         else:
             from rich.table import Table
-            t = Table(caption=f"{len(rows):,} rows" + (f", first {args.limit} shown" if len(rows) > args.limit else ""))
+            rows, more = res.head(args.limit)
+            caption = (f"first {len(rows):,} rows shown; the query returns more (--csv or --json write them all)"
+                       if more else f"{len(rows):,} rows")
+            t = Table(caption=caption)
             for n in names:
                 t.add_column(n, overflow="fold")
-            for r in rows[: args.limit]:
+            for r in rows:
                 t.add_row(*("NULL" if v is None else str(v) for v in r))
             console.stdout().print(t)
         return 0

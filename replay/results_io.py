@@ -6,7 +6,9 @@ stall_s, faults, htod_bytes, dtoh_bytes, speedup_vs_demand) and more
 (fraction_of_oracle, workload, tasks, costs, ...). The file's schema metadata
 marks it (`pagecast.format = pagecast-results`), which is how `is_results`
 tells it from other Parquet files. The timeline beside it holds one row per
-simulated launch (TIMELINE_SCHEMA), for plots.
+simulated launch (TIMELINE_SCHEMA), for plots. `read_results` checks both
+files' format version, required columns, column types and that the times the
+report plots are finite, and refuses others with an InputError (exit 2).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -159,7 +162,7 @@ def write_results(path: str | Path, runs: Iterable[Mapping[str, Any]] | pa.Table
 
 
 def is_results(path: str | Path) -> bool:
-    """True when `path` is a RESULTS.parquet written by write_results."""
+    """True when `path` is a RESULTS.parquet written by write_results (of any version)."""
     p = Path(path)
     if not p.is_file():
         return False
@@ -170,22 +173,127 @@ def is_results(path: str | Path) -> bool:
     return meta.get(_META_KEY) == FORMAT.encode()
 
 
+# Columns a reader needs, and those whose values the report plots or prints as numbers (finite where not null).
+REQUIRED_RUN_COLUMNS = ("policy", "backend", "capacity_bytes", "oversub", "time_s")
+FINITE_RUN_COLUMNS = ("oversub", "time_s", "stall_s", "speedup_vs_demand", "fraction_of_oracle")
+FINITE_TIMELINE_COLUMNS = ("start_s", "end_s", "stall_s")
+MAX_SECONDS = 1e12   # about 31,700 years: times beyond are not a replay's, and overflow the plots' arithmetic
+_TIMELINE_FORMAT = b"pagecast-results-timeline"
+
+
+def _shown(v: bytes | None, limit: int = 40) -> str:
+    if v is None:
+        return "missing"
+    r = repr(v.decode("utf-8", "replace"))
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def _type_name(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "integers"
+    if pa.types.is_floating(t):
+        return "numbers"
+    if pa.types.is_string(t):
+        return "strings"
+    if pa.types.is_boolean(t):
+        return "true/false values"
+    if pa.types.is_list(t):
+        return f"lists of {_type_name(t.value_type)}"
+    return str(t)
+
+
+def _fits(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of type `have` holds what a column of `want` does (so that it casts without surprise)."""
+    if pa.types.is_null(have):
+        return True
+    if pa.types.is_dictionary(have):
+        have = have.value_type
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(have)
+    if pa.types.is_floating(want):
+        return pa.types.is_integer(have) or pa.types.is_floating(have)
+    if pa.types.is_string(want):
+        return pa.types.is_string(have) or pa.types.is_large_string(have) or pa.types.is_string_view(have)
+    if pa.types.is_boolean(want):
+        return pa.types.is_boolean(have)
+    if pa.types.is_list(want):
+        return ((pa.types.is_list(have) or pa.types.is_large_list(have) or pa.types.is_list_view(have))
+                and _fits(have.value_type, want.value_type))
+    return have == want
+
+
+def _checked(where: str, what: str, t: pa.Table, schema: pa.Schema, required, finite) -> pa.Table:
+    """`t` with the columns of `schema` it has cast to their types; InputError naming `where` when one
+    is missing (of `required`), repeated, of another kind, or not finite (of `finite`)."""
+    for name in required:
+        if name not in t.column_names:
+            raise InputError(f"{where}: {what} without the column {name!r}")
+    for f in schema:
+        idx = t.schema.get_all_field_indices(f.name)
+        if not idx:
+            continue
+        if len(idx) > 1:
+            raise InputError(f"{where}: {what} with {len(idx)} columns named {f.name!r}")
+        have = t.schema.field(idx[0]).type
+        if not _fits(have, f.type):
+            raise InputError(f"{where}: {what} whose column {f.name!r} holds {have}, not {_type_name(f.type)}")
+        if have != f.type:
+            try:
+                t = t.set_column(idx[0], f.name, t.column(idx[0]).cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:   # e.g. a uint64 beyond int64
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise InputError(f"{where}: {what} whose column {f.name!r} does not fit {f.type} "
+                                 f"({msg[:80]})") from None
+    for name in finite:
+        if name not in t.column_names:
+            continue
+        v = t.column(name).drop_null().to_numpy()
+        bad = ~np.isfinite(v) | (np.abs(v) > MAX_SECONDS if name.endswith("_s") else False)
+        if bad.any():
+            raise InputError(f"{where}: {what} whose column {name!r} holds {float(v[bad][0])!r}; "
+                             + (f"it must be finite, within ±{MAX_SECONDS:g} s" if name.endswith("_s")
+                                else "it must be finite"))
+    return t
+
+
+def _read_parquet(p: Path) -> pa.Table:
+    try:
+        return pq.read_table(p)
+    except Exception as e:  # pyarrow raises several kinds for a damaged file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"{p}: unreadable Parquet ({msg})") from None
+
+
+def _check_version(p: Path, meta: Mapping[bytes, bytes], what: str) -> None:
+    ver = meta.get(_META_VERSION)
+    if ver != str(VERSION).encode():
+        raise InputError(f"{p}: {what} version is {_shown(ver)}; this pagecast reads version {VERSION}")
+
+
 def read_results(path: str | Path) -> tuple[pa.Table, pa.Table | None]:
-    """(runs, timeline or None); InputError when `path` is not replay results."""
+    """(runs, timeline or None); InputError when `path` is not replay results, or it or its timeline is
+    malformed. Known columns come back with RUN_SCHEMA's / TIMELINE_SCHEMA's types."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such results file")
     if not is_results(p):
         raise InputError(f"{p}: not pagecast replay results (write them with 'pagecast replay ... -o FILE.parquet')")
-    try:
-        runs = pq.read_table(p)
-    except Exception as e:  # pyarrow raises several kinds for a damaged file
-        raise InputError(f"{p}: unreadable Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    for name in ("policy", "backend", "capacity_bytes", "oversub", "time_s"):
-        if name not in runs.column_names:
-            raise InputError(f"{p}: replay results without the column {name!r}")
+    runs = _read_parquet(p)
+    _check_version(p, runs.schema.metadata or {}, "results")
+    runs = _checked(str(p), "replay results", runs, RUN_SCHEMA, REQUIRED_RUN_COLUMNS, FINITE_RUN_COLUMNS)
     if runs.column("policy").null_count:
         raise InputError(f"{p}: replay results with runs that name no policy")
     tl_path = timeline_path(p)
-    timeline = pq.read_table(tl_path) if tl_path.exists() else None
+    if not tl_path.exists():
+        return runs, None
+    if not tl_path.is_file():
+        raise InputError(f"{tl_path}: the timeline beside {p.name} is not a file")
+    timeline = _read_parquet(tl_path)
+    meta = timeline.schema.metadata or {}
+    if meta.get(_META_KEY) != _TIMELINE_FORMAT:
+        raise InputError(f"{tl_path}: not the timeline of replay results (its format is {_shown(meta.get(_META_KEY))}, "
+                         f"not {_TIMELINE_FORMAT.decode()!r}); remove it or write the results again")
+    _check_version(tl_path, meta, "timeline")
+    timeline = _checked(str(tl_path), "timeline", timeline, TIMELINE_SCHEMA, TIMELINE_COLUMNS,
+                        FINITE_TIMELINE_COLUMNS)
     return runs, timeline

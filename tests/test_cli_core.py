@@ -114,3 +114,94 @@ def test_query_on_a_generated_trace(tmp_path, capsys):
                  "(SELECT 1 FROM allocations a WHERE f.address >= a.address AND f.address < a.address + a.bytes)",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"outside": 0}]
+
+
+def test_query_json_writes_dates_times_decimals_uuids_and_intervals(hand_trace, capsys):
+    # each was an internal error (TypeError: Object of type ... is not JSON serializable), exit 1
+    import datetime
+
+    assert main(["query", str(hand_trace), "SELECT to_timestamp(start_ns / 1e9) AS ts FROM launches LIMIT 1",
+                 "--json"]) == 0
+    ts = datetime.datetime.fromisoformat(json.loads(capsys.readouterr().out)[0]["ts"])
+    assert ts == datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # same instant in any time zone
+    sql = ("SELECT TIMESTAMP '2024-01-02 03:04:05.5' AS ts, DATE '2024-01-02' AS d, TIME '01:02:03' AS t, "
+           "INTERVAL 90 MINUTE AS iv, 12.50::DECIMAL(10, 2) AS dec, "
+           "'00000000-0000-0000-0000-000000000001'::UUID AS u, [DATE '2024-01-02'] AS dl, "
+           "{'x': 1.5::DECIMAL(3, 1)} AS st, MAP {DATE '2024-01-02': 1} AS m, 'ab'::BLOB AS b, "
+           "'nan'::DOUBLE AS n, NULL AS z")
+    assert main(["query", str(hand_trace), sql, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [{"ts": "2024-01-02T03:04:05.500000", "d": "2024-01-02", "t": "01:02:03",
+                                "iv": 5400.0, "dec": "12.50", "u": "00000000-0000-0000-0000-000000000001",
+                                "dl": ["2024-01-02"], "st": {"x": "1.5"}, "m": {"2024-01-02": 1}, "b": "6162",
+                                "n": None, "z": None}]
+    assert err == ""
+    # the table and CSV views print the same values as text
+    assert main(["query", str(hand_trace), "SELECT DATE '2024-01-02' AS d, 1.5::DECIMAL(3, 1) AS x", "--csv"]) == 0
+    assert list(csv.reader(io.StringIO(capsys.readouterr().out))) == [["d", "x"], ["2024-01-02", "1.5"]]
+
+
+class _FetchSpy:
+    """A DuckDB connection that counts the rows fetched and refuses to fetch them all at once."""
+
+    def __init__(self, con, fetched: list[int]) -> None:
+        self._con, self._fetched = con, fetched
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+    def fetchall(self):
+        raise AssertionError("fetched every row")
+
+    def fetchmany(self, n):
+        rows = self._con.fetchmany(n)
+        self._fetched.append(len(rows))
+        return rows
+
+
+def test_query_limit_fetches_only_the_rows_shown(hand_trace, capsys, monkeypatch):
+    # fetched all 10^8 rows before applying --limit (MemoryError after 38 s)
+    from pagecast import query
+
+    fetched: list[int] = []
+    connect = query.connect
+    monkeypatch.setattr(query, "connect", lambda p: _FetchSpy(connect(p), fetched))
+    assert main(["query", str(hand_trace), "SELECT * FROM range(100000000)", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert sum(fetched) == 6          # the rows shown and one more, to know there are more
+    assert "│ 4 " in out and "│ 5 " not in out
+    assert "first 5 rows shown; the query returns more" in out
+    fetched.clear()
+    assert main(["query", str(hand_trace), "SELECT * FROM range(3)", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 rows" in out and "shown" not in out and sum(fetched) == 3
+    assert main(["query", str(hand_trace), "SELECT * FROM range(3)", "--limit", "0"]) == 0
+    assert "first 0 rows shown" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["--csv", "--json"])
+def test_query_csv_and_json_write_every_row_in_batches(hand_trace, capsys, monkeypatch, fmt):
+    from pagecast import query
+
+    fetched: list[int] = []
+    connect = query.connect
+    monkeypatch.setattr(query, "connect", lambda p: _FetchSpy(connect(p), fetched))
+    monkeypatch.setattr(query, "BATCH_ROWS", 10)
+    assert main(["query", str(hand_trace), "SELECT i, i / 2 AS half FROM range(25) t(i)", fmt,
+                 "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert fetched == [10, 10, 5]
+    if fmt == "--json":
+        assert json.loads(out) == [{"i": i, "half": i * 0.5} for i in range(25)]
+        assert out == json.dumps([{"i": i, "half": i * 0.5} for i in range(25)], indent=2) + "\n"
+    else:
+        rows = list(csv.reader(io.StringIO(out)))
+        assert rows[0] == ["i", "half"] and len(rows) == 26 and rows[-1] == ["24", "12.0"]
+    assert main(["query", str(hand_trace), "SELECT * FROM range(0)", fmt]) == 0
+    assert capsys.readouterr().out == ("[]\n" if fmt == "--json" else "range\r\n")
+
+
+def test_query_negative_limit_is_one_line(hand_trace, capsys):
+    assert main(["query", str(hand_trace), "SELECT 1", "--limit", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--limit must be >= 0" in err

@@ -483,6 +483,49 @@ def test_bad_input_is_one_line_exit_2(what, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("what", ["timeline-garbage", "timeline-without-start_s", "timeline-is-results",
+                                  "timeline-all-strings", "timeline-end-inf", "results-time-as-string",
+                                  "results-version-99", "results-version-abc"])
+def test_malformed_results_or_timeline_is_one_line_exit_2(what, tmp_path, capsys):
+    # a-e were internal errors (ArrowInvalid, KeyError, ArrowTypeError, matplotlib's "Axis limits cannot be
+    # NaN or Inf", ValueError of a format code), exit 1; results of another version were reported
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pagecast.replay.results_io import timeline_path
+    p = make_results(tmp_path / "R.parquet", n_launches=6)
+    tl_path = timeline_path(p)
+    runs, tl = pq.read_table(p), pq.read_table(tl_path)
+    named, needle = (tl_path if what.startswith("timeline") else p), {
+        "timeline-garbage": "unreadable Parquet", "timeline-without-start_s": "without the column 'start_s'",
+        "timeline-is-results": "not the timeline of replay results", "timeline-all-strings": "not integers",
+        "timeline-end-inf": "'end_s' holds inf", "results-time-as-string": "'time_s' holds string, not numbers",
+        "results-version-99": "results version is '99'", "results-version-abc": "results version is 'abc'"}[what]
+    if what == "timeline-garbage":
+        tl_path.write_bytes(b"PAR1" + bytes(range(256)) * 3)
+    elif what == "timeline-without-start_s":
+        pq.write_table(tl.drop_columns(["start_s"]), tl_path)
+    elif what == "timeline-is-results":
+        tl_path.write_bytes(p.read_bytes())
+    elif what == "timeline-all-strings":
+        pq.write_table(pa.table({c: tl.column(c).cast(pa.string()) for c in tl.column_names})
+                       .replace_schema_metadata(tl.schema.metadata), tl_path)
+    elif what == "timeline-end-inf":
+        end = pa.array([float("inf")] * tl.num_rows)
+        pq.write_table(tl.set_column(tl.schema.get_field_index("end_s"), "end_s", end), tl_path)
+    elif what == "results-time-as-string":
+        i = runs.schema.get_field_index("time_s")
+        pq.write_table(runs.set_column(i, "time_s", runs.column(i).cast(pa.string())), p)
+    else:
+        pq.write_table(runs.replace_schema_metadata({**runs.schema.metadata,
+                                                     b"pagecast.version": what.rsplit("-", 1)[1].encode()}), p)
+    out = tmp_path / "r.html"
+    assert main(["report", str(p), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"pagecast report: error: {named}: "), err
+    assert needle in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_report_never_overwrites_its_input(toy_results, capsys):
     size = toy_results.stat().st_size
     assert main(["report", str(toy_results), "-o", str(toy_results), "--force"]) == 2
