@@ -563,6 +563,11 @@ def _validate(trace: Trace) -> None:
                 mn = pc.min(table.column(col)).as_py()
                 if mn is not None and mn <= 0:
                     raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
+        if ADDRESS in table.column_names and BYTES in table.column_names and table.num_rows:
+            a = table.column(ADDRESS).to_numpy(zero_copy_only=False).astype(np.uint64)
+            b = table.column(BYTES).to_numpy(zero_copy_only=False).astype(np.uint64)
+            if (a > np.uint64(2**64 - 1) - b).any():
+                raise TraceError(f"{p / name}: a range (address + bytes) runs past the end of the address space")
     _validate_launches(trace)
     _validate_allocations(trace)
     _validate_truth(trace)
@@ -623,6 +628,14 @@ def _validate_allocations(trace: Trace) -> None:
     t = trace.allocations
     where = trace.path / ALLOCATIONS
     n = t.num_rows
+    if n and t.column(LAST_LAUNCH).null_count < n:
+        # live for first_launch ..= last_launch: last = first - 1 when no kernel ran in between
+        gap = pc.subtract(t.column(FIRST_LAUNCH), pc.fill_null(t.column(LAST_LAUNCH), np.iinfo(np.int64).max // 2))
+        if pc.max(gap).as_py() > 1:
+            k = int(np.argmax(gap.to_numpy(zero_copy_only=False)))
+            raise TraceError(f"{where}: allocation {t.column(ALLOC_ID)[k].as_py()} has last_launch"
+                             f" {t.column(LAST_LAUNCH)[k].as_py()} before its first_launch"
+                             f" {t.column(FIRST_LAUNCH)[k].as_py()} - 1")
     if n < 2:
         return
     ids = t.column(ALLOC_ID).to_numpy()

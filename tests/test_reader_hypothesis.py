@@ -44,7 +44,11 @@ def test_allocation_overlap_rule(tmp_path_factory, rows):
         "last_launch": pa.array([l for _, _, _, l in rows], pa.int64()),
     })
     pq.write_table(t, p / "allocations" / "part-00000.parquet")
-    if _overlaps(rows):
+    if any(l is not None and l < f - 1 for _, _, f, l in rows):
+        # live for first ..= last: last = first - 1 when no kernel ran in between, never less
+        with pytest.raises(TraceError, match="before its first_launch"):
+            T.read_trace(p)
+    elif _overlaps(rows):
         with pytest.raises(TraceError, match="overlap"):
             T.read_trace(p)
     else:

@@ -119,10 +119,10 @@ def _manifest(p, **changes):
     (p / "manifest.json").write_text(json.dumps({**m, **changes}))
 
 
-def _add_truth(p, launch_ids):
+def _add_truth(p, launch_ids, address=BASE):
     (p / "truth").mkdir()
     pq.write_table(pa.table({"launch_id": pa.array(launch_ids, pa.int64()),
-                             "address": pa.array([BASE] * len(launch_ids), pa.uint64()),
+                             "address": pa.array([address] * len(launch_ids), pa.uint64()),
                              "bytes": pa.array([4096] * len(launch_ids), pa.int64()),
                              "access": pa.array(["read"] * len(launch_ids))}), p / "truth" / "part-00000.parquet")
 
@@ -174,6 +174,12 @@ BAD = {
                         "not valid JSON"),
     "manifest-int-too-long": (lambda p: (p / "manifest.json").write_text('{"version": ' + "9" * 5001 + "}"),
                               "not valid JSON"),
+    # ranges past the end of the address space were dropped silently; a lifetime that ends before it
+    # begins was accepted
+    "truth-wraps": (lambda p: _add_truth(p, [0, 1], address=2**64 - 4096), "runs past the end of the address space"),
+    "lifetime-backwards": (lambda p: _rewrite(p, "allocations", lambda t: _set_col(_set_col(
+        t, "first_launch", pa.array([3] * t.num_rows, pa.int64())), "last_launch",
+        pa.array([0] * t.num_rows, pa.int64()))), "before its first_launch"),
     # a FIFO made every command hang, a link to /dev/zero read until memory ran out
     "manifest-fifo": (lambda p: ((p / "manifest.json").unlink(), os.mkfifo(p / "manifest.json")),
                       "not a regular file"),
