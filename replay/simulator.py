@@ -286,8 +286,9 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, profile, options: Opt
     and a missing profile keep the earlier span. Where a launch is larger than memory,
     each span is also planned with each of `fronts` (plan_groups' `front`: such a
     launch's first units brought in before it), ties keeping the earlier. Returns
-    (span, needs at that span, plan; the plan's `front` says which). When `needs` are the truth, the winning trial run is the run itself: it is put in
-    `trial` (run_policy then does not run it again)."""
+    (span, needs at that span, plan; the plan's `front` says which). When `needs`
+    are the truth, the winning trial run is the run itself: it is put in `trial`
+    (run_policy then does not run it again)."""
     best = None
     tried: list[Needs] = []
     view = None
