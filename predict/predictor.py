@@ -183,7 +183,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 vals = {n: v[ok] for n, v in values.items()}
                 one = np.ones(len(l), np.int64)
                 st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(r, vals, ptr[ok].astype(np.int64)))
-                cnt = np.clip(cnt, 0, 1 << 20)
+                cnt = np.minimum(np.clip(cnt, 0, 1 << 20), _useful_chunks(st, ch, sd, a_s[ac] * ps, a_e[ac] * ps))
                 rep = np.repeat(np.arange(len(l)), cnt)
                 j = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
                 sb = st[rep] + j * sd[rep]
@@ -199,6 +199,16 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
     if fb_l:
         _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc)
     return acc, unseen
+
+
+def _useful_chunks(st, ch, sd, lo, hi):
+    """How many of a strided region's chunks (start st, chunk ch, stride sd bytes) can touch the
+    allocation [lo, hi): the rest are clipped away, so a count beyond it (a model edited to 2**48)
+    costs nothing. A stride of 0 repeats one chunk."""
+    st, ch, sd = np.asarray(st, np.int64), np.asarray(ch, np.int64), np.asarray(sd, np.int64)
+    up = -(-(np.asarray(hi, np.int64) - st) // np.maximum(sd, 1))           # st + j*sd < hi
+    down = -(-(st + ch - np.asarray(lo, np.int64)) // np.maximum(-sd, 1))   # st + j*sd + ch > lo
+    return np.maximum(np.where(sd > 0, up, np.where(sd < 0, down, 1)), 0)
 
 
 def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc) -> None:
@@ -450,7 +460,7 @@ class OnlinePredictor:
             elif cls == "strided":
                 st = v + fns[0](values)
                 cnt, ch, sd = fns[2](values), fns[3](values), fns[4](values)
-                for j in range(max(0, min(cnt, 1 << 20))):
+                for j in range(max(0, min(cnt, 1 << 20, int(_useful_chunks(st, ch, sd, a_s * ps, a_e * ps))))):
                     b0 = st + j * sd
                     sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
                     if ep > sp:

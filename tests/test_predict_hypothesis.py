@@ -92,3 +92,20 @@ def test_solver_exact_one_term(c, a0, xs, width):
     assert ((v >= lo) & (v <= hi)).all()
     if width == 0:
         assert f.evaluate({"x": x[0]}) == y[0] and f.evaluate({"x": 12345}) == c * 12345 + a0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-10_000, 10_000), st.integers(1, 500), st.integers(-600, 600), st.integers(-5_000, 5_000),
+       st.integers(1, 5_000))
+def test_strided_chunks_beyond_the_useful_count_never_touch_the_allocation(start, chunk, stride, lo, size):
+    """The predictor stops a strided region's chunks where they leave the allocation (a model edited to
+    count 2**48 took 11 GB before): every chunk past that count is clipped to nothing."""
+    from pagecast.predict.predictor import _useful_chunks
+    hi = lo + size
+    n = int(_useful_chunks(start, chunk, stride, lo, hi))
+    assert n >= 0
+    for j in range(n, n + 50):
+        b = start + j * stride
+        assert stride == 0 or not (b < hi and b + chunk > lo)
+    if stride == 0:
+        assert n == 1
