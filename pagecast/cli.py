@@ -64,6 +64,13 @@ def _showwarning(message, category, filename, lineno, file=None, line=None):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = "pagecast"
+    for stream in (sys.stdout, sys.stderr):
+        # a kernel name the terminal's encoding cannot show (PYTHONIOENCODING=ascii) is escaped,
+        # not an internal error
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):   # not a text stream that can (captured, closed)
+            pass
     old_showwarning = warnings.showwarning
     warnings.showwarning = _showwarning
     try:

@@ -9,6 +9,7 @@ import sys
 
 from .command import Command
 from .errors import UsageError
+from .units import count_arg
 
 
 class SummaryCommand(Command):
@@ -18,7 +19,7 @@ class SummaryCommand(Command):
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("trace", metavar="TRACE", help="a trace directory (*.pctrace)")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-        p.add_argument("--top", type=int, default=10, help="how many kernels to list (default 10)")
+        p.add_argument("--top", type=count_arg, default=10, help="how many kernels to list (default 10)")
 
     def run(self, args: argparse.Namespace) -> int:
         from rich.table import Table

@@ -70,3 +70,15 @@ def parse_float_list(text: str, name: str = "value") -> list[float]:
         except ValueError:
             raise UsageError(f"not a number for {name}: {t!r}") from None
     return out
+
+
+def count_arg(text: str) -> int:
+    """argparse type of a count (--top): an integer >= 0."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n

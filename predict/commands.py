@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pagecast.command import Command
+from pagecast.units import count_arg
 
 FALLBACK_HELP = ("what to predict for irregular and unseen kernels: allocation (the whole allocation), "
                  "history (what the kernel touched there before; default) or none (demand paging)")
@@ -127,7 +128,7 @@ class EvaluateCommand(Command):
         p.add_argument("model", metavar="MODEL")
         p.add_argument("trace", metavar="TRACE")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-        p.add_argument("--top", type=int, default=30, help="kernels shown in the table (default 30)")
+        p.add_argument("--top", type=count_arg, default=30, help="kernels shown in the table (default 30)")
         _fallback(p)
 
     def run(self, args: argparse.Namespace) -> int:

@@ -81,7 +81,7 @@ def test_query_empty_sql_is_one_line(hand_trace, capsys, sql):
 
 
 @pytest.mark.parametrize("argv", [["summary"], ["nonsense-command"], ["summary", "x", "--top", "many"],
-                                  ["query", "x"]])
+                                  ["query", "x"], ["summary", "x", "--top", "-1"], ["evaluate", "m", "t", "--top", "-3"]])
 def test_bad_flags_one_line_exit_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -205,3 +205,26 @@ def test_query_negative_limit_is_one_line(hand_trace, capsys):
     assert main(["query", str(hand_trace), "SELECT 1", "--limit", "-1"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--limit must be >= 0" in err
+
+
+def test_names_the_terminal_cannot_encode_are_escaped(hand_trace):
+    """A kernel name outside the terminal's encoding (PYTHONIOENCODING=ascii) was an internal error."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pathlib import Path
+    p = Path(hand_trace).parent / "enc.pctrace"
+    shutil.copytree(hand_trace, p)
+    part = sorted((p / "launches").glob("*.parquet"))[0]
+    t = pq.read_table(part)
+    t = t.set_column(t.schema.get_field_index("kernel"), "kernel", pa.array(["k\u00b5\u00e9"] * t.num_rows))
+    pq.write_table(t, part)
+    r = subprocess.run([sys.executable, "-c", "import sys; from pagecast.cli import main; sys.exit(main())",
+                        "summary", str(p)], capture_output=True, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert b"k\\xb5\\xe9" in r.stdout
