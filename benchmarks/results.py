@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         write_results(work / "results.parquet", runs, timeline, force=True)
         variants = llm_variants(work, args.costs)
         lat0_text = latency_free_sci(work, args.costs)
-        moe_text, _late = predicted_part_bound(work, args.costs, "moe-decode",
+        moe_text = predicted_part_bound(work, args.costs, "moe-decode",
                                         {(r["policy"], r["oversub"]): r["time_s"] for r in runs
                                          if r["workload"] == "moe-decode"})
         runner_text = runner_section(work, args.costs, sorted({r["workload"] for r in runs if not r.get("mix")}),
@@ -356,7 +356,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     no prediction names fetched only once the launch before has ended (late_plan: the best a
     runtime reading the router's output could do), beside template and oracle. `times`:
     (policy, oversub) -> time_s of `name` in the main table's runs (same trace, profile and
-    capacities). Returns the paragraph and the late bound's lowest share of oracle."""
+    capacities). Returns the paragraph (empty without the trace)."""
     import numpy as np
 
     from pagecast.predict.model_io import load_model
@@ -369,7 +369,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
 
     p = work / "traces" / f"{name}-s{REPLAY_SEED}.pctrace"
     if not p.exists():
-        return "", None
+        return ""
     tr = read_trace(p)
     prof = SimConfig(costs=costs).profile()
     pred = [predicted_footprints(load_model(work / "model.json"), tr, "adaptive")]
@@ -443,7 +443,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
   router has run, which no policy that runs the workload can know: it brings the experts in
   during earlier launches. Waiting for the router to end is not what costs (issuing those
   transfers as the router starts instead changes the times by {wait_cost:.1%} at most).
-"""), lo
+""")
 
 
 def runner_section(work: Path, costs: str, names: list[str], template: dict, template_faults: dict) -> str:
@@ -465,11 +465,10 @@ def runner_section(work: Path, costs: str, names: list[str], template: dict, tem
     for n in names:
         runs, _ = replay_sim([read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")], ["demand", "runner"],
                              oversub=list(OVERSUB), config=SimConfig(costs=costs), model=model, timeline=False)
-        by = {r["oversub"]: r["speedup_vs_demand"] for r in runs if r["policy"] == "runner"}
         rrow = {r["oversub"]: r for r in runs if r["policy"] == "runner"}
         cells = []
         for o in OVERSUB:
-            t, r = template[(n, o)], by[o]
+            t, r = template[(n, o)], rrow[o]["speedup_vs_demand"]
             ratio[o].append(r / t)
             if r < 1:
                 below.append(f"{n} at {o:.0%}")

@@ -6,6 +6,17 @@ Exit codes follow docs/cli (the contract): 2 for bad input the user can fix
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def shown(v: Any, limit: int = 60) -> str:
+    """repr(v) for an error line, cut to `limit` characters (a value read from a file can be anything)."""
+    try:
+        r = repr(v)
+    except ValueError:   # an integer too long to print
+        return f"an integer of {v.bit_length()} bits"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
 
 class PagecastError(Exception):
     """Base class: a one-line message for the user and an exit code."""

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import PRODUCER
-from .errors import OutputExistsError, TraceError
+from .errors import OutputExistsError, TraceError, shown
 from .jsonfile import read_json, write_json_atomic
 
 FORMAT = "pagecast-trace"
@@ -397,15 +397,6 @@ class Trace:
 PAGE_SIZE_MIN, PAGE_SIZE_MAX = 512, 1 << 21   # bytes; x86-64 UVM pages are 4096
 
 
-def _shown(v: Any, limit: int = 60) -> str:
-    """repr(v) for an error line, cut to `limit` characters (a manifest value can be anything)."""
-    try:
-        r = repr(v)
-    except ValueError:   # an integer too long to print
-        return f"an integer of {v.bit_length()} bits"
-    return r if len(r) <= limit else r[:limit - 3] + "..."
-
-
 def read_manifest(path: str | os.PathLike) -> dict:
     """Read and check a trace's manifest: format, version and page size."""
     path = Path(path)
@@ -421,23 +412,23 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise TraceError(f"{mpath}: expected a JSON object")
     fmt = manifest.get("format")
     if fmt != FORMAT:
-        raise TraceError(f"{mpath}: format is {_shown(fmt)}; this reader reads {FORMAT!r}")
+        raise TraceError(f"{mpath}: format is {shown(fmt)}; this reader reads {FORMAT!r}")
     ver = manifest.get("version")
     if type(ver) is not int or ver != VERSION:  # true and 1.0 are not the version 1
-        raise TraceError(f"{mpath}: version is {_shown(ver)}; this reader reads version {VERSION}")
+        raise TraceError(f"{mpath}: version is {shown(ver)}; this reader reads version {VERSION}")
     ps = manifest.get("page_size")
     if not isinstance(ps, int) or isinstance(ps, bool) or ps <= 0 or ps & (ps - 1) \
             or not PAGE_SIZE_MIN <= ps <= PAGE_SIZE_MAX:
         raise TraceError(f"{mpath}: page_size must be a power of two from {PAGE_SIZE_MIN} to {PAGE_SIZE_MAX}, "
-                         f"found {_shown(ps)}")
+                         f"found {shown(ps)}")
     mode = manifest.get("mode")
     if mode not in MODES:
-        raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {_shown(mode)}")
+        raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {shown(mode)}")
     if not isinstance(manifest.get("complete"), bool):
-        raise TraceError(f"{mpath}: complete must be true or false, found {_shown(manifest.get('complete'))}")
+        raise TraceError(f"{mpath}: complete must be true or false, found {shown(manifest.get('complete'))}")
     for key in ("workload", "device"):
         if not isinstance(manifest.get(key), (dict, type(None))):
-            raise TraceError(f"{mpath}: {key} must be an object or null, found {_shown(manifest.get(key))}")
+            raise TraceError(f"{mpath}: {key} must be an object or null, found {shown(manifest.get(key))}")
     return manifest
 
 
@@ -546,6 +537,12 @@ def _conform(t: pa.Table, schema: pa.Schema, nullable: frozenset[str], where: Pa
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def ranges_wrap(address, nbytes) -> bool:
+    """Whether any range (address, nbytes >= 0) runs past the end of the 64-bit address space."""
+    b = np.asarray(nbytes).astype(np.uint64)
+    return bool((np.asarray(address).astype(np.uint64) > np.uint64(2**64 - 1) - b).any())
+
+
 def _validate(trace: Trace) -> None:
     p = trace.path
     for name, table in trace.tables().items():
@@ -564,9 +561,8 @@ def _validate(trace: Trace) -> None:
                 if mn is not None and mn <= 0:
                     raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
         if ADDRESS in table.column_names and BYTES in table.column_names and table.num_rows:
-            a = table.column(ADDRESS).to_numpy(zero_copy_only=False).astype(np.uint64)
-            b = table.column(BYTES).to_numpy(zero_copy_only=False).astype(np.uint64)
-            if (a > np.uint64(2**64 - 1) - b).any():
+            if ranges_wrap(table.column(ADDRESS).to_numpy(zero_copy_only=False),
+                           table.column(BYTES).to_numpy(zero_copy_only=False)):
                 raise TraceError(f"{p / name}: a range (address + bytes) runs past the end of the address space")
     _validate_launches(trace)
     _validate_allocations(trace)

@@ -201,6 +201,9 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
     return acc, unseen
 
 
+_FEW_CHUNKS = 64   # strided counts up to this are walked as they are (the workload models' are heads, channels)
+
+
 def _useful_chunks(st, ch, sd, lo, hi):
     """How many of a strided region's chunks (start st, chunk ch, stride sd bytes) can touch the
     allocation [lo, hi): the rest are clipped away, so a count beyond it (a model edited to 2**48)
@@ -460,7 +463,9 @@ class OnlinePredictor:
             elif cls == "strided":
                 st = v + fns[0](values)
                 cnt, ch, sd = fns[2](values), fns[3](values), fns[4](values)
-                for j in range(max(0, min(cnt, 1 << 20, int(_useful_chunks(st, ch, sd, a_s * ps, a_e * ps))))):
+                if cnt > _FEW_CHUNKS:   # numpy on scalars costs microseconds: only where it can save more
+                    cnt = min(cnt, int(_useful_chunks(st, ch, sd, a_s * ps, a_e * ps)))
+                for j in range(max(0, min(cnt, 1 << 20))):
                     b0 = st + j * sd
                     sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
                     if ep > sp:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagecast.errors import OutputExistsError, ProfileError
+from pagecast.errors import OutputExistsError, ProfileError, shown
 from pagecast.jsonfile import read_json
 
 FORMAT = "pagecast-cost-profile"
@@ -97,14 +97,6 @@ _RANGES = {   # what a profile may say: far beyond any GPU and link, short of ov
 }
 
 
-def _shown(v: Any, limit: int = 40) -> str:
-    try:
-        r = repr(v)
-    except ValueError:
-        return "an over-long integer"
-    return r if len(r) <= limit else r[:limit - 3] + "..."
-
-
 def builtin_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
@@ -146,7 +138,7 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
             except OverflowError:   # an integer too large for a float
                 ok = False
             if not ok:
-                raise ProfileError(f"{where}: field {k!r} must be a number, found {_shown(v)}")
+                raise ProfileError(f"{where}: field {k!r} must be a number, found {shown(v, 40)}")
             v = float(v)
         kw[k] = v
     for k in _POSITIVE:
@@ -157,7 +149,7 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
             raise ProfileError(f"{where}: field {k!r} must be >= 0, found {kw[k]!r}")
     for k, (lo, hi) in _RANGES.items():   # beyond these, runs overflow to inf/nan or allocate petabytes
         if not lo <= kw[k] <= hi:
-            raise ProfileError(f"{where}: field {k!r} must be from {lo:g} to {hi:g}, found {_shown(kw[k])}")
+            raise ProfileError(f"{where}: field {k!r} must be from {lo:g} to {hi:g}, found {shown(kw[k], 40)}")
     if not 0.0 <= kw["prefetch_threshold"] <= 1.0:
         raise ProfileError(f"{where}: field 'prefetch_threshold' must be in [0, 1]")
     for k in ("granularity", "eviction_unit"):

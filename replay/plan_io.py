@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pagecast.errors import PlanError
 from pagecast.jsonfile import read_json, write_json_atomic
-from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, prepare_output_dir
+from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, prepare_output_dir, ranges_wrap
 
 FORMAT = "pagecast-plan"
 VERSION = 1
@@ -196,8 +196,7 @@ def read_plan(path: str | Path, trace=None) -> Plan:
             raise PlanError(f"{tpath}: column 'bytes' must be > 0")
         if (b > cap).any():   # a plan never moves more than the capacity at once
             raise PlanError(f"{tpath}: column 'bytes' holds a transfer larger than the capacity ({cap} bytes)")
-        a = t.column(ADDRESS).to_numpy()
-        if (a > np.uint64(2**64 - 1) - b.astype(np.uint64)).any():
+        if ranges_wrap(t.column(ADDRESS).to_numpy(), b):
             raise PlanError(f"{tpath}: a range runs past the end of the address space")
         lid = t.column(LAUNCH_ID).to_numpy()
         if lid.min() < 0 or lid.max() >= n or (trace is not None and lid.max() >= trace.n_launches):

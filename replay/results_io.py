@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pagecast.errors import InputError, OutputExistsError
+from pagecast.errors import InputError, OutputExistsError, shown
 
 FORMAT = "pagecast-results"
 VERSION = 1
@@ -181,11 +181,9 @@ MAX_SECONDS = 1e12   # about 31,700 years: times beyond are not a replay's, and 
 _TIMELINE_FORMAT = b"pagecast-results-timeline"
 
 
-def _shown(v: bytes | None, limit: int = 40) -> str:
-    if v is None:
-        return "missing"
-    r = repr(v.decode("utf-8", "replace"))
-    return r if len(r) <= limit else r[:limit - 3] + "..."
+def _shown(v: bytes | None) -> str:
+    """A metadata value (bytes) for an error line."""
+    return "missing" if v is None else shown(v.decode("utf-8", "replace"), 40)
 
 
 def _type_name(t: pa.DataType) -> str:
