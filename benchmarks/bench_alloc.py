@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from pagecast.datasets.registry import make_trace
-    from pagecast.replay import simulator as S
-    from pagecast.replay.run import SimConfig, replay_sim
+    from pagecast.replay.policies import alloc as PA
+    from pagecast.replay.sim.sweep import SimConfig, replay_sim
     from pagecast.trace import read_trace
 
     oversub = [1.5, 2.0, 3.0]
@@ -47,13 +47,13 @@ def main(argv=None) -> int:
         dem, _ = replay_sim(trs, ["demand"], oversub=oversub, config=cfg, timeline=False)
         t_dem = time.perf_counter() - t0
         rows = {}
-        saved = S.CHUNK_PLAN_OCCURRENCES
+        saved = PA.CHUNK_PLAN_OCCURRENCES
         for name, limit in (("units", 1 << 62), ("chunks", saved)):
-            S.CHUNK_PLAN_OCCURRENCES = limit
+            PA.CHUNK_PLAN_OCCURRENCES = limit
             t0 = time.perf_counter()
             runs, _ = replay_sim(trs, ["alloc"], oversub=oversub, config=cfg, timeline=False)
             rows[name] = (time.perf_counter() - t0, {r["oversub"]: r["time_s"] for r in runs})
-        S.CHUNK_PLAN_OCCURRENCES = saved
+        PA.CHUNK_PLAN_OCCURRENCES = saved
         # what choosing the plan's span costs a planned policy on the same long mix
         spans = {}
         for name, sp in (("units only", "unit"), ("span chosen (default)", "auto")):

@@ -29,8 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the CUDA stand-ins
 
-from pagecast.replay.cuda_iface import Allocation, InertCuda  # noqa: E402  (after the path)
+from cuda_standin import InertCuda  # noqa: E402  (after the path)
+
+from pagecast.replay.online.ranges import Allocation  # noqa: E402
 
 
 class NullCuda(InertCuda):
@@ -62,8 +65,8 @@ def measure(workload: str, n: int, work: Path) -> dict:
     from pagecast.collect.launch_hook import LaunchArgs
     from pagecast.datasets.registry import make_trace
     from pagecast.predict.fit import fit_model
-    from pagecast.replay import gpu_engine as E
-    from pagecast.replay import gpu_predict as GP
+    from pagecast.replay.gpu import cuda_engine as E
+    from pagecast.replay.online import prediction as GP
 
     small = T.read_trace(make_trace(workload, work / f"{workload}-fit.pctrace", scale=0.25, seed=1))
     big = T.read_trace(make_trace(workload, work / f"{workload}-run.pctrace", scale=0.5, seed=2))

@@ -31,7 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pagecast.replay import sim_core as C  # noqa: E402
+from pagecast.replay.sim import kernels as C  # noqa: E402
+from pagecast.replay.plan import belady as PB  # noqa: E402
+from pagecast.replay.sim import stack as ST  # noqa: E402
 
 PS = 4096
 I64 = np.int64
@@ -163,8 +165,8 @@ def main(argv=None) -> int:
     wp, wu = make_sequence(5000, 2000, 16, seed=1)
     g = Geometry(2000, 1, 1)
     engine(wp, wu, g, 500, lru=True, tree=False)
-    C.lru_stack_distances(wu, 2000)
-    C.belady_plan(np.arange(len(wu) + 1, dtype=I64), wu, 2000, 500, 0, np.zeros(2000, np.uint8), 1, 1)
+    ST.lru_stack_distances(wu, 2000)
+    PB.belady_plan(np.arange(len(wu) + 1, dtype=I64), wu, 2000, 500, 0, np.zeros(2000, np.uint8), 1, 1)
 
     ptr, pages = make_sequence(args.requests, args.pages, args.launch_pages)
     n_req = len(pages)
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
         # pagecast LRU, all of 4 capacities in one pass
         caps = [cap // 4, cap // 2, cap, min(U, cap * 3 // 2)]
         def one_pass():
-            dist = C.lru_stack_distances(dense, U)
+            dist = ST.lru_stack_distances(dense, U)
             return [int((dist > c_).sum()) for c_ in caps]
         m4, t = timed(one_pass)
         assert m4[2] == int(c[C.C_FAULTS])
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
         geob = Geometry(Ub, 1, 1)
 
         def plan():
-            return C.belady_plan(bptr, bseq, Ub, capb, 0, np.zeros(Ub, np.uint8), 1 << 20, capb)
+            return PB.belady_plan(bptr, bseq, Ub, capb, 0, np.zeros(Ub, np.uint8), 1 << 20, capb)
         (ev_ptr, ev, pf_ptr, pf, nn, _, _, _), t = timed(plan)
         assert len(pf) == lcs_b, (len(pf), lcs_b)
         rows.append(("pagecast Belady: the oracle's planner (belady_plan; misses = its fetches)", nb, t,

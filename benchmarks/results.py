@@ -2,7 +2,7 @@
 
     python benchmarks/results.py [--scale 0.2] [--costs msched-rtx5080] [--out docs/results.md] [--work DIR]
 
-Runs the demo's pipeline (pagecast.replay.demo.run_suite): every workload model
+Runs the demo's pipeline (pagecast.demo.run_suite): every workload model
 and MSched's three mixes, fit on seeds 1 and 2, replayed on seed 3 (mix
 instances 3, 13, 23) at 150/200/300% oversubscription with demand, alloc,
 template, oracle and swap, then writes the table, the bar checks (template >=
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="keep traces and results here (default: a temporary directory)")
     args = ap.parse_args(argv)
 
-    from pagecast.replay.demo import OVERSUB, run_suite
+    from pagecast.demo import OVERSUB, run_suite
     from pagecast.replay.results_io import write_results
     from pagecast.units import format_size
 
@@ -224,7 +224,7 @@ Reading the misses and ties:
 - *Belady on units is not a time optimum.* Belady minimises units moved; `alloc` moves
   whole allocations in few long ranges where Belady's exchanges are many short ones, each
   charged the profile's 5 us `transfer_latency_s`. That figure is an assumption (the fixed
-  cost of one cudaMemPrefetchAsync-sized range; background.md gives none, MSched's
+  cost of one cudaMemPrefetchAsync-sized range; docs/uvm-facts.md gives none, MSched's
   41.7 GB/s is a batched rate, and the nearest published figure is 5-7 us per
   cudaMemcpyAsync call, DualPath, arXiv 2602.21548), marked as such in docs/cost-model.md.
   Planned on units only, oracle and template fell behind `alloc` on the scientific mix at
@@ -290,9 +290,9 @@ def perf_section() -> str:
 def llm_variants(work: Path, costs: str):
     """The multi-LLM mix with the tree prefetcher off, and under pcie3: (name, oversub, demand s, template x, oracle x)."""
     from pagecast.datasets.registry import MIXES
+    from pagecast.demo import OVERSUB, REPLAY_SEED, demo_timeslice_ms
     from pagecast.predict.model_io import load_model
-    from pagecast.replay.demo import OVERSUB, REPLAY_SEED, demo_timeslice_ms
-    from pagecast.replay.run import SimConfig, replay_sim
+    from pagecast.replay.sim.sweep import SimConfig, replay_sim
     from pagecast.trace import read_trace
 
     wl = MIXES.get("multi-llm") or []
@@ -314,7 +314,7 @@ def llm_variants(work: Path, costs: str):
 
 
 def late_plan(g, truth, late_keys, m: int):
-    """Oracle's plan `g` (a simulator.Groups) as a runtime that learns a launch's data-dependent
+    """Oracle's plan `g` (a plan.groups.Groups) as a runtime that learns a launch's data-dependent
     pages only once the launch before it has ended could carry it out: every prefetch of a unit
     for a use in `late_keys` (step * m + unit: a truth touch no prediction names) moves to that
     use's own step, first in the part the launch waits for, and that step's group starts after
@@ -322,8 +322,8 @@ def late_plan(g, truth, late_keys, m: int):
     then. The rest of the plan, its evictions included, is oracle's."""
     import numpy as np
 
-    from pagecast.replay import simulator as S
-    from pagecast.replay.workload import I64
+    from pagecast.replay.plan import groups as PG
+    from pagecast.replay.unit_space import I64
 
     n = g.n_steps
     gs = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))
@@ -345,7 +345,7 @@ def late_plan(g, truth, late_keys, m: int):
     need = np.bincount(step[part < 2], minlength=n).astype(I64)
     wait = g.wait_prev.copy()
     wait[np.unique(step[move])] = 1
-    return S.Groups(g.ev_ptr, g.ev_unit, ptr, u[order], need, wait, g.blocking, g.thrash, g.need_group.copy()), \
+    return PG.Groups(g.ev_ptr, g.ev_unit, ptr, u[order], need, wait, g.blocking, g.thrash, g.need_group.copy()), \
         int(move.sum())
 
 
@@ -359,12 +359,13 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     capacities). Returns the paragraph (empty without the trace)."""
     import numpy as np
 
+    from pagecast.demo import OVERSUB, REPLAY_SEED
     from pagecast.predict.model_io import load_model
-    from pagecast.replay import simulator as S
-    from pagecast.replay.adaptive import predicted_footprints
-    from pagecast.replay.demo import OVERSUB, REPLAY_SEED
-    from pagecast.replay.run import SimConfig, capacities_for
-    from pagecast.replay.workload import I64, Needs, build_workload
+    from pagecast.replay import policies as P
+    from pagecast.replay.plan.adaptive import predicted_footprints
+    from pagecast.replay.sim import run as R
+    from pagecast.replay.sim.sweep import SimConfig, capacities_for
+    from pagecast.replay.unit_space import I64, Needs, build_workload
     from pagecast.trace import read_trace
 
     p = work / "traces" / f"{name}-s{REPLAY_SEED}.pctrace"
@@ -386,13 +387,13 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     np.cumsum(np.bincount(k // m, minlength=n), out=ptr[1:])
     known = Needs(ptr, k % m)
 
-    class Known(S.Planned):
+    class Known(P.Planned):
         name = "oracle on the predicted pages"
 
         def needs(self, ctx):
             return known
 
-    class Late(S.Oracle):
+    class Late(P.Oracle):
         name = "oracle, data-dependent pages once the launch before ended"
 
         def __init__(self, wait: bool = True):
@@ -412,9 +413,9 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
         (cap, _), = capacities_for(w.footprint_bytes, None, [o])
         cu = cap // w.gran
         t = {p: times[(p, o)] for p in ("demand", "template", "oracle")}
-        t["known"] = S.run_policy(w, Known(), cu, prof, S.Options()).end[-1]
-        t["late"] = S.run_policy(w, Late(), cu, prof, S.Options()).end[-1]
-        wait_cost = max(wait_cost, t["late"] / S.run_policy(w, Late(False), cu, prof, S.Options()).end[-1] - 1)
+        t["known"] = R.run_policy(w, Known(), cu, prof, P.Options()).end[-1]
+        t["late"] = R.run_policy(w, Late(), cu, prof, P.Options()).end[-1]
+        wait_cost = max(wait_cost, t["late"] / R.run_policy(w, Late(False), cu, prof, P.Options()).end[-1] - 1)
         worst = min(worst, t["known"] / t["template"])
         late_share.append(t["oracle"] / t["late"])
         rows.append(f"| {o:.0%} | {t['demand'] / t['template']:.2f}x | {t['demand'] / t['known']:.2f}x | "
@@ -453,8 +454,8 @@ def runner_section(work: Path, costs: str, names: list[str], template: dict, tem
     import statistics
 
     from pagecast.predict.model_io import load_model
-    from pagecast.replay.demo import OVERSUB, REPLAY_SEED
-    from pagecast.replay.run import SimConfig, replay_sim
+    from pagecast.demo import OVERSUB, REPLAY_SEED
+    from pagecast.replay.sim.sweep import SimConfig, replay_sim
     from pagecast.trace import read_trace
 
     model = load_model(work / "model.json")
@@ -522,8 +523,8 @@ def latency_free_sci(work: Path, costs: str) -> str:
     """alloc's, template's and oracle's speedups on the scientific mix at 150% with transfer_latency_s = 0."""
     from pagecast.datasets.registry import MIXES
     from pagecast.replay.costs import load_profile, replace
-    from pagecast.replay.demo import REPLAY_SEED, demo_timeslice_ms
-    from pagecast.replay.run import SimConfig, replay_sim
+    from pagecast.demo import REPLAY_SEED, demo_timeslice_ms
+    from pagecast.replay.sim.sweep import SimConfig, replay_sim
     from pagecast.trace import read_trace
 
     wl = MIXES.get("scientific") or []

@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 
 from pagecast import trace as T
 from pagecast.console import warn
+from pagecast.uvm import PAGE
 
 from . import convert as C
 from .launch_hook import LaunchArgs, LaunchHook
@@ -125,7 +126,7 @@ class Collector:
         self.force = force
         self.part_seconds = part_seconds
         self.tick_s = tick_s
-        self.builder = C.RowBuilder(mode, page_size=(manifest or {}).get("page_size", 4096),
+        self.builder = C.RowBuilder(mode, page_size=(manifest or {}).get("page_size", PAGE),
                                     launch_timeout_s=launch_timeout_s)
         self.manifest = dict(manifest or T.new_manifest(mode=mode, source="cupti"))
         self.manifest["mode"] = mode

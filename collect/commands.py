@@ -45,7 +45,7 @@ class CollectCommand(Command):
 
         from . import gpuinfo
         from .managed import ManagedBudget, install, parse_managed
-        from .workload import make_target, parse_workload
+        from .target import make_target, parse_workload
 
         work = parse_workload(args.workload or [])
         managed = parse_managed(args.managed)

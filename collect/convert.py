@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from pagecast import trace as T
+from pagecast.uvm import PAGE
 
 from .launch_hook import LaunchArgs
 
@@ -197,7 +198,7 @@ class RowBuilder:
     monotonic time in seconds (injected, so tests are deterministic).
     """
 
-    def __init__(self, mode: str = "full", *, page_size: int = 4096, launch_timeout_s: float = 10.0) -> None:
+    def __init__(self, mode: str = "full", *, page_size: int = PAGE, launch_timeout_s: float = 10.0) -> None:
         if mode not in T.MODES:
             raise ValueError(f"mode must be one of {T.MODES}")
         self.mode = mode

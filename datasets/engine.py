@@ -10,7 +10,7 @@ touches. `Builder.write` turns that into a trace (format v1, with truth):
   fp32, 900 TFLOP/s bf16), launches serialized with small gaps;
 - managed allocations at 2 MiB-aligned addresses, first-fit reuse of freed ranges
   (so a freed address comes back);
-- the driver (background.md, "How the NVIDIA UVM driver behaves"):
+- the driver (docs/uvm-facts.md, "The driver"):
   `full` mode: every launch starts with nothing resident; it faults once per
   touched 64 KiB big page at a page it touched there (a record may stand for a
   few coalesced faults), with `coherence` htod migrations covering the touched
@@ -36,16 +36,13 @@ import numpy as np
 import pyarrow as pa
 
 from pagecast import trace as T
+from pagecast.uvm import BIG_PAGE, PAGE, PREFETCH_THRESHOLD, VA_BLOCK
 
 from .mangle import mangle
 
-PAGE = 4096
-BIG_PAGE = 64 * 1024
-VA_BLOCK = 2 * 1024 * 1024
 BIG_SHIFT = 16
 PAGES_PER_BIG = BIG_PAGE // PAGE          # 16
 BIGS_PER_BLOCK = VA_BLOCK // BIG_PAGE     # 32
-PREFETCH_THRESHOLD = 0.51                 # tree prefetcher: > 51% of the region resident
 FAULT_LOSS = 0.001                        # share of fault records lost
 
 # Roofline of an H200-like GPU (NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e;

@@ -21,15 +21,17 @@ from .errors import PagecastError, UsageError
 def _commands() -> list[Command]:
     # Imported here so that `import pagecast` stays light; each module imports
     # its heavy dependencies inside `run`.
-    from .core_commands import QueryCommand, SummaryCommand
     from pagecast.collect.commands import COMMANDS as collect
     from pagecast.datasets.commands import COMMANDS as datasets
     from pagecast.predict.commands import COMMANDS as predict
     from pagecast.replay.commands import COMMANDS as replay
-    from pagecast.replay.gpu_commands import COMMANDS as replay_gpu
+    from pagecast.replay.gpu.commands import COMMANDS as replay_gpu
     from pagecast.report.commands import COMMANDS as report
 
-    found = {c.name: c for c in [SummaryCommand(), QueryCommand(), *collect, *datasets, *predict, *replay, *replay_gpu, *report]}
+    from .core_commands import DemoCommand, QueryCommand, SummaryCommand
+
+    found = {c.name: c for c in [SummaryCommand(), QueryCommand(), DemoCommand(), *collect, *datasets, *predict,
+                                 *replay, *replay_gpu, *report]}
     order = ["demo", "datasets", "summary", "query", "collect", "fit", "predict", "evaluate",
              "plan", "replay", "calibrate", "report"]
     return [found[n] for n in order if n in found] + [c for n, c in found.items() if n not in order]

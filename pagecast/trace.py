@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from . import PRODUCER
 from .errors import OutputExistsError, TraceError, shown
 from .jsonfile import read_json, write_json_atomic
+from .uvm import PAGE
 
 FORMAT = "pagecast-trace"
 VERSION = 1
@@ -136,7 +137,7 @@ class TraceWarning(UserWarning):
 
 # ---- manifest --------------------------------------------------------------
 
-def new_manifest(*, page_size: int = 4096, mode: str = "full", source: str = "synthetic",
+def new_manifest(*, page_size: int = PAGE, mode: str = "full", source: str = "synthetic",
                  workload: Mapping[str, Any] | None = None,
                  device: Mapping[str, Any] | None = None,
                  driver_prefetch: bool | None = None, **extra: Any) -> dict:

@@ -26,6 +26,7 @@ import numpy as np
 from pagecast import PRODUCER
 from pagecast import trace as T
 from pagecast.errors import TraceError, UsageError
+from pagecast.uvm import BIG_PAGE   # the driver migrates 64 KiB big pages (docs/uvm-facts.md)
 
 from . import formula as FM
 from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize_rows, grid_matrix, layouts,
@@ -33,7 +34,6 @@ from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize
 from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
 
-BIG_PAGE = 65536          # the driver migrates 64 KiB big pages (background.md)
 POINTER_SHARE = 0.5       # a word is a base if it points into a live allocation this often
 MAX_VARYING = 12
 MAX_CONST = 6

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagecast.uvm import PAGE
+
 INF = np.int64(1) << np.int64(62)
 MAX_COEF = 1 << 24
 # a formula read from a model file evaluates in int64, multiplied by argument values: its numbers
@@ -166,7 +168,6 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
     return Monomials(names, vals, np.array([len(n) for n in names], np.int64))
 
 
-PAGE = 4096
 
 
 def _roundest(lo: int, hi: int) -> int:

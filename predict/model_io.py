@@ -23,6 +23,7 @@ from typing import Any
 from pagecast import PRODUCER
 from pagecast.errors import ModelError, OutputExistsError
 from pagecast.jsonfile import read_json, write_json_atomic
+from pagecast.uvm import BIG_PAGE, PAGE
 
 from .features import Word
 from .formula import Formula
@@ -113,8 +114,8 @@ class KernelModel:
 
 @dataclass
 class Model:
-    page_size: int = 4096
-    big_page: int = 65536
+    page_size: int = PAGE
+    big_page: int = BIG_PAGE
     kernels: dict[str, KernelModel] = field(default_factory=dict)
     traces: list[dict] = field(default_factory=list)
     created: str = ""
@@ -187,7 +188,7 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
     ps = _int(doc, "page_size", "model", 1)
     if ps & (ps - 1):
         raise ValueError(f"page_size must be a power of two, found {ps}")
-    big = _int(doc, "big_page", "model", ps) if "big_page" in doc else 65536
+    big = _int(doc, "big_page", "model", ps) if "big_page" in doc else BIG_PAGE
     if big & (big - 1):
         raise ValueError(f"big_page must be a power of two, found {big}")
     kernels_doc = doc.get("kernels")

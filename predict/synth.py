@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagecast import trace as T
+from pagecast.uvm import BIG_PAGE as BIG
+from pagecast.uvm import PAGE as PS
 
-PS = 4096
-BIG = 65536
 HEAP = 0x7F40_0000_0000
 
 

@@ -1,4 +1,7 @@
-"""Subcommands of this stage, registered in pagecast.cli: plan, replay, demo."""
+"""Subcommands of the plan and replay stages, registered in pagecast.cli: plan, replay.
+
+They translate their flags into the library's typed configs (SimConfig, GpuReplayConfig); heavy
+imports wait inside `run` so that the CLI starts fast."""
 
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ def _add_span_flag(g) -> None:
 
 def _sim_config(args):
     from pagecast.units import parse_size
-    from .run import SimConfig
+
+    from .sim.sweep import SimConfig
     return SimConfig(costs=args.costs,
                      granularity=None if args.granularity is None else parse_size(args.granularity),
                      eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit),
@@ -101,8 +105,8 @@ class PlanCommand(Command):
         from pagecast.trace import read_trace
         from pagecast.units import format_size, parse_size
 
-        from . import plan_io
-        from .run import SimConfig, make_plan
+        from .plan import plan_io
+        from .sim.sweep import SimConfig, make_plan
 
         out = Path(args.output)
         if out.exists() and not args.force:
@@ -164,7 +168,7 @@ class ReplayCommand(Command):
         from pagecast.outputs import check_output_file
         from pagecast.units import parse_float_list, parse_list
 
-        from .simulator import check_policies
+        from .policies import check_policies
 
         args.policy = check_policies(parse_list(args.policy))
         args.capacity = None if args.capacity is None else _size_list(args.capacity)
@@ -201,8 +205,8 @@ class ReplayCommand(Command):
                 console.warn(f"--span {args.span} applies to oracle only: template follows the plan, made at the"
                              " span its manifest names")
         if args.backend == "gpu":
-            from .gpu_runner import run_gpu_replay
-            runs, timeline = run_gpu_replay(args)
+            from .gpu.backend import run_gpu_replay
+            runs, timeline = run_gpu_replay(gpu_config(args))
         else:
             if wl:
                 raise UsageError("a workload command after -- needs --backend gpu")
@@ -215,7 +219,7 @@ class ReplayCommand(Command):
         from pagecast import console
         from pagecast.trace import read_trace
 
-        from .run import replay_sim
+        from .sim.sweep import replay_sim
 
         traces = [read_trace(t).require_launches("replay") for t in args.traces]
         model = None
@@ -249,79 +253,31 @@ def _report(args, runs, timeline) -> int:
     if args.json:
         console.emit_json(runs)
     else:
+        from .results_table import results_table
         console.stdout().print(results_table(runs))
     if args.output:
         console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
     return 0
 
 
-def results_table(runs, title: str | None = None):
-    """A rich table of runs: one row per (workload, capacity, policy)."""
-    from rich.table import Table
-
-    from pagecast.units import format_size
-
-    t = Table(title=title)
-    for c, j in (("workload", "left"), ("capacity", "right"), ("oversub", "right"), ("policy", "left"),
-                 ("time", "right"), ("stall", "right"), ("faults", "right"), ("in", "right"), ("out", "right"),
-                 ("vs demand", "right"), ("of oracle", "right")):
-        t.add_column(c, justify=j)
-    # capacities in the order they were asked for (--oversub 1.5,2,3 reads 150% first), per workload
-    first: dict = {}
-    for i, r in enumerate(runs):
-        first.setdefault((r.get("workload") or "", r["capacity_bytes"] or 0), i)
-    for r in sorted(runs, key=lambda r: (r.get("workload") or "", first[(r.get("workload") or "", r["capacity_bytes"] or 0)],
-                                         r.get("run", 0))):
-        sp = r.get("speedup_vs_demand")
-        fo = r.get("fraction_of_oracle")
-        t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
-                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", _policy_cell(r),
-                  _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
-                  format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
-                  "-" if fo is None else f"{fo:.1%}")
-    return t
-
-
 SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faster here than units)",
               "allocation": "whole allocations (faster here than units or blocks)"}
 
 
-def _policy_cell(r) -> str:
-    """The policy, and the span its plan was made at where wider than units (docs/cost-model.md)."""
-    span = r.get("plan_span")
-    return r["policy"] if not span or span == "unit" else f"{r['policy']} ({span}s)"
+def gpu_config(args):
+    """The replay command's flags -> GpuReplayConfig (warning about the simulator's flags it ignores)."""
+    from pagecast import console
+
+    from .gpu.backend import GpuReplayConfig
+    if getattr(args, "plan", None):
+        console.warn("the GPU backend makes its decisions online; --plan is ignored")
+    if getattr(args, "span", "auto") not in (None, "auto"):
+        console.warn("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
+    return GpuReplayConfig(workload=list(args.workload or []), policies=list(args.policy or ["demand"]),
+                           traces=[str(t) for t in (args.traces or [])], capacity=args.capacity,
+                           oversub=args.oversub, model=args.model, feedback=bool(args.feedback),
+                           fallback=getattr(args, "fallback", None), repeat=args.repeat,
+                           allow_oversubscription=bool(args.allow_oversubscription))
 
 
-def _secs(s) -> str:
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-class DemoCommand(Command):
-    name = "demo"
-    help = "the whole pipeline on a built-in workload mix, no GPU needed"
-    description = ("Generate workloads at a small scale, fit templates on two seeds, plan and replay a third seed\n"
-                   "at 150/200/300% oversubscription with demand, alloc, template and oracle, alone and as\n"
-                   "MSched's multitask mixes, and print the comparison table.")
-
-    def add_arguments(self, p):
-        p.add_argument("-o", "--output", default="pagecast-demo", metavar="DIR",
-                       help="where to write traces, model, results (default ./pagecast-demo)")
-        p.add_argument("--force", action="store_true", help="reuse a non-empty DIR")
-        p.add_argument("--scale", type=float, default=None, help="workload scale (default: the demo's small scale)")
-        p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE", help="cost profile")
-        p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                       help="replay the workloads and mixes in N processes (default: the CPUs, at most 4)")
-        p.add_argument("--json", action="store_true", help="print the runs as one JSON list")
-
-    def run(self, args):
-        from .demo import run_demo
-        return run_demo(args)
-
-
-COMMANDS: list[Command] = [PlanCommand(), ReplayCommand(), DemoCommand()]
+COMMANDS: list[Command] = [PlanCommand(), ReplayCommand()]

@@ -17,15 +17,12 @@ from pathlib import Path
 from pagecast import trace as T
 from pagecast.errors import InputError, UsageError
 from pagecast.outputs import check_output_file
+from pagecast.replay.results_io import is_results
 
 from .page import Section, render_page
 
 
 def _is_results(path: Path) -> bool:
-    try:
-        from pagecast.replay.results_io import is_results
-    except ImportError:
-        return False
     try:
         return bool(is_results(path))
     except Exception:

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pagecast.errors import InputError
+from pagecast.replay.results_io import read_results
 from pagecast.units import format_size
 
 from .page import FIG_W, PALETTE, Section, figure, setup_matplotlib, short
@@ -372,11 +374,8 @@ def _run_cells(r: dict, with_workload: bool) -> tuple:
 
 
 def replay_sections(path: Path) -> tuple[list[Section], str]:
-    from pagecast.replay.results_io import read_results
-
     runs, timeline = read_results(path)
     if runs.num_rows == 0:
-        from pagecast.errors import InputError
         raise InputError(f"{path}: the results hold no runs; nothing to report")
     rows = _runs(runs)
     labels = _policy_sort([r["_label"] for r in rows])

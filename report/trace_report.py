@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from pagecast import trace as T
 from pagecast.footprints import Footprints, attribute_by_time, merge_intervals
 from pagecast.units import format_size
+from pagecast.uvm import VA_BLOCK
 
 from .page import OTHER_COLOUR, PALETTE, FIG_W, Section, figure, setup_matplotlib, short
 
@@ -22,7 +23,7 @@ TOP_COLOURED_KERNELS = 10
 TOP_FOOTPRINT_KERNELS = 15
 MAX_ALLOC_BARS = 40
 ZOOM_LAUNCHES = 24             # traces with more than twice this many launches get a zoomed scatter too
-BLOCK = 2 << 20                # 2 MiB: the UVM driver's VA block, used to place stray faults
+BLOCK = VA_BLOCK               # the UVM driver's 2 MiB VA block, used to place stray faults
 
 
 # ---- helpers shared with the model report -----------------------------------

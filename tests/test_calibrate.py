@@ -16,9 +16,10 @@ import pytest
 
 from pagecast.cli import main
 from pagecast.errors import ProfileError
-from pagecast.replay import calibrate as C
+from pagecast.replay.gpu import calibrate as C
 from pagecast.replay.costs import load_profile
-from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor, no_gpu_reason
+from cuda_standin import FakeCuda, FakeMonitor
+from pagecast.replay.gpu.driver import no_gpu_reason
 
 GiB = 2**30
 

@@ -23,7 +23,7 @@ import pytest
 from pagecast import trace as T
 from pagecast.cli import main as cli_main
 from pagecast.collect import managed as M
-from pagecast.collect.workload import Workload, make_target, parse_workload
+from pagecast.collect.target import Workload, make_target, parse_workload
 from pagecast.errors import InputError, UsageError
 from pagecast.footprints import observed_footprints
 

@@ -28,7 +28,8 @@ FILES = {
     "collect/gpuinfo.py": {"drv": driver, "rt": runtime, "cupti": cupti},
     "collect/launch_hook.py": {"drv": driver, "cupti": cupti},
     "collect/managed.py": {"cupti": cupti},
-    "replay/cuda_iface.py": {"d": driver, "self._d": driver, "cupti": cupti},
+    "replay/gpu/driver.py": {"d": driver, "self._d": driver},
+    "replay/gpu/cupti_monitor.py": {"cupti": cupti},
 }
 # names we reach for on purpose only where they exist (older/newer bindings)
 OPTIONAL = {"cuMemPrefetchAsync_v2", "subscribe"}
@@ -81,7 +82,7 @@ CASES = [(p, *u) for p, roots in FILES.items() for u in _uses(p, roots)]
 
 def test_the_scan_finds_the_calls_we_depend_on():
     names = {(p, ".".join(attr)) for p, _, _, attr, _ in CASES}
-    for want in [("replay/cuda_iface.py", "cuMemPrefetchAsync"), ("replay/cuda_iface.py", "cuLaunchKernel"),
+    for want in [("replay/gpu/driver.py", "cuMemPrefetchAsync"), ("replay/gpu/driver.py", "cuLaunchKernel"),
                  ("collect/launch_hook.py", "cuFuncGetParamInfo"), ("collect/launch_hook.py", "cuKernelGetParamInfo"),
                  ("collect/collector.py", "cuMemPrefetchAsync"), ("collect/gpuinfo.py", "cudaRuntimeGetVersion"),
                  ("collect/launch_hook.py", "enable_callback"),
@@ -115,8 +116,8 @@ def test_cuda_bindings_have_what_we_call(path, line, mod, attr, nargs):
 
 
 def test_the_runners_stream_constants_are_the_drivers():
-    """gpu_engine names the default streams by value (it imports no CUDA module on the CPU path)."""
-    from pagecast.replay import gpu_engine as E
+    """cuda_engine names the default streams by value (it imports no CUDA module on the CPU path)."""
+    from pagecast.replay.gpu import cuda_engine as E
 
     assert E.LEGACY_STREAM == int(driver.CU_STREAM_LEGACY)
     assert E.PER_THREAD_STREAM == int(driver.CU_STREAM_PER_THREAD)

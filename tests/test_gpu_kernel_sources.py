@@ -111,7 +111,7 @@ def link_ptx(ptx: str, arch: str) -> tuple[bool, str]:
 
 
 def test_calibration_ptx_assembles_for_the_h200():
-    from pagecast.replay.cuda_iface import COPY_KERNEL, KERNELS_PTX, TOUCH_KERNEL
+    from pagecast.replay.gpu.driver import COPY_KERNEL, KERNELS_PTX, TOUCH_KERNEL
     ok, log = link_ptx(KERNELS_PTX, ARCH)
     assert ok, f"calibration PTX does not assemble for {ARCH}:\n{log}"
     entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", KERNELS_PTX))
@@ -119,6 +119,6 @@ def test_calibration_ptx_assembles_for_the_h200():
 
 
 def test_broken_ptx_is_caught():
-    from pagecast.replay.cuda_iface import KERNELS_PTX
+    from pagecast.replay.gpu.driver import KERNELS_PTX
     ok, log = link_ptx(KERNELS_PTX.replace("ld.global.u32", "ld.global.nonsense"), ARCH)
     assert not ok

@@ -21,14 +21,16 @@ import pytest
 from pagecast import trace as T
 from pagecast.collect.launch_hook import CB_cuLaunchKernel_ptsz, LaunchArgs
 from pagecast.errors import NoGPUError, UsageError
-from pagecast.replay import gpu_child as C
-from pagecast.replay import gpu_engine as E
-from pagecast.replay import gpu_oracle as O
-from pagecast.replay import gpu_ranges as R
-from pagecast.replay import gpu_residency as RS
-from pagecast.replay import gpu_runner as G
-from pagecast.replay import prefetching as PF
-from pagecast.replay.cuda_iface import FakeCuda, FakeMonitor, no_gpu_reason
+from pagecast.replay.gpu import child as C
+from pagecast.replay.gpu import cuda_engine as E
+from pagecast.replay.online import relocate as O
+from pagecast.replay.online import ranges as R
+from pagecast.replay.online import residency as RS
+from pagecast.replay.commands import gpu_config
+from pagecast.replay.gpu import backend as G
+from pagecast.replay.gpu import prefetching as PF
+from cuda_standin import FakeCuda, FakeMonitor
+from pagecast.replay.gpu.driver import no_gpu_reason
 
 MiB = 2**20
 UNIT = R.UNIT
@@ -705,11 +707,12 @@ def test_child_run_nonzero_exit(tmp_path, fake_launch_module):
 # ---- run_gpu_replay's argument handling ----------------------------------------------------------
 
 def ns(**kw):
+    """The replay command's flags, translated into a GpuReplayConfig as the command does."""
     d = dict(traces=[], policy=["demand"], capacity=None, oversub=None, model=None, plan=None, feedback=False,
              costs=None, repeat=1, allow_oversubscription=False, workload=["python", "w.py"], json=False,
              output=None, force=False)
     d.update(kw)
-    return Namespace(**d)
+    return gpu_config(Namespace(**d))
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -774,7 +777,7 @@ def test_prefetching_falls_back_to_history_only_with_feedback(monkeypatch):
     with PF.prefetching(model, fallback="allocation", cuda=f, hook_factory=FakeHook):
         pass
     assert seen == ["none", "allocation"]
-    from pagecast.replay.gpu_predict import default_fallback
+    from pagecast.replay.online.prediction import default_fallback
     assert default_fallback(True) == "history" and default_fallback(False) == "none"
 
 
@@ -813,7 +816,7 @@ CLI_FIELDS = {"policy", "backend", "capacity_bytes", "oversub", "time_s", "stall
 def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
     import subprocess
 
-    import pagecast.replay.cuda_iface as CI
+    import pagecast.replay.gpu.driver as CI
 
     tr = oracle_trace(tmp_path, n_steps=4)
     run = [BASE, BASE + 64 * MiB]
@@ -838,7 +841,7 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
 
     def fake_child(cmd):
         fake = state["fake"] = fresh()   # every run starts from a cold GPU, as a new process does
-        argv = cmd[cmd.index("pagecast.replay.gpu_child") + 1:]
+        argv = cmd[cmd.index("pagecast.replay.gpu.child") + 1:]
         code = C.child_main(argv, cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
         return subprocess.CompletedProcess(cmd, code)
 
@@ -860,7 +863,7 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
     assert by[(2.0, "oracle")]["evict_bytes"] > 0
     assert by[(1.0, "demand")]["speedup_vs_demand"] == 1.0
     # the replay command writes and prints them as it does the simulator's
-    from pagecast.replay.commands import results_table
+    from pagecast.replay.results_table import results_table
     from pagecast.replay.results_io import read_results, write_results
 
     out = write_results(tmp_path / "gpu.parquet", rows, timeline)
@@ -887,7 +890,7 @@ def test_cupti_monitor_folds_activity_records():
     pytest.importorskip("cupti")
     from types import SimpleNamespace as R
 
-    from pagecast.replay.cuda_iface import CuptiMonitor
+    from pagecast.replay.gpu.cupti_monitor import CuptiMonitor
 
     m = CuptiMonitor(0)
     m._keep = True
@@ -913,7 +916,7 @@ def test_cupti_monitor_folds_activity_records():
 # ---- the per-kernel timeline ------------------------------------------------------------------------
 
 def test_build_timeline_attributes_faults_and_transfers_to_kernels():
-    from pagecast.replay.cuda_iface import UvmCounts
+    from pagecast.replay.gpu.cupti_monitor import UvmCounts
 
     c = UvmCounts()
     c.kernel_records = [(1000, 2000, 7, "a"), (3000, 5000, 8, "b")]
@@ -933,7 +936,7 @@ def test_build_timeline_attributes_faults_and_transfers_to_kernels():
 def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, monkeypatch):
     import subprocess
 
-    import pagecast.replay.cuda_iface as CI
+    import pagecast.replay.gpu.driver as CI
 
     seen = []
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from argparse import Namespace
 
 import pytest
 
-from pagecast.replay.cuda_iface import no_gpu_reason
+from pagecast.replay.gpu.driver import no_gpu_reason
 
 MiB = 2**20
 
@@ -33,7 +32,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REA
 
 
 def test_driver_interface_on_managed_memory():
-    from pagecast.replay.cuda_iface import open_cuda
+    from pagecast.replay.gpu.driver import open_cuda
 
     cuda = open_cuda()
     free, total = cuda.mem_info()
@@ -54,7 +53,8 @@ def test_driver_interface_on_managed_memory():
 
 UVM_SCRIPT = """
 import json, sys
-from pagecast.replay.cuda_iface import CuptiMonitor, open_cuda
+from pagecast.replay.gpu.cupti_monitor import CuptiMonitor
+from pagecast.replay.gpu.driver import open_cuda
 mon = CuptiMonitor(0)
 mon.start()
 cuda = open_cuda()
@@ -94,14 +94,12 @@ cp.cuda.Device().synchronize()
 
 def test_run_gpu_replay_on_a_tiny_cupy_workload(tmp_path):
     pytest.importorskip("cupy")
-    from pagecast.replay.gpu_runner import run_gpu_replay
+    from pagecast.replay.gpu.backend import GpuReplayConfig, run_gpu_replay
 
     script = tmp_path / "w.py"
     script.write_text(WORKLOAD)
-    args = Namespace(traces=[], policy=["demand", "alloc"], capacity=[32 * MiB], oversub=None, model=None,
-                     plan=None, feedback=False, costs=None, repeat=1, allow_oversubscription=False,
-                     workload=["python", str(script)], json=True, output=None, force=False)
-    rows, timeline = run_gpu_replay(args)
+    cfg = GpuReplayConfig(workload=["python", str(script)], policies=["demand", "alloc"], capacity=[32 * MiB])
+    rows, timeline = run_gpu_replay(cfg)
     by = {r["policy"]: r for r in rows}
     assert set(by) == {"demand", "alloc"} and timeline is None
     assert by["demand"]["launches"] >= 40 and by["demand"]["faults"] > 0
@@ -126,7 +124,7 @@ def test_calibration_kernels_touch_one_word_per_stride_and_copy_exactly():
     word at base + i * stride for i < n and nothing else; pagecast_copy copies n bytes."""
     import ctypes
 
-    from pagecast.replay.cuda_iface import open_cuda
+    from pagecast.replay.gpu.driver import open_cuda
 
     cuda = open_cuda()
     n, stride = 300, 64 * 1024                     # 300 threads: two blocks, the second partly idle
@@ -155,8 +153,8 @@ def test_calibration_kernels_touch_one_word_per_stride_and_copy_exactly():
 def test_the_default_stream_handles_the_engine_names():
     """gpu_engine.launch_stream turns a launch's stream 0 into CU_STREAM_LEGACY / CU_STREAM_PER_THREAD:
     prefetches, event records and waits on those handles must be accepted."""
-    from pagecast.replay.cuda_iface import open_cuda
-    from pagecast.replay.gpu_engine import LEGACY_STREAM, PER_THREAD_STREAM
+    from pagecast.replay.gpu.driver import open_cuda
+    from pagecast.replay.gpu.cuda_engine import LEGACY_STREAM, PER_THREAD_STREAM
 
     cuda = open_cuda()
     base = cuda.alloc_managed(4 * MiB)
@@ -178,9 +176,9 @@ def test_the_default_stream_handles_the_engine_names():
 def test_prefetches_stay_within_one_allocation():
     """The engine cuts ranges at allocation boundaries (gpu_ranges.AllocationMap.pieces). Observed too:
     whether this driver takes one cuMemPrefetchAsync over two adjacent managed allocations."""
-    from pagecast.replay.cuda_iface import CudaCallError, open_cuda
-    from pagecast.replay.gpu_engine import Engine
-    from pagecast.replay.gpu_ranges import pointer_words
+    from pagecast.replay.gpu.driver import CudaCallError, open_cuda
+    from pagecast.replay.gpu.cuda_engine import Engine
+    from pagecast.replay.online.ranges import pointer_words
 
     cuda = open_cuda()
     bufs = [cuda.alloc_managed(2 * MiB) for _ in range(16)]
@@ -213,7 +211,8 @@ def test_prefetches_stay_within_one_allocation():
 
 UVM_AFTER_CONTEXT = """
 import json
-from pagecast.replay.cuda_iface import CuptiMonitor, open_cuda
+from pagecast.replay.gpu.cupti_monitor import CuptiMonitor
+from pagecast.replay.gpu.driver import open_cuda
 cuda = open_cuda()                      # the context exists first, as in a user's program
 base = cuda.alloc_managed(64 * 2**20)
 mon = CuptiMonitor(0)

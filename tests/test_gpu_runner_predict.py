@@ -15,11 +15,12 @@ import pytest
 from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.footprints import footprints
-from pagecast.replay import gpu_engine as E
-from pagecast.replay import gpu_oracle as O
-from pagecast.replay import gpu_predict as GP
-from pagecast.replay import gpu_ranges as R
-from pagecast.replay.cuda_iface import FakeCuda
+from pagecast.replay.gpu import cuda_engine as E
+from pagecast.replay.online import relocate as O
+from pagecast.replay.gpu import feedback as FB
+from pagecast.replay.online import prediction as GP
+from pagecast.replay.online import ranges as R
+from cuda_standin import FakeCuda
 
 N_LAUNCHES = 400
 SHIFT = 1 << 44
@@ -155,7 +156,7 @@ def test_feedback_round_refines_the_model_through_apply_feedback(jacobi):
             return [(150, missed * ps, 1)], [(100, 200, corr, la.kernel)]
 
     before = model.version_counter
-    loop = GP.FeedbackLoop(eng, Records(), model, "history", predict)
+    loop = FB.FeedbackLoop(eng, Records(), model, "history", predict)
     loop.round()
     assert eng.stats.errors == 0, eng.stats.last_error
     km = model.kernels[la.kernel]

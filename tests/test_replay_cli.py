@@ -12,7 +12,7 @@ import pytest
 from pagecast import trace as T
 from pagecast.cli import main
 from pagecast.errors import InputError, OutputExistsError, PlanError, ProfileError
-from pagecast.replay import plan_io
+from pagecast.replay.plan import plan_io
 from pagecast.replay.costs import builtin_names, load_profile, replace, save_profile
 from pagecast.replay.results_io import (RUN_SCHEMA, TIMELINE_SCHEMA, is_results, read_results, timeline_path,
                                         write_results)
@@ -417,8 +417,8 @@ def test_template_with_feedback_runs(traces, model, capsys):
 
 
 def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
-    """--backend gpu hands the namespace to gpu_runner.run_gpu_replay and prints its rows."""
-    import pagecast.replay.gpu_runner as G
+    """--backend gpu hands its flags to gpu.backend.run_gpu_replay as a GpuReplayConfig and prints its rows."""
+    import pagecast.replay.gpu.backend as G
     seen = {}
 
     def fake(args):
@@ -431,7 +431,7 @@ def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
     assert code == 0, err
     assert json.loads(stdout)[0]["backend"] == "gpu"
     assert seen["workload"] == ["python", "train.py", "--epochs", "1"] and seen["traces"] == []
-    assert seen["policy"] == ["demand"] and seen["repeat"] == 3 and seen["capacity"] is None
+    assert seen["policies"] == ["demand"] and seen["repeat"] == 3 and seen["capacity"] is None
 
 
 def test_demo_refuses_non_empty_dir(tmp_path, capsys):
@@ -447,7 +447,7 @@ def test_demo_refuses_non_empty_dir(tmp_path, capsys):
 def test_suite_pipeline_small(tmp_path):
     """The demo's pipeline (make, fit on two seeds, replay a third, alone and as a mix) on two workloads;
     in two processes, the same runs as in one."""
-    from pagecast.replay.demo import run_suite
+    from pagecast.demo import run_suite
     kw = dict(scale=0.05, costs="msched-rtx5080", policies=["demand", "template", "oracle"],
               workloads=["jacobi2d", "spmv-cg"], mixes={"sci": ["jacobi2d", "spmv-cg", "jacobi2d"]},
               oversub=(1.5, 3.0))
@@ -469,7 +469,7 @@ def test_suite_pipeline_small(tmp_path):
 
 def test_suite_remakes_traces_kept_from_another_scale(tmp_path):
     """A --work directory kept from a run at another scale: its traces are made again, not reused."""
-    from pagecast.replay.demo import run_suite
+    from pagecast.demo import run_suite
     kw = dict(costs="none", policies=["demand"], workloads=["stream"], mixes={}, oversub=(2.0,))
     run_suite(tmp_path, scale=0.02, **kw)
     p = tmp_path / "traces" / "stream-s3.pctrace"
@@ -529,7 +529,7 @@ def test_repeat_below_one_is_one_line_exit_2(traces, capsys, n):
 def test_results_table_names_a_plan_wider_than_units():
     from rich.console import Console
 
-    from pagecast.replay.commands import results_table
+    from pagecast.replay.results_table import results_table
     base = {"workload": "w", "capacity_bytes": 1 << 20, "oversub": 2.0, "time_s": 1.0, "stall_s": 0.5, "faults": 3,
             "htod_bytes": 1, "dtoh_bytes": 0, "speedup_vs_demand": 1.0, "fraction_of_oracle": 1.0}
     rows = [{**base, "policy": "demand", "run": 0}, {**base, "policy": "alloc", "plan_span": "unit", "run": 1},
@@ -540,10 +540,10 @@ def test_results_table_names_a_plan_wider_than_units():
     text = c.export_text()
     assert "template (blocks)" in text and "oracle (allocations)" in text
     assert "alloc (" not in text and "demand (" not in text
-    from pagecast.replay import plan_io
-    from pagecast.replay import simulator as S
+    from pagecast.replay.plan import plan_io
+    from pagecast.replay.plan import spans as SP
     from pagecast.replay.commands import SPAN_CHOICES, SPAN_WORDS
-    assert set(SPAN_WORDS) == set(plan_io.SPANS) == set(S.PLAN_SPANS)
+    assert set(SPAN_WORDS) == set(plan_io.SPANS) == set(SP.PLAN_SPANS)
     assert SPAN_CHOICES == ("auto", *plan_io.SPANS)
 
 
@@ -579,7 +579,7 @@ def test_runner_policy_keeps_model_without_template(traces, model, capsys):
 def test_running_out_of_memory_is_one_line_exit_2(traces, capsys, monkeypatch):
     """A corrupted bytes column (2**50 in a truth row) made numpy allocate 128 GiB: exit 1 with an
     internal error before; now one line that says what to check."""
-    from pagecast.replay import run
+    from pagecast.replay.sim import sweep as run
 
     def boom(*a, **k):
         raise MemoryError("Unable to allocate 128. GiB for an array with shape (17179869184,)")

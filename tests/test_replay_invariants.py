@@ -31,11 +31,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pagecast import trace as T
-from pagecast.replay import sim_core as C
-from pagecast.replay import simulator as S
+from pagecast.replay.sim import kernels as C
+from pagecast.replay import policies as P
+from pagecast.replay.policies import alloc as PA
+from pagecast.replay.plan import belady as PB
+from pagecast.replay.plan import groups as PG
+from pagecast.replay.sim import run as R
+from pagecast.replay.plan import spans as SP
+from pagecast.replay.sim import stack as ST
+from pagecast.replay.sim import timing as TM
 from pagecast.replay.costs import load_profile, replace
-from pagecast.replay.run import SimConfig, replay_sim
-from pagecast.replay.workload import I64, build_workload
+from pagecast.replay.sim.sweep import SimConfig, replay_sim
+from pagecast.replay.unit_space import I64, build_workload
 
 from test_replay_sim import page_trace  # noqa: E402 - the same synthetic page traces
 
@@ -100,14 +107,14 @@ def run_checked(w, policy, cap, profile, options):
     """run_policy's loop (run_engine's body), checking memory after every group and launch.
     Returns the RunResult, the final Memory and, per step, how many of its units were not
     resident when it started."""
-    ctx = S.Context(w, cap, options, profile=profile)
-    mem = S.Memory(w, cap)
+    ctx = R.new_context(w, cap, options, profile=profile)
+    mem = R.Memory(w, cap)
     ctx.memory = mem
     groups = policy.prefetch(ctx)
     n = w.n_steps
     has_plan = groups is not None
     if groups is None:
-        groups = S.Groups.empty(n)
+        groups = PG.Groups.empty(n)
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
     lru = (policy.evict_order or options.eviction) == "lru"
@@ -118,7 +125,7 @@ def run_checked(w, policy, cap, profile, options):
     for i in range(n):
         pn = ctx.state.get("plan_needs")
         if pn is not None and pn is not nu_for:
-            next_use, nu_for = S.next_use_of(w.truth, pn), pn
+            next_use, nu_for = R.next_use_of(w.truth, pn), pn
         if has_plan:
             C.apply_group(groups.ev_unit, groups.ev_ptr[i], groups.ev_ptr[i + 1], groups.pf_unit, groups.pf_ptr[i],
                           groups.pf_ptr[i + 1], mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
@@ -135,8 +142,8 @@ def run_checked(w, policy, cap, profile, options):
             new = policy.on_miss(ctx, i, missed[:nm])
             if new is not None:
                 groups = groups.splice(new, i + 1)
-    start, end, stall = S.timing(counters, S.step_compute(w), w.gran, groups, profile)
-    return S.RunResult(policy.name, cap, counters, start, end, stall, S.step_compute(w)), mem, absent
+    start, end, stall = TM.run_timing(counters, R.step_compute(w), w.gran, groups, profile)
+    return R.RunResult(policy.name, cap, counters, start, end, stall, R.step_compute(w)), mem, absent
 
 
 def check_run(w, r, mem, absent, cap, tree):
@@ -145,7 +152,7 @@ def check_run(w, r, mem, absent, cap, tree):
     moved_out = c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]
     assert moved_in - moved_out == mem.resident.sum()
     assert (r.counters[:, C.C_FAULT_IN] == r.counters[:, C.C_FAULTS]).all()
-    s = S.summarize(r, w)
+    s = R.summarize(r, w)
     assert s["htod_bytes"] == moved_in * w.gran and s["dtoh_bytes"] == moved_out * w.gran
     assert s["prefetch_bytes"] == c[C.C_PREFETCH_IN] * w.gran
     sizes = w.truth.sizes()
@@ -183,12 +190,12 @@ def test_memory_conservation_faults_one_task(launches, geo, frac, n_allocs, evic
         tr = page_trace(Path(d) / "t.pctrace", launches, n_allocs=n_allocs)
         w, prof = workload([tr], *geo)
         cap = capacity(w, frac)
-        opts = S.Options(eviction=eviction, driver_prefetch=tree)
+        opts = P.Options(eviction=eviction, driver_prefetch=tree)
         for p in POLICIES:
-            r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+            r, mem, absent = run_checked(w, P.POLICIES[p](), cap, prof, opts)
             check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
             # the checked loop is the engine's
-            np.testing.assert_array_equal(r.counters, S.run_policy(w, S.POLICIES[p](), cap, prof, opts).counters)
+            np.testing.assert_array_equal(r.counters, R.run_policy(w, P.POLICIES[p](), cap, prof, opts).counters)
 
 
 @settings(max_examples=15, **SETTINGS)
@@ -200,9 +207,9 @@ def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms
         w, prof = workload(trs, *geo, timeslice_s=timeslice_ms / 1e3)
         assert sorted(zip(w.step_task, w.step_launch)) == [(t, i) for t, L in enumerate(tasks) for i in range(len(L))]
         cap = capacity(w, frac)
-        opts = S.Options(eviction=eviction, driver_prefetch=tree)
+        opts = P.Options(eviction=eviction, driver_prefetch=tree)
         for p in POLICIES:
-            r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+            r, mem, absent = run_checked(w, P.POLICIES[p](), cap, prof, opts)
             check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
             if p == "oracle" and not tree and (w.truth.sizes() <= cap).all():
                 assert r.counters[:, C.C_FAULTS].sum() == 0
@@ -216,9 +223,9 @@ def test_memory_conservation_on_workload_models(tmp_path, name):
     mx = int(w.truth.sizes().max())
     for cap in (max(mx // 2, 1), mx, (mx + w.universe.n_units) // 2):
         for eviction, tree in (("fifo", True), ("lru", False)):
-            opts = S.Options(eviction=eviction, driver_prefetch=tree)
+            opts = P.Options(eviction=eviction, driver_prefetch=tree)
             for p in POLICIES:
-                r, mem, absent = run_checked(w, S.POLICIES[p](), cap, prof, opts)
+                r, mem, absent = run_checked(w, P.POLICIES[p](), cap, prof, opts)
                 check_run(w, r, mem, absent, cap, tree)
 
 
@@ -238,14 +245,14 @@ def test_memory_conservation_template_feedback_and_chunk_plans(tmp_path, monkeyp
     for cap in caps:
         for feedback in (False, True):
             for eviction, tree in (("fifo", True), ("lru", False)):
-                opts = S.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
-                r, mem, absent = run_checked(w, S.Template(model=model), cap, prof, opts)
+                opts = P.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
+                r, mem, absent = run_checked(w, P.Template(model=model), cap, prof, opts)
                 check_run(w, r, mem, absent, cap, tree)
-                np.testing.assert_array_equal(r.counters, S.run_policy(w, S.Template(model=model), cap, prof,
+                np.testing.assert_array_equal(r.counters, R.run_policy(w, P.Template(model=model), cap, prof,
                                                                        opts).counters)
-    monkeypatch.setattr(S, "CHUNK_PLAN_OCCURRENCES", 0)
+    monkeypatch.setattr(PA, "CHUNK_PLAN_OCCURRENCES", 0)
     for cap in caps:
-        r, mem, absent = run_checked(w, S.Alloc(), cap, prof, S.Options())
+        r, mem, absent = run_checked(w, P.Alloc(), cap, prof, P.Options())
         check_run(w, r, mem, absent, cap, True)
 
 
@@ -311,7 +318,7 @@ def test_demand_equals_reference_model(launches, geo, frac, eviction, tree):
         tr = page_trace(Path(d) / "t.pctrace", launches)
         w, prof = workload([tr], *geo)
         cap = capacity(w, frac)
-        r = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction=eviction, driver_prefetch=tree))
+        r = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction=eviction, driver_prefetch=tree))
         got = r.counters[:, [C.C_FAULTS, C.C_FAULT_IN, C.C_TREE_IN, C.C_FAULT_DTOH]]
         exp = reference_demand(w, cap, eviction == "lru", tree and w.universe.upb > 1, prof.prefetch_threshold)
         np.testing.assert_array_equal(got, exp)
@@ -341,7 +348,7 @@ def reference_belady(steps, cap):
     return fetches
 
 
-class RunAgain(S.Oracle):
+class RunAgain(P.Oracle):
     """Oracle that runs its chosen plan again instead of taking the winning trial run."""
 
     def prefetch(self, ctx):
@@ -350,9 +357,9 @@ class RunAgain(S.Oracle):
         return g
 
 
-def unit_oracle() -> S.Oracle:
+def unit_oracle() -> P.Oracle:
     """Oracle planned on the launches' own units (Belady), not at the span it would choose."""
-    o = S.Oracle()
+    o = P.Oracle()
     o.spans = ("unit",)
     return o
 
@@ -366,23 +373,23 @@ def test_chosen_span_is_never_slower_than_units_or_alloc(tasks, geo, frac, costs
         w, _ = workload(trs, *geo, timeslice_s=2e-5)
         prof = replace(load_profile(costs), granularity=geo[0], eviction_unit=geo[1])
         cap = capacity(w, frac)
-        opts = S.Options(driver_prefetch=tree)
-        chosen = S.run_policy(w, S.Oracle(), cap, prof, opts)
-        units = S.run_policy(w, unit_oracle(), cap, prof, opts)
+        opts = P.Options(driver_prefetch=tree)
+        chosen = R.run_policy(w, P.Oracle(), cap, prof, opts)
+        units = R.run_policy(w, unit_oracle(), cap, prof, opts)
         # oracle's own view is the truth, so its trial runs are the real runs (and the winning
         # one is taken as the run: running the plan again gives the same)
         assert chosen.end[-1] <= units.end[-1]
-        again = S.run_policy(w, RunAgain(), cap, prof, opts)
+        again = R.run_policy(w, RunAgain(), cap, prof, opts)
         np.testing.assert_array_equal(again.counters, chosen.counters)
         np.testing.assert_array_equal(again.end, chosen.end)
-        assert chosen.extra["plan_span"] in S.PLAN_SPANS and units.extra["plan_span"] == "unit"
+        assert chosen.extra["plan_span"] in SP.PLAN_SPANS and units.extra["plan_span"] == "unit"
         event(f"span {chosen.extra['plan_span']}")
         if chosen.extra["plan_span"] == "unit":
             np.testing.assert_array_equal(chosen.counters, units.counters)
         # the allocation span is alloc's plan (the launches touch only what they point into),
         # so oracle is never behind alloc while that span is tried
-        if len(S.alloc_needs(w).unit) <= S.SPAN_GROWTH * len(w.truth.unit):
-            assert chosen.end[-1] <= S.run_policy(w, S.Alloc(), cap, prof, opts).end[-1]
+        if len(SP.alloc_needs(w).unit) <= SP.SPAN_GROWTH * len(w.truth.unit):
+            assert chosen.end[-1] <= R.run_policy(w, P.Alloc(), cap, prof, opts).end[-1]
 
 
 def test_wider_span_where_its_plan_is_faster():
@@ -396,12 +403,12 @@ def test_wider_span_where_its_plan_is_faster():
     with tempfile.TemporaryDirectory() as d:
         tr = page_trace(Path(d) / "t.pctrace", L, n_allocs=4, compute_ns=50_000)
         w, prof = workload([tr], 16 * PS, 512 * PS)
-        blocks = S.Oracle()
+        blocks = P.Oracle()
         blocks.spans = ("unit", "block")
         for cap, wide in ((40, True), (100, False)):
-            units = S.run_policy(w, unit_oracle(), cap, prof, S.Options())
-            for pol in (S.Oracle(), blocks):
-                r = S.run_policy(w, pol, cap, prof, S.Options())
+            units = R.run_policy(w, unit_oracle(), cap, prof, P.Options())
+            for pol in (P.Oracle(), blocks):
+                r = R.run_policy(w, pol, cap, prof, P.Options())
                 if wide:
                     span = r.extra["plan_span"]
                     assert span != "unit" and (pol is not blocks or span == "block")
@@ -409,7 +416,7 @@ def test_wider_span_where_its_plan_is_faster():
                 else:
                     assert r.extra["plan_span"] == "unit" and r.end[-1] == units.end[-1]
             # the alloc baseline stays on whole allocations, never widened
-            assert S.run_policy(w, S.Alloc(), cap, prof, S.Options()).extra["plan_span"] == "unit"
+            assert R.run_policy(w, P.Alloc(), cap, prof, P.Options()).extra["plan_span"] == "unit"
 
 
 @settings(max_examples=25, **SETTINGS)
@@ -422,18 +429,18 @@ def test_span_needs(tasks, geo, n_allocs):
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}", n_allocs=n_allocs) for k, L in enumerate(tasks)]
         w, _ = workload(trs, *geo, timeslice_s=2e-5)
         needs = w.truth
-        b = S.span_needs(needs, "block", w)
+        b = SP.span_needs(needs, "block", w)
         for i in range(w.n_steps):
             lo, hi = w.universe.block_lo[needs.of(i)], w.universe.block_hi[needs.of(i)]
             want = set().union(*(range(x, y) for x, y in zip(lo.tolist(), hi.tolist())))
             assert b.of(i).tolist() == sorted(want)
-        a = S.span_needs(needs, "allocation", w)
-        al = S.alloc_needs(w)
+        a = SP.span_needs(needs, "allocation", w)
+        al = SP.alloc_needs(w)
         for i in range(w.n_steps):
             assert a.of(i).tolist() == sorted(set(needs.of(i).tolist()) | set(al.of(i).tolist()))
-        assert S.span_needs(needs, "unit", w) is needs
+        assert SP.span_needs(needs, "unit", w) is needs
         with pytest.raises(ValueError, match="unknown plan span"):
-            S.span_needs(needs, "page", w)
+            SP.span_needs(needs, "page", w)
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -444,8 +451,8 @@ def test_oracle_is_belady_when_every_launch_fits(launches, geo, frac, eviction):
         w, prof = workload([tr], *geo)
         mx, U = int(w.truth.sizes().max()), w.universe.n_units
         cap = mx + int(round(frac * (U - mx)))
-        opts = S.Options(eviction=eviction, driver_prefetch=False)
-        r = S.run_policy(w, unit_oracle(), cap, prof, opts)
+        opts = P.Options(eviction=eviction, driver_prefetch=False)
+        r = R.run_policy(w, unit_oracle(), cap, prof, opts)
         c = r.counters.sum(axis=0)
         assert c[C.C_FAULTS] == 0 and c[C.C_FAULT_DTOH] == 0 and c[C.C_TREE_IN] == 0
         assert c[C.C_PREFETCH_IN] == reference_belady([w.truth.of(i).tolist() for i in range(w.n_steps)], cap)
@@ -456,7 +463,7 @@ def test_oracle_is_belady_when_every_launch_fits(launches, geo, frac, eviction):
             # [1] [1,2] [4] [4] [0,1,2,3] [2,3] [2] [2,3] [0,2,3,4] [3,4] [2,3] [2,3]: demand moves 5
             # units, oracle 6 -- it keeps 1 through [0,1,2,3] and refetches 4)
             for ev in ("fifo", "lru"):
-                dm = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction=ev, driver_prefetch=False))
+                dm = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction=ev, driver_prefetch=False))
                 assert c[C.C_PREFETCH_IN] <= dm.counters[:, C.C_FAULT_IN].sum()
 
 
@@ -467,13 +474,13 @@ def test_oracle_moves_no_more_than_demand_on_single_unit_launches(launches, cap,
     with tempfile.TemporaryDirectory() as d:
         tr = page_trace(Path(d) / "t.pctrace", launches)
         w, prof = workload([tr], PS, PS)
-        opts = S.Options(eviction=eviction, driver_prefetch=False)
-        o = S.run_policy(w, unit_oracle(), cap, prof, opts).counters.sum(axis=0)
-        dm = S.run_policy(w, S.Demand(), cap, prof, opts).counters.sum(axis=0)
+        opts = P.Options(eviction=eviction, driver_prefetch=False)
+        o = R.run_policy(w, unit_oracle(), cap, prof, opts).counters.sum(axis=0)
+        dm = R.run_policy(w, P.Demand(), cap, prof, opts).counters.sum(axis=0)
         assert o[C.C_FAULTS] == 0 and o[C.C_PREFETCH_IN] <= dm[C.C_FAULT_IN]
 
 
-class PerfectTemplate(S.Template):
+class PerfectTemplate(P.Template):
     """Template whose model predicts every launch's true footprint."""
 
     def __init__(self):
@@ -491,9 +498,9 @@ def test_template_with_perfect_predictions_is_oracle(tasks, geo, frac, eviction,
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
         w, prof = workload(trs, *geo, timeslice_s=2e-5)
         cap = capacity(w, frac)
-        opts = S.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
-        o = S.run_policy(w, S.Oracle(), cap, prof, opts)
-        t = S.run_policy(w, PerfectTemplate(), cap, prof, opts)
+        opts = P.Options(eviction=eviction, driver_prefetch=tree, feedback=feedback)
+        o = R.run_policy(w, P.Oracle(), cap, prof, opts)
+        t = R.run_policy(w, PerfectTemplate(), cap, prof, opts)
         np.testing.assert_array_equal(t.counters, o.counters)
         np.testing.assert_array_equal(t.end, o.end)
 
@@ -541,8 +548,8 @@ def test_lru_one_pass_equals_engine(tasks, fracs, gran):
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
         w, prof = workload(trs, gran, gran, timeslice_s=2e-5)
         caps = [capacity(w, f) for f in fracs]
-        for cap, one in zip(caps, S.demand_lru_all(w, caps, prof)):
-            eng = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction="lru", driver_prefetch=False))
+        for cap, one in zip(caps, ST.demand_lru_all(w, caps, prof)):
+            eng = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction="lru", driver_prefetch=False))
             np.testing.assert_array_equal(one.counters, eng.counters)
             np.testing.assert_allclose(one.end, eng.end, rtol=1e-12)
 
@@ -569,8 +576,8 @@ def fitted(tmp_path_factory):
 @pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "cnn-infer", "llm-decode"])
 @pytest.mark.parametrize("oversub,tree", [(1.3, True), (2.0, False), (3.0, True)])
 def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversub, tree):
-    from pagecast.replay import plan_io
-    from pagecast.replay.run import make_plan
+    from pagecast.replay.plan import plan_io
+    from pagecast.replay.sim.sweep import make_plan
     model, path, tr = fitted[name]
     # one case forces the allocation span (--span), so that plans on all three spans are covered
     forced = name == "jacobi2d" and oversub >= 3
@@ -601,7 +608,7 @@ def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversu
 # ---- per-launch hooks ------------------------------------------------------------------
 
 
-class OnlineTruth(S.Policy):
+class OnlineTruth(P.Policy):
     """Before each launch, prefetch exactly what it touches (an online policy through on_launch),
     and record every hook call."""
 
@@ -626,7 +633,7 @@ class OnlineTruth(S.Policy):
         self.evicted.append((step, evicted.copy()))
 
 
-class Watcher(S.Demand):
+class Watcher(P.Demand):
     """Demand paging that only watches its evictions."""
 
     wants_evictions = True
@@ -647,9 +654,9 @@ def test_per_launch_hooks(tasks, geo, frac, tree):
         w, prof = workload(trs, *geo, timeslice_s=2e-5)
         mx, U = int(w.truth.sizes().max()), w.universe.n_units
         cap = max(mx + int(round(frac * (U - mx))), 1)
-        opts = S.Options(driver_prefetch=tree)
+        opts = P.Options(driver_prefetch=tree)
         pol = OnlineTruth()
-        r = S.run_policy(w, pol, cap, prof, opts)
+        r = R.run_policy(w, pol, cap, prof, opts)
         c = r.counters
         # on_launch runs once before every launch, in order; what it brings, the launch finds
         assert pol.launches == list(range(w.n_steps))
@@ -660,7 +667,7 @@ def test_per_launch_hooks(tasks, geo, frac, tree):
         # faults, so nothing returns within a step); under demand paging a unit the launch has
         # yet to touch may be evicted and fault back within the step
         for p in (pol, Watcher()):
-            rr = r if p is pol else S.run_policy(w, p, cap, prof, opts)
+            rr = r if p is pol else R.run_policy(w, p, cap, prof, opts)
             out = rr.counters[:, C.C_FAULT_DTOH] + rr.counters[:, C.C_GROUP_DTOH]
             heard = np.zeros(w.n_steps, I64)
             for step, ev in p.evicted:
@@ -670,12 +677,12 @@ def test_per_launch_hooks(tasks, geo, frac, tree):
             if p is pol:
                 np.testing.assert_array_equal(heard, out)
         # watching changes nothing
-        np.testing.assert_array_equal(S.run_policy(w, S.Demand(), cap, prof, opts).counters,
-                                      S.run_policy(w, Watcher(), cap, prof, opts).counters)
+        np.testing.assert_array_equal(R.run_policy(w, P.Demand(), cap, prof, opts).counters,
+                                      R.run_policy(w, Watcher(), cap, prof, opts).counters)
 
 
 def test_on_launch_refuses_units_outside_the_universe():
-    class Bad(S.Policy):
+    class Bad(P.Policy):
         wants_launches = True
 
         def on_launch(self, ctx, step):
@@ -683,16 +690,16 @@ def test_on_launch_refuses_units_outside_the_universe():
     with tempfile.TemporaryDirectory() as d:
         w, prof = workload([page_trace(Path(d) / "t.pctrace", [np.array([0, 1])])], PS, PS)
         with pytest.raises(ValueError, match="outside"):
-            S.run_policy(w, Bad(), 4, prof, S.Options())
+            R.run_policy(w, Bad(), 4, prof, P.Options())
 
 
 def test_cost_model_policy_example_runs():
     """docs/cost-model.md's example policy, run as written: registered, replayed by name, no faults."""
     import re
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cost-model.md").read_text()
-    code = re.search(r"```python\n(import numpy as np\nfrom pagecast.replay import simulator as S\n.*?)```",
+    code = re.search(r"```python\n(import numpy as np\nfrom pagecast.replay.policies import POLICIES, Policy\n.*?)```",
                      doc, re.S).group(1)
-    saved = dict(S.POLICIES)
+    saved = dict(P.POLICIES)
     try:
         exec(compile(code, "cost-model.md", "exec"), {})
         with tempfile.TemporaryDirectory() as d:
@@ -703,14 +710,14 @@ def test_cost_model_policy_example_runs():
         assert jit["policy"] == "just-in-time" and jit["faults"] == 0 and runs[0]["faults"] > 0
         assert jit["speedup_vs_demand"] > 1
     finally:
-        S.POLICIES.clear()
-        S.POLICIES.update(saved)
+        P.POLICIES.clear()
+        P.POLICIES.update(saved)
 
 
 def test_on_launch_group_waits_for_the_launch_whose_units_it_evicts():
     """An on_launch group evicting units the launch before touches starts once that launch ends
     (as the planner's groups do); one evicting nothing of it overlaps it; `wait` overrides."""
-    class Swapper(S.Policy):
+    class Swapper(P.Policy):
         wants_launches = True
 
         def __init__(self, wait=None):
@@ -726,7 +733,7 @@ def test_on_launch_group_waits_for_the_launch_whose_units_it_evicts():
         w, prof = workload([tr], PS, PS)
         starts = {}
         for label, wait in (("default", None), ("no", False), ("yes", True)):
-            r = S.run_policy(w, Swapper(wait), 32, prof, S.Options(driver_prefetch=False))
+            r = R.run_policy(w, Swapper(wait), 32, prof, P.Options(driver_prefetch=False))
             assert r.counters[:, C.C_FAULTS].sum() == 0
             starts[label] = r.start[1]
             assert r.start[1] >= r.end[0] - 1e-15
@@ -753,7 +760,7 @@ def test_a_sweep_larger_than_memory_leaves_the_tree_prefetcher_room_under_a_plan
     had room and oracle, planned on units, faulted more than demand paging (21,979 against
     21,327 at scale 0.2). The units the launch needs last make up the chunk's worth."""
     from pagecast.datasets.registry import make_trace
-    from pagecast.replay.run import capacities_for
+    from pagecast.replay.sim.sweep import capacities_for
     tr = T.read_trace(make_trace("jacobi2d", tmp_path / "j.pctrace", scale=0.2, seed=3))
     prof = load_profile("msched-rtx5080")
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
@@ -761,10 +768,10 @@ def test_a_sweep_larger_than_memory_leaves_the_tree_prefetcher_room_under_a_plan
     cu = cap // w.gran
     assert int(w.truth.sizes().max()) > 2 * cu
 
-    class UnitOracle(S.Oracle):
+    class UnitOracle(P.Oracle):
         spans = ("unit",)
-    demand = S.run_policy(w, S.Demand(), cu, prof, S.Options())
-    oracle = S.run_policy(w, UnitOracle(), cu, prof, S.Options())
+    demand = R.run_policy(w, P.Demand(), cu, prof, P.Options())
+    oracle = R.run_policy(w, UnitOracle(), cu, prof, P.Options())
     f_d, f_o = (int(r.counters[:, C.C_FAULTS].sum()) for r in (demand, oracle))
     assert f_o < 0.7 * f_d
     assert oracle.end[-1] < 0.75 * demand.end[-1]
@@ -778,7 +785,7 @@ def test_the_planner_brings_a_large_launchs_front_in_first_only_where_that_runs_
     triads gain), but that moves units Belady would not (mlp-train at 150% loses): the planner
     runs both plans and keeps the faster, and oracle is that run."""
     from pagecast.datasets.registry import make_trace
-    from pagecast.replay.run import capacities_for
+    from pagecast.replay.sim.sweep import capacities_for
     tr = T.read_trace(make_trace(name, tmp_path / "t.pctrace", scale=scale, seed=3))
     prof = load_profile("msched-rtx5080")
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
@@ -787,13 +794,13 @@ def test_the_planner_brings_a_large_launchs_front_in_first_only_where_that_runs_
     assert int(w.truth.sizes().max()) > cu
     t = {}
     for front in (False, True):
-        g = S.plan_groups(w.truth, w.universe.n_units, cu, belady_in=True, universe=w.universe, front=front)
+        g = PB.plan_groups(w.truth, w.universe.n_units, cu, belady_in=True, universe=w.universe, front=front)
         assert g.front == front
-        t[front] = S.run_policy(w, S._Given(g, w.truth), cu, prof, S.Options()).end[-1]
+        t[front] = R.run_policy(w, P.Given(g, w.truth), cu, prof, P.Options()).end[-1]
     assert (t[True] < 0.9 * t[False]) if front_wins else (t[True] > t[False])
 
-    class UnitOracle(S.Oracle):
+    class UnitOracle(P.Oracle):
         spans = ("unit",)
-    ctx = S.Context(w, cu, S.Options(), profile=prof)
+    ctx = R.new_context(w, cu, P.Options(), profile=prof)
     assert UnitOracle().prefetch(ctx).front == front_wins
-    assert S.run_policy(w, UnitOracle(), cu, prof, S.Options()).end[-1] == pytest.approx(min(t.values()), rel=1e-12)
+    assert R.run_policy(w, UnitOracle(), cu, prof, P.Options()).end[-1] == pytest.approx(min(t.values()), rel=1e-12)

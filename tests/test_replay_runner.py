@@ -7,9 +7,10 @@ import pytest
 
 from pagecast import trace as T
 from pagecast.errors import UsageError
-from pagecast.replay import simulator as S
-from pagecast.replay.run import SimConfig, replay_sim
-from pagecast.replay.runner_policy import Runner, _TraceCuda
+from pagecast.replay import policies as P
+from pagecast.replay.sim import run as R
+from pagecast.replay.sim.sweep import SimConfig, replay_sim
+from pagecast.replay.policies.runner import Runner, TraceAllocations
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,8 @@ def fitted(tmp_path_factory):
 def test_trace_cuda_answers_the_allocation_live_at_each_launch(fitted):
     """llm-prefill-decode frees its prompt temporaries and reuses their addresses."""
     _, tr = fitted["llm-prefill-decode"]
-    from pagecast.replay.gpu_oracle import Relocator
-    cuda = _TraceCuda(Relocator(tr))
+    from pagecast.replay.online.relocate import Relocator
+    cuda = TraceAllocations(Relocator(tr))
     a = tr.allocations.to_pylist()
     assert len({r[T.ADDRESS] for r in a}) < len(a)          # the trace does reuse addresses
     rng = np.random.default_rng(0)
@@ -63,28 +64,28 @@ def test_runner_replays_the_engines_transfers(fitted, name):
 
 def test_runner_transfers_are_the_engines(fitted):
     """The units the simulator moves for `runner` are the ranges the engine asked for."""
-    from pagecast.replay.workload import build_workload
+    from pagecast.replay.unit_space import build_workload
     model, tr = fitted["jacobi2d"]
     prof = SimConfig().profile()
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
     cap = w.universe.n_units // 2
     pol = Runner(model)
-    ctx = S.Context(w, cap, S.Options(), memory=S.Memory(w, cap), profile=prof)
+    ctx = R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof)
     pol.prefetch(ctx)
     asked = 0
     pages = set()
     for step in range(w.n_steps):
         ev, pf, _ = pol.on_launch(ctx, step)
-        asked += sum(n for _, n in pol.cuda.to_gpu)
+        asked += sum(n for _, n in pol.to_gpu)
         assert len(np.unique(pf)) == len(pf) and len(np.unique(ev)) == len(ev)
         # each range's first and last 64 KiB unit is among the units handed to the simulator
-        for a, n in pol.cuda.to_gpu:
+        for a, n in pol.to_gpu:
             for b in (a, a + n - 1):
                 d0, _, inside = w.universe.dense_intervals(0, np.array([b // w.gran]), np.array([b // w.gran + 1]))
                 if inside[0]:
                     assert d0[0] in set(pf.tolist())
         pages.update(pf.tolist())
-    assert asked == pol.engine.stats.prefetch_bytes > 0 and pages
+    assert asked == pol.prefetch_bytes > 0 and pages
 
 
 def test_runner_needs_a_model_and_one_trace(fitted):

@@ -9,11 +9,16 @@ import pytest
 
 from pagecast import trace as T
 from pagecast.footprints import footprints
-from pagecast.replay import simulator as S
-from pagecast.replay import sim_core as C
+from pagecast.replay import policies as P
+from pagecast.replay.policies import alloc as PA
+from pagecast.replay.plan import groups as PG
+from pagecast.replay.policies import template as PT
+from pagecast.replay.sim import run as R
+from pagecast.replay.sim import stack as ST
+from pagecast.replay.sim import kernels as C
 from pagecast.replay.costs import load_profile
-from pagecast.replay.run import SimConfig, replay_sim
-from pagecast.replay.workload import build_workload
+from pagecast.replay.sim.sweep import SimConfig, replay_sim
+from pagecast.replay.unit_space import build_workload
 
 lcs = pytest.importorskip("libcachesim")
 
@@ -142,9 +147,9 @@ def test_lru_one_pass_matches_per_capacity_runs(workloads):
     prof = load_profile("pcie4")
     w = build_workload([tr], gran=PS, eviction_unit=PS, profile=prof)
     caps = [40, 90, 150, 250]
-    one = S.demand_lru_all(w, caps, prof)
+    one = ST.demand_lru_all(w, caps, prof)
     for cap, r1 in zip(caps, one):
-        r2 = S.run_policy(w, S.Demand(), cap, prof, S.Options(eviction="lru", driver_prefetch=False))
+        r2 = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction="lru", driver_prefetch=False))
         np.testing.assert_array_equal(r1.counters, r2.counters)
         np.testing.assert_allclose(r1.end, r2.end)
 
@@ -256,14 +261,14 @@ def test_swap_moves_whole_tasks(tmp_path):
 
 
 def test_interval_difference():
-    s, e = S.interval_difference([0, 10], [5, 20], [3, 12], [4, 15])
+    s, e = PT.interval_difference([0, 10], [5, 20], [3, 12], [4, 15])
     assert s.tolist() == [0, 4, 10, 15] and e.tolist() == [3, 5, 12, 20]
-    s, e = S.interval_difference([0], [5], [], [])
+    s, e = PT.interval_difference([0], [5], [], [])
     assert s.tolist() == [0] and e.tolist() == [5]
 
 
 def test_stack_distances_small():
-    d = C.lru_stack_distances(np.array([1, 2, 1, 3, 2, 1], np.int64), 4)
+    d = ST.lru_stack_distances(np.array([1, 2, 1, 3, 2, 1], np.int64), 4)
     inf = np.iinfo(np.int64).max
     assert d.tolist() == [inf, inf, 2, inf, 3, 3]
 
@@ -288,7 +293,7 @@ def test_alloc_plans_on_chunks_when_needs_are_huge(workloads, monkeypatch):
     still arrive before their launches (no faults when they fit), and it stays ahead of demand."""
     tr = workloads["stream"]
     base, _ = replay_sim([tr], ["demand", "alloc"], oversub=[0.2, 1.5], config=SimConfig())
-    monkeypatch.setattr(S, "CHUNK_PLAN_OCCURRENCES", 0)
+    monkeypatch.setattr(PA, "CHUNK_PLAN_OCCURRENCES", 0)
     chunk, _ = replay_sim([tr], ["alloc"], oversub=[0.2, 1.5], config=SimConfig())
     b = {(r["policy"], r["oversub"]): r for r in base}
     c = {r["oversub"]: r for r in chunk}
@@ -298,18 +303,18 @@ def test_alloc_plans_on_chunks_when_needs_are_huge(workloads, monkeypatch):
 
 
 def test_chunk_groups_expand_to_units():
-    g = S.Groups.empty(2)
+    g = PG.Groups.empty(2)
     g.pf_ptr, g.pf_unit = np.array([0, 2, 3]), np.array([1, 0, 2])
     g.need_now = np.array([1, 1])
     g.ev_ptr, g.ev_unit = np.array([0, 0, 1]), np.array([0])
-    out = S.chunk_groups_to_units(g, np.array([0, 3, 5]), np.array([3, 5, 9]))
+    out = PG.chunk_groups_to_units(g, np.array([0, 3, 5]), np.array([3, 5, 9]))
     assert out.pf_unit.tolist() == [3, 4, 0, 1, 2, 5, 6, 7, 8]
     assert out.pf_ptr.tolist() == [0, 5, 9] and out.need_now.tolist() == [2, 4]
     assert out.ev_unit.tolist() == [0, 1, 2] and out.ev_ptr.tolist() == [0, 0, 3]
 
 
 def test_adaptive_fallback_keeps_only_proven_history():
-    from pagecast.replay.adaptive import _proven
+    from pagecast.replay.plan.adaptive import _proven
     kernel = np.array([0, 1, 0, 1, 0, 1, 0])
     asks = np.array([1, 1, 1, 1, 0, 1, 1], bool)
     extra = np.array([10, 10, 10, 10, 0, 10, 10])

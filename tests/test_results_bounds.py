@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pagecast.replay import simulator as S
-from pagecast.replay.workload import I64, Needs
+from pagecast.replay.plan import groups as PG
+from pagecast.replay.unit_space import I64, Needs
 
 _spec = importlib.util.spec_from_file_location(
     "pagecast_bench_results", Path(__file__).resolve().parents[1] / "benchmarks" / "results.py")
@@ -27,7 +27,7 @@ def _groups(pf, need_now, n):
     ptr = np.concatenate([[0], np.cumsum([len(p) for p in pf])]).astype(I64)
     unit = np.concatenate([np.asarray(p, I64) for p in pf])
     z = np.zeros(n + 1, I64)
-    return S.Groups(z, np.zeros(0, I64), ptr, unit, np.asarray(need_now, I64), np.zeros(n, np.uint8),
+    return PG.Groups(z, np.zeros(0, I64), ptr, unit, np.asarray(need_now, I64), np.zeros(n, np.uint8),
                     np.zeros(n, np.uint8), np.zeros(n, np.uint8))
 
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Iterator
 
-from .gpu_engine import Engine
-from .gpu_predict import FeedbackLoop, default_fallback, load_model_file, make_online_predict, model_kernel_names
+from pagecast.collect.launch_hook import LaunchHook
+from pagecast.collect.managed import free_callbacks
+from pagecast.units import parse_size
+
+from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
+from . import cupti_monitor, driver
+from .cuda_engine import Engine
+from .feedback import FeedbackLoop
 
 
 @contextlib.contextmanager
@@ -26,30 +33,24 @@ def prefetching(model, capacity: int | str | None = None, fallback: str | None =
             train()
         print(eng.stats.prefetch_bytes)
     """
-    from pagecast.units import parse_size
-
     if isinstance(model, (str, os.PathLike)):
         model = load_model_file(model)
     cap = parse_size(capacity) if capacity is not None else None
     if cuda is None:
-        from .cuda_iface import open_cuda
-        cuda = open_cuda()
+        cuda = driver.open_cuda()
     if fallback is None:
         fallback = default_fallback(feedback)
     predict = make_online_predict(model, fallback)
     engine = Engine(cuda, "template", capacity=cap, predict=predict, model_kernels=model_kernel_names(model),
-                    warn=lambda m: __import__("warnings").warn(m, stacklevel=3))
+                    warn=lambda m: warnings.warn(m, stacklevel=3))
     fb = None
     if feedback:
         if monitor is None:
-            from .cuda_iface import CuptiMonitor
-            monitor = CuptiMonitor(cuda.device)
+            monitor = cupti_monitor.CuptiMonitor(cuda.device)
         monitor.start(keep_records=True, live=True)
         fb = FeedbackLoop(engine, monitor, model, fallback, predict)
     if hook_factory is None:
-        from pagecast.collect.launch_hook import LaunchHook
         hook_factory = LaunchHook
-    from pagecast.collect.managed import free_callbacks
     hook = hook_factory(engine.on_launch if fb is None else fb.on_launch, api_callbacks=free_callbacks(engine.on_free))
     hook.start()
     try:

@@ -22,6 +22,7 @@ whose fingerprint does not match the trace (PlanError, one line).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pagecast import PRODUCER
 from pagecast.errors import PlanError
 from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, prepare_output_dir, ranges_wrap
@@ -40,7 +42,7 @@ MANIFEST = "manifest.json"
 TABLE = "plan.parquet"
 PREFETCH, EVICT = "prefetch", "evict"
 ACTIONS = (PREFETCH, EVICT)
-SPANS = ("unit", "block", "allocation")   # what the planner widened the predictions to (simulator.span_needs)
+SPANS = ("unit", "block", "allocation")   # what the planner widened the predictions to (plan/spans.py)
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
 SCHEMA = pa.schema([
@@ -73,8 +75,6 @@ class Plan:
 
 def new_manifest(*, trace, capacity_bytes: int, granularity: int, model: str | None,
                  **extra: Any) -> dict:
-    from pagecast import PRODUCER
-    import time
     m = {
         "format": FORMAT, "version": VERSION,
         "model": None if model is None else str(model),

@@ -2,7 +2,7 @@
 
 Two halves:
 - `measure(cuda, monitor)` runs the experiments on the GPU through
-  `cuda_iface` (and nothing else): it returns plain numbers (`Measurements`);
+  driver.py's `CudaIface` (and nothing else): it returns plain numbers (`Measurements`);
 - `fit_profile(measurements)` turns those numbers into a `CostProfile`
   (pure: least-squares lines, tested on the CPU with synthetic measurements).
 
@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pagecast.errors import ProfileError
+from pagecast.uvm import BIG_PAGE
 
-BIG_PAGE = 64 * 1024
+from ..costs import CostProfile, load_profile, profile_from_dict
+
 FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
 REPEATS = 3
 DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
@@ -116,8 +118,6 @@ def fit_bandwidth(points: Sequence[Sequence], what: str) -> tuple[float, float, 
 
 def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     """A CostProfile from measurements; fields not measured come from `base` (msched-rtx5080)."""
-    from pagecast.replay.costs import CostProfile, load_profile, profile_from_dict
-
     base = load_profile(base or "msched-rtx5080")
     dev = m.device.get("name") or "this GPU"
     fault_s, fault_icpt, fault_r2, fault_x = fit_faults(m.fault_runs)
@@ -171,7 +171,7 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
 
 
 # ---------------------------------------------------------------------------
-# Measuring (needs a GPU through cuda_iface)
+# Measuring (needs a GPU through driver.py)
 # ---------------------------------------------------------------------------
 
 def driver_prefetch_enabled() -> bool | None:

@@ -1,5 +1,6 @@
-"""Byte ranges for the GPU runner: merging, splitting in 2 MiB units, and the managed allocations
-that a launch's pointer arguments land in (pure, apart from `AllocationMap`'s driver lookup).
+"""Byte ranges for the runner's per-launch decisions: merging, splitting in 2 MiB units, and the
+managed allocations that a launch's pointer arguments land in (pure, apart from `AllocationMap`'s
+lookup, which asks the driver on a GPU and a trace in the simulator's `runner` policy).
 
 Ranges are (address, nbytes) pairs. These are per-launch helpers on short
 Python lists (the launch callback's hot path); `pagecast.footprints` merges
@@ -10,11 +11,23 @@ from __future__ import annotations
 
 import bisect
 import struct
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-UNIT = 2 * 1024 * 1024          # eviction unit: the driver's 2 MiB root chunk (background.md)
+from pagecast.uvm import ROOT_CHUNK
+
+UNIT = ROOT_CHUNK               # eviction unit: the driver's 2 MiB root chunk (docs/uvm-facts.md)
 MIN_PTR = 1 << 16               # a parameter word in [MIN_PTR, MAX_PTR) may be a pointer
 MAX_PTR = 1 << 57
+
+
+@dataclass
+class Allocation:
+    """An allocation a pointer lands in: its base, size and whether it is managed (UVM) memory."""
+
+    base: int
+    size: int
+    managed: bool
 
 
 def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

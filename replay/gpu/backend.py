@@ -2,18 +2,19 @@
 
 How a GPU replay runs
 ---------------------
-`run_gpu_replay(args)` (called by the replay command with `--backend gpu`) runs
-the workload once per (capacity, policy, repeat), each time in a fresh
-subprocess: `python -m pagecast.replay.gpu_child --policy P ... -- python
-SCRIPT ARGS` (`gpu_child`: one measured run, its launch hook and CUPTI
-counters). The parent takes the median and the spread over repeats and
+`run_gpu_replay(config)` (called by the replay command with `--backend gpu`,
+which translates its flags into a `GpuReplayConfig`) runs the workload once
+per (capacity, policy, repeat), each time in a fresh subprocess: `python -m
+pagecast.replay.gpu.child --policy P ... -- python SCRIPT ARGS` (child.py: one
+measured run, its launch hook and CUPTI counters). The parent takes the median and the spread over repeats and
 returns rows shaped as the simulator's (cli.md `replay --json`,
 `backend: "gpu"`).
 
-What happens at each launch under each policy is `gpu_engine`'s; capacity
-emulation (`--capacity` / `--oversub`) and its victim rules are
-`gpu_engine` and `gpu_residency`'s; the oracle's relocated footprints are
-`gpu_oracle`'s. Real oversubscription (a workload larger than the GPU's free
+What happens at each launch under each policy is the policy's own
+(pagecast.replay.policies), decided by pagecast.replay.online.decide and
+carried out by cuda_engine.py; capacity emulation (`--capacity` /
+`--oversub`) and its victim rules are online/decide.py's and
+online/residency.py's; the oracle's relocated footprints online/relocate.py's. Real oversubscription (a workload larger than the GPU's free
 memory) is refused unless `--allow-oversubscription` is given.
 
 The first repeat of each run also reports a per-kernel timeline (kernel times
@@ -35,15 +36,37 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagecast import console
+from pagecast import trace as T
 from pagecast.errors import NoGPUError, PagecastError, UsageError
+from pagecast.footprints import footprints
 
-from .gpu_child import parse_workload
-from .gpu_engine import POLICIES, VICTIMS
-from .gpu_predict import load_model_file
-from .gpu_ranges import UNIT
+from ..online.prediction import load_model_file
+from ..online.ranges import UNIT
+from ..policies import POLICIES, online_names
+from ..results_io import timeline_table
+from . import driver
+from .child import parse_workload
+
+
+@dataclass
+class GpuReplayConfig:
+    """What a GPU replay runs (`pagecast replay --backend gpu` translates its flags into one)."""
+
+    workload: list[str]                    # the command after --: python SCRIPT [ARGS] or python -m MODULE [ARGS]
+    policies: list[str] = field(default_factory=lambda: ["demand"])
+    traces: list[str] = field(default_factory=list)   # at most one: a full-mode trace of the workload
+    capacity: list[int] | None = None      # emulated GPU memory sizes, bytes
+    oversub: list[float] | None = None     # or: capacity = the trace's footprint / R
+    model: str | None = None               # a model file (template; the footprint estimate)
+    feedback: bool = False                 # refine the model from the faults it missed
+    fallback: str | None = None            # the online fallback (default: online.prediction.default_fallback)
+    repeat: int = 1                        # runs per (policy, capacity): the median is reported
+    allow_oversubscription: bool = False   # let the workload allocate more than the GPU's free memory
 
 
 class GpuRunError(PagecastError):
@@ -96,48 +119,44 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------
 
 def _footprint_bytes(trace) -> int:
-    from pagecast.footprints import footprints
-
     fp = footprints(trace)
     return fp.union_pages() * fp.page_size
 
 
-def _child_cmd(policy: str, capacity: int | None, ns, result: Path, trace_path: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "pagecast.replay.gpu_child", "--policy", policy, "--result", str(result)]
+CHILD = "pagecast.replay.gpu.child"   # the module each measured run starts (python -m)
+
+
+def _child_cmd(policy: str, capacity: int | None, cfg: GpuReplayConfig, result: Path,
+               trace_path: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", CHILD, "--policy", policy, "--result", str(result)]
     if capacity is not None:
         cmd += ["--capacity", str(int(capacity))]
-    if getattr(ns, "model", None):
-        cmd += ["--model", str(ns.model)]
+    if cfg.model:
+        cmd += ["--model", str(cfg.model)]
     if trace_path:
         cmd += ["--trace", str(trace_path)]
-    if getattr(ns, "feedback", False):
+    if cfg.feedback:
         cmd.append("--feedback")
-    if getattr(ns, "fallback", None):
-        cmd += ["--fallback", str(ns.fallback)]
-    return cmd + ["--"] + list(ns.workload)
+    if cfg.fallback:
+        cmd += ["--fallback", str(cfg.fallback)]
+    return cmd + ["--"] + list(cfg.workload)
 
 
-def run_gpu_replay(args) -> tuple[list[dict], Any]:
+def run_gpu_replay(cfg: GpuReplayConfig) -> tuple[list[dict], Any]:
     """Run the workload under each policy and capacity on the GPU; rows as the simulator's."""
-    from pagecast import console
-    from pagecast import trace as T
-
-    policies = list(getattr(args, "policy", None) or ["demand"])
+    policies = list(cfg.policies or ["demand"])
+    gpu_policies = online_names()
     for p in policies:
-        if p not in POLICIES:
-            raise UsageError(f"policy {p!r} is not available on the GPU backend (choose from {', '.join(POLICIES)})")
-    workload = list(getattr(args, "workload", None) or [])
+        if p not in gpu_policies:
+            raise UsageError(f"policy {p!r} is not available on the GPU backend (choose from {', '.join(gpu_policies)})")
+    workload = list(cfg.workload or [])
     parse_workload(workload)  # raises UsageError on a bad command
-    model = getattr(args, "model", None)
+    model = cfg.model
     if "template" in policies and not model:
         raise UsageError("policy template needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")
     if model:
         load_model_file(model)  # a bad model fails here, before any run
-    if getattr(args, "plan", None):
-        console.warn("the GPU backend makes its decisions online; --plan is ignored")
-    if getattr(args, "span", "auto") not in (None, "auto"):
-        console.warn("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
-    traces = [str(t) for t in (getattr(args, "traces", None) or [])]
+    traces = [str(t) for t in (cfg.traces or [])]
     if len(traces) > 1:
         raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")
     trace = T.read_trace(traces[0]).require_launches("replay") if traces else None
@@ -148,8 +167,8 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
             console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the oracle's footprints may be incomplete")
     footprint = _footprint_bytes(trace) if trace is not None else None
 
-    capacity = getattr(args, "capacity", None)
-    oversub = getattr(args, "oversub", None)
+    capacity = cfg.capacity
+    oversub = cfg.oversub
     if capacity and oversub:
         raise UsageError("give --capacity or --oversub, not both")
     if oversub:
@@ -169,18 +188,15 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
     else:
         caps = [None]
         levels = {None: None}
-    repeat = getattr(args, "repeat", None)
-    repeat = 1 if repeat is None else int(repeat)
+    repeat = 1 if cfg.repeat is None else int(cfg.repeat)
     if repeat < 1:
         raise UsageError(f"--repeat must be >= 1, found {repeat}")
 
     # Needs a GPU from here on (NoGPUError: one line, exit 2).
-    from .cuda_iface import open_cuda
-
-    cuda = open_cuda()
+    cuda = driver.open_cuda()
     free, total = cuda.mem_info()
     device = cuda.device_info()
-    if footprint is not None and footprint > free and not getattr(args, "allow_oversubscription", False):
+    if footprint is not None and footprint > free and not cfg.allow_oversubscription:
         raise UsageError(f"the workload's footprint ({footprint} bytes) exceeds the GPU's free memory ({free} bytes);"
                          " that would oversubscribe the real GPU: pass --allow-oversubscription to do it anyway,"
                          " or run a smaller scale (capacity is emulated)")
@@ -200,7 +216,7 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                 for r in range(repeat):
                     k += 1
                     res = Path(tmp) / f"run-{k}.json"
-                    cmd = _child_cmd(policy, cap, args, res, traces[0] if trace is not None else None)
+                    cmd = _child_cmd(policy, cap, cfg, res, traces[0] if trace is not None else None)
                     if r == 0:
                         cmd.insert(cmd.index("--"), "--timeline")
                     bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
@@ -234,9 +250,9 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
                     "oversub": levels[cap],
                     "stall_s": None, "footprint_bytes": footprint,
                     "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
-                    "feedback": bool(getattr(args, "feedback", False)), "costs": None,
+                    "feedback": bool(cfg.feedback), "costs": None,
                     "device": device.get("name"), "eviction_unit": UNIT,
-                    "eviction": VICTIMS[policy] if cap is not None else None,
+                    "eviction": POLICIES[policy].victims if cap is not None else None,
                 })
                 rows.append(row)
     add_speedups(rows)
@@ -244,7 +260,6 @@ def run_gpu_replay(args) -> tuple[list[dict], Any]:
         r["run"] = i
     timeline = None
     if timelines:
-        from .results_io import timeline_table
         cols = {k: [v for tl in timelines for v in tl[k]] for k in timelines[0]}
         timeline = timeline_table(cols)
     return rows, timeline
@@ -275,9 +290,3 @@ def _child_env() -> dict:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-if __name__ == "__main__":  # pragma: no cover - the child's old entry point
-    from .gpu_child import main
-
-    sys.exit(main())

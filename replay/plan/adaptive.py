@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as F
 from pagecast import trace as T
+from pagecast.predict.predictor import predict_footprints
 
 MIN_PRECISION = 0.5   # keep a kernel's history while at least half of what it adds is used
 FALLBACKS = ("adaptive", "history", "allocation", "none")
@@ -42,7 +43,6 @@ FALLBACKS = ("adaptive", "history", "allocation", "none")
 def predicted_footprints(model, trace: T.Trace, fallback: str = "adaptive",
                          min_precision: float = MIN_PRECISION) -> F.Footprints:
     """Predicted footprints of every launch for planning (see module doc)."""
-    from pagecast.predict.predictor import predict_footprints
     if fallback != "adaptive":
         return predict_footprints(model, trace, fallback)
     base = predict_footprints(model, trace, "none")

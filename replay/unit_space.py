@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as F
 from pagecast import trace as T
+from pagecast.uvm import VA_BLOCK
 
 I64 = np.int64
-VA_BLOCK = 2 * 1024 * 1024  # the driver's VA block (tree prefetcher scope; background.md)
 
 
 @dataclass

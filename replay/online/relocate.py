@@ -1,4 +1,4 @@
-"""The GPU runner's oracle: a trace's footprints, relocated into this run's address space."""
+"""The oracle's footprints one launch at a time: a trace's footprints, relocated into this run's address space."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import bisect
 import struct
 from typing import Iterator
 
-from .gpu_ranges import MAX_PTR, MIN_PTR, UNIT, merge_ranges, split_by_unit, units_of
+import numpy as np
+
+from pagecast import trace as T
+from pagecast.footprints import footprints
+
+from .ranges import MAX_PTR, MIN_PTR, UNIT, merge_ranges, split_by_unit, units_of
 
 
 class Relocator:
@@ -23,11 +28,6 @@ class Relocator:
 
     def __init__(self, trace, fp=None) -> None:
         """`fp`: the trace's footprints (`footprints(trace)`) when the caller has them already."""
-        import numpy as np
-
-        from pagecast import trace as T
-        from pagecast.footprints import footprints
-
         self.trace = trace
         self.n = trace.n_launches
         self.kernels = trace.launches.column(T.KERNEL).to_pylist()

@@ -2,7 +2,7 @@
 
 `Residency` holds the bytes the runner believes are on the emulated GPU,
 grouped in 2 MiB units, and says what to evict before a launch whose
-estimated footprint would not fit. Victims, by policy (`gpu_engine.VICTIMS`):
+estimated footprint would not fit. Victims, by policy (each policy's `victims`):
 
 - `demand`, `alloc`: FIFO of 2 MiB units in the order they became resident,
   as the driver's eviction (its victim list is ordered by allocation);
@@ -25,7 +25,7 @@ import math
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Sequence
 
-from .gpu_ranges import UNIT, merge_ranges, split_by_unit, subtract_ranges
+from .ranges import UNIT, merge_ranges, split_by_unit, subtract_ranges
 
 
 class PeriodDetector:

@@ -5,19 +5,40 @@ replay), fits one model on the fitting traces, then replays each workload
 alone and MSched's three multitask mixes at 150%, 200% and 300%
 oversubscription with demand, alloc, template and oracle, and prints the
 comparison. Everything lands in DIR: traces/, model.json, results.parquet
-(+ timeline), and report.html when the report stage is installed.
+(+ timeline), and report.html.
+
+The pipeline's orchestration: it calls each stage through its library entry
+point (datasets, fit, the simulator, results files, the report), which is
+why it sits above all of them (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pagecast import console
+from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
 from pagecast.errors import OutputExistsError, UsageError
+from pagecast.footprints import footprints
+from pagecast.jsonfile import write_json_atomic
+from pagecast.predict.fit import fit_model
+from pagecast.predict.model_io import load_model, save_model
+from pagecast.replay.costs import load_profile
+from pagecast.replay.results_io import write_results
+from pagecast.replay.results_table import results_table
+from pagecast.replay.sim.sweep import SimConfig, replay_sim
+from pagecast.replay.unit_space import compute_times
+from pagecast.report.render import write_report
+from pagecast.trace import MANIFEST, prepare_output_dir, read_trace
 
 DEMO_FORMAT = "pagecast-demo"
 SCALE = 0.2
@@ -27,9 +48,19 @@ OVERSUB = (1.5, 2.0, 3.0)
 POLICIES = ["demand", "alloc", "template", "oracle"]
 
 
+@dataclass
+class DemoConfig:
+    """What `pagecast demo` runs (the command translates its flags into one)."""
+
+    output: str | Path = "pagecast-demo"   # where traces, model, results and report go
+    force: bool = False                     # reuse a non-empty demo directory
+    scale: float | None = None              # workload scale (None: SCALE)
+    costs: str = "msched-rtx5080"           # cost profile
+    jobs: int | None = None                 # replay processes (None: default_jobs())
+    json: bool = False                      # print the runs as one JSON list
+
+
 def prepare_dir(out: Path, force: bool) -> None:
-    from pagecast.jsonfile import write_json_atomic
-    from pagecast.trace import MANIFEST, prepare_output_dir
     if out.exists():
         if out.is_file() or any(out.iterdir()):
             if not force:
@@ -44,33 +75,29 @@ def prepare_dir(out: Path, force: bool) -> None:
     write_json_atomic(out / MANIFEST, {"format": DEMO_FORMAT, "version": 1})
 
 
-def run_demo(args) -> int:
-    from .commands import results_table
-    from .results_io import write_results
-
-    out = Path(args.output)
-    prepare_dir(out, args.force)
-    scale = SCALE if args.scale is None else float(args.scale)
-    jobs = getattr(args, "jobs", None)
+def run_demo(cfg: DemoConfig) -> int:
+    out = Path(cfg.output)
+    prepare_dir(out, cfg.force)
+    scale = SCALE if cfg.scale is None else float(cfg.scale)
+    jobs = cfg.jobs
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {jobs}")
     t0 = time.perf_counter()
     with console.progress("demo", None) as bar:
-        all_runs, timeline, info = run_suite(out, scale=scale, costs=args.costs, policies=POLICIES, bar=bar,
+        all_runs, timeline, info = run_suite(out, scale=scale, costs=cfg.costs, policies=POLICIES, bar=bar,
                                              jobs=jobs)
     elapsed = time.perf_counter() - t0
     res_path = out / "results.parquet"
     write_results(res_path, all_runs, timeline, force=True)
-    if args.json:
+    if cfg.json:
         console.emit_json(all_runs)
     else:
         out_c = console.stdout()
         out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
-                                                  f"{info['mixes']} mixes, costs {args.costs}"))
+                                                  f"{info['mixes']} mixes, costs {cfg.costs}"))
         out_c.print(headline(all_runs))
     console.info(f"demo took {elapsed:.1f} s")
     console.wrote(res_path, "replay results")
-    from pagecast.report.render import write_report
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report
@@ -86,11 +113,6 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     """Make traces (fit seeds and replay seeds) in out/traces, fit out/model.json, replay
     every workload alone and every mix at each oversubscription, in `jobs` processes
     (default: default_jobs()). Returns (runs, timeline, info)."""
-    from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
-    from pagecast.predict.fit import fit_model
-    from pagecast.predict.model_io import save_model
-    from pagecast.trace import read_trace
-
     tdir = out / "traces"
     tdir.mkdir(exist_ok=True)
     names = sorted(WORKLOADS) if workloads is None else list(workloads)
@@ -127,7 +149,6 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     todo = sorted(range(len(cases)), key=lambda i: -len(specs[i][1]))
     n_jobs = min(jobs if jobs is not None else default_jobs(), len(cases))
     if n_jobs > 1:
-        import multiprocessing
         pool = multiprocessing.get_context("spawn").Pool(n_jobs, initializer=_worker_init)
         try:
             if bar is not None:
@@ -164,7 +185,6 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
 
 def default_jobs() -> int:
     """Processes for the replays: the CPUs this process may use, at most 4."""
-    import os
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -173,7 +193,6 @@ def default_jobs() -> int:
 
 
 def _worker_init() -> None:
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
 
 
@@ -186,10 +205,6 @@ def replay_case(label: str, paths: list[str], policies: list[str], oversub: list
                 model_path: str):
     """One demo case (a workload alone or a mix) at every oversubscription: (runs, timeline).
     Module-level so that a spawned process can run it."""
-    from pagecast.predict.model_io import load_model
-    from pagecast.trace import read_trace
-
-    from .run import SimConfig, replay_sim
     traces = [read_trace(p) for p in paths]
     cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
     return replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=load_model(model_path),
@@ -198,7 +213,6 @@ def replay_case(label: str, paths: list[str], policies: list[str], oversub: list
 
 def headline(runs: list[dict]) -> str:
     """One line per oversubscription: mean speedups, template's share of oracle."""
-    import statistics
     lines = []
     for r_over in OVERSUB:
         sel = [r for r in runs if abs((r.get("oversub") or 0) - r_over) < 1e-9]
@@ -227,10 +241,6 @@ def demo_timeslice_ms(traces, costs) -> float:
     SLICES_PER_TASK times (a mix's point is the switching)."""
     if len(traces) < 2:
         return 10.0
-    from pagecast.footprints import footprints
-
-    from .costs import load_profile
-    from .workload import compute_times
     prof = load_profile(costs)
     shortest = min(float(compute_times(t, footprints(t), prof).sum()) for t in traces)
     return min(10.0, max(shortest * 1e3 / SLICES_PER_TASK, 0.01))

@@ -1,9 +1,9 @@
-"""One measured GPU run: `python -m pagecast.replay.gpu_child --policy P ... -- python SCRIPT ARGS`.
+"""One measured GPU run: `python -m pagecast.replay.gpu.child --policy P ... -- python SCRIPT ARGS`.
 
-`gpu_runner.run_gpu_replay` starts this once per (capacity, policy, repeat).
+`backend.run_gpu_replay` starts this once per (capacity, policy, repeat).
 The child subscribes to kernel launches with the collector's
 `pagecast.collect.launch_hook.LaunchHook`, starts CUPTI's unified-memory
-counters (`cuda_iface.CuptiMonitor`), runs the script in-process (runpy),
+counters (`cupti_monitor.CuptiMonitor`), runs the script in-process (runpy),
 waits for the GPU and writes its measurements as JSON to the file the parent
 names (`--result`); with `--timeline`, per-kernel rows too (`build_timeline`).
 """
@@ -14,16 +14,23 @@ import argparse
 import bisect
 import json
 import os
+import runpy
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from pagecast import trace as T
+from pagecast.collect.launch_hook import LaunchHook
+from pagecast.collect.managed import free_callbacks
 from pagecast.errors import NoGPUError, PagecastError, UsageError
 
-from .gpu_engine import POLICIES, TIMELINE_MAX, Engine
-from .gpu_oracle import Relocator
-from .gpu_predict import FeedbackLoop, default_fallback, load_model_file, make_online_predict, model_kernel_names
+from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
+from ..online.relocate import Relocator
+from ..policies import online_names
+from . import cupti_monitor, driver
+from .cuda_engine import TIMELINE_MAX, Engine
+from .feedback import FeedbackLoop
 
 
 # ---------------------------------------------------------------------------
@@ -69,8 +76,6 @@ def parse_workload(argv: Sequence[str]) -> tuple[str, str, list[str]]:
 
 def run_workload(kind: str, target: str, args: list[str]) -> int:
     """Run a Python script or module in this process as `python` would; its exit code."""
-    import runpy
-
     old_argv = sys.argv
     sys.argv = [target if kind == "path" else target] + list(args)
     code = 0
@@ -141,15 +146,15 @@ def build_timeline(counts, corr_launch: dict[int, int], limit: int = TIMELINE_MA
 # ---------------------------------------------------------------------------
 
 def _child_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pagecast.replay.gpu_child",
+    p = argparse.ArgumentParser(prog="python -m pagecast.replay.gpu.child",
                                 description="One measured GPU run of a workload under a policy (used by "
                                             "'pagecast replay --backend gpu').")
-    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--policy", required=True, choices=online_names())
     p.add_argument("--capacity", type=int, default=None)
     p.add_argument("--model", default=None)
     p.add_argument("--trace", default=None)
     p.add_argument("--feedback", action="store_true")
-    p.add_argument("--fallback", default=None, help="default: gpu_predict.default_fallback(--feedback)")
+    p.add_argument("--fallback", default=None, help="default: online.prediction.default_fallback(--feedback)")
     p.add_argument("--result", required=True)
     p.add_argument("--feedback-every", type=int, default=256, help="launches between feedback rounds")
     p.add_argument("--timeline", action="store_true", help="report per-kernel rows too")
@@ -185,20 +190,17 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
     try:
         kind, target, wargs = parse_workload(ns.workload)
         if monitor is None:
-            from .cuda_iface import CuptiMonitor
-            monitor = CuptiMonitor(0)
+            monitor = cupti_monitor.CuptiMonitor(0)
         # unified-memory counters are configured and enabled before the CUDA context exists
         monitor.start(keep_records=True, live=keep_records)
         if cuda is None:
-            from .cuda_iface import open_cuda
-            cuda = open_cuda()
+            cuda = driver.open_cuda()
         model = load_model_file(ns.model) if ns.model else None
         if ns.fallback is None:
             ns.fallback = default_fallback(ns.feedback)
         predict = make_online_predict(model, ns.fallback) if model is not None else None
         relocator = None
         if ns.trace:
-            from pagecast import trace as T
             relocator = Relocator(T.read_trace(ns.trace))
         engine = Engine(cuda, ns.policy, capacity=ns.capacity,
                         predict=predict if (ns.policy == "template" or ns.capacity is not None) else None,
@@ -223,9 +225,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         on_launch(la)
 
     if hook_factory is None:
-        from pagecast.collect.launch_hook import LaunchHook
         hook_factory = LaunchHook
-    from pagecast.collect.managed import free_callbacks
     hook = hook_factory(hooked, api_callbacks=free_callbacks(engine.on_free))
     hook.start()
     t0 = time.perf_counter()

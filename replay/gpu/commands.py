@@ -1,4 +1,4 @@
-"""GPU-side subcommands of replay (calibrate), registered in pagecast.cli."""
+"""The GPU stage's subcommand, calibrate, registered in pagecast.cli."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ class CalibrateCommand(Command):
             raise UsageError(f"--repeats must be >= 1, found {args.repeats}")
         name = args.name or out.stem
 
-        from pagecast.replay import calibrate as C
+        from pagecast.errors import NoGPUError
         from pagecast.replay.costs import save_profile
-        from pagecast.replay.cuda_iface import CuptiMonitor, NoGPUError, open_cuda
+        from pagecast.replay.gpu import calibrate as C
+        from pagecast.replay.gpu.cupti_monitor import CuptiMonitor
+        from pagecast.replay.gpu.driver import open_cuda
 
         # CUPTI's unified-memory counters are set up before the CUDA context exists
         monitor, why = None, None

@@ -1,0 +1,273 @@
+"""The GPU runner's engine: a policy's per-launch decisions, carried out with CUDA calls.
+
+At each launch (CUPTI API-enter callback, before the kernel is queued) the
+`Engine` asks the policy's `LaunchDecider` (pagecast.replay.online.decide:
+the decisions the simulator's `runner` policy replays too) what to move, and
+moves it with cuMemPrefetchAsync:
+
+- prefetches go on the launch's own stream, so they complete before the kernel;
+- with an emulated capacity, victims go to the host on a side stream first. The
+  side stream waits for the work already queued on the launch's stream
+  (earlier kernels may still need the victims), and the launch's stream waits
+  for the eviction before the kernel, so eviction overlaps population but
+  never a kernel.
+
+With feedback, faults the prediction missed refine the model (feedback.py's
+`FeedbackLoop`, through `Engine.feedback_from`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from pagecast.collect.launch_hook import PTSZ_CBIDS
+
+from ..online.decide import LaunchDecider
+from ..online.ranges import UNIT, AllocationMap
+from ..online.relocate import Relocator
+from ..policies import online_policy
+
+LEGACY_STREAM = 0x1             # CU_STREAM_LEGACY
+PER_THREAD_STREAM = 0x2         # CU_STREAM_PER_THREAD
+TIMELINE_MAX = 100_000          # launches per run kept in the timeline
+
+_PTSZ = frozenset(PTSZ_CBIDS)
+
+
+def launch_stream(la) -> int:
+    """The CUstream handle a launch runs on, never 0.
+
+    0 in a *_ptsz call is the per-thread default stream, in any other call the
+    legacy default stream. Both are named explicitly (CU_STREAM_PER_THREAD,
+    CU_STREAM_LEGACY) because what 0 means in the runner's own calls depends on
+    how cuda-bindings was set up, not on the launch: with
+    CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1 it calls the _ptsz entry points
+    and 0 is the per-thread stream.
+    """
+    s = int(la.stream or 0)
+    if s == 0:
+        if int(getattr(la, "cbid", 0) or 0) in _PTSZ:
+            return PER_THREAD_STREAM
+        return LEGACY_STREAM
+    return s
+
+
+@dataclass
+class EngineStats:
+    launches: int = 0
+    prefetch_bytes: int = 0
+    prefetches: int = 0
+    evict_bytes: int = 0
+    evictions: int = 0
+    overflow_launches: int = 0
+    predict_s: float = 0.0
+    predict_max_s: float = 0.0
+    predicted_launches: int = 0
+    callback_s: float = 0.0
+    errors: int = 0                 # launches whose policy step failed
+    failed_calls: int = 0           # prefetch / eviction calls the driver refused (the rest went on)
+    last_error: str | None = None
+    unseen_kernels: list = field(default_factory=list)
+    feedback_updates: int = 0
+    period: int | None = None
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["predict_us_mean"] = (1e6 * self.predict_s / self.predicted_launches) if self.predicted_launches else None
+        d["predict_us_max"] = 1e6 * self.predict_max_s if self.predicted_launches else None
+        return d
+
+
+class Engine:
+    """Applies one policy at each launch: prefetch, and evict to emulate a capacity.
+
+    `on_launch(la)` takes the collector's `LaunchArgs`. `cuda` is a
+    `driver.CudaIface`; `policy` a policy name or object that decides one launch
+    at a time (pagecast.replay.policies); `predict(la, allocs) -> [(address,
+    nbytes)]` is the online prediction (template policy and the footprint
+    estimate); `relocator` a `Relocator` for the oracle; `model_kernels` the
+    kernels the model knows (None: do not check).
+    """
+
+    def __init__(self, cuda, policy, *, capacity: int | None = None,
+                 predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
+                 relocator: Relocator | None = None, model_kernels: Iterable[str] | None = None,
+                 warn: Callable[[str], None] | None = None, unit: int = UNIT) -> None:
+        self.cuda = cuda
+        self.policy = online_policy(policy)
+        self.capacity = capacity
+        self.model_kernels = set(model_kernels) if model_kernels is not None else None
+        self.warn = warn or (lambda m: None)
+        self.unit = unit
+        self.decider = LaunchDecider(self.policy, AllocationMap(cuda.allocation_of), capacity=capacity,
+                                     predict=predict, relocator=relocator, warn=self.warn, unit=unit)
+        self.stats = EngineStats()
+        self.t = 0
+        self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
+        self.corr_launch: dict[int, int] = {}       # correlation id -> launch index (timeline), bounded
+        self._evict_stream: int | None = None
+        self._evict_event: int | None = None
+        self._queued_event: int | None = None
+        # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
+        # main one): one at a time through the residency estimate and the caches
+        self.lock = threading.RLock()
+
+    # what the decisions are made from (the decider owns them)
+    @property
+    def allocs(self) -> AllocationMap:
+        return self.decider.allocs
+
+    @property
+    def residency(self):
+        return self.decider.residency
+
+    @property
+    def relocator(self) -> Relocator | None:
+        return self.decider.relocator
+
+    @property
+    def predict(self):
+        return self.decider.predict
+
+    @predict.setter
+    def predict(self, fn) -> None:
+        self.decider.predict = fn
+
+    # -- per launch -----------------------------------------------------------
+    def on_free(self, addr: int) -> None:
+        """The workload freed the allocation at addr (a cuMemFree / cudaFree callback): the decider
+        forgets it (see LaunchDecider.on_free)."""
+        try:
+            with self.lock:
+                self.decider.on_free(addr)
+        except Exception as e:  # noqa: BLE001 - never into the workload's free
+            self.stats.errors += 1
+            self.stats.last_error = f"on_free: {type(e).__name__}: {e}"
+
+    def on_launch(self, la) -> None:
+        t0 = time.perf_counter()
+        with self.lock:
+            t = self.t
+            self.t += 1
+            st = self.stats
+            st.launches += 1
+            try:
+                self._launch(t, la)
+            except Exception as e:  # noqa: BLE001 - never break the workload's launch
+                st.errors += 1
+                st.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
+            st.callback_s += time.perf_counter() - t0
+
+    def _launch(self, t: int, la) -> None:
+        st = self.stats
+        kernel = la.kernel
+        if self.model_kernels is not None and kernel not in self.model_kernels and kernel not in st.unseen_kernels:
+            st.unseen_kernels.append(kernel)
+            self.warn(f"kernel {kernel!r} (launch {t}) is not in the model: "
+                      "it gets the fallback prediction")
+        d = self.decider.decide(t, la)
+        st.period = d.period
+        if d.predict_s is not None:
+            st.predict_s += d.predict_s
+            st.predict_max_s = max(st.predict_max_s, d.predict_s)
+            st.predicted_launches += 1
+        corr = int(getattr(la, "correlation_id", 0) or 0)
+        self.history.append((t, corr, la, d.predicted))
+        if len(self.corr_launch) < TIMELINE_MAX:
+            self.corr_launch[corr] = t
+        stream = launch_stream(la)
+        if d.overflow:
+            st.overflow_launches += 1
+        if d.evict:
+            if self._evict_stream is None:
+                self._evict_stream = self.cuda.new_stream()
+                self._evict_event = self.cuda.new_event()
+                self._queued_event = self.cuda.new_event()
+            # evict only after the work already queued on the launch's stream (launches are
+            # asynchronous: earlier kernels may not have run yet and may need the victims)
+            self.cuda.record_event(self._queued_event, stream)
+            self.cuda.stream_wait_event(self._evict_stream, self._queued_event)
+            for a, n in self._calls(t, la, self.cuda.prefetch_to_host, d.evict, self._evict_stream):
+                st.evict_bytes += n
+                st.evictions += 1
+            self.cuda.record_event(self._evict_event, self._evict_stream)
+        for a, n in self._calls(t, la, self.cuda.prefetch_to_gpu, d.prefetch, stream):
+            st.prefetch_bytes += n
+            st.prefetches += 1
+        if d.evict:
+            # the kernel starts only once its room is made; population above overlaps the eviction
+            self.cuda.stream_wait_event(stream, self._evict_event)
+
+    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int):
+        """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation;
+        yield the pieces that the driver took.
+
+        One refused piece (an allocation freed and its address reused since it was cached) does not
+        stop the others; the allocation is looked up afresh next time.
+        """
+        for a, n in self.allocs.pieces(ranges):
+            try:
+                move(a, n, stream)
+            except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
+                self.stats.failed_calls += 1
+                self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
+                self.allocs.forget(a)
+                continue
+            yield a, n
+
+    # -- feedback -------------------------------------------------------------
+    def feedback_from(self, faults: list, kernels: list, apply: Callable[[Any, list[tuple[int, int]]], bool],
+                      page_size: int = 4096) -> tuple[int, list]:
+        """Hand faults the prediction missed to `apply(la, missed_page_intervals)`.
+
+        `faults`: (time_ns, address, count) records; `kernels`: (start_ns,
+        end_ns, correlation_id, name) records. A fault is attributed to the
+        launch whose kernel ran when it was recorded (CUPTI kernel records
+        carry the launch's correlation id). Returns (launches whose `apply`
+        said the model changed, faults recorded after the last known kernel
+        ended: their kernel's record may not have arrived yet).
+        """
+        if not faults:
+            return 0, []
+        kernels = sorted(kernels)
+        if not kernels:
+            return 0, list(faults)
+        starts = [k[0] for k in kernels]
+        last_end = max(k[1] for k in kernels)
+        by_corr = {c: (t, la, pred) for t, c, la, pred in self.history}
+        missed: dict[int, set[int]] = {}
+        later = []
+        for rec in faults:
+            time_ns, addr = rec[0], rec[1]
+            if time_ns > last_end:
+                later.append(rec)
+                continue
+            i = bisect.bisect_right(starts, time_ns) - 1
+            if i < 0 or time_ns > kernels[i][1]:
+                continue
+            corr = kernels[i][2]
+            if corr not in by_corr:
+                continue
+            t, la, pred = by_corr[corr]
+            page = addr // page_size
+            if pred and any(a // page_size <= page < (a + n + page_size - 1) // page_size for a, n in pred):
+                continue
+            missed.setdefault(corr, set()).add(page)
+        changed = 0
+        for corr, pages in missed.items():
+            t, la, pred = by_corr[corr]
+            ivs: list[tuple[int, int]] = []
+            for p in sorted(pages):
+                if ivs and ivs[-1][1] == p:
+                    ivs[-1] = (ivs[-1][0], p + 1)
+                else:
+                    ivs.append((p, p + 1))
+            if apply(la, ivs):
+                changed += 1
+        self.stats.feedback_updates += changed
+        return changed, later

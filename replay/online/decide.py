@@ -1,0 +1,195 @@
+"""One launch at a time: what a policy moves before each launch, for the GPU runner and the
+simulator's `runner` policy alike.
+
+`LaunchDecider.decide(t, la)` takes launch t's arguments (the collector's
+`LaunchArgs`) and returns a `Decision`: the byte ranges to prefetch to the GPU
+and, with an emulated capacity, the ranges to evict to the host first. What
+to prefetch is the policy's own (`Policy.launch_prefetch`, one module per
+policy in pagecast.replay.policies):
+
+- `demand`: nothing (the driver faults pages in);
+- `alloc`: the whole managed allocation each pointer argument lands in;
+- `template`: the launch's footprint predicted from its live arguments with
+  the model (`prediction.make_online_predict`);
+- `oracle`: the launch's real footprint, read from a matching full-mode trace
+  of the same workload and relocated into this run's address space
+  (`relocate.Relocator`).
+
+The GPU engine (pagecast.replay.gpu.cuda_engine) carries a decision out with
+cuMemPrefetchAsync calls on streams; the simulator's `runner` policy moves the
+same ranges' units. Both cut the ranges at allocation boundaries with
+`AllocationMap.pieces` first (the driver takes one allocation per call).
+
+Capacity emulation
+------------------
+A capacity emulates a smaller GPU without oversubscribing the real one: the
+decider keeps a residency estimate (`residency.Residency`: the bytes it
+believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
+estimated footprint would not fit, names victim units to move to the host. A
+launch's estimated footprint is, in order of preference: the relocated
+footprint from a matching trace, the model's prediction, or the whole
+allocations its pointer arguments land in; what the policy prefetches is added
+to it. A launch whose known footprint is larger than the capacity streams
+through memory: a policy with `streams_front` (template, oracle) prefetches
+only its first capacity's worth (address order). Victims follow the policy's
+`victims` rule (residency.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pagecast.errors import UsageError
+
+from .ranges import UNIT, AllocationMap, allocation_ranges, front, merge_ranges, units_of
+from .relocate import Relocator
+from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
+
+
+@dataclass
+class LaunchView:
+    """What a policy sees of one launch when it decides alone (no lookahead)."""
+
+    t: int                              # the launch's index in the run
+    la: Any                             # its LaunchArgs
+    data: bytes                         # its parameter buffer
+    allocs: AllocationMap               # the allocations pointers land in
+    predicted: list | None              # the model's prediction (byte ranges), when made
+    relocator: Relocator | None         # a matching trace's footprints, relocated
+    unit: int                           # the residency estimate's unit (2 MiB)
+
+    def allocation_ranges(self) -> list[tuple[int, int]]:
+        """The whole managed allocations the launch's pointer arguments land in."""
+        return allocation_ranges(self.data, self.allocs)
+
+    def relocated_footprint(self) -> list[tuple[int, int]]:
+        """The launch's footprint in the matching trace, in this run's addresses (managed parts)."""
+        return self.allocs.clip(self.relocator.footprint(self.t, self.unit))
+
+
+@dataclass
+class Decision:
+    """What to move before one launch (merged byte ranges), and what deciding it cost."""
+
+    prefetch: list[tuple[int, int]]     # to the GPU, on the launch's stream
+    evict: list[tuple[int, int]]        # to the host first (after the work queued before the launch)
+    predicted: list | None = None       # the model's prediction, when one was made
+    predict_s: float | None = None      # seconds the prediction took (None: not predicted)
+    overflow: bool = False              # the launch alone exceeds the capacity
+    period: int | None = None           # the kernel sequence's period, when one is found
+
+
+class LaunchDecider:
+    """A policy's per-launch decisions, with the residency estimate that emulates a capacity.
+
+    `policy` is a Policy object with `online` set (pagecast.replay.policies);
+    `allocs` the AllocationMap that pointers are looked up in; `predict(la,
+    allocs) -> [(address, nbytes)]` the online prediction (the template policy,
+    and the footprint estimate); `relocator` a Relocator for the oracle;
+    `warn` receives one-line warnings (the run no longer matches the trace).
+    """
+
+    def __init__(self, policy, allocs: AllocationMap, *, capacity: int | None = None,
+                 predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
+                 relocator: Relocator | None = None, warn: Callable[[str], None] | None = None,
+                 unit: int = UNIT) -> None:
+        if not getattr(policy, "online", False):
+            raise UsageError(f"policy {policy.name!r} decides on the whole timeline, not one launch at a time")
+        if policy.predicts and predict is None:
+            raise UsageError(f"policy {policy.name} needs a model (--model MODEL)")
+        if policy.needs_relocator and relocator is None:
+            raise UsageError(f"policy {policy.name} needs a matching full-mode trace of the workload")
+        self.policy = policy
+        self.allocs = allocs
+        self.capacity = capacity
+        self.predict = predict
+        self.relocator = relocator
+        self.warn = warn or (lambda m: None)
+        self.unit = unit
+        self.detector = PeriodDetector()
+        self._seq_next = SequenceNextUse(self.detector)
+        self.residency: Residency | None = None
+        if capacity is not None:
+            self.residency = Residency(capacity, unit, policy.victims, self._scorer(policy.victims))
+
+    def _scorer(self, victims: str):
+        """The next-use scorer a victim rule needs (None for fifo and lru)."""
+        if victims == "next-use":
+            return self._seq_next
+        if victims == "belady":
+            rel = self.relocator
+            return FutureNextUse(rel.future_uses(self.unit), lambda u: rel.origin.get(u, ()))
+        return None
+
+    def on_free(self, addr: int) -> None:
+        """The workload freed the allocation at addr: drop it from the allocation cache and its
+        pages from the residency estimate (they take no room now, and evicting them would be
+        refused), and its history from the predictor."""
+        a = self.allocs.cached(int(addr))
+        if a is not None and self.residency is not None:
+            self.residency.release([(a.base, a.size)])
+        self.allocs.forget(int(addr))
+        forget = getattr(self.predict, "forget", None)
+        if forget is not None:
+            forget(int(addr))
+
+    def decide(self, t: int, la) -> Decision:
+        """What to move before launch t."""
+        period = self.detector.observe(la.kernel)
+        data = bytes(la.param_data or b"")
+        rel = self.relocator
+        if rel is not None and rel.matching:
+            if not rel.observe(t, la.kernel, data):
+                self.warn(f"the run no longer matches the trace ({rel.mismatch});"
+                          " the oracle stops prefetching from here")
+        predicted, predict_s = None, None
+        if self.predict is not None and (self.policy.predicts or self.residency is not None):
+            p0 = time.perf_counter()
+            predicted = self.predict(la, self.allocs)
+            if not getattr(self.predict, "clipped", False):   # the online predictor's already are
+                predicted = self.allocs.clip(predicted)
+            predict_s = time.perf_counter() - p0
+        view = LaunchView(t, la, data, self.allocs, predicted, rel, self.unit)
+        prefetch = self.policy.launch_prefetch(view)
+        evict: list[tuple[int, int]] = []
+        overflow = False
+        res = self.residency
+        if res is not None:
+            # with an emulated capacity the estimate knows what is already there: move only the rest
+            # (pages the host touched in between fault back in; that costs time, never correctness).
+            # What the launch needs is everything the policy wants there, resident or not: the
+            # already-resident part must be admitted too, or its units could be chosen as victims.
+            want = prefetch
+            estimate, known = self._estimate(view, want)
+            if known and self.policy.streams_front and sum(n for _, n in merge_ranges(estimate)) > res.capacity:
+                # a launch larger than memory streams through it: bring in only its first capacity's
+                # worth (address order, as the residency estimate has it sweep), which it uses
+                # before faulting and which its faults then evict; prefetching all of it would
+                # leave only its last part resident, evicted by its first faults before use
+                prefetch = res.missing(front(want, res.capacity))
+            else:
+                prefetch = res.missing(want)
+            admitted = merge_ranges(list(estimate) + list(want))
+            if res.victim == "next-use":
+                self._seq_next.record(t, units_of(admitted, self.unit))
+            overflow_before = res.overflows
+            # a footprint the decider knows streams through memory when larger than it; a guess may not
+            evict = res.admit(admitted, t, streams=known)
+            overflow = res.overflows > overflow_before
+        return Decision(prefetch, evict, predicted, predict_s, overflow, period)
+
+    def _estimate(self, view: LaunchView, want) -> tuple[list[tuple[int, int]], bool]:
+        """What the launch will touch, for the residency estimate (see the module docstring), and
+        whether that is known (the trace's footprint or a prediction) rather than guessed (the
+        allocations its pointers point into).
+
+        `want`: everything the policy prefetches for it (before subtracting what is resident)."""
+        if view.relocator is not None and view.relocator.matching:
+            if self.policy.prefetches_footprint:
+                return want, True
+            return view.relocated_footprint(), True
+        if view.predicted is not None:
+            return view.predicted, True
+        return view.allocation_ranges(), False

@@ -1,0 +1,477 @@
+"""Belady on needs: the planner's numba core, and `plan_groups` around it.
+
+`_belady_plan` walks the steps (scheduled launches) in order and, for each,
+fetches the units it needs that are not resident, evicting the resident unit
+whose next use is furthest (Belady's OPT), then prefetches later steps' units
+into free space (lookahead). Its output is a `Groups` plan (plan/groups.py):
+per step, what to evict and then what to prefetch before it.
+
+`_inlaunch_victims` (Belady within a launch larger than memory) is used by the
+planner and by the simulator's fault path (sim/kernels.py) alike, so that a
+plan and its run agree on what such a launch leaves resident. numba caches
+each file's functions on their own: after editing a function here, the
+simulator's cached kernels that call it are stale until sim/kernels.py changes
+too (or its __pycache__ is removed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..unit_space import I64, Needs
+from .groups import Groups
+
+INF = np.iinfo(np.int64).max
+
+@njit(cache=True)
+def _heap_push(hk, hu, size, k, u):
+    i = size
+    hk[i] = k
+    hu[i] = u
+    while i > 0:
+        p = (i - 1) >> 1
+        if hk[p] >= hk[i]:
+            break
+        hk[p], hk[i] = hk[i], hk[p]
+        hu[p], hu[i] = hu[i], hu[p]
+        i = p
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(hk, hu, size):
+    size -= 1
+    hk[0] = hk[size]
+    hu[0] = hu[size]
+    i = 0
+    while True:
+        l = 2 * i + 1
+        if l >= size:
+            break
+        r = l + 1
+        m = l
+        if r < size and hk[r] > hk[l]:
+            m = r
+        if hk[m] <= hk[i]:
+            break
+        hk[m], hk[i] = hk[i], hk[m]
+        hu[m], hu[i] = hu[i], hu[m]
+        i = m
+    return size
+
+
+@njit(cache=True)
+def next_occurrence(step_of, unit_of, n_units):
+    """For occurrence k (unit u at step s), the step of u's next occurrence, INF if none."""
+    n = len(unit_of)
+    out = np.full(n, INF, np.int64)
+    nxt = np.full(n_units, INF, np.int64)
+    for k in range(n - 1, -1, -1):
+        u = unit_of[k]
+        out[k] = nxt[u]
+        nxt[u] = step_of[k]
+    return out
+
+
+@njit(cache=True)
+def _inlaunch_victims(units, nextuse, lo, hi, k, n_cap, hk, hu, hst, aside, resident, block_lo, bl, want, out):
+    """Belady within a launch larger than memory (units[lo:hi], its fault at
+    position k): up to `want` of the units it already used (positions < k,
+    resident), next use (nextuse, capped at n_cap) furthest first, ties
+    earliest first -- but those in the faulting unit's 2 MiB block (bl) last,
+    earliest first (the sweep's block stays dense, so the tree prefetcher
+    works as under demand paging). hst = [heap size, next position to push]
+    persists over the launch. Writes victims to out; returns how many."""
+    L = hi - lo
+    while hst[1] < k:
+        p = hst[1]
+        nx = nextuse[p]
+        if nx > n_cap:
+            nx = n_cap
+        hst[0] = _heap_push(hk, hu, hst[0], nx * (L + 1) + (hi - 1 - p), p)
+        hst[1] += 1
+    n = 0
+    na = 0
+    while hst[0] > 0 and n < want:
+        p = hu[0]
+        hst[0] = _heap_pop(hk, hu, hst[0])
+        v = units[p]
+        if resident[v] == 0:
+            continue
+        if block_lo[v] == bl:
+            aside[na] = p
+            na += 1
+            continue
+        out[n] = v
+        n += 1
+    if na > 0:
+        ap = np.sort(aside[:na])
+        for a in range(na):
+            p = ap[a]
+            if n < want:
+                out[n] = units[p]
+                n += 1
+            else:
+                nx = nextuse[p]
+                if nx > n_cap:
+                    nx = n_cap
+                hst[0] = _heap_push(hk, hu, hst[0], nx * (L + 1) + (hi - 1 - p), p)
+    return n
+
+
+@njit(cache=True)
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
+                lookahead_units, belady_in, unit_want, unit_block, front):
+    """Plan evictions and prefetches for steps start_step.. on predicted needs.
+
+    need_ptr/need_unit: CSR of each step's predicted units (ascending).
+    For step i: fetch its missing units, evicting the resident unit whose next
+    predicted use is furthest (Belady). Each such exchange is issued as early
+    as it can be: in the group of the step after the one following the
+    victim's last use (the victim is dead from then on), and not before the
+    fetched unit's own last eviction -- so transfers overlap earlier kernels
+    while every fetch and eviction stays Belady's. Then, looking ahead in
+    need order (at most lookahead_steps steps and lookahead_units units), it
+    prefetches later steps' units into free space or in place of units never
+    needed again. (A lookahead that evicted units needed later could cost
+    fetches Belady would not make: their next uses are judged before steps
+    i..j-1 run.) Units that cannot fit (a step larger than the capacity) are
+    left to fault, one unit kept free for them; with `front`, such a step's
+    first units (in need order, as many as fit) come in before it in place of
+    the units it needs last, which its first faults would evict before it got
+    to them (bulk transfers instead of faults; not Belady's, so the planner
+    tries plans with and without it, see spans.choose_span).
+
+    Returns CSR arrays over groups start_step..: ev_ptr, ev_unit, pf_ptr,
+    pf_unit (each group's prefetches: those its own step needs first, then
+    the early ones, each by address), need_now (how many of a group's
+    prefetches its own step needs), wait_prev (the group evicts units of the
+    step before it, so it starts after that step ends), thrash (step could
+    not be made resident).
+    """
+    n_steps = len(need_ptr) - 1
+    n_occ = len(need_unit)
+    step_of = np.empty(n_occ, np.int64)
+    for s in range(n_steps):
+        for k in range(need_ptr[s], need_ptr[s + 1]):
+            step_of[k] = s
+    nocc = next_occurrence(step_of, need_unit, n_units)
+    # key[u]: next predicted use at or after the current step
+    key = np.full(n_units, INF, np.int64)
+    for k in range(n_occ - 1, need_ptr[start_step] - 1, -1):
+        key[need_unit[k]] = step_of[k]
+    resident = init_resident.copy()
+    last_use = np.full(n_units, -1, np.int64)
+    ev_at = np.full(n_units, -1, np.int64)   # group of the unit's last eviction
+    in_at = np.full(n_units, -1, np.int64)   # group of the unit's last fetch
+    cap_heap = n_occ + 2 * n_units + 16
+    hk = np.empty(cap_heap, np.int64)
+    hu = np.empty(cap_heap, np.int64)
+    hsize = 0
+    n_res = 0
+    for u in range(n_units):
+        if resident[u]:
+            n_res += 1
+            hsize = _heap_push(hk, hu, hsize, key[u], u)
+    G = n_steps - start_step
+    m0 = max(n_occ, 16)
+    ev_g = np.empty(m0, np.int64)
+    ev_u = np.empty(m0, np.int64)
+    pf_g = np.empty(m0, np.int64)
+    pf_n = np.empty(m0, np.int64)
+    pf_u = np.empty(m0, np.int64)
+    n_ev = 0
+    n_pf = 0
+    wait_prev = np.zeros(G, np.uint8)
+    thrash = np.zeros(G, np.uint8)
+    aside_u = np.empty(n_units + 1, np.int64)
+    ahead = need_ptr[start_step]
+    for i in range(start_step, n_steps):
+        g = i - start_step
+        n_aside = 0
+        # a step larger than memory streams through it: keep one unit free for
+        # its faults, as the simulator runs it (so plan and memory agree after)
+        cap_i = cap - 1 if (need_ptr[i + 1] - need_ptr[i] > cap and cap > 1) else cap
+        big_i = front and need_ptr[i + 1] - need_ptr[i] > cap
+        front_end = need_ptr[i] + cap_i     # its first cap_i units, in need order
+        tail_k = need_ptr[i + 1] - 1        # where the search for its last resident units goes on
+        in_flight = 0
+        # step i's own units first (some may have been prefetched, then evicted
+        # again by a more urgent need), then the lookahead from where it stopped
+        k = need_ptr[i]
+        end_m = need_ptr[i + 1]
+        while k < n_occ:
+            if k == end_m:
+                if ahead > k:
+                    k = ahead
+                end_m = -1
+                if k >= n_occ:
+                    break
+            j = step_of[k]
+            mandatory = j <= i
+            if not mandatory:
+                if j - i > lookahead_steps or in_flight >= lookahead_units:
+                    break
+            u = need_unit[k]
+            if resident[u]:
+                k += 1
+                continue
+            ok = True
+            at = i
+            if n_res >= cap_i:
+                found = False
+                while hsize > 0:
+                    kk = hk[0]
+                    v = hu[0]
+                    if resident[v] == 0 or key[v] != kk:
+                        hsize = _heap_pop(hk, hu, hsize)  # stale
+                        continue
+                    # the lookahead takes only free space or units never needed
+                    # again: it then never costs a fetch that Belady would not make
+                    if kk <= i or (not mandatory and kk != INF):
+                        break
+                    if last_use[v] == i - 1 and i > start_step:
+                        if not mandatory:
+                            hsize = _heap_pop(hk, hu, hsize)
+                            aside_u[n_aside] = v
+                            n_aside += 1
+                            continue
+                    hsize = _heap_pop(hk, hu, hsize)
+                    found = True
+                    break
+                if not found and mandatory and big_i and k < front_end:
+                    # a step larger than memory: its front comes in in place of the units it
+                    # needs last, which its first faults would evict before it got to them
+                    while tail_k > k:
+                        v = need_unit[tail_k]
+                        tail_k -= 1
+                        if resident[v] and key[v] == i:
+                            found = True
+                            break
+                if found:
+                    if mandatory:
+                        # issue the exchange once the victim is dead
+                        at = last_use[v] + 2
+                        if at < in_at[v] + 1:
+                            at = in_at[v] + 1
+                        if at < ev_at[u] + 1:
+                            at = ev_at[u] + 1
+                        if at < start_step:
+                            at = start_step
+                        if at > i:
+                            at = i
+                        if at == i and last_use[v] == i - 1 and i > start_step:
+                            wait_prev[g] = 1
+                    resident[v] = 0
+                    n_res -= 1
+                    if n_ev >= len(ev_u):
+                        ev_u = _grow(ev_u)
+                        ev_g = _grow(ev_g)
+                    ev_g[n_ev] = at - start_step
+                    ev_u[n_ev] = v
+                    ev_at[v] = at
+                    n_ev += 1
+                else:
+                    ok = False
+            if not ok:
+                if mandatory:
+                    thrash[g] = 1
+                    k += 1
+                    continue  # leave it to fault
+                break
+            resident[u] = 1
+            n_res += 1
+            key[u] = j
+            in_at[u] = at
+            hsize = _heap_push(hk, hu, hsize, j, u)
+            if n_pf >= len(pf_u):
+                pf_u = _grow(pf_u)
+                pf_g = _grow(pf_g)
+                pf_n = _grow(pf_n)
+            pf_g[n_pf] = at - start_step
+            pf_n[n_pf] = j - start_step
+            pf_u[n_pf] = u
+            n_pf += 1
+            if not mandatory:
+                in_flight += 1
+            k += 1
+        if k > ahead:
+            ahead = k
+        if ahead < need_ptr[i + 1]:
+            ahead = need_ptr[i + 1]
+        for a in range(n_aside):
+            v = aside_u[a]
+            if resident[v]:
+                hsize = _heap_push(hk, hu, hsize, key[v], v)
+        if need_ptr[i + 1] - need_ptr[i] > cap_i:
+            # a step larger than memory streams through it: units it used are
+            # evicted to fault in the rest; follow what it ends holding (as the
+            # simulator runs it), or the plan would count on units that are gone
+            # and move ones already there. Without belady_in: its *last* cap_i units
+            s0 = need_ptr[i]
+            L = need_ptr[i + 1] - s0
+            if belady_in:
+                # the simulator runs it as Belady within the launch: a fault
+                # that finds memory full evicts up to unit_want[u] of the units
+                # the step already used, furthest next use first (ties:
+                # earliest first): follow it unit by unit
+                hk2 = np.empty(L, np.int64)
+                hu2 = np.empty(L, np.int64)
+                aside2 = np.empty(L, np.int64)
+                vict2 = np.empty(L, np.int64)
+                hst2 = np.zeros(2, np.int64)
+                hst2[1] = s0
+                for kk2 in range(s0, s0 + L):
+                    u = need_unit[kk2]
+                    if resident[u]:
+                        continue
+                    if n_res >= cap:
+                        nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, n_steps, hk2, hu2, hst2, aside2,
+                                               resident, unit_block, unit_block[u], unit_want[u], vict2)
+                        for a in range(nv):
+                            v = vict2[a]
+                            resident[v] = 0
+                            n_res -= 1
+                            ev_at[v] = i
+                        # as the run does: the units it needs last make up a chunk's worth
+                        for kk3 in range(s0 + L - 1, kk2, -1):
+                            if nv >= unit_want[u]:
+                                break
+                            v = need_unit[kk3]
+                            if resident[v]:
+                                resident[v] = 0
+                                n_res -= 1
+                                ev_at[v] = i
+                                nv += 1
+                        if nv == 0:
+                            continue
+                    resident[u] = 1
+                    n_res += 1
+                    in_at[u] = i
+            else:
+                tail = need_ptr[i + 1] - cap_i
+                for kk2 in range(s0, s0 + L):
+                    u = need_unit[kk2]
+                    if kk2 < tail:
+                        if resident[u]:
+                            resident[u] = 0
+                            n_res -= 1
+                            ev_at[u] = i
+                    elif resident[u] == 0:
+                        if n_res < cap_i:
+                            resident[u] = 1
+                            n_res += 1
+                            in_at[u] = i
+        # execute step i: its units' keys move to their next predicted use. A
+        # unit the next step needs again is not pushed now: it cannot be a
+        # victim while step i+1 is planned (keys <= i+1 never are), and step
+        # i+1 pushes it with its next use (a unit that every launch touches,
+        # as whole allocations are, costs no heap work until its last use)
+        for kk2 in range(need_ptr[i], need_ptr[i + 1]):
+            u = need_unit[kk2]
+            last_use[u] = i
+            key[u] = nocc[kk2]
+            if resident[u] and nocc[kk2] != i + 1:
+                hsize = _heap_push(hk, hu, hsize, key[u], u)
+        # drop stale entries once they outnumber the units 3 to 1: a small heap
+        # stays in cache (a unit is pushed at every use, each push goes stale)
+        if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
+            hsize = _heap_rebuild(hk, hu, resident, key, n_units)
+    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash
+
+
+@njit(cache=True)
+def _group_ptr(sorted_g, G):
+    """CSR row pointers of G groups from ascending group numbers (one pass, no G-sized bincount)."""
+    ptr = np.empty(G + 1, np.int64)
+    k = 0
+    n = len(sorted_g)
+    for g in range(G + 1):
+        while k < n and sorted_g[k] < g:
+            k += 1
+        ptr[g] = k
+    return ptr
+
+
+@njit(cache=True)
+def _own_counts(sorted_g, own, G):
+    out = np.zeros(G, np.int64)
+    for k in range(len(sorted_g)):
+        if own[k]:
+            out[sorted_g[k]] += 1
+    return out
+
+
+def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
+                lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False):
+    """`_belady_plan` (see there) as CSR arrays over groups start_step..:
+    ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
+    (per step, the latest earlier group that prefetches a unit it needs; -1: none).
+
+    Inside a group: evictions by address; the prefetches its own step needs
+    first, then the early ones, each by address (so neighbours merge into one
+    transfer); need_now counts the first kind."""
+    ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash = _belady_plan(
+        need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units,
+        bool(belady_in and unit_want is not None),
+        np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
+        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64), bool(front))
+    G = len(need_ptr) - 1 - start_step
+    oe = np.lexsort((ev_u, ev_g))
+    own = pf_n == pf_g
+    op = np.lexsort((pf_u, ~own, pf_g))
+    ev_ptr = _group_ptr(ev_g[oe], G)
+    pf_ptr = _group_ptr(pf_g[op], G)
+    need_now = _own_counts(pf_g[op], own[op], G)
+    # the latest earlier group holding a unit a step needs (its launch waits for that group)
+    need_group = np.full(G, -1, np.int64)
+    early = ~own
+    np.maximum.at(need_group, pf_n[early], pf_g[early])
+    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group
+
+
+@njit(cache=True)
+def _grow(a):
+    b = np.empty(2 * len(a), a.dtype)
+    b[:len(a)] = a
+    return b
+
+
+@njit(cache=True)
+def _heap_rebuild(hk, hu, resident, key, n_units):
+    size = 0
+    for u in range(n_units):
+        if resident[u]:
+            size = _heap_push(hk, hu, size, key[u], u)
+    return size
+
+
+LOOKAHEAD_STEPS = 1 << 20
+
+
+def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
+                init_resident: np.ndarray | None = None, lookahead_steps: int = LOOKAHEAD_STEPS,
+                lookahead_units: int | None = None, belady_in: bool = False, universe=None,
+                front: bool = False) -> Groups:
+    """Belady on (predicted) needs: see belady_plan. Full-length Groups.
+    `belady_in`: the run gives a launch larger than memory the next uses of its
+    units (`next_use_of`), so it ends holding those needed soonest. `front`: such
+    a launch's first units come in before it in place of those it needs last."""
+    n = len(needs.ptr) - 1
+    res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
+    la_units = cap_units if lookahead_units is None else lookahead_units
+    want = None
+    if belady_in and universe is not None:
+        # a fault's eviction in such a launch: a chunk's worth, at most all of memory (as the simulator runs it)
+        csize = (universe.chunk_hi - universe.chunk_lo)[universe.unit_chunk]
+        want = np.minimum(csize, max(cap_units, 1)).astype(I64)
+    ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
+                                                           res, lookahead_steps, la_units, belady_in, want,
+                                                           None if want is None else universe.block_lo, front)
+    pad = np.zeros(start_step, I64)
+    ng = np.where(ng >= 0, ng + start_step, -1)
+    return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
+                  np.concatenate([pad, nn]), np.concatenate([pad.astype(np.uint8), wp]),
+                  np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]),
+                  np.concatenate([pad - 1, ng]), front)

@@ -1,0 +1,78 @@
+"""A plan in unit space: per step, the units to evict and then to prefetch before it.
+
+`Groups` is what planned policies hand the simulator (`Policy.prefetch`) and
+what plan files hold once mapped back to byte ranges (plan/plan_rows.py). Its
+per-step flags say when a group may start and what the launch waits for; a new
+kind of constraint on when a transfer may start belongs here, beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagecast import footprints as F
+
+from ..unit_space import I64
+
+@dataclass
+class Groups:
+    """Per step: units to evict, then units to prefetch (need order)."""
+
+    ev_ptr: np.ndarray
+    ev_unit: np.ndarray
+    pf_ptr: np.ndarray
+    pf_unit: np.ndarray
+    need_now: np.ndarray     # prefetch entries of the group its own step needs
+    wait_prev: np.ndarray    # uint8: the group evicts units of the step before: start after it ends
+    blocking: np.ndarray     # uint8: the launch waits for the whole group (swapping)
+    thrash: np.ndarray       # uint8: the planner could not fit the step
+    need_group: np.ndarray | None = None  # per step: latest earlier group prefetching a unit it needs (-1: none)
+    front: bool = False      # planned with launches larger than memory getting their front first (belady_plan)
+
+    def __post_init__(self) -> None:
+        if self.need_group is None:
+            self.need_group = np.full(len(self.need_now), -1, I64)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.need_now)
+
+    @classmethod
+    def empty(cls, n: int) -> "Groups":
+        z = np.zeros(n + 1, I64)
+        return cls(z, np.zeros(0, I64), z.copy(), np.zeros(0, I64), np.zeros(n, I64), np.zeros(n, np.uint8),
+                   np.zeros(n, np.uint8), np.zeros(n, np.uint8))
+
+    def splice(self, other: "Groups", s: int) -> "Groups":
+        """Steps < s from self, steps >= s from other (a full-length Groups)."""
+        def cat(ptr_a, u_a, ptr_b, u_b):
+            head = u_a[:ptr_a[s]]
+            tail = u_b[ptr_b[s]:]
+            ptr = np.concatenate([ptr_a[:s + 1], ptr_b[s + 1:] - ptr_b[s] + ptr_a[s]])
+            return ptr, np.concatenate([head, tail])
+        ev_ptr, ev = cat(self.ev_ptr, self.ev_unit, other.ev_ptr, other.ev_unit)
+        pf_ptr, pf = cat(self.pf_ptr, self.pf_unit, other.pf_ptr, other.pf_unit)
+        j = lambda a, b: np.concatenate([a[:s], b[s:]])
+        return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
+                      j(self.blocking, other.blocking), j(self.thrash, other.thrash),
+                      j(self.need_group, other.need_group), self.front)
+
+
+def same_plan(a: Groups, b: Groups) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f))
+               for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group"))
+
+
+def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray) -> Groups:
+    """A plan over chunk ids -> the same plan over their units (order kept)."""
+    size = chunk_hi - chunk_lo
+
+    def expand(ptr, ch):
+        cs = np.concatenate([[0], np.cumsum(size[ch])]).astype(I64)
+        return cs[ptr], F._ranges(chunk_lo[ch], size[ch]), cs
+    ev_ptr, ev, _ = expand(g.ev_ptr, g.ev_unit)
+    pf_ptr, pf, cs = expand(g.pf_ptr, g.pf_unit)
+    need_now = cs[g.pf_ptr[:-1] + g.need_now] - cs[g.pf_ptr[:-1]]
+    return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), g.wait_prev, g.blocking, g.thrash, g.need_group)

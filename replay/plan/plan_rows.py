@@ -1,0 +1,171 @@
+"""Plans and plan files: a plan's `Groups` as plan.parquet rows, and plan rows back as `Groups`.
+
+`groups_to_table` is what `pagecast plan` writes (merging runs of consecutive
+units into one transfer); `groups_from_plan` is how the simulator replays a
+plan file (`replay --plan`), deriving what the file does not say from the
+predictions the plan was made on, when its model can be read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from pagecast import footprints as F
+from pagecast import trace as T
+from pagecast.predict.model_io import load_model
+
+from ..unit_space import I64, Workload
+from . import plan_io
+from .adaptive import predicted_footprints
+from .groups import Groups
+
+def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
+    """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer."""
+    n = w.n_steps
+    parts = []
+    for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
+        if len(units) == 0:
+            continue
+        step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+        if is_ev:
+            need_by = np.full(len(units), -1, I64)
+        else:
+            # the step that first needs each prefetched unit at or after its group
+            need_by = _first_need(step, units, needs, n)
+        addr, key = w.universe.address_ranges(0, units)
+        # merge consecutive entries of the same step with consecutive addresses and the same need
+        new = np.ones(len(units), bool)
+        # (a group's own needs and its early prefetches stay apart: a runner waits for the first)
+        own = need_by == step
+        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
+        idx = np.flatnonzero(new)
+        cnt = np.diff(np.concatenate([idx, [len(units)]]))
+        first_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
+        first_need = np.where(first_need == np.iinfo(I64).max, -1, first_need)
+        parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
+                      first_need, idx))
+    if not parts:
+        return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
+    lid = np.concatenate([p[0] for p in parts])
+    ev = np.concatenate([p[1] for p in parts])
+    addr = np.concatenate([p[2] for p in parts])
+    nb = np.concatenate([p[3] for p in parts]).astype(I64)
+    nbv = np.concatenate([p[4] for p in parts])
+    pos = np.concatenate([p[5] for p in parts])
+    order = np.lexsort((pos, ~ev, lid))  # per launch: evictions first, then prefetches in need order
+    lid, ev, addr, nb, nbv = lid[order], ev[order], addr[order], nb[order], nbv[order]
+    first = np.searchsorted(lid, lid, side="left")
+    ordn = np.arange(len(lid), dtype=I64) - first
+    launch = w.step_launch[lid]
+    return pa.table({plan_io.LAUNCH_ID: launch, plan_io.ACTION: np.where(ev, plan_io.EVICT, plan_io.PREFETCH),
+                     plan_io.ADDRESS: addr, plan_io.BYTES: nb, plan_io.ORDER: ordn,
+                     plan_io.NEEDED_BY: np.where(nbv >= 0, w.step_launch[np.maximum(nbv, 0)], -1)},
+                    schema=plan_io.SCHEMA)
+
+
+def _first_need(step: np.ndarray, units: np.ndarray, needs, n: int) -> np.ndarray:
+    """For each (group step, unit), the first step >= group step whose needs contain the unit."""
+    occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    occ_unit = needs.unit
+    key_occ = occ_unit * (n + 1) + occ_step
+    order = np.argsort(key_occ, kind="stable")
+    sk = key_occ[order]
+    q = units * (n + 1) + step
+    pos = np.searchsorted(sk, q, side="left")
+    ok = pos < len(sk)
+    res = np.full(len(units), -1, I64)
+    hit = sk[np.minimum(pos, len(sk) - 1)]
+    good = ok & (hit // (n + 1) == units)
+    res[good] = hit[good] % (n + 1)
+    return res
+
+
+def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
+    """A plan's rows -> Groups over the (single-task) workload's steps.
+
+    `needs`: the predicted needs the plan was made on (its model's), when they
+    can be read. The file does not say which groups evict units the launch
+    before uses (they start once it ends) nor, for a merged row of early
+    prefetches, every launch that waits for it (its `needed_by` is the first):
+    both are derived from `needs` as the planner derived them, so the plan
+    replays as template planned on the fly does. Without them: the launch
+    before's true footprint, and each row's `needed_by`."""
+    cols = plan.columns()
+    n = w.n_steps
+    gran = w.gran
+    lid = cols[plan_io.LAUNCH_ID]
+    addr = cols[plan_io.ADDRESS].astype(np.uint64)
+    nb = cols[plan_io.BYTES].astype(np.uint64)
+    s = (addr // np.uint64(gran)).astype(I64)
+    e = ((addr + nb + np.uint64(gran - 1)) // np.uint64(gran)).astype(I64)
+    is_ev = cols[plan_io.ACTION]
+    need = cols[plan_io.NEEDED_BY] == lid
+    out = {}
+    for name, sel in (("ev", is_ev), ("pf", ~is_ev)):
+        # keep row order inside a launch: a row index as the secondary key
+        rows = np.flatnonzero(sel)
+        counts = e[rows] - s[rows]
+        units = F.expand_intervals(s[rows], e[rows])
+        row_of = np.repeat(rows, counts)
+        us, ue, off = w.universe.iv[0]
+        k = np.searchsorted(us, units, side="right") - 1
+        kk = np.maximum(k, 0)
+        ok = (k >= 0) & (units < ue[kk]) if len(us) else np.zeros(len(units), bool)
+        d = (off[kk] + units - us[kk])[ok]
+        row_of = row_of[ok]
+        step = w.step_of(0, lid[row_of])
+        order = np.lexsort((row_of, step))
+        d, row_of, step = d[order], row_of[order], step[order]
+        ptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(step, minlength=n), out=ptr[1:])
+        out[name] = (ptr, d, np.bincount(step[need[row_of]], minlength=n) if name == "pf" else None)
+    g = Groups.empty(n)
+    g.ev_ptr, g.ev_unit = out["ev"][0], out["ev"][1]
+    g.pf_ptr, g.pf_unit = out["pf"][0], out["pf"][1]
+    g.need_now = out["pf"][2].astype(I64)
+    # per step, the latest earlier group holding a prefetch it needs
+    need_group = np.full(n, -1, I64)
+    if needs is not None:
+        pf_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))
+        first = _first_need(pf_step, g.pf_unit, needs, n)
+        early = first > pf_step
+        np.maximum.at(need_group, first[early], pf_step[early])
+    else:
+        pf = ~is_ev & (cols[plan_io.NEEDED_BY] > lid)
+        if pf.any():
+            np.maximum.at(need_group, w.step_of(0, cols[plan_io.NEEDED_BY][pf]), w.step_of(0, lid[pf]))
+    g.need_group = need_group
+    # a group that evicts units the launch before uses starts once it ends (as the planner marks it)
+    used = needs if needs is not None else w.truth
+    ev_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.ev_ptr))
+    m = ev_step > 0
+    if m.any():
+        prev_step = ev_step[m] - 1
+        occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(used.ptr))
+        occ = np.sort(used.unit.astype(I64) * (n + 1) + occ_step)
+        q = g.ev_unit[m].astype(I64) * (n + 1) + prev_step
+        pos = np.minimum(np.searchsorted(occ, q), max(len(occ) - 1, 0))
+        hit = occ[pos] == q if len(occ) else np.zeros(len(q), bool)
+        g.wait_prev = np.zeros(n, np.uint8)
+        g.wait_prev[ev_step[m][hit]] = 1
+    return g
+
+
+def plan_model_predictions(plan: plan_io.Plan, trace: T.Trace, fallback: str) -> F.Footprints | None:
+    """The predictions the plan was made on, when its model (manifest) can be read:
+    a launch larger than memory then runs as planned (Belady within the launch on
+    the predicted next uses); without it, such launches give up their first units."""
+    path = plan.manifest.get("model")
+    if not path:
+        return None
+    try:
+        return predicted_footprints(load_model(path), trace, plan.manifest.get("fallback") or fallback)
+    except Exception:  # noqa: BLE001 -- a moved or unreadable model: replay without it
+        return None
+
+
+def plan_footprints(plan: plan_io.Plan, trace: T.Trace) -> F.Footprints:
+    cols = plan.columns()
+    s, e = F.page_span(cols[plan_io.ADDRESS], cols[plan_io.BYTES], trace.page_size)
+    return F.Footprints.from_intervals(cols[plan_io.LAUNCH_ID], s, e, trace.n_launches, trace.page_size, "predicted")

@@ -1,0 +1,118 @@
+"""The planner's span: what a plan is made on (units, whole 2 MiB blocks, whole allocations),
+and `choose_span`, which keeps the span whose plan runs fastest in trial runs.
+
+The trial runs are the simulator's; the planner does not import it: the caller
+passes `trial(groups, needs) -> run` (policies/base.py's `span_trial` builds one
+from a simulator function), or None to plan at the first span without trials.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from pagecast import footprints as F
+
+from ..unit_space import I64, Needs, Workload, unit_intervals
+from . import plan_io
+from .belady import plan_groups
+from .groups import Groups, same_plan
+
+PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "allocation"): a plan file names the one chosen
+
+
+def span_needs(needs: Needs, span: str, w: Workload) -> Needs:
+    """`needs` at a planning span, each coarser than the last (fewer, longer transfers;
+    more bytes): "unit" as they are; "block" each step's units widened to the whole
+    2 MiB VA blocks they lie in (the universe's units of them); "allocation" with the
+    whole allocations the launch's pointer parameters point into added (what the
+    `alloc` baseline moves, known from the launch arguments as the predictions are)."""
+    if span == "unit":
+        return needs
+    n = len(needs.ptr) - 1
+    step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    if span == "block":
+        u = w.universe
+        lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
+        ptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
+        return Needs(ptr, F.expand_intervals(s, e).astype(I64))
+    if span == "allocation":
+        a = alloc_needs(w)
+        astep = np.repeat(np.arange(n, dtype=I64), np.diff(a.ptr))
+        m = I64(w.universe.n_units + 1)
+        key = np.concatenate([step * m + needs.unit, astep * m + a.unit])
+        key.sort()
+        key = key[np.concatenate([[True], key[1:] != key[:-1]])] if len(key) else key
+        ptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(key // m, minlength=n), out=ptr[1:])
+        return Needs(ptr, (key % m).astype(I64))
+    raise ValueError(f"unknown plan span {span!r}; known: {', '.join(PLAN_SPANS)}")
+
+
+def alloc_needs(w: Workload) -> Needs:
+    """Per step, the units of the whole allocations its pointer parameters point into."""
+    if "alloc" not in w.extra:
+        w.extra["alloc"] = w.needs_from([t.alloc_fp for t in w.tasks])
+    return w.extra["alloc"]
+
+
+def _alloc_touches(w: Workload) -> int:
+    """len(alloc_needs(w).unit), without building them when they are not built yet."""
+    if "alloc" in w.extra:
+        return len(w.extra["alloc"].unit)
+    return sum(unit_touches(t.alloc_fp, w.gran) for t in w.tasks)
+
+
+def unit_touches(fp: F.Footprints, gran: int) -> int:
+    """Units a footprint's launches touch in all (without expanding them)."""
+    _, s, e = unit_intervals(fp, gran)
+    return int((e - s).sum())
+
+
+SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
+
+
+def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
+                fronts: tuple[bool, ...] = (False, True),
+                trial: Callable[[Groups, Needs], Any] | None = None) -> tuple[str, Needs, Groups, Any]:
+    """Plan `needs` at each span and keep the plan that runs fastest when `needs`
+    are what the launches touch: the planner's own view of the future (predictions
+    for template, the truth for oracle), never anything it could not know.
+    `trial(plan, needs at its span)` runs a plan so (a simulator run; its `end[-1]`
+    is the time); None (no cost profile) keeps the first span. Ties keep the
+    earlier span. Where a launch is larger than memory, each span is also planned
+    with each of `fronts` (plan_groups' `front`: such a launch's first units
+    brought in before it), ties keeping the earlier. Returns (span, needs at that
+    span, plan, the winning trial run or None); the plan's `front` says which.
+    When `needs` are the truth, the winning trial run is the run itself (the
+    simulator then does not run it again)."""
+    best = None
+    tried: list[Needs] = []
+    limit = max(SPAN_GROWTH * len(needs.unit), 1)
+    for span in spans:
+        if span == "allocation" and _alloc_touches(w) > limit:
+            continue  # many times the units to plan (launches pointing into one huge allocation)
+        sn = span_needs(needs, span, w)
+        if tried and len(sn.unit) > limit:
+            continue
+        if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
+            continue  # widening added nothing: the same plan
+        tried.append(sn)
+        # launches larger than memory: also the plan that brings their front in first
+        tries = fronts if trial is not None and len(sn.ptr) > 1 and \
+            int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
+        plans: list[Groups] = []
+        for front in tries:
+            g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
+            if trial is None or (len(spans) == 1 and len(tries) == 1):
+                return span, sn, g, None
+            if any(same_plan(g, o) for o in plans):
+                continue   # no launch's front changed anything: the same run
+            plans.append(g)
+            r = trial(g, sn)
+            t = float(r.end[-1]) if len(r.end) else 0.0
+            if best is None or t < best[3]:
+                best = (span, sn, g, t, r)
+    return best[0], best[1], best[2], best[4]

@@ -1,0 +1,53 @@
+"""Policy `alloc`: before each launch, the whole allocations its pointer parameters point into
+(MSched's baseline)."""
+
+from __future__ import annotations
+
+from ..plan.belady import plan_groups
+from ..plan.groups import chunk_groups_to_units
+from ..plan.spans import alloc_needs, unit_touches
+from .base import Planned
+
+
+class Alloc(Planned):
+    """Whole allocations before each launch (MSched's baseline).
+
+    Planned on units like the others, unless the needs hold more than
+    CHUNK_PLAN_OCCURRENCES unit touches (a long trace whose kernels all point
+    into one large allocation needs every unit of it at every launch): then
+    planned on the driver's eviction chunks (2 MiB), whole chunks but for an
+    allocation's first and last, at 1/32 of the work, a chunk counting as
+    the largest chunk's units of capacity."""
+
+    name = "alloc"
+    description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
+    spans = ("unit",)   # the baseline as MSched defines it: whole allocations, nothing else
+    fronts = (False,)
+    # one launch at a time: the allocations the launch's pointer arguments land in (the
+    # runner looks them up in the driver); an emulated capacity evicts FIFO, as demand's
+    online = True
+    victims = "fifo"
+
+    def launch_prefetch(self, view):
+        return view.allocation_ranges()
+
+    def needs(self, ctx):
+        return alloc_needs(ctx.w)
+
+    def chunk_needs(self, ctx):
+        if "alloc_chunks" not in ctx.w.extra:
+            ctx.w.extra["alloc_chunks"] = ctx.w.chunk_needs_from([t.alloc_fp for t in ctx.w.tasks])
+        return ctx.w.extra["alloc_chunks"]
+
+    def prefetch(self, ctx):
+        occ = sum(unit_touches(t.alloc_fp, ctx.w.gran) for t in ctx.w.tasks)
+        if occ <= CHUNK_PLAN_OCCURRENCES:
+            return super().prefetch(ctx)
+        u = ctx.w.universe
+        upc = max(int((u.chunk_hi - u.chunk_lo).max()), 1) if u.n_chunks else 1
+        cap_chunks = max(ctx.cap_units // upc, 1)
+        g = plan_groups(self.chunk_needs(ctx), u.n_chunks, cap_chunks)
+        return chunk_groups_to_units(g, u.chunk_lo, u.chunk_hi)
+
+
+CHUNK_PLAN_OCCURRENCES = 20_000_000

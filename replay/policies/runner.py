@@ -1,0 +1,118 @@
+"""Policy `runner`: the GPU runner's own decisions, replayed in the simulator.
+
+`template` in the simulator plans the whole timeline ahead (Belady with
+lookahead on the predicted footprints). The GPU runner (`replay --backend gpu`,
+`pagecast.prefetching`) cannot: at each launch it sees that launch only. It
+predicts its footprint, prefetches what its residency estimate says is
+missing and, to emulate a capacity, evicts 2 MiB units chosen by predicted
+next use. This policy makes those very decisions (`online.decide.LaunchDecider`
+with the template policy and the runner's default fallback: the code the GPU
+engine runs) from the trace's launches, with allocations looked up in the
+trace instead of the driver, and hands the simulator the units of the ranges
+the engine would move, launch by launch (the `on_launch` hook). The difference
+between `template` and `runner` is what planning ahead is worth; `runner`
+against a GPU measurement is the cost model alone (scripts/gpu_validation.py).
+
+Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
+simulator's `--feedback` refines the offline template only) and its
+host-side time per launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagecast.collect.launch_hook import LaunchArgs
+from pagecast.errors import UsageError
+
+from ..online.decide import LaunchDecider
+from ..online.prediction import default_fallback, make_online_predict
+from ..online.ranges import Allocation, AllocationMap
+from ..online.relocate import Relocator
+from ..unit_space import I64
+from .base import Context, Policy
+from .template import Template
+
+
+class TraceAllocations:
+    """Allocation lookups answered from a trace: the allocation live at the current launch `t`
+    (looked up as the oracle's relocator does), and the allocations freed before each launch."""
+
+    def __init__(self, relocator: Relocator) -> None:
+        self.rel = relocator
+        self.t = 0
+        self._freed: dict[int, list[int]] = {}   # launch -> allocations freed just before it
+        for a, last in zip(relocator.a_addr.tolist(), relocator.a_last.tolist()):
+            self._freed.setdefault(last + 1, []).append(a)
+
+    def allocation_of(self, addr: int):
+        j = self.rel.find_alloc(int(addr), self.t)
+        return None if j is None else Allocation(int(self.rel.a_addr[j]), int(self.rel.a_bytes[j]), True)
+
+    def freed_before(self, t: int) -> list[int]:
+        """Addresses of the allocations whose last launch is t - 1."""
+        return self._freed.get(t, [])
+
+
+class Runner(Policy):
+    name = "runner"
+    description = ("the GPU runner's own decisions, one launch at a time (template, no lookahead), "
+                   "replayed in the simulator")
+    wants_launches = True
+
+    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None) -> None:
+        """`policy`: whose per-launch decisions to replay (default: template, the runner's)."""
+        self.model = model
+        self.fallback = default_fallback(False) if fallback is None else fallback   # the runner's, without feedback
+        self.policy = Template() if policy is None else policy
+        self.to_gpu: list[tuple[int, int]] = []    # the ranges of the last launch, as the engine would move them
+        self.to_host: list[tuple[int, int]] = []
+        self.prefetch_bytes = 0
+
+    def prefetch(self, ctx: Context) -> None:
+        if self.policy.predicts and self.model is None:
+            raise UsageError("policy runner needs --model MODEL")
+        w = ctx.w
+        if len(w.tasks) != 1:
+            raise UsageError("policy runner replays one trace (the GPU runner runs one workload)")
+        trace = w.tasks[0].trace
+        rel = Relocator(trace, w.tasks[0].truth)   # the workload's footprints of the trace, not computed again
+        self.lookup = TraceAllocations(rel)
+        # the runner is given the workload's trace for --oversub: its residency estimate uses it
+        self.decider = LaunchDecider(self.policy, AllocationMap(self.lookup.allocation_of),
+                                     capacity=ctx.cap_units * w.gran, relocator=rel,
+                                     predict=None if self.model is None else make_online_predict(self.model,
+                                                                                                 self.fallback))
+        self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
+        self.prefetch_bytes = 0
+        return None
+
+    def on_launch(self, ctx: Context, step: int):
+        w = ctx.w
+        t = int(w.step_launch[step])
+        dec = self.decider
+        try:
+            for a in self.lookup.freed_before(t):
+                dec.on_free(a)
+            self.lookup.t = t
+            d = dec.decide(t, self.launches[t])
+            # what the engine would hand the driver: ranges cut at allocation boundaries
+            self.to_host = dec.allocs.pieces(d.evict) if d.evict else []
+            self.to_gpu = dec.allocs.pieces(d.prefetch)
+        except Exception as e:  # noqa: BLE001 -- the run cannot go on without the runner's decisions
+            raise RuntimeError(f"the runner's decisions failed at launch {t}: {type(e).__name__}: {e}") from e
+        self.prefetch_bytes += sum(n for _, n in self.to_gpu)
+        # the runner's evictions wait for the work queued before the launch (gpu/cuda_engine.py)
+        return _units(w, self.to_host), _units(w, self.to_gpu), bool(self.to_host)
+
+
+def _units(w, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Byte ranges of task 0 -> its dense unit ids (in range order; units outside the universe dropped)."""
+    if not ranges:
+        return np.zeros(0, I64)
+    a = np.array([r[0] for r in ranges], dtype=np.int64)
+    n = np.array([r[1] for r in ranges], dtype=np.int64)
+    g = w.gran
+    s, e = a // g, -((-(a + n)) // g)
+    _, units = w.universe.dense(0, np.zeros(len(s), I64), s, e, 1)
+    return units

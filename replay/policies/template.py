@@ -1,0 +1,122 @@
+"""Policy `template`: follows a plan made from the learned templates (mispredictions fault)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from pagecast import footprints as F
+from pagecast.errors import UsageError
+from pagecast.predict.feedback import apply_feedback
+
+from ..plan.adaptive import predicted_footprints
+from ..plan.belady import plan_groups
+from ..plan.groups import Groups
+from ..plan.spans import span_needs
+from ..unit_space import I64
+from .base import Context, Planned
+
+
+class Template(Planned):
+    """Plans on the model's predicted footprints; `--feedback` refines the model after misses."""
+
+    name = "template"
+    description = "follows a plan made from the learned templates (mispredictions fault)"
+    # one launch at a time: the launch's predicted footprint; victims by predicted next use
+    # (the launch sequence's period, online.residency.SequenceNextUse)
+    online = True
+    victims = "next-use"
+    streams_front = True
+    predicts = True
+
+    def launch_prefetch(self, view):
+        return view.predicted or []
+
+    def __init__(self, model=None, plan_groups_fixed: Groups | None = None, fallback: str = "adaptive"):
+        self.model = model
+        self.fixed = plan_groups_fixed
+        self.fallback = fallback
+        self.fixed_needs = None
+        self.fixed_span = "unit"
+
+    @property
+    def wants_misses(self) -> bool:  # type: ignore[override]
+        return self._feedback
+
+    _feedback = False
+
+    def predicted(self, ctx: Context) -> list[F.Footprints]:
+        key = ("predicted", id(self.model), self.fallback)
+        if key not in ctx.w.extra:
+            ctx.w.extra[key] = [predicted_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
+        return ctx.w.extra[key]
+
+    def needs(self, ctx):
+        key = ("pneeds", id(self.model), self.fallback)
+        if key not in ctx.w.extra:
+            ctx.w.extra[key] = ctx.w.needs_from(self.predicted(ctx))
+        return ctx.w.extra[key]
+
+    def prefetch(self, ctx):
+        if self.fixed is not None:
+            if self.fixed_needs is not None:
+                # the plan's predicted needs (its model at hand): Belady within
+                # a launch larger than memory, as the plan was made
+                ctx.state["plan_needs"] = self.fixed_needs
+            ctx.state["plan_span"] = self.fixed_span
+            return self.fixed
+        if self.model is None:
+            raise UsageError("policy template needs --model MODEL or --plan PLAN")
+        self._feedback = ctx.options.feedback
+        if self._feedback:
+            # feedback changes the model: give this run its own copy and predictions
+            ctx.state["model"] = copy.deepcopy(self.model)
+            ctx.state["pred"] = list(self.predicted(ctx))
+            ctx.state["needs"] = self.needs(ctx)
+            ctx.state["feedback_changes"] = 0
+        return super().prefetch(ctx)
+
+    def on_miss(self, ctx, step, missed):
+        w = ctx.w
+        t = int(w.step_task[step])
+        lid = int(w.step_launch[step])
+        task = w.tasks[t]
+        ps, pe = task.truth.of(lid)
+        qs, qe = ctx.state["pred"][t].of(lid)
+        ms, me = interval_difference(ps, pe, qs, qe)
+        if len(ms) == 0:
+            return None
+        model = ctx.state["model"]
+        if not apply_feedback(model, task.trace, lid, ms, me):
+            return None
+        ctx.state["feedback_changes"] += 1
+        ctx.state["pred"][t] = predicted_footprints(model, task.trace, self.fallback)
+        needs = w.needs_from(ctx.state["pred"])
+        ctx.state["needs"] = needs
+        mem = ctx.memory
+        # re-planned at the span chosen for the run (one more choice per miss would cost a run each)
+        needs = span_needs(needs, ctx.state.get("plan_span", "unit"), w)
+        ctx.state["plan_needs"] = needs
+        return plan_groups(needs, w.universe.n_units, ctx.cap_units, start_step=step + 1,
+                           init_resident=mem.resident, belady_in=True, universe=w.universe,
+                           front=ctx.state.get("plan_front", False))
+
+
+def interval_difference(as_, ae, bs, be):
+    """[as, ae) minus [bs, be): sorted disjoint half-open intervals (vectorized)."""
+    as_, ae, bs, be = (np.asarray(x, I64) for x in (as_, ae, bs, be))
+    if len(as_) == 0:
+        return as_, ae
+    pts = np.unique(np.concatenate([as_, ae, bs, be]))
+    lo, hi = pts[:-1], pts[1:]
+    ina = (np.searchsorted(as_, lo, side="right") - 1)
+    in_a = (ina >= 0) & (lo < ae[np.maximum(ina, 0)])
+    inb = (np.searchsorted(bs, lo, side="right") - 1)
+    in_b = (inb >= 0) & (lo < be[np.maximum(inb, 0)]) if len(bs) else np.zeros(len(lo), bool)
+    keep = in_a & ~in_b
+    if not keep.any():
+        z = np.zeros(0, I64)
+        return z, z.copy()
+    _, s, e = F.merge_intervals(np.zeros(int(keep.sum()), I64), lo[keep], hi[keep], 1)
+    return s, e

@@ -1,0 +1,189 @@
+"""One simulated run: a policy at one capacity over a workload's timeline.
+
+`run_policy(w, policy, cap_units, profile, options)` asks the policy for its
+plan (`prefetch`), then runs the steps in numba (kernels.run_engine),
+returning to Python only for the per-launch hooks a policy asks for, and
+charges time (timing.py). `new_context` is the `Context` a policy sees, with
+the simulator's run filled in for the planner's trial runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pagecast.errors import UsageError
+from pagecast.uvm import FAULT_BATCH
+
+from ..plan.groups import Groups
+from ..policies.base import Context, Options, Policy
+from ..unit_space import I64, Needs, Workload
+from . import kernels as C
+from .timing import run_timing
+
+class Memory:
+    """The GPU's residency state for one run (numpy arrays, mutated by kernels.py)."""
+
+    def __init__(self, w: Workload, cap_units: int):
+        u = w.universe
+        self.cap = int(cap_units)
+        self.resident = np.zeros(u.n_units, np.uint8)
+        self.planned = np.zeros(u.n_units, np.uint8)
+        self.chunk_count = np.zeros(u.n_chunks, I64)
+        self.prev = np.full(u.n_chunks + 1, -1, I64)
+        self.nxt = np.full(u.n_chunks + 1, -1, I64)
+        self.prev[u.n_chunks] = u.n_chunks
+        self.nxt[u.n_chunks] = u.n_chunks
+        self.st = np.zeros(1, I64)
+        self.uq = np.zeros(max(u.n_units, 1), I64)
+        self.uq_state = np.zeros(2, I64)
+
+
+@dataclass
+class RunResult:
+    policy: str
+    cap_units: int
+    counters: np.ndarray       # n_steps x N_COUNTERS
+    start: np.ndarray
+    end: np.ndarray
+    stall: np.ndarray
+    compute: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+
+def step_compute(w: Workload) -> np.ndarray:
+    comp = [t.compute_s for t in w.tasks]
+    out = np.empty(w.n_steps)
+    for t, c in enumerate(comp):
+        m = w.step_task == t
+        out[m] = c[w.step_launch[m]]
+    return out
+
+
+def new_context(w: Workload, cap_units: int, options: Options, profile, memory: Memory | None = None) -> Context:
+    """What a policy sees of a run, with `simulate` (the planner's trial runs) set to run_policy."""
+    return Context(w, cap_units, options, memory=memory, profile=profile, simulate=run_policy)
+
+
+def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Options) -> RunResult:
+    """Simulate one policy at one capacity (in units)."""
+    if cap_units < 1:
+        raise UsageError(f"capacity is smaller than one migration unit ({w.gran} bytes)")
+    ctx = new_context(w, cap_units, options, profile)
+    mem = Memory(w, cap_units)
+    ctx.memory = mem
+    groups = policy.prefetch(ctx)
+    n = w.n_steps
+    on_launch, on_evict = bool(policy.wants_launches), bool(policy.wants_evictions)
+    done = ctx.state.pop("trial_run", None)
+    if done is not None and not (policy.wants_misses or on_launch or on_evict):
+        # the planner's winning trial ran this very plan on these very needs (oracle)
+        return RunResult(policy.name, cap_units, done.counters, done.start, done.end, done.stall, done.compute,
+                         _run_extra(ctx))
+    # a policy moving units online is tracked as a planned one (faults evict what it did not bring first)
+    has_plan = groups is not None or on_launch
+    if groups is None:
+        groups = Groups.empty(n)
+    elif on_launch:
+        groups.wait_prev = groups.wait_prev.copy()   # on_launch may mark steps: not in the policy's own plan
+    counters = np.zeros((n, C.N_COUNTERS), I64)
+    u = w.universe
+    order = policy.evict_order or options.eviction
+    lru = order == "lru"
+    tree = bool(options.driver_prefetch) and u.upb > 1
+    maxstep = int(w.truth.sizes().max()) if n else 0
+    missed = np.zeros(max(maxstep, 1), I64)
+    s = 0
+    stop = bool(policy.wants_misses)
+    nu_for = None
+    next_use = np.zeros(1, I64)
+    while s < n:
+        pn = ctx.state.get("plan_needs")
+        if pn is not None and pn is not nu_for:
+            next_use = next_use_of(w.truth, pn)
+            nu_for = pn
+        s0 = s
+        before = mem.resident.copy() if on_evict else None
+        if on_launch:
+            mv = policy.on_launch(ctx, s0)
+            if mv is not None:
+                if _apply_now(mv, mem, u, counters, s0, w.truth.of(s0 - 1) if s0 > 0 else None):
+                    groups.wait_prev[s0] = 1
+        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, w.truth.ptr, w.truth.unit, has_plan,
+                             groups.ev_ptr, groups.ev_unit,
+                             groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
+                             u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
+                             mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
+                             u.block_hi, u.upb, has_plan, stop, missed, counters, next_use, nu_for is not None)
+        if on_evict:
+            gone = np.flatnonzero((before == 1) & (mem.resident == 0))
+            if len(gone):
+                policy.on_evict(ctx, s0, gone)
+        if stop and nm > 0 and s < n:
+            new = policy.on_miss(ctx, s - 1, missed[:nm])
+            if new is not None:
+                groups = groups.splice(new, s)
+    comp = step_compute(w)
+    start, end, stall = run_timing(counters, comp, w.gran, groups, profile)
+    return RunResult(policy.name, cap_units, counters, start, end, stall, comp, _run_extra(ctx))
+
+
+def _run_extra(ctx: Context) -> dict:
+    """What a run reports beside its counters: feedback changes, the plan's span."""
+    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")}
+
+
+def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int, prev_units) -> bool:
+    """An on_launch hook's (evict, prefetch[, wait]) units, carried out as a planned group of
+    `step`. Returns whether the group waits for the launch before to end: `wait` if given,
+    else whether it evicts a unit that launch touches (as the planner decides)."""
+    ev, pf = (np.asarray(x, I64).ravel() for x in mv[:2])
+    bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= u.n_units)]
+    if bad:
+        raise ValueError(f"on_launch named units outside 0..{u.n_units - 1}")
+    C.apply_group(ev, 0, len(ev), pf, 0, len(pf), mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
+                  u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state, len(pf),
+                  counters, step)
+    if len(mv) > 2:
+        return bool(mv[2])
+    return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())
+
+
+def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
+    """For each occurrence of `truth` (unit u at step s): the first step after s
+    at which `needs` holds u (the number of steps when none). What a planned
+    policy knows of a unit's next use, for Belady within a launch larger than
+    memory."""
+    n = len(truth.ptr) - 1
+    m = n + 1
+    ns = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    nk = np.sort(needs.unit.astype(I64) * m + ns)
+    ts = np.repeat(np.arange(n, dtype=I64), np.diff(truth.ptr))
+    tu = truth.unit.astype(I64)
+    idx = np.searchsorted(nk, tu * m + ts, side="right")
+    out = np.full(len(tu), n, I64)
+    ok = idx < len(nk)
+    hit = nk[np.minimum(idx, max(len(nk) - 1, 0))] // m == tu if len(nk) else np.zeros(len(tu), bool)
+    ok &= hit
+    out[ok] = nk[idx[ok]] % m
+    return out
+
+
+def summarize(r: RunResult, w: Workload, batch: int = FAULT_BATCH) -> dict[str, Any]:
+    c = r.counters.sum(axis=0) if len(r.counters) else np.zeros(C.N_COUNTERS, I64)
+    gran = w.gran
+    sizes = w.truth.sizes()
+    return {
+        "time_s": float(r.end[-1]) if len(r.end) else 0.0,
+        "stall_s": float(r.stall.sum()),
+        "compute_s": float(r.compute.sum()),
+        "faults": int(c[C.C_FAULTS]),
+        "htod_bytes": int((c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]) * gran),
+        "dtoh_bytes": int((c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]) * gran),
+        "prefetch_bytes": int(c[C.C_PREFETCH_IN] * gran),
+        "fault_batches": int(np.ceil(r.counters[:, C.C_FAULTS] / batch).sum()) if len(r.counters) else 0,
+        "thrashing_launches": int((sizes > r.cap_units).sum()),
+        "launches": int(w.n_steps),
+    }

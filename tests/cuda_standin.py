@@ -1,0 +1,191 @@
+"""Stand-ins for CUDA and CUPTI in the CPU tests (never imported by pagecast itself).
+
+- `InertCuda`: streams and events that do nothing; subclasses answer
+  `allocation_of` and say what a prefetch does (benchmarks/bench_runner.py).
+- `FakeCuda`: a CudaIface that keeps a log of the calls and a toy residency
+  model (pages on the GPU or not), so that tests can check the order of
+  prefetches, evictions and launches. It never pretends to measure anything.
+- `FakeMonitor`: a UvmMonitor reading FakeCuda's counters.
+"""
+
+from __future__ import annotations
+
+from pagecast.replay.gpu.cupti_monitor import UvmCounts
+from pagecast.replay.gpu.driver import CudaCallError
+from pagecast.replay.online.ranges import Allocation
+from pagecast import uvm
+
+HOST = -1  # location id meaning "the host" in FakeCuda's residency map
+
+class InertCuda:
+    """Streams and events that do nothing, for driving the runner's engine without a GPU
+    (the simulator's `runner` policy, benchmarks/bench_runner.py). Subclasses answer
+    `allocation_of` and say what a prefetch does."""
+
+    device = 0
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def record_event(self, event, stream=0) -> None:
+        pass
+
+    def stream_wait_event(self, stream, event) -> None:
+        pass
+
+    def new_stream(self) -> int:
+        self._n += 1
+        return 1000 + self._n
+
+    def new_event(self, timing=False) -> int:
+        self._n += 1
+        return 2000 + self._n
+
+
+class FakeCuda:
+    """A CudaIface that logs calls and tracks which 4 KiB pages are on the GPU.
+
+    Tests register allocations with `add_allocation`; `prefetch_*` move pages,
+    `touch(ranges)` (called by tests standing in for a kernel) counts a fault per
+    64 KiB big page that was not resident and brings it in. Times are not
+    simulated: only order and bytes are checked against it.
+    """
+
+    PAGE = uvm.PAGE
+    BIG_PAGE = uvm.BIG_PAGE
+
+    def __init__(self, total: int = 80 * 2**30, free: int | None = None, device: int = 0) -> None:
+        self.device = device
+        self.total = total
+        self.free_bytes = total if free is None else free
+        self.log: list[tuple] = []
+        self.allocs: dict[int, Allocation] = {}
+        self.on_gpu: set[int] = set()
+        self.faults = 0
+        self.htod = 0
+        self.dtoh = 0
+        self._next_handle = 1
+        self._next_addr = 1 << 40
+        self._clock = 0.0
+
+    # helpers for tests
+    def add_allocation(self, base: int, size: int, managed: bool = True) -> None:
+        self.allocs[base] = Allocation(base, size, managed)
+
+    def _check_range(self, addr: int, nbytes: int) -> None:
+        a = self.allocation_of(addr)
+        if a is None or not a.managed or addr + nbytes > a.base + a.size:
+            raise CudaCallError(f"cuMemPrefetchAsync failed: CUDA_ERROR_INVALID_VALUE ({addr:#x}+{nbytes})")
+
+    def touch(self, addr: int, nbytes: int) -> int:
+        """A kernel touching [addr, addr+nbytes): faults on non-resident big pages."""
+        new = 0
+        for big in range(addr // self.BIG_PAGE, (addr + nbytes - 1) // self.BIG_PAGE + 1):
+            pages = range(big * (self.BIG_PAGE // self.PAGE), (big + 1) * (self.BIG_PAGE // self.PAGE))
+            if not all(p in self.on_gpu for p in pages):
+                new += 1
+                self.on_gpu.update(pages)
+                self.htod += self.BIG_PAGE
+        self.faults += new
+        self.log.append(("touch", addr, nbytes))
+        return new
+
+    def resident_bytes(self) -> int:
+        return len(self.on_gpu) * self.PAGE
+
+    # CudaIface
+    def device_info(self) -> dict:
+        return {"name": "FakeCuda (stand-in, no GPU)", "index": self.device, "memory_bytes": self.total}
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.free_bytes, self.total
+
+    def prefetch_to_gpu(self, addr: int, nbytes: int, stream: int = 0) -> None:
+        if nbytes <= 0:
+            return
+        self._check_range(addr, nbytes)
+        self.log.append(("gpu", addr, nbytes, stream))
+        for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1):
+            if p not in self.on_gpu:
+                self.on_gpu.add(p)
+                self.htod += self.PAGE
+
+    def prefetch_to_host(self, addr: int, nbytes: int, stream: int = 0) -> None:
+        if nbytes <= 0:
+            return
+        self._check_range(addr, nbytes)
+        self.log.append(("host", addr, nbytes, stream))
+        for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1):
+            if p in self.on_gpu:
+                self.on_gpu.discard(p)
+                self.dtoh += self.PAGE
+
+    def allocation_of(self, addr: int) -> Allocation | None:
+        for a in self.allocs.values():
+            if a.base <= addr < a.base + a.size:
+                return a
+        return None
+
+    def new_stream(self) -> int:
+        self._next_handle += 1
+        self.log.append(("stream", self._next_handle))
+        return self._next_handle
+
+    def new_event(self, timing: bool = False) -> int:
+        self._next_handle += 1
+        return self._next_handle
+
+    def record_event(self, event: int, stream: int = 0) -> None:
+        self.log.append(("record", event, stream))
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        self.log.append(("wait", stream, event))
+
+    def event_elapsed_s(self, start: int, end: int) -> float:
+        raise NotImplementedError("FakeCuda measures no time")
+
+    def synchronize(self) -> None:
+        self.log.append(("sync",))
+
+    def alloc_managed(self, nbytes: int) -> int:
+        base = self._next_addr
+        blk = uvm.VA_BLOCK   # 2 MiB-aligned, a block apart, as the driver places managed allocations
+        self._next_addr += ((nbytes + blk - 1) // blk) * blk + blk
+        self.add_allocation(base, nbytes, True)
+        self.log.append(("alloc", base, nbytes))
+        return base
+
+    def free(self, addr: int) -> None:
+        self.allocs.pop(addr, None)
+        self.log.append(("free", addr))
+
+    def launch_touch(self, base: int, n: int, stride: int, stream: int = 0) -> None:
+        self.log.append(("launch_touch", base, n, stride, stream))
+        for i in range(n):
+            self.touch(base + i * stride, 4)
+
+    def launch_copy(self, dst: int, src: int, nbytes: int, stream: int = 0) -> None:
+        self.log.append(("launch_copy", dst, src, nbytes, stream))
+        self.touch(src, nbytes)
+        self.touch(dst, nbytes)
+
+
+class FakeMonitor:
+    """A UvmMonitor reading FakeCuda's counters (tests only)."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda = cuda
+        self._base = (0, 0, 0)
+
+    def start(self, keep_records: bool = False, live: bool = False) -> None:
+        self._base = (self.cuda.faults, self.cuda.htod, self.cuda.dtoh)
+
+    def poll(self) -> UvmCounts:
+        f, h, d = self._base
+        return UvmCounts(faults=self.cuda.faults - f, htod_bytes=self.cuda.htod - h, dtoh_bytes=self.cuda.dtoh - d)
+
+    def take(self) -> tuple[list, list]:
+        return [], []
+
+    def stop(self) -> UvmCounts:
+        return self.poll()
