@@ -7,7 +7,7 @@ The sequence: launches that each touch a range of consecutive 4 KiB pages
 launch's pages in order. libCacheSim (PyPI `libcachesim`) reads it from its own
 binary format (oracleGeneral: 24-byte records with the next access time) and
 runs LRU and Belady in C (`process_trace`); pagecast's simulator runs the same
-sequence through its numba core (`sim_core.run_engine`, the demand policy's
+sequence through its numba core (`sim/kernels.py`'s `run_engine`, the demand policy's
 path, and `belady_plan` + `run_engine`, the oracle's). Both answer the same
 miss counts (checked). Compile time is excluded (warm-up on a small input);
 the time to read the binary trace is included for libCacheSim, the time to
@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagecast.replay.sim import kernels as C  # noqa: E402
+from pagecast.uvm import PREFETCH_THRESHOLD  # noqa: E402
 from pagecast.replay.plan import belady as PB  # noqa: E402
 from pagecast.replay.sim import stack as ST  # noqa: E402
 
@@ -111,9 +112,8 @@ def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=N
     prev = np.full(geo.n_chunks + 1, -1, I64)
     nxt = np.full(geo.n_chunks + 1, -1, I64)
     prev[-1] = nxt[-1] = geo.n_chunks
-    st = np.zeros(1, I64)
+    st = np.zeros(3, I64)
     uq = np.zeros(geo.n_units, I64)
-    uqs = np.zeros(2, I64)
     counters = np.zeros((n, C.N_COUNTERS), I64)
     missed = np.zeros(int(np.diff(ptr).max()) + 1, I64)
     if plan is None:
@@ -122,10 +122,11 @@ def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=N
         has = False
     else:
         has = True
-    ev_ptr, ev, pf_ptr, pf, nn = plan
-    C.run_engine(0, n, ptr, units, has, ev_ptr, ev, pf_ptr, pf, nn, cap, st, resident, geo.unit_chunk, cc,
-                 geo.chunk_lo, geo.chunk_hi, prev, nxt, planned, uq, uqs, lru, tree, 0.51, geo.key, geo.block_lo,
-                 geo.block_hi, geo.upb, has, False, missed, counters, np.zeros(1, np.int64), False)
+    sp = C.Space(geo.unit_chunk, geo.chunk_lo, geo.chunk_hi, geo.key, geo.block_lo, geo.block_hi, int(geo.upb))
+    mem = C.Mem(cap, st, resident, planned, cc, prev, nxt, uq)
+    rules = C.Rules(lru, tree, PREFETCH_THRESHOLD, has, False, False)
+    C.run_engine(0, n, C.Steps(ptr, units, np.zeros(1, np.int64)), C.PlanArrays(*plan, 0), sp, mem, rules, missed,
+                 counters)
     return counters.sum(axis=0)
 
 

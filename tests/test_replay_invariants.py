@@ -127,16 +127,16 @@ def run_checked(w, policy, cap, profile, options):
         if pn is not None and pn is not nu_for:
             next_use, nu_for = R.next_use_of(w.truth, pn), pn
         if has_plan:
-            C.apply_group(groups.ev_unit, groups.ev_ptr[i], groups.ev_ptr[i + 1], groups.pf_unit, groups.pf_ptr[i],
-                          groups.pf_ptr[i + 1], mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
-                          u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state,
-                          groups.need_now[i], counters, i)
+            plan = C.PlanArrays(groups.ev_ptr, groups.ev_unit, groups.pf_ptr, groups.pf_unit, groups.need_now, 0)
+            rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, False)
+            C.run_engine(i, i + 1, C.Steps(w.truth.ptr, w.truth.unit, next_use), plan, R.space_of(w), mem.state(),
+                         rules, missed, counters, C.GROUP)
             check_memory(mem, w, cap, ("group", i))
         absent[i] = int((mem.resident[w.truth.of(i)] == 0).sum())
-        nm = C.access_launch(w.truth.unit, w.truth.ptr[i], w.truth.ptr[i + 1], mem.cap, mem.st, mem.resident,
-                             u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
-                             mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
-                             u.block_hi, u.upb, has_plan, missed, counters, i, next_use, nu_for is not None)
+        rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, True)
+        no_plan = C.PlanArrays(*[np.zeros(1, I64)] * 5, 0)
+        _, nm = C.run_engine(i, i + 1, C.Steps(w.truth.ptr, w.truth.unit, next_use), no_plan, R.space_of(w),
+                             mem.state(), rules, missed, counters, C.LAUNCH)
         check_memory(mem, w, cap, ("launch", i))
         if policy.wants_misses and nm > 0 and i + 1 < n:
             new = policy.on_miss(ctx, i, missed[:nm])

@@ -16,6 +16,8 @@ too (or its __pycache__ is removed).
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -23,6 +25,13 @@ from ..unit_space import I64, Needs
 from .groups import Groups
 
 INF = np.iinfo(np.int64).max
+
+# `_inlaunch_victims`' state over one launch: its heap (keys, positions), [heap size, next position to
+# push], positions set aside (the faulting block's), the victims it writes, and the cap on next uses.
+InLaunch = namedtuple("InLaunch", "hk hu hst aside out cap_next")
+# `_belady_plan`'s knobs: how far the lookahead goes (steps, units), whether a launch larger than memory
+# runs as Belady within it (the simulator's rule), and whether such a launch's front comes in first.
+PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in front")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -75,14 +84,15 @@ def next_occurrence(step_of, unit_of, n_units):
 
 
 @njit(cache=True)
-def _inlaunch_victims(units, nextuse, lo, hi, k, n_cap, hk, hu, hst, aside, resident, block_lo, bl, want, out):
+def _inlaunch_victims(units, nextuse, lo, hi, k, want, sc, resident, block_lo, bl):
     """Belady within a launch larger than memory (units[lo:hi], its fault at
     position k): up to `want` of the units it already used (positions < k,
-    resident), next use (nextuse, capped at n_cap) furthest first, ties
+    resident), next use (nextuse, capped at sc.cap_next) furthest first, ties
     earliest first -- but those in the faulting unit's 2 MiB block (bl) last,
     earliest first (the sweep's block stays dense, so the tree prefetcher
-    works as under demand paging). hst = [heap size, next position to push]
-    persists over the launch. Writes victims to out; returns how many."""
+    works as under demand paging). sc (InLaunch) persists over the launch.
+    Writes victims to sc.out; returns how many."""
+    hk, hu, hst, aside, out, n_cap = sc.hk, sc.hu, sc.hst, sc.aside, sc.out, sc.cap_next
     L = hi - lo
     while hst[1] < k:
         p = hst[1]
@@ -121,8 +131,7 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, n_cap, hk, hu, hst, aside, resi
 
 
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units, belady_in, unit_want, unit_block, front):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, unit_block):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -150,6 +159,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
     step before it, so it starts after that step ends), thrash (step could
     not be made resident).
     """
+    lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
+                                                          knobs.belady_in, knobs.front)
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
     step_of = np.empty(n_occ, np.int64)
@@ -316,19 +327,18 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, l
                 # that finds memory full evicts up to unit_want[u] of the units
                 # the step already used, furthest next use first (ties:
                 # earliest first): follow it unit by unit
-                hk2 = np.empty(L, np.int64)
-                hu2 = np.empty(L, np.int64)
-                aside2 = np.empty(L, np.int64)
                 vict2 = np.empty(L, np.int64)
                 hst2 = np.zeros(2, np.int64)
                 hst2[1] = s0
+                sc2 = InLaunch(np.empty(L, np.int64), np.empty(L, np.int64), hst2, np.empty(L, np.int64), vict2,
+                               n_steps)
                 for kk2 in range(s0, s0 + L):
                     u = need_unit[kk2]
                     if resident[u]:
                         continue
                     if n_res >= cap:
-                        nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, n_steps, hk2, hu2, hst2, aside2,
-                                               resident, unit_block, unit_block[u], unit_want[u], vict2)
+                        nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, unit_want[u], sc2, resident,
+                                               unit_block, unit_block[u])
                         for a in range(nv):
                             v = vict2[a]
                             resident[v] = 0
@@ -413,10 +423,10 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     first, then the early ones, each by address (so neighbours merge into one
     transfer); need_now counts the first kind."""
     ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash = _belady_plan(
-        need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps, lookahead_units,
-        bool(belady_in and unit_want is not None),
+        need_ptr, need_unit, n_units, cap, start_step, init_resident,
+        PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64), bool(front))
+        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g

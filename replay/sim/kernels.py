@@ -7,8 +7,11 @@ allocation covers. Units of one eviction chunk (2 MiB) have consecutive ids
 [block_lo[u], block_hi[u]). `key[u]` is the unit's number in its task's
 address space (address // granularity), used by the tree prefetcher.
 
-State arrays are plain numpy arrays owned by `run.Memory`; the functions
-here mutate them in place and return per-launch counters. Belady within a
+The state travels in three bundles (namedtuples of arrays, so that no kernel
+takes more than about ten arguments): `Space`, the universe's read-only
+geometry; `Mem`, the residency state (arrays owned by `run.Memory`, mutated in
+place); `Rules`, the run's switches. A plan's arrays are `PlanArrays`, a
+launch sequence `Steps`. The functions return per-launch counters. Belady within a
 launch larger than memory is the planner's (plan/belady.py), so that plan and
 run agree; numba caches per file, so after editing it, clear this file's
 cache too (remove replay/sim/__pycache__).
@@ -16,10 +19,29 @@ cache too (remove replay/sim/__pycache__).
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
-from ..plan.belady import INF, _inlaunch_victims
+from ..plan.belady import INF, InLaunch, _inlaunch_victims
+
+# The universe's geometry (read only): each unit's chunk and 2 MiB block, chunk ranges, address keys,
+# units per block.
+Space = namedtuple("Space", "unit_chunk chunk_lo chunk_hi key block_lo block_hi upb")
+# The residency state: capacity (units), st = [resident units, head and tail of uq], per unit
+# resident/planned, per chunk its resident count and its place in the FIFO/LRU list (prev/nxt,
+# sentinel = n_chunks), and uq, the queue of units brought in by faults (a ring, st[1] <= st[2]).
+Mem = namedtuple("Mem", "cap st resident planned chunk_count prev nxt uq")
+# A run's switches: LRU list order, the tree prefetcher and its threshold, whether the policy plans
+# (faults first evict what the plan does not count on), whether next uses are known (Belady within a
+# launch larger than memory), whether to stop after a step that faulted (feedback).
+Rules = namedtuple("Rules", "lru tree threshold track_unplanned has_next_use stop_on_miss")
+# A plan's groups (plan.groups.Groups' arrays; step i's group is group i - base), and a launch sequence's
+# units in CSR form with, per occurrence, its next use (rules.has_next_use).
+PlanArrays = namedtuple("PlanArrays", "ev_ptr ev_unit pf_ptr pf_unit need_now base")
+Steps = namedtuple("Steps", "ptr unit next_use")
+GROUP, LAUNCH = 1, 2   # what run_engine runs of each step
 
 # Indices of the per-step counter vector returned by the access/apply kernels.
 C_FAULTS, C_FAULT_IN, C_TREE_IN, C_FAULT_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_GROUP_DTOH = range(8)
@@ -39,7 +61,6 @@ def _list_remove(prev, nxt, c):
     nxt[c] = -1
 
 
-
 @njit(cache=True)
 def _list_append(prev, nxt, c, sentinel):
     t = prev[sentinel]
@@ -47,7 +68,6 @@ def _list_append(prev, nxt, c, sentinel):
     prev[c] = t
     nxt[c] = sentinel
     prev[sentinel] = c
-
 
 
 @njit(cache=True)
@@ -61,7 +81,6 @@ def _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned):
         _list_remove(prev, nxt, c)
 
 
-
 @njit(cache=True)
 def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
     resident[u] = 1
@@ -71,48 +90,46 @@ def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
     chunk_count[c] += 1
 
 
-
-@njit(cache=True)
-def _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
-                     unplanned_q, uq_state, limit):
+@njit(cache=True, inline="always")
+def _evict_unplanned(sp, m, limit):
     """Evict the oldest unit brought in by a fault (the plan does not count on
     it) together with the other such units of its eviction chunk, as the
     driver evicts whole chunks: the room lets the tree prefetcher work for the
     faults that follow, as it does under demand paging. At most `limit` units.
     Returns units evicted."""
-    while uq_state[0] < uq_state[1]:
-        u = unplanned_q[uq_state[0] % len(unplanned_q)]
-        uq_state[0] += 1
+    resident, planned, uq, st = m.resident, m.planned, m.uq, m.st
+    while st[1] < st[2]:
+        u = uq[st[1] % len(uq)]
+        st[1] += 1
         if resident[u] == 1 and planned[u] == 0:
-            c = unit_chunk[u]
-            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+            c = sp.unit_chunk[u]
+            _unit_out(u, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, m.planned)
             n = 1
-            for v in range(chunk_lo[c], chunk_hi[c]):
+            for v in range(sp.chunk_lo[c], sp.chunk_hi[c]):
                 if n >= limit:
                     break
                 if resident[v] == 1 and planned[v] == 0:
-                    _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                    _unit_out(v, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, m.planned)
                     n += 1
-            st_i[0] -= n
+            m.st[0] -= n
             return n
     return 0
 
 
-
 @njit(cache=True)
-def _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
-                     unplanned_q, uq_state):
+def _evict_one_chunk(st, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, uq):
     """Evict room for one unit: first a resident unit the plan does not count on
     (brought in by a fault), else the whole chunk at the head of the list.
-    Returns units evicted (0 when nothing is resident)."""
+    Returns units evicted (0 when nothing is resident). (The fault path's hot
+    call: arrays, not bundles, which would be unpacked at every call.)"""
     sentinel = len(chunk_count)
-    # unplanned units first (planned policies only: uq_state[1] > uq_state[0])
-    while uq_state[0] < uq_state[1]:
-        u = unplanned_q[uq_state[0] % len(unplanned_q)]
-        uq_state[0] += 1
+    # unplanned units first (planned policies only: st[2] > st[1])
+    while st[1] < st[2]:
+        u = uq[st[1] % len(uq)]
+        st[1] += 1
         if resident[u] == 1 and planned[u] == 0:
             _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-            st_i[0] -= 1
+            st[0] -= 1
             return 1
     c = nxt[sentinel]
     if c == sentinel:
@@ -122,145 +139,18 @@ def _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi
         if resident[u] == 1:
             _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
             n += 1
-    st_i[0] -= n
+    st[0] -= n
     return n
 
 
-
-@njit(cache=True, inline="always")
-def access_launch(units, lo, hi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                  planned, unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb,
-                  track_unplanned, missed_out, counters, row, next_use, has_next_use):
-    """One launch touches `units` (ascending): hits and misses refresh LRU
-    order, misses fault in their unit (evicting chunks as needed) and may
-    trigger the tree prefetcher. st_i[0] is the resident-unit count. Writes missed units to
-    missed_out and returns how many."""
-    sentinel = len(chunk_count)
-    nmiss = 0
-    used_ptr = lo
-    oversized = hi - lo > cap
-    # Belady within a launch larger than memory (planned policies that know the
-    # next use of each of its units, next_use[k]: the step, capped): its used
-    # units leave furthest next use first, ties earliest first
-    belady_in = track_unplanned and oversized and has_next_use
-    L = hi - lo
-    hk = np.empty(L if belady_in else 1, np.int64)
-    hu = np.empty(L if belady_in else 1, np.int64)
-    aside = np.empty(L if belady_in else 1, np.int64)
-    vict = np.empty(L if belady_in else 1, np.int64)
-    hst = np.zeros(2, np.int64)
-    hst[1] = lo
-    for k in range(lo, hi):
-        u = units[k]
-        if resident[u] == 1:
-            if lru:
-                c = unit_chunk[u]
-                _list_remove(prev, nxt, c)
-                _list_append(prev, nxt, c, sentinel)
-            continue
-        # a fault
-        counters[row, C_FAULTS] += 1
-        missed_out[nmiss] = u
-        nmiss += 1
-        while st_i[0] + 1 > cap:
-            if track_unplanned:
-                # planned policies: a fault first displaces what the plan does not
-                # count on, then what this launch already used (it streams
-                # through a launch larger than memory), then the oldest chunk;
-                # a launch larger than memory takes its own used units first
-                # (what it faulted in ahead of its sweep is not dead yet)
-                ev = 0
-                if not oversized:
-                    ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state, cap)
-                if ev == 0:
-                    # as the driver frees a whole chunk: room for up to a
-                    # chunk's worth, so the tree prefetcher works as under demand
-                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
-                    if belady_in:
-                        nv = _inlaunch_victims(units, next_use, lo, hi, k, INF - 1, hk, hu, hst, aside, resident,
-                                               block_lo, block_lo[u], want, vict)
-                        for a in range(nv):
-                            _unit_out(vict[a], resident, unit_chunk, chunk_count, prev, nxt, planned)
-                            st_i[0] -= 1
-                            ev += 1
-                        used_ptr = k
-                        # too few used units for a chunk's worth (the sweep has just begun): the
-                        # units it needs last make up the rest, or each fault would evict the
-                        # unit faulted just before, leaving the tree prefetcher no room
-                        for kk in range(hi - 1, k, -1):
-                            if ev >= want:
-                                break
-                            v = units[kk]
-                            if resident[v] == 1:
-                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                                st_i[0] -= 1
-                                ev += 1
-                    while used_ptr < k and ev < want:
-                        v = units[used_ptr]
-                        used_ptr += 1
-                        if resident[v] == 1:
-                            _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                            st_i[0] -= 1
-                            ev += 1
-                if ev == 0 and oversized:
-                    ev = _evict_unplanned(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                          planned, unplanned_q, uq_state, cap)
-                if ev == 0:
-                    # nothing used yet: give up the units this launch needs last
-                    # (a chunk's worth, room for the tree prefetcher)
-                    want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
-                    for kk in range(hi - 1, k, -1):
-                        v = units[kk]
-                        if resident[v] == 1:
-                            _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                            st_i[0] -= 1
-                            ev += 1
-                            if ev >= want:
-                                break
-                if ev > 0:
-                    counters[row, C_FAULT_DTOH] += ev
-                    continue
-            ev = _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                  planned, unplanned_q, uq_state)
-            if ev == 0:
-                break
-            counters[row, C_FAULT_DTOH] += ev
-        _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
-        if lru:
-            # a fault is an access: its chunk becomes the most recently used
-            # (_unit_in appends only a chunk that was not resident)
-            c = unit_chunk[u]
-            _list_remove(prev, nxt, c)
-            _list_append(prev, nxt, c, sentinel)
-        st_i[0] += 1
-        counters[row, C_FAULT_IN] += 1
-        if track_unplanned:
-            unplanned_q[uq_state[1] % len(unplanned_q)] = u
-            uq_state[1] += 1
-        if tree:
-            _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                           planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
-                           track_unplanned, counters, row)
-    if track_unplanned and oversized:
-        # a launch larger than memory streamed through it; the plan (the
-        # planner follows it) counts on the units it ends holding: planned now
-        for k in range(lo, hi):
-            if resident[units[k]] == 1:
-                planned[units[k]] = 1
-    return nmiss
-
-
-
 @njit(cache=True)
-def _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                   planned, unplanned_q, uq_state, key, block_lo, block_hi, upb, threshold,
-                   track_unplanned, counters, row):
+def _tree_prefetch(u, sp, m, rules, counters, row):
     """nvidia-uvm's tree prefetcher, inside u's 2 MiB block: the largest
-    aligned region around u more than `threshold` resident is filled."""
-    sentinel = len(chunk_count)
-    lo = block_lo[u]
-    hi = block_hi[u]
+    aligned region around u more than `threshold` resident is filled
+    (docs/uvm-facts.md, "The driver")."""
+    key, resident, upb, threshold = sp.key, m.resident, sp.upb, rules.threshold
+    lo = sp.block_lo[u]
+    hi = sp.block_hi[u]
     ku = key[u]
     best_lo = -1
     best_hi = -1
@@ -280,84 +170,193 @@ def _tree_prefetch(u, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, ch
         return
     for v in range(lo, hi):
         if key[v] >= best_lo and key[v] < best_hi and resident[v] == 0:
-            if st_i[0] + 1 > cap:
+            if m.st[0] + 1 > m.cap:
                 return  # the prefetcher never evicts
-            _unit_in(v, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
-            st_i[0] += 1
+            _unit_in(v, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, len(m.chunk_count))
+            m.st[0] += 1
             counters[row, C_TREE_IN] += 1
-            if track_unplanned:
-                unplanned_q[uq_state[1] % len(unplanned_q)] = v
-                uq_state[1] += 1
+            if rules.track_unplanned:
+                m.uq[m.st[2] % len(m.uq)] = v
+                m.st[2] += 1
 
-
-
-@njit(cache=True, inline="always")
-def apply_group(evict, elo, ehi, prefetch, plo, phi, cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                planned, unplanned_q, uq_state, need_now, counters, row):
-    """Carry out one planned group: evictions, then prefetches (in need order).
-    Prefetches that find memory full evict unplanned units, then list heads.
-    Counts transfers as runs of consecutive unit ids. Returns the units moved
-    in for the first `need_now` prefetch entries (what the next launch waits for)."""
-    sentinel = len(chunk_count)
-    last = -2
-    for k in range(elo, ehi):
-        u = evict[k]
-        if resident[u] == 1:
-            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-            st_i[0] -= 1
-            counters[row, C_GROUP_DTOH] += 1
-            if u != last + 1:
-                counters[row, C_TRANSFERS] += 1
-            last = u
-        elif u < len(planned):
-            planned[u] = 0
-    last = -2
-    needed_in = 0
-    for k in range(plo, phi):
-        u = prefetch[k]
-        if resident[u] == 1:
-            planned[u] = 1
-            continue
-        while st_i[0] + 1 > cap:
-            ev = _evict_one_chunk(st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                  planned, unplanned_q, uq_state)
-            if ev == 0:
-                break
-            counters[row, C_GROUP_DTOH] += ev
-        if st_i[0] + 1 > cap:
-            break
-        _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
-        planned[u] = 1
-        st_i[0] += 1
-        counters[row, C_PREFETCH_IN] += 1
-        if k - plo < need_now:
-            needed_in += 1
-        if u != last + 1:
-            counters[row, C_TRANSFERS] += 1
-        last = u
-    counters[row, C_PREFETCH_NEED] += needed_in
-    return needed_in
-
-
-# ---- whole runs -----------------------------------------------------------------
 
 @njit(cache=True)
-def run_engine(s0, s1, need_ptr, need_unit, has_plan, ev_ptr, ev_unit, pf_ptr, pf_unit, need_now,
-               cap, st_i, resident, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned,
-               unplanned_q, uq_state, lru, tree, threshold, key, block_lo, block_hi, upb, track_unplanned,
-               stop_on_miss, missed_buf, counters, next_use, has_next_use):
-    """Steps s0..s1-1: each step's planned group (if any), then its launch.
-    Returns (next step, misses of the last step) -- stopping after a step
-    with misses when stop_on_miss (for online feedback)."""
+def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP | LAUNCH):
+    """Steps s0..s1-1 of `steps`: each step's planned group (when
+    rules.track_unplanned: the policy plans; group i - plan.base of `plan`),
+    then its launch, or only one of the two (`what`: GROUP, LAUNCH).
+
+    A group: evictions, then prefetches in need order; prefetches that find
+    memory full evict unplanned units, then list heads; transfers are counted
+    as runs of consecutive unit ids. A launch touches its units (ascending):
+    hits and misses refresh LRU order, misses fault in their unit (evicting
+    chunks as needed) and may trigger the tree prefetcher; its missed units go
+    to `missed`. Returns (next step, misses of the last step) -- stopping after
+    a step with misses when rules.stop_on_miss (for online feedback).
+
+    Every bundle is unpacked here, once per call: a function taking bundles
+    pays for unpacking them at every call (numba counts references to each
+    array it takes out), which per launch cost the simulator about 20% on
+    launches of 64 units."""
+    need_ptr, need_unit, next_use = steps.ptr, steps.unit, steps.next_use
+    ev_ptr, evict, pf_ptr, prefetch, need_now_of, base = (plan.ev_ptr, plan.ev_unit, plan.pf_ptr, plan.pf_unit,
+                                                          plan.need_now, plan.base)
+    cap, st_i, resident, planned, prev, nxt = m.cap, m.st, m.resident, m.planned, m.prev, m.nxt
+    unplanned_q, chunk_count = m.uq, m.chunk_count
+    unit_chunk, chunk_lo, chunk_hi, block_lo = sp.unit_chunk, sp.chunk_lo, sp.chunk_hi, sp.block_lo
+    lru, tree, track_unplanned, has_next_use = rules.lru, rules.tree, rules.track_unplanned, rules.has_next_use
+    sentinel = len(chunk_count)
     for i in range(s0, s1):
-        if has_plan:
-            apply_group(ev_unit, ev_ptr[i], ev_ptr[i + 1], pf_unit, pf_ptr[i], pf_ptr[i + 1], cap, st_i, resident,
-                        unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state,
-                        need_now[i], counters, i)
-        nm = access_launch(need_unit, need_ptr[i], need_ptr[i + 1], cap, st_i, resident, unit_chunk, chunk_count,
-                           chunk_lo, chunk_hi, prev, nxt, planned, unplanned_q, uq_state, lru, tree, threshold,
-                           key, block_lo, block_hi, upb, track_unplanned, missed_buf, counters, i, next_use,
-                           has_next_use)
-        if stop_on_miss and nm > 0:
-            return i + 1, nm
+        row = i
+        if (what & GROUP) and track_unplanned:
+            g = i - base
+            elo, ehi, plo, phi, need_now = ev_ptr[g], ev_ptr[g + 1], pf_ptr[g], pf_ptr[g + 1], need_now_of[g]
+            last = -2
+            for k in range(elo, ehi):
+                u = evict[k]
+                if resident[u] == 1:
+                    _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                    st_i[0] -= 1
+                    counters[row, C_GROUP_DTOH] += 1
+                    if u != last + 1:
+                        counters[row, C_TRANSFERS] += 1
+                    last = u
+                elif u < len(planned):
+                    planned[u] = 0
+            last = -2
+            needed_in = 0
+            for k in range(plo, phi):
+                u = prefetch[k]
+                if resident[u] == 1:
+                    planned[u] = 1
+                    continue
+                while st_i[0] + 1 > cap:
+                    ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev,
+                                          nxt, unplanned_q)
+                    if ev == 0:
+                        break
+                    counters[row, C_GROUP_DTOH] += ev
+                if st_i[0] + 1 > cap:
+                    break
+                _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+                planned[u] = 1
+                st_i[0] += 1
+                counters[row, C_PREFETCH_IN] += 1
+                if k - plo < need_now:
+                    needed_in += 1
+                if u != last + 1:
+                    counters[row, C_TRANSFERS] += 1
+                last = u
+            counters[row, C_PREFETCH_NEED] += needed_in
+        if not (what & LAUNCH):
+            continue
+        units, lo, hi = need_unit, need_ptr[i], need_ptr[i + 1]
+        nmiss = 0
+        used_ptr = lo
+        oversized = hi - lo > cap
+        # Belady within a launch larger than memory (planned policies that know the
+        # next use of each of its units, next_use[k]: the step, capped): its used
+        # units leave furthest next use first, ties earliest first
+        belady_in = track_unplanned and oversized and has_next_use
+        L = hi - lo
+        hst = np.zeros(2, np.int64)
+        hst[1] = lo
+        vict = np.empty(L if belady_in else 1, np.int64)
+        sc = InLaunch(np.empty(L if belady_in else 1, np.int64), np.empty(L if belady_in else 1, np.int64), hst,
+                      np.empty(L if belady_in else 1, np.int64), vict, INF - 1)
+        for k in range(lo, hi):
+            u = units[k]
+            if resident[u] == 1:
+                if lru:
+                    c = unit_chunk[u]
+                    _list_remove(prev, nxt, c)
+                    _list_append(prev, nxt, c, sentinel)
+                continue
+            # a fault
+            counters[row, C_FAULTS] += 1
+            missed[nmiss] = u
+            nmiss += 1
+            while st_i[0] + 1 > cap:
+                if track_unplanned:
+                    # planned policies: a fault first displaces what the plan does not
+                    # count on, then what this launch already used (it streams
+                    # through a launch larger than memory), then the oldest chunk;
+                    # a launch larger than memory takes its own used units first
+                    # (what it faulted in ahead of its sweep is not dead yet)
+                    ev = 0
+                    if not oversized:
+                        ev = _evict_unplanned(sp, m, cap)
+                    if ev == 0:
+                        # as the driver frees a whole chunk: room for up to a
+                        # chunk's worth, so the tree prefetcher works as under demand
+                        want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
+                        if belady_in:
+                            nv = _inlaunch_victims(units, next_use, lo, hi, k, want, sc, resident, block_lo, block_lo[u])
+                            for a in range(nv):
+                                _unit_out(vict[a], resident, unit_chunk, chunk_count, prev, nxt, planned)
+                                st_i[0] -= 1
+                                ev += 1
+                            used_ptr = k
+                            # too few used units for a chunk's worth (the sweep has just begun): the
+                            # units it needs last make up the rest, or each fault would evict the
+                            # unit faulted just before, leaving the tree prefetcher no room
+                            for kk in range(hi - 1, k, -1):
+                                if ev >= want:
+                                    break
+                                v = units[kk]
+                                if resident[v] == 1:
+                                    _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                                    st_i[0] -= 1
+                                    ev += 1
+                        while used_ptr < k and ev < want:
+                            v = units[used_ptr]
+                            used_ptr += 1
+                            if resident[v] == 1:
+                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                                st_i[0] -= 1
+                                ev += 1
+                    if ev == 0 and oversized:
+                        ev = _evict_unplanned(sp, m, cap)
+                    if ev == 0:
+                        # nothing used yet: give up the units this launch needs last
+                        # (a chunk's worth, room for the tree prefetcher)
+                        want = min(chunk_hi[unit_chunk[u]] - chunk_lo[unit_chunk[u]], cap)
+                        for kk in range(hi - 1, k, -1):
+                            v = units[kk]
+                            if resident[v] == 1:
+                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
+                                st_i[0] -= 1
+                                ev += 1
+                                if ev >= want:
+                                    break
+                    if ev > 0:
+                        counters[row, C_FAULT_DTOH] += ev
+                        continue
+                ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
+                                      unplanned_q)
+                if ev == 0:
+                    break
+                counters[row, C_FAULT_DTOH] += ev
+            _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+            if lru:
+                # a fault is an access: its chunk becomes the most recently used
+                # (_unit_in appends only a chunk that was not resident)
+                c = unit_chunk[u]
+                _list_remove(prev, nxt, c)
+                _list_append(prev, nxt, c, sentinel)
+            st_i[0] += 1
+            counters[row, C_FAULT_IN] += 1
+            if track_unplanned:
+                unplanned_q[st_i[2] % len(unplanned_q)] = u
+                st_i[2] += 1
+            if tree:
+                _tree_prefetch(u, sp, m, rules, counters, row)
+        if track_unplanned and oversized:
+            # a launch larger than memory streamed through it; the plan (the
+            # planner follows it) counts on the units it ends holding: planned now
+            for k in range(lo, hi):
+                if resident[units[k]] == 1:
+                    planned[units[k]] = 1
+        if rules.stop_on_miss and nmiss > 0:
+            return i + 1, nmiss
     return s1, 0

@@ -36,9 +36,18 @@ class Memory:
         self.nxt = np.full(u.n_chunks + 1, -1, I64)
         self.prev[u.n_chunks] = u.n_chunks
         self.nxt[u.n_chunks] = u.n_chunks
-        self.st = np.zeros(1, I64)
-        self.uq = np.zeros(max(u.n_units, 1), I64)
-        self.uq_state = np.zeros(2, I64)
+        self.st = np.zeros(3, I64)       # resident units; head and tail of uq
+        self.uq = np.zeros(max(u.n_units, 1), I64)   # units brought in by faults, oldest first (a ring)
+
+    def state(self) -> C.Mem:
+        """The arrays as the kernels take them (the same arrays: kernels mutate them in place)."""
+        return C.Mem(self.cap, self.st, self.resident, self.planned, self.chunk_count, self.prev, self.nxt, self.uq)
+
+
+def space_of(w: Workload) -> C.Space:
+    """The universe's geometry as the kernels take it."""
+    u = w.universe
+    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb))
 
 
 @dataclass
@@ -93,6 +102,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     order = policy.evict_order or options.eviction
     lru = order == "lru"
     tree = bool(options.driver_prefetch) and u.upb > 1
+    sp, m = space_of(w), mem.state()
     maxstep = int(w.truth.sizes().max()) if n else 0
     missed = np.zeros(max(maxstep, 1), I64)
     s = 0
@@ -106,17 +116,16 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
+        rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, stop)
+        truth = C.Steps(w.truth.ptr, w.truth.unit, next_use)
         if on_launch:
             mv = policy.on_launch(ctx, s0)
             if mv is not None:
-                if _apply_now(mv, mem, u, counters, s0, w.truth.of(s0 - 1) if s0 > 0 else None):
+                if _apply_now(mv, truth, sp, m, rules, u.n_units, counters, s0,
+                              w.truth.of(s0 - 1) if s0 > 0 else None):
                     groups.wait_prev[s0] = 1
-        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, w.truth.ptr, w.truth.unit, has_plan,
-                             groups.ev_ptr, groups.ev_unit,
-                             groups.pf_ptr, groups.pf_unit, groups.need_now, mem.cap, mem.st, mem.resident,
-                             u.unit_chunk, mem.chunk_count, u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned,
-                             mem.uq, mem.uq_state, lru, tree, profile.prefetch_threshold, u.key, u.block_lo,
-                             u.block_hi, u.upb, has_plan, stop, missed, counters, next_use, nu_for is not None)
+        plan = C.PlanArrays(groups.ev_ptr, groups.ev_unit, groups.pf_ptr, groups.pf_unit, groups.need_now, 0)
+        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, truth, plan, sp, m, rules, missed, counters)
         if on_evict:
             gone = np.flatnonzero((before == 1) & (mem.resident == 0))
             if len(gone):
@@ -135,17 +144,18 @@ def _run_extra(ctx: Context) -> dict:
     return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")}
 
 
-def _apply_now(mv, mem: Memory, u, counters: np.ndarray, step: int, prev_units) -> bool:
+def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_units: int, counters: np.ndarray,
+               step: int, prev_units) -> bool:
     """An on_launch hook's (evict, prefetch[, wait]) units, carried out as a planned group of
     `step`. Returns whether the group waits for the launch before to end: `wait` if given,
     else whether it evicts a unit that launch touches (as the planner decides)."""
     ev, pf = (np.asarray(x, I64).ravel() for x in mv[:2])
-    bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= u.n_units)]
+    bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= n_units)]
     if bad:
-        raise ValueError(f"on_launch named units outside 0..{u.n_units - 1}")
-    C.apply_group(ev, 0, len(ev), pf, 0, len(pf), mem.cap, mem.st, mem.resident, u.unit_chunk, mem.chunk_count,
-                  u.chunk_lo, u.chunk_hi, mem.prev, mem.nxt, mem.planned, mem.uq, mem.uq_state, len(pf),
-                  counters, step)
+        raise ValueError(f"on_launch named units outside 0..{n_units - 1}")
+    one = C.PlanArrays(np.array([0, len(ev)], I64), ev, np.array([0, len(pf)], I64), pf, np.array([len(pf)], I64),
+                       step)   # one group, for this step
+    C.run_engine(step, step + 1, truth, one, sp, m, rules, np.zeros(1, I64), counters, C.GROUP)
     if len(mv) > 2:
         return bool(mv[2])
     return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())

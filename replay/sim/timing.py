@@ -3,37 +3,45 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
 from ..plan.groups import Groups
 from .kernels import C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_TREE_IN
 
-@njit(cache=True)
-def fault_seconds(faults, charges, fault_time_s, faults_per_batch, batch_overhead_s):
-    if not charges or faults <= 0:
-        return 0.0
-    batches = (faults + faults_per_batch - 1) // faults_per_batch
-    return faults * fault_time_s + batches * batch_overhead_s
-
+# What the clock charges, from a cost profile (replay/costs.py's fields of the same names).
+Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhead_s htod_bw dtoh_bw duplex "
+                            "pipelined_bw latency")
+# When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags).
+Order = namedtuple("Order", "blocking wait_prev need_group")
 
 
 @njit(cache=True)
-def bulk_seconds(h, d, transfers, charges, htod_bw, dtoh_bw, duplex, pipelined_bw, latency):
-    if not charges:
+def fault_seconds(faults, c):
+    if not c.charges or faults <= 0:
         return 0.0
-    th = h / htod_bw
-    td = d / dtoh_bw
+    batches = (faults + c.faults_per_batch - 1) // c.faults_per_batch
+    return faults * c.fault_time_s + batches * c.batch_overhead_s
+
+
+@njit(cache=True)
+def bulk_seconds(h, d, transfers, c, duplex, latency):
+    """Seconds to move h bytes in and d out in `transfers` ranges (`duplex`: on two copy engines)."""
+    if not c.charges:
+        return 0.0
+    th = h / c.htod_bw
+    td = d / c.dtoh_bw
     if duplex:
-        t = max(th, td, (h + d) / pipelined_bw)
+        t = max(th, td, (h + d) / c.pipelined_bw)
     else:
         t = th + td
     return t + transfers * latency
 
 
 @njit(cache=True)
-def _timing(counters, compute, gran, blocking, wait_prev, need_group, charges, fault_time_s, faults_per_batch,
-           batch_overhead_s, htod_bw, dtoh_bw, duplex, pipelined_bw, latency):
+def _timing(counters, compute, gran, order, c):
     """Simulated time per step. A planned group is issued while the previous
     launch runs (after it, when `wait_prev` or `blocking`) and runs on the copy
     engines in issue order; a launch starts when the previous one ended, the
@@ -41,6 +49,7 @@ def _timing(counters, compute, gran, blocking, wait_prev, need_group, charges, f
     `blocking`) and the earlier group `need_group` holding units it needs has
     finished; its faults (and the evictions and driver prefetches they cause)
     stall it. Returns start, end, stall per step."""
+    blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
     n = counters.shape[0]
     start = np.empty(n)
     end = np.empty(n)
@@ -50,28 +59,26 @@ def _timing(counters, compute, gran, blocking, wait_prev, need_group, charges, f
     prev_end = 0.0
     ce = 0.0
     for i in range(n):
-        c = counters[i]
-        pf_in = c[C_PREFETCH_IN]
-        g_out = c[C_GROUP_DTOH]
+        k = counters[i]
+        pf_in = k[C_PREFETCH_IN]
+        g_out = k[C_GROUP_DTOH]
         ready = prev_end
         g_end[i] = ce
         if pf_in > 0 or g_out > 0:
-            tg = bulk_seconds(pf_in * gran, g_out * gran, c[C_TRANSFERS], charges, htod_bw, dtoh_bw, duplex,
-                              pipelined_bw, latency)
+            tg = bulk_seconds(pf_in * gran, g_out * gran, k[C_TRANSFERS], c, c.duplex, c.latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
             gs = max(ce, after)
             ce = gs + tg
             g_end[i] = ce
             if blocking[i]:
                 ready = max(ready, ce)
-            elif c[C_PREFETCH_NEED] > 0:
-                ready = max(ready, gs + tg * (c[C_PREFETCH_NEED] / pf_in))
+            elif k[C_PREFETCH_NEED] > 0:
+                ready = max(ready, gs + tg * (k[C_PREFETCH_NEED] / pf_in))
         e = need_group[i]
         if e >= 0 and e < i:
             ready = max(ready, g_end[e])
-        f = fault_seconds(c[C_FAULTS], charges, fault_time_s, faults_per_batch, batch_overhead_s)
-        f += bulk_seconds(c[C_TREE_IN] * gran, c[C_FAULT_DTOH] * gran, 0, charges, htod_bw, dtoh_bw, False,
-                          pipelined_bw, 0.0)
+        f = fault_seconds(k[C_FAULTS], c)
+        f += bulk_seconds(k[C_TREE_IN] * gran, k[C_FAULT_DTOH] * gran, 0, c, False, 0.0)
         start[i] = ready
         end[i] = ready + compute[i] + f
         stall[i] = ready - prev_end + f
@@ -80,11 +87,15 @@ def _timing(counters, compute, gran, blocking, wait_prev, need_group, charges, f
     return start, end, stall
 
 
+def costs_of(profile) -> Costs:
+    """A cost profile's charges, as the clock takes them."""
+    p = profile
+    return Costs(bool(p.charges), float(p.fault_time_s), int(p.faults_per_batch), float(p.batch_overhead_s),
+                 float(p.htod_bandwidth), float(p.dtoh_bandwidth), bool(p.duplex), float(p.pipelined_bandwidth),
+                 float(p.transfer_latency_s))
+
+
 def run_timing(counters, comp, gran, groups: Groups, profile):
     """start, end and stall per step of a run's counters under `profile` (see _timing)."""
-    p = profile
-    return _timing(counters, comp, float(gran), groups.blocking, groups.wait_prev, groups.need_group,
-                    bool(p.charges),
-                    float(p.fault_time_s), int(p.faults_per_batch), float(p.batch_overhead_s),
-                    float(p.htod_bandwidth), float(p.dtoh_bandwidth), bool(p.duplex),
-                    float(p.pipelined_bandwidth), float(p.transfer_latency_s))
+    return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group),
+                   costs_of(profile))
