@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     ties = []
     for lab in labels:
         for o in OVERSUB:
-            g = lambda p: by.get((lab, o, p))
-            sp = {p: (g(p) or {}).get("speedup_vs_demand") for p in POLICIES}
+            row = {p: by.get((lab, o, p)) for p in POLICIES}
+            sp = {p: (row[p] or {}).get("speedup_vs_demand") for p in POLICIES}
             t, orc = sp["template"], sp["oracle"]
             frac = None if not (t and orc) else t / orc
             # ahead of alloc by more than 0.5%: within that, a tie (below)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                    and sp["alloc"] >= 0.995 * orc and t >= 0.995 * sp["alloc"])
             why = []
             if tie:
-                ties.append((lab, o, (g("oracle") or {}).get("plan_span") or "unit"))
+                ties.append((lab, o, (row["oracle"] or {}).get("plan_span") or "unit"))
             elif not ok:
                 if frac is not None and frac < 0.95:
                     why.append(f"{frac:.1%} of oracle")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
                     why.append("not ahead of demand")
                 failures.append((lab, o, ", ".join(why)))
             ms = MSCHED.get(lab.removeprefix("mix:"), {}).get(o) if lab.startswith("mix:") else None
-            d = g("demand")
+            d = row["demand"]
             rows.append(f"| {lab} | {o:.0%} | {format_size(d['capacity_bytes'])} | {d['time_s'] * 1e3:.1f} ms | "
                         f"{fmt(sp['alloc'])} | {fmt(t)} | "
                         f"{fmt(orc)} | {fmt(sp['swap'])} | {fmt(frac, '.1%', '')} | {verdict(ok, tie, why)} | "
@@ -170,7 +170,7 @@ Reading the misses and ties:
   (everything earlier launches touched) grows to every expert while each launch reads two:
   its precision on the expert kernels is under 2%, and planning on it moved 4 GB to save
   0.6 GB and evicted what the next launches needed (template was 0.2-0.56x of demand).
-  The template policy now uses the `adaptive` fallback (replay/adaptive.py): a kernel's
+  The template policy now uses the `adaptive` fallback (replay/plan/adaptive.py): a kernel's
   history is kept only while, on its *earlier* launches, at least half of the pages it added
   were really touched (read from the same observed records the history fallback reads,
   never the launch being predicted); otherwise those kernels are demand paged, as MSched
@@ -196,7 +196,7 @@ Reading the misses and ties:
   policy plans on: true footprints for oracle, predictions for template, allocations for
   alloc) is furthest leave first, the faulting unit's own 2 MiB block last (evicting behind
   the sweep there would stop the tree prefetcher: mlp-train fell from 3.4x to 1.8x at 150%
-  when it did). The planner walks the launch with the same rule (sim_core._inlaunch_victims), so
+  when it did). The planner walks the launch with the same rule (plan/belady.py's _inlaunch_victims), so
   the plan counts on what the launch really leaves. Before, the fault path gave up the
   launch's *first* units whatever their next use and the planner assumed the launch kept its
   last units, so oracle kept the wrong half of jacobi2d's sweeps and counted on units that
@@ -489,7 +489,7 @@ def runner_section(work: Path, costs: str, names: list[str], template: dict, tem
 `pagecast.prefetching`) sees one launch at a time: it predicts that launch's footprint,
 prefetches what its residency estimate lacks and evicts 2 MiB units by predicted next use.
 Policy `runner` drives the runner's own engine with each trace's launches and replays its
-transfers in the simulator (replay/runner_policy.py; it has not run on a GPU, and neither has
+transfers in the simulator (replay/policies/runner.py; it has not run on a GPU, and neither has
 the runner). Speedups over demand, same traces, model and profile:
 
 {chr(10).join(rows)}
@@ -498,7 +498,7 @@ The runner keeps {geo} of template's speedup (geometric means); below demand:
 {', '.join(below) or 'nowhere'}. Planning ahead is what the difference is worth: the runner
 fetches each launch's units only when it is issued, so they overlap less with earlier
 kernels, and its victims are chosen without the future. The runner predicts kernels its
-model cannot with no fallback unless it has fault feedback (`gpu_predict.default_fallback`):
+model cannot with no fallback unless it has fault feedback (`online/prediction.py`'s `default_fallback`):
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
 ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
 help, 2.72x against 2.58x; measured on the revision-1 models when that default changed).

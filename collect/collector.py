@@ -32,6 +32,7 @@ from pagecast.console import warn
 from pagecast.uvm import PAGE
 
 from . import convert as C
+from .activity import CuptiActivitySource
 from .launch_hook import LaunchArgs, LaunchHook
 from .managed import ManagedBudget, ManagedTracker, OversubscriptionError
 
@@ -91,7 +92,6 @@ class CudaDevice:
 
 # Python functions CUPTI calls from C: no exception may be raised inside them.
 def _callback_codes() -> frozenset:
-    from .activity import CuptiActivitySource
     return frozenset({LaunchHook._callback.__code__, CuptiActivitySource._buffer_completed.__code__})
 
 

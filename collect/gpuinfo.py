@@ -9,6 +9,7 @@ driver or a GPU it raises `NoGPUError` with one line saying so.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ def driver_prefetch(path: Path = PREFETCH_PARAM) -> bool | None:
 
 def kernel_driver_version() -> str | None:
     """The NVIDIA kernel driver's version (e.g. 580.159.03) where the system shows it."""
-    import re
 
     for path in ("/sys/module/nvidia/version", "/proc/driver/nvidia/version"):
         try:

@@ -40,6 +40,9 @@ them to evict managed memory and to serialize kernels (full mode).
 
 The pure parts (decoding, launch-config structs, dispatch given a callback-data
 object) run on a CPU; only `start()` needs cupti-python and a driver.
+
+Long because one callback decodes every launch API's parameter layout (driver and runtime,
+`kernelParams` and `extra`) behind one re-entrancy guard, and the decoders share its state.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ touches. `Builder.write` turns that into a trace (format v1, with truth):
 
 Everything is vectorized per kernel block and per chunk of launches, so 10^6
 launches and 10^8 touched pages fit in a few GB.
+
+Long because the builder, the roofline clock and the driver emulation work on the same
+per-block launch arrays; the workload models themselves are modules of their own.
 """
 
 from __future__ import annotations

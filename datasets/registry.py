@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pagecast.errors import UsageError
+from pagecast import trace as T
+from pagecast.errors import PagecastError, UsageError
 
+from . import dnn, llm, scientific
 from .engine import Builder
 from .workload import Workload
 
@@ -31,7 +33,6 @@ MAX_SCALE = 100.0   # ~10^6 launches; see docs/workloads.md for measured sizes a
 
 
 def _load() -> dict[str, Workload]:
-    from . import dnn, llm, scientific
     out: dict[str, Workload] = {}
     for mod in (scientific, dnn, llm):
         for w in mod.WORKLOADS:
@@ -81,7 +82,6 @@ def build(name: str, *, scale: float = 1.0, seed: int = 0) -> Builder:
 def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
                driver_prefetch: bool = True, force: bool = False, progress=None) -> Path:
     """Write the trace (format v1, with truth) of workload `name` to directory `out`."""
-    from pagecast import trace as T
     if mode not in T.MODES:
         raise UsageError(f"--mode must be one of {', '.join(T.MODES)}, not {mode!r}")
     get_workload(name)
@@ -103,8 +103,6 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
 def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full") -> Path:
     """`out` if it already holds a whole trace of this workload model, scale, seed and mode made by
     this REVISION of the models (a kept work or cache directory); otherwise it is (re)made there."""
-    from pagecast import trace as T
-    from pagecast.errors import PagecastError
     out = Path(out)
     if out.exists():
         try:

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .outputs import refuse_special
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
     """Write JSON next to `path`, then rename it into place (readers never see half a file;
     a failed write leaves no temporary file behind)."""
-    from .outputs import refuse_special
     path = Path(path)
     refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)   # as plan, datasets make and demo do

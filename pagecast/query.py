@@ -16,6 +16,8 @@ import math
 import uuid
 from typing import Any, Iterator
 
+import duckdb
+
 from .errors import UsageError
 from .trace import read_trace
 
@@ -24,7 +26,6 @@ BATCH_ROWS = 10_000
 
 def connect(trace_path):
     """A DuckDB connection with a view per table of the trace."""
-    import duckdb
 
     trace = read_trace(trace_path)
     con = duckdb.connect(":memory:")
@@ -50,7 +51,6 @@ class SqlResult:
 
     def fetch(self, n: int) -> list[tuple[Any, ...]]:
         """Up to `n` more rows (BLOBs as hex); fewer only at the end."""
-        import duckdb
 
         if self._done or n <= 0:
             return []
@@ -80,7 +80,6 @@ class SqlResult:
 
 def execute(trace_path, sql: str) -> SqlResult:
     """Run `sql` over the trace; the rows are fetched from the result as they are asked for."""
-    import duckdb
 
     if not sql.strip().strip(";").strip():
         raise UsageError("SQL is empty; give a statement, e.g. 'SELECT count(*) FROM launches'")

@@ -4,10 +4,14 @@ Everything that reads or writes a trace goes through here: the table and
 column names, the pyarrow schemas, the manifest, a crash-safe writer that
 closes Parquet parts as it goes, and a validating reader. Other modules refer
 to columns through the constants below, never by spelling the names.
+
+Long because the format has one owner: splitting the schemas, the writer and the reader
+would spread the column names this module exists to keep in one place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +29,7 @@ import pyarrow.parquet as pq
 from . import PRODUCER
 from .errors import OutputExistsError, TraceError, shown
 from .jsonfile import read_json, write_json_atomic
+from .outputs import refuse_special
 from .uvm import PAGE
 
 FORMAT = "pagecast-trace"
@@ -198,7 +203,6 @@ def prepare_output_dir(path: Path, force: bool) -> None:
     if path.exists():
         if not force:
             raise OutputExistsError(path)
-        from .outputs import refuse_special
         refuse_special(path)
         if path.is_dir():
             if any(path.iterdir()) and not (path / MANIFEST).exists():
@@ -384,7 +388,6 @@ class Trace:
 
     def launch_fingerprint(self) -> str:
         """A hash of the launch sequence (kernel names and parameter bytes), for plans."""
-        import hashlib
         h = hashlib.sha256()
         for col in (KERNEL, PARAM_DATA):
             for chunk in self.launches.column(col).chunks:

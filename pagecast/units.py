@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from fractions import Fraction
 
@@ -74,7 +75,6 @@ def parse_float_list(text: str, name: str = "value") -> list[float]:
 
 def count_arg(text: str) -> int:
     """argparse type of a count (--top): an integer >= 0."""
-    import argparse
     try:
         n = int(text)
     except ValueError:

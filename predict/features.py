@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pagecast import trace as T
+from pagecast.footprints import _ranges
 
 GRID_NAMES = T.GRID_COLUMNS  # grid_x .. block_z
 MAX_FEATURE = 1 << 40        # larger integers are addresses, hashes or floats, never sizes
@@ -196,7 +198,6 @@ def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarr
         pos = (starts_all[idx][:, None] + np.arange(k)[None, :]).reshape(-1)
         fo, fs = fo_all[pos], fs_all[pos]
     else:
-        from pagecast.footprints import _ranges  # noqa: PLC2701
         pos = _ranges(starts_all[idx], lens)
         fo, fs = fo_all[pos], fs_all[pos]
     if np.all(lens == k):
@@ -210,7 +211,6 @@ def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarr
     # lengths differ: take the first launch's layout, keep launches equal to it
     starts = np.concatenate([[0], np.cumsum(lens)])
     keys = [(tuple(fs[starts[i]:starts[i + 1]]), tuple(fo[starts[i]:starts[i + 1]])) for i in range(n)]
-    from collections import Counter
     (s0, o0), _ = Counter(keys).most_common(1)[0]
     return s0, o0, np.array([kk == (s0, o0) for kk in keys])
 

@@ -26,8 +26,9 @@ from pagecast import trace as T
 
 from . import formula as FM
 from .features import AllocIndex, Word, candidate_words
-from .fit import HISTORY_INTERVALS   # the same bound on a region's stored history as the fit's
+from .fit import HISTORY_INTERVALS  # the same bound on a region's stored history as the fit's
 from .model_io import KernelModel, Model, Region
+from .predictor import predict_footprints
 
 DEMOTE_AFTER = 3           # widenings of one region before it is declared irregular
 NEAR = 0.5                 # a miss within this share of the region's size (or 2 big pages) "nearly held"
@@ -316,7 +317,6 @@ def fault_misses(model: Model, trace: T.Trace, fallback: str = "history"):
     their misses are the pages they had not touched before. Returns (launch, start, end)
     page intervals sorted by launch.
     """
-    from .predictor import predict_footprints
     ps = trace.page_size
     f = trace.faults
     lid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))

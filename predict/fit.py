@@ -13,6 +13,10 @@ have been touched without faulting). Relative to the base pointer these are
 byte intervals; launches with equal features are intersected into one group.
 `formula.solve` then finds the simplest integer formula inside every group's
 interval. Several traces are pooled: a template must hold in all of them.
+
+Long because fitting is one search (bounds, formula candidates, classes) over per-kernel state
+that its steps share; the parts that stand alone (features, formula, observe) are modules of
+their own.
 """
 
 from __future__ import annotations

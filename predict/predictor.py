@@ -10,17 +10,22 @@ Fallbacks for `irregular` regions and for kernels the model never saw:
   union of earlier launches' observed pages of the same kernel in the same
   allocation, plus the pages the model stored for irregular regions);
 - `none`: nothing (demand paging).
+
+Long because the batch and the online predictor stay side by side: they evaluate the same
+formulas and must agree launch for launch (the tests compare them).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pagecast import footprints as FP
 from pagecast import trace as T
@@ -28,6 +33,7 @@ from pagecast.errors import UsageError
 
 from .features import AllocIndex, Word, grid_matrix, kernel_groups, layouts, param_matrix
 from .model_io import FALLBACKS, KernelModel, Model, Region
+from .observe import split_by_alloc
 
 HISTORY_MAX_INTERVALS = 256
 
@@ -216,11 +222,8 @@ def _useful_chunks(st, ch, sd, lo, hi):
 
 def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc) -> None:
     """Per (kernel, allocation), in launch order: predict the union of what earlier launches touched."""
-    import dataclasses
 
-    import pyarrow.compute as pc
 
-    from .observe import split_by_alloc
     # observed pages of the launches that asked only (faults without a launch id are kept:
     # they are attributed by time)
     ids = pa.array(np.unique(np.concatenate(fb_l)))

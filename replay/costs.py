@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagecast.errors import OutputExistsError, ProfileError, shown
-from pagecast.jsonfile import read_json
+from pagecast.jsonfile import read_json, write_json_atomic
 
 FORMAT = "pagecast-cost-profile"
 VERSION = 1
@@ -183,7 +183,6 @@ def load_profile(name_or_path: str | Path | CostProfile) -> CostProfile:
 
 def save_profile(profile: CostProfile, path: str | Path, force: bool = False) -> Path:
     """Write a profile as JSON (refuses to overwrite without force)."""
-    from pagecast.jsonfile import write_json_atomic
 
     path = Path(path)
     if path.exists() and not force:

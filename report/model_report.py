@@ -11,9 +11,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+from pagecast.predict.evaluate import evaluate
+from pagecast.predict.model_io import load_model
+from pagecast.predict.predictor import predict_footprints
 
 from pagecast import trace as T
-from pagecast.footprints import Footprints, footprints, intersection_pages
+from pagecast.footprints import Footprints, footprints, intersection_pages, merge_intervals
 from pagecast.units import format_size
 
 from .page import FIG_W, PALETTE, Section, esc, figure, setup_matplotlib, short
@@ -205,7 +208,6 @@ def footprint_picture(trace: T.Trace, truth: Footprints, pred: Footprints, launc
     """One panel per launch: footprint and prediction on an axis made of the pieces either of them covers
     (in address order, the gaps between them removed, a dashed line where a gap was)."""
     plt = setup_matplotlib()
-    from pagecast.footprints import merge_intervals
     ps = trace.page_size
     names, codes = kernel_codes(trace)
     n = max(len(launches), 1)
@@ -259,9 +261,6 @@ def footprint_picture(trace: T.Trace, truth: Footprints, pred: Footprints, launc
 
 
 def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
-    from pagecast.predict.evaluate import evaluate
-    from pagecast.predict.model_io import load_model
-    from pagecast.predict.predictor import predict_footprints
 
     model = load_model(model_path)
     ev = evaluate(model, trace, fallback=FALLBACK)

@@ -14,12 +14,17 @@ import time
 import warnings
 from pathlib import Path
 
-from pagecast import trace as T
-from pagecast.errors import InputError, UsageError
-from pagecast.outputs import check_output_file
 from pagecast.replay.results_io import is_results
 
+from pagecast import trace as T
+from pagecast.console import progress
+from pagecast.errors import InputError, UsageError
+from pagecast.outputs import check_output_file
+
+from .model_report import model_sections
 from .page import Section, render_page
+from .replay_report import replay_sections
+from .trace_report import trace_sections
 
 
 def _is_results(path: Path) -> bool:
@@ -59,19 +64,16 @@ def build_html(input_path: str | os.PathLike, *, model: str | os.PathLike | None
     kind = detect_kind(p, model)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if kind == "trace":
-        from .trace_report import trace_sections
         trace = _read_trace(p)
         sections = trace_sections(trace)
         title = f"pagecast trace report: {trace.name}"
         sub = f"{p}  ·  {trace.n_launches:,} launches  ·  made {stamp}"
     elif kind == "model":
-        from .model_report import model_sections
         trace = _read_trace(p)
         sections = model_sections(Path(model), trace)
         title = f"pagecast model report: {Path(model).name} on {trace.name}"
         sub = f"model {model}  ·  trace {p}  ·  made {stamp}"
     else:
-        from .replay_report import replay_sections
         sections, label = replay_sections(p)
         title = f"pagecast replay report: {label}"
         sub = f"{p}  ·  made {stamp}"
@@ -94,7 +96,6 @@ def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
     check_output_file(out, force, "report.html")
     if model is not None and not Path(model).exists():
         raise InputError(f"{model}: no such model file")
-    from pagecast.console import progress
     with progress("report: reading and plotting", None):
         doc, _ = build_html(input_path, model=model)
     out.parent.mkdir(parents=True, exist_ok=True)

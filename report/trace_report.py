@@ -11,11 +11,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from pagecast import trace as T
-from pagecast.footprints import Footprints, attribute_by_time, merge_intervals
+from pagecast.footprints import Footprints, attribute_by_time, footprints, merge_intervals
+from pagecast.summary import trace_summary
 from pagecast.units import format_size
 from pagecast.uvm import VA_BLOCK
 
-from .page import OTHER_COLOUR, PALETTE, FIG_W, Section, figure, setup_matplotlib, short
+from .page import FIG_W, OTHER_COLOUR, PALETTE, Section, figure, setup_matplotlib, short
 
 SCATTER_MAX_POINTS = 60_000    # above this many fault records the scatter is binned
 BIN_T, BIN_A = 900, 500        # cells of the binned scatter (time x address)
@@ -411,8 +412,6 @@ def touched_pages(fp: Footprints, addr: np.ndarray, nbytes: np.ndarray, page_siz
 
 
 def trace_sections(trace: T.Trace) -> list[Section]:
-    from pagecast.footprints import footprints
-    from pagecast.summary import trace_summary
 
     s = trace_summary(trace, top=max(TOP_FOOTPRINT_KERNELS, 10))
     fp = footprints(trace)

@@ -17,7 +17,7 @@ from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.footprints import footprints
 from pagecast.replay.gpu import cuda_engine as E
 from pagecast.replay.online import relocate as O
-from pagecast.replay.gpu import feedback as FB
+from pagecast.replay.gpu import feedback_loop as FB
 from pagecast.replay.online import prediction as GP
 from pagecast.replay.online import ranges as R
 from cuda_standin import FakeCuda

@@ -15,7 +15,6 @@ from pagecast.replay.plan import groups as PG
 from pagecast.replay.policies import template as PT
 from pagecast.replay.sim import run as R
 from pagecast.replay.sim import stack as ST
-from pagecast.replay.sim import kernels as C
 from pagecast.replay.costs import load_profile
 from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import build_workload

@@ -30,7 +30,7 @@ from ..online.relocate import Relocator
 from ..policies import online_names
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
-from .feedback import FeedbackLoop
+from .feedback_loop import FeedbackLoop
 
 
 # ---------------------------------------------------------------------------

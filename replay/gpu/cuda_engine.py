@@ -12,7 +12,7 @@ moves it with cuMemPrefetchAsync:
   for the eviction before the kernel, so eviction overlaps population but
   never a kernel.
 
-With feedback, faults the prediction missed refine the model (feedback.py's
+With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 """
 

@@ -14,7 +14,7 @@ from pagecast.units import parse_size
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from . import cupti_monitor, driver
 from .cuda_engine import Engine
-from .feedback import FeedbackLoop
+from .feedback_loop import FeedbackLoop
 
 
 @contextlib.contextmanager

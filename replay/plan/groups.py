@@ -54,7 +54,8 @@ class Groups:
             return ptr, np.concatenate([head, tail])
         ev_ptr, ev = cat(self.ev_ptr, self.ev_unit, other.ev_ptr, other.ev_unit)
         pf_ptr, pf = cat(self.pf_ptr, self.pf_unit, other.pf_ptr, other.pf_unit)
-        j = lambda a, b: np.concatenate([a[:s], b[s:]])
+        def j(a, b):
+            return np.concatenate([a[:s], b[s:]])
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
                       j(self.blocking, other.blocking), j(self.thrash, other.thrash),
                       j(self.need_group, other.need_group), self.front)

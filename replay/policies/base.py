@@ -45,8 +45,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pagecast.errors import UsageError
-
 from ..plan.groups import Groups
 from ..plan.spans import PLAN_SPANS, choose_span
 from ..unit_space import Needs, Workload
