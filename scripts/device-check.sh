@@ -94,7 +94,7 @@ else
   for f in "$ROOT"/pagecast/*; do ln -s "$f" "$SRC/pagecast/"; done
   for d in collect datasets predict replay report; do ln -s "$ROOT/$d" "$SRC/pagecast/$d"; done
   export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
-  if $PY -c 'import pagecast.cli, pagecast.collect.collector, pagecast.datasets.gpu.jacobi2d, pagecast.replay.gpu_runner' >>"$LOG" 2>&1; then
+  if $PY -c 'import pagecast.cli, pagecast.collect.collector, pagecast.datasets.gpu.jacobi2d, pagecast.replay.gpu.backend' >>"$LOG" 2>&1; then
     step "pagecast editable install" "failed (see log); using a linked source tree on PYTHONPATH ($SRC)"
   else
     step "pagecast editable install" "FAILED, and the linked source tree does not import either (see log)"

@@ -152,19 +152,21 @@ def run_gpu_replay(cfg: GpuReplayConfig) -> tuple[list[dict], Any]:
     workload = list(cfg.workload or [])
     parse_workload(workload)  # raises UsageError on a bad command
     model = cfg.model
-    if "template" in policies and not model:
-        raise UsageError("policy template needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")
+    for p in policies:
+        if POLICIES[p].predicts and not model:
+            raise UsageError(f"policy {p} needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")
     if model:
         load_model_file(model)  # a bad model fails here, before any run
     traces = [str(t) for t in (cfg.traces or [])]
     if len(traces) > 1:
         raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")
     trace = T.read_trace(traces[0]).require_launches("replay") if traces else None
-    if "oracle" in policies:
-        if trace is None:
-            raise UsageError("policy oracle needs a full-mode trace of the same workload (pagecast collect --mode full)")
-        if trace.mode != "full":
-            console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the oracle's footprints may be incomplete")
+    for p in policies:
+        if POLICIES[p].needs_relocator:
+            if trace is None:
+                raise UsageError(f"policy {p} needs a full-mode trace of the same workload (pagecast collect --mode full)")
+            if trace.mode != "full":
+                console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
     footprint = _footprint_bytes(trace) if trace is not None else None
 
     capacity = cfg.capacity

@@ -27,7 +27,7 @@ from pagecast.errors import NoGPUError, PagecastError, UsageError
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from ..online.relocate import Relocator
-from ..policies import online_names
+from ..policies import POLICIES, online_names
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
 from .feedback_loop import FeedbackLoop
@@ -186,7 +186,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         result.write_text(json.dumps(out, default=str))
         return code
 
-    keep_records = bool(ns.feedback and ns.policy == "template")
+    predicts = POLICIES[ns.policy].predicts   # the model predicts every launch (template)
+    keep_records = bool(ns.feedback and predicts)
     try:
         kind, target, wargs = parse_workload(ns.workload)
         if monitor is None:
@@ -203,7 +204,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         if ns.trace:
             relocator = Relocator(T.read_trace(ns.trace))
         engine = Engine(cuda, ns.policy, capacity=ns.capacity,
-                        predict=predict if (ns.policy == "template" or ns.capacity is not None) else None,
+                        predict=predict if (predicts or ns.capacity is not None) else None,
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
                         warn=warns)
     except PagecastError as e:
@@ -213,7 +214,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         return finish(e.exit_code)
 
     feedback = None
-    if ns.feedback and ns.policy == "template":
+    if ns.feedback and predicts:
         feedback = FeedbackLoop(engine, monitor, model, ns.fallback, predict, every=ns.feedback_every)
 
     on_launch = engine.on_launch if feedback is None else feedback.on_launch
