@@ -114,3 +114,17 @@ def test_every_package_folder_is_installed():
     assert found == listed
     for pkg, folder in cfg["package-dir"].items():
         assert L.module_name(ROOT, ROOT / folder / "__init__.py") == pkg, (pkg, folder)
+
+
+MAX_KERNEL_ARGS = 10   # numba kernels take bundles of arrays (sim/kernels.py's Space, Mem, Rules, ...)
+
+
+def test_numba_kernels_take_at_most_ten_arguments():
+    wide = []
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("njit" in ast.unparse(d) for d in node.decorator_list):
+                n = len(node.args.args) + len(node.args.kwonlyargs)
+                if n > MAX_KERNEL_ARGS:
+                    wide.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({n} arguments)")
+    assert wide == []
