@@ -9,6 +9,7 @@ from pagecast.command import Command
 from pagecast.errors import UsageError
 
 POLICY_NAMES = "demand, alloc, template, oracle, swap, runner"
+ARG_POLICIES = {"alloc", "template", "runner"}   # policies that read the launches' argument bytes
 
 
 def _size_list(text: str) -> list[int]:
@@ -111,7 +112,7 @@ class PlanCommand(Command):
         if cap is not None and cap <= 0:
             raise UsageError(f"--capacity must be > 0, not {args.capacity}")
         model = load_model(args.model)
-        trace = read_trace(args.trace).require_launches("plan")
+        trace = read_trace(args.trace).require_launches("plan").require_argument_bytes("plan")
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span)
         with console.progress("planning", None):
@@ -218,6 +219,9 @@ class ReplayCommand(Command):
         from .run import replay_sim
 
         traces = [read_trace(t).require_launches("replay") for t in args.traces]
+        for p in sorted(ARG_POLICIES.intersection(args.policy)):   # they read pointer arguments
+            for t in traces:
+                t.require_argument_bytes(f"policy {p}")
         model = None
         if args.model:
             from pagecast.predict.model_io import load_model
