@@ -151,6 +151,8 @@ class ReplayCommand(Command):
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
         p.add_argument("--backend", default="sim", choices=("sim", "gpu"), help="sim (default) or gpu")
         p.add_argument("--json", action="store_true", help="print one JSON list of runs on stdout")
+        p.add_argument("--all", action="store_true",
+                       help="print every run (time, stall, faults, bytes), not the summary of speedups")
         p.add_argument("-o", "--output", metavar="RESULTS.parquet", help="write the runs (and a timeline beside them)")
         p.add_argument("--force", action="store_true", help="overwrite existing results")
         _add_sim_flags(p)
@@ -253,9 +255,12 @@ def _report(args, runs, timeline) -> int:
     if args.json:
         console.emit_json(runs)
     else:
-        console.stdout().print(results_table(runs))
+        from pagecast.report.pivot import applies, make_pivot, pivot_table
+        show_all = getattr(args, "all", False) or not applies(runs)   # the pivot needs demand and another policy
+        console.stdout().print(results_table(runs) if show_all else pivot_table(make_pivot(runs)))
     if args.output:
-        console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
+        console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html   |   "
+                                                     f"pagecast export perfetto {args.output} -o timeline.pftrace")
     return 0
 
 
@@ -322,6 +327,7 @@ class DemoCommand(Command):
         p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                        help="replay the workloads and mixes in N processes (default: the CPUs, at most 4)")
         p.add_argument("--json", action="store_true", help="print the runs as one JSON list")
+        p.add_argument("--all", action="store_true", help="print every run, not the one-screen summary")
 
     def run(self, args):
         from .demo import run_demo

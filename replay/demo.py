@@ -64,19 +64,21 @@ def run_demo(args) -> int:
     if args.json:
         console.emit_json(all_runs)
     else:
-        out_c = console.stdout()
+        from pagecast.report.pivot import make_pivot, pivot_table
+        out_c = console.stdout()   # the pivot fits a screen (<= 40 lines with what stderr says); --all: every run
         out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
-                                                  f"{info['mixes']} mixes, costs {args.costs}"))
-        out_c.print(headline(all_runs))
-    console.info(f"demo took {elapsed:.1f} s")
-    console.wrote(res_path, "replay results")
+                                  f"{info['mixes']} mixes, costs {args.costs}") if args.all else pivot_table(make_pivot(all_runs)))
+        if args.all:
+            out_c.print(headline(all_runs))
     from pagecast.report.render import write_report
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report
         console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
-    else:
-        console.wrote(html, "report", f"open {html} in a browser; pagecast replay -h to replay your own traces")
+        html = None
+    console.wrote(f"{res_path}" + (f", {html}" if html else ""), f"results{' and report' if html else ''} "
+                  f"({info['workloads']} workloads, {info['mixes']} mixes, costs {args.costs}, {elapsed:.1f} s)",
+                  (f"open {html}; " if html else "") + f"pagecast export perfetto {res_path} -o demo.pftrace")
     return 0
 
 
