@@ -77,8 +77,8 @@ def workload(n_kernels: int = 12, seed: int = 0) -> tuple[dict[str, dict[str, li
     t: dict[str, dict[str, list]] = {name: {c: [] for c, _ in cols} for name, cols in SCHEMA.items()}
 
     def row(table, **vals):
-        for c, _ in SCHEMA[table]:
-            t[table][c].append(vals.get(c, 0))
+        for c, typ in SCHEMA[table]:
+            t[table][c].append(vals.get(c, "" if typ.startswith("TEXT") else 0))
 
     strings = []
     for mangled, demangled, short in KERNELS:
