@@ -42,6 +42,8 @@ MEMORY_FLAG = "--cuda-memory-usage=true"
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BATCH_ROWS = 1 << 20   # rows fetched per SQLite batch (bounds the Python objects alive at once)
+# what a damaged SQLite file raises (a damaged schema page can fail to decode as UTF-8)
+_DB_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
 
 
 @dataclass
@@ -66,7 +68,7 @@ class NsysExport:
                 return [r[1] for r in self._con.execute(f'PRAGMA table_info("{table}")')]
             import pyarrow.parquet as pq
             return list(pq.read_schema(_schema_file(self._tables[table])).names)
-        except (sqlite3.DatabaseError, OSError, pa.ArrowException) as e:
+        except (*_DB_ERRORS, OSError, pa.ArrowException) as e:
             raise InputError(f"{self.path}: cannot read table {table} ({_first_line(e)})") from None
 
     def count(self, table: str) -> int:
@@ -77,7 +79,7 @@ class NsysExport:
                 return int(self._con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
             import pyarrow.dataset as ds
             return int(ds.dataset(str(self._tables[table]), format="parquet").count_rows())
-        except (sqlite3.DatabaseError, OSError, pa.ArrowException) as e:
+        except (*_DB_ERRORS, OSError, pa.ArrowException) as e:
             raise InputError(f"{self.path}: cannot read table {table} ({_first_line(e)})") from None
 
     def read(self, table: str, wanted: list[str], progress=None,
@@ -99,7 +101,7 @@ class NsysExport:
             if progress is not None:
                 progress.advance(t.num_rows)
             return t
-        except (sqlite3.DatabaseError, OSError, pa.ArrowException) as e:
+        except (*_DB_ERRORS, OSError, pa.ArrowException) as e:
             raise InputError(f"{self.path}: cannot read table {table} ({_first_line(e)})") from None
 
     def _read_sqlite(self, table: str, cols: list[str], progress, where) -> pa.Table:
@@ -149,8 +151,9 @@ def open_export(path: str | Path) -> NsysExport:
 def _open_sqlite(p: Path) -> NsysExport:
     try:
         con = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True)
+        con.text_factory = lambda b: b.decode("utf-8", "replace")   # a name that is not UTF-8 is kept, marked
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
-    except sqlite3.DatabaseError as e:
+    except _DB_ERRORS as e:
         raise InputError(f"{p}: unreadable SQLite database ({_first_line(e)})") from None
     tables = {n: n for n in names}
     meta = next((t for t in META_TABLES if t in tables), None)
@@ -160,7 +163,7 @@ def _open_sqlite(p: Path) -> NsysExport:
                          f" table); export a report with 'nsys export --type sqlite REPORT.nsys-rep'")
     try:
         kv = {str(k): v for k, v in con.execute(f'SELECT name, value FROM "{meta}"')}
-    except sqlite3.DatabaseError as e:
+    except _DB_ERRORS as e:
         con.close()
         raise InputError(f"{p}: unreadable {meta} table ({_first_line(e)})") from None
     version, product = _check_version(p, kv)

@@ -80,6 +80,9 @@ def import_nsys(cfg: NsysImportConfig, progress=None) -> NsysImportResult:
     exp = X.open_export(cfg.report)
     try:
         res = _convert(exp, cfg, progress)
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as e:
+        # values no nsys export holds (text in an integer column, a damaged page read as data)
+        raise InputError(f"{cfg.report}: unexpected values in the export ({X._first_line(e)})") from None
     finally:
         exp.close()
     try:

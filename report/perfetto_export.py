@@ -59,7 +59,7 @@ def export_perfetto(cfg: PerfettoExportConfig, progress=None) -> PerfettoExportR
         trace = T.read_trace(p).require_launches("export")
         with PerfettoWriter(cfg.output) as w:
             counts = trace_timeline(w, trace, progress)
-        return PerfettoExportResult(Path(cfg.output), "trace", w._next_uuid - 1, w.events, counts)
+        return PerfettoExportResult(Path(cfg.output), "trace", w.tracks, w.events, counts)
     if is_results(p):
         from pagecast.replay.results_io import read_results
         runs, tl = read_results(p)
@@ -68,7 +68,7 @@ def export_perfetto(cfg: PerfettoExportConfig, progress=None) -> PerfettoExportR
                              " replay with -o to write one")
         with PerfettoWriter(cfg.output) as w:
             counts = results_timeline(w, runs, tl, cfg.policies, cfg.workloads, progress)
-        return PerfettoExportResult(Path(cfg.output), "results", w._next_uuid - 1, w.events, counts)
+        return PerfettoExportResult(Path(cfg.output), "results", w.tracks, w.events, counts)
     raise InputError(f"{p}: not a pagecast trace directory or replay results file; "
                      "export reads a trace (*.pctrace) or RESULTS.parquet")
 

@@ -43,6 +43,11 @@ class PerfettoWriter:
         self._first = True
         self.events = 0
 
+    @property
+    def tracks(self) -> int:
+        """Tracks declared so far."""
+        return self._next_uuid - 1
+
     # ---- tracks ------------------------------------------------------------------
     def track(self, name: str, parent: int | None = None, *, counter_unit: str | None = None,
               ordered_children: bool = True) -> int:
@@ -71,42 +76,34 @@ class PerfettoWriter:
     def slices(self, track: int, start_ns: np.ndarray, end_ns: np.ndarray, names: Sequence[str] | str,
                args: dict[str, Sequence] | None = None) -> int:
         """Complete slices [start, end) on one track; they must not partly overlap (use `lanes`)."""
-        pb = _pb()
         start_ns = np.asarray(start_ns, np.int64)
-        end_ns = np.maximum(np.asarray(end_ns, np.int64), start_ns)
-        one = names if isinstance(names, str) else None
-        cols = list((args or {}).items())
-        order = np.argsort(start_ns, kind="stable")
-        for i in order.tolist():
-            pkt = self._packet(int(start_ns[i]))
-            ev = pkt.track_event
-            ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
-            ev.track_uuid = track
-            self._name(pkt, one if one is not None else str(names[i]))
-            for k, col in cols:
-                _annotate(ev.debug_annotations.add(), k, col[i])
-            end = self._packet(int(end_ns[i]))
-            end.track_event.type = pb.TrackEvent.TYPE_SLICE_END
-            end.track_event.track_uuid = track
-        self.events += len(order)
-        return len(order)
+        return self._events(track, start_ns, np.maximum(np.asarray(end_ns, np.int64), start_ns), names, args)
 
     def instants(self, track: int, ts_ns: np.ndarray, names: Sequence[str] | str,
                  args: dict[str, Sequence] | None = None) -> int:
+        return self._events(track, np.asarray(ts_ns, np.int64), None, names, args)
+
+    def _events(self, track, ts, end, names, args) -> int:
+        """Named events at `ts` (instants, or slice begins with their ends at `end`), in time order."""
         pb = _pb()
-        ts_ns = np.asarray(ts_ns, np.int64)
         one = names if isinstance(names, str) else None
         cols = list((args or {}).items())
-        for i in range(len(ts_ns)):
-            pkt = self._packet(int(ts_ns[i]))
+        kind = pb.TrackEvent.TYPE_INSTANT if end is None else pb.TrackEvent.TYPE_SLICE_BEGIN
+        order = np.argsort(ts, kind="stable")
+        for i in order.tolist():
+            pkt = self._packet(int(ts[i]))
             ev = pkt.track_event
-            ev.type = pb.TrackEvent.TYPE_INSTANT
+            ev.type = kind
             ev.track_uuid = track
             self._name(pkt, one if one is not None else str(names[i]))
             for k, col in cols:
                 _annotate(ev.debug_annotations.add(), k, col[i])
-        self.events += len(ts_ns)
-        return len(ts_ns)
+            if end is not None:
+                stop = self._packet(int(end[i]))
+                stop.track_event.type = pb.TrackEvent.TYPE_SLICE_END
+                stop.track_event.track_uuid = track
+        self.events += len(order)
+        return len(order)
 
     def counter(self, track: int, ts_ns: np.ndarray, values: np.ndarray) -> int:
         """Counter samples (integers) on a counter track, in time order."""

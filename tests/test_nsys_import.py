@@ -185,3 +185,27 @@ def test_counts_hold_for_any_export(tmp_path_factory, n, seed, kind):
     from pagecast.footprints import observed_footprints
     fp = observed_footprints(tr)
     assert (fp.pages_per_launch() > 0).all()        # every kernel faulted: each has a footprint
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_damaged_export_is_imported_or_refused_in_one_line(tmp_path_factory, data):
+    """Bytes changed anywhere in a good SQLite export: exit 0 with a valid trace, or exit 2 with one line."""
+    import contextlib
+    import io
+    d = tmp_path_factory.mktemp("f")
+    src = d / "e.sqlite"
+    make_export(src, n_kernels=6)
+    raw = bytearray(src.read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(100, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    src.write_bytes(bytes(raw))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["import", "nsys", str(src), "-o", str(d / "t.pctrace")])
+    assert code in (0, 2), err.getvalue()
+    if code == 2:
+        assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+    else:
+        T.read_trace(d / "t.pctrace")
