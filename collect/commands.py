@@ -103,4 +103,54 @@ class CollectCommand(Command):
         return code
 
 
-COMMANDS: list[Command] = [CollectCommand()]
+class ImportCommand(Command):
+    name = "import"
+    help = "a trace from another profiler's export: Nsight Systems (nsys)"
+    description = (
+        "Convert an Nsight Systems export into a trace: kernels, GPU page faults, unified-memory\n"
+        "migrations and allocations (docs/import-nsys.md).\n\n"
+        "  nsys profile --trace=cuda --cuda-um-gpu-page-faults=true --cuda-memory-usage=true -o run python train.py\n"
+        "  nsys export --type sqlite run.nsys-rep        (or --type parquetdir)\n"
+        "  pagecast import nsys run.sqlite -o run.pctrace\n\n"
+        "Nsight records no kernel arguments: summary, query, report and replay (demand, oracle, swap)\n"
+        "work on the trace; fitting templates needs a trace from pagecast collect.")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("source", choices=("nsys",), metavar="SOURCE", help="the profiler that wrote REPORT: nsys")
+        p.add_argument("report", metavar="REPORT",
+                       help="an 'nsys export --type sqlite' file or a '--type parquetdir' directory")
+        p.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write")
+        p.add_argument("--force", action="store_true", help="overwrite an existing output")
+        p.add_argument("--json", action="store_true", help="print what was imported as one JSON document")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from pagecast.console import emit_json, info, progress, warn, wrote
+        from pagecast.errors import OutputExistsError
+
+        from .nsys_import import NsysImportConfig, import_nsys
+
+        out = Path(args.output)
+        if out.exists() and not args.force:
+            raise OutputExistsError(out)
+        cfg = NsysImportConfig(report=Path(args.report), output=out, force=args.force)
+        with progress("importing", None) as bar:
+            res = import_nsys(cfg, progress=bar)
+        for n in res.notes:
+            warn(n)
+        c = res.counts
+        if args.json:
+            emit_json({"trace": str(res.path), "source": args.source, "schema_version": res.schema_version,
+                       "allocations_inferred": res.allocations_inferred, **c, "notes": res.notes})
+        else:
+            info(f"{c['launches']:,} launches, {c['faults']:,} faults in {c['fault_records']:,} records, "
+                 f"{c['migrations']:,} migrations, {c['allocations']:,} allocations"
+                 + (" (inferred)" if res.allocations_inferred else "")
+                 + f"; nsys schema {res.schema_version}")
+        wrote(res.path, "trace", f"pagecast summary {res.path}   |   pagecast replay {res.path} "
+                                 "--policy demand,oracle,swap --oversub 2")
+        return 0
+
+
+COMMANDS: list[Command] = [CollectCommand(), ImportCommand()]

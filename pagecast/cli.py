@@ -32,8 +32,8 @@ def _commands() -> list[Command]:
 
     found = {c.name: c for c in [SummaryCommand(), QueryCommand(), DemoCommand(), *collect, *datasets, *predict,
                                  *replay, *replay_gpu, *report]}
-    order = ["demo", "datasets", "summary", "query", "collect", "fit", "predict", "evaluate",
-             "plan", "replay", "calibrate", "report"]
+    order = ["demo", "datasets", "summary", "query", "collect", "import", "fit", "predict", "evaluate",
+             "plan", "replay", "calibrate", "report", "export"]
     return [found[n] for n in order if n in found] + [c for n, c in found.items() if n not in order]
 
 

@@ -136,8 +136,9 @@ class DemoCommand(Command):
         p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                        help="replay the workloads and mixes in N processes (default: the CPUs, at most 4)")
         p.add_argument("--json", action="store_true", help="print the runs as one JSON list")
+        p.add_argument("--all", action="store_true", help="print every run, not the one-screen summary")
 
     def run(self, args):
         from .demo import DemoConfig, run_demo
         return run_demo(DemoConfig(output=args.output, force=args.force, scale=args.scale, costs=args.costs,
-                                   jobs=args.jobs, json=args.json))
+                                   jobs=args.jobs, json=args.json, all=args.all))

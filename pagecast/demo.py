@@ -37,6 +37,7 @@ from pagecast.replay.results_io import write_results
 from pagecast.replay.results_table import results_table
 from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import compute_times
+from pagecast.report.pivot import make_pivot, pivot_table
 from pagecast.report.render import write_report
 from pagecast.trace import MANIFEST, prepare_output_dir, read_trace
 
@@ -58,6 +59,7 @@ class DemoConfig:
     costs: str = "msched-rtx5080"           # cost profile
     jobs: int | None = None                 # replay processes (None: default_jobs())
     json: bool = False                      # print the runs as one JSON list
+    all: bool = False                       # print every run, not the one-screen pivot
 
 
 def prepare_dir(out: Path, force: bool) -> None:
@@ -92,18 +94,20 @@ def run_demo(cfg: DemoConfig) -> int:
     if cfg.json:
         console.emit_json(all_runs)
     else:
-        out_c = console.stdout()
+        out_c = console.stdout()   # the pivot fits a screen (<= 40 lines with what stderr says); --all: every run
         out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
-                                                  f"{info['mixes']} mixes, costs {cfg.costs}"))
-        out_c.print(headline(all_runs))
-    console.info(f"demo took {elapsed:.1f} s")
-    console.wrote(res_path, "replay results")
+                                                  f"{info['mixes']} mixes, costs {cfg.costs}") if cfg.all
+                    else pivot_table(make_pivot(all_runs)))
+        if cfg.all:
+            out_c.print(headline(all_runs))
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report
         console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
-    else:
-        console.wrote(html, "report", f"open {html} in a browser; pagecast replay -h to replay your own traces")
+        html = None
+    console.wrote(f"{res_path}" + (f", {html}" if html else ""), f"results{' and report' if html else ''} "
+                  f"({info['workloads']} workloads, {info['mixes']} mixes, costs {cfg.costs}, {elapsed:.1f} s)",
+                  (f"open {html}; " if html else "") + f"pagecast export perfetto {res_path} -o demo.pftrace")
     return 0
 
 

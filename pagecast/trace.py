@@ -362,6 +362,14 @@ class Trace:
             raise TraceError(f"{self.path}: the trace has no launches{held}; nothing to {what}")
         return self
 
+    def require_argument_bytes(self, what: str) -> "Trace":
+        """This trace, or TraceError (one line, exit 2) when its launches carry no argument bytes
+        (manifest `argument_bytes: false`, as `pagecast import nsys` writes: Nsight records none)."""
+        if self.manifest.get("argument_bytes") is False:
+            raise TraceError(f"{self.path}: {what} needs the kernels' argument bytes, which this trace (source"
+                             f" {self.manifest.get('source')!r}) does not have; record the workload with pagecast collect")
+        return self
+
     @property
     def name(self) -> str:
         wl = self.manifest.get("workload") or {}

@@ -23,7 +23,7 @@ def _read(path):
 
 def _read_launches(path, what: str):
     """A trace that has launches; an empty one is bad input (one line, exit 2)."""
-    return _read(path).require_launches(what)
+    return _read(path).require_launches(what).require_argument_bytes(what)
 
 
 class FitCommand(Command):
@@ -56,14 +56,14 @@ class FitCommand(Command):
         out = Path(args.output)
         if out.exists() and not args.force:
             raise OutputExistsError(out)
-        traces = [_read(t) for t in args.traces]
+        traces = [_read(t).require_argument_bytes("fitting templates") for t in args.traces]
         n_kernels = len({k for t in traces for k in t.launches.column(T.KERNEL).unique().to_pylist()}) \
             if traces else 0
         with console.progress("fitting templates", n_kernels) as bar:
             model = fit_model(traces, progress=bar)
         changed = 0
         for f in args.feedback:
-            changed += feedback_from_trace(model, _read(f))
+            changed += feedback_from_trace(model, _read(f).require_argument_bytes("feedback"))
         save_model(model, out, force=args.force)
         s = model.summary()
         if args.json:

@@ -12,6 +12,7 @@ from pagecast.command import Command
 from pagecast.errors import UsageError
 
 POLICY_NAMES = "demand, alloc, template, oracle, swap, runner"
+ARG_POLICIES = {"alloc", "template", "runner"}   # policies that read the launches' argument bytes
 
 
 def _size_list(text: str) -> list[int]:
@@ -115,7 +116,7 @@ class PlanCommand(Command):
         if cap is not None and cap <= 0:
             raise UsageError(f"--capacity must be > 0, not {args.capacity}")
         model = load_model(args.model)
-        trace = read_trace(args.trace).require_launches("plan")
+        trace = read_trace(args.trace).require_launches("plan").require_argument_bytes("plan")
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span)
         with console.progress("planning", None):
@@ -154,6 +155,8 @@ class ReplayCommand(Command):
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
         p.add_argument("--backend", default="sim", choices=("sim", "gpu"), help="sim (default) or gpu")
         p.add_argument("--json", action="store_true", help="print one JSON list of runs on stdout")
+        p.add_argument("--all", action="store_true",
+                       help="print every run (time, stall, faults, bytes), not the summary of speedups")
         p.add_argument("-o", "--output", metavar="RESULTS.parquet", help="write the runs (and a timeline beside them)")
         p.add_argument("--force", action="store_true", help="overwrite existing results")
         _add_sim_flags(p)
@@ -222,6 +225,9 @@ class ReplayCommand(Command):
         from .sim.sweep import replay_sim
 
         traces = [read_trace(t).require_launches("replay") for t in args.traces]
+        for p in sorted(ARG_POLICIES.intersection(args.policy)):   # they read pointer arguments
+            for t in traces:
+                t.require_argument_bytes(f"policy {p}")
         model = None
         if args.model:
             from pagecast.predict.model_io import load_model
@@ -254,9 +260,12 @@ def _report(args, runs, timeline) -> int:
         console.emit_json(runs)
     else:
         from .results_table import results_table
-        console.stdout().print(results_table(runs))
+        from pagecast.report.pivot import applies, make_pivot, pivot_table
+        show_all = getattr(args, "all", False) or not applies(runs)   # the pivot needs demand and another policy
+        console.stdout().print(results_table(runs) if show_all else pivot_table(make_pivot(runs)))
     if args.output:
-        console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html")
+        console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html   |   "
+                                                     f"pagecast export perfetto {args.output} -o timeline.pftrace")
     return 0
 
 

@@ -69,7 +69,7 @@ def build_html(input_path: str | os.PathLike, *, model: str | os.PathLike | None
         title = f"pagecast trace report: {trace.name}"
         sub = f"{p}  ·  {trace.n_launches:,} launches  ·  made {stamp}"
     elif kind == "model":
-        trace = _read_trace(p)
+        trace = _read_trace(p).require_argument_bytes("a model report")
         sections = model_sections(Path(model), trace)
         title = f"pagecast model report: {Path(model).name} on {trace.name}"
         sub = f"model {model}  ·  trace {p}  ·  made {stamp}"

@@ -483,11 +483,17 @@ def test_suite_remakes_traces_kept_from_another_scale(tmp_path):
 
 
 def test_demo_command_end_to_end(tmp_path, capsys):
-    """`pagecast demo` at a tiny scale: traces, model, results (+ timeline) in DIR, the table on stdout."""
+    """`pagecast demo` at a tiny scale: traces, model, results (+ timeline) in DIR; on stdout the
+    one-screen pivot (every output line counted: at most 40), every run with --all."""
     out = tmp_path / "demo"
     code, stdout, err = run_cli(capsys, "demo", "-o", out, "--scale", "0.02")
     assert code == 0, err
-    assert "oversubscription, geometric mean over demand" in stdout and "template" in stdout
+    assert len((stdout + err).splitlines()) <= 40, stdout + err
+    lines = stdout.splitlines()
+    assert lines[0].split() == ["workload", "oversub", "alloc", "template", "oracle", "template/oracle"]
+    assert sum(ln.startswith("geometric mean (11)") for ln in lines) == 3   # 8 workloads and 3 mixes
+    assert len(lines) == 1 + 11 * 3 + 3
+    assert "pagecast export perfetto" in err and "report.html" in err
     assert (out / "model.json").exists() and (out / "results.parquet").exists()
     runs, tl = read_results(out / "results.parquet")
     assert tl is not None and tl.num_rows > 0
@@ -497,6 +503,10 @@ def test_demo_command_end_to_end(tmp_path, capsys):
     assert set(runs.column("oversub").to_pylist()) == {1.5, 2.0, 3.0}
     code, _, err = run_cli(capsys, "demo", "-o", out)
     one_line_error(code, err, "exists")
+    code, stdout, err = run_cli(capsys, "demo", "-o", out, "--scale", "0.02", "--force", "--all")
+    assert code == 0, err
+    assert "oversubscription, geometric mean over demand" in stdout and "stall" in stdout
+    assert len(stdout.splitlines()) > 11 * 3 * 4   # a line per run
 
 
 def test_flags_for_another_policy_or_backend_are_named_and_ignored(traces, tmp_path, capsys):

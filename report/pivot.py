@@ -1,0 +1,126 @@
+"""The one-screen summary of replay runs that `pagecast demo` and `pagecast replay` print.
+
+Rows: workload x oversubscription (capacity), in the order the runs came; columns:
+each policy's speedup over demand, and template's share of oracle where both ran;
+then one geometric-mean row per oversubscription shared by several workloads. The
+full per-run table (`results_table`, `--all`) and the JSON, results file and
+report keep every field; this is only what a person reads first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from rich.table import Table
+
+from pagecast.units import format_size
+
+GEOMEAN = "geometric mean"
+
+
+@dataclass
+class PivotRow:
+    workload: str
+    oversub: float | None
+    capacity_bytes: int | None
+    speedup: dict[str, float | None] = field(default_factory=dict)   # policy -> speedup over demand
+    of_oracle: float | None = None                                   # template's time share of oracle
+    runs: int = 1                                                    # rows a geometric mean is over
+
+
+@dataclass
+class Pivot:
+    policies: list[str]          # the speedup columns (every policy but demand), in run order
+    has_of_oracle: bool          # template and oracle both ran
+    rows: list[PivotRow]
+    means: list[PivotRow]        # one per oversubscription that several rows share
+
+
+def applies(runs: Iterable[Mapping]) -> bool:
+    """Whether a pivot says anything: demand ran (the reference) and some other policy did."""
+    pols = {r.get("policy") for r in runs}
+    return "demand" in pols and len(pols - {"demand"}) > 0
+
+
+def make_pivot(runs: Iterable[Mapping]) -> Pivot:
+    runs = list(runs)
+    policies: list[str] = []
+    rows: dict[tuple[str, int | None], PivotRow] = {}
+    for r in runs:
+        p = str(r.get("policy"))
+        if p != "demand" and p not in policies:
+            policies.append(p)
+        key = (str(r.get("workload") or ""), r.get("capacity_bytes"))
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = PivotRow(key[0], r.get("oversub"), key[1])
+        if p != "demand":
+            row.speedup.setdefault(p, _num(r.get("speedup_vs_demand")))
+        if p == "template" and row.of_oracle is None:
+            row.of_oracle = _num(r.get("fraction_of_oracle"))
+    names = {str(r.get("policy")) for r in runs}
+    has_fo = "template" in names and "oracle" in names
+    by_over: dict[float | None, list[PivotRow]] = {}
+    for row in rows.values():
+        by_over.setdefault(None if row.oversub is None else round(float(row.oversub), 6), []).append(row)
+    means = []
+    for over, group in by_over.items():
+        if len(group) < 2 or over is None:
+            continue
+        m = PivotRow(GEOMEAN, over, None, runs=len(group))
+        for p in policies:
+            m.speedup[p] = geomean(row.speedup.get(p) for row in group)
+        m.of_oracle = geomean(row.of_oracle for row in group) if has_fo else None
+        means.append(m)
+    return Pivot(policies, has_fo, list(rows.values()), means)
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    """Geometric mean of the positive finite values (None when there are none)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(x) and x > 0]
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
+
+def _num(x) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def pivot_table(pv: Pivot, title: str | None = None):
+    """The pivot as a rich Table: one line per row and no rules (it must fit a screen); the
+    header is underlined and the geometric means bold."""
+
+
+    t = Table(title=title, box=None, pad_edge=False, header_style="bold underline")
+    t.add_column("workload", justify="left")
+    t.add_column("oversub", justify="right")
+    for p in pv.policies:
+        t.add_column(p, justify="right")
+    if pv.has_of_oracle:
+        t.add_column("template/oracle", justify="right")
+    last = None
+    for row in pv.rows:
+        name = "" if row.workload == last else row.workload
+        last = row.workload
+        t.add_row(name, _over(row, format_size), *_cells(pv, row))
+    for m in pv.means:
+        t.add_row(f"{GEOMEAN} ({m.runs})", _over(m, format_size), *_cells(pv, m), style="bold")
+    return t
+
+
+def _over(row: PivotRow, format_size) -> str:
+    if row.oversub is not None:
+        return f"{row.oversub:.0%}"
+    return format_size(row.capacity_bytes) if row.capacity_bytes else "-"
+
+
+def _cells(pv: Pivot, row: PivotRow) -> list[str]:
+    out = ["-" if row.speedup.get(p) is None else f"{row.speedup[p]:.2f}x" for p in pv.policies]
+    if pv.has_of_oracle:
+        out.append("-" if row.of_oracle is None else f"{row.of_oracle:.0%}")
+    return out
