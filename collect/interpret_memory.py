@@ -330,9 +330,10 @@ class StorageMap:
         self._deltas = [e.managed - e.cpu for e in ents]
         self._arrays = None
 
-    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(CPU starts, CPU ends, managed - CPU) of the live storages, sorted, as int64 arrays."""
+    def index(self) -> tuple:
+        """(CPU starts, CPU ends, managed - CPU) of the live storages, sorted, as int64 arrays
+        and as the same three lists (for bisect on one address)."""
         if self._arrays is None:
             self._arrays = (np.array(self._starts, np.int64), np.array(self._ends, np.int64),
-                            np.array(self._deltas, np.int64))
+                            np.array(self._deltas, np.int64), self._starts, self._ends, self._deltas)
         return self._arrays

@@ -1,10 +1,13 @@
 """The pages one launch touches, gathered from the interpreter's memory operations.
 
-Each load, store or atomic hands over a tile of CPU addresses and a mask. One compiled
-pass (`_tile_pages`, numba) skips the masked-off lanes, translates each address into
-managed memory through the live storages (sorted CPU ranges and their offsets), and
-appends the page of the element's first and last byte, collapsing runs of one page (a
-tile is rows of consecutive elements, so this leaves about one entry per row and page).
+Each load, store or atomic hands over a tile of CPU addresses and a mask. `tile_pages`
+drops the masked-off lanes, translates the addresses into managed memory through the live
+storages (sorted CPU ranges and their offsets; one offset for the whole tile when it lies
+in one storage, the common case), takes the page of each element's first byte (and of its
+last, when elements are not aligned to their size), and collapses runs of one page (a tile
+is rows of consecutive elements, so this leaves about one entry per row and page). A few
+numpy passes over the tile: no compiled code, so nothing to load or compile at start-up
+(numba's first call cost 0.6 s here, more than the whole collection of a short script).
 Reads and writes go to separate buffers. When a buffer fills, it is merged (sorted,
 unique) in place, so a launch holds at most its own footprint's pages plus one buffer:
 memory stays bounded however many addresses the kernel computes. At the end of the
@@ -14,8 +17,9 @@ write or readwrite.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
-from numba import njit
 
 PAGE_SHIFT = 12
 PAGE = 1 << PAGE_SHIFT
@@ -25,41 +29,42 @@ COMPACT_AT = 1 << 21     # entries a buffer may hold before it is merged (16 MiB
 READ, WRITE, BOTH = 1, 2, 3
 
 
-@njit(cache=True, nogil=True)
-def _tile_pages(a, m, use_mask, starts, ends, deltas, elem_bytes, out, pos):  # pragma: no cover - compiled
-    """Append the managed pages of a[i] .. a[i] + elem_bytes - 1 (where m[i]) to out[pos:].
-
-    Returns (new pos, addresses outside every storage). `out` must hold 2 * len(a) more."""
-    last = np.int64(-1)
-    cur = -1
-    lo = np.int64(0)
-    hi = np.int64(0)
-    d = np.int64(0)
+def tile_pages(a: np.ndarray, m: np.ndarray | None, index, elem_bytes: int) -> tuple[np.ndarray, int]:
+    """Managed pages of the bytes a[i] .. a[i] + elem_bytes - 1 where m[i] (runs of one page collapsed),
+    and how many addresses lay outside every storage. `a` is 1-D uint64, `m` 1-D bool or None;
+    `index`: the live storages as (starts, ends, deltas) int64 arrays and the same as lists."""
+    if m is not None and not m.all():
+        a = a[m]
+    if a.size == 0:
+        return _EMPTY, 0
+    x = a.view(np.int64)
+    lo, hi = x.min(), x.max()
+    starts, ends, deltas, ls, le, ld = index
+    j = bisect.bisect_right(ls, lo) - 1
     unmapped = 0
-    n_st = len(starts)
-    for i in range(len(a)):
-        if use_mask and not m[i]:
-            continue
-        x = np.int64(a[i])
-        if cur < 0 or x < lo or x >= hi:
-            j = np.searchsorted(starts, x, side="right") - 1
-            if j < 0 or j >= n_st or x >= ends[j]:
-                unmapped += 1
-                cur = -1
-                continue
-            cur, lo, hi, d = j, starts[j], ends[j], deltas[j]
-        y = x + d
-        p = y >> PAGE_SHIFT
-        if p != last:
-            out[pos] = p
-            pos += 1
-            last = p
-        q = (y + elem_bytes - 1) >> PAGE_SHIFT
-        if q != last:
-            out[pos] = q
-            pos += 1
-            last = q
-    return pos, unmapped
+    if j >= 0 and hi < le[j]:
+        y = x + ld[j]
+    else:                                 # several storages, or addresses in none
+        k = np.searchsorted(starts, x, side="right") - 1
+        ok = (k >= 0) & (x < ends[np.maximum(k, 0)])
+        if not ok.all():
+            unmapped = int((~ok).sum())
+            x, k = x[ok], k[ok]
+        y = x + deltas[k]
+    p = y >> PAGE_SHIFT
+    if elem_bytes > 1 and (elem_bytes & (elem_bytes - 1) or np.bitwise_or.reduce(y) & (elem_bytes - 1)):
+        q = (y + (elem_bytes - 1)) >> PAGE_SHIFT          # an unaligned element may run into the next page
+        if (q != p).any():
+            p = np.stack([p, q], axis=1).reshape(-1)
+    if len(p) > 1:
+        keep = np.empty(len(p), bool)
+        keep[0] = True
+        np.not_equal(p[1:], p[:-1], out=keep[1:])
+        p = p[keep]
+    return p, unmapped
+
+
+_EMPTY = np.zeros(0, np.int64)
 
 
 class _Buffer:
@@ -101,22 +106,15 @@ class LaunchPages:
         """Record one memory operation; returns how many addresses lay in no known storage.
 
         `a`: uint64 CPU addresses (any shape); `m`: the mask (broadcastable) or None;
-        `index`: (starts, ends, deltas) int64 arrays of the live storages."""
-        if m is None:
-            mm, use = _NO_MASK, False
-        else:
-            mm, use = (m if m.shape == a.shape else np.broadcast_to(m, a.shape)).reshape(-1), True
-        a = a.reshape(-1)
-        starts, ends, deltas = index
-        first = self._r if kind & READ else self._w
-        buf = first.room(2 * len(a))
-        pos, unmapped = _tile_pages(a, mm, use, starts, ends, deltas, elem_bytes, buf, first.pos)
-        if kind == BOTH:
-            new = buf[first.pos:pos]
-            wb = self._w.room(len(new))
-            wb[self._w.pos:self._w.pos + len(new)] = new
-            self._w.pos += len(new)
-        first.pos = pos
+        `index`: the live storages (StorageMap.index())."""
+        if m is not None:
+            m = (m if m.shape == a.shape else np.broadcast_to(m, a.shape)).reshape(-1)
+        p, unmapped = tile_pages(a.reshape(-1), m, index, elem_bytes)
+        for b, k in ((self._r, READ), (self._w, WRITE)):
+            if kind & k:
+                buf = b.room(len(p))
+                buf[b.pos:b.pos + len(p)] = p
+                b.pos += len(p)
         return unmapped
 
     def finish(self) -> tuple[np.ndarray, np.ndarray]:
@@ -129,9 +127,6 @@ class LaunchPages:
         if len(w):
             code[np.searchsorted(pages, w)] |= WRITE
         return pages, code
-
-
-_NO_MASK = np.zeros(0, np.bool_)
 
 
 def page_intervals(pages: np.ndarray, code: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray,

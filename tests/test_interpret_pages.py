@@ -62,7 +62,7 @@ def _case(draw):
 @given(_case())
 def test_tile_pages_match_the_set_peer(case):
     tiles, starts, ends, deltas = case
-    index = tuple(np.array(v, np.int64) for v in (starts, ends, deltas))
+    index = (*(np.array(v, np.int64) for v in (starts, ends, deltas)), starts, ends, deltas)
     lp = P.LaunchPages()
     unmapped = sum(lp.add_tile(a, m, kind, index, es) for a, m, kind, es in tiles)
     pages, code = lp.finish()
@@ -76,7 +76,7 @@ def test_tile_pages_match_the_set_peer(case):
 def test_buffers_are_merged_and_grow(monkeypatch):
     monkeypatch.setattr(P, "COMPACT_AT", 64)
     monkeypatch.setattr(P, "FIRST_CAP", 8)
-    index = (np.array([0], np.int64), np.array([1 << 40], np.int64), np.array([0], np.int64))
+    index = (np.array([0], np.int64), np.array([1 << 40], np.int64), np.array([0], np.int64), [0], [1 << 40], [0])
     lp = P.LaunchPages()
     rng = np.random.default_rng(0)
     want = set()
