@@ -11,7 +11,7 @@ import sys
 
 from .common import Tensors, parse
 
-VOCAB, DIM, LOOKUPS = 4096, 256, 48
+VOCAB, DIM, LOOKUPS = 16384, 512, 96
 
 
 def main(argv=None) -> int:

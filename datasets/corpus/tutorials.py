@@ -11,10 +11,10 @@ import sys
 
 from .common import Tensors, parse
 
-VEC = 16384          # vector add and dropout: elements
-ROWS, COLS = 48, 384  # softmax and layer norm
-MM = 96              # matmul: M, N, K
-CTX, HEADS, HEAD_DIM = 96, 2, 32   # attention: sequence length, heads, head size
+VEC = 1 << 18         # vector add and dropout: elements
+ROWS, COLS = 128, 1024  # softmax and layer norm
+MM = 256             # matmul: M, N, K
+CTX, HEADS, HEAD_DIM = 256, 4, 64   # attention: sequence length, heads, head size
 
 
 def main(argv=None) -> int:
