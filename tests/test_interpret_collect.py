@@ -358,3 +358,18 @@ def test_hooks_are_removed_afterwards(tmp_path):
     res = collect_interpreted(cfg, lambda: K.add(torch.ones(10), torch.ones(10), torch.empty(10)))
     assert res.launches == 1
     assert I.InterpretedFunction.run is run and dict(I.interpreter_builder.__dict__).keys() == builder.keys()
+
+
+def test_missing_frameworks_are_one_line(monkeypatch, tmp_path):
+    from pagecast.errors import InputError
+    monkeypatch.setitem(sys.modules, "triton", None)       # import triton raises ImportError
+    cfg = InterpretConfig(tmp_path / "t.pctrace", Workload("script", "w", [], ["w"]))
+    with pytest.raises(InputError, match=r"pagecast\[interpret\]"):
+        collect_interpreted(cfg, lambda: None)
+
+
+def test_workload_command_line_errors(tmp_path, capsys):
+    assert cli_main(["collect", "--interpret", "-o", str(tmp_path / "o")]) == 2
+    assert "expected a workload" in capsys.readouterr().err
+    assert cli_main(["collect", "--interpret", "-o", str(tmp_path / "o"), "--", "python", "nope.py"]) == 2
+    assert "no such script" in capsys.readouterr().err
