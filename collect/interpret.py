@@ -13,7 +13,8 @@ module turns them into a trace:
 - faults and migrations: the workload models' full-mode driver emulation over the truth
   (datasets/emulate.py), optionally losing records at a given rate.
 
-Rows are handed to `TraceWriter` every `flush_launches` launches or `part_seconds`, which
+Rows are handed to `TraceWriter` every `flush_launches` launches, `FLUSH_ROWS` truth rows or
+`part_seconds`, which
 closes Parquet parts as it goes: a crash in the workload still leaves a readable trace
 (`complete: false`), and memory stays bounded.
 """
@@ -45,6 +46,7 @@ SOURCE = "triton-interpreter"
 DEVICE = {"name": "NVIDIA H200 (emulated; Triton interpreter on the CPU)", "index": 0, "memory_bytes": 150754820096}
 DEFAULT_NUM_WARPS = 4      # Triton's default for CUDA (triton/backends/nvidia/compiler.py, CUDAOptions)
 WARP = 32
+FLUSH_ROWS = 1_000_000     # pending truth rows (intervals) that force a flush: memory stays bounded
 
 
 @dataclass
@@ -116,6 +118,7 @@ class InterpretRecorder:
         self._packers: dict[object, ArgPacker] = {}
         self._pending: list[_Launch] = []
         self._truth: list[tuple] = []
+        self._truth_rows = 0
         self._last_flush = time.monotonic()
         self._segs = None
         self._segs_key = None
@@ -185,9 +188,10 @@ class InterpretRecorder:
         aid, addr, nb, c, outside = page_intervals(pages, code, s, e, ids)
         self.outside += outside
         self._truth.append((np.full(len(aid), cur.lid, np.int64), aid, addr, nb, c))
+        self._truth_rows += len(aid)
         self._pending.append(cur)
         self.kernels.add(cur.name)
-        if len(self._pending) >= self.cfg.flush_launches or \
+        if len(self._pending) >= self.cfg.flush_launches or self._truth_rows >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= self.cfg.part_seconds:
             self.flush()
         self.hook_s += time.perf_counter() - t0
@@ -226,7 +230,7 @@ class InterpretRecorder:
             self.writer.append(T.FAULTS, faults)
             self.writer.append(T.MIGRATIONS, migs)
             self.written += n
-            self._pending, self._truth = [], []
+            self._pending, self._truth, self._truth_rows = [], [], 0
         self._write_allocations(live_too=False)
 
     def _write_allocations(self, live_too: bool) -> None:

@@ -19,7 +19,9 @@ import pyarrow as pa
 
 from pagecast import trace as T
 
-from .engine import GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver
+from .engine import BIG_SHIFT, GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver
+
+CHUNK_BIGPAGES = 1 << 23     # (launch, big page) pairs emulated at once, as datasets/engine.py does
 
 
 @dataclass
@@ -66,9 +68,23 @@ class FullModeEmulator:
         a_addr = np.asarray(alloc_addr, np.int64)
         a_end = a_addr + -(-np.asarray(alloc_bytes, np.int64) // PAGE) * PAGE
         emu = _Driver("full", self.prefetch, a_addr, a_end, self.rng)
-        faults, migs = emu.chunk(lid, np.asarray(aid, np.int64), np.asarray(addr, np.int64),
-                                 np.asarray(nbytes, np.int64), np.asarray(access, np.int8),
-                                 np.asarray(start, np.int64), np.asarray(end, np.int64))
+        aid, addr = np.asarray(aid, np.int64), np.asarray(addr, np.int64)
+        nbytes, access = np.asarray(nbytes, np.int64), np.asarray(access, np.int8)
+        start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
+        # memory stays bounded: chunks of at most CHUNK_BIGPAGES pairs, ended on a launch boundary
+        cum = np.cumsum(((addr + nbytes - 1) >> BIG_SHIFT) - (addr >> BIG_SHIFT) + 1)
+        out_f, out_m = [], []
+        lo = 0
+        while lo < len(lid):
+            base = cum[lo - 1] if lo else 0
+            hi = max(int(np.searchsorted(cum, base + CHUNK_BIGPAGES, side="right")), lo + 1)
+            if hi < len(lid):
+                hi = int(np.searchsorted(lid, lid[hi - 1], side="right"))
+            f, m = emu.chunk(lid[lo:hi], aid[lo:hi], addr[lo:hi], nbytes[lo:hi], access[lo:hi], start, end)
+            out_f.append(f)
+            out_m.append(m)
+            lo = hi
+        faults, migs = _concat(out_f), _concat(out_m)
         faults[T.LAUNCH_ID] = faults[T.LAUNCH_ID] + first_launch
         migs[T.LAUNCH_ID] = migs[T.LAUNCH_ID] + first_launch
         if self.drop:
@@ -81,6 +97,12 @@ class FullModeEmulator:
         self.dropped[what] += int((~keep).sum())
         idx = np.flatnonzero(keep)
         return {k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()}
+
+
+def _concat(parts: list[dict]) -> dict:
+    """Column dicts (numpy arrays or pyarrow arrays per column) concatenated."""
+    return {k: (pa.concat_arrays([p[k] for p in parts]) if isinstance(parts[0][k], pa.Array)
+                else np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
 
 def _empty(table: str):
