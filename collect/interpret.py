@@ -126,7 +126,7 @@ class InterpretRecorder:
         self.accesses = 0
         self.lanes = 0
         self.unmapped = 0                    # addresses in no known storage (left out of the truth)
-        self.outside = 0
+        self.outside = 0                     # truth pages in no live allocation (none expected; counted)
         self.hook_s = 0.0
         self.on_launch: Callable[[], None] | None = None
 
@@ -274,6 +274,7 @@ class InterpretRecorder:
                 "storages": self.storages.storages, "allocations": self.log.next_id,
                 "peak_live_allocated_bytes": self.log.peak_live_bytes, "memory_accesses": self.accesses,
                 "lanes": self.lanes, "unmapped_addresses": self.unmapped,
+                "pages_outside_allocations": self.outside,
                 "hook_seconds": round(self.hook_s, 3), "records_dropped": dict(self.emu.dropped)}
 
 
