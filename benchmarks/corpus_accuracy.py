@@ -148,8 +148,9 @@ def corpus_section(cache: Path, train, test, names=None) -> list[str]:
 TEXT = """Real Triton kernels (Liger-Kernel, kernels after Triton's tutorials, data-dependent
 gathers and scatters; docs/workloads-triton.md) run under Triton's interpreter and recorded
 by `pagecast collect --interpret`: exact truth, faults and migrations from the workload
-models' full-mode driver emulation. Fitted on {train}, scored on {test} (a scale never
-seen). Each operation is called a few times per trace with a shape drawn per call, so
+models' full-mode driver emulation.
+Fitted on {train};
+scored on {test}, a scale never seen. Each operation is called a few times per trace with a shape drawn per call, so
 these are short profiles: a handful of launches per distinct shape. "1% / 5% lost": the
 fitting traces' fault and migration records lost at that rate (the same truth, the
 emulation repeated with loss). "Argument-determined kernels" excludes the kernels the
