@@ -115,7 +115,7 @@ def corpus_section(cache: Path, train, test, names=None) -> list[str]:
     label = {"faults 0": "faults", "faults 0.01": "faults, 1% lost", "faults 0.05": "faults, 5% lost",
              "truth": "truth (`fit --from truth`)"}
     split = ", ".join(f"scale {s} seed {d}" for s, d in train)
-    out = [f"\n## The real-kernel corpus (`collect --interpret`): per workload\n", TEXT.format(
+    out = ["\n## The real-kernel corpus (`collect --interpret`): per workload\n", TEXT.format(
         train=split, test=f"scale {test[0]} seed {test[1]}", r=pct(BAR_RECALL), p=pct(BAR_PRECISION)),
         "| workload | launches (fit / test) | learned from | argument-determined kernels: precision | recall "
         "| kernels at the bar | all kernels: precision | recall | irregular kernels (expected) | fit time |",

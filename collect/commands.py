@@ -68,8 +68,10 @@ class CollectCommand(Command):
         from .workload import make_target, parse_workload
 
         if args.interpret:
+            from pagecast.datasets.emulate import FullModeEmulation
+
             from .interpret_cli import run_interpret
-            return run_interpret(args)
+            return run_interpret(args, FullModeEmulation)
         for flag, v in (("--allocator", args.allocator), ("--drop", args.drop), ("--seed", args.seed),
                         ("--no-driver-prefetch", args.no_driver_prefetch or None), ("--json", args.json or None)):
             if v is not None:

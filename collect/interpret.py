@@ -11,7 +11,8 @@ module turns them into a trace:
   (interpret_memory.py);
 - truth: the pages each launch read or wrote, as intervals (interpret_pages.py);
 - faults and migrations: the workload models' full-mode driver emulation over the truth
-  (datasets/emulate.py), optionally losing records at a given rate.
+  (datasets/emulate.py's `FullModeEmulation`, passed in by the command: collect/ does not
+  import datasets/, docs/architecture.md "Layers"), optionally losing records at a rate.
 
 Rows are handed to `TraceWriter` every `flush_launches` launches, `FLUSH_ROWS` truth rows or
 `part_seconds`, which
@@ -24,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ import pyarrow as pa
 from pagecast import trace as T
 from pagecast.errors import InputError, PagecastError
 
+from . import interpret_compat, interpret_hooks
 from .interpret_args import ArgPacker, check_triton_version
 from .interpret_memory import (AllocationLog, NotOnCPU, SharedMemory, StorageMap, make_placement)
 from .interpret_pages import LaunchPages, page_intervals
@@ -103,12 +106,9 @@ def _frameworks():
 class InterpretRecorder:
     """Receives the hooks' calls and writes the trace."""
 
-    def __init__(self, cfg: InterpretConfig, writer: T.TraceWriter) -> None:
-        from pagecast.datasets.emulate import FullModeEmulator, RooflineClock
+    def __init__(self, cfg: InterpretConfig, writer: T.TraceWriter, emulation) -> None:
         self.cfg, self.writer = cfg, writer
-        rng = np.random.default_rng([int(cfg.seed), 7])
-        self.clock = RooflineClock(rng)
-        self.emu = FullModeEmulator(cfg.driver_prefetch, rng, cfg.drop)
+        self.emu = emulation                 # times(moved) -> (start, end); records(...); dropped
         self.log = AllocationLog()
         self.placement = make_placement(cfg.allocator, self.log)
         self.storages = StorageMap(self.placement, lambda: self.issued)
@@ -219,7 +219,7 @@ class InterpretRecorder:
             nb = np.concatenate([t[3] for t in self._truth])
             code = np.concatenate([t[4] for t in self._truth])
             moved = np.bincount(lid - first, weights=nb, minlength=n)
-            start, end = self.clock.times(moved)
+            start, end = self.emu.times(moved)
             self.writer.append(T.LAUNCHES, self._launch_table(start, end))
             self.writer.append(T.TRUTH, {T.LAUNCH_ID: lid, T.ADDRESS: addr.astype(np.uint64), T.BYTES: nb,
                                          T.ACCESS: pa.array(np.array(T.TRUTH_ACCESS, object)[code - 1], pa.string())})
@@ -278,12 +278,15 @@ class InterpretRecorder:
                 "hook_seconds": round(self.hook_s, 3), "records_dropped": dict(self.emu.dropped)}
 
 
-def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, progress=None) -> InterpretResult:
-    """Run `target` (the workload) under the interpreter with the hooks in; write cfg.output."""
+def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, emulation,
+                        progress=None) -> InterpretResult:
+    """Run `target` (the workload) under the interpreter with the hooks in; write cfg.output.
+
+    `emulation(prefetch=, seed=, drop=)` makes the driver emulation and clock (the workload
+    models' `pagecast.datasets.emulate.FullModeEmulation`)."""
     triton = _frameworks()
     import torch
 
-    from . import interpret_compat, interpret_hooks
     fixes = interpret_compat.apply_all()
     manifest = T.new_manifest(
         mode="full", source=SOURCE, workload={"name": cfg.workload.name, "argv": list(cfg.workload.argv)},
@@ -294,7 +297,7 @@ def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, pro
                      "compat_fixes": fixes})
     writer = T.TraceWriter(cfg.output, manifest, force=cfg.force, tables=(*T.REQUIRED_TABLES, T.TRUTH),
                            part_rows=1_000_000, part_seconds=cfg.part_seconds)
-    rec = InterpretRecorder(cfg, writer)
+    rec = InterpretRecorder(cfg, writer, emulation(prefetch=cfg.driver_prefetch, seed=cfg.seed, drop=cfg.drop))
     rec.on_launch = progress
     uninstall = interpret_hooks.install(rec)
     old_term = None
@@ -302,7 +305,6 @@ def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, pro
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
 
-    import threading
     if threading.current_thread() is threading.main_thread():
         old_term = signal.signal(signal.SIGTERM, on_term)
     code, refusal = 0, None

@@ -9,7 +9,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from pagecast import console
 from pagecast.errors import InputError, OutputExistsError, UsageError
+from pagecast.outputs import check_output_path
 
 from .interpret import InterpretConfig, InterpretResult, collect_interpreted
 from .workload import make_target, parse_workload
@@ -46,20 +48,18 @@ def config_from_args(args: argparse.Namespace) -> InterpretConfig:
                            drop=drop, seed=seed, driver_prefetch=not args.no_driver_prefetch)
 
 
-def run_interpret(args: argparse.Namespace) -> int:
-    from pagecast import console
-    from pagecast.outputs import check_output_path
+def run_interpret(args: argparse.Namespace, emulation) -> int:
+    """The command; `emulation`: the driver emulation's factory (collect_interpreted's)."""
     cfg = config_from_args(args)
     check_output_path(cfg.output)
     console.info(f"collecting {cfg.workload.name} under Triton's interpreter into {cfg.output}")
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with console.progress("launches", None) as bar, quiet:
-        res = collect_interpreted(cfg, make_target(cfg.workload), progress=bar.advance)
+        res = collect_interpreted(cfg, make_target(cfg.workload), emulation=emulation, progress=bar.advance)
     return report(res, args.json)
 
 
 def report(res: InterpretResult, as_json: bool) -> int:
-    from pagecast import console
     if res.launches == 0:
         shutil.rmtree(res.trace, ignore_errors=True)
         if res.refusal:

@@ -25,6 +25,8 @@ in the corpus (docs/workloads-triton.md).
 
 from __future__ import annotations
 
+import importlib
+import math
 from typing import Callable
 
 import numpy as np
@@ -93,7 +95,6 @@ def _wrap(values: np.ndarray, *like):
 
 
 def _erf(x):
-    import math
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
@@ -109,7 +110,6 @@ _BINARY = {"pow": np.power, "atan2": np.arctan2, "fmod": np.fmod, "fmax": np.fma
 
 
 def _libdevice_numpy() -> None:
-    import importlib
     for modname in ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice"):
         try:
             mod = importlib.import_module(modname)

@@ -99,6 +99,26 @@ class FullModeEmulator:
         return {k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()}
 
 
+class FullModeEmulation:
+    """The clock and the driver emulation together, as `collect --interpret` takes them
+    (`collect_interpreted(..., emulation=FullModeEmulation)`): one random stream from `seed`."""
+
+    def __init__(self, *, prefetch: bool = True, seed: int = 0, drop: float = 0.0) -> None:
+        rng = np.random.default_rng([int(seed), 7])
+        self.clock = RooflineClock(rng)
+        self.emulator = FullModeEmulator(bool(prefetch), rng, float(drop))
+
+    def times(self, moved_bytes):
+        return self.clock.times(moved_bytes)
+
+    def records(self, *args):
+        return self.emulator.records(*args)
+
+    @property
+    def dropped(self) -> dict:
+        return self.emulator.dropped
+
+
 def _concat(parts: list[dict]) -> dict:
     """Column dicts (numpy arrays or pyarrow arrays per column) concatenated."""
     return {k: (pa.concat_arrays([p[k] for p in parts]) if isinstance(parts[0][k], pa.Array)

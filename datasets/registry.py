@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pagecast.errors import UsageError
 
+from . import corpus
 from .engine import Builder
 from .workload import Workload
 
@@ -53,9 +54,8 @@ MIXES: dict[str, list[str]] = {
 def get_workload(name: str) -> Workload:
     w = WORKLOADS.get(name)
     if w is None:
-        from .corpus import CORPUS
         raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(sorted(WORKLOADS))}"
-                         f"; real-kernel corpus: {', '.join(sorted(CORPUS))}")
+                         f"; real-kernel corpus: {', '.join(sorted(corpus.CORPUS))}")
     return w
 
 
@@ -90,8 +90,6 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
 
     A name of the real-kernel corpus (datasets/corpus) is recorded with collect --interpret."""
     from pagecast import trace as T
-
-    from . import corpus
     if name in corpus.CORPUS:
         return corpus.make_trace(name, out, scale=check_scale(scale), seed=_seed(seed), mode=mode,
                                  driver_prefetch=driver_prefetch, force=force, progress=progress)
@@ -118,8 +116,6 @@ def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int =
     this REVISION of the models (a kept work or cache directory); otherwise it is (re)made there."""
     from pagecast import trace as T
     from pagecast.errors import PagecastError
-
-    from . import corpus
     out = Path(out)
     revision = corpus.REVISION if name in corpus.CORPUS else REVISION
     if out.exists():

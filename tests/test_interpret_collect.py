@@ -24,6 +24,7 @@ from pagecast import trace as T
 from pagecast.cli import main as cli_main
 from pagecast.collect.interpret import InterpretConfig, collect_interpreted
 from pagecast.collect.workload import Workload
+from pagecast.datasets.emulate import FullModeEmulation
 from pagecast.footprints import observed_footprints, truth_footprints
 
 PAGE = 4096
@@ -151,7 +152,7 @@ def test_truth_is_exact_against_a_peer(tmp_path):
 
     IM.InterpretRecorder.end = end
     try:
-        res = collect_interpreted(cfg, workload)
+        res = collect_interpreted(cfg, workload, emulation=FullModeEmulation)
     finally:
         undo()
         IM.InterpretRecorder.begin = orig_begin
@@ -310,7 +311,7 @@ def test_unsupported_triton_version(monkeypatch, tmp_path):
     cfg = InterpretConfig(tmp_path / "t.pctrace", Workload("script", "w", [], ["w"]))
     from pagecast.errors import InputError
     with pytest.raises(InputError, match="found triton 3.8.0"):
-        collect_interpreted(cfg, lambda: None)
+        collect_interpreted(cfg, lambda: None, emulation=FullModeEmulation)
     assert not (tmp_path / "t.pctrace").exists()
 
 
@@ -355,7 +356,8 @@ def test_hooks_are_removed_afterwards(tmp_path):
     builder = dict(I.interpreter_builder.__dict__)
     cfg = InterpretConfig(tmp_path / "t.pctrace", Workload("script", "w", [], ["w"]))
     from pagecast.datasets.corpus import tutorial_kernels as K
-    res = collect_interpreted(cfg, lambda: K.add(torch.ones(10), torch.ones(10), torch.empty(10)))
+    res = collect_interpreted(cfg, lambda: K.add(torch.ones(10), torch.ones(10), torch.empty(10)),
+                              emulation=FullModeEmulation)
     assert res.launches == 1
     assert I.InterpretedFunction.run is run and dict(I.interpreter_builder.__dict__).keys() == builder.keys()
 
@@ -365,7 +367,7 @@ def test_missing_frameworks_are_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "triton", None)       # import triton raises ImportError
     cfg = InterpretConfig(tmp_path / "t.pctrace", Workload("script", "w", [], ["w"]))
     with pytest.raises(InputError, match=r"pagecast\[interpret\]"):
-        collect_interpreted(cfg, lambda: None)
+        collect_interpreted(cfg, lambda: None, emulation=FullModeEmulation)
 
 
 def test_workload_command_line_errors(tmp_path, capsys):

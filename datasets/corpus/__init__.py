@@ -5,17 +5,20 @@
 
 Each entry names a program module (run as `python -m MODULE --scale S --seed N --buffers B`
 under the collector, in a subprocess) and the kernels whose footprint depends on data, not
-on arguments (`irregular`). This module imports neither torch nor triton.
+on arguments (`irregular`). This module imports neither torch nor triton; the programs do.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pagecast import trace as T
 from pagecast.errors import InputError, UsageError
+from pagecast.jsonfile import write_json_atomic
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
@@ -81,10 +84,6 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
                driver_prefetch: bool = True, force: bool = False, drop: float = 0.0,
                allocator: str = "direct", progress=None) -> Path:
     """Record corpus workload `name` with `pagecast collect --interpret` (in a subprocess) into `out`."""
-    import importlib.util
-
-    from pagecast import trace as T
-    from pagecast.jsonfile import write_json_atomic
     w = get(name)
     if mode != "full":
         raise UsageError(f"{name} is recorded under Triton's interpreter, which gives full-mode traces only")

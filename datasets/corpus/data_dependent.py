@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from . import gather_kernels as G
 from .common import Tensors, parse
 
 VOCAB, DIM, LOOKUPS = 16384, 512, 96
@@ -16,7 +17,6 @@ VOCAB, DIM, LOOKUPS = 16384, 512, 96
 
 def main(argv=None) -> int:
     run = parse(argv, __doc__.splitlines()[0])
-    from . import gather_kernels as G
     t = Tensors(run)
     sp = (0.5, 1.0, 1.5, 2.0)
     vocab, dim, n = run.most(VOCAB, sp, multiple=64), run.most(DIM, sp, multiple=16), run.most(LOOKUPS, sp)

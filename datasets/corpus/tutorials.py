@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from . import tutorial_kernels as K
 from .common import Tensors, parse
 
 VEC = 1 << 18         # vector add and dropout: elements
@@ -19,7 +20,6 @@ CTX, HEADS, HEAD_DIM = 256, 4, 64   # attention: sequence length, heads, head si
 
 def main(argv=None) -> int:
     run = parse(argv, __doc__.splitlines()[0])
-    from . import tutorial_kernels as K
     t = Tensors(run)
     sp = (0.5, 1.0, 1.5, 2.0)
     vec, rows, cols, mm, ctx = (run.most(VEC, sp, multiple=128), run.most(ROWS, sp), run.most(COLS, sp, multiple=8),
