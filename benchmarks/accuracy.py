@@ -63,11 +63,13 @@ def main() -> None:
     ap.add_argument("--no-natural", action="store_true")
     ap.add_argument("--no-extrapolation", action="store_true")
     ap.add_argument("--no-feedback", action="store_true")
+    ap.add_argument("--no-corpus", action="store_true", help="skip the real-kernel corpus (corpus_accuracy.py)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pagecast-accuracy"))
     args = ap.parse_args()
     from pagecast.datasets.registry import WORKLOADS
 
     names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    names = [n for n in names if n in WORKLOADS]   # corpus names go to corpus_section below
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     modes = ["full"] + ([] if args.no_natural else ["natural"]) + ([] if args.no_extrapolation else ["extrapolation"])
@@ -110,6 +112,9 @@ def main() -> None:
                            f"| {pct(k['baseline_precision'])} |")
     if "extrapolation" in modes and not args.no_feedback:
         out += feedback_section(names, results["extrapolation"], cache)
+    if not args.no_corpus:   # the real-kernel corpus, recorded with collect --interpret
+        from corpus_accuracy import corpus_section
+        out += corpus_section(cache, TRAIN, TEST, args.workloads.split(",") if args.workloads else None)
     Path(args.out).write_text("\n".join(out) + "\n" + FOOTER)
     print(f"wrote {args.out}")
 

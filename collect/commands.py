@@ -19,11 +19,31 @@ class CollectCommand(Command):
         "launch and serializes kernels, so each launch's faults show its whole footprint;\n"
         "--mode natural adds nothing. Managed allocations may not pass the GPU's free memory\n"
         "unless --allow-oversubscription. The workload's exit code passes through.\n"
-        "Needs an NVIDIA GPU, a CUDA 13 driver, cupti-python and cuda-bindings (pip install 'pagecast[gpu]')."
+        "Needs an NVIDIA GPU, a CUDA 13 driver, cupti-python and cuda-bindings (pip install 'pagecast[gpu]').\n\n"
+        "--interpret runs the program's Triton kernels under Triton's interpreter on the CPU instead\n"
+        "(no GPU needed) and records exactly what each launch touches (truth), with faults and\n"
+        "migrations from the workload models' full-mode driver emulation:\n\n"
+        "  pagecast collect --interpret -o run.pctrace -- python train.py\n"
+        "  pagecast collect --interpret --allocator caching --drop 0.01 -- python -m mypkg.bench"
     )
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--output", metavar="DIR", help="trace directory to write (default: NAME.pctrace)")
+        p.add_argument("--interpret", action="store_true",
+                       help="run Triton kernels under Triton's interpreter on the CPU and record exact footprints "
+                            "(pip install 'pagecast[interpret]')")
+        p.add_argument("--allocator", choices=("direct", "caching"), default=None,
+                       help="--interpret: place each tensor storage in its own 2 MiB-aligned allocation (direct, "
+                            "default) or as blocks of segments by PyTorch's caching allocator's rules (caching)")
+        p.add_argument("--drop", metavar="RATE", default=None,
+                       help="--interpret: lose this share of fault and migration records, as CUPTI does when its "
+                            "buffers overflow (default 0)")
+        p.add_argument("--seed", metavar="N", default=None,
+                       help="--interpret: seed of the driver emulation's random choices (default 0)")
+        p.add_argument("--no-driver-prefetch", action="store_true",
+                       help="--interpret: emulate the driver with its tree prefetcher off")
+        p.add_argument("--json", action="store_true",
+                       help="--interpret: print a JSON summary on stdout (the workload's own stdout goes to stderr)")
         p.add_argument("--mode", choices=("full", "natural"), default="full",
                        help="full: evict managed memory before and serialize each launch (default); natural: as is")
         p.add_argument("--managed", metavar="LIST",
@@ -47,6 +67,15 @@ class CollectCommand(Command):
         from .managed import ManagedBudget, install, parse_managed
         from .target import make_target, parse_workload
 
+        if args.interpret:
+            from pagecast.datasets.emulate import FullModeEmulation
+
+            from .interpret_cli import run_interpret
+            return run_interpret(args, FullModeEmulation)
+        for flag, v in (("--allocator", args.allocator), ("--drop", args.drop), ("--seed", args.seed),
+                        ("--no-driver-prefetch", args.no_driver_prefetch or None), ("--json", args.json or None)):
+            if v is not None:
+                raise UsageError(f"{flag} applies to --interpret only")
         work = parse_workload(args.workload or [])
         managed = parse_managed(args.managed)
         out = Path(args.output or f"{work.name}.pctrace")

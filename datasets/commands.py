@@ -14,7 +14,9 @@ class DatasetsCommand(Command):
     description = ("Workload models: deterministic generators of traces (format v1, with truth)\n"
                    "modelled on real kernels, with an emulated UVM driver.\n\n"
                    "  pagecast datasets list\n"
-                   "  pagecast datasets make jacobi2d -o jacobi.pctrace --scale 0.5 --seed 1")
+                   "  pagecast datasets make jacobi2d -o jacobi.pctrace --scale 0.5 --seed 1\n\n"
+                   "The real-kernel corpus (liger, tutorials, data-dependent, ...) runs real Triton kernels\n"
+                   "under Triton's interpreter (collect --interpret; needs pagecast[interpret]).")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
@@ -44,24 +46,32 @@ class DatasetsCommand(Command):
     def _list(self, args: argparse.Namespace) -> int:
         from pagecast import console
 
+        from .corpus import CORPUS
         from .registry import WORKLOADS
         docs = [w.as_dict() for w in WORKLOADS.values()]
+        corpus = [w.as_dict() for w in CORPUS.values()]
         if args.json:
-            console.emit_json(docs)
+            console.emit_json(docs + corpus)
             return 0
         out = console.stdout()
-        w_name = max(len(d["name"]) for d in docs)
+        w_name = max(len(d["name"]) for d in docs + corpus)
         for d in docs:
             out.print(f"[bold]{d['name']:<{w_name}}[/bold]  {d['category']:<13}  {d['summary']}"
                       f"  [dim]({', '.join(d['templates'])})[/dim]", overflow="ignore", crop=False)
+        for d in corpus:
+            out.print(f"[bold]{d['name']:<{w_name}}[/bold]  {d['category']:<13}  {d['summary']}"
+                      f"  [dim](real kernels, collect --interpret; {d['buffers']} tensors)[/dim]",
+                      overflow="ignore", crop=False)
         return 0
 
     def _make(self, args: argparse.Namespace) -> int:
         from pagecast import console
         from pagecast import trace as T
 
+        from .corpus import CORPUS
         from .registry import get_workload, make_trace
-        get_workload(args.workload)
+        if args.workload not in CORPUS:
+            get_workload(args.workload)
         try:
             scale = float(args.scale)
         except ValueError:

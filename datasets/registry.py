@@ -16,7 +16,7 @@ from pathlib import Path
 from pagecast import trace as T
 from pagecast.errors import PagecastError, UsageError
 
-from . import dnn, llm, scientific
+from . import corpus, dnn, llm, scientific
 from .engine import Builder
 from .workload import Workload
 
@@ -54,7 +54,8 @@ MIXES: dict[str, list[str]] = {
 def get_workload(name: str) -> Workload:
     w = WORKLOADS.get(name)
     if w is None:
-        raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(sorted(WORKLOADS))}")
+        raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(sorted(WORKLOADS))}"
+                         f"; real-kernel corpus: {', '.join(sorted(corpus.CORPUS))}")
     return w
 
 
@@ -68,20 +69,29 @@ def check_scale(scale: float) -> float:
     return s
 
 
+def _seed(seed) -> int:
+    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, not {seed!r}")
+    return int(seed)
+
+
 def build(name: str, *, scale: float = 1.0, seed: int = 0) -> Builder:
     """Run a workload model into a Builder (no files written)."""
     w = get_workload(name)
     scale = check_scale(scale)
-    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, not {seed!r}")
-    b = Builder(w.name, seed=int(seed), scale=scale)
+    b = Builder(w.name, seed=_seed(seed), scale=scale)
     w.build(b)
     return b
 
 
 def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
                driver_prefetch: bool = True, force: bool = False, progress=None) -> Path:
-    """Write the trace (format v1, with truth) of workload `name` to directory `out`."""
+    """Write the trace (format v1, with truth) of workload `name` to directory `out`.
+
+    A name of the real-kernel corpus (datasets/corpus) is recorded with collect --interpret."""
+    if name in corpus.CORPUS:
+        return corpus.make_trace(name, out, scale=check_scale(scale), seed=_seed(seed), mode=mode,
+                                 driver_prefetch=driver_prefetch, force=force, progress=progress)
     if mode not in T.MODES:
         raise UsageError(f"--mode must be one of {', '.join(T.MODES)}, not {mode!r}")
     get_workload(name)
@@ -104,12 +114,13 @@ def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int =
     """`out` if it already holds a whole trace of this workload model, scale, seed and mode made by
     this REVISION of the models (a kept work or cache directory); otherwise it is (re)made there."""
     out = Path(out)
+    revision = corpus.REVISION if name in corpus.CORPUS else REVISION
     if out.exists():
         try:
             tr = T.read_trace(out)
             wl = tr.manifest.get("workload") or {}
             if (wl.get("name"), wl.get("scale"), wl.get("seed"), wl.get("revision"), tr.mode) == \
-                    (name, check_scale(scale), int(seed), REVISION, mode) and tr.complete:
+                    (name, check_scale(scale), int(seed), revision, mode) and tr.complete:
                 return out
         except PagecastError:
             pass

@@ -31,7 +31,8 @@ class FitCommand(Command):
     help = "learn per-kernel templates (launch arguments -> pages) from traces"
     description = ("Learn, for every kernel, how the pages it touches follow from its launch arguments.\n"
                    "Give several traces of the same program (different scales or inputs): a template must\n"
-                   "hold in all of them. Learns only from launches, allocations, faults and migrations.\n\n"
+                   "hold in all of them. Learns only from launches, allocations, faults and migrations;\n"
+                   "--from truth learns from the exact footprints of traces with truth instead.\n\n"
                    "  pagecast fit small.pctrace large.pctrace -o model.json\n"
                    "  pagecast fit a.pctrace -o model.json --feedback run-with-predictions.pctrace")
 
@@ -41,6 +42,9 @@ class FitCommand(Command):
         p.add_argument("--feedback", nargs="+", default=[], metavar="TRACE",
                        help="traces recorded while running with this model's predictions: their faults are"
                             " misses that refine the model")
+        p.add_argument("--from", dest="source", choices=("faults", "truth"), default="faults",
+                       help="learn from fault and migration records (default), or from the truth table's exact "
+                            "footprints (traces of collect --interpret or datasets make)")
         p.add_argument("--force", action="store_true", help="overwrite MODEL")
         p.add_argument("--json", action="store_true", help="print a JSON summary of the model on stdout")
 
@@ -57,10 +61,15 @@ class FitCommand(Command):
         if out.exists() and not args.force:
             raise OutputExistsError(out)
         traces = [_read(t).require_argument_bytes("fitting templates") for t in args.traces]
+        if args.source == "truth":
+            from .truth_obs import truth_observations
+            traces = [truth_observations(t) for t in traces]
         n_kernels = len({k for t in traces for k in t.launches.column(T.KERNEL).unique().to_pylist()}) \
             if traces else 0
         with console.progress("fitting templates", n_kernels) as bar:
             model = fit_model(traces, progress=bar)
+        for t in model.traces:
+            t["from"] = args.source
         changed = 0
         for f in args.feedback:
             changed += feedback_from_trace(model, _read(f).require_argument_bytes("feedback"))

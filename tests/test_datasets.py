@@ -188,9 +188,11 @@ def test_mixes_name_known_workloads():
 def test_cli_list_json(capsys):
     assert main(["datasets", "list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {d["name"] for d in doc} == set(registry.WORKLOADS)
+    from pagecast.datasets.corpus import CORPUS
+    assert {d["name"] for d in doc} == set(registry.WORKLOADS) | set(CORPUS)
     for d in doc:
-        assert d["category"] in ("scientific", "deep-learning", "llm") and d["description"]
+        assert d["category"] in ("scientific", "deep-learning", "llm", "triton") and d["description"]
+        assert (d["category"] == "triton") == (d["name"] in CORPUS)
 
 
 def test_cli_list_text(capsys):

@@ -1,0 +1,113 @@
+"""The real-kernel corpus: programs of real Triton kernels whose traces are recorded with
+`pagecast collect --interpret` (docs/workloads-triton.md).
+
+    pagecast datasets make liger -o liger.pctrace --scale 0.5 --seed 1
+
+Each entry names a program module (run as `python -m MODULE --scale S --seed N --buffers B`
+under the collector, in a subprocess) and the kernels whose footprint depends on data, not
+on arguments (`irregular`). This module imports neither torch nor triton; the programs do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pagecast import trace as T
+from pagecast.errors import InputError, UsageError
+from pagecast.jsonfile import write_json_atomic
+
+# Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
+# written into each trace's manifest: a kept trace is reused only if made by the same revision.
+REVISION = 1
+CATEGORY = "triton"
+PKG = "pagecast.datasets.corpus"
+
+
+@dataclass(frozen=True)
+class CorpusWorkload:
+    name: str
+    module: str                       # the program, run with python -m
+    buffers: str                      # fresh | preallocated
+    description: str
+    irregular: tuple[str, ...] = ()   # kernels whose pages follow index values (data-dependent)
+    needs: tuple[str, ...] = ("torch", "triton")
+    category: str = field(default=CATEGORY)
+
+    @property
+    def summary(self) -> str:
+        return self.description.split(". ")[0]
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "category": self.category, "description": self.description,
+                "summary": self.summary, "source": "collect --interpret", "buffers": self.buffers,
+                "irregular_kernels": list(self.irregular), "revision": REVISION}
+
+
+_LIGER = ("Liger-Kernel's Triton ops forward and backward (RMSNorm, LayerNorm, SwiGLU, GeGLU, RoPE, "
+          "cross-entropy, fused linear cross-entropy, softmax, group norm, KL divergence, JSD), shapes drawn per call")
+_TUT = ("Kernels after Triton's tutorials (vector add, fused softmax, tiled matmul, low-memory dropout, layer norm "
+        "forward and backward, fused attention), shapes drawn per call")
+_DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "
+       "drawn per call")
+
+CORPUS: dict[str, CorpusWorkload] = {w.name: w for w in (
+    CorpusWorkload("liger", f"{PKG}.liger", "fresh", f"{_LIGER}. Fresh tensors per call.",
+                   needs=("torch", "triton", "liger_kernel")),
+    CorpusWorkload("liger-prealloc", f"{PKG}.liger", "preallocated",
+                   f"{_LIGER}. Inputs are prefixes of buffers allocated once at their largest size.",
+                   needs=("torch", "triton", "liger_kernel")),
+    CorpusWorkload("tutorials", f"{PKG}.tutorials", "fresh", f"{_TUT}. Fresh tensors per call."),
+    CorpusWorkload("tutorials-prealloc", f"{PKG}.tutorials", "preallocated",
+                   f"{_TUT}. Every tensor is a prefix of a buffer allocated once at its "
+                   "largest size."),
+    CorpusWorkload("data-dependent", f"{PKG}.data_dependent", "fresh", f"{_DD}.",
+                   irregular=("embedding_gather_kernel", "scatter_add_kernel")),
+)}
+
+
+def get(name: str) -> CorpusWorkload:
+    w = CORPUS.get(name)
+    if w is None:
+        raise UsageError(f"unknown corpus workload {name!r}; known: {', '.join(sorted(CORPUS))}")
+    return w
+
+
+def program_argv(w: CorpusWorkload, scale: float, seed: int) -> list[str]:
+    return ["python", "-m", w.module, "--scale", f"{scale:g}", "--seed", str(int(seed)), "--buffers", w.buffers]
+
+
+def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
+               driver_prefetch: bool = True, force: bool = False, drop: float = 0.0,
+               allocator: str = "direct", progress=None) -> Path:
+    """Record corpus workload `name` with `pagecast collect --interpret` (in a subprocess) into `out`."""
+    w = get(name)
+    if mode != "full":
+        raise UsageError(f"{name} is recorded under Triton's interpreter, which gives full-mode traces only")
+    missing = [m for m in w.needs if importlib.util.find_spec(m) is None]
+    if missing:
+        hint = " (pip install --no-deps liger-kernel packaging)" if "liger_kernel" in missing else ""
+        raise InputError(f"{name} needs {', '.join(missing)}{hint}; install pagecast[interpret] "
+                         "(a CPU torch first)")
+    out = Path(out)
+    T.prepare_output_dir(out, force)
+    prog = program_argv(w, scale, seed)
+    cmd = [sys.executable, "-m", "pagecast.cli", "collect", "--interpret", "-o", str(out), "--seed", str(int(seed)),
+           "--drop", repr(float(drop)), "--allocator", allocator, *([] if driver_prefetch else ["--no-driver-prefetch"]),
+           "--", *prog]
+    p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+        raise InputError(f"recording {name} failed (exit {p.returncode}): {lines[-1] if lines else 'no message'}")
+    manifest = T.read_manifest(out)
+    manifest["workload"] = {"name": name, "argv": ["pagecast", "datasets", "make", name, "-o", str(out), "--scale",
+                                                   f"{scale:g}", "--seed", str(int(seed))],
+                            "program": prog, "scale": float(scale), "seed": int(seed), "category": CATEGORY,
+                            "revision": REVISION}
+    write_json_atomic(out / T.MANIFEST, manifest)
+    if progress is not None:
+        progress(1)
+    return out
