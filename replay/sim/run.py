@@ -38,10 +38,13 @@ class Memory:
         self.nxt[u.n_chunks] = u.n_chunks
         self.st = np.zeros(3, I64)       # resident units; head and tail of uq
         self.uq = np.zeros(max(u.n_units, 1), I64)   # units brought in by faults, oldest first (a ring)
+        self.src_group = np.full(u.n_units, -1, I64)   # the planned group that brought each unit in (-1: none)
+        self.src_pos = np.zeros(u.n_units, I64)
 
     def state(self) -> C.Mem:
         """The arrays as the kernels take them (the same arrays: kernels mutate them in place)."""
-        return C.Mem(self.cap, self.st, self.resident, self.planned, self.chunk_count, self.prev, self.nxt, self.uq)
+        return C.Mem(self.cap, self.st, self.resident, self.planned, self.chunk_count, self.prev, self.nxt, self.uq,
+                     self.src_group, self.src_pos)
 
 
 def space_of(w: Workload) -> C.Space:
@@ -112,7 +115,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     while s < n:
         pn = ctx.state.get("plan_needs")
         if pn is not None and pn is not nu_for:
-            next_use = next_use_of(w.truth, pn)
+            next_use = _next_use_cached(w, pn)
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
@@ -140,8 +143,10 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
 
 
 def _run_extra(ctx: Context) -> dict:
-    """What a run reports beside its counters: feedback changes, the plan's span."""
-    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")}
+    """What a run reports beside its counters: feedback changes, the plan's span and what it left to
+    faults, and for oracle which member of its family won (policies/oracle.py)."""
+    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span", "plan_faulted", "oracle_plan",
+                                                        "oracle_own_s")}
 
 
 def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_units: int, counters: np.ndarray,
@@ -159,6 +164,19 @@ def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_unit
     if len(mv) > 2:
         return bool(mv[2])
     return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())
+
+
+def _next_use_cached(w: Workload, needs: Needs) -> np.ndarray:
+    """next_use_of(w.truth, needs), kept in w.extra for the last few needs (the planner's trial
+    runs of one span's plans share them; the needs are held, so their ids stay theirs)."""
+    cache = w.extra.setdefault("next_use", [])
+    for truth, nd, nu in cache:
+        if truth is w.truth and nd is needs:
+            return nu
+    nu = next_use_of(w.truth, needs)
+    cache.append((w.truth, needs, nu))
+    del cache[:-4]
+    return nu
 
 
 def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
