@@ -384,7 +384,8 @@ def test_chosen_span_is_never_slower_than_units_or_alloc(tasks, geo, frac, costs
         np.testing.assert_array_equal(again.end, chosen.end)
         assert chosen.extra["plan_span"] in SP.PLAN_SPANS and units.extra["plan_span"] == "unit"
         event(f"span {chosen.extra['plan_span']}")
-        if chosen.extra["plan_span"] == "unit":
+        event(f"left to faults: {chosen.extra['plan_faulted'] > 0}")
+        if chosen.extra["plan_span"] == "unit" and not chosen.extra["plan_faulted"]:
             np.testing.assert_array_equal(chosen.counters, units.counters)
         # the allocation span is alloc's plan (the launches touch only what they point into),
         # so oracle is never behind alloc while that span is tried
@@ -414,7 +415,9 @@ def test_wider_span_where_its_plan_is_faster():
                     assert span != "unit" and (pol is not blocks or span == "block")
                     assert r.end[-1] < 0.9 * units.end[-1]
                 else:
-                    assert r.extra["plan_span"] == "unit" and r.end[-1] == units.end[-1]
+                    # planned on units (what its trial runs left to faults, if anything, made it faster)
+                    assert r.extra["plan_span"] == "unit" and r.end[-1] <= units.end[-1]
+                    assert r.end[-1] == units.end[-1] or r.extra["plan_faulted"] > 0
             # the alloc baseline stays on whole allocations, never widened
             assert R.run_policy(w, P.Alloc(), cap, prof, P.Options()).extra["plan_span"] == "unit"
 
@@ -481,7 +484,10 @@ def test_oracle_moves_no_more_than_demand_on_single_unit_launches(launches, cap,
 
 
 class PerfectTemplate(P.Template):
-    """Template whose model predicts every launch's true footprint."""
+    """Template whose model predicts every launch's true footprint (and, as oracle, leaves to faults
+    what its trial run has time for: with perfect predictions its trial runs are the truth's)."""
+
+    faults = True
 
     def __init__(self):
         super().__init__(model=object())
