@@ -61,8 +61,8 @@ def _add_span_flag(g) -> None:
     g.add_argument("--span", default="auto", choices=SPAN_CHOICES,
                    help="what template and oracle plan on: their units, whole 2 MiB blocks, blocks where "
                         "widening pays (fitted), or with whole allocations added; auto (default) tries each in "
-                        "the simulator, and what the fastest can leave to faults, and keeps the fastest; a "
-                        "fixed span is Belady's plan at it, nothing left to faults")
+                        "the simulator and keeps the fastest (oracle also tries leaving some transfers to "
+                        "faults); a fixed span is Belady's plan at it")
 
 
 def _sim_config(args):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from pagecast.errors import UsageError
 from pagecast.uvm import FAULT_BATCH
@@ -115,7 +116,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     while s < n:
         pn = ctx.state.get("plan_needs")
         if pn is not None and pn is not nu_for:
-            next_use = _next_use_cached(w, pn)
+            # read only by launches larger than memory (Belady within the launch)
+            next_use = _next_use_cached(w, pn) if maxstep > cap_units else np.zeros(1, I64)
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
@@ -183,19 +185,21 @@ def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
     """For each occurrence of `truth` (unit u at step s): the first step after s
     at which `needs` holds u (the number of steps when none). What a planned
     policy knows of a unit's next use, for Belady within a launch larger than
-    memory."""
-    n = len(truth.ptr) - 1
-    m = n + 1
-    ns = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
-    nk = np.sort(needs.unit.astype(I64) * m + ns)
-    ts = np.repeat(np.arange(n, dtype=I64), np.diff(truth.ptr))
-    tu = truth.unit.astype(I64)
-    idx = np.searchsorted(nk, tu * m + ts, side="right")
-    out = np.full(len(tu), n, I64)
-    ok = idx < len(nk)
-    hit = nk[np.minimum(idx, max(len(nk) - 1, 0))] // m == tu if len(nk) else np.zeros(len(tu), bool)
-    ok &= hit
-    out[ok] = nk[idx[ok]] % m
+    memory. One backward pass over the steps (numba)."""
+    n_units = int(max(truth.unit.max(initial=-1), needs.unit.max(initial=-1))) + 1
+    return _next_use(truth.ptr, truth.unit.astype(I64), needs.ptr, needs.unit.astype(I64), n_units)
+
+
+@njit(cache=True)
+def _next_use(t_ptr, t_unit, n_ptr, n_unit, n_units):
+    n = len(t_ptr) - 1
+    nxt = np.full(n_units, n, np.int64)   # first step > s whose needs hold the unit
+    out = np.empty(len(t_unit), np.int64)
+    for s in range(n - 1, -1, -1):
+        for k in range(t_ptr[s], t_ptr[s + 1]):
+            out[k] = nxt[t_unit[k]]
+        for k in range(n_ptr[s], n_ptr[s + 1]):
+            nxt[n_unit[k]] = s
     return out
 
 
