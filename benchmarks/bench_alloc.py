@@ -90,8 +90,11 @@ def main(argv=None) -> int:
     if args.out:
         p = Path(args.out)
         old = p.read_text() if p.exists() else ""
-        head = old.split(SECTION)[0].rstrip("\n")
-        p.write_text((head + "\n\n" if head else "") + text)
+        head, _, rest = old.partition(SECTION)
+        nxt = rest.find("\n## ")   # sections other scripts write after this one stay
+        tail = rest[nxt:] if nxt >= 0 else ""
+        head = head.rstrip("\n")
+        p.write_text((head + "\n\n" if head else "") + text.rstrip("\n") + "\n" + tail)
     return 0
 
 

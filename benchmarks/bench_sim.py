@@ -123,7 +123,7 @@ def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=N
     else:
         has = True
     sp = C.Space(geo.unit_chunk, geo.chunk_lo, geo.chunk_hi, geo.key, geo.block_lo, geo.block_hi, int(geo.upb))
-    mem = C.Mem(cap, st, resident, planned, cc, prev, nxt, uq)
+    mem = C.Mem(cap, st, resident, planned, cc, prev, nxt, uq, np.full(geo.n_units, -1, I64), np.zeros(geo.n_units, I64))
     rules = C.Rules(lru, tree, PREFETCH_THRESHOLD, has, False, False)
     C.run_engine(0, n, C.Steps(ptr, units, np.zeros(1, np.int64)), C.PlanArrays(*plan, 0), sp, mem, rules, missed,
                  counters)

@@ -54,13 +54,15 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     _add_span_flag(g)
 
 
-SPAN_CHOICES = ("auto", "unit", "block", "allocation")   # "auto" and plan_io.SPANS (not imported: CLI start-up)
+SPAN_CHOICES = ("auto", "unit", "block", "fitted", "allocation")   # "auto" and plan_io.SPANS (not imported: CLI start-up)
 
 
 def _add_span_flag(g) -> None:
     g.add_argument("--span", default="auto", choices=SPAN_CHOICES,
-                   help="what template and oracle plan on: their units, whole 2 MiB blocks, or with whole "
-                        "allocations added; auto (default) tries each in the simulator and keeps the fastest")
+                   help="what template and oracle plan on: their units, whole 2 MiB blocks, blocks where "
+                        "widening pays (fitted), or with whole allocations added; auto (default) tries each in "
+                        "the simulator and keeps the fastest (oracle also tries leaving some transfers to "
+                        "faults); a fixed span is Belady's plan at it")
 
 
 def _sim_config(args):
@@ -270,6 +272,7 @@ def _report(args, runs, timeline) -> int:
 
 
 SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faster here than units)",
+              "fitted": "whole 2 MiB blocks where widening pays (faster here than units or all blocks)",
               "allocation": "whole allocations (faster here than units or blocks)"}
 
 

@@ -3,7 +3,7 @@
 `RESULTS.parquet` holds one row per (policy, capacity) run with the fields of
 cli.md's `replay --json` (policy, backend, capacity_bytes, oversub, time_s,
 stall_s, faults, htod_bytes, dtoh_bytes, speedup_vs_demand) and more
-(fraction_of_oracle, workload, tasks, costs, ...). The file's schema metadata
+(fraction_of_oracle, lower_bound_s, workload, tasks, costs, ...). The file's schema metadata
 marks it (`pagecast.format = pagecast-results`), which is how `is_results`
 tells it from other Parquet files. The timeline beside it holds one row per
 simulated launch (TIMELINE_SCHEMA), for plots. `read_results` checks both
@@ -42,6 +42,7 @@ RUN_SCHEMA = pa.schema([
     ("dtoh_bytes", pa.int64()),
     ("speedup_vs_demand", pa.float64()),
     ("fraction_of_oracle", pa.float64()),
+    ("lower_bound_s", pa.float64()),
     ("compute_s", pa.float64()),
     ("prefetch_bytes", pa.int64()),
     ("fault_batches", pa.int64()),
@@ -175,7 +176,7 @@ def is_results(path: str | Path) -> bool:
 
 # Columns a reader needs, and those whose values the report plots or prints as numbers (finite where not null).
 REQUIRED_RUN_COLUMNS = ("policy", "backend", "capacity_bytes", "oversub", "time_s")
-FINITE_RUN_COLUMNS = ("oversub", "time_s", "stall_s", "speedup_vs_demand", "fraction_of_oracle")
+FINITE_RUN_COLUMNS = ("oversub", "time_s", "stall_s", "speedup_vs_demand", "fraction_of_oracle", "lower_bound_s")
 FINITE_TIMELINE_COLUMNS = ("start_s", "end_s", "stall_s")
 MAX_SECONDS = 1e12   # about 31,700 years: times beyond are not a replay's, and overflow the plots' arithmetic
 _TIMELINE_FORMAT = b"pagecast-results-timeline"

@@ -24,17 +24,21 @@ def results_table(runs, title: str | None = None):
         sp = r.get("speedup_vs_demand")
         fo = r.get("fraction_of_oracle")
         t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
-                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", _policy_cell(r),
+                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", policy_label(r),
                   _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
                   format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
                   "-" if fo is None else f"{fo:.1%}")
     return t
 
 
-def _policy_cell(r) -> str:
+SPAN_LABELS = {"block": "blocks", "fitted": "fitted blocks", "allocation": "allocations"}
+
+
+def policy_label(r) -> str:
     """The policy, and the span its plan was made at where wider than units (docs/cost-model.md)."""
     span = r.get("plan_span")
-    return r["policy"] if not span or span == "unit" else f"{r['policy']} ({span}s)"
+    return r["policy"] if not span or span == "unit" else f"{r['policy']} ({SPAN_LABELS.get(span, span)})"
+
 
 
 def _secs(s) -> str:

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from pagecast.errors import InputError
 from pagecast.replay.results_io import read_results
+from pagecast.replay.results_table import policy_label
 from pagecast.units import format_size
 
 from .page import FIG_W, PALETTE, Section, figure, setup_matplotlib, short
@@ -362,8 +363,7 @@ def _pick_timeline_workload(rows: list[dict], workloads: list[str]) -> str:
 
 
 def _run_cells(r: dict, with_workload: bool) -> tuple:
-    span = r.get("plan_span")   # the span a planned policy's plan was made at (docs/cost-model.md)
-    policy = r["policy"] if not span or span == "unit" else f"{r['policy']} ({span}s)"
+    policy = policy_label(r)   # with the span a planned policy's plan was made at (docs/cost-model.md)
     cells = (policy, r.get("backend"), _fmt(r.get("oversub"), "g"),
              format_size(r["capacity_bytes"]) if r.get("capacity_bytes") is not None else "—",
              _fmt(r.get("time_s"), ".4g"), _fmt(r.get("stall_s"), ".4g"),

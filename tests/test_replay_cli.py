@@ -340,7 +340,7 @@ BAD_PLANS = {
     "page-size-zero": (lambda p: _plan_manifest(p, page_size=0), "'page_size' must be an integer > 0"),
     "page-size-odd": (lambda p: _plan_manifest(p, page_size=3000), "power of two"),
     "version-true": (lambda p: _plan_manifest(p, version=True), "version is True"),
-    "span-unknown": (lambda p: _plan_manifest(p, span="page"), "'span' must be one of unit, block, allocation"),
+    "span-unknown": (lambda p: _plan_manifest(p, span="page"), "'span' must be one of unit, block, fitted, allocation"),
     "null-address": (lambda p: _plan_table(p, lambda t: t.set_column(
         t.column_names.index("address"), "address", pa.nulls(t.num_rows, pa.uint64()))), "null"),
     "no-table": (lambda p: (p / plan_io.TABLE).unlink(), "plan.parquet: missing"),

@@ -10,7 +10,8 @@ capacity, eviction order, tree prefetcher or number of tasks.
 - faults: a launch faults at most once per unit it touches, and (without the tree
   prefetcher) at least once per unit not resident when it starts; demand paging equals a
   plain-Python model of the same rules (chunk FIFO/LRU, tree prefetcher) counter for counter;
-- oracle: no faults when every launch fits (no tree prefetcher), and, planned on units,
+- oracle: no faults when every launch fits (no tree prefetcher) but those of the transfers
+  its plan leaves to faults (which evict nothing), and, planned on units,
   exactly the fetches of Belady on the launches' unit sets; the span it chooses is never
   slower than the unit span, nor than alloc; template with perfect predictions is oracle;
 - timing: launches run one after another, end >= start + compute, stall >= 0, time =
@@ -143,7 +144,8 @@ def run_checked(w, policy, cap, profile, options):
             if new is not None:
                 groups = groups.splice(new, i + 1)
     start, end, stall = TM.run_timing(counters, R.step_compute(w), w.gran, groups, profile)
-    return R.RunResult(policy.name, cap, counters, start, end, stall, R.step_compute(w)), mem, absent
+    return R.RunResult(policy.name, cap, counters, start, end, stall, R.step_compute(w),
+                       {"plan_faulted": groups.faulted}), mem, absent
 
 
 def check_run(w, r, mem, absent, cap, tree):
@@ -212,7 +214,10 @@ def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms
             r, mem, absent = run_checked(w, P.POLICIES[p](), cap, prof, opts)
             check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
             if p == "oracle" and not tree and (w.truth.sizes() <= cap).all():
-                assert r.counters[:, C.C_FAULTS].sum() == 0
+                # no faults but those of the transfers its plan leaves to faults, one each (it keeps
+                # their room, so they evict nothing)
+                assert r.counters[:, C.C_FAULTS].sum() <= r.extra["plan_faulted"]
+                assert r.counters[:, C.C_FAULT_DTOH].sum() == 0
 
 
 @pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "stream", "cnn-infer"])
@@ -384,7 +389,8 @@ def test_chosen_span_is_never_slower_than_units_or_alloc(tasks, geo, frac, costs
         np.testing.assert_array_equal(again.end, chosen.end)
         assert chosen.extra["plan_span"] in SP.PLAN_SPANS and units.extra["plan_span"] == "unit"
         event(f"span {chosen.extra['plan_span']}")
-        if chosen.extra["plan_span"] == "unit":
+        event(f"left to faults: {chosen.extra['plan_faulted'] > 0}")
+        if chosen.extra["plan_span"] == "unit" and not chosen.extra["plan_faulted"]:
             np.testing.assert_array_equal(chosen.counters, units.counters)
         # the allocation span is alloc's plan (the launches touch only what they point into),
         # so oracle is never behind alloc while that span is tried
@@ -414,7 +420,9 @@ def test_wider_span_where_its_plan_is_faster():
                     assert span != "unit" and (pol is not blocks or span == "block")
                     assert r.end[-1] < 0.9 * units.end[-1]
                 else:
-                    assert r.extra["plan_span"] == "unit" and r.end[-1] == units.end[-1]
+                    # planned on units (what its trial runs left to faults, if anything, made it faster)
+                    assert r.extra["plan_span"] == "unit" and r.end[-1] <= units.end[-1]
+                    assert r.end[-1] == units.end[-1] or r.extra["plan_faulted"] > 0
             # the alloc baseline stays on whole allocations, never widened
             assert R.run_policy(w, P.Alloc(), cap, prof, P.Options()).extra["plan_span"] == "unit"
 
@@ -481,7 +489,10 @@ def test_oracle_moves_no_more_than_demand_on_single_unit_launches(launches, cap,
 
 
 class PerfectTemplate(P.Template):
-    """Template whose model predicts every launch's true footprint."""
+    """Template whose model predicts every launch's true footprint (and, as oracle, leaves to faults
+    what its trial run has time for: with perfect predictions its trial runs are the truth's)."""
+
+    faults = True
 
     def __init__(self):
         super().__init__(model=object())

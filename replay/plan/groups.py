@@ -30,6 +30,7 @@ class Groups:
     thrash: np.ndarray       # uint8: the planner could not fit the step
     need_group: np.ndarray | None = None  # per step: latest earlier group prefetching a unit it needs (-1: none)
     front: bool = False      # planned with launches larger than memory getting their front first (belady_plan)
+    faulted: int = 0         # prefetches the plan's needs name that it leaves to faults (plan/faults.py)
 
     def __post_init__(self) -> None:
         if self.need_group is None:
@@ -58,7 +59,48 @@ class Groups:
             return np.concatenate([a[:s], b[s:]])
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
                       j(self.blocking, other.blocking), j(self.thrash, other.thrash),
-                      j(self.need_group, other.need_group), self.front)
+                      j(self.need_group, other.need_group), self.front, self.faulted)
+
+
+def prefetch_steps(g: Groups) -> np.ndarray:
+    """The group (step) of each of `g`'s prefetch entries."""
+    return np.repeat(np.arange(g.n_steps, dtype=I64), np.diff(g.pf_ptr))
+
+
+def first_need(step: np.ndarray, units: np.ndarray, needs, n: int) -> np.ndarray:
+    """For each (group step, unit), the first step >= group step whose needs contain the unit (-1: none)."""
+    occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
+    key = np.sort(needs.unit.astype(I64) * (n + 1) + occ_step)
+    hit = first_at_or_after(key, units, step, n + 1)
+    return np.where(hit < n + 1, hit, -1)
+
+
+def first_at_or_after(keys: np.ndarray, units: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:
+    """`keys`: sorted unit * m + step of some (unit, step) pairs. For each (unit, step) asked, the
+    first step >= it at which that unit has a pair; m where none."""
+    q = np.asarray(units, I64) * m + np.asarray(step, I64)
+    pos = np.searchsorted(keys, q, side="left")
+    if len(keys) == 0:
+        return np.full(len(q), m, I64)
+    hit = keys[np.minimum(pos, len(keys) - 1)]
+    good = (pos < len(keys)) & (hit // m == np.asarray(units, I64))
+    return np.where(good, hit % m, m).astype(I64)
+
+
+def keep_prefetches(g: Groups, keep: np.ndarray, need: np.ndarray) -> Groups:
+    """`g` with only the prefetch entries `keep` marks (its evictions unchanged): what each launch
+    waits for (`need_now`, `need_group`) follows from the entries left. `need`: the step each
+    entry is for (first_need on the plan's needs)."""
+    n = g.n_steps
+    step = prefetch_steps(g)
+    ptr = np.zeros(n + 1, I64)
+    np.cumsum(np.bincount(step[keep], minlength=n), out=ptr[1:])
+    own = keep & (need == step)
+    need_group = np.full(n, -1, I64)
+    early = keep & (need > step)
+    np.maximum.at(need_group, need[early], step[early])
+    return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], np.bincount(step[own], minlength=n).astype(I64),
+                  g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()))
 
 
 def same_plan(a: Groups, b: Groups) -> bool:

@@ -14,8 +14,10 @@ plan.parquet, one row per transfer, in the order a runner issues them:
 manifest.json: format `pagecast-plan`, version, the model (path), the trace
 (path, `Trace.launch_fingerprint()`, launches), capacity_bytes, page_size,
 granularity, the span the planner chose (`unit`: the predicted units; `block`: widened
-to whole 2 MiB VA blocks; `allocation`: with the whole allocations the launch points
-into added; absent means `unit`), and the planner's counts. `read_plan(path, trace)` refuses a plan
+to whole 2 MiB VA blocks; `fitted`: widened to whole blocks where its block plan says
+widening pays, plan/fitted.py; `allocation`: with the whole allocations the launch points
+into added; absent means `unit`), and the planner's counts (`faulted`: prefetches the
+plan's predictions name that it leaves to faults, plan/faults.py). `read_plan(path, trace)` refuses a plan
 whose fingerprint does not match the trace (PlanError, one line).
 """
 
@@ -42,7 +44,7 @@ MANIFEST = "manifest.json"
 TABLE = "plan.parquet"
 PREFETCH, EVICT = "prefetch", "evict"
 ACTIONS = (PREFETCH, EVICT)
-SPANS = ("unit", "block", "allocation")   # what the planner widened the predictions to (plan/spans.py)
+SPANS = ("unit", "block", "fitted", "allocation")   # what the planner widened the predictions to (plan/spans.py)
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
 SCHEMA = pa.schema([

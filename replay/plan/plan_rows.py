@@ -18,7 +18,7 @@ from pagecast.predict.model_io import load_model
 from ..unit_space import I64, Workload
 from . import plan_io
 from .adaptive import predicted_footprints
-from .groups import Groups
+from .groups import Groups, first_need
 
 def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
     """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer."""
@@ -32,7 +32,7 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
             need_by = np.full(len(units), -1, I64)
         else:
             # the step that first needs each prefetched unit at or after its group
-            need_by = _first_need(step, units, needs, n)
+            need_by = first_need(step, units, needs, n)
         addr, key = w.universe.address_ranges(0, units)
         # merge consecutive entries of the same step with consecutive addresses and the same need
         new = np.ones(len(units), bool)
@@ -41,10 +41,10 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
         new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
         idx = np.flatnonzero(new)
         cnt = np.diff(np.concatenate([idx, [len(units)]]))
-        first_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
-        first_need = np.where(first_need == np.iinfo(I64).max, -1, first_need)
+        row_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
+        row_need = np.where(row_need == np.iinfo(I64).max, -1, row_need)
         parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
-                      first_need, idx))
+                      row_need, idx))
     if not parts:
         return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
     lid = np.concatenate([p[0] for p in parts])
@@ -62,23 +62,6 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
                      plan_io.ADDRESS: addr, plan_io.BYTES: nb, plan_io.ORDER: ordn,
                      plan_io.NEEDED_BY: np.where(nbv >= 0, w.step_launch[np.maximum(nbv, 0)], -1)},
                     schema=plan_io.SCHEMA)
-
-
-def _first_need(step: np.ndarray, units: np.ndarray, needs, n: int) -> np.ndarray:
-    """For each (group step, unit), the first step >= group step whose needs contain the unit."""
-    occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
-    occ_unit = needs.unit
-    key_occ = occ_unit * (n + 1) + occ_step
-    order = np.argsort(key_occ, kind="stable")
-    sk = key_occ[order]
-    q = units * (n + 1) + step
-    pos = np.searchsorted(sk, q, side="left")
-    ok = pos < len(sk)
-    res = np.full(len(units), -1, I64)
-    hit = sk[np.minimum(pos, len(sk) - 1)]
-    good = ok & (hit // (n + 1) == units)
-    res[good] = hit[good] % (n + 1)
-    return res
 
 
 def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
@@ -128,7 +111,7 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
     need_group = np.full(n, -1, I64)
     if needs is not None:
         pf_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))
-        first = _first_need(pf_step, g.pf_unit, needs, n)
+        first = first_need(pf_step, g.pf_unit, needs, n)
         early = first > pf_step
         np.maximum.at(need_group, first[early], pf_step[early])
     else:

@@ -1,5 +1,5 @@
-"""The planner's span: what a plan is made on (units, whole 2 MiB blocks, whole allocations),
-and `choose_span`, which keeps the span whose plan runs fastest in trial runs.
+"""The planner's span: what a plan is made on (units, whole 2 MiB blocks, blocks where widening
+pays, whole allocations), and `choose_span`, which keeps the plan that runs fastest in trial runs.
 
 The trial runs are the simulator's; the planner does not import it: the caller
 passes `trial(groups, needs) -> run` (policies/base.py's `span_trial` builds one
@@ -17,17 +17,30 @@ from pagecast import footprints as F
 from ..unit_space import I64, Needs, Workload, unit_intervals
 from . import plan_io
 from .belady import plan_groups
+from .faults import leave_to_faults
+from .fitted import fitted_needs
 from .groups import Groups, same_plan
 
-PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "allocation"): a plan file names the one chosen
+PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "fitted", "allocation"): a plan file names the one chosen
 
 
-def span_needs(needs: Needs, span: str, w: Workload) -> Needs:
+def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = None, profile=None,
+               start_step: int = 0, init_resident: np.ndarray | None = None, front: bool = False) -> Needs:
     """`needs` at a planning span, each coarser than the last (fewer, longer transfers;
     more bytes): "unit" as they are; "block" each step's units widened to the whole
-    2 MiB VA blocks they lie in (the universe's units of them); "allocation" with the
-    whole allocations the launch's pointer parameters point into added (what the
-    `alloc` baseline moves, known from the launch arguments as the predictions are)."""
+    2 MiB VA blocks they lie in (the universe's units of them); "fitted" the block span
+    narrowed back where its own plan (at `cap_units`, from `start_step` with
+    `init_resident`) says widening does not pay under `profile` (plan/fitted.py);
+    "allocation" with the whole allocations the launch's pointer parameters point into
+    added (what the `alloc` baseline moves, known from the launch arguments as the
+    predictions are)."""
+    if span == "fitted":
+        if cap_units is None or profile is None:
+            raise ValueError("the fitted span needs the capacity and the cost profile (its block plan's)")
+        bn = span_needs(needs, "block", w)
+        g = plan_groups(bn, w.universe.n_units, cap_units, start_step=start_step, init_resident=init_resident,
+                        belady_in=True, universe=w.universe, front=front)
+        return fitted_needs(g, bn, needs, w, profile)
     if span == "unit":
         return needs
     n = len(needs.ptr) - 1
@@ -76,7 +89,8 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 
 def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
                 fronts: tuple[bool, ...] = (False, True),
-                trial: Callable[[Groups, Needs], Any] | None = None) -> tuple[str, Needs, Groups, Any]:
+                trial: Callable[[Groups, Needs], Any] | None = None, profile=None,
+                faults: bool = True) -> tuple[str, Needs, Groups, Any]:
     """Plan `needs` at each span and keep the plan that runs fastest when `needs`
     are what the launches touch: the planner's own view of the future (predictions
     for template, the truth for oracle), never anything it could not know.
@@ -84,18 +98,31 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     is the time); None (no cost profile) keeps the first span. Ties keep the
     earlier span. Where a launch is larger than memory, each span is also planned
     with each of `fronts` (plan_groups' `front`: such a launch's first units
-    brought in before it), ties keeping the earlier. Returns (span, needs at that
-    span, plan, the winning trial run or None); the plan's `front` says which.
-    When `needs` are the truth, the winning trial run is the run itself (the
-    simulator then does not run it again)."""
+    brought in before it), ties keeping the earlier. The `fitted` span is made from
+    the block span's plan (plan/fitted.py; it needs `profile`, and "block" before it
+    in `spans` to be tried). With `faults`, the fastest plan is then tried with the
+    transfers its trial run has time to fault left to faults (plan/faults.py), kept
+    if faster. Returns (span, needs at that span, plan, the winning trial run or None);
+    the plan's `front` and `faulted` say which. When `needs` are the truth, the
+    winning trial run is the run itself (the simulator then does not run it again)."""
     best = None
     tried: list[Needs] = []
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
-    for span in spans:
-        if span == "allocation" and _alloc_touches(w) > limit:
+    block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
+    for k, span in enumerate(spans):
+        last = k == len(spans) - 1 and best is None   # nothing planned yet: this one is planned whatever it costs
+        if span == "allocation" and _alloc_touches(w) > limit and not last:
             continue  # many times the units to plan (launches pointing into one huge allocation)
-        sn = span_needs(needs, span, w)
-        if tried and len(sn.unit) > limit:
+        if span == "fitted":
+            if block is not None and profile is not None:
+                sn = fitted_needs(block[0], block[1], needs, w, profile)
+            elif last:
+                sn = span_needs(needs, span, w, cap_units, profile)
+            else:
+                continue   # made from the block span's plan, which was not made (or was the unit plan)
+        else:
+            sn = span_needs(needs, span, w)
+        if tried and len(sn.unit) > limit and not last:
             continue
         if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
             continue  # widening added nothing: the same plan
@@ -106,6 +133,8 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
         plans: list[Groups] = []
         for front in tries:
             g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
+            if span == "block" and not front:
+                block = (g, sn)
             if trial is None or (len(spans) == 1 and len(tries) == 1):
                 return span, sn, g, None
             if any(same_plan(g, o) for o in plans):
@@ -115,4 +144,11 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             t = float(r.end[-1]) if len(r.end) else 0.0
             if best is None or t < best[3]:
                 best = (span, sn, g, t, r)
+    if faults and profile is not None and best is not None:
+        g = leave_to_faults(best[2], best[1], needs, best[4], profile, w.gran)
+        if g is not None:
+            r = trial(g, best[1])
+            t = float(r.end[-1]) if len(r.end) else 0.0
+            if t < best[3]:
+                best = (best[0], best[1], g, t, r)
     return best[0], best[1], best[2], best[4]

@@ -119,21 +119,26 @@ class Policy:
 
 class Planned(Policy):
     """Follows a Belady plan made on some needs (predicted, allocation-level or true),
-    at the span (PLAN_SPANS) whose plan the policy's own needs say is fastest."""
+    at the span (PLAN_SPANS) whose plan the policy's own needs say is fastest, with
+    what its trial run has time to fault left to faults (plan/faults.py) when the span
+    is chosen (a fixed span is Belady's plan at that span, nothing left out)."""
 
     spans: tuple[str, ...] | None = None   # None: every one of PLAN_SPANS
     fronts: tuple[bool, ...] = (False, True)   # plans tried for launches larger than memory (plan_groups)
+    faults: bool = True    # with the span chosen, also try leaving what the trial run has time to fault
 
     def needs(self, ctx: Context) -> Needs:
         raise NotImplementedError
 
     def prefetch(self, ctx: Context) -> Groups:
         needs = self.needs(ctx)
-        span, sn, g, run = choose_span(ctx.w, needs, ctx.cap_units, self.spans or PLAN_SPANS, self.fronts,
-                                       span_trial(ctx, needs))
+        spans = self.spans or PLAN_SPANS
+        span, sn, g, run = choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
+                                       profile=ctx.profile, faults=self.faults and len(spans) > 1)
         ctx.state["plan_needs"] = sn
         ctx.state["plan_span"] = span
         ctx.state["plan_front"] = g.front
+        ctx.state["plan_faulted"] = g.faulted
         if run is not None and needs is ctx.w.truth:
             # the winning trial ran this very plan on these very needs: it is the run (oracle)
             ctx.state["trial_run"] = run

@@ -31,8 +31,11 @@ from ..plan.belady import INF, InLaunch, _inlaunch_victims
 Space = namedtuple("Space", "unit_chunk chunk_lo chunk_hi key block_lo block_hi upb")
 # The residency state: capacity (units), st = [resident units, head and tail of uq], per unit
 # resident/planned, per chunk its resident count and its place in the FIFO/LRU list (prev/nxt,
-# sentinel = n_chunks), and uq, the queue of units brought in by faults (a ring, st[1] <= st[2]).
-Mem = namedtuple("Mem", "cap st resident planned chunk_count prev nxt uq")
+# sentinel = n_chunks), uq, the queue of units brought in by faults (a ring, st[1] <= st[2]), and per
+# unit the planned group that last brought it in and its place among that group's transfers (src_group,
+# -1 when a fault or the tree prefetcher brought it; src_pos), so that a launch waits for the transfers
+# whose units it really touches (timing.py).
+Mem = namedtuple("Mem", "cap st resident planned chunk_count prev nxt uq src_group src_pos")
 # A run's switches: LRU list order, the tree prefetcher and its threshold, whether the policy plans
 # (faults first evict what the plan does not count on), whether next uses are known (Belady within a
 # launch larger than memory), whether to stop after a step that faulted (feedback).
@@ -44,8 +47,12 @@ Steps = namedtuple("Steps", "ptr unit next_use")
 GROUP, LAUNCH = 1, 2   # what run_engine runs of each step
 
 # Indices of the per-step counter vector returned by the access/apply kernels.
-C_FAULTS, C_FAULT_IN, C_TREE_IN, C_FAULT_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_GROUP_DTOH = range(8)
-N_COUNTERS = 8
+# C_USED_GROUP: 1 + the latest earlier group whose transfers brought a unit the launch touches (0: none),
+# C_USED_POS: how many of that group's units came in up to the last one it touches; C_USED_OWN: the same
+# for its own group (the copy engines run groups in order, each in its order: these are the last arrivals).
+(C_FAULTS, C_FAULT_IN, C_TREE_IN, C_FAULT_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_GROUP_DTOH,
+ C_USED_GROUP, C_USED_POS, C_USED_OWN) = range(11)
+N_COUNTERS = 11
 
 
 # ---- chunk list (FIFO / LRU order of eviction chunks) ------------------------
@@ -173,6 +180,7 @@ def _tree_prefetch(u, sp, m, rules, counters, row):
             if m.st[0] + 1 > m.cap:
                 return  # the prefetcher never evicts
             _unit_in(v, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, len(m.chunk_count))
+            m.src_group[v] = -1
             m.st[0] += 1
             counters[row, C_TREE_IN] += 1
             if rules.track_unplanned:
@@ -202,7 +210,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
     ev_ptr, evict, pf_ptr, prefetch, need_now_of, base = (plan.ev_ptr, plan.ev_unit, plan.pf_ptr, plan.pf_unit,
                                                           plan.need_now, plan.base)
     cap, st_i, resident, planned, prev, nxt = m.cap, m.st, m.resident, m.planned, m.prev, m.nxt
-    unplanned_q, chunk_count = m.uq, m.chunk_count
+    unplanned_q, chunk_count, src_group, src_pos = m.uq, m.chunk_count, m.src_group, m.src_pos
     unit_chunk, chunk_lo, chunk_hi, block_lo = sp.unit_chunk, sp.chunk_lo, sp.chunk_hi, sp.block_lo
     lru, tree, track_unplanned, has_next_use = rules.lru, rules.tree, rules.track_unplanned, rules.has_next_use
     sentinel = len(chunk_count)
@@ -242,6 +250,8 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                 planned[u] = 1
                 st_i[0] += 1
                 counters[row, C_PREFETCH_IN] += 1
+                src_group[u] = i
+                src_pos[u] = counters[row, C_PREFETCH_IN]
                 if k - plo < need_now:
                     needed_in += 1
                 if u != last + 1:
@@ -264,9 +274,21 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
         vict = np.empty(L if belady_in else 1, np.int64)
         sc = InLaunch(np.empty(L if belady_in else 1, np.int64), np.empty(L if belady_in else 1, np.int64), hst,
                       np.empty(L if belady_in else 1, np.int64), vict, INF - 1)
+        used_group = -1
+        used_pos = 0
+        used_own = 0
         for k in range(lo, hi):
             u = units[k]
             if resident[u] == 1:
+                sg = src_group[u]
+                if sg == i:
+                    if src_pos[u] > used_own:
+                        used_own = src_pos[u]
+                elif sg > used_group:
+                    used_group = sg
+                    used_pos = src_pos[u]
+                elif sg == used_group and src_pos[u] > used_pos:
+                    used_pos = src_pos[u]
                 if lru:
                     c = unit_chunk[u]
                     _list_remove(prev, nxt, c)
@@ -338,6 +360,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                     break
                 counters[row, C_FAULT_DTOH] += ev
             _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+            src_group[u] = -1
             if lru:
                 # a fault is an access: its chunk becomes the most recently used
                 # (_unit_in appends only a chunk that was not resident)
@@ -351,6 +374,9 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                 st_i[2] += 1
             if tree:
                 _tree_prefetch(u, sp, m, rules, counters, row)
+        counters[row, C_USED_GROUP] = used_group + 1
+        counters[row, C_USED_POS] = used_pos
+        counters[row, C_USED_OWN] = used_own
         if track_unplanned and oversized:
             # a launch larger than memory streamed through it; the plan (the
             # planner follows it) counts on the units it ends holding: planned now

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from pagecast.errors import UsageError
 from pagecast.uvm import FAULT_BATCH
@@ -38,10 +39,13 @@ class Memory:
         self.nxt[u.n_chunks] = u.n_chunks
         self.st = np.zeros(3, I64)       # resident units; head and tail of uq
         self.uq = np.zeros(max(u.n_units, 1), I64)   # units brought in by faults, oldest first (a ring)
+        self.src_group = np.full(u.n_units, -1, I64)   # the planned group that brought each unit in (-1: none)
+        self.src_pos = np.zeros(u.n_units, I64)
 
     def state(self) -> C.Mem:
         """The arrays as the kernels take them (the same arrays: kernels mutate them in place)."""
-        return C.Mem(self.cap, self.st, self.resident, self.planned, self.chunk_count, self.prev, self.nxt, self.uq)
+        return C.Mem(self.cap, self.st, self.resident, self.planned, self.chunk_count, self.prev, self.nxt, self.uq,
+                     self.src_group, self.src_pos)
 
 
 def space_of(w: Workload) -> C.Space:
@@ -112,7 +116,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     while s < n:
         pn = ctx.state.get("plan_needs")
         if pn is not None and pn is not nu_for:
-            next_use = next_use_of(w.truth, pn)
+            # read only by launches larger than memory (Belady within the launch)
+            next_use = _next_use_cached(w, pn) if maxstep > cap_units else np.zeros(1, I64)
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
@@ -140,8 +145,10 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
 
 
 def _run_extra(ctx: Context) -> dict:
-    """What a run reports beside its counters: feedback changes, the plan's span."""
-    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span")}
+    """What a run reports beside its counters: feedback changes, the plan's span and what it left to
+    faults, and for oracle which member of its family won (policies/oracle.py)."""
+    return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span", "plan_faulted", "oracle_plan",
+                                                        "oracle_own_s")}
 
 
 def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_units: int, counters: np.ndarray,
@@ -161,23 +168,38 @@ def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_unit
     return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())
 
 
+def _next_use_cached(w: Workload, needs: Needs) -> np.ndarray:
+    """next_use_of(w.truth, needs), kept in w.extra for the last few needs (the planner's trial
+    runs of one span's plans share them; the needs are held, so their ids stay theirs)."""
+    cache = w.extra.setdefault("next_use", [])
+    for truth, nd, nu in cache:
+        if truth is w.truth and nd is needs:
+            return nu
+    nu = next_use_of(w.truth, needs)
+    cache.append((w.truth, needs, nu))
+    del cache[:-4]
+    return nu
+
+
 def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
     """For each occurrence of `truth` (unit u at step s): the first step after s
     at which `needs` holds u (the number of steps when none). What a planned
     policy knows of a unit's next use, for Belady within a launch larger than
-    memory."""
-    n = len(truth.ptr) - 1
-    m = n + 1
-    ns = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
-    nk = np.sort(needs.unit.astype(I64) * m + ns)
-    ts = np.repeat(np.arange(n, dtype=I64), np.diff(truth.ptr))
-    tu = truth.unit.astype(I64)
-    idx = np.searchsorted(nk, tu * m + ts, side="right")
-    out = np.full(len(tu), n, I64)
-    ok = idx < len(nk)
-    hit = nk[np.minimum(idx, max(len(nk) - 1, 0))] // m == tu if len(nk) else np.zeros(len(tu), bool)
-    ok &= hit
-    out[ok] = nk[idx[ok]] % m
+    memory. One backward pass over the steps (numba)."""
+    n_units = int(max(truth.unit.max(initial=-1), needs.unit.max(initial=-1))) + 1
+    return _next_use(truth.ptr, truth.unit.astype(I64), needs.ptr, needs.unit.astype(I64), n_units)
+
+
+@njit(cache=True)
+def _next_use(t_ptr, t_unit, n_ptr, n_unit, n_units):
+    n = len(t_ptr) - 1
+    nxt = np.full(n_units, n, np.int64)   # first step > s whose needs hold the unit
+    out = np.empty(len(t_unit), np.int64)
+    for s in range(n - 1, -1, -1):
+        for k in range(t_ptr[s], t_ptr[s + 1]):
+            out[k] = nxt[t_unit[k]]
+        for k in range(n_ptr[s], n_ptr[s + 1]):
+            nxt[n_unit[k]] = s
     return out
 
 

@@ -24,12 +24,13 @@ from ..plan import plan_io
 from ..plan.adaptive import predicted_footprints
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
-from ..policies import POLICIES, Runner, Template, check_policies
+from ..policies import POLICIES, Oracle, Runner, Template, check_policies
 from ..policies.base import Options, plan_trial
 from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
-from .run import RunResult, run_policy, summarize
+from .bound import lower_bound
+from .run import RunResult, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
 @dataclass
@@ -145,7 +146,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if "template" in policies:
         if plan is not None:
             span = plan.manifest.get("span", "unit")
-            pneeds = None if plan_pred is None else span_needs(w.needs_from([plan_pred]), span, w)
+            pneeds = None if plan_pred is None else span_needs(w.needs_from([plan_pred]), span, w,
+                                                               max(plan.capacity_bytes // w.gran, 1), prof)
             tmpl = Template(plan_groups_fixed=groups_from_plan(plan, w, pneeds), fallback=cfg.fallback)
             tmpl.fixed_needs, tmpl.fixed_span = pneeds, span
             if cfg.feedback:
@@ -155,7 +157,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             w.extra[("predicted", id(model), cfg.fallback)] = predicted
     results: dict[tuple[str, int], RunResult] = {}
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
-    for p in policies:
+    # oracle runs last: its family includes every other policy's run at the same capacity (policies/oracle.py)
+    for p in sorted(policies, key=lambda p: p == "oracle"):
         cap_units = [c // w.gran for c, _ in caps]
         for c, cu in zip(caps, cap_units):
             if cu < 1:
@@ -168,6 +171,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             continue
         if p == "runner":
             pol = Runner(model)
+        elif p == "oracle":
+            pol = Oracle({cu: [(q, results[(q, c)]) for q in policies if q != "oracle"]
+                          for (c, _), cu in zip(caps, cap_units)})
         else:
             pol = tmpl if p == "template" else POLICIES[p]()
         if p in ("template", "oracle"):
@@ -176,6 +182,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             results[(p, c)] = run_policy(w, pol, cu, prof, opts)
             if progress:
                 progress.advance()
+    comp = step_compute(w)
+    bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
     names = [t.name for t in w.tasks]
     wname = workload_name or "+".join(names)
     runs: list[dict] = []
@@ -186,7 +194,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         for c, r_over in caps:
             r = results[(p, c)]
             s = summarize(r, w, prof.faults_per_batch)
-            run = {"policy": p, "backend": "sim", "capacity_bytes": int(c), "oversub": float(r_over), **s}
+            run = {"policy": p, "backend": "sim", "capacity_bytes": int(c), "oversub": float(r_over), **s,
+                   "lower_bound_s": bounds[c]}
             run.update({
                 "footprint_bytes": int(w.footprint_bytes), "workload": wname, "tasks": names,
                 "traces": [str(t.path) for t in traces], "costs": prof.name, "granularity": int(prof.granularity),
@@ -197,8 +206,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             })
             if "feedback_changes" in r.extra:
                 run["feedback_changes"] = int(r.extra["feedback_changes"])
-            if "plan_span" in r.extra:
-                run["plan_span"] = r.extra["plan_span"]
+            for k in ("plan_span", "plan_faulted", "oracle_plan", "oracle_own_s"):
+                if k in r.extra:
+                    run[k] = r.extra[k]
             runs.append(run)
             if timeline:
                 tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
@@ -259,11 +269,13 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
     needs = w.needs_from([predicted])
-    span, needs, g, _ = choose_span(w, needs, cu, cfg.spans(), trial=plan_trial(w, needs, cu, prof, opts, run_policy))
+    spans = cfg.spans()
+    span, needs, g, _ = choose_span(w, needs, cu, spans, trial=plan_trial(w, needs, cu, prof, opts, run_policy),
+                                    profile=prof, faults=Template.faults and len(spans) > 1)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
-                                    thrashing_launches=int(g.thrash.sum()),
+                                    thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
                                     prefetch_bytes=int(len(g.pf_unit) * w.gran),
                                     evict_bytes=int(len(g.ev_unit) * w.gran))
     return table, manifest

@@ -9,7 +9,8 @@ import numpy as np
 from numba import njit
 
 from ..plan.groups import Groups
-from .kernels import C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_TREE_IN
+from .kernels import (C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_TREE_IN,
+                      C_USED_GROUP, C_USED_OWN, C_USED_POS)
 
 # What the clock charges, from a cost profile (replay/costs.py's fields of the same names).
 Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhead_s htod_bw dtoh_bw duplex "
@@ -47,7 +48,10 @@ def _timing(counters, compute, gran, order, c):
     engines in issue order; a launch starts when the previous one ended, the
     part of its own group it needs has arrived (the whole group when
     `blocking`) and the earlier group `need_group` holding units it needs has
-    finished; its faults (and the evictions and driver prefetches they cause)
+    finished -- what it needs being what its plan says and what it really
+    touches (the counters' C_USED_OWN and C_USED_GROUP: a plan made on
+    predictions may bring a unit for a later launch that an earlier one
+    touches); its faults (and the evictions and driver prefetches they cause)
     stall it. Returns start, end, stall per step."""
     blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
     n = counters.shape[0]
@@ -55,6 +59,8 @@ def _timing(counters, compute, gran, order, c):
     end = np.empty(n)
     stall = np.empty(n)
     g_end = np.zeros(n)
+    g_start = np.zeros(n)
+    g_time = np.zeros(n)
     prev_start = 0.0
     prev_end = 0.0
     ce = 0.0
@@ -70,13 +76,21 @@ def _timing(counters, compute, gran, order, c):
             gs = max(ce, after)
             ce = gs + tg
             g_end[i] = ce
+            g_start[i] = gs
+            g_time[i] = tg
+            own = max(k[C_PREFETCH_NEED], k[C_USED_OWN])
             if blocking[i]:
                 ready = max(ready, ce)
-            elif k[C_PREFETCH_NEED] > 0:
-                ready = max(ready, gs + tg * (k[C_PREFETCH_NEED] / pf_in))
+            elif own > 0 and pf_in > 0:
+                ready = max(ready, gs + tg * (min(own, pf_in) / pf_in))
         e = need_group[i]
         if e >= 0 and e < i:
             ready = max(ready, g_end[e])
+        e = k[C_USED_GROUP] - 1
+        if e >= 0 and e < i and counters[e, C_PREFETCH_IN] > 0:
+            # the last unit it touches of that group has arrived (groups run in order, each in its order)
+            ready = max(ready, g_start[e] + g_time[e] * (min(k[C_USED_POS], counters[e, C_PREFETCH_IN])
+                                                        / counters[e, C_PREFETCH_IN]))
         f = fault_seconds(k[C_FAULTS], c)
         f += bulk_seconds(k[C_TREE_IN] * gran, k[C_FAULT_DTOH] * gran, 0, c, False, 0.0)
         start[i] = ready

@@ -1,0 +1,135 @@
+"""Leaving some of a plan's prefetches to faults, where a trial run says the launches have time for them.
+
+A planned prefetch costs the copy engines its transfer's fixed charge and its
+bytes (`transfer_latency_s` + bytes at the bulk rate); leaving its units to
+fault costs the launch that touches them `fault_time_s` each instead. Which is
+cheaper depends on which of the two is on the run's critical path there: where
+the copy engines are behind (the launch after this one waits for its
+transfers), a launch's own faults are hidden in that wait, and every transfer
+dropped brings the copy engines' later work forward. docs/cost-model.md ("Left
+to faults") says how that came up (scattered rows, each a short transfer, on
+the LLM rows of docs/results.md) and what the simulator does and does not
+charge for a fault.
+
+`leave_to_faults(plan, needs, base, run, profile, gran)` picks, launch by
+launch, the transfers whose faults fit in the time the next launch waited in
+`run` (the plan's own trial run), best saving per second of fault first, and
+returns the plan without them (None when none fits). A transfer is only left
+if the plan brought nothing in it that a later launch uses before the plan
+evicts it (those units would fault again later, unplanned). The plan keeps the
+room it made for the units it no longer fetches, so their faults evict
+nothing. The caller runs the result and keeps it only if it is faster
+(spans.choose_span): the rule estimates, the trial run decides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..unit_space import I64, Needs
+from .groups import Groups, keep_prefetches, prefetch_steps
+
+
+def unit_move_seconds(profile, gran: int) -> float:
+    """What one unit costs the copy engines in bulk, in and (later) out again: the profile's bulk
+    formula for a unit each way, without the per-transfer charge (docs/cost-model.md, "Time")."""
+    return float(profile.bulk_time(gran, gran, 0))
+
+
+def prefetch_uses(g: Groups, needs: Needs, base: Needs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per prefetch entry of `g`: the step it is for (first step of `needs` at or after its group
+    holding the unit; -1: none), whether `base` (the footprints before widening) holds the unit at
+    that step, and whether it is an extra that some later step of `base` uses before the plan
+    evicts it again (useful widening). One backward pass (numba), no sorting."""
+    n = g.n_steps
+    n_units = int(max(needs.unit.max(initial=-1), base.unit.max(initial=-1), g.pf_unit.max(initial=-1),
+                      g.ev_unit.max(initial=-1))) + 1
+    return _prefetch_uses(g.pf_ptr, g.pf_unit.astype(I64), g.ev_ptr, g.ev_unit.astype(I64), needs.ptr,
+                          needs.unit.astype(I64), base.ptr, base.unit.astype(I64), n, n_units)
+
+
+@njit(cache=True)
+def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_unit, n, n_units):
+    none = np.int64(n + 1)
+    nxt_need = np.full(n_units, none, np.int64)   # first step >= s whose needs hold the unit
+    nxt_base = np.full(n_units, none, np.int64)   # the same in base
+    nxt_ev = np.full(n_units, none, np.int64)     # first group > s evicting it
+    need = np.full(len(pf_unit), -1, np.int64)
+    own = np.zeros(len(pf_unit), np.bool_)
+    useful = np.zeros(len(pf_unit), np.bool_)
+    for s in range(n - 1, -1, -1):
+        for k in range(n_ptr[s], n_ptr[s + 1]):
+            nxt_need[n_unit[k]] = s
+        for k in range(b_ptr[s], b_ptr[s + 1]):
+            nxt_base[b_unit[k]] = s
+        for k in range(pf_ptr[s], pf_ptr[s + 1]):
+            u = pf_unit[k]
+            j = nxt_need[u]
+            if j != none:
+                need[k] = j
+            used = nxt_base[u]
+            own[k] = j != none and used == j
+            useful[k] = (not own[k]) and used != none and used < nxt_ev[u]
+        for k in range(ev_ptr[s], ev_ptr[s + 1]):
+            nxt_ev[ev_unit[k]] = s
+    return need, own, useful
+
+
+HORIZON = 1
+
+
+def _pick(order, t_need, cost, wait, cw, n, horizon):
+    out = []
+    d = 0.0
+    at = -1
+    for t in order:
+        j = int(t_need[t])
+        while at < j:
+            at += 1
+            if at > 0:
+                d = max(0.0, d - wait[at - 1])
+        if d + cost[t] <= cw[min(j + horizon, n)] - cw[j]:
+            out.append(t)
+            d += cost[t]
+    return np.asarray(out, np.int64)
+
+
+def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: int) -> Groups | None:
+    """The plan `g` (made on `needs`, widened from `base`) with the transfers whose faults the
+    trial `run` has time for left to fault (see the module doc), or None when none qualifies."""
+    n = g.n_steps
+    if n < 2 or len(g.pf_unit) == 0 or not profile.charges:
+        return None
+    step = prefetch_steps(g)
+    u = g.pf_unit.astype(I64)
+    need, own, useful = prefetch_uses(g, needs, base)
+    # a transfer: consecutive units of one group for one step (what the copy engines count as one)
+    new = np.ones(len(u), bool)
+    new[1:] = (step[1:] != step[:-1]) | (u[1:] != u[:-1] + 1) | (need[1:] != need[:-1])
+    tid = np.cumsum(new) - 1
+    nt = int(tid[-1]) + 1
+    size = np.bincount(tid, minlength=nt)
+    faults = np.bincount(tid, weights=own, minlength=nt)
+    has_useful = np.bincount(tid, weights=useful, minlength=nt) > 0
+    t_need = need[new]
+    save = profile.transfer_latency_s + size * unit_move_seconds(profile, gran)
+    cost = faults * profile.fault_time_s + np.ceil(faults / profile.faults_per_batch) * profile.batch_overhead_s
+    # the time launch j + 1 waited after launch j ended: j's own faults fit in it
+    wait = np.zeros(n)
+    wait[:-1] = np.maximum(run.start[1:] - run.end[:-1], 0.0)
+    ok = (t_need >= 0) & (t_need < n - 1) & ~has_useful & (g.thrash[np.maximum(t_need, 0)] == 0) & (cost > 0)
+    cand = np.flatnonzero(ok)
+    if len(cand) == 0:
+        return None
+    # launch by launch, best saving per second of fault first: a launch's faults delay the launches
+    # after it until their waits have absorbed the delay; take a transfer while the delay it leaves
+    # is absorbed within the next HORIZON launches
+    order = cand[np.lexsort((-save[cand] / cost[cand], t_need[cand]))]
+    cw = np.concatenate([[0.0], np.cumsum(wait)])
+    drop = _pick(order, t_need, cost, wait, cw, n, HORIZON)
+    if len(drop) == 0:
+        return None
+    keep = np.ones(nt, bool)
+    keep[drop] = False
+    return keep_prefetches(g, keep[tid], need)
