@@ -3,18 +3,19 @@ raw parameter bytes by one numba call (`compiled_kernels.predict_launch`).
 
 `CompiledPredictor` is an `OnlinePredictor` (same constructor, same `add_allocation`,
 `free_allocation`, `observe`, `resolve`, and `predict` returning the same merged page ranges)
-whose `predict` runs compiled code: no per-launch Python objects but the output. The runner
-calls `predict_into`, which leaves the launch's byte ranges in the `io` array for the
-residency step to read without converting them (`replay.online.prediction`).
+whose `predict` runs compiled code, with no per-launch Python object but its output. The runner
+calls `predict_args` (or `predict_into`), which leaves the launch's byte ranges in the state
+array `st` at `out_at`, where the residency step reads them without converting them
+(`replay.online.prediction`, `replay.online.decide`).
 
-The program is made once per model version (`compile_program`, Python, milliseconds for a
-model of a hundred kernels): every kernel's feature words as byte offsets, sizes and signs, its
-regions' base offsets, classes and formulas (constants, coefficients, factors), the irregular
-regions' stored histories, and the `history` fallback's observed pages (rebuilt after `observe`).
-A model changed by feedback (`Model.version_counter`) is compiled again before the next launch;
-numba compiles nothing then (the kernel is one function of the program). The numba kernel
-itself is compiled, or loaded from numba's cache, by `warm()`, which the runner calls when its
-engine starts, never inside a launch.
+The program is laid out once per model version (`_Program`, Python, milliseconds for a model of
+a hundred kernels): every kernel's feature words as byte offsets, sizes and signs, its regions'
+base offsets, classes and formulas (constants, coefficients, factors), the irregular regions'
+stored histories, and the `history` fallback's observed pages (laid out again after `observe`).
+A model changed by feedback (`Model.version_counter`) is laid out again before the next launch;
+numba compiles nothing then (the kernel is one function of any program). The numba kernels
+themselves are compiled, or loaded from numba's cache, by `warm()`, which the runner calls when
+it makes the predictor, never inside a launch.
 
 A launch whose layout differs from the model's (other offsets, same sizes) gets a program row of
 its own, made the first time that layout is seen. A pointer in no allocation the predictor knows
@@ -183,11 +184,6 @@ class CompiledPredictor(OnlinePredictor):
         self.prog, self.st = prog, st
         self._tcap, self._ncap, self._iolen = tcap, ncap, iolen
         self.out_at = int(st[CK.M_IO] + prog[CK.H_POFF])
-
-    @property
-    def io(self) -> np.ndarray:
-        """The io section (a view; predict_into's ranges start at `out_at` in `st`)."""
-        return _section(self.st, int(self.st[CK.M_IO]), self._iolen)
 
     # -- the resolver and the miss set ---------------------------------------------------------
     @property

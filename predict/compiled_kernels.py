@@ -65,7 +65,7 @@ def code_of(row: int, hid: int) -> int:
     return ((row + 1) << 32) | hid
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _word(data, off, size, signed):
     """The little-endian integer of `size` bytes at `off` (int64; 8-byte words wrap as numpy's do)."""
     v = np.uint64(0)
@@ -174,7 +174,7 @@ def neg_add(st, v):
     return True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _formula(st, p, f, vo):
     """Formula f of the program at p, over the feature values at st[vo:]."""
     fo = p + st[p + H_FOFF] + f * FW
@@ -189,7 +189,7 @@ def _formula(st, p, f, vo):
     return acc
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _put(st, out, end, n, s, e):
     if out + 2 * n + 1 < end:
         st[out + 2 * n] = s

@@ -2,7 +2,9 @@
 bookkeeping in one call over one int64 state array (`unit_residency.UnitResidency` owns it).
 
 Long because the launch's step is one kernel (one call per launch is the budget: numba's
-dispatcher costs 0.1 us per argument) and its phases share the state's layout: it first decides
+dispatcher costs 0.1 us per argument), its helpers stay in its file (numba's cache is per file: a
+kernel calling another file's functions keeps its cached code after they change) and its phases
+share the state's layout: it first decides
 everything without changing the state (what to prefetch, the victims, what streams), so that a
 section that must grow (`ST_GROW`) or victim scores that Python must supply (`ST_SCORES`) can be
 handed back and the call repeated, then changes the state.
@@ -328,7 +330,7 @@ def _drop_resident(rs, s):
 
 
 # ---- the use log and next-use scores ------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _log_row(rs, e):
     return rs[R_LOG] + LW * (e % rs[R_LCAP])
 
@@ -402,7 +404,7 @@ def _record(rs, s, t, p):
 
 
 # ---- victims --------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _before(sc_, un_, i, j):
     """Heap order: larger score first, then lower unit."""
     return sc_[i] > sc_[j] or (sc_[i] == sc_[j] and un_[i] < un_[j])
