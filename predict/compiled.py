@@ -295,7 +295,9 @@ class CompiledPredictor(OnlinePredictor):
     def predict_into(self, kernel: str, data: bytes, param_offsets=None, param_sizes=None,
                      grid=(1, 1, 1), block=(1, 1, 1)) -> int:
         """Predict one launch into `self.st`; returns how many byte ranges (address, nbytes), empty
-        ones dropped, are at st[out_at:] (pairs). `data` must be `bytes`."""
+        ones dropped, are at st[out_at:] (pairs)."""
+        if type(data) is not bytes:   # the compiled entry takes exactly bytes
+            data = bytes(data)
         e = self._entries.get(kernel)
         if (e is not None and self.model.version_counter == self._fresh
                 and (param_sizes is None or param_sizes == e[1])
@@ -311,6 +313,8 @@ class CompiledPredictor(OnlinePredictor):
     def predict_args(self, la, data: bytes) -> int:
         """predict_into for a launch as the launch hook hands it over (`LaunchArgs`): its grid and
         block are read only when the kernel's formulas use them."""
+        if type(data) is not bytes:   # the compiled entry takes exactly bytes
+            data = bytes(data)
         e = self._entries.get(la.kernel)
         if (e is not None and self.model.version_counter == self._fresh
                 and la.param_sizes == e[1] and la.param_offsets == e[2]):

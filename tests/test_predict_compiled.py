@@ -105,6 +105,7 @@ def test_the_runner_seam_gives_byte_ranges_of_the_same_pages(workloads):
         want = [(s * PS, (e - s) * PS) for s, e in ref.predict(*args_of(row)) if e > s]
         assert comp.ranges(n) == want
         assert comp.predict_into(*args_of(row)) == n and comp.ranges(n) == want
+        assert comp.predict_args(la, bytearray(la.param_data)) == n and comp.ranges(n) == want
 
 
 def test_a_model_changed_by_feedback_is_compiled_again(workloads):
