@@ -269,3 +269,44 @@ def test_random_models_and_launches_predict_as_the_python_path(regions, note, fa
         kernel = "k" if k % 3 else "unseen"
         got = [p.predict(kernel, data, OFFSETS, SIZES, (gx, 1, 1), (bx, 1, 1)) for p in (ref, comp)]
         assert got[0] == got[1]
+
+
+CORPUS_PROGRAMS = ("tutorials", "tutorials-prealloc", "data-dependent", "liger", "liger-prealloc")
+
+
+@pytest.fixture(scope="module")
+def corpus_traces(tmp_path_factory):
+    """(name, model fitted on two recordings, a third) for the real-kernel corpus (datasets/corpus),
+    recorded under Triton's interpreter; skipped where the corpus or what it runs on is missing."""
+    import importlib.util
+    import warnings
+    corpus = pytest.importorskip("pagecast.datasets.corpus", reason="the real-kernel corpus is not in this tree")
+    from pagecast.datasets.registry import make_trace
+    from pagecast.predict.fit import fit_model
+    d = tmp_path_factory.mktemp("corpus")
+    out = []
+    for name in CORPUS_PROGRAMS:
+        if any(importlib.util.find_spec(m) is None for m in corpus.get(name).needs):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", T.TraceWarning)
+            fit = [T.read_trace(make_trace(name, d / f"{name}-{s}", scale=sc, seed=s)) for s, sc in ((1, 0.1), (2, 0.2))]
+            run = T.read_trace(make_trace(name, d / f"{name}-3", scale=0.15, seed=3))
+        out.append((name, fit_model(fit), run))
+    if not out:
+        pytest.skip("the corpus needs torch and triton (pagecast[interpret])")
+    return out
+
+
+def test_identical_to_the_batch_predictor_on_the_real_kernel_corpus(corpus_traces):
+    for name, model, run in corpus_traces:
+        for fallback in ("none", "allocation"):
+            batch = predict_footprints(model, run, fallback)
+            ref, comp = OnlinePredictor(model, fallback), CompiledPredictor(model, fallback).warm()
+            for t, (a, b) in replay(run, [ref, comp]):
+                s, e = batch.of(t)
+                assert [x for x in b if x[1] > x[0]] == list(zip(s.tolist(), e.tolist())), (name, fallback, t)
+                assert a == b, (name, fallback, t)
+        ref, comp = OnlinePredictor(model, "history"), CompiledPredictor(model, "history").warm()
+        for t, (a, b) in replay(run, [ref, comp], observe=True):
+            assert a == b, (name, "history", t)
