@@ -30,24 +30,19 @@ from pagecast.errors import TraceError, UsageError
 from . import formula as FM
 from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize_rows, grid_matrix, layouts,
                        param_matrix)
+from .fit_params import FitParams, trace_loss
 from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
 
-BIG_PAGE = 65536          # the driver migrates 64 KiB big pages (background.md)
-POINTER_SHARE = 0.5       # a word is a base if it points into a live allocation this often
-MAX_VARYING = 12
-MAX_CONST = 6
-MAX_SEARCH_GROUPS = 256
-ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
-HISTORY_INTERVALS = 64
-STAT_LAUNCHES = 32        # launches of one feature group before its fault pages bound the extent
-STAT_SLACK_PAGES = 4      # pages allowed past the last faulting page seen (P(miss) < 1e-4 at 32 launches)
-HULL_GAPS = 0.02          # a multi-run region may be fitted as one range if gaps are under 2% of it
-STRIDED_BUDGET = 0.10     # share of launches a strided fit may leave to verification (merged chunks)
+DEFAULT = FitParams()
+BIG_PAGE = DEFAULT.big_page
 
 
-def fit_model(traces: list, progress=None) -> Model:
-    """One model from several traces (different scales / seeds of the same program)."""
+def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
+    """One model from several traces (different scales / seeds of the same program).
+
+    `params`: the thresholds the fit decides with (`FitParams`, recorded in the model)."""
+    params = params or DEFAULT
     if not traces:
         raise UsageError("fit needs at least one trace")
     ps = {t.page_size for t in traces}
@@ -56,11 +51,13 @@ def fit_model(traces: list, progress=None) -> Model:
     ps = ps.pop()
     if sum(t.n_launches for t in traces) == 0:
         raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
-    obs = [TraceObs(t) for t in traces]
+    obs = [TraceObs(t, params.big_page) for t in traces]
+    for o in obs:
+        o.loss = trace_loss(o.trace, params)
     if sum(o.n_records for o in obs) == 0:
         raise TraceError("no faults or migrations in " + ", ".join(str(t.path) for t in traces)
                          + ": nothing to learn from (was unified-memory profiling on?)")
-    model = Model(page_size=ps, big_page=BIG_PAGE, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    model = Model(page_size=ps, big_page=params.big_page, fit_params=params.to_json(), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   producer=PRODUCER,
                   traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches}
                           for t in traces])
@@ -70,7 +67,7 @@ def fit_model(traces: list, progress=None) -> Model:
             parts[name].append((o, idx))
     names = sorted(parts)
     for name in names:
-        model.kernels[name] = fit_kernel(name, parts[name], ps)
+        model.kernels[name] = fit_kernel(name, parts[name], ps, params)
         if progress is not None:
             progress.advance(1) if hasattr(progress, "advance") else progress(1)
     return model
@@ -81,8 +78,12 @@ def fit_model(traces: list, progress=None) -> Model:
 class KernelData:
     """A kernel's launches pooled over traces: words, features, groups."""
 
-    def __init__(self, name: str, parts: list, ps: int) -> None:
-        self.name, self.ps = name, ps
+    def __init__(self, name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> None:
+        self.name, self.ps, self.params = name, ps, params
+        self.bigp = max(1, params.big_page // ps)
+        # the record loss its traces say they had (the worst of them): how many launches lost
+        # records may leave unexplained
+        self.loss = max([getattr(o, "loss", params.assumed_loss) for o, _ in parts] or [params.assumed_loss])
         o0, idx0 = parts[0]
         self.sizes, self.offsets, _ = layouts(o0.trace.launches, idx0)
         width = max([s + o for s, o in zip(self.sizes, self.offsets)] or [0])
@@ -107,7 +108,7 @@ class KernelData:
         for w in ptrs:
             vals = [w.pointer_batch(m, self.offsets) for _, _, m, _ in self.parts]
             hits = sum(int((o.index.lookup(v, idx) >= 0).sum()) for (o, idx, _, _), v in zip(self.parts, vals))
-            if self.n and hits >= POINTER_SHARE * self.n:
+            if self.n and hits >= params.pointer_share * self.n:
                 self.bases.append((w, vals))
             else:
                 non_ptr.append(w)
@@ -139,8 +140,8 @@ class KernelData:
         is_grid = np.array([n in GRID_NAMES for n in self.feat_names], bool)
         small = np.array([self.n > 0 and 1 < abs(int(F[0, j])) <= 1 << 16 for j in range(F.shape[1])], bool)
         vi = [j for j in range(F.shape[1]) if varying[j]]
-        vi = sorted(vi, key=lambda j: is_grid[j])[:MAX_VARYING]
-        ci = [j for j in range(F.shape[1]) if not varying[j] and small[j] and not is_grid[j]][:MAX_CONST]
+        vi = sorted(vi, key=lambda j: is_grid[j])[:params.max_varying]
+        ci = [j for j in range(F.shape[1]) if not varying[j] and small[j] and not is_grid[j]][:params.max_const]
         sel = vi + ci
         self.sel_names = [self.feat_names[j] for j in sel]
         self.sel_varying = np.array([varying[j] for j in sel], bool)
@@ -153,6 +154,10 @@ class KernelData:
         self.U = len(self.uniq)
         self.values = {n: self.uniq[:, k] for k, n in enumerate(self.sel_names)}
         self._mono = None
+
+    def allowed(self, n: int) -> int:
+        """Launches of n a template may leave unexplained (lost records; FitParams)."""
+        return self.params.allowed_unexplained(int(n), self.loss)
 
     def _same_layout(self, launches, idx):
         import pyarrow as pa
@@ -189,8 +194,8 @@ def _float_like(w: Word, v: np.ndarray) -> bool:
     return False
 
 
-def fit_kernel(name: str, parts: list, ps: int) -> KernelModel:
-    kd = KernelData(name, parts, ps)
+def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> KernelModel:
+    kd = KernelData(name, parts, ps, params)
     km = KernelModel(name, kd.sizes, kd.offsets, launches=kd.n, traces=kd.traces)
     if kd.n == 0:
         km.note = "no launches with a consistent parameter layout"
@@ -254,7 +259,7 @@ def _fences(kd: KernelData) -> list[list]:
             soft = np.where(hi < big, -((-hi) // ps), big)
             # the next pointer's big page belongs to it (its region starts there); a region of
             # ours may still run into that big page, up to the pointer itself (soft fence)
-            bigp = max(1, BIG_PAGE // ps)
+            bigp = kd.bigp
             hard = np.where(hi < big, (hi // ps // bigp) * bigp, big)
             hard = np.where(hard <= P[:, b] // ps, soft, hard)
             lo_page = np.where(below.any(axis=1), P[:, b] // ps, -big)
@@ -267,7 +272,7 @@ def _fences(kd: KernelData) -> list[list]:
 def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     """Fit one base word's region; (None, None) when it never points at observed pages."""
     ps = kd.ps
-    bigp = max(1, BIG_PAGE // ps)
+    bigp = kd.bigp
     fences = fences or [None] * len(kd.parts)
     obs = [o.region(idx, v, *(fe if fe is not None else (None, None, None, None)))
            for (o, idx, _, _), v, fe in zip(kd.parts, vals, fences)]
@@ -290,34 +295,41 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     I_s, I_e = cat["I_s"][sel], cat["I_e"][sel]
     nat = natural[sel]
     al_s, al_e = cat["alloc_s"][sel], cat["alloc_e"][sel]
-    whole = (cat["npieces"][sel] == 1) & (O_s <= al_s) & (O_e >= al_e)
+    # launches whose records cover the whole allocation (up to the big pages lost records may hide)
+    whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
     maxp = int(cat["npieces"][sel].max())
     region = None
-    if maxp > 1:
+
+    def strided():
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
         # a constant stride seen over a narrow range of sizes may really follow an argument
-        # (and a start known only to its big page at the fitting scales: the latest simple one)
-        for stride_terms, start_terms in ((0, 0), (1, 0), (0, 1)):
-            region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
-                                  stride_terms=stride_terms, start_terms=start_terms)
-            if region is not None:
-                ok = _verify(kd, region, cat, sel, bigp)
+        for stride_terms in (0, 1):
+            r = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
+                             stride_terms=stride_terms)
+            if r is not None:
+                ok = _verify(kd, r, cat, sel, bigp)
                 fit["exact"] = round(float(ok.mean()), 6)
-                if ok.mean() < 1 - ROBUST_BUDGET:
-                    region = None
-            if region is not None:
-                break
+                fit["unexplained"] = int((~ok).sum())
+                if fit["unexplained"] <= kd.allowed(len(sel)):
+                    return r
             fit.pop("evidence", None)
+        return None
+
+    # several runs in a launch: the chunks of a strided region, or big pages whose records were
+    # all lost (holes: a strided fit that predicts no gap a big page wide is refused, `_verify`)
+    if maxp > 1:
+        region = strided()
     hull_ok = maxp == 1
     if region is None and maxp > 1:
         # one contiguous range over the runs (the hull), when the gaps inside are a sliver:
-        # chunks that nearly always merge in fault data (but never for gathers)
+        # chunks that nearly always merge in fault data, or big pages whose records were lost
+        # (but never for gathers)
         own, ps_, pe_ = _gather(kd, cat, sel, "O")
         covered = int((pe_ - ps_).sum())
         hull = int((O_e - O_s).sum())
-        hull_ok = hull > 0 and covered >= (1 - HULL_GAPS) * hull
+        hull_ok = hull > 0 and covered >= (1 - kd.params.hull_gaps) * hull
     if region is None and hull_ok:
         sp_lo = np.where(nat, al_s, A_s)
         sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
@@ -328,23 +340,25 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         s_lo, s_hi = sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base
         e_lo, e_hi = (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
         if all(fe is None for fe in fences):  # shared big pages (other pointers) spoil the statistic
-            s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, (I_s >= 0) & (I_e >= 0) & ~nat, ps)
-        res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)])
+            s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat)
+        res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"})
         if res is not None:
-            (fs, fe), exact = res
+            (fs, fe), exact, unexplained = res
             if not fs.terms and not fe.terms and fe.const <= fs.const:
                 fe = FM.Formula(fs.const + 1, ())  # an observed region is not empty
             cls = "fixed" if not fs.terms and not fe.terms else "linear"
-            ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > 15
-            if not (cls == "linear" and ugly and whole.all()):
+            ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > kd.params.simple_odd
+            if not (cls == "linear" and ugly and _mostly(kd, whole)):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
+                fit["unexplained"] = unexplained
                 fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
                 if maxp > 1:
                     fit["hull_of_runs"] = True
-    if region is None and whole.all():
+    if region is None and _mostly(kd, whole):
         region = Region(w.name, "allocation")
-        fit["exact"] = 1.0
+        fit["exact"] = round(float(whole.mean()), 6)
+        fit["unexplained"] = int((~whole).sum())
     if region is None:
         region = Region(w.name, "irregular", history=_history(kd, obs, ps))
         fit["exact"] = 0.0
@@ -352,28 +366,52 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     return region, sig
 
 
-def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, has_faults, ps: int):
+def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
+    """All launches but the few lost records may leave unexplained."""
+    return bool(len(ok)) and int((~ok).sum()) <= kd.allowed(len(ok))
+
+
+def _few_holes(kd: KernelData, cat: dict, sel: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Per launch: do the observed pieces leave at most the big pages lost records may hide
+    uncovered inside `span` pages (their hull)?"""
+    own, s, e = _gather(kd, cat, sel, "O")
+    covered = np.bincount(own, weights=(e - s).astype(np.float64), minlength=len(sel))
+    holes = np.maximum(span - covered, 0) / kd.bigp
+    return holes <= _allowed_holes_vec(kd, span) + 1e-9
+
+
+def _allowed_holes_vec(kd: KernelData, span: np.ndarray) -> np.ndarray:
+    nbp = np.ceil(np.asarray(span, np.float64) / kd.bigp).astype(np.int64)
+    u, inv = np.unique(nbp, return_inverse=True)
+    return np.array([kd.params.allowed_holes(int(x), kd.loss) for x in u])[inv.reshape(-1)]
+
+
+def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat):
     """Tighten the big-page-wide bounds with the fault records' statistics.
 
     Each touched big page faults once, at a page the launch touched there, chosen at
     random. Over many launches with equal features the faulting pages of the first and
     last big page cover the touched pages, so the region cannot end more than a few pages
-    past the last faulting page seen (nor start much before the first). Applied only to
-    feature groups of >= STAT_LAUNCHES launches that all carry fault records (full mode).
+    past the last faulting page seen (nor start much before the first). Applied to feature
+    groups with >= stat_launches launches whose fault records reach into the region's last
+    (first) big page, in full mode: a launch whose record there was lost does not count,
+    and does not stop the others from counting.
     """
-    U = kd.U
-    cnt = np.bincount(g, minlength=U)
-    allf = np.bincount(g, weights=has_faults.astype(np.float64), minlength=U) == cnt
-    big = (cnt >= STAT_LAUNCHES) & allf
-    if not big.any():
+    P = kd.params
+    U, ps, bigp = kd.U, kd.ps, kd.bigp
+    at_end = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+    at_start = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+    n_end = np.bincount(g, weights=at_end.astype(np.float64), minlength=U)
+    n_start = np.bincount(g, weights=at_start.astype(np.float64), minlength=U)
+    if not ((n_end >= P.stat_launches).any() or (n_start >= P.stat_launches).any()):
         return s_lo, e_hi
     lo_e = np.full(U, -FM.INF, np.int64)
     np.maximum.at(lo_e, g, e_lo)
     hi_s = np.full(U, FM.INF, np.int64)
     np.minimum.at(hi_s, g, s_hi)
-    m = big[g]
-    e_hi = np.where(m, np.minimum(e_hi, lo_e[g] + STAT_SLACK_PAGES * ps), e_hi)
-    s_lo = np.where(m, np.maximum(s_lo, hi_s[g] - STAT_SLACK_PAGES * ps), s_lo)
+    me, ms = (n_end >= P.stat_launches)[g], (n_start >= P.stat_launches)[g]
+    e_hi = np.where(me, np.minimum(e_hi, lo_e[g] + P.stat_slack_pages * ps), e_hi)
+    s_lo = np.where(ms, np.maximum(s_lo, hi_s[g] - P.stat_slack_pages * ps), s_lo)
     return s_lo, e_hi
 
 
@@ -388,25 +426,59 @@ def _evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dic
 
 
 def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
-    """Intersect per-launch bounds per feature group: (groups present, lo, hi, launches)."""
+    """Per feature group, the interval most of its launches' bounds agree on:
+    (groups present, lo, hi, launches).
+
+    Launches with equal features touch the same offsets, so their bounds intersect. Lost
+    records make a launch's bounds too tight (a missing migration hides a touched big page at
+    the region's edge), and one such launch would empty the intersection: observations are
+    evidence, not constraints. Where the intersection is empty, the group takes the interval
+    covered by the most launches' bounds (a sweep over their ends); the launches outside it
+    are the ones a template will leave unexplained."""
     lo_g = np.full(U, -FM.INF, np.int64)
     hi_g = np.full(U, FM.INF, np.int64)
     np.maximum.at(lo_g, g, lo)
     np.minimum.at(hi_g, g, hi)
     cnt = np.bincount(g, minlength=U)
+    bad = (lo_g > hi_g) & (cnt > 0)
+    if bad.any():
+        m = bad[g] & (lo <= hi)              # a launch whose own bounds are empty agrees with none
+        gl, ll, hl = g[m], lo[m], hi[m]
+        one = np.ones(len(gl), np.int64)
+        pos = np.concatenate([ll, hl + 1])
+        d = np.concatenate([one, -one])
+        gg = np.concatenate([gl, gl])
+        o = np.lexsort((d, pos, gg))         # per group, by position, ends before starts
+        pos, d, gg = pos[o], d[o], gg[o]
+        cov = np.cumsum(d)                   # every group's events sum to 0: a running count
+        best = np.zeros(U, np.int64)
+        np.maximum.at(best, gg, cov)
+        top = np.flatnonzero((cov == best[gg]) & (d > 0))
+        grp, first = np.unique(gg[top], return_index=True)
+        k = top[first]
+        lo_g[grp] = pos[k]
+        hi_g[grp] = pos[k + 1] - 1
     present = np.flatnonzero(cnt > 0)
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
+def _launch_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Each launch's (group, lo, hi), equal ones merged: (groups, lo, hi, launches)."""
+    from .features import factorize_rows
+    u, inv = factorize_rows(np.stack([g, lo, hi], axis=1))
+    return u[:, 0], u[:, 1], u[:, 2], np.bincount(inv, minlength=len(u)).astype(np.float64)
+
+
 def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", max_terms: int = 3,
-               min_terms: int = 0):
+               min_terms: int = 0, hard: str | None = None):
     """Solve on a subsample of groups, verify on all, add violators and repeat."""
     U = len(groups)
-    if U <= MAX_SEARCH_GROUPS:
+    cap = kd.params.max_search_groups
+    if U <= cap:
         sample = np.arange(U)
     else:
         # the extremes of every feature plus an even spread
-        ext = set(np.linspace(0, U - 1, MAX_SEARCH_GROUPS // 2).round().astype(int).tolist())
+        ext = set(np.linspace(0, U - 1, cap // 2).round().astype(int).tolist())
         u = kd.uniq[groups]
         for k in range(u.shape[1]):
             ext.add(int(np.argmin(u[:, k])))
@@ -415,7 +487,7 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
     for _ in range(4):
         mono = kd.mono(groups[sample])
         f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode,
-                     max_terms=max_terms, min_terms=min_terms)
+                     max_terms=max_terms, min_terms=min_terms, hard=hard)
         if f is None:
             return None
         if len(sample) == U:
@@ -423,34 +495,64 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
         vals = {n: kd.uniq[groups, k] for k, n in enumerate(kd.sel_names)}
         y = np.asarray(f.evaluate(vals), np.int64) * np.ones(U, np.int64)
         bad = (y < lo) | (y > hi)
-        if w[bad].sum() <= budget * w.sum():
+        if w[bad].sum() <= budget * w.sum() and not (hard == "lo" and (y < lo).any()) \
+                and not (hard == "hi" and (y > hi).any()):
             return f
-        sample = np.union1d(sample, np.flatnonzero(bad)[:MAX_SEARCH_GROUPS])
+        sample = np.union1d(sample, np.flatnonzero(bad)[:cap])
     return None
 
 
-def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_terms: int = 3, min_terms=None):
-    """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
-    for budget in budgets:
+def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_terms=None, hard=None):
+    """Fit several quantities (start, end, ...) on the same launches: the simplest formulas that
+    explain all launches but those lost records may have contradicted.
+
+    Each quantity's formula is solved over its feature groups' bounds (`_group_bounds`): once
+    inside every group (strict), and once with the groups of a share of the launches allowed
+    outside (robust: `KernelData.allowed`, plus each extra budget for passes that leave launches
+    to a later check). `hard[q]` ("lo" or "hi") names the side of quantity q's bounds that is
+    positive evidence (the region reaches at least the pages the records show touched): the
+    robust pass never violates it, since lost records only hide pages. The robust solution wins
+    where it is simpler than the strict one: one launch that lost a record must not bend the
+    formula (a stride of 128*n - 1 to avoid it). Returns ((formulas...), share explained,
+    launches unexplained) or None."""
+    n = len(g)
+    allowed = kd.allowed(n)
+    hard = hard or {}
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    found = []
+    for i, budget in enumerate((0.0, *(budgets or (0.0,)))):
+        strict = i == 0
+        share = 0.0 if strict else budget + allowed / max(n, 1)
+        if not strict and share <= 0:
+            continue
         out = []
-        exact = 1.0
+        ok = np.ones(n, bool)
         for q, (lo, hi) in enumerate(bounds):
-            groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"), max_terms,
-                           (min_terms or {}).get(q, 0))
+            # strict: one interval per feature group; robust: every launch's own bounds (equal ones
+            # merged), so that the budget counts launches, not the groups one of them spoiled
+            groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
+            f = _solve_one(kd, groups, lo_g, hi_g, w, share, (modes or {}).get(q, "tight"), max_terms,
+                           (min_terms or {}).get(q, 0), hard.get(q))
             if f is None:
                 break
             out.append(f)
-            vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-            y = np.asarray(f.evaluate(vals), np.int64) * np.ones(len(g), np.int64)
-            exact = min(exact, float(np.mean((y >= lo) & (y <= hi))))
+            y = np.asarray(f.evaluate(vals), np.int64) * np.ones(n, np.int64)
+            ok &= (y >= lo) & (y <= hi)
         else:
-            return out, round(exact, 6)
-    return None
+            bad = int(n - ok.sum())
+            if bad <= int(budget * n) + allowed:
+                found.append((tuple(map(sum, zip(*(f.score() for f in out)))), out, ok, strict))
+                if not strict:
+                    break
+    if not found:
+        return None
+    # the simplest (fewest terms, then simplest coefficients); on a tie the strict solution
+    _, out, ok, _ = min(found, key=lambda t: (t[0], not t[3]))
+    return out, round(float(ok.mean()) if n else 1.0, 6), int(n - ok.sum())
 
 
 def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
-                 shape: np.ndarray | None = None, stride_terms: int = 0, start_terms: int = 0):
+                 shape: np.ndarray | None = None, stride_terms: int = 0):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
         return None
@@ -514,7 +616,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     # only ever merge), then start, stride and chunk on the launches whose runs are the
     # chunks; _verify finally checks every launch against the big-page-rounded prediction.
     c64 = cnt.astype(np.int64)
-    bud = (0.0, ROBUST_BUDGET, STRIDED_BUDGET)
+    bud = (0.0, 0.0, kd.params.strided_budget)
     # `shape`: launches that may decide count, start and stride (multi-run ones); the others
     # (a single run: one chunk, or all chunks merged) only bound the chunk
     shape = np.ones(n, bool) if shape is None else shape
@@ -526,7 +628,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
           or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1))
     if rc is None:
         return None
-    (fc,), exact = rc
+    (fc,), exact, _ = rc
     vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
     one = np.ones(len(g), np.int64)
     pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
@@ -540,13 +642,13 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     hints = sorted({int(np.prod([kd.uniq[0, k] for k in combo]))
                     for d in (1, 2, 3) for combo in itertools.combinations(const, d)})
     rmode = ("round", tuple(hints))
-    mt = {0: start_terms, 1: stride_terms}
-    smode = {1: rmode, **({0: "late"} if start_terms else {})}
+    mt = {1: stride_terms}
+    smode = {1: rmode}
     res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt)
            or _solve_pair(kd, gw, bounds, smode, min_terms=mt))
     if res is None:
         return None
-    (fs, fst), exact1 = res
+    (fs, fst), exact1, _ = res
     exact = min(exact, exact1)
     # chunk: bounded by each run's end against where the formulas put its start
     s0 = base + np.asarray(fs.evaluate(vals), np.int64) * one
@@ -562,11 +664,10 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     np.minimum.at(ch_hi, own, ehi_r - pstart)
     whole = np.flatnonzero((pc_ == cnt) | merged)
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
-    res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET),
-                       max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
+    res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
     if res2 is None:
         return None
-    (fch,), exact2 = res2
+    (fch,), exact2, _ = res2
     exact = min(exact, exact2)
     if not fc.terms and fc.const == 1:
         return None
@@ -579,7 +680,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
 
 def _count_argument(kd: KernelData, g: np.ndarray, runs: np.ndarray):
     """A count that is one argument: never below the runs seen (runs only merge) and equal to
-    them in most launches. ((formula,), exact) or None."""
+    them in most launches. ((formula,), exact, launches where they differ) or None."""
     best = None
     for k, name in enumerate(kd.sel_names):
         v = kd.uniq[g, k]
@@ -590,7 +691,7 @@ def _count_argument(kd: KernelData, g: np.ndarray, runs: np.ndarray):
             best = (agree, name)
     if best is None:
         return None
-    return (FM.Formula(0, ((1, (best[1],)),)),), round(best[0], 6)
+    return (FM.Formula(0, ((1, (best[1],)),)),), round(best[0], 6), int(round((1 - best[0]) * len(runs)))
 
 
 def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
@@ -664,7 +765,16 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
     P = Footprints.from_intervals(rep, sp, ep, n, ps)
     O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)
     A = Footprints.from_intervals(*_gather(kd, cat, sel, "A"), n, ps)
-    return (intersection_pages(P, O) == O.pages_per_launch()) & (intersection_pages(P, A) == P.pages_per_launch())
+    # the prediction must hold every page the records show touched, and may reach past what
+    # they show only by the big pages whose records lost records may have taken with them
+    pp = P.pages_per_launch()
+    outside = (pp - intersection_pages(P, A)) / bigp
+    ok = (intersection_pages(P, O) == O.pages_per_launch()) & (outside <= _allowed_holes_vec(kd, pp) + 1e-9)
+    if region.cls == "strided" and not (np.diff(P.indptr) >= 2).any():
+        # no launch would show a gap between its chunks (each big-page wide gap would): the
+        # runs it was fitted to were holes lost records left, and the region is one range
+        ok[:] = False
+    return ok
 
 
 def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
@@ -683,5 +793,5 @@ def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
         return []
     s, e = np.concatenate(ss), np.concatenate(ee)
     _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
-    s, e = coarsen_intervals(s, e, HISTORY_INTERVALS)
+    s, e = coarsen_intervals(s, e, kd.params.history_intervals)
     return [[int(a), int(b)] for a, b in zip(s, e)]

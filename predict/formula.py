@@ -214,8 +214,11 @@ def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
 
 
 def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float, mode: str = "tight") -> tuple[bool, int]:
-    """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const)."""
+          budget: float, mode: str = "tight", hard: str | None = None) -> tuple[bool, int]:
+    """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const).
+
+    `hard` ("lo" or "hi"): that side of every interval must hold whatever the budget (positive
+    evidence: pages the records show touched); only the other side may be violated."""
     a = lo - formula_vals
     b = hi - formula_vals
     amax, bmin = int(a.max()), int(b.min())
@@ -223,6 +226,14 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
         return True, _pick_const(amax, bmin, mode)
     if budget <= 0:
         return False, 0
+    if hard == "lo":     # const >= amax; the fewest violations at amax itself
+        if float(weight[b < amax].sum()) > budget:
+            return False, 0
+        return True, _pick_const(amax, int(b[b >= amax].min()) if (b >= amax).any() else amax, mode)
+    if hard == "hi":
+        if float(weight[a > bmin].sum()) > budget:
+            return False, 0
+        return True, _pick_const(int(a[a <= bmin].max()) if (a <= bmin).any() else bmin, bmin, mode)
     # sweep: the const covering the most weight
     ev = np.concatenate([a, b + 1])
     w = np.concatenate([weight, -weight])
@@ -239,12 +250,14 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
 
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0) -> Formula | None:
-    """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight)."""
+          budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0,
+          hard: str | None = None) -> Formula | None:
+    """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight;
+    `hard`: the side of the intervals the budget may not violate, as in `check`)."""
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
-    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode)
+    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode, hard)
     if ok and min_terms == 0:
         return Formula(c0, ())
     G = mono.values
@@ -278,12 +291,12 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         c = _best_coef(G[:, m], lo, hi, lo_c, hi_c, mode)
         if c is None:
             continue
-        f = _try(mono, [m], [c], lo, hi, weight, budget, mode)
+        f = _try(mono, [m], [c], lo, hi, weight, budget, mode, hard)
         if f is not None:
             best.append((f.score(), f))
     if budget > 0:
         # pairwise bounds ignore the budget (outliers close the interval): round least squares too
-        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode)
+        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode, hard)
     if best:
         return min(best, key=lambda t: t[0])[1]
     if max_terms < 2:
@@ -295,7 +308,7 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         limit = {2: 160, 3: 40}[k]
         cols = list(range(min(M, limit)))
         subsets = [list(s) for s in itertools.combinations(cols, k)]
-        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode)
+        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode, hard)
         if best:
             return min(best, key=lambda t: t[0])[1]
     return None
@@ -394,11 +407,11 @@ def _midpoints(lo, hi):
     return np.where(lo <= -INF, hif, np.where(hi >= INF, lof, (lof + hif) / 2))
 
 
-def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight") -> Formula | None:
+def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight", hard=None) -> Formula | None:
     vals = np.zeros(len(lo), np.int64)
     for m, c in zip(cols, coefs):
         vals = vals + np.int64(c) * mono.values[:, m]
-    ok, c0 = check(vals, lo, hi, weight, budget, mode)
+    ok, c0 = check(vals, lo, hi, weight, budget, mode, hard)
     if not ok:
         return None
     terms = tuple(sorted(((int(c), mono.names[m]) for m, c in zip(cols, coefs)),
@@ -406,7 +419,7 @@ def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight") -> 
     return Formula(c0, terms)
 
 
-def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"):
+def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight", hard=None):
     if not subsets:
         return []
     G = mono.values.astype(np.float64)
@@ -432,7 +445,7 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"
             c = base + np.array(delta)
             if np.any(c == 0):
                 continue
-            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode)
+            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode, hard)
             if f is not None:
                 out.append((f.score(), f))
                 break

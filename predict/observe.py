@@ -57,15 +57,16 @@ def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
 class TraceObs:
     """Per (launch, allocation) observations of one trace."""
 
-    def __init__(self, trace: T.Trace) -> None:
+    def __init__(self, trace: T.Trace, big_page: int = 65536) -> None:
         self.trace = trace
         self.ps = ps = trace.page_size
+        self.bigp = bigp = max(1, big_page // ps)
         self.index = ix = AllocIndex(trace.allocations)
         self.nA = max(ix.n, 1)
         self.alloc_s = (ix.addr // np.uint64(ps)).astype(np.int64)
         self.alloc_e = ((ix.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
         self.names, self.codes, self.groups = kernel_groups(trace.launches)
-        obs = FP.observed_footprints(trace)
+        obs = touched_big_pages(trace, ix, bigp)
         self.n_records = trace.faults.num_rows + trace.migrations.num_rows
         lo = obs.launch_of_interval()
         self.okey, self.os, self.oe = split_by_alloc(ix, ps, lo, obs.start, obs.end)
@@ -198,6 +199,36 @@ class TraceObs:
                 "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
                 "alloc_s": al_s, "alloc_e": al_e,
                 "base": ptr.astype(np.int64)}
+
+
+def touched_big_pages(trace: T.Trace, index: AllocIndex, bigp: int) -> FP.Footprints:
+    """Per launch, the big pages its records show touched: coherence migrations, and each fault
+    page widened to its big page (clipped to the allocation holding it).
+
+    The driver migrates every faulted big page (background.md), so on a complete record each
+    fault page lies inside a coherence migration already and this is the observed footprint.
+    When the migration record was lost, the fault record alone still shows its big page touched:
+    a lost migration leaves the evidence whole instead of cutting it into single pages (holes a
+    fit would read as gaps in the region)."""
+    ps = trace.page_size
+    f = trace.faults
+    f_lid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+    f_page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
+    fs, fe = f_page, f_page + 1
+    if index.n and len(f_page):
+        a = index.lookup(f_page.astype(np.uint64) * np.uint64(ps), np.maximum(f_lid, 0), one_past=False)
+        ac = np.maximum(a, 0)
+        a_s = (index.addr[ac] // np.uint64(ps)).astype(np.int64)
+        a_e = ((index.end[ac] + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+        inside = a >= 0
+        fs = np.where(inside, np.maximum((f_page // bigp) * bigp, a_s), f_page)
+        fe = np.where(inside, np.minimum((f_page // bigp) * bigp + bigp, a_e), f_page + 1)
+    m = trace.migrations
+    m = m.filter(pc.equal(m.column(T.CAUSE), "coherence")) if m.num_rows else m
+    m_lid = FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
+    ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    return FP.Footprints.from_intervals(np.concatenate([f_lid, m_lid]), np.concatenate([fs, ms]),
+                                        np.concatenate([fe, me]), trace.n_launches, ps, "observed")
 
 
 def _sorted_unique(keys: np.ndarray):
