@@ -155,9 +155,10 @@ class KernelData:
         self.values = {n: self.uniq[:, k] for k, n in enumerate(self.sel_names)}
         self._mono = None
 
-    def allowed(self, n: int) -> int:
-        """Launches of n a template may leave unexplained (lost records; FitParams)."""
-        return self.params.allowed_unexplained(int(n), self.loss)
+    def allowed(self, n: int, edges=2) -> int:
+        """Launches of n a template may leave unexplained (lost records; FitParams); `edges`: the
+        edges each launch's evidence has (2 for a range, 2 per run seen of a strided region)."""
+        return self.params.allowed_unexplained(int(n), self.loss, edges)
 
     def _same_layout(self, launches, idx):
         import pyarrow as pa
@@ -304,15 +305,16 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
-        # a constant stride seen over a narrow range of sizes may really follow an argument
-        for stride_terms in (0, 1):
+        # a constant stride seen over a narrow range of sizes may really follow an argument; a
+        # start known to its big page only may lie where the first chunk's page faulted
+        for stride_terms, aligned in ((0, False), (1, False), (0, True), (1, True)):
             r = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
-                             stride_terms=stride_terms)
+                             stride_terms=stride_terms, aligned=aligned)
             if r is not None:
                 ok = _verify(kd, r, cat, sel, bigp)
                 fit["exact"] = round(float(ok.mean()), 6)
                 fit["unexplained"] = int((~ok).sum())
-                if fit["unexplained"] <= kd.allowed(len(sel)):
+                if fit["unexplained"] <= kd.allowed(len(sel), 2 * cat["npieces"][sel]):
                     return r
             fit.pop("evidence", None)
         return None
@@ -342,6 +344,28 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         if all(fe is None for fe in fences):  # shared big pages (other pointers) spoil the statistic
             s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat)
         res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"})
+        # the region's edges inside the faulting pages: offsets that follow arguments by less than a
+        # big page (a row under a page at pos * row_bytes) show only in which page faulted
+        f1 = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+        f2 = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+        s_lo_a = np.where(f1, np.maximum(s_lo, I_s * ps - base), s_lo)
+        e_hi_a = np.where(f2, np.minimum(e_hi, I_e * ps - base), e_hi)
+        if res is not None:
+            vals_ = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+            one_ = np.ones(len(g), np.int64)
+            inside = _within(res[0][0], vals_, one_, s_lo_a, s_hi) & _within(res[0][1], vals_, one_, e_lo, e_hi_a)
+        if (res is None or (~inside).sum() > kd.allowed(len(g))) and \
+                ((s_lo_a != s_lo).any() or (e_hi_a != e_hi).any()) and \
+                _split_groups(kd, g, s_lo_a, s_hi) + _split_groups(kd, g, e_lo, e_hi_a) <= kd.allowed(len(g)):
+            # the plain solution leaves its edges off the faulting pages: try one that does not
+            res_a = _solve_pair(kd, g, [(s_lo_a, s_hi), (e_lo, e_hi_a)], hard={0: "hi", 1: "lo"}, max_terms=kd.params.aligned_terms)
+            if res_a is not None and (res is None or res_a[0] != res[0]) and (
+                    res is None or _aligned_odds(kd, g, res[0], res_a[0], base, O_s, O_e, I_s, I_e, f1, f2)
+                    >= kd.params.odds_per_term):
+                res = res_a
+        if res is not None:
+            res = _likeliest(kd, g, res, [(s_lo, s_hi), (e_lo, e_hi)], base, O_s, O_e, f1, f2)
+            res = _argument_backed(kd, g, res, e_lo, e_hi, base)
         if res is not None:
             (fs, fe), exact, unexplained = res
             if not fs.terms and not fe.terms and fe.const <= fs.const:
@@ -364,6 +388,140 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         fit["exact"] = 0.0
     region.fit = fit
     return region, sig
+
+
+def _region_pages_in(kd: KernelData, g, fs, fe, base, big0):
+    """Pages of the region [base + fs, base + fe) inside the big page starting at page big0, per launch."""
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+    sp = (base + np.asarray(fs.evaluate(vals), np.int64) * one) // kd.ps
+    ep = -(-(base + np.asarray(fe.evaluate(vals), np.int64) * one) // kd.ps)
+    return np.maximum(np.minimum(ep, big0 + kd.bigp) - np.maximum(sp, big0), 0)
+
+
+def _aligned_odds(kd: KernelData, g, plain, aligned, base, O_s, O_e, I_s, I_e, f1, f2) -> float:
+    """How much likelier the launches' fault pages are under the `aligned` (start, end) formulas than
+    under the `plain` ones.
+
+    Each touched big page faults once, at a touched page drawn at random (background.md), so a
+    template that puts m of its pages into the big page holding a fault record explains the
+    fault's page with probability 1/m. A formula that puts a region's first (last) page exactly
+    on the faulting page at every launch, where the simpler one spreads it over many pages,
+    explains the faults far better: the odds multiply over launches (first and last big page)."""
+    b1 = (O_s // kd.bigp) * kd.bigp
+    b2 = ((O_e - 1) // kd.bigp) * kd.bigp
+    two = f2 & (b2 != b1)
+    logs = np.zeros(len(g))
+    for big0, has in ((b1, f1), (b2, two)):
+        mp = _region_pages_in(kd, g, plain[0], plain[1], base, big0)
+        ma = _region_pages_in(kd, g, aligned[0], aligned[1], base, big0)
+        use = has & (mp > 0) & (ma > 0)
+        logs += np.where(use, np.log(np.maximum(mp, 1)) - np.log(np.maximum(ma, 1)), 0.0)
+    return float(np.exp(min(logs.sum(), 700.0)))
+
+
+def _likeliest(kd: KernelData, g, res, bounds, base, O_s, O_e, f1, f2):
+    """Among formulas that explain as many launches, the one under which the fault pages are
+    likeliest, within reason.
+
+    Each touched big page faults at a touched page drawn at random, so a formula that puts m of
+    its pages into the first (last) big page explains that big page's fault with probability
+    1/m. Of equally simple formulas that hold, the likeliest wins: the one that does not spread
+    the region over pages no fault ever landed on (`4*M*K` for an M-row slice, not `128*K` for
+    a buffer sized for 32 rows). A constant loses to one term of an argument only when the
+    faults are `odds_per_term` times likelier under the term (an 11-page constant against the
+    one page of a 1-row slice at every launch): fewer terms otherwise."""
+    (fs, fe), exact, unexplained = res
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+    b1 = (O_s // kd.bigp) * kd.bigp
+    b2 = ((O_e - 1) // kd.bigp) * kd.bigp
+    out = [fs, fe]
+    for q, (big0, has) in enumerate(((b1, f1), (b2, f2))):
+        f = out[q]
+        if not has.any() or f.n_terms > 1:
+            continue
+        lo, hi = bounds[q]
+        groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
+        if len(groups) > kd.params.max_search_groups:
+            continue
+        ok0 = _within(f, vals, one, lo, hi).sum()
+
+        def loglik(c):
+            trial = [c, out[1]] if q == 0 else [out[0], c]
+            m = _region_pages_in(kd, g, trial[0], trial[1], base, big0)
+            return -float(np.log(np.maximum(m[has & (m > 0)], 1)).sum())
+
+        best, best_ll = f, loglik(f)
+        mono = kd.mono(groups)
+        for terms in sorted({f.n_terms, 1}):
+            for c in FM.solve(mono, lo_g, hi_g, w, 0.0, max_terms=terms, min_terms=terms, candidates=True):
+                if c == f or _within(c, vals, one, lo, hi).sum() < ok0:
+                    continue
+                if terms == f.n_terms and c.score()[:3] != f.score()[:3]:
+                    continue
+                ll = loglik(c)
+                need = 0.0 if terms == best.n_terms else np.log(kd.params.odds_per_term)
+                if ll > best_ll + need + 1e-9:
+                    best, best_ll = c, ll
+        out[q] = best
+    return (out[0], out[1]), exact, unexplained
+
+
+def _within(f, vals, one, lo, hi) -> np.ndarray:
+    y = np.asarray(f.evaluate(vals), np.int64) * one
+    return (y >= lo) & (y <= hi)
+
+
+def _argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
+    """Where the faults cannot separate a constant end from one an argument explains, prefer the
+    argument (docs/template-model.md, "When faults cannot separate fixed from an argument").
+
+    A region under a page at every fitting launch shows one faulting page whatever its size, so
+    a constant end and `c * m` (m a product with a varying argument, no constant: a size that
+    grows with the argument) both hold at every launch and predict the same pages there. The
+    constant would miss every page past it once the argument grows; `c * m`, with the smallest
+    simple coefficient that holds at every launch, predicts the fewest pages that still grow
+    with the argument, and fault feedback raises the coefficient from the misses of a larger
+    run (it sees misses, never over-prediction, so erring small is the side it can repair)."""
+    (fs, fe), exact, unexplained = res
+    if fe.terms or fs.terms:
+        return res
+    groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
+    mono = kd.mono(groups)
+    best = None
+    for j, names in enumerate(mono.names):
+        col = mono.values[:, j]
+        if not any(kd.sel_varying[kd.sel_names.index(nm)] for nm in names) or (col <= 0).any():
+            continue
+        c = int(max(1, (-(-lo_g // col)).max()))                  # the smallest c with c*m >= lo
+        c = _simple_at_least(c, kd.params.simple_odd)
+        if c is None or (c * col > hi_g).any():
+            continue
+        f = FM.Formula(0, ((c, names),))
+        if best is None or f.score() < best.score():
+            best = f
+    if best is None:
+        return res
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    y = np.asarray(best.evaluate(vals), np.int64) * np.ones(len(g), np.int64)
+    same = (-(-(base + y) // kd.ps)) == (-(-(base + fe.const) // kd.ps))
+    if not ((y >= e_lo) & (y <= e_hi)).all() or not same.all():
+        return res
+    return (fs, best), exact, unexplained
+
+
+def _simple_at_least(c: int, simple_odd: int) -> int | None:
+    """The smallest o * 2**k >= c with o odd and at most simple_odd."""
+    best = None
+    for o in range(1, simple_odd + 1, 2):
+        k = max(0, int(np.ceil(np.log2(max(c / o, 1)))))
+        while o << k < c:
+            k += 1
+        v = o << k
+        if best is None or v < best:
+            best = v
+    return best
 
 
 def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
@@ -462,6 +620,16 @@ def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
+def _split_groups(kd: KernelData, g, lo, hi) -> int:
+    """Launches in feature groups whose bounds do not intersect (equal features, different answers:
+    no formula of the features holds there)."""
+    lo_g = np.full(kd.U, -FM.INF, np.int64)
+    hi_g = np.full(kd.U, FM.INF, np.int64)
+    np.maximum.at(lo_g, g, lo)
+    np.minimum.at(hi_g, g, hi)
+    return int(np.bincount(g, minlength=kd.U)[lo_g > hi_g].sum())
+
+
 def _launch_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray):
     """Each launch's (group, lo, hi), equal ones merged: (groups, lo, hi, launches)."""
     from .features import factorize_rows
@@ -502,7 +670,8 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
     return None
 
 
-def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_terms=None, hard=None):
+def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_terms=None, hard=None,
+                edges=2):
     """Fit several quantities (start, end, ...) on the same launches: the simplest formulas that
     explain all launches but those lost records may have contradicted.
 
@@ -516,7 +685,7 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
     formula (a stride of 128*n - 1 to avoid it). Returns ((formulas...), share explained,
     launches unexplained) or None."""
     n = len(g)
-    allowed = kd.allowed(n)
+    allowed = kd.allowed(n, edges)
     hard = hard or {}
     vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
     found = []
@@ -531,7 +700,9 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
             # strict: one interval per feature group; robust: every launch's own bounds (equal ones
             # merged), so that the budget counts launches, not the groups one of them spoiled
             groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, share, (modes or {}).get(q, "tight"), max_terms,
+            # a robust solution wins only by being simpler: no more terms than the strict one's
+            mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
+            f = _solve_one(kd, groups, lo_g, hi_g, w, share, (modes or {}).get(q, "tight"), mt,
                            (min_terms or {}).get(q, 0), hard.get(q))
             if f is None:
                 break
@@ -552,7 +723,7 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
 
 
 def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
-                 shape: np.ndarray | None = None, stride_terms: int = 0):
+                 shape: np.ndarray | None = None, stride_terms: int = 0, aligned: bool = False):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
         return None
@@ -593,6 +764,11 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     elo_r = np.where(flast >= 0, np.maximum(elo_r, (flast - 1) * ps + 1), elo_r)
     ehi_r = re_ * ps
     s0_lo, s0_hi = slo_r[first], shi_r[first]
+    if aligned:
+        # the first chunk starts inside its first faulting page (a chunk under a page at an
+        # offset that follows an argument by less than a big page shows only there)
+        ff0 = ffirst[first]
+        s0_lo = np.where((ff0 >= 0) & (ff0 // bigp == rs[first] // bigp), np.maximum(s0_lo, ff0 * ps), s0_lo)
     n = len(sel)
     # stride from chunk j's start vs chunk 0's
     # (and from chunk j's end vs chunk 0's: equal chunks end one stride apart too; the two
@@ -623,9 +799,10 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     sh = np.flatnonzero(shape)
     if len(sh) == 0:
         return None
-    rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1)
+    ed = 2 * c64                                     # each run seen has two edges lost records may hide
+    rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1, edges=ed[sh])
           or _count_argument(kd, g[sh], c64[sh])
-          or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1))
+          or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1, edges=ed[sh]))
     if rc is None:
         return None
     (fc,), exact, _ = rc
@@ -644,8 +821,8 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     rmode = ("round", tuple(hints))
     mt = {1: stride_terms}
     smode = {1: rmode}
-    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt)
-           or _solve_pair(kd, gw, bounds, smode, min_terms=mt))
+    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt, edges=ed[whole])
+           or _solve_pair(kd, gw, bounds, smode, min_terms=mt, edges=ed[whole]))
     if res is None:
         return None
     (fs, fst), exact1, _ = res
@@ -664,7 +841,8 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     np.minimum.at(ch_hi, own, ehi_r - pstart)
     whole = np.flatnonzero((pc_ == cnt) | merged)
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
-    res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
+    res2 = (_solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1, edges=ed[whole])
+            or _solve_pair(kd, gb, [(lo_b, hi_b)], edges=ed[whole]))
     if res2 is None:
         return None
     (fch,), exact2, _ = res2

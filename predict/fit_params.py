@@ -64,6 +64,18 @@ class FitParams:
     that all 32 fault pages land 5 or more pages short of the end of a 16-page big page is
     (11/16)**32 < 1e-5."""
 
+    odds_per_term: float = 1e4
+    """a formula with more terms (or its edges on the faulting pages) wins over a simpler one that
+    also holds only when the faults are at least this much likelier under it (a likelihood ratio:
+    each touched big page faults at a touched page drawn at random). 1e4 leaves a chance below
+    1e-2 that fault pages line up by accident with one of the ~100 simple one-term formulas the
+    solver tries."""
+
+    aligned_terms: int = 2
+    """terms an edge placed on the faulting pages may have (an offset of one or two products of
+    arguments: pos*row, batch*seq*row + pos*row); more would search every triple of products
+    again for each region."""
+
     # -- shapes
     hull_gaps: float = 0.02
     """a region whose observed runs leave gaps under this share of their hull may be fitted as one
@@ -80,17 +92,23 @@ class FitParams:
     stays small)."""
 
     # ---- derived
-    def contradiction_rate(self, loss: float) -> float:
-        """Share of a region's launches whose evidence lost records contradict: the first or the
-        last touched big page unseen, each with probability loss**2 (module docstring)."""
+    def contradiction_rate(self, loss: float, edges=2):
+        """Share of a region's launches whose evidence lost records contradict: any of its `edges`
+        edge big pages (first and last of each run: 2 for one range, 2 per chunk seen of a
+        strided region) unseen, each with probability loss**2 (module docstring)."""
+        import numpy as np
         unseen = min(1.0, loss) ** 2
-        return 1.0 - (1.0 - unseen) ** 2
+        return 1.0 - (1.0 - unseen) ** np.asarray(edges, np.float64)
 
-    def allowed_unexplained(self, n: int, loss: float) -> int:
+    def allowed_unexplained(self, n: int, loss: float, edges=2) -> int:
         """How many of n launches a template may leave unexplained at this loss rate: the odd
         records of any trace (floor_unexplained) plus those lost records contradict (the
-        `confidence` quantile of their Poisson count), two independent sources."""
-        return int(self.floor_unexplained * n) + poisson_quantile(n * self.contradiction_rate(loss), self.confidence)
+        `confidence` quantile of their Poisson count), two independent sources. `edges`: per
+        launch (or for all) the edges its evidence has."""
+        import numpy as np
+        rate = self.contradiction_rate(loss, edges)
+        expected = float(np.sum(rate)) if np.ndim(rate) else n * float(rate)
+        return int(self.floor_unexplained * n) + poisson_quantile(expected, self.confidence)
 
     def allowed_holes(self, big_pages: int, loss: float) -> int:
         """Touched big pages a launch of `big_pages` may show no record of. A big page goes

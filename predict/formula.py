@@ -251,19 +251,21 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
           budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0,
-          hard: str | None = None) -> Formula | None:
+          hard: str | None = None, candidates: bool = False):
     """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight;
-    `hard`: the side of the intervals the budget may not violate, as in `check`)."""
+    `hard`: the side of the intervals the budget may not violate, as in `check`).
+
+    `candidates`: instead, every formula found with the fewest terms, simplest first."""
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
     ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode, hard)
     if ok and min_terms == 0:
-        return Formula(c0, ())
+        return [Formula(c0, ())] if candidates else Formula(c0, ())
     G = mono.values
     M = G.shape[1]
     if M == 0 or len(lo) < 2:
-        return None
+        return [] if candidates else None
     mid = _midpoints(lo, hi)
     best: list[tuple[tuple, Formula]] = []
     # ---- one term: exact coefficient interval from pairwise conditions
@@ -298,9 +300,9 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         # pairwise bounds ignore the budget (outliers close the interval): round least squares too
         best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode, hard)
     if best:
-        return min(best, key=lambda t: t[0])[1]
+        return _pick(best, candidates)
     if max_terms < 2:
-        return None
+        return [] if candidates else None
     # ---- two and three terms: least-squares proposals, exact checks
     for k in (2, 3):
         if k > max_terms or U < k + 1:
@@ -310,8 +312,19 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         subsets = [list(s) for s in itertools.combinations(cols, k)]
         best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode, hard)
         if best:
-            return min(best, key=lambda t: t[0])[1]
-    return None
+            return _pick(best, candidates)
+    return [] if candidates else None
+
+
+def _pick(best: list, candidates: bool):
+    if not candidates:
+        return min(best, key=lambda t: t[0])[1]
+    out, seen = [], set()
+    for _, f in sorted(best, key=lambda t: t[0]):
+        if f not in seen:
+            seen.add(f)
+            out.append(f)
+    return out
 
 
 def _cost(c: int, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
