@@ -499,7 +499,8 @@ def _argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
         if c is None or (c * col > hi_g).any():
             continue
         f = FM.Formula(0, ((c, names),))
-        if best is None or f.score() < best.score():
+        # a size proportional to one argument before a product of several, then the simplest
+        if best is None or (len(names), f.score()) < (len(best.terms[0][1]), best.score()):
             best = f
     if best is None:
         return res
@@ -530,18 +531,26 @@ def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
 
 
 def _few_holes(kd: KernelData, cat: dict, sel: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Per launch: do the observed pieces leave at most the big pages lost records may hide
-    uncovered inside `span` pages (their hull)?"""
+    """Per launch: do the observed pieces cover `span` pages (their hull), but for big pages whose
+    records lost records may have taken (no more of them over all launches than that loss hides)?"""
     own, s, e = _gather(kd, cat, sel, "O")
     covered = np.bincount(own, weights=(e - s).astype(np.float64), minlength=len(sel))
     holes = np.maximum(span - covered, 0) / kd.bigp
-    return holes <= _allowed_holes_vec(kd, span) + 1e-9
+    if _holes_from_loss(kd, holes[holes > 0], span):
+        return np.ones(len(sel), bool)
+    return holes == 0
 
 
-def _allowed_holes_vec(kd: KernelData, span: np.ndarray) -> np.ndarray:
-    nbp = np.ceil(np.asarray(span, np.float64) / kd.bigp).astype(np.int64)
-    u, inv = np.unique(nbp, return_inverse=True)
-    return np.array([kd.params.allowed_holes(int(x), kd.loss) for x in u])[inv.reshape(-1)]
+def _holes_from_loss(kd: KernelData, holes: np.ndarray, pages: np.ndarray) -> bool:
+    """Could lost records have hidden these `holes` (big pages, one entry per launch that has some)
+    among launches predicted to touch `pages` pages in all? Counted over all the launches: loss
+    hides few big pages, at random, not one in every launch."""
+    if not len(holes):
+        return True
+    if float(holes.max()) > kd.params.allowed_holes(int(np.ceil(pages.max() / kd.bigp)), kd.loss):
+        return False
+    total_bp = int(np.ceil(float(np.sum(pages)) / kd.bigp))
+    return float(holes.sum()) <= kd.params.allowed_holes(total_bp, kd.loss)
 
 
 def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat):
@@ -947,7 +956,10 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
     # they show only by the big pages whose records lost records may have taken with them
     pp = P.pages_per_launch()
     outside = (pp - intersection_pages(P, A)) / bigp
-    ok = (intersection_pages(P, O) == O.pages_per_launch()) & (outside <= _allowed_holes_vec(kd, pp) + 1e-9)
+    covers = intersection_pages(P, O) == O.pages_per_launch()
+    ok = covers & (outside == 0)
+    if _holes_from_loss(kd, outside[covers & ~ok], pp[covers]):
+        ok = covers
     if region.cls == "strided" and not (np.diff(P.indptr) >= 2).any():
         # no launch would show a gap between its chunks (each big-page wide gap would): the
         # runs it was fitted to were holes lost records left, and the region is one range

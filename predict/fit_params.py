@@ -50,9 +50,11 @@ class FitParams:
     """share of a region's launches a template may leave unexplained whatever the loss: records
     the driver drops without counting (its fault buffer, ~0.1% in the workload models), records
     attributed by time to a neighbouring launch."""
-    confidence: float = 0.99
+    confidence: float = 0.999
     """a template may leave unexplained the launches that lost records would contradict up to
-    this quantile of their (Poisson) count: 1 in 100 true templates may still be refused."""
+    this quantile of their (Poisson) count: 1 in 1000 true templates may still be refused (a
+    model holds hundreds of regions; at 0.99 a few of them would be, with one launch of 30
+    contradicting the template)."""
 
     # -- fault statistics (docs/template-model.md, "Fault statistics")
     stat_launches: int = 32
@@ -64,13 +66,13 @@ class FitParams:
     that all 32 fault pages land 5 or more pages short of the end of a 16-page big page is
     (11/16)**32 < 1e-5."""
 
-    odds_per_term: float = 1e4
+    odds_per_term: float = 1e3
     """a formula with more terms (or its edges on the faulting pages) wins over a simpler one that
     also holds only when the faults are at least this much likelier under it (a likelihood ratio:
-    each touched big page faults at a touched page drawn at random). 1e4 leaves a chance below
-    1e-2 that fault pages line up by accident with one of the ~100 simple one-term formulas the
-    solver tries."""
-
+    each touched big page faults at a touched page drawn at random; 7 launches whose single
+    fault lands on the page of the row they write, where the simpler formula spreads them over 3
+    pages, reach it). The winner is always the tighter prediction: if it is wrong it misses
+    pages, which fault feedback repairs, where the looser one over-predicts for good."""
     aligned_terms: int = 2
     """terms an edge placed on the faulting pages may have (an offset of one or two products of
     arguments: pos*row, batch*seq*row + pos*row); more would search every triple of products

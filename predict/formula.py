@@ -243,6 +243,12 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
     total = float(weight.sum())
     if total - cov[k] > budget:
         return False, 0
+    # 0 where it is within the budget (a one-byte-short bound of a launch that lost a record must
+    # not buy a constant of -1 for covering one launch more), else the most covered interval
+    pos = ev[o]
+    at0 = int(np.searchsorted(pos, 0, side="right")) - 1
+    if 0 <= at0 < len(cov) and total - cov[at0] <= budget and (at0 + 1 >= len(pos) or pos[at0 + 1] > 0):
+        return True, 0
     # the interval of consts reaching that coverage
     lo_c = int(ev[o][k])
     hi_c = int(ev[o][k + 1] - 1) if k + 1 < len(ev) else lo_c
