@@ -35,7 +35,6 @@ from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
 
 DEFAULT = FitParams()
-BIG_PAGE = DEFAULT.big_page
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:

@@ -238,47 +238,64 @@ def touched_big_pages(trace: T.Trace, index: AllocIndex, bigp: int):
     fs, fe = f_page, f_page + 1
     maybe = [(xl, xs, xe)]
     if index.n and len(f_page):
-        migrated = FP.Footprints.from_intervals(m_lid, ms, me, trace.n_launches, ps)
-        lone = ~_inside(migrated, f_lid, f_page)
-        a = index.lookup(f_page.astype(np.uint64) * np.uint64(ps), np.maximum(f_lid, 0), one_past=False)
-        ac = np.maximum(a, 0)
-        a_s = (index.addr[ac] // np.uint64(ps)).astype(np.int64)
-        a_e = ((index.end[ac] + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
-        bs = (f_page // bigp) * bigp
+        lone = ~_covered(m_lid, ms, me, f_lid, f_page)
+        ambiguous = np.zeros(len(f_page), bool)
         page_cuts = _shared_units(index, ps, 1)
-        ambiguous = np.isin(f_page, page_cuts) if len(page_cuts) else np.zeros(len(f_page), bool)
-        wide = lone & (a >= 0)
-        # a lone fault in a big page allocations share shows that big page touched, by one of them
-        wide_shared = wide & np.isin(bs, big_cuts) if len(big_cuts) else np.zeros(len(f_page), bool)
-        fs = np.where(wide, np.maximum(bs, a_s), f_page)
-        fe = np.where(wide, np.minimum(bs + bigp, a_e), f_page + 1)
-        unsure = ambiguous | wide_shared
-        maybe.append((f_lid[unsure], np.where(ambiguous, f_page, bs)[unsure],
-                      np.where(ambiguous, f_page + 1, bs + bigp)[unsure]))
-        # the fault's own page stays certain unless another allocation shares it
-        fs = np.where(wide_shared & ~ambiguous, f_page, fs)
-        fe = np.where(wide_shared & ~ambiguous, f_page + 1, fe)
-        f_lid, fs, fe = f_lid[~ambiguous], fs[~ambiguous], fe[~ambiguous]
+        if len(page_cuts):
+            ambiguous = np.isin(f_page, page_cuts)
+        fs, fe = f_page.copy(), f_page + 1
+        li = np.flatnonzero(lone)          # on a complete record, none: every fault has its migration
+        if len(li):
+            a = index.lookup(f_page[li].astype(np.uint64) * np.uint64(ps), np.maximum(f_lid[li], 0), one_past=False)
+            ac = np.maximum(a, 0)
+            a_s = (index.addr[ac] // np.uint64(ps)).astype(np.int64)
+            a_e = ((index.end[ac] + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+            bs = (f_page[li] // bigp) * bigp
+            # a lone fault in a big page allocations share shows that big page touched, by one of
+            # them (possible pages of both); elsewhere its big page, in its own allocation
+            shared = np.isin(bs, big_cuts) if len(big_cuts) else np.zeros(len(li), bool)
+            wide = (a >= 0) & ~shared
+            fs[li] = np.where(wide, np.maximum(bs, a_s), f_page[li])
+            fe[li] = np.where(wide, np.minimum(bs + bigp, a_e), f_page[li] + 1)
+            sh = shared & (a >= 0) & ~ambiguous[li]
+            maybe.append((f_lid[li][sh], bs[sh], bs[sh] + bigp))
+        # a fault on a page two allocations share says one of them was touched, not which
+        maybe.append((f_lid[ambiguous], f_page[ambiguous], f_page[ambiguous] + 1))
+        # a fault a migration holds adds nothing to the union
+        keep = lone & ~ambiguous
+        f_lid, fs, fe = f_lid[keep], fs[keep], fe[keep]
     certain = FP.Footprints.from_intervals(np.concatenate([f_lid, m_lid]), np.concatenate([fs, ms]),
                                            np.concatenate([fe, me]), trace.n_launches, ps, "observed")
     return certain, tuple(np.concatenate([m_[i] for m_ in maybe]) for i in range(3))
 
 
+def _covered(m_lid, ms, me, lid, page) -> np.ndarray:
+    """Is each (launch, page) inside a migrated range of that launch? (Ranges sorted by launch and
+    start once; a launch's migrations do not overlap, each big page migrates once.)"""
+    lid = np.asarray(lid, np.int64)
+    page = np.asarray(page, np.int64)
+    if not len(ms):
+        return np.zeros(len(page), bool)
+    lo = min(int(ms.min()), int(page.min()))
+    span = np.int64(max(int(me.max()), int(page.max())) - lo + 1)
+    km = np.asarray(m_lid, np.int64) * span + (ms - lo)
+    if len(km) > 1 and not (km[1:] >= km[:-1]).all():
+        o = np.argsort(km)
+        km, ends, ml = km[o], me[o], np.asarray(m_lid, np.int64)[o]
+    else:
+        ends, ml = me, np.asarray(m_lid, np.int64)
+    j = np.searchsorted(km, lid * span + (page - lo), side="right") - 1
+    jc = np.maximum(j, 0)
+    return (j >= 0) & (ml[jc] == lid) & (ends[jc] > page)
+
+
 def _inside(fp: FP.Footprints, launch: np.ndarray, page: np.ndarray) -> np.ndarray:
-    """Is each (launch, page) inside one of the launch's intervals?"""
+    """Is each (launch, page) inside one of the launch's (merged) intervals?"""
     launch = np.asarray(launch, np.int64)
-    ok = (launch >= 0) & (launch < fp.n_launches)
-    lc = np.where(ok, launch, 0)
-    lo, hi = fp.indptr[lc], fp.indptr[lc + 1]
     if not len(fp.start):
         return np.zeros(len(page), bool)
-    # intervals are sorted by (launch, start) and disjoint: the last start <= page within the launch
-    span = np.int64(max(int(fp.end.max()), int(page.max(initial=0))) - min(int(fp.start.min()), int(page.min(initial=0))) + 1)
-    base = min(int(fp.start.min()), int(page.min(initial=0)))
-    key = fp.launch_of_interval() * span + (fp.start - base)
-    j = np.searchsorted(key, lc * span + (page - base), side="right") - 1
-    jc = np.maximum(j, 0)
-    return ok & (j >= lo) & (j < hi) & (fp.end[jc] > page)
+    return _covered(fp.launch_of_interval(), fp.start, fp.end, launch, page) & (launch >= 0) & \
+        (launch < fp.n_launches)
 
 
 def _shared_units(index: AllocIndex, ps: int, unit: int) -> np.ndarray:
