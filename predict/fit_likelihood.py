@@ -108,35 +108,36 @@ def _argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
     argument (docs/template-model.md, "When faults cannot separate fixed from an argument").
 
     A region under a page at every fitting launch shows one faulting page whatever its size, so
-    a constant end and `c * m` (m a product with a varying argument, no constant: a size that
-    grows with the argument) both hold at every launch and predict the same pages there. The
-    constant would miss every page past it once the argument grows; `c * m`, with the smallest
-    simple coefficient that holds at every launch, predicts the fewest pages that still grow
-    with the argument, and fault feedback raises the coefficient from the misses of a larger
-    run (it sees misses, never over-prediction, so erring small is the side it can repair)."""
+    the constant end E and `E + c*m` (m a product of arguments, at least one varying) both hold
+    at every launch and predict the same pages there. The constant misses every page past it
+    once the argument grows; `E + c*m` never predicts less than E, and with the smallest simple
+    c it predicts the fewest pages that still grow with the argument. Fault feedback, which sees
+    misses and never over-prediction, raises the coefficient from the misses of a larger run:
+    erring small is the side it can repair."""
     (fs, fe), exact, unexplained = res
     if fe.terms or fs.terms:
         return res
     groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
     mono = kd.mono(groups)
+    E = int(fe.const)
     best = None
     for j, names in enumerate(mono.names):
         col = mono.values[:, j]
-        if not any(kd.sel_varying[kd.sel_names.index(nm)] for nm in names) or (col <= 0).any():
+        if not any(kd.sel_varying[kd.sel_names.index(nm)] for nm in names) or (col < 0).any() or not col.any():
             continue
-        c = int(max(1, (-(-lo_g // col)).max()))                  # the smallest c with c*m >= lo
-        c = _simple_at_least(c, kd.params.simple_odd)
-        if c is None or (c * col > hi_g).any():
+        need = np.where(col > 0, -(-(lo_g - E) // np.maximum(col, 1)), 0)
+        c = _simple_at_least(int(max(1, need.max())), kd.params.simple_odd)   # E + c*m >= lo everywhere
+        if c is None or (E + c * col > hi_g).any():
             continue
-        f = FM.Formula(0, ((c, names),))
-        # a size proportional to one argument before a product of several, then the simplest
+        f = FM.Formula(E, ((c, names),))
+        # a size following one argument before a product of several, then the simplest
         if best is None or (len(names), f.score()) < (len(best.terms[0][1]), best.score()):
             best = f
     if best is None:
         return res
     vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
     y = np.asarray(best.evaluate(vals), np.int64) * np.ones(len(g), np.int64)
-    same = (-(-(base + y) // kd.ps)) == (-(-(base + fe.const) // kd.ps))
+    same = (-(-(base + y) // kd.ps)) == (-(-(base + E) // kd.ps))
     if not ((y >= e_lo) & (y <= e_hi)).all() or not same.all():
         return res
     return (fs, best), exact, unexplained

@@ -74,7 +74,7 @@ def _launch_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray):
 
 
 def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", max_terms: int = 3,
-               min_terms: int = 0, hard: str | None = None):
+               min_terms: int = 0, hard: str | None = None, hard_share: float = 0.0):
     """Solve on a subsample of groups, verify on all, add violators and repeat."""
     U = len(groups)
     cap = kd.params.max_search_groups
@@ -91,7 +91,8 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
     for _ in range(4):
         mono = kd.mono(groups[sample])
         f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode,
-                     max_terms=max_terms, min_terms=min_terms, hard=hard)
+                     max_terms=max_terms, min_terms=min_terms, hard=hard,
+                     hard_budget=hard_share * w[sample].sum())
         if f is None:
             return None
         if len(sample) == U:
@@ -99,8 +100,8 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
         vals = {n: kd.uniq[groups, k] for k, n in enumerate(kd.sel_names)}
         y = np.asarray(f.evaluate(vals), np.int64) * np.ones(U, np.int64)
         bad = (y < lo) | (y > hi)
-        if w[bad].sum() <= budget * w.sum() and not (hard == "lo" and (y < lo).any()) \
-                and not (hard == "hi" and (y > hi).any()):
+        hard_bad = (y < lo) if hard == "lo" else (y > hi) if hard == "hi" else np.zeros(U, bool)
+        if w[bad].sum() <= budget * w.sum() and w[hard_bad].sum() <= hard_share * w.sum():
             return f
         sample = np.union1d(sample, np.flatnonzero(bad)[:cap])
     return None
@@ -139,7 +140,8 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
             # a robust solution wins only by being simpler: no more terms than the strict one's
             mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
             f = _solve_one(kd, groups, lo_g, hi_g, w, share, (modes or {}).get(q, "tight"), mt,
-                           (min_terms or {}).get(q, 0), hard.get(q))
+                           (min_terms or {}).get(q, 0), hard.get(q),
+                           0.0 if strict else min(share, kd.params.floor_unexplained))
             if f is None:
                 break
             out.append(f)

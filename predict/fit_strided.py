@@ -121,8 +121,10 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     rmode = ("round", tuple(hints))
     mt = {1: stride_terms}
     smode = {1: rmode}
-    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt, edges=ed[whole])
-           or _solve_pair(kd, gw, bounds, smode, min_terms=mt, edges=ed[whole]))
+    # the first chunk's start is at or before its first page seen (positive evidence: "hi")
+    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt, hard={0: "hi"},
+                       edges=ed[whole])
+           or _solve_pair(kd, gw, bounds, smode, min_terms=mt, hard={0: "hi"}, edges=ed[whole]))
     if res is None:
         return None
     (fs, fst), exact1, _ = res
@@ -141,8 +143,9 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     np.minimum.at(ch_hi, own, ehi_r - pstart)
     whole = np.flatnonzero((pc_ == cnt) | merged)
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
-    res2 = (_solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1, edges=ed[whole])
-            or _solve_pair(kd, gb, [(lo_b, hi_b)], edges=ed[whole]))
+    # a chunk reaches at least the last page seen of its run (positive evidence: "lo")
+    res2 = (_solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1, hard={0: "lo"}, edges=ed[whole])
+            or _solve_pair(kd, gb, [(lo_b, hi_b)], hard={0: "lo"}, edges=ed[whole]))
     if res2 is None:
         return None
     (fch,), exact2, _ = res2

@@ -214,11 +214,12 @@ def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
 
 
 def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float, mode: str = "tight", hard: str | None = None) -> tuple[bool, int]:
+          budget: float, mode: str = "tight", hard: str | None = None, hard_budget: float = 0.0) -> tuple[bool, int]:
     """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const).
 
-    `hard` ("lo" or "hi"): that side of every interval must hold whatever the budget (positive
-    evidence: pages the records show touched); only the other side may be violated."""
+    `hard` ("lo" or "hi"): that side of the intervals is positive evidence (pages the records show
+    touched): lost records never violate it, so it holds but for `hard_budget` weight (odd
+    records), while the other side may take the rest of the budget."""
     a = lo - formula_vals
     b = hi - formula_vals
     amax, bmin = int(a.max()), int(b.min())
@@ -226,14 +227,20 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
         return True, _pick_const(amax, bmin, mode)
     if budget <= 0:
         return False, 0
-    if hard == "lo":     # const >= amax; the fewest violations at amax itself
-        if float(weight[b < amax].sum()) > budget:
+    if hard in ("lo", "hi"):
+        # the hard side holds but for `hard_budget` weight (odd records, never lost ones): the
+        # const at the edge that leaves that much outside, the fewest soft violations there
+        side, other = (a, b) if hard == "lo" else (-b, -a)
+        o = np.argsort(-side, kind="stable")
+        out_w = np.cumsum(weight[o])
+        k = int(np.searchsorted(out_w, hard_budget, side="right"))    # the first one that must hold
+        edge = int(side[o][min(k, len(o) - 1)])
+        bad = float(weight[(side > edge) | (other < edge)].sum())
+        if bad > budget:
             return False, 0
-        return True, _pick_const(amax, int(b[b >= amax].min()) if (b >= amax).any() else amax, mode)
-    if hard == "hi":
-        if float(weight[a > bmin].sum()) > budget:
-            return False, 0
-        return True, _pick_const(int(a[a <= bmin].max()) if (a <= bmin).any() else bmin, bmin, mode)
+        room = other[(other >= edge) & (side <= edge)]
+        far = int(room.min()) if len(room) else edge
+        return True, (_pick_const(edge, far, mode) if hard == "lo" else _pick_const(-far, -edge, mode))
     # sweep: the const covering the most weight
     ev = np.concatenate([a, b + 1])
     w = np.concatenate([weight, -weight])
@@ -257,7 +264,7 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
           budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0,
-          hard: str | None = None, candidates: bool = False):
+          hard: str | None = None, candidates: bool = False, hard_budget: float = 0.0):
     """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight;
     `hard`: the side of the intervals the budget may not violate, as in `check`).
 
@@ -265,7 +272,7 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
-    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode, hard)
+    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode, hard, hard_budget)
     if ok and min_terms == 0:
         return [Formula(c0, ())] if candidates else Formula(c0, ())
     G = mono.values
@@ -299,12 +306,13 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         c = _best_coef(G[:, m], lo, hi, lo_c, hi_c, mode)
         if c is None:
             continue
-        f = _try(mono, [m], [c], lo, hi, weight, budget, mode, hard)
+        f = _try(mono, [m], [c], lo, hi, weight, budget, mode, hard, hard_budget)
         if f is not None:
             best.append((f.score(), f))
     if budget > 0:
         # pairwise bounds ignore the budget (outliers close the interval): round least squares too
-        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode, hard)
+        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode, hard,
+                               hard_budget)
     if best:
         return _pick(best, candidates)
     if max_terms < 2:
@@ -316,7 +324,7 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         limit = {2: 160, 3: 40}[k]
         cols = list(range(min(M, limit)))
         subsets = [list(s) for s in itertools.combinations(cols, k)]
-        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode, hard)
+        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode, hard, hard_budget)
         if best:
             return _pick(best, candidates)
     return [] if candidates else None
@@ -426,11 +434,12 @@ def _midpoints(lo, hi):
     return np.where(lo <= -INF, hif, np.where(hi >= INF, lof, (lof + hif) / 2))
 
 
-def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight", hard=None) -> Formula | None:
+def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight", hard=None,
+         hard_budget: float = 0.0) -> Formula | None:
     vals = np.zeros(len(lo), np.int64)
     for m, c in zip(cols, coefs):
         vals = vals + np.int64(c) * mono.values[:, m]
-    ok, c0 = check(vals, lo, hi, weight, budget, mode, hard)
+    ok, c0 = check(vals, lo, hi, weight, budget, mode, hard, hard_budget)
     if not ok:
         return None
     terms = tuple(sorted(((int(c), mono.names[m]) for m, c in zip(cols, coefs)),
@@ -438,7 +447,7 @@ def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight", har
     return Formula(c0, terms)
 
 
-def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight", hard=None):
+def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight", hard=None, hard_budget=0.0):
     if not subsets:
         return []
     G = mono.values.astype(np.float64)
@@ -464,7 +473,7 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"
             c = base + np.array(delta)
             if np.any(c == 0):
                 continue
-            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode, hard)
+            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode, hard, hard_budget)
             if f is not None:
                 out.append((f.score(), f))
                 break
