@@ -369,7 +369,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 res = res_a
         if res is not None:
             res = _likeliest(kd, g, res, [(s_lo, s_hi), (e_lo, e_hi)], base, O_s, O_e, f1, f2)
-            res = _argument_backed(kd, g, res, e_lo, e_hi, base)
+            if not nat.any():   # natural mode bounds ends by the allocation: no page to compare
+                res = _argument_backed(kd, g, res, e_lo, e_hi, base)
         if res is not None:
             (fs, fe), exact, unexplained = res
             if not fs.terms and not fe.terms and fe.const <= fs.const:

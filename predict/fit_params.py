@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class FitParams:
@@ -33,8 +35,8 @@ class FitParams:
     """a word is a base pointer if it points into a live allocation in at least this share of the
     kernel's launches: a majority vote (a pointer argument may be null or stale now and then)."""
     max_varying: int = 12
-    """at most this many varying features enter the products (12 features give 364 products of up
-    to three: the solver's pair and triple searches stay within a second per region)."""
+    """at most this many varying features enter the products (12 give 454 products of up to three
+    factors; the solver's pair and triple searches take the first 160 and 40 of them)."""
     max_const: int = 6
     """at most this many constant parameter words may multiply varying ones (`4*N*K` with K
     constant in training)."""
@@ -66,6 +68,7 @@ class FitParams:
     that all 32 fault pages land 5 or more pages short of the end of a 16-page big page is
     (11/16)**32 < 1e-5."""
 
+    # -- choosing between formulas that all hold (docs/template-model.md, "Where the faults land")
     odds_per_term: float = 1e3
     """a formula with more terms (or its edges on the faulting pages) wins over a simpler one that
     also holds only when the faults are at least this much likelier under it (a likelihood ratio:
@@ -98,7 +101,6 @@ class FitParams:
         """Share of a region's launches whose evidence lost records contradict: any of its `edges`
         edge big pages (first and last of each run: 2 for one range, 2 per chunk seen of a
         strided region) unseen, each with probability loss**2 (module docstring)."""
-        import numpy as np
         unseen = min(1.0, loss) ** 2
         return 1.0 - (1.0 - unseen) ** np.asarray(edges, np.float64)
 
@@ -107,7 +109,6 @@ class FitParams:
         records of any trace (floor_unexplained) plus those lost records contradict (the
         `confidence` quantile of their Poisson count), two independent sources. `edges`: per
         launch (or for all) the edges its evidence has."""
-        import numpy as np
         rate = self.contradiction_rate(loss, edges)
         expected = float(np.sum(rate)) if np.ndim(rate) else n * float(rate)
         return int(self.floor_unexplained * n) + poisson_quantile(expected, self.confidence)

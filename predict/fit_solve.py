@@ -139,9 +139,11 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
             groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
             # a robust solution wins only by being simpler: no more terms than the strict one's
             mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
+            # positive evidence may be contradicted (odd records: the floor) only where no formula
+            # holds everywhere; a simpler formula must not win by contradicting it
+            hard_share = 0.0 if strict or found else min(share, kd.params.floor_unexplained)
             f = _solve_one(kd, groups, lo_g, hi_g, w, share, (modes or {}).get(q, "tight"), mt,
-                           (min_terms or {}).get(q, 0), hard.get(q),
-                           0.0 if strict else min(share, kd.params.floor_unexplained))
+                           (min_terms or {}).get(q, 0), hard.get(q), hard_share)
             if f is None:
                 break
             out.append(f)
