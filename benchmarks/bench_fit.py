@@ -79,9 +79,10 @@ def main() -> None:
         lines = ["| record loss | launches | fault + migration records | fit (this) | fit (reference) | ratio "
                  "| read | kernels by class (this) | kernels by class (reference) |",
                  "|---|---|---|---|---|---|---|---|---|"]
+        def cls(c):
+            return ", ".join(f"{v} {k}" for k, v in c.items() if v)
         for r in rows:
             a, b = r["this"], r.get("reference")
-            cls = lambda c: ", ".join(f"{v} {k}" for k, v in c.items() if v)
             lines.append(f"| {r['drop']:.0%} | {a['launches']:,} | {a['records']:,} | {a['fit_s']:.1f} s "
                          f"| {b['fit_s']:.1f} s | {a['fit_s'] / b['fit_s']:.2f} | {a['read_s']:.1f} s "
                          f"| {cls(a['classes'])} | {cls(b['classes'])} |" if b else

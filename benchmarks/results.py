@@ -68,7 +68,8 @@ def bar_table(runs: list[dict], oversub, format_size):
     ties = []
     for lab in labels:
         for o in oversub:
-            g = lambda p: by.get((lab, o, p))
+            def g(p, lab=lab, o=o):
+                return by.get((lab, o, p))
             sp = {p: (g(p) or {}).get("speedup_vs_demand") for p in POLICIES}
             t, orc = sp["template"], sp["oracle"]
             frac = None if not (t and orc) else t / orc

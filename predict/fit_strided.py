@@ -241,7 +241,8 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
         rep = np.arange(len(sel))
     a_s, a_e = cat["alloc_s"][sel][rep], cat["alloc_e"][sel][rep]
     sp = np.maximum((sb // ps) // bigp * bigp, a_s)
-    ep = np.minimum(-(-(-((-eb) // ps)) // bigp) * bigp, a_e)
+    end_page = -((-eb) // ps)                            # ceiling divisions
+    ep = np.minimum(-((-end_page) // bigp) * bigp, a_e)
     n = len(sel)
     P = Footprints.from_intervals(rep, sp, ep, n, ps)
     O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)

@@ -187,8 +187,9 @@ def test_the_manifest_count_of_dropped_records_sets_the_allowance(tmp_path):
     hit = {3, 40}
     tables = whole.tables()
     a0 = int(whole.allocations.column(T.ADDRESS)[0].as_py())
-    first = lambda t: np.array([(lid in hit) and a0 <= adr < a0 + 65536 for lid, adr in zip(
-        t.column(T.LAUNCH_ID).to_pylist(), t.column(T.ADDRESS).to_pylist())])
+    def first(t):
+        return np.array([(lid in hit) and a0 <= adr < a0 + 65536 for lid, adr in zip(
+            t.column(T.LAUNCH_ID).to_pylist(), t.column(T.ADDRESS).to_pylist())])
     tables[T.FAULTS], tables[T.MIGRATIONS] = f.filter(~first(f)), m.filter(~first(m))
     kept = tables[T.FAULTS].num_rows + tables[T.MIGRATIONS].num_rows
     fits = {}
