@@ -483,11 +483,20 @@ class _RecordLoss:
     def __call__(self, cols: dict, key: str) -> dict:
         if self.rate <= 0:
             return cols
-        n = len(cols[key])
-        keep = self.rng.random(n) >= self.rate
-        self.dropped += int(n - keep.sum())
-        idx = np.flatnonzero(keep)
-        return {k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()}
+        cols, lost = lose_records(cols, key, self.rate, self.rng)
+        self.dropped += lost
+        return cols
+
+
+def lose_records(cols: dict, key: str, rate: float, rng: np.random.Generator) -> tuple[dict, int]:
+    """Each row of the column dict `cols` (as many as `cols[key]`) lost independently at `rate`:
+    (the rows kept, how many were lost). The one record-loss rule of the models and of
+    `collect --interpret`'s emulation."""
+    n = len(cols[key])
+    keep = rng.random(n) >= rate
+    idx = np.flatnonzero(keep)
+    return ({k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()},
+            int(n - len(idx)))
 
 
 def _launch_table(b: Builder, n: int, start: np.ndarray, end: np.ndarray) -> pa.Table:
