@@ -113,13 +113,15 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
                 continue
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
-            held.append((not alloc, -_loglik(kd, ev, fs, f), f.score(), f))
+            # the simplest first (as the solver prefers: a re-solved constant of odd part 37 is
+            # not simple), then the likeliest of equally simple ones (`_likeliest`)
+            held.append((not alloc, f.score()[:3], -_loglik(kd, ev, fs, f), f.score(), f))
         if held:
-            best = min(held, key=lambda t: t[:3])
+            best = min(held, key=lambda t: t[:4])
             break
     if best is None:
         return False
-    _, nll, _, f = best
+    _, _, nll, _, f = best
     # the end it replaces keeps its place only if the faults are far likelier under it
     if nll + _loglik(kd, ev, fs, fe) >= np.log(kd.params.odds_per_term):
         return False
