@@ -61,11 +61,14 @@ def vocabulary(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]
     """(tier-1 formulas, tier-2 factor tuples) from the regions whose formulas the records pin.
 
     A range region's end counts unless it was a guess or a constant; its start, and every formula
-    of a strided region, count by their terms."""
+    of a strided region, count by their terms. A region counts only if each of its formulas has
+    at most one term: a size is an element size times a product of dimensions, and a formula of
+    several terms fitted from a handful of launches (`641*p2 + 2674*p3 - 1945600` through three
+    points, for a region of `p2*p3` bytes) is as likely a fit of big-page bounds as a shape."""
     sizes: dict[FM.Formula, None] = {}
     terms: dict[tuple[int, tuple[str, ...]], None] = {}
     for r, ev in regions:
-        if r.cls not in ("fixed", "linear", "strided"):
+        if r.cls not in ("fixed", "linear", "strided") or any(f.n_terms > 1 for f in r.formulas().values()):
             continue
         for name, f in r.formulas().items():
             if not f.terms or (name == "end" and ev is not None and ev.guessed):
