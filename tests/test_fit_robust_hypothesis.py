@@ -283,3 +283,28 @@ def test_a_region_under_a_page_takes_the_size_the_kernel_is_known_to_use(tmp_pat
     texts = [r.text() for r in km.regions]
     assert km.cls == "linear", texts
     assert _exact_share(m, te) == 1.0, texts
+
+
+def test_the_vocabulary_of_shapes_takes_one_term_formulas_and_their_sub_products():
+    """What a kernel is known to use (predict/fit_shapes.py): a pinned region's end and its terms'
+    sub-products over varying arguments at the same element size; not a guessed end, nor a region
+    whose formulas have several terms (a fit of big-page bounds through a handful of launches)."""
+    from types import SimpleNamespace
+
+    from pagecast.predict import formula as FM
+    from pagecast.predict.fit_shapes import RangeEvidence, vocabulary
+    from pagecast.predict.model_io import Region
+
+    def f(const, *terms):
+        return FM.Formula(const, tuple((c, tuple(n)) for c, n in terms))
+
+    kd = SimpleNamespace(sel_names=["p4", "p5", "p6"], sel_varying=np.array([True, True, False]))
+    pinned = Region("p0", "linear", start=f(0), end=f(0, (4, ["p4", "p5"])))
+    several = Region("p1", "linear", start=f(45056, (28, ["p4"]), (-39, ["p5"])), end=f(0, (641, ["p4"])))
+    guess = Region("p2", "linear", start=f(0), end=f(1, (1, ["p6"])))
+    ev = RangeEvidence(*([np.zeros(1, np.int64)] * 9), guessed=True, whole=np.zeros(1, bool),
+                       to_alloc=np.zeros(1, np.int64))
+    tier1, tier2 = vocabulary(kd, [(pinned, None), (several, None), (guess, ev)])
+    texts = sorted(x.text() for x in tier1)
+    assert texts == ["4*p4", "4*p4*p5", "4*p5"], texts
+    assert sorted(tier2) == [("p4",), ("p4", "p5"), ("p5",)]
