@@ -17,9 +17,11 @@ holds as well as the argument that explains the size), the fit asks the vocabula
    give (the simplest, as the solver prefers).
 
 A candidate must hold at every launch the constant holds (the same evidence, lost records
-included). Over several big pages' worth of pages it wins unless the faults are `odds_per_term`
-times likelier under the constant (`FitParams.odds_per_term`, the same odds a term needs
-against a constant outside the vocabulary); under a page at every launch (where the faults are
+included); of those that do, the simplest wins (the solver's preference), then the likeliest.
+Only regions whose formulas have one term each make the vocabulary. Over several big pages'
+worth of pages it wins unless the faults are `odds_per_term` times likelier under the constant
+(`FitParams.odds_per_term`, the same odds a term needs against a constant outside the
+vocabulary); under a page at every launch (where the faults are
 as likely under either), it replaces the smallest-coefficient guess of `_argument_backed`.
 """
 
@@ -33,6 +35,7 @@ import numpy as np
 
 from . import formula as FM
 from .fit_likelihood import _region_pages_in
+from .fit_solve import _group_bounds
 
 if TYPE_CHECKING:  # annotations only: fit imports this module
     from .fit import KernelData
@@ -157,7 +160,6 @@ def _tier2(kd, g, e_lo, e_hi, factors):
     """One term over a product of the vocabulary's factors, its coefficient from these bounds."""
     if not factors:
         return []
-    from .fit_solve import _group_bounds
     groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
     mono = kd.mono(groups)
     keep = [j for j, n in enumerate(mono.names) if tuple(sorted(n)) in {tuple(sorted(f)) for f in factors}]
