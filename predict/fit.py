@@ -40,6 +40,7 @@ from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize
                        param_matrix)
 from .fit_likelihood import _aligned_odds, _argument_backed, _likeliest, _within
 from .fit_params import FitParams, trace_loss
+from .fit_shapes import RangeEvidence, shared_shape, vocabulary
 from .fit_solve import _evidence, _solve_pair, _split_groups
 from .fit_strided import _clean_runs, _fit_strided, _gather, _holes_from_loss, _verify
 from .model_io import KernelModel, Model, Region
@@ -214,14 +215,20 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> 
         km.note = "no parameter points into an allocation: footprint unexplained (fallback)"
         return km
     regions: list[tuple[tuple, Region]] = []
+    shapes: list[tuple[Region, RangeEvidence | None]] = []
     any_obs = False
     fences = _fences(kd)
     for (w, vals), fe in zip(kd.bases, fences):
-        r, sig = fit_region(kd, w, vals, fe)
+        r, sig, shape = fit_region(kd, w, vals, fe)
         if r is None:
             continue
         any_obs = True
         regions.append((sig, r))
+        shapes.append((r, shape))
+    # ends the records leave open take the sizes the kernel's other regions are proven to have
+    tier1, tier2 = vocabulary(kd, shapes)
+    for r, shape in shapes:
+        shared_shape(kd, r, shape, tier1, tier2)
     # two words that always point into the same allocation see the same pages: keep the simpler
     best: dict[tuple, Region] = {}
     order: list[tuple] = []
@@ -280,7 +287,8 @@ def _fences(kd: KernelData) -> list[list]:
 
 
 def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
-    """Fit one base word's region; (None, None) when it never points at observed pages."""
+    """Fit one base word's region: (region, signature, RangeEvidence of a range region's end or
+    None); (None, None, None) when it never points at observed pages."""
     ps = kd.ps
     bigp = kd.bigp
     fences = fences or [None] * len(kd.parts)
@@ -294,7 +302,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     nonempty = valid & (cat["npieces"] > 0)
     n_valid, n_obs = int(valid.sum()), int(nonempty.sum())
     if n_obs == 0:
-        return None, None
+        return None, None, None
     fit = {"launches": n_valid, "observed": n_obs,
            "traces": int((np.bincount(trace_no[nonempty], minlength=len(obs)) > 0).sum()),
            "groups": int((np.bincount(kd.group[nonempty], minlength=kd.U) > 0).sum())}
@@ -308,7 +316,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     # launches whose records cover the whole allocation (up to the big pages lost records may hide)
     whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
     maxp = int(cat["npieces"][sel].max())
-    region = None
+    region = shape = None
 
     def strided():
         multi = sel[cat["npieces"][sel] >= 2]
@@ -340,7 +348,9 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         own, ps_, pe_ = _gather(kd, cat, sel, "O")
         covered = int((pe_ - ps_).sum())
         hull = int((O_e - O_s).sum())
-        hull_ok = hull > 0 and covered >= (1 - kd.params.hull_gaps) * hull
+        # or big pages without a record, as many as lost records explain (`_few_holes`)
+        hull_ok = hull > 0 and (covered >= (1 - kd.params.hull_gaps) * hull
+                                or bool(_few_holes(kd, cat, sel, O_e - O_s).all()))
     if region is None and hull_ok:
         sp_lo = np.where(nat, al_s, A_s)
         sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
@@ -372,10 +382,12 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                     res is None or _aligned_odds(kd, g, res[0], res_a[0], base, O_s, O_e, I_s, I_e, f1, f2)
                     >= kd.params.odds_per_term):
                 res = res_a
+        guessed = False
         if res is not None:
             res = _likeliest(kd, g, res, [(s_lo, s_hi), (e_lo, e_hi)], base, O_s, O_e, f1, f2)
             if not nat.any():   # natural mode bounds ends by the allocation: no page to compare
-                res = _argument_backed(kd, g, res, e_lo, e_hi, base)
+                guess = _argument_backed(kd, g, res, e_lo, e_hi, base)
+                guessed, res = guess is not res, guess
         if res is not None:
             (fs, fe), exact, unexplained = res
             if not fs.terms and not fe.terms and fe.const <= fs.const:
@@ -389,6 +401,9 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
                 if maxp > 1:
                     fit["hull_of_runs"] = True
+                if not nat.any():   # the kernel's own sizes may settle the end (fit_shapes)
+                    shape = RangeEvidence(g, s_lo, s_hi, e_lo, e_hi, base, O_s, O_e, f2, guessed, whole,
+                                          cat["alloc_eb"][sel] - base)
     if region is None and _mostly(kd, whole):
         region = Region(w.name, "allocation")
         fit["exact"] = round(float(whole.mean()), 6)
@@ -397,7 +412,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         region = Region(w.name, "irregular", history=_history(kd, obs, ps))
         fit["exact"] = 0.0
     region.fit = fit
-    return region, sig
+    return region, sig, shape
 
 
 def _mostly(kd: KernelData, ok: np.ndarray) -> bool:

@@ -208,6 +208,7 @@ class TraceObs:
                 "O_s": O_s, "O_e": O_e, "A_s": A_s, "A_e": A_e, "a_pieces": a_pieces,
                 "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
                 "alloc_s": al_s, "alloc_e": al_e,
+                "alloc_eb": ix.end[ac].astype(np.int64),
                 "base": ptr.astype(np.int64)}
 
 

@@ -230,3 +230,81 @@ def test_fit_params_are_written_into_the_model_and_older_models_load(tmp_path):
         assert "fit_params.confidence" in str(e)
     else:  # pragma: no cover
         raise AssertionError("a fit_params value of the wrong type was accepted")
+
+
+def _rowwise(shapes: list[tuple[int, int]], reps: int, elem: int, off: int, top: tuple[int, int],
+             rng) -> SynthTrace:
+    """A row-wise kernel `k(x, w, stat, y, n_rows, n_cols)` in one dtype of `elem` bytes, its
+    buffers allocated once at the largest shape `top` and used in part: it reads `n_rows` rows of
+    `n_cols` elements from x, a weight of `n_cols` elements (from `off` bytes into its buffer),
+    writes one statistic per row and the rows of y."""
+    stt = SynthTrace()
+    rows, cols = top
+    x, y = stt.malloc(elem * rows * cols), stt.malloc(elem * rows * cols)
+    w, stat = stt.malloc(elem * cols + off), stt.malloc(elem * rows)
+    order = [s for s in shapes for _ in range(reps)]
+    for i in rng.permutation(len(order)):
+        r, c = order[i]
+        stt.launch("k", [("Q", x), ("Q", w + off), ("Q", stat), ("Q", y), ("i", r), ("i", c)],
+                   [(x, elem * r * c), (w + off, elem * c), (stat, elem * r), (y, elem * r * c)])
+    return stt
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(elem=st.sampled_from([1, 2, 4, 8]), small=st.sampled_from(["w", "stat"]),
+       reps=st.integers(1, 4), n_shapes=st.integers(2, 5), off=st.sampled_from([0, 8, 200]),
+       drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
+@example(elem=4, small="w", reps=3, n_shapes=2, off=0, drop=0.0, seed=1)
+@example(elem=2, small="stat", reps=1, n_shapes=3, off=200, drop=0.01, seed=2)
+def test_a_region_under_a_page_takes_the_size_the_kernel_is_known_to_use(tmp_path_factory, elem, small, reps,
+                                                                       n_shapes, off, drop, seed):
+    """Buffers allocated once at their largest size and used in part, from a handful of launches per
+    shape: one of the kernel's regions is under a page at every fitting launch (one fault page
+    whatever its size), while its other regions span big pages and pin the element size and the
+    dimensions. The small region takes the size the others imply (docs/template-model.md, "Shared
+    shapes"), not a constant nor `E + 1*n`, so it is exact at a scale where it spans pages."""
+    d = tmp_path_factory.mktemp("shapes")
+    rng = np.random.default_rng(seed)
+    # the small dimension keeps its region under a page; the other spans 2 to 8 big pages of it
+    sub = lambda: int(rng.integers(PS // (8 * elem) + 1, PS // elem - 1))            # noqa: E731
+    big = lambda: int(rng.integers(2 * 65536 // elem, 8 * 65536 // elem))            # noqa: E731
+    pair = (lambda: (big(), sub())) if small == "w" else (lambda: (sub(), big()))   # (rows, cols)
+    train = sorted({pair() for _ in range(n_shapes)})
+    if len(train) < 2:
+        return
+    # an unseen shape where the small region spans 3 to 9 pages
+    grow = int(rng.integers(3, 10)) * PS // elem + 17
+    test = [(train[0][0], grow)] if small == "w" else [(grow, train[0][1])]
+    top = (max(r for r, _ in train + test), max(c for _, c in train + test))
+    tr = T.read_trace(_rowwise(train, reps, elem, off, top, rng).write(d / "a.pctrace", seed=[seed, 1], drop=drop))
+    te = T.read_trace(_rowwise(test, 1, elem, off, top, rng).write(d / "b.pctrace", seed=[seed, 2]))
+    m = fit_model([tr])
+    km = m.kernels["k"]
+    texts = [r.text() for r in km.regions]
+    assert km.cls == "linear", texts
+    assert _exact_share(m, te) == 1.0, texts
+
+
+def test_the_vocabulary_of_shapes_takes_one_term_formulas_and_their_sub_products():
+    """What a kernel is known to use (predict/fit_shapes.py): a pinned region's end and its terms'
+    sub-products over varying arguments at the same element size; not a guessed end, nor a region
+    whose formulas have several terms (a fit of big-page bounds through a handful of launches)."""
+    from types import SimpleNamespace
+
+    from pagecast.predict import formula as FM
+    from pagecast.predict.fit_shapes import RangeEvidence, vocabulary
+    from pagecast.predict.model_io import Region
+
+    def f(const, *terms):
+        return FM.Formula(const, tuple((c, tuple(n)) for c, n in terms))
+
+    kd = SimpleNamespace(sel_names=["p4", "p5", "p6"], sel_varying=np.array([True, True, False]))
+    pinned = Region("p0", "linear", start=f(0), end=f(0, (4, ["p4", "p5"])))
+    several = Region("p1", "linear", start=f(45056, (28, ["p4"]), (-39, ["p5"])), end=f(0, (641, ["p4"])))
+    guess = Region("p2", "linear", start=f(0), end=f(1, (1, ["p6"])))
+    ev = RangeEvidence(*([np.zeros(1, np.int64)] * 9), guessed=True, whole=np.zeros(1, bool),
+                       to_alloc=np.zeros(1, np.int64))
+    tier1, tier2 = vocabulary(kd, [(pinned, None), (several, None), (guess, ev)])
+    texts = sorted(x.text() for x in tier1)
+    assert texts == ["4*p4", "4*p4*p5", "4*p5"], texts
+    assert sorted(tier2) == [("p4",), ("p4", "p5"), ("p5",)]

@@ -1,0 +1,178 @@
+"""Shared shapes: a region's size taken from the sizes the kernel's other regions are proven to have.
+
+A kernel's buffers are shaped by the same arguments: a row-wise kernel reads rows of `4*n_cols`
+bytes from X, writes them to Y, and reads `4*n_cols` bytes of a weight; its per-row statistics
+are `4*n_rows` bytes; a rotary kernel reads cos and sin tables of the same shape. Where the fault
+records pin a region's size (it spans big pages, and no constant holds), its formula is evidence
+of the kernel's *vocabulary*: its terms, their element sizes (coefficients) and the dimensions they
+multiply. Where they do not (a region inside one big page of a larger allocation, used in part,
+from a handful of launches: one fault page per launch is all the records say, and a constant end
+holds as well as the argument that explains the size), the fit asks the vocabulary first
+(docs/template-model.md, "Shared shapes"):
+
+1. tier 1, a size of the kernel's own: another region's end (or chunk) formula, or one of its
+   terms with a sub-product of its factors at the same coefficient (`4*n_cols` from
+   `4*n_cols*n_rows`: the element size and the dimensions the kernel is known to use);
+2. tier 2, a product of the vocabulary's factors with the coefficient this region's own bounds
+   give (the simplest, as the solver prefers).
+
+A candidate must hold at every launch the constant holds (the same evidence, lost records
+included); of those that do, the simplest wins (the solver's preference), then the likeliest.
+Only regions whose formulas have one term each make the vocabulary. Over several big pages'
+worth of pages it wins unless the faults are `odds_per_term` times likelier under the constant
+(`FitParams.odds_per_term`, the same odds a term needs against a constant outside the
+vocabulary); under a page at every launch (where the faults are
+as likely under either), it replaces the smallest-coefficient guess of `_argument_backed`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import formula as FM
+from .fit_likelihood import _region_pages_in
+from .fit_solve import _group_bounds
+
+if TYPE_CHECKING:  # annotations only: fit imports this module
+    from .fit import KernelData
+    from .model_io import Region
+
+
+@dataclass
+class RangeEvidence:
+    """What a range region's end was decided from (kept for the kernel's second look)."""
+
+    g: np.ndarray            # feature group per launch
+    s_lo: np.ndarray         # start / end byte bounds relative to the base
+    s_hi: np.ndarray
+    e_lo: np.ndarray
+    e_hi: np.ndarray
+    base: np.ndarray
+    O_s: np.ndarray          # observed pages
+    O_e: np.ndarray
+    f2: np.ndarray           # launches with a fault record in the region's last big page
+    guessed: bool            # the end was an `_argument_backed` guess (under a page everywhere)
+    whole: np.ndarray        # launches whose records cover their whole allocation
+    to_alloc: np.ndarray     # bytes from the base to the allocation's end
+
+
+def vocabulary(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]]):
+    """(tier-1 formulas, tier-2 factor tuples) from the regions whose formulas the records pin.
+
+    A range region's end counts unless it was a guess or a constant; its start, and every formula
+    of a strided region, count by their terms. A region counts only if each of its formulas has
+    at most one term: a size is an element size times a product of dimensions, and a formula of
+    several terms fitted from a handful of launches (`641*p2 + 2674*p3 - 1945600` through three
+    points, for a region of `p2*p3` bytes) is as likely a fit of big-page bounds as a shape."""
+    sizes: dict[FM.Formula, None] = {}
+    terms: dict[tuple[int, tuple[str, ...]], None] = {}
+    for r, ev in regions:
+        if r.cls not in ("fixed", "linear", "strided") or any(f.n_terms > 1 for f in r.formulas().values()):
+            continue
+        for name, f in r.formulas().items():
+            if not f.terms or (name == "end" and ev is not None and ev.guessed):
+                continue
+            if name in ("end", "chunk"):
+                sizes[f] = None
+            for t in f.terms:
+                terms[t] = None
+    varying = {n for n, v in zip(kd.sel_names, kd.sel_varying) if v}
+    tier1: dict[FM.Formula, None] = dict(sizes)
+    factors: dict[tuple[str, ...], None] = {}
+    for c, fac in terms:
+        for k in range(1, len(fac) + 1):
+            for sub in itertools.combinations(fac, k):
+                if any(n in varying for n in sub):
+                    tier1[FM.Formula(0, ((c, sub),))] = None
+                    factors[sub] = None
+    return list(tier1), list(factors)
+
+
+def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list, tier2: list) -> bool:
+    """Give a range region whose end the records leave open the kernel's own size; True if changed."""
+    if ev is None or region.cls not in ("fixed", "linear") or (region.end.terms and not ev.guessed):
+        return False
+    g, e_lo, e_hi = ev.g, ev.e_lo, ev.e_hi
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+
+    def value(f):
+        return np.asarray(f.evaluate(vals), np.int64) * one
+
+    fs, fe = region.start, region.end
+    y0 = value(fe)
+    ok0 = (y0 >= e_lo) & (y0 <= e_hi)
+    best = None
+    for cands in (_tier1(kd, g, e_lo, e_hi, tier1), _tier2(kd, g, e_lo, e_hi, tier2)):
+        held = []
+        for f in cands:
+            y = value(f)
+            ok = (y >= e_lo) & (y <= e_hi)
+            # it holds wherever the end it would replace holds (lost records included)
+            # a size: the region stays non-empty, growing with its arguments
+            if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
+                    (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms):
+                continue
+            # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
+            alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
+            # the simplest first (as the solver prefers: a re-solved constant of odd part 37 is
+            # not simple), then the likeliest of equally simple ones (`_likeliest`)
+            held.append((not alloc, f.score()[:3], -_loglik(kd, ev, fs, f), f.score(), f))
+        if held:
+            best = min(held, key=lambda t: t[:4])
+            break
+    if best is None:
+        return False
+    _, _, nll, _, f = best
+    # the end it replaces keeps its place only if the faults are far likelier under it
+    if nll + _loglik(kd, ev, fs, fe) >= np.log(kd.params.odds_per_term):
+        return False
+    s = value(fs)
+    y = value(f)
+    okf = (s >= ev.s_lo) & (s <= ev.s_hi) & (y >= e_lo) & (y <= e_hi)
+    region.end = f
+    region.cls = "linear"
+    region.fit["exact"] = round(float(okf.mean()), 6)
+    region.fit["unexplained"] = int((~okf).sum())
+    region.fit["shared_shape"] = f.text()
+    return True
+
+
+def _tier1(kd, g, e_lo, e_hi, formulas):
+    """The vocabulary's sizes, with their constants re-solved where 0 does not hold."""
+    out = []
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    w = np.ones(len(g), np.float64)
+    for f in formulas:
+        if any(n not in vals for n in f.names()):
+            continue
+        y = np.asarray(FM.Formula(0, f.terms).evaluate(vals), np.int64) * np.ones(len(g), np.int64)
+        ok, c = FM.check(y, e_lo, e_hi, w, 0.0, "tight")
+        out.append(FM.Formula(c if ok else f.const, f.terms))
+    return out
+
+
+def _tier2(kd, g, e_lo, e_hi, factors):
+    """One term over a product of the vocabulary's factors, its coefficient from these bounds."""
+    if not factors:
+        return []
+    groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
+    mono = kd.mono(groups)
+    keep = [j for j, n in enumerate(mono.names) if tuple(sorted(n)) in {tuple(sorted(f)) for f in factors}]
+    if not keep:
+        return []
+    sub = FM.Monomials([mono.names[j] for j in keep], mono.values[:, keep], mono.degree[keep])
+    return FM.solve(sub, lo_g, hi_g, w, 0.0, max_terms=1, min_terms=1, candidates=True) or []
+
+
+def _loglik(kd, ev, fs, fe) -> float:
+    """Log-likelihood of the launches' fault pages in the region's last big page under (fs, fe):
+    each touched big page faults once at a touched page drawn at random (fit_likelihood)."""
+    big0 = ((ev.O_e - 1) // kd.bigp) * kd.bigp
+    m = _region_pages_in(kd, ev.g, fs, fe, ev.base, big0)
+    use = ev.f2 & (m > 0)
+    return -float(np.log(np.maximum(m[use], 1)).sum())
