@@ -173,6 +173,10 @@ class EvaluateCommand(Command):
                   f"  ({o['launches']:,} launches)")
         out.print(f"  argument-determined kernels: precision {_pct(d['precision'])}  recall {_pct(d['recall'])}"
                   f"  ({d['launches']:,} launches)")
+        x = doc["indexed"]
+        if x["launches"]:
+            out.print(f"  index-determined kernels (indexed): precision {_pct(x['precision'])}  recall"
+                      f" {_pct(x['recall'])}  ({x['launches']:,} launches)")
         if u["launches"]:
             out.print(f"  unseen kernels ({len(u['kernels'])}, by fallback {u['fallback']}): precision "
                       f"{_pct(u['precision'])}  recall {_pct(u['recall'])}  ({u['launches']:,} launches)")
