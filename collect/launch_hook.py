@@ -55,6 +55,9 @@ from typing import Any, Callable
 
 from pagecast import trace as T
 
+from .param_gather import gather_params
+from .param_gather import warm as _warm_gather
+
 # ---- callback ids (cupti.driver_api_trace_cbid / runtime_api_trace_cbid) ----
 DOMAIN_DRIVER = 1  # cupti.CallbackDomain.DRIVER_API
 DOMAIN_RUNTIME = 2  # cupti.CallbackDomain.RUNTIME_API
@@ -174,8 +177,23 @@ def decode_kernel_params(kernel_params_ptr: int, offsets, sizes) -> bytes:
     """Pack the parameters behind a `void** kernelParams` into one buffer.
 
     `kernelParams[i]` points at parameter i's value; it is copied to
-    `offsets[i]` in a buffer as long as the furthest parameter's end.
+    `offsets[i]` in a buffer as long as the furthest parameter's end, in one
+    compiled call (`param_gather`; `decode_kernel_params_ctypes` is the same in
+    ctypes, the reference it is tested against).
     """
+    offsets = offsets if isinstance(offsets, tuple) else tuple(offsets)
+    sizes = sizes if isinstance(sizes, tuple) else tuple(sizes)
+    if not offsets:
+        if sizes:
+            raise ValueError("offsets and sizes differ in length")
+        return b""
+    if not kernel_params_ptr:
+        raise ValueError("kernelParams is null")
+    return gather_params(kernel_params_ptr, offsets, sizes, _MAX_PARAM_BYTES)
+
+
+def decode_kernel_params_ctypes(kernel_params_ptr: int, offsets, sizes) -> bytes:
+    """`decode_kernel_params` with ctypes, a pointer read and a memmove per parameter."""
     offsets, sizes = list(offsets), list(sizes)
     if len(offsets) != len(sizes):
         raise ValueError("offsets and sizes differ in length")
@@ -484,6 +502,7 @@ class LaunchHook:
     def start(self) -> "LaunchHook":
         from cupti import cupti
 
+        _warm_gather()   # numba compiles (or loads) the parameter gather here, not in the first launch
         if self._stream_id_fn is None:
             self._stream_id_fn = lambda ctx, stream, ptsz: int(cupti.get_stream_id_ex(ctx, stream, int(ptsz)))
         if self._device_fn is None:

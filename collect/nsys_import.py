@@ -33,12 +33,12 @@ import pyarrow.compute as pc
 
 from pagecast import trace as T
 from pagecast.errors import InputError, TraceError
+from pagecast.uvm import VA_BLOCK  # the unit inferred allocations grow by (docs/uvm-facts.md)
 
 from . import nsys_export as X
 from .convert import ACCESS_OF_FLAGS, CAUSE_OF_FLAGS
 
 I64 = np.int64
-VA_BLOCK = 2 * 1024 * 1024   # the driver's VA block (background.md): the unit inferred allocations grow by
 
 # CUPTI_ACTIVITY_KIND_MEMCPY copyKind values of unified-memory migrations (docs/import-nsys.md)
 UM_COPY_KINDS = {11: "htod", 12: "dtoh", 13: "dtod"}

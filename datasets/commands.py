@@ -14,7 +14,8 @@ class DatasetsCommand(Command):
     description = ("Workload models: deterministic generators of traces (format v1, with truth)\n"
                    "modelled on real kernels, with an emulated UVM driver.\n\n"
                    "  pagecast datasets list\n"
-                   "  pagecast datasets make jacobi2d -o jacobi.pctrace --scale 0.5 --seed 1\n\n"
+                   "  pagecast datasets make jacobi2d -o jacobi.pctrace --scale 0.5 --seed 1\n"
+                   "  pagecast datasets make jacobi2d -o lossy.pctrace --drop 0.01   # 1% of records lost\n\n"
                    "The real-kernel corpus (liger, tutorials, data-dependent, ...) runs real Triton kernels\n"
                    "under Triton's interpreter (collect --interpret; needs pagecast[interpret]).")
 
@@ -31,6 +32,9 @@ class DatasetsCommand(Command):
         mk.add_argument("--seed", default="0", metavar="N", help="argument values and data-dependent choices")
         mk.add_argument("--mode", default="full", metavar="full|natural",
                         help="full: every launch starts with nothing resident; natural: only first touches fault")
+        mk.add_argument("--drop", default="0", metavar="RATE",
+                        help="lose fault and migration records independently at this rate, as CUPTI does when"
+                             " its buffers overflow (counted in the manifest's dropped_records; 0.01 = 1%%)")
         mk.add_argument("--no-driver-prefetch", action="store_true",
                         help="emulate the driver with its tree prefetcher off")
         mk.add_argument("--force", action="store_true", help="overwrite an existing output")
@@ -69,9 +73,10 @@ class DatasetsCommand(Command):
         from pagecast import trace as T
 
         from .corpus import CORPUS
-        from .registry import get_workload, make_trace
+        from .registry import check_drop, get_workload, make_trace
         if args.workload not in CORPUS:
             get_workload(args.workload)
+        drop = check_drop(args.drop)
         try:
             scale = float(args.scale)
         except ValueError:
@@ -85,7 +90,7 @@ class DatasetsCommand(Command):
         with console.progress(f"making {args.workload}", None) as bar:
             out = make_trace(args.workload, args.output, scale=scale, seed=seed, mode=args.mode,
                              driver_prefetch=not args.no_driver_prefetch, force=args.force,
-                             progress=bar.advance)
+                             progress=bar.advance, drop=drop)
         if args.json:
             from pagecast.summary import trace_summary
             console.emit_json(trace_summary(T.read_trace(out)))

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pagecast import trace as T
 
-from .engine import BIG_SHIFT, GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver
+from .engine import BIG_SHIFT, GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver, lose_records
 
 CHUNK_BIGPAGES = 1 << 23     # (launch, big page) pairs emulated at once, as datasets/engine.py does
 
@@ -93,10 +93,9 @@ class FullModeEmulator:
         return faults, migs
 
     def _lose(self, cols: dict, key: str, what: str) -> dict:
-        keep = self.rng.random(len(cols[key])) >= self.drop
-        self.dropped[what] += int((~keep).sum())
-        idx = np.flatnonzero(keep)
-        return {k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()}
+        cols, lost = lose_records(cols, key, self.drop, self.rng)
+        self.dropped[what] += lost
+        return cols
 
 
 class FullModeEmulation:

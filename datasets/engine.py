@@ -20,7 +20,13 @@ touches. `Builder.write` turns that into a trace (format v1, with truth):
   `natural` mode: the same, but only a big page's first touch in the whole run
   faults (per allocation: a freed and reused range faults again), the prefetcher
   acts on cumulative residency, nothing is evicted, and launch_id is left null.
-  About 0.1% of fault records are dropped, as a real fault buffer loses some.
+  About 0.1% of fault records are dropped, as a real fault buffer loses some
+  (the driver does not count them).
+- record loss (`drop`): on top of that, fault and migration records are lost
+  independently at a given rate, as CUPTI loses activity records when its
+  buffers overflow, and counted in the manifest's `dropped_records` as CUPTI
+  counts them. The loss draws from its own random stream, so a lossy trace is
+  the clean trace of the same seed with records removed.
 
 Everything is vectorized per kernel block and per chunk of launches, so 10^6
 launches and 10^8 touched pages fit in a few GB.
@@ -330,9 +336,10 @@ class Builder:
     # -- output
     def write(self, out: Path, *, mode: str = "full", driver_prefetch: bool = True,
               force: bool = False, workload: dict | None = None,
-              chunk_bigpages: int = 1 << 23, progress=None, values_limit: int = T.VALUES_LIMIT) -> Path:
+              chunk_bigpages: int = 1 << 23, progress=None, drop: float = 0.0,
+              values_limit: int = T.VALUES_LIMIT) -> Path:
         return _write(self, Path(out), mode=mode, driver_prefetch=driver_prefetch, force=force,
-                      workload=workload, chunk_bigpages=chunk_bigpages, progress=progress,
+                      workload=workload, chunk_bigpages=chunk_bigpages, progress=progress, drop=drop,
                       values_limit=values_limit)
 
 
@@ -445,9 +452,12 @@ def _values_rows(b: Builder, limit: int) -> tuple[dict | None, dict | None]:
 
 
 def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bool,
-           workload: dict | None, chunk_bigpages: int, progress, values_limit: int = T.VALUES_LIMIT) -> Path:
+           workload: dict | None, chunk_bigpages: int, progress, drop: float = 0.0,
+           values_limit: int = T.VALUES_LIMIT) -> Path:
     if mode not in T.MODES:
         raise ValueError(f"mode must be one of {T.MODES}")
+    if not 0.0 <= drop < 1.0:
+        raise ValueError(f"drop must be in [0, 1), not {drop!r}")
     n = b.cursor
     if not b.blocks:
         raise ValueError("no launches")
@@ -490,6 +500,8 @@ def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bo
     alloc_addr = np.array([x.address for x in b.buffers], np.int64)
     alloc_end = np.array([x.address + -(-x.bytes // PAGE) * PAGE for x in b.buffers], np.int64)
     emu = _Driver(mode, driver_prefetch, alloc_addr, alloc_end, rng)
+    # record loss from its own stream: the rest of the trace is the clean one of this seed
+    lost = _RecordLoss(drop, np.random.default_rng([b.seed, _stable_hash(b.name), 8]))
 
     values, values_manifest = _values_rows(b, values_limit)
     if values_manifest is not None:
@@ -516,12 +528,39 @@ def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bo
                                T.BYTES: tb[sl],
                                T.ACCESS: _strings(tacc[sl].astype(np.int32), ACCESS_NAMES)})
             faults, migs = emu.chunk(tl[sl], ta[sl], taddr[sl], tb[sl], tacc[sl], start, end)
-            w.append(T.FAULTS, faults)
-            w.append(T.MIGRATIONS, migs)
+            w.append(T.FAULTS, lost(faults, T.TIME_NS))
+            w.append(T.MIGRATIONS, lost(migs, T.START_NS))
             if progress is not None:
                 progress(hi - lo)
             lo = hi
+        w.update_manifest(dropped_records=lost.dropped)
     return out
+
+
+class _RecordLoss:
+    """Fault and migration records lost independently at rate `rate` (CUPTI's buffer overflows),
+    counted as CUPTI counts them (the manifest's dropped_records)."""
+
+    def __init__(self, rate: float, rng: np.random.Generator) -> None:
+        self.rate, self.rng, self.dropped = float(rate), rng, 0
+
+    def __call__(self, cols: dict, key: str) -> dict:
+        if self.rate <= 0:
+            return cols
+        cols, lost = lose_records(cols, key, self.rate, self.rng)
+        self.dropped += lost
+        return cols
+
+
+def lose_records(cols: dict, key: str, rate: float, rng: np.random.Generator) -> tuple[dict, int]:
+    """Each row of the column dict `cols` (as many as `cols[key]`) lost independently at `rate`:
+    (the rows kept, how many were lost). The one record-loss rule of the models and of
+    `collect --interpret`'s emulation."""
+    n = len(cols[key])
+    keep = rng.random(n) >= rate
+    idx = np.flatnonzero(keep)
+    return ({k: (v.take(pa.array(idx)) if isinstance(v, pa.Array) else np.asarray(v)[idx]) for k, v in cols.items()},
+            int(n - len(idx)))
 
 
 def _launch_table(b: Builder, n: int, start: np.ndarray, end: np.ndarray) -> pa.Table:

@@ -20,7 +20,8 @@ from . import corpus, dnn, llm, scientific
 from .engine import Builder
 from .workload import Workload
 
-__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "reuse_or_make", "build", "get_workload", "MAX_SCALE"]
+__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "reuse_or_make", "build", "get_workload", "MAX_SCALE",
+           "check_drop"]
 
 # Bumped whenever a workload model changes what it generates (sizes, kernels, layouts), and
 # written into each trace's manifest ("workload": {"revision": ...}): a trace kept in a work or
@@ -75,6 +76,20 @@ def _seed(seed) -> int:
     return int(seed)
 
 
+MAX_DROP = 0.5     # a collection that lost more than half its records is no profile to fit on
+
+
+def check_drop(drop) -> float:
+    """A record-loss rate: a number in [0, MAX_DROP]."""
+    try:
+        d = float(drop)
+    except (TypeError, ValueError):
+        raise UsageError(f"--drop must be a number, not {drop!r}") from None
+    if not math.isfinite(d) or not (0.0 <= d <= MAX_DROP):
+        raise UsageError(f"--drop must be a share of records from 0 to {MAX_DROP:g} (0.01 = 1%), not {drop!r}")
+    return d
+
+
 def build(name: str, *, scale: float = 1.0, seed: int = 0) -> Builder:
     """Run a workload model into a Builder (no files written)."""
     w = get_workload(name)
@@ -85,17 +100,21 @@ def build(name: str, *, scale: float = 1.0, seed: int = 0) -> Builder:
 
 
 def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
-               driver_prefetch: bool = True, force: bool = False, progress=None) -> Path:
+               driver_prefetch: bool = True, force: bool = False, progress=None, drop: float = 0.0) -> Path:
     """Write the trace (format v1, with truth) of workload `name` to directory `out`.
 
-    A name of the real-kernel corpus (datasets/corpus) is recorded with collect --interpret."""
+    A name of the real-kernel corpus (datasets/corpus) is recorded with collect --interpret.
+    `drop`: fault and migration records lost independently at this rate (CUPTI's buffer
+    overflows), counted in the manifest's `dropped_records`."""
     if name in corpus.CORPUS:
         return corpus.make_trace(name, out, scale=check_scale(scale), seed=_seed(seed), mode=mode,
-                                 driver_prefetch=driver_prefetch, force=force, progress=progress)
+                                 driver_prefetch=driver_prefetch, force=force, progress=progress,
+                                 drop=check_drop(drop))
     if mode not in T.MODES:
         raise UsageError(f"--mode must be one of {', '.join(T.MODES)}, not {mode!r}")
     get_workload(name)
     scale = check_scale(scale)
+    drop = check_drop(drop)
     out = Path(out)
     T.prepare_output_dir(out, force)  # refuse before doing the work
     b = build(name, scale=scale, seed=seed)
@@ -103,25 +122,30 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
             "--seed", str(seed), "--mode", mode]
     if not driver_prefetch:
         argv.append("--no-driver-prefetch")
+    if drop:
+        argv += ["--drop", f"{drop:g}"]
     b.write(out, mode=mode, driver_prefetch=driver_prefetch, force=True,
             workload={"name": name, "argv": argv, "scale": scale, "seed": int(seed),
-                      "category": WORKLOADS[name].category, "revision": REVISION},
-            progress=progress)
+                      "category": WORKLOADS[name].category, "revision": REVISION, "drop": drop},
+            progress=progress, drop=drop)
     return out
 
 
-def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full") -> Path:
-    """`out` if it already holds a whole trace of this workload model, scale, seed and mode made by
-    this REVISION of the models (a kept work or cache directory); otherwise it is (re)made there."""
+def reuse_or_make(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0, mode: str = "full",
+                  drop: float = 0.0) -> Path:
+    """`out` if it already holds a whole trace of this workload model, scale, seed, mode and record
+    loss made by this REVISION of the models (a kept work or cache directory); otherwise it is
+    (re)made there."""
     out = Path(out)
     revision = corpus.REVISION if name in corpus.CORPUS else REVISION
     if out.exists():
         try:
             tr = T.read_trace(out)
             wl = tr.manifest.get("workload") or {}
-            if (wl.get("name"), wl.get("scale"), wl.get("seed"), wl.get("revision"), tr.mode) == \
-                    (name, check_scale(scale), int(seed), revision, mode) and tr.complete:
+            if (wl.get("name"), wl.get("scale"), wl.get("seed"), wl.get("revision"), tr.mode,
+                    wl.get("drop", 0.0)) == (name, check_scale(scale), int(seed), revision, mode,
+                                             check_drop(drop)) and tr.complete:
                 return out
         except PagecastError:
             pass
-    return make_trace(name, out, scale=scale, seed=seed, mode=mode, force=out.exists())
+    return make_trace(name, out, scale=scale, seed=seed, mode=mode, force=out.exists(), drop=drop)

@@ -113,10 +113,11 @@ def run_demo(cfg: DemoConfig) -> int:
 
 def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=None,
               oversub=OVERSUB, workloads: list[str] | None = None, mixes: dict | None = None,
-              jobs: int | None = None):
+              jobs: int | None = None, fit_drop: float = 0.0):
     """Make traces (fit seeds and replay seeds) in out/traces, fit out/model.json, replay
     every workload alone and every mix at each oversubscription, in `jobs` processes
-    (default: default_jobs()). Returns (runs, timeline, info)."""
+    (default: default_jobs()). `fit_drop`: the fitting traces lose fault and migration records
+    at this rate (`pagecast datasets make --drop`). Returns (runs, timeline, info)."""
     tdir = out / "traces"
     tdir.mkdir(exist_ok=True)
     names = sorted(WORKLOADS) if workloads is None else list(workloads)
@@ -127,20 +128,21 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
         for k, n in enumerate(wl):
             seed = REPLAY_SEED + 10 * wl[:k].count(n)
             instances[(n, seed)] = tdir / f"{n}-s{seed}.pctrace"
-    to_make = [(n, s, tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS]
-    to_make += [(n, s, p) for (n, s), p in instances.items()]
+    fit_name = (lambda n, s: f"{n}-s{s}-drop{fit_drop:g}.pctrace") if fit_drop else (lambda n, s: f"{n}-s{s}.pctrace")
+    to_make = [(n, s, tdir / fit_name(n, s), fit_drop) for n in used for s in FIT_SEEDS]
+    to_make += [(n, s, p, 0.0) for (n, s), p in instances.items()]
     cases = [(n, [n], False) for n in names] + [(f"mix:{k}", v, True) for k, v in mixes.items()]
     if bar is not None:
         bar.update(total=len(to_make) + 1 + len(cases))
-    for n, s, p in to_make:
+    for n, s, p, d in to_make:
         if bar is not None:
             bar.update(description=f"making {p.name}")
-        reuse_or_make(n, p, scale=scale, seed=s)
+        reuse_or_make(n, p, scale=scale, seed=s, drop=d)
         if bar is not None:
             bar.advance()
     if bar is not None:
         bar.update(description="fitting templates")
-    model = fit_model([read_trace(tdir / f"{n}-s{s}.pctrace") for n in used for s in FIT_SEEDS])
+    model = fit_model([read_trace(tdir / fit_name(n, s)) for n in used for s in FIT_SEEDS])
     save_model(model, out / "model.json", force=True)
     if bar is not None:
         bar.advance()

@@ -79,8 +79,13 @@ class FitCommand(Command):
             console.emit_json({"model": str(out), **s, "feedback_changes": changed})
         else:
             by = ", ".join(f"{v} {k}" for k, v in s["kernels_by_class"].items() if v)
+            lost = [f"{t.path.name} {t.manifest['dropped_records']:,}" for t in traces
+                    if isinstance(t.manifest.get("dropped_records"), int) and t.manifest["dropped_records"] > 0]
             console.info(f"{s['kernels']} kernels: {by}" + (f"; feedback changed the model {changed} times"
-                                                              if args.feedback else ""))
+                                                              if args.feedback else "")
+                         + (f"; {s['unexplained_launches']:,} launch footprints left unexplained"
+                            if s["unexplained_launches"] else "")
+                         + (f" (records dropped: {', '.join(lost)})" if lost else ""))
         t0 = args.traces[0]
         console.wrote(out, "model", f"pagecast evaluate {out} {t0}   or   pagecast plan {out} {t0} --oversub 2 -o plan")
         return 0
@@ -177,12 +182,18 @@ class EvaluateCommand(Command):
         if x["launches"]:
             out.print(f"  index-determined kernels (indexed): precision {_pct(x['precision'])}  recall"
                       f" {_pct(x['recall'])}  ({x['launches']:,} launches)")
+        out.print(f"  unexplained: {_launches(o['unexplained_in_fit'])} of the fitting traces (lost or odd records),"
+                  f" {_launches(o['launches_with_misses'])} here with a fault outside the prediction")
         if u["launches"]:
             out.print(f"  unseen kernels ({len(u['kernels'])}, by fallback {u['fallback']}): precision "
                       f"{_pct(u['precision'])}  recall {_pct(u['recall'])}  ({u['launches']:,} launches)")
         out.print(f"[bold]allocation baseline[/bold]  precision {_pct(b['precision'])}  recall {_pct(b['recall'])}"
                   f"  predicted {format_size(b['predicted_bytes'])}")
         return 0
+
+
+def _launches(n: int) -> str:
+    return f"{n:,} launch" + ("" if n == 1 else "es")
 
 
 def _pct(x) -> str:

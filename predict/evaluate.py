@@ -3,17 +3,24 @@
 Footprints come from truth where the trace has it, else from the observed
 faults (`pagecast.footprints.footprints`). Byte-weighted: intersections and
 sizes are summed over launches before dividing (trace-format.md).
+
+Beside precision and recall, each kernel says how many launches its template leaves
+unexplained: in the traces it was fitted on (the model's fit statistics, where lost or odd
+records contradicted the template, `unexplained_in_fit`), and in this trace (launches with a
+fault record on a page the prediction does not hold, `launches_with_misses`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.compute as pc
 
 from pagecast import footprints as FP
 from pagecast import trace as T
 
 from .features import kernel_groups
 from .model_io import CLASSES, Model
+from .observe import _inside
 from .predictor import _check_fallback, allocation_footprints, predict_with_unseen
 
 
@@ -22,6 +29,31 @@ def _stats(inter: np.ndarray, pred: np.ndarray, foot: np.ndarray, ps: int, launc
     return {"precision": (i / p) if p else (1.0 if f == 0 else 0.0),
             "recall": (i / f) if f else 1.0,
             "predicted_bytes": p * ps, "footprint_bytes": f * ps, "launches": int(launches)}
+
+
+def _unexplained(km) -> int:
+    """Launches of the fitting traces the kernel's template left unexplained (the most of any of
+    its regions: one launch may be unexplained in several)."""
+    if km is None:
+        return 0
+    return max([int(r.fit.get("unexplained", 0)) for r in km.regions
+                if isinstance(r.fit, dict) and isinstance(r.fit.get("unexplained", 0), int)] or [0])
+
+
+def _launches_with_misses(trace: T.Trace, pred: FP.Footprints) -> np.ndarray:
+    """Per launch: does a fault record of it land on a page the prediction does not hold?"""
+
+    f = trace.faults
+    out = np.zeros(trace.n_launches, bool)
+    if not f.num_rows:
+        return out
+    f = f.filter(pc.not_equal(f.column(T.ACCESS), "prefetch"))
+    lid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+    page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(trace.page_size)).astype(np.int64)
+    ok = lid >= 0
+    miss = ok & ~_inside(pred, lid, page)
+    out[lid[miss]] = True
+    return out
 
 
 def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
@@ -40,6 +72,12 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
         templates = km.classes if km is not None else ["unseen"]
         kernels.append({"kernel": name, "templates": templates, "launches": s.pop("launches"),
                         "class": km.cls if km is not None else "unseen", **s})
+    missed = _launches_with_misses(trace, pred)
+    for d, idx in zip(kernels, groups):
+        km = model.kernels.get(d["kernel"])
+        d["unexplained_in_fit"] = _unexplained(km)
+        d["fit_launches"] = int(km.launches) if km is not None else 0
+        d["launches_with_misses"] = int(missed[idx].sum())
     kernels.sort(key=lambda d: -d["footprint_bytes"])
     overall = _stats(inter, pp, fp, ps, trace.n_launches)
     # per class: a kernel counts under its summary class (its most demanding region)
@@ -75,6 +113,8 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     un = _stats(inter[unseen], pp[unseen], fp[unseen], ps, int(unseen.sum()))
     un["kernels"] = sorted({names[c] for c in np.unique(codes[unseen])}) if unseen.any() else []
     un["fallback"] = fallback
+    overall["unexplained_in_fit"] = sum(d["unexplained_in_fit"] for d in kernels)
+    overall["launches_with_misses"] = int(missed.sum())
     return {"overall": overall, "kernels": kernels, "by_class": by_class, "determined": determined,
             "indexed": indexed,
             "baseline": baseline, "unseen": un, "fallback": fallback,

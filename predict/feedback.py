@@ -26,7 +26,7 @@ from pagecast import trace as T
 
 from . import formula as FM
 from .features import AllocIndex, Word, candidate_words
-from .fit import HISTORY_INTERVALS  # the same bound on a region's stored history as the fit's
+from .fit_params import FitParams   # the same bound on a region's stored history as the fit's
 from .model_io import KernelModel, Model, Region
 from .predictor import predict_footprints
 
@@ -169,7 +169,7 @@ def _merge_hist(hist, s, e):
     hs = np.array([h[0] for h in hist] + list(s), np.int64)
     he = np.array([h[1] for h in hist] + list(e), np.int64)
     _, hs, he = FP.merge_intervals(np.zeros(len(hs), np.int64), hs, he, 1)
-    hs, he = FP.coarsen_intervals(hs, he, HISTORY_INTERVALS)
+    hs, he = FP.coarsen_intervals(hs, he, FitParams().history_intervals)  # the fit's bound on stored history
     return [[int(x), int(y)] for x, y in zip(hs, he)]
 
 

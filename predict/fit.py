@@ -7,51 +7,52 @@ give bounds on where the region starts and ends:
 - start page in [A_s, min(first fault page, end of the first big page)]
 - end page in [max(last fault page + 1, start of the last big page + 1), A_e]
 
-where the observed run [O_s, O_e) is rounded out to 64 KiB big pages by the
-driver, and A extends it with the driver's prefetch migrations (pages that may
-have been touched without faulting). Relative to the base pointer these are
-byte intervals; launches with equal features are intersected into one group.
-`formula.solve` then finds the simplest integer formula inside every group's
-interval. Several traces are pooled: a template must hold in all of them.
+where O (the big pages the records show touched, `observe.TraceObs`) holds [O_s, O_e)
+and A extends it with the pages that may have been touched (the driver's prefetch
+migrations, big pages allocations share). The inner sides are positive evidence; the
+outer ones only say that nothing was seen, which lost records fake. Relative to the base
+pointer these are byte intervals; launches with equal features form groups, and
+`fit_solve` finds the simplest integer formulas that hold for all launches but those lost
+records explain (`fit_params.FitParams`), `fit_likelihood` chooses among formulas that
+hold by where the faults landed, `fit_strided` fits chunked regions. Several traces are
+pooled: a template must hold in all of them. docs/template-model.md explains it all.
 
 Long because fitting is one search (bounds, formula candidates, classes) over per-kernel state
-that its steps share; the parts that stand alone (features, formula, observe) are modules of
-their own.
+that its steps share; the parts that stand alone (features, formula, observe, fit_solve,
+fit_likelihood, fit_strided) are modules of their own.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import defaultdict
 
 import numpy as np
+import pyarrow as pa
 
 from pagecast import PRODUCER
 from pagecast import trace as T
 from pagecast.errors import TraceError, UsageError
-from pagecast.uvm import BIG_PAGE   # the driver migrates 64 KiB big pages (docs/uvm-facts.md)
+from pagecast.footprints import _ranges, coarsen_intervals, merge_intervals  # noqa: PLC2701 - the core's CSR helpers
 
 from . import formula as FM
 from .features import (GRID_NAMES, MAX_FEATURE, Word, candidate_words, factorize_rows, grid_matrix, layouts,
                        param_matrix)
+from .fit_likelihood import _aligned_odds, _argument_backed, _likeliest, _within
+from .fit_params import FitParams, trace_loss
+from .fit_solve import _evidence, _solve_pair, _split_groups
+from .fit_strided import _clean_runs, _fit_strided, _gather, _holes_from_loss, _verify
 from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
 
-POINTER_SHARE = 0.5       # a word is a base if it points into a live allocation this often
-MAX_VARYING = 12
-MAX_CONST = 6
-MAX_SEARCH_GROUPS = 256
-ROBUST_BUDGET = 0.01      # share of launches a fit may miss when no exact fit exists
-HISTORY_INTERVALS = 64
-STAT_LAUNCHES = 32        # launches of one feature group before its fault pages bound the extent
-STAT_SLACK_PAGES = 4      # pages allowed past the last faulting page seen (P(miss) < 1e-4 at 32 launches)
-HULL_GAPS = 0.02          # a multi-run region may be fitted as one range if gaps are under 2% of it
-STRIDED_BUDGET = 0.10     # share of launches a strided fit may leave to verification (merged chunks)
+DEFAULT = FitParams()
 
 
-def fit_model(traces: list, progress=None) -> Model:
-    """One model from several traces (different scales / seeds of the same program)."""
+def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
+    """One model from several traces (different scales / seeds of the same program).
+
+    `params`: the thresholds the fit decides with (`FitParams`, recorded in the model)."""
+    params = params or DEFAULT
     if not traces:
         raise UsageError("fit needs at least one trace")
     ps = {t.page_size for t in traces}
@@ -60,11 +61,13 @@ def fit_model(traces: list, progress=None) -> Model:
     ps = ps.pop()
     if sum(t.n_launches for t in traces) == 0:
         raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
-    obs = [TraceObs(t) for t in traces]
+    obs = [TraceObs(t, params.big_page) for t in traces]
+    for o in obs:
+        o.loss = trace_loss(o.trace, params)
     if sum(o.n_records for o in obs) == 0:
         raise TraceError("no faults or migrations in " + ", ".join(str(t.path) for t in traces)
                          + ": nothing to learn from (was unified-memory profiling on?)")
-    model = Model(page_size=ps, big_page=BIG_PAGE, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    model = Model(page_size=ps, big_page=params.big_page, fit_params=params.to_json(), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   producer=PRODUCER,
                   traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches}
                           for t in traces])
@@ -74,7 +77,7 @@ def fit_model(traces: list, progress=None) -> Model:
             parts[name].append((o, idx))
     names = sorted(parts)
     for name in names:
-        model.kernels[name] = fit_kernel(name, parts[name], ps)
+        model.kernels[name] = fit_kernel(name, parts[name], ps, params)
         if progress is not None:
             progress.advance(1) if hasattr(progress, "advance") else progress(1)
     return model
@@ -85,8 +88,12 @@ def fit_model(traces: list, progress=None) -> Model:
 class KernelData:
     """A kernel's launches pooled over traces: words, features, groups."""
 
-    def __init__(self, name: str, parts: list, ps: int) -> None:
-        self.name, self.ps = name, ps
+    def __init__(self, name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> None:
+        self.name, self.ps, self.params = name, ps, params
+        self.bigp = max(1, params.big_page // ps)
+        # the record loss its traces say they had (the worst of them): how many launches lost
+        # records may leave unexplained
+        self.loss = max([getattr(o, "loss", params.assumed_loss) for o, _ in parts] or [params.assumed_loss])
         o0, idx0 = parts[0]
         self.sizes, self.offsets, _ = layouts(o0.trace.launches, idx0)
         width = max([s + o for s, o in zip(self.sizes, self.offsets)] or [0])
@@ -111,7 +118,7 @@ class KernelData:
         for w in ptrs:
             vals = [w.pointer_batch(m, self.offsets) for _, _, m, _ in self.parts]
             hits = sum(int((o.index.lookup(v, idx) >= 0).sum()) for (o, idx, _, _), v in zip(self.parts, vals))
-            if self.n and hits >= POINTER_SHARE * self.n:
+            if self.n and hits >= params.pointer_share * self.n:
                 self.bases.append((w, vals))
             else:
                 non_ptr.append(w)
@@ -143,8 +150,8 @@ class KernelData:
         is_grid = np.array([n in GRID_NAMES for n in self.feat_names], bool)
         small = np.array([self.n > 0 and 1 < abs(int(F[0, j])) <= 1 << 16 for j in range(F.shape[1])], bool)
         vi = [j for j in range(F.shape[1]) if varying[j]]
-        vi = sorted(vi, key=lambda j: is_grid[j])[:MAX_VARYING]
-        ci = [j for j in range(F.shape[1]) if not varying[j] and small[j] and not is_grid[j]][:MAX_CONST]
+        vi = sorted(vi, key=lambda j: is_grid[j])[:params.max_varying]
+        ci = [j for j in range(F.shape[1]) if not varying[j] and small[j] and not is_grid[j]][:params.max_const]
         sel = vi + ci
         self.sel_names = [self.feat_names[j] for j in sel]
         self.sel_varying = np.array([varying[j] for j in sel], bool)
@@ -158,8 +165,12 @@ class KernelData:
         self.values = {n: self.uniq[:, k] for k, n in enumerate(self.sel_names)}
         self._mono = None
 
+    def allowed(self, n: int, edges=2) -> int:
+        """Launches of n a template may leave unexplained (lost records; FitParams); `edges`: the
+        edges each launch's evidence has (2 for a range, 2 per run seen of a strided region)."""
+        return self.params.allowed_unexplained(int(n), self.loss, edges)
+
     def _same_layout(self, launches, idx):
-        import pyarrow as pa
         offs = launches.column(T.PARAM_OFFSETS).take(pa.array(idx)).to_pylist()
         sizes = launches.column(T.PARAM_SIZES).take(pa.array(idx)).to_pylist()
         return np.array([tuple(s) == self.sizes and tuple(o) == self.offsets for s, o in zip(sizes, offs)], bool)
@@ -193,8 +204,8 @@ def _float_like(w: Word, v: np.ndarray) -> bool:
     return False
 
 
-def fit_kernel(name: str, parts: list, ps: int) -> KernelModel:
-    kd = KernelData(name, parts, ps)
+def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> KernelModel:
+    kd = KernelData(name, parts, ps, params)
     km = KernelModel(name, kd.sizes, kd.offsets, launches=kd.n, traces=kd.traces)
     if kd.n == 0:
         km.note = "no launches with a consistent parameter layout"
@@ -258,7 +269,7 @@ def _fences(kd: KernelData) -> list[list]:
             soft = np.where(hi < big, -((-hi) // ps), big)
             # the next pointer's big page belongs to it (its region starts there); a region of
             # ours may still run into that big page, up to the pointer itself (soft fence)
-            bigp = max(1, BIG_PAGE // ps)
+            bigp = kd.bigp
             hard = np.where(hi < big, (hi // ps // bigp) * bigp, big)
             hard = np.where(hard <= P[:, b] // ps, soft, hard)
             lo_page = np.where(below.any(axis=1), P[:, b] // ps, -big)
@@ -271,7 +282,7 @@ def _fences(kd: KernelData) -> list[list]:
 def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     """Fit one base word's region; (None, None) when it never points at observed pages."""
     ps = kd.ps
-    bigp = max(1, BIG_PAGE // ps)
+    bigp = kd.bigp
     fences = fences or [None] * len(kd.parts)
     obs = [o.region(idx, v, *(fe if fe is not None else (None, None, None, None)))
            for (o, idx, _, _), v, fe in zip(kd.parts, vals, fences)]
@@ -294,34 +305,42 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     I_s, I_e = cat["I_s"][sel], cat["I_e"][sel]
     nat = natural[sel]
     al_s, al_e = cat["alloc_s"][sel], cat["alloc_e"][sel]
-    whole = (cat["npieces"][sel] == 1) & (O_s <= al_s) & (O_e >= al_e)
+    # launches whose records cover the whole allocation (up to the big pages lost records may hide)
+    whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
     maxp = int(cat["npieces"][sel].max())
     region = None
-    if maxp > 1:
+
+    def strided():
         multi = sel[cat["npieces"][sel] >= 2]
         multi = multi[_clean_runs(kd, cat, multi, bigp)]
         both = np.union1d(multi, sel[cat["npieces"][sel] == 1])
-        # a constant stride seen over a narrow range of sizes may really follow an argument
-        # (and a start known only to its big page at the fitting scales: the latest simple one)
-        for stride_terms, start_terms in ((0, 0), (1, 0), (0, 1)):
-            region = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
-                                  stride_terms=stride_terms, start_terms=start_terms)
-            if region is not None:
-                ok = _verify(kd, region, cat, sel, bigp)
+        # a constant stride seen over a narrow range of sizes may really follow an argument; a
+        # start known to its big page only may lie where the first chunk's page faulted
+        for stride_terms, aligned in ((0, False), (1, False), (0, True), (1, True)):
+            r = _fit_strided(kd, w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
+                             stride_terms=stride_terms, aligned=aligned)
+            if r is not None:
+                ok = _verify(kd, r, cat, sel, bigp)
                 fit["exact"] = round(float(ok.mean()), 6)
-                if ok.mean() < 1 - ROBUST_BUDGET:
-                    region = None
-            if region is not None:
-                break
+                fit["unexplained"] = int((~ok).sum())
+                if fit["unexplained"] <= kd.allowed(len(sel), 2 * cat["npieces"][sel]):
+                    return r
             fit.pop("evidence", None)
+        return None
+
+    # several runs in a launch: the chunks of a strided region, or big pages whose records were
+    # all lost (holes: a strided fit that predicts no gap a big page wide is refused, `_verify`)
+    if maxp > 1:
+        region = strided()
     hull_ok = maxp == 1
     if region is None and maxp > 1:
         # one contiguous range over the runs (the hull), when the gaps inside are a sliver:
-        # chunks that nearly always merge in fault data (but never for gathers)
+        # chunks that nearly always merge in fault data, or big pages whose records were lost
+        # (but never for gathers)
         own, ps_, pe_ = _gather(kd, cat, sel, "O")
         covered = int((pe_ - ps_).sum())
         hull = int((O_e - O_s).sum())
-        hull_ok = hull > 0 and covered >= (1 - HULL_GAPS) * hull
+        hull_ok = hull > 0 and covered >= (1 - kd.params.hull_gaps) * hull
     if region is None and hull_ok:
         sp_lo = np.where(nat, al_s, A_s)
         sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
@@ -332,23 +351,48 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         s_lo, s_hi = sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base
         e_lo, e_hi = (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
         if all(fe is None for fe in fences):  # shared big pages (other pointers) spoil the statistic
-            s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, (I_s >= 0) & (I_e >= 0) & ~nat, ps)
-        res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)])
+            s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat)
+        res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"})
+        # the region's edges inside the faulting pages: offsets that follow arguments by less than a
+        # big page (a row under a page at pos * row_bytes) show only in which page faulted
+        f1 = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+        f2 = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+        s_lo_a = np.where(f1, np.maximum(s_lo, I_s * ps - base), s_lo)
+        e_hi_a = np.where(f2, np.minimum(e_hi, I_e * ps - base), e_hi)
         if res is not None:
-            (fs, fe), exact = res
+            vals_ = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+            one_ = np.ones(len(g), np.int64)
+            inside = _within(res[0][0], vals_, one_, s_lo_a, s_hi) & _within(res[0][1], vals_, one_, e_lo, e_hi_a)
+        if (res is None or (~inside).sum() > kd.allowed(len(g))) and \
+                ((s_lo_a != s_lo).any() or (e_hi_a != e_hi).any()) and \
+                _split_groups(kd, g, s_lo_a, s_hi) + _split_groups(kd, g, e_lo, e_hi_a) <= kd.allowed(len(g)):
+            # the plain solution leaves its edges off the faulting pages: try one that does not
+            res_a = _solve_pair(kd, g, [(s_lo_a, s_hi), (e_lo, e_hi_a)], hard={0: "hi", 1: "lo"}, max_terms=kd.params.aligned_terms)
+            if res_a is not None and (res is None or res_a[0] != res[0]) and (
+                    res is None or _aligned_odds(kd, g, res[0], res_a[0], base, O_s, O_e, I_s, I_e, f1, f2)
+                    >= kd.params.odds_per_term):
+                res = res_a
+        if res is not None:
+            res = _likeliest(kd, g, res, [(s_lo, s_hi), (e_lo, e_hi)], base, O_s, O_e, f1, f2)
+            if not nat.any():   # natural mode bounds ends by the allocation: no page to compare
+                res = _argument_backed(kd, g, res, e_lo, e_hi, base)
+        if res is not None:
+            (fs, fe), exact, unexplained = res
             if not fs.terms and not fe.terms and fe.const <= fs.const:
                 fe = FM.Formula(fs.const + 1, ())  # an observed region is not empty
             cls = "fixed" if not fs.terms and not fe.terms else "linear"
-            ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > 15
-            if not (cls == "linear" and ugly and whole.all()):
+            ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > kd.params.simple_odd
+            if not (cls == "linear" and ugly and _mostly(kd, whole)):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
+                fit["unexplained"] = unexplained
                 fit["evidence"] = _evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
                 if maxp > 1:
                     fit["hull_of_runs"] = True
-    if region is None and whole.all():
+    if region is None and _mostly(kd, whole):
         region = Region(w.name, "allocation")
-        fit["exact"] = 1.0
+        fit["exact"] = round(float(whole.mean()), 6)
+        fit["unexplained"] = int((~whole).sum())
     if region is None:
         region = Region(w.name, "irregular", history=_history(kd, obs, ps))
         fit["exact"] = 0.0
@@ -356,324 +400,53 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     return region, sig
 
 
-def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, has_faults, ps: int):
+def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
+    """All launches but the few lost records may leave unexplained."""
+    return bool(len(ok)) and int((~ok).sum()) <= kd.allowed(len(ok))
+
+
+def _few_holes(kd: KernelData, cat: dict, sel: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Per launch: do the observed pieces cover `span` pages (their hull), but for big pages whose
+    records lost records may have taken (no more of them over all launches than that loss hides)?"""
+    own, s, e = _gather(kd, cat, sel, "O")
+    covered = np.bincount(own, weights=(e - s).astype(np.float64), minlength=len(sel))
+    holes = np.maximum(span - covered, 0) / kd.bigp
+    if _holes_from_loss(kd, holes[holes > 0], span):
+        return np.ones(len(sel), bool)
+    return holes == 0
+
+
+def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat):
     """Tighten the big-page-wide bounds with the fault records' statistics.
 
     Each touched big page faults once, at a page the launch touched there, chosen at
     random. Over many launches with equal features the faulting pages of the first and
     last big page cover the touched pages, so the region cannot end more than a few pages
-    past the last faulting page seen (nor start much before the first). Applied only to
-    feature groups of >= STAT_LAUNCHES launches that all carry fault records (full mode).
+    past the last faulting page seen (nor start much before the first). Applied to feature
+    groups with >= stat_launches launches whose fault records reach into the region's last
+    (first) big page, in full mode: a launch whose record there was lost does not count,
+    and does not stop the others from counting.
     """
-    U = kd.U
-    cnt = np.bincount(g, minlength=U)
-    allf = np.bincount(g, weights=has_faults.astype(np.float64), minlength=U) == cnt
-    big = (cnt >= STAT_LAUNCHES) & allf
-    if not big.any():
+    P = kd.params
+    U, ps, bigp = kd.U, kd.ps, kd.bigp
+    at_end = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+    at_start = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+    n_end = np.bincount(g, weights=at_end.astype(np.float64), minlength=U)
+    n_start = np.bincount(g, weights=at_start.astype(np.float64), minlength=U)
+    if not ((n_end >= P.stat_launches).any() or (n_start >= P.stat_launches).any()):
         return s_lo, e_hi
     lo_e = np.full(U, -FM.INF, np.int64)
     np.maximum.at(lo_e, g, e_lo)
     hi_s = np.full(U, FM.INF, np.int64)
     np.minimum.at(hi_s, g, s_hi)
-    m = big[g]
-    e_hi = np.where(m, np.minimum(e_hi, lo_e[g] + STAT_SLACK_PAGES * ps), e_hi)
-    s_lo = np.where(m, np.maximum(s_lo, hi_s[g] - STAT_SLACK_PAGES * ps), s_lo)
+    me, ms = (n_end >= P.stat_launches)[g], (n_start >= P.stat_launches)[g]
+    e_hi = np.where(me, np.minimum(e_hi, lo_e[g] + P.stat_slack_pages * ps), e_hi)
+    s_lo = np.where(ms, np.maximum(s_lo, hi_s[g] - P.stat_slack_pages * ps), s_lo)
     return s_lo, e_hi
-
-
-def _evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
-    """Up to `limit` feature groups with their start/end byte bounds, kept for fault feedback."""
-    groups, sl, sh, w = _group_bounds(g, s_lo, s_hi, kd.U)
-    _, el, eh, _ = _group_bounds(g, e_lo, e_hi, kd.U)
-    pick = np.unique(np.linspace(0, len(groups) - 1, min(limit, len(groups))).round().astype(np.int64))
-    rows = [[int(x) for x in kd.uniq[groups[i]]] + [int(sl[i]), int(sh[i]), int(el[i]), int(eh[i]), int(w[i])]
-            for i in pick]
-    return {"features": list(kd.sel_names), "rows": rows}
-
-
-def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
-    """Intersect per-launch bounds per feature group: (groups present, lo, hi, launches)."""
-    lo_g = np.full(U, -FM.INF, np.int64)
-    hi_g = np.full(U, FM.INF, np.int64)
-    np.maximum.at(lo_g, g, lo)
-    np.minimum.at(hi_g, g, hi)
-    cnt = np.bincount(g, minlength=U)
-    present = np.flatnonzero(cnt > 0)
-    return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
-
-
-def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", max_terms: int = 3,
-               min_terms: int = 0):
-    """Solve on a subsample of groups, verify on all, add violators and repeat."""
-    U = len(groups)
-    if U <= MAX_SEARCH_GROUPS:
-        sample = np.arange(U)
-    else:
-        # the extremes of every feature plus an even spread
-        ext = set(np.linspace(0, U - 1, MAX_SEARCH_GROUPS // 2).round().astype(int).tolist())
-        u = kd.uniq[groups]
-        for k in range(u.shape[1]):
-            ext.add(int(np.argmin(u[:, k])))
-            ext.add(int(np.argmax(u[:, k])))
-        sample = np.array(sorted(ext))
-    for _ in range(4):
-        mono = kd.mono(groups[sample])
-        f = FM.solve(mono, lo[sample], hi[sample], w[sample], budget * w[sample].sum(), mode=mode,
-                     max_terms=max_terms, min_terms=min_terms)
-        if f is None:
-            return None
-        if len(sample) == U:
-            return f
-        vals = {n: kd.uniq[groups, k] for k, n in enumerate(kd.sel_names)}
-        y = np.asarray(f.evaluate(vals), np.int64) * np.ones(U, np.int64)
-        bad = (y < lo) | (y > hi)
-        if w[bad].sum() <= budget * w.sum():
-            return f
-        sample = np.union1d(sample, np.flatnonzero(bad)[:MAX_SEARCH_GROUPS])
-    return None
-
-
-def _solve_pair(kd, g, bounds, modes=None, budgets=(0.0, ROBUST_BUDGET), max_terms: int = 3, min_terms=None):
-    """Fit several quantities (start, end, ...) on the same launches; strict first, then robust."""
-    for budget in budgets:
-        out = []
-        exact = 1.0
-        for q, (lo, hi) in enumerate(bounds):
-            groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
-            f = _solve_one(kd, groups, lo_g, hi_g, w, budget, (modes or {}).get(q, "tight"), max_terms,
-                           (min_terms or {}).get(q, 0))
-            if f is None:
-                break
-            out.append(f)
-            vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-            y = np.asarray(f.evaluate(vals), np.int64) * np.ones(len(g), np.int64)
-            exact = min(exact, float(np.mean((y >= lo) & (y <= hi))))
-        else:
-            return out, round(exact, 6)
-    return None
-
-
-def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
-                 shape: np.ndarray | None = None, stride_terms: int = 0, start_terms: int = 0):
-    """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
-    if len(sel) == 0:
-        return None
-    from pagecast.footprints import _ranges  # noqa: PLC2701 - the CSR helper of the core
-    ps = kd.ps
-    parts_obs = []
-    # gather the runs of each selected launch from its trace's observation arrays
-    offsets = np.cumsum([0] + [len(idx) for _, idx, _, _ in kd.parts])
-    starts_l, ends_l, owner, ff_l, fl_l = [], [], [], [], []
-    for ti, (o, idx, _, _) in enumerate(kd.parts):
-        m = (sel >= offsets[ti]) & (sel < offsets[ti + 1])
-        s = sel[m]
-        r0 = cat["r0"][s]
-        n = cat["npieces"][s]
-        ri = _ranges(r0, n)
-        rs_ = np.maximum(o.os[ri], np.repeat(cat["lo_f"][s], n))
-        re_c = np.minimum(o.oe[ri], np.repeat(cat["hi_f"][s], n))
-        starts_l.append(rs_)
-        ends_l.append(re_c)
-        ff, fl = o.fault_bounds(np.repeat(cat["key"][s], n), rs_, re_c)
-        ff_l.append(ff)
-        fl_l.append(fl)
-        owner.append(np.repeat(np.flatnonzero(m), n))
-        parts_obs.append(None)
-    rs = np.concatenate(starts_l)
-    re_ = np.concatenate(ends_l)
-    own = np.concatenate(owner)            # index into sel
-    ffirst, flast = np.concatenate(ff_l), np.concatenate(fl_l)
-    cnt = cat["npieces"][sel]
-    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    j = np.arange(len(rs)) - np.repeat(first, cnt)
-    base = cat["base"][sel]
-    slo_r = rs * ps                                   # run start byte bounds (absolute)
-    shi_r = ((rs // bigp) * bigp + bigp) * ps - 1
-    shi_r = np.minimum(shi_r, re_ * ps - 1)
-    shi_r = np.where(ffirst >= 0, np.minimum(shi_r, (ffirst + 1) * ps - 1), shi_r)
-    elo_r = (np.maximum(((re_ - 1) // bigp) * bigp + 1, rs + 1) - 1) * ps + 1
-    elo_r = np.where(flast >= 0, np.maximum(elo_r, (flast - 1) * ps + 1), elo_r)
-    ehi_r = re_ * ps
-    s0_lo, s0_hi = slo_r[first], shi_r[first]
-    n = len(sel)
-    # stride from chunk j's start vs chunk 0's
-    # (and from chunk j's end vs chunk 0's: equal chunks end one stride apart too; the two
-    # bounds together pin strides that starts known to a big page leave loose)
-    e0_lo, e0_hi = elo_r[first], ehi_r[first]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        jj = np.maximum(j, 1)
-        st_lo_r = np.where(j > 0, np.maximum(-((-(slo_r - s0_hi[own])) // jj), -((-(elo_r - e0_hi[own])) // jj)),
-                           -FM.INF)
-        st_hi_r = np.where(j > 0, np.minimum((shi_r - s0_lo[own]) // jj, (ehi_r - e0_lo[own]) // jj), FM.INF)
-    st_lo = np.full(n, -FM.INF, np.int64)
-    st_hi = np.full(n, FM.INF, np.int64)
-    np.maximum.at(st_lo, own, st_lo_r)
-    np.minimum.at(st_hi, own, st_hi_r)
-    ch_lo = np.full(n, -FM.INF, np.int64)
-    ch_hi = np.full(n, FM.INF, np.int64)
-    np.maximum.at(ch_lo, own, elo_r - shi_r)
-    np.minimum.at(ch_hi, own, ehi_r - slo_r)
-    # Chunks closer than a big page merge in fault data: such launches show fewer, longer
-    # runs. The count is fitted first (exactly if it can be, else as a lower bound: runs
-    # only ever merge), then start, stride and chunk on the launches whose runs are the
-    # chunks; _verify finally checks every launch against the big-page-rounded prediction.
-    c64 = cnt.astype(np.int64)
-    bud = (0.0, ROBUST_BUDGET, STRIDED_BUDGET)
-    # `shape`: launches that may decide count, start and stride (multi-run ones); the others
-    # (a single run: one chunk, or all chunks merged) only bound the chunk
-    shape = np.ones(n, bool) if shape is None else shape
-    sh = np.flatnonzero(shape)
-    if len(sh) == 0:
-        return None
-    rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1)
-          or _count_argument(kd, g[sh], c64[sh])
-          or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1))
-    if rc is None:
-        return None
-    (fc,), exact = rc
-    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
-    one = np.ones(len(g), np.int64)
-    pc_ = np.asarray(fc.evaluate(vals), np.int64) * one
-    whole = np.flatnonzero((pc_ == cnt) & shape)
-    if len(whole) == 0:
-        return None
-    gw = g[whole]
-    bounds = [((s0_lo - base)[whole], (s0_hi - base)[whole]), (st_lo[whole], st_hi[whole])]
-    # a constant stride is most likely a product of constant arguments (max_seq * head_dim * 2)
-    const = [k for k in range(kd.uniq.shape[1]) if len(np.unique(kd.uniq[:, k])) == 1 and kd.uniq[0, k] > 1]
-    hints = sorted({int(np.prod([kd.uniq[0, k] for k in combo]))
-                    for d in (1, 2, 3) for combo in itertools.combinations(const, d)})
-    rmode = ("round", tuple(hints))
-    mt = {0: start_terms, 1: stride_terms}
-    smode = {1: rmode, **({0: "late"} if start_terms else {})}
-    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt)
-           or _solve_pair(kd, gw, bounds, smode, min_terms=mt))
-    if res is None:
-        return None
-    (fs, fst), exact1 = res
-    exact = min(exact, exact1)
-    # chunk: bounded by each run's end against where the formulas put its start
-    s0 = base + np.asarray(fs.evaluate(vals), np.int64) * one
-    sd = np.asarray(fst.evaluate(vals), np.int64) * one
-    # a launch whose chunks all merged into one run still bounds the chunk by its end:
-    # run end = start + (count - 1) * stride + chunk
-    merged = (cnt == 1) & (pc_ > 1)
-    jj = np.where(merged[own], pc_[own] - 1, j)
-    pstart = s0[own] + jj * sd[own]
-    ch_lo = np.full(n, -FM.INF, np.int64)
-    ch_hi = np.full(n, FM.INF, np.int64)
-    np.maximum.at(ch_lo, own, elo_r - pstart)
-    np.minimum.at(ch_hi, own, ehi_r - pstart)
-    whole = np.flatnonzero((pc_ == cnt) | merged)
-    gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
-    res2 = _solve_pair(kd, gb, [(lo_b, hi_b)], budgets=(0.0, ROBUST_BUDGET, STRIDED_BUDGET),
-                       max_terms=1) or _solve_pair(kd, gb, [(lo_b, hi_b)])
-    if res2 is None:
-        return None
-    (fch,), exact2 = res2
-    exact = min(exact, exact2)
-    if not fc.terms and fc.const == 1:
-        return None
-    fit["exact"] = exact
-    # the chunk's per-group byte bounds, kept for fault feedback (a chunk that outgrows a page)
-    fit["evidence"] = _evidence(kd, gb, lo_b, hi_b, lo_b, hi_b)
-    fit["evidence"]["of"] = "chunk"
-    return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
-
-
-def _count_argument(kd: KernelData, g: np.ndarray, runs: np.ndarray):
-    """A count that is one argument: never below the runs seen (runs only merge) and equal to
-    them in most launches. ((formula,), exact) or None."""
-    best = None
-    for k, name in enumerate(kd.sel_names):
-        v = kd.uniq[g, k]
-        if not kd.sel_varying[k] or np.any(v < runs) or np.any(v > 1 << 16):
-            continue
-        agree = float(np.mean(v == runs))
-        if agree >= 0.5 and (best is None or agree > best[0]):
-            best = (agree, name)
-    if best is None:
-        return None
-    return (FM.Formula(0, ((1, (best[1],)),)),), round(best[0], 6)
-
-
-def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
-    """Launches whose runs look like whole chunks: equal lengths and equal gaps (within 2 big pages).
-
-    Chunks closer than a big page merge in fault data; where only some of them merged, the
-    run count is not the chunk count, so those launches are left to the verification step.
-    """
-    if len(sel) == 0:
-        return np.zeros(0, bool)
-    own, s, e = _gather(kd, cat, sel, "O")
-    n = len(sel)
-    ln = e - s
-    big = np.int64(1) << np.int64(62)
-    mn = np.full(n, big, np.int64)
-    mx = np.full(n, -big, np.int64)
-    np.minimum.at(mn, own, ln)
-    np.maximum.at(mx, own, ln)
-    ok = (mx - mn) <= 2 * bigp
-    same = np.r_[False, own[1:] == own[:-1]]
-    gap = np.where(same, s - np.r_[0, s[:-1]], 0)
-    gmn = np.full(n, big, np.int64)
-    gmx = np.full(n, -big, np.int64)
-    np.minimum.at(gmn, own[same], gap[same])
-    np.maximum.at(gmx, own[same], gap[same])
-    return ok & ((gmx - gmn) <= 2 * bigp)
-
-
-def _gather(kd: KernelData, cat: dict, sel: np.ndarray, which: str):
-    """(owner index into sel, start, end) of the O (observed) or A (observed + prefetched) pieces."""
-    from pagecast.footprints import _ranges  # noqa: PLC2701
-    offsets = np.cumsum([0] + [len(idx) for _, idx, _, _ in kd.parts])
-    own, ss, ee = [], [], []
-    for ti, (o, _, _, _) in enumerate(kd.parts):
-        m = np.flatnonzero((sel >= offsets[ti]) & (sel < offsets[ti + 1]))
-        s = sel[m]
-        if which == "O":
-            r0, n, S, E = cat["r0"][s], cat["npieces"][s], o.os, o.oe
-        else:
-            r0, n, S, E = cat["q0"][s], cat["a_pieces"][s], o.as_, o.ae
-        ri = _ranges(r0, n)
-        own.append(np.repeat(m, n))
-        ss.append(np.maximum(S[ri], np.repeat(cat["lo_f"][s], n)))
-        ee.append(np.minimum(E[ri], np.repeat(cat["hi_f"][s], n)))
-    return np.concatenate(own), np.concatenate(ss), np.concatenate(ee)
-
-
-def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
-    """Per launch: do the predicted pages, rounded out to big pages, cover O and stay inside A?"""
-    from pagecast.footprints import Footprints, intersection_pages
-    from .predictor import region_bytes
-    ps = kd.ps
-    g = kd.group[sel]
-    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-    one = np.ones(len(sel), np.int64)
-    base = cat["base"][sel]
-    if region.cls == "strided":
-        st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
-        cnt = np.clip(cnt, 0, 1 << 16)
-        rep = np.repeat(np.arange(len(sel)), cnt)
-        j = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        sb = st[rep] + j * sd[rep]
-        eb = sb + ch[rep]
-    else:
-        sb, eb = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
-        rep = np.arange(len(sel))
-    a_s, a_e = cat["alloc_s"][sel][rep], cat["alloc_e"][sel][rep]
-    sp = np.maximum((sb // ps) // bigp * bigp, a_s)
-    ep = np.minimum(-(-(-((-eb) // ps)) // bigp) * bigp, a_e)
-    n = len(sel)
-    P = Footprints.from_intervals(rep, sp, ep, n, ps)
-    O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)
-    A = Footprints.from_intervals(*_gather(kd, cat, sel, "A"), n, ps)
-    return (intersection_pages(P, O) == O.pages_per_launch()) & (intersection_pages(P, A) == P.pages_per_launch())
 
 
 def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
     """Pages an irregular region touched, relative to its allocation's first page (coarsened)."""
-    from pagecast.footprints import _ranges, coarsen_intervals, merge_intervals  # noqa: PLC2701
     ss, ee = [], []
     for (o, idx, _, _), ob in zip(kd.parts, obs):
         n = ob["npieces"]
@@ -687,5 +460,5 @@ def _history(kd: KernelData, obs: list[dict], ps: int) -> list[list[int]]:
         return []
     s, e = np.concatenate(ss), np.concatenate(ee)
     _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
-    s, e = coarsen_intervals(s, e, HISTORY_INTERVALS)
+    s, e = coarsen_intervals(s, e, kd.params.history_intervals)
     return [[int(a), int(b)] for a, b in zip(s, e)]

@@ -215,8 +215,12 @@ def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
 
 
 def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float, mode: str = "tight") -> tuple[bool, int]:
-    """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const)."""
+          budget: float, mode: str = "tight", hard: str | None = None, hard_budget: float = 0.0) -> tuple[bool, int]:
+    """Is there a const with (lo <= vals + const <= hi) everywhere but `budget` weight? (ok, const).
+
+    `hard` ("lo" or "hi"): that side of the intervals is positive evidence (pages the records show
+    touched): lost records never violate it, so it holds but for `hard_budget` weight (odd
+    records), while the other side may take the rest of the budget."""
     a = lo - formula_vals
     b = hi - formula_vals
     amax, bmin = int(a.max()), int(b.min())
@@ -224,6 +228,20 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
         return True, _pick_const(amax, bmin, mode)
     if budget <= 0:
         return False, 0
+    if hard in ("lo", "hi"):
+        # the hard side holds but for `hard_budget` weight (odd records, never lost ones): the
+        # const at the edge that leaves that much outside, the fewest soft violations there
+        side, other = (a, b) if hard == "lo" else (-b, -a)
+        o = np.argsort(-side, kind="stable")
+        out_w = np.cumsum(weight[o])
+        k = int(np.searchsorted(out_w, hard_budget, side="right"))    # the first one that must hold
+        edge = int(side[o][min(k, len(o) - 1)])
+        bad = float(weight[(side > edge) | (other < edge)].sum())
+        if bad > budget:
+            return False, 0
+        room = other[(other >= edge) & (side <= edge)]
+        far = int(room.min()) if len(room) else edge
+        return True, (_pick_const(edge, far, mode) if hard == "lo" else _pick_const(-far, -edge, mode))
     # sweep: the const covering the most weight
     ev = np.concatenate([a, b + 1])
     w = np.concatenate([weight, -weight])
@@ -233,6 +251,12 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
     total = float(weight.sum())
     if total - cov[k] > budget:
         return False, 0
+    # 0 where it is within the budget (a one-byte-short bound of a launch that lost a record must
+    # not buy a constant of -1 for covering one launch more), else the most covered interval
+    pos = ev[o]
+    at0 = int(np.searchsorted(pos, 0, side="right")) - 1
+    if 0 <= at0 < len(cov) and total - cov[at0] <= budget and (at0 + 1 >= len(pos) or pos[at0 + 1] > 0):
+        return True, 0
     # the interval of consts reaching that coverage
     lo_c = int(ev[o][k])
     hi_c = int(ev[o][k + 1] - 1) if k + 1 < len(ev) else lo_c
@@ -240,18 +264,22 @@ def check(formula_vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.n
 
 
 def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
-          budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0) -> Formula | None:
-    """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight)."""
+          budget: float = 0.0, max_terms: int = 3, mode: str = "tight", min_terms: int = 0,
+          hard: str | None = None, candidates: bool = False, hard_budget: float = 0.0):
+    """The simplest integer formula whose value lies in [lo, hi] for each group (up to `budget` weight;
+    `hard`: the side of the intervals the budget may not violate, as in `check`).
+
+    `candidates`: instead, every formula found with the fewest terms, simplest first."""
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     weight = np.asarray(weight, np.float64)
-    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode)
+    ok, c0 = check(np.zeros(len(lo), np.int64), lo, hi, weight, budget, mode, hard, hard_budget)
     if ok and min_terms == 0:
-        return Formula(c0, ())
+        return [Formula(c0, ())] if candidates else Formula(c0, ())
     G = mono.values
     M = G.shape[1]
     if M == 0 or len(lo) < 2:
-        return None
+        return [] if candidates else None
     mid = _midpoints(lo, hi)
     best: list[tuple[tuple, Formula]] = []
     # ---- one term: exact coefficient interval from pairwise conditions
@@ -279,16 +307,17 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         c = _best_coef(G[:, m], lo, hi, lo_c, hi_c, mode)
         if c is None:
             continue
-        f = _try(mono, [m], [c], lo, hi, weight, budget, mode)
+        f = _try(mono, [m], [c], lo, hi, weight, budget, mode, hard, hard_budget)
         if f is not None:
             best.append((f.score(), f))
     if budget > 0:
         # pairwise bounds ignore the budget (outliers close the interval): round least squares too
-        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode)
+        best += _ls_candidates(mono, [[m] for m in range(M)], mid, fin, lo, hi, weight, budget, mode, hard,
+                               hard_budget)
     if best:
-        return min(best, key=lambda t: t[0])[1]
+        return _pick(best, candidates)
     if max_terms < 2:
-        return None
+        return [] if candidates else None
     # ---- two and three terms: least-squares proposals, exact checks
     for k in (2, 3):
         if k > max_terms or U < k + 1:
@@ -296,10 +325,21 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         limit = {2: 160, 3: 40}[k]
         cols = list(range(min(M, limit)))
         subsets = [list(s) for s in itertools.combinations(cols, k)]
-        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode)
+        best = _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode, hard, hard_budget)
         if best:
-            return min(best, key=lambda t: t[0])[1]
-    return None
+            return _pick(best, candidates)
+    return [] if candidates else None
+
+
+def _pick(best: list, candidates: bool):
+    if not candidates:
+        return min(best, key=lambda t: t[0])[1]
+    out, seen = [], set()
+    for _, f in sorted(best, key=lambda t: t[0]):
+        if f not in seen:
+            seen.add(f)
+            out.append(f)
+    return out
 
 
 def _cost(c: int, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
@@ -395,11 +435,12 @@ def _midpoints(lo, hi):
     return np.where(lo <= -INF, hif, np.where(hi >= INF, lof, (lof + hif) / 2))
 
 
-def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight") -> Formula | None:
+def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight", hard=None,
+         hard_budget: float = 0.0) -> Formula | None:
     vals = np.zeros(len(lo), np.int64)
     for m, c in zip(cols, coefs):
         vals = vals + np.int64(c) * mono.values[:, m]
-    ok, c0 = check(vals, lo, hi, weight, budget, mode)
+    ok, c0 = check(vals, lo, hi, weight, budget, mode, hard, hard_budget)
     if not ok:
         return None
     terms = tuple(sorted(((int(c), mono.names[m]) for m, c in zip(cols, coefs)),
@@ -407,7 +448,7 @@ def _try(mono: Monomials, cols, coefs, lo, hi, weight, budget, mode="tight") -> 
     return Formula(c0, terms)
 
 
-def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"):
+def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight", hard=None, hard_budget=0.0):
     if not subsets:
         return []
     G = mono.values.astype(np.float64)
@@ -433,7 +474,7 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"
             c = base + np.array(delta)
             if np.any(c == 0):
                 continue
-            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode)
+            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode, hard, hard_budget)
             if f is not None:
                 out.append((f.score(), f))
                 break

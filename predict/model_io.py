@@ -26,6 +26,7 @@ from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.uvm import BIG_PAGE, PAGE
 
 from .features import Word
+from .fit_params import FitParams
 from .formula import Formula
 
 FORMAT = "pagecast-model"
@@ -149,13 +150,17 @@ class Model:
     producer: str = PRODUCER
     path: Path | None = None
     version_counter: int = 0  # bumped on every change (feedback), so caches can notice
+    fit_params: dict | None = None  # the FitParams it was fitted with (absent in older model files)
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "page_size": self.page_size,
-                "big_page": self.big_page, "created": self.created, "producer": self.producer,
-                "traces": self.traces,
-                "summary": self.summary(),
-                "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+        d = {"format": FORMAT, "version": VERSION, "page_size": self.page_size,
+             "big_page": self.big_page, "created": self.created, "producer": self.producer,
+             "traces": self.traces}
+        if self.fit_params is not None:
+            d["fit_params"] = self.fit_params
+        d["summary"] = self.summary()
+        d["kernels"] = {k: v.to_json() for k, v in sorted(self.kernels.items())}
+        return d
 
     def summary(self) -> dict:
         by = {c: 0 for c in CLASSES}
@@ -164,7 +169,10 @@ class Model:
             by[k.cls] += 1
             for r in k.regions:
                 regions[r.cls] += 1
-        return {"kernels": len(self.kernels), "kernels_by_class": by, "regions_by_class": regions}
+        unexplained = sum(int(r.fit.get("unexplained", 0)) for k in self.kernels.values() for r in k.regions
+                          if isinstance(r.fit, dict) and isinstance(r.fit.get("unexplained", 0), int))
+        return {"kernels": len(self.kernels), "kernels_by_class": by, "regions_by_class": regions,
+                "unexplained_launches": unexplained}
 
 
 # ---- saving and loading --------------------------------------------------------
@@ -221,8 +229,12 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
     kernels_doc = doc.get("kernels")
     if not isinstance(kernels_doc, dict):
         raise ValueError("'kernels' must be an object mapping kernel names to templates")
+    fp = doc.get("fit_params")
+    if fp is not None:
+        fp = FitParams.from_json(fp).to_json()   # checked; older model files have none
     m = Model(page_size=ps, big_page=int(big), traces=list(doc.get("traces") or []),
-              created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path)
+              created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path,
+              fit_params=fp)
     for name, kd in kernels_doc.items():
         kw = f"kernel {name!r}"
         if not isinstance(kd, dict):

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as FP
 from pagecast import trace as T
+from pagecast.uvm import BIG_PAGE
 
 from .features import AllocIndex, kernel_groups
 
@@ -26,7 +27,9 @@ NONE = np.int64(-1)
 def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
     """Cut page intervals at allocation ends; drop pieces outside live allocations.
 
-    Returns (key = launch * n_alloc + row, start, end) sorted by key then start.
+    A page two allocations share (one ends inside it, the next begins there: blocks a caching
+    allocator carves from one segment) goes to both. Returns (key = launch * n_alloc + row,
+    start, end) sorted by key then start.
     """
     L, S, E = (np.asarray(x, np.int64) for x in (launch, s, e))
     outs = []
@@ -34,16 +37,21 @@ def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
         z = np.zeros(0, np.int64)
         return z, z.copy(), z.copy()
     aend_page = ((index.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+    Q = S.astype(np.uint64) * np.uint64(ps)          # the byte whose allocation the piece is in
     for _ in range(256):
-        if len(S) == 0:
-            break
-        a = index.lookup((S.astype(np.uint64) * np.uint64(ps)), L, one_past=False)
-        has = a >= 0
-        ac = np.maximum(a, 0)
-        cut = np.minimum(E, aend_page[ac])
-        outs.append((L[has] * max(index.n, 1) + a[has], S[has], cut[has]))
-        rest = has & (E > cut)
-        L, S, E = L[rest], cut[rest], E[rest]
+        if len(S):
+            a = index.lookup(Q, L, one_past=False)
+            has = a >= 0
+            ac = np.maximum(a, 0)
+            cut = np.minimum(E, aend_page[ac])
+            outs.append((L[has] * max(index.n, 1) + a[has], S[has], cut[has]))
+            # the rest begins where the next allocation does (inside this one's last page, if they
+            # share it)
+            nxt = np.searchsorted(index.addr, index.end[ac], side="left")
+            Q = index.addr[np.minimum(nxt, index.n - 1)]
+            S = np.maximum((Q // np.uint64(ps)).astype(np.int64), cut - 1)
+            rest = has & (nxt < index.n) & (E > S)
+            L, S, E, Q = L[rest], S[rest], E[rest], Q[rest]
     if not outs:
         z = np.zeros(0, np.int64)
         return z, z.copy(), z.copy()
@@ -57,25 +65,28 @@ def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
 class TraceObs:
     """Per (launch, allocation) observations of one trace."""
 
-    def __init__(self, trace: T.Trace) -> None:
+    def __init__(self, trace: T.Trace, big_page: int = BIG_PAGE) -> None:
         self.trace = trace
         self.ps = ps = trace.page_size
+        self.bigp = bigp = max(1, big_page // ps)
         self.index = ix = AllocIndex(trace.allocations)
         self.nA = max(ix.n, 1)
         self.alloc_s = (ix.addr // np.uint64(ps)).astype(np.int64)
         self.alloc_e = ((ix.end + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
         self.names, self.codes, self.groups = kernel_groups(trace.launches)
-        obs = FP.observed_footprints(trace)
+        obs, maybe = touched_big_pages(trace, ix, bigp)
         self.n_records = trace.faults.num_rows + trace.migrations.num_rows
         lo = obs.launch_of_interval()
         self.okey, self.os, self.oe = split_by_alloc(ix, ps, lo, obs.start, obs.end)
         # A = O plus the driver's prefetch migrations (pages that may have been touched unfaulted)
+        # and the big pages allocations share (touched by one of them, which one unknown)
         m = trace.migrations
         if m.num_rows:
             m = m.filter(pc.equal(m.column(T.CAUSE), "prefetch"))
-        if m.num_rows:
+        if m.num_rows or len(maybe[0]):
             mlid = FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
             ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+            mlid, ms, me = (np.concatenate([x, y]) for x, y in zip((mlid, ms, me), maybe))
             ok = mlid >= 0
             pk, p_s, p_e = split_by_alloc(ix, ps, mlid[ok], ms[ok], me[ok])
             keys = np.concatenate([self.okey, pk])
@@ -198,6 +209,137 @@ class TraceObs:
                 "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
                 "alloc_s": al_s, "alloc_e": al_e,
                 "base": ptr.astype(np.int64)}
+
+
+def touched_big_pages(trace: T.Trace, index: AllocIndex, bigp: int):
+    """Per launch, the pages its records show touched: coherence migrations, and each fault page
+    no migration of its launch holds widened to its big page (clipped to the allocation holding it).
+    Returns (those Footprints, the (launch, start, end) pages that may have been touched).
+
+    The driver migrates what a fault brings in, a 64 KiB big page (docs/uvm-facts.md), so on a
+    complete record each fault page lies inside a coherence migration and this is the observed
+    footprint. When the migration record was lost, the fault record alone still shows its big
+    page touched: a lost migration leaves the evidence whole instead of cutting it into single
+    pages (holes a fit would read as gaps in the region).
+
+    Blocks a caching allocator carves from one segment may share a big page (or a page): the
+    driver migrates it for a touch of either, and a fault address is page-aligned, so there the
+    records show that one of them was touched, not which. Those parts are possible pages of
+    both (the second value), never certain ones."""
+    ps = trace.page_size
+    m = trace.migrations
+    m = m.filter(pc.equal(m.column(T.CAUSE), "coherence")) if m.num_rows else m
+    m_lid = FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
+    ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    big_cuts = _shared_units(index, ps, bigp)
+    (ms, me, m_lid), (xs, xe, xl) = _cut_units(big_cuts, bigp, m_lid, ms, me)
+    f = trace.faults
+    f_lid = FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+    f_page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
+    fs, fe = f_page, f_page + 1
+    maybe = [(xl, xs, xe)]
+    if index.n and len(f_page):
+        lone = ~_covered(m_lid, ms, me, f_lid, f_page)
+        ambiguous = np.zeros(len(f_page), bool)
+        page_cuts = _shared_units(index, ps, 1)
+        if len(page_cuts):
+            ambiguous = np.isin(f_page, page_cuts)
+        fs, fe = f_page.copy(), f_page + 1
+        li = np.flatnonzero(lone)          # on a complete record, none: every fault has its migration
+        if len(li):
+            a = index.lookup(f_page[li].astype(np.uint64) * np.uint64(ps), np.maximum(f_lid[li], 0), one_past=False)
+            ac = np.maximum(a, 0)
+            a_s = (index.addr[ac] // np.uint64(ps)).astype(np.int64)
+            a_e = ((index.end[ac] + np.uint64(ps - 1)) // np.uint64(ps)).astype(np.int64)
+            bs = (f_page[li] // bigp) * bigp
+            # a lone fault in a big page allocations share shows that big page touched, by one of
+            # them (possible pages of both); elsewhere its big page, in its own allocation
+            shared = np.isin(bs, big_cuts) if len(big_cuts) else np.zeros(len(li), bool)
+            wide = (a >= 0) & ~shared
+            fs[li] = np.where(wide, np.maximum(bs, a_s), f_page[li])
+            fe[li] = np.where(wide, np.minimum(bs + bigp, a_e), f_page[li] + 1)
+            sh = shared & (a >= 0) & ~ambiguous[li]
+            maybe.append((f_lid[li][sh], bs[sh], bs[sh] + bigp))
+        # a fault on a page two allocations share says one of them was touched, not which
+        maybe.append((f_lid[ambiguous], f_page[ambiguous], f_page[ambiguous] + 1))
+        # a fault a migration holds adds nothing to the union
+        keep = lone & ~ambiguous
+        f_lid, fs, fe = f_lid[keep], fs[keep], fe[keep]
+    certain = FP.Footprints.from_intervals(np.concatenate([f_lid, m_lid]), np.concatenate([fs, ms]),
+                                           np.concatenate([fe, me]), trace.n_launches, ps, "observed")
+    return certain, tuple(np.concatenate([m_[i] for m_ in maybe]) for i in range(3))
+
+
+def _covered(m_lid, ms, me, lid, page) -> np.ndarray:
+    """Is each (launch, page) inside a migrated range of that launch? (Ranges sorted by launch and
+    start once; a launch's migrations do not overlap, each big page migrates once.)"""
+    lid = np.asarray(lid, np.int64)
+    page = np.asarray(page, np.int64)
+    if not len(ms):
+        return np.zeros(len(page), bool)
+    lo = min(int(ms.min()), int(page.min()))
+    span = np.int64(max(int(me.max()), int(page.max())) - lo + 1)
+    km = np.asarray(m_lid, np.int64) * span + (ms - lo)
+    if len(km) > 1 and not (km[1:] >= km[:-1]).all():
+        o = np.argsort(km)
+        km, ends, ml = km[o], me[o], np.asarray(m_lid, np.int64)[o]
+    else:
+        ends, ml = me, np.asarray(m_lid, np.int64)
+    j = np.searchsorted(km, lid * span + (page - lo), side="right") - 1
+    jc = np.maximum(j, 0)
+    return (j >= 0) & (ml[jc] == lid) & (ends[jc] > page)
+
+
+def _inside(fp: FP.Footprints, launch: np.ndarray, page: np.ndarray) -> np.ndarray:
+    """Is each (launch, page) inside one of the launch's (merged) intervals?"""
+    launch = np.asarray(launch, np.int64)
+    if not len(fp.start):
+        return np.zeros(len(page), bool)
+    return _covered(fp.launch_of_interval(), fp.start, fp.end, launch, page) & (launch >= 0) & \
+        (launch < fp.n_launches)
+
+
+def _shared_units(index: AllocIndex, ps: int, unit: int) -> np.ndarray:
+    """First pages of the units (`unit` pages: a big page, or one page) two allocations share:
+    one ends inside it and another begins there (ranges that overlap are one address reused over
+    time, never live together). Sorted."""
+    if index.n < 2:
+        return np.zeros(0, np.int64)
+    u = np.int64(unit) * ps
+    addr, end = index.addr.astype(np.int64), index.end.astype(np.int64)
+    nxt = np.searchsorted(addr, end, side="left")
+    hi = (end % u != 0) & (nxt < len(addr)) & (addr[np.minimum(nxt, len(addr) - 1)] < -(-end // u) * u)
+    ends = np.sort(end)
+    prv = np.searchsorted(ends, addr, side="right") - 1
+    lo = (addr % u != 0) & (prv >= 0) & (ends[np.maximum(prv, 0)] > (addr // u) * u)
+    return np.unique(np.concatenate([addr[lo], end[hi]]) // u * unit)
+
+
+def _cut_units(cuts: np.ndarray, unit: int, lid, ms, me):
+    """Split page ranges into the parts outside the units starting at `cuts` and the parts inside:
+    ((start, end, launch) outside, (start, end, launch) inside)."""
+    lid = np.asarray(lid)
+    if not len(cuts) or not len(ms):
+        z = np.zeros(0, np.int64)
+        return (ms, me, lid), (z, z.copy(), z.copy())
+    big_lo, big_hi = cuts, cuts + unit
+    out, ins = ([], [], []), ([], [], [])
+    s, e, l = np.asarray(ms), np.asarray(me), lid
+    while len(s):
+        k = np.minimum(np.searchsorted(big_hi, s, side="right"), len(big_lo) - 1)
+        hit = (big_hi[k] > s) & (big_lo[k] < e)          # the next shared unit overlaps the range
+        for acc, v in zip(out, (s[~hit], e[~hit], l[~hit])):
+            acc.append(v)
+        s, e, l, k = s[hit], e[hit], l[hit], k[hit]
+        before = big_lo[k] > s                           # the part before it, the part in it, the rest
+        for acc, v in zip(out, (s[before], big_lo[k][before], l[before])):
+            acc.append(v)
+        for acc, v in zip(ins, (np.maximum(s, big_lo[k]), np.minimum(e, big_hi[k]), l)):
+            acc.append(v)
+        s = big_hi[k]
+        keep = e > s
+        s, e, l = s[keep], e[keep], l[keep]
+    return tuple(np.concatenate(a) for a in out), tuple(np.concatenate(a) for a in ins)
 
 
 def _sorted_unique(keys: np.ndarray):

@@ -4,7 +4,8 @@ Not a workload model (those live in pagecast.datasets): a direct way to make a
 trace from hand-made launches and true byte ranges, with full-mode fault data
 the way the UVM driver reports it (one fault per touched 64 KiB big page at a
 page touched there, coherence migrations of the touched big pages clipped to
-the allocation, optionally a share of fault records dropped).
+the allocation, optionally a share of fault and migration records lost, counted in the
+manifest's `dropped_records` as CUPTI counts its overflows).
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ class SynthTrace:
     launches: list = field(default_factory=list)    # (kernel, sizes, data bytes, grid, block)
     truth: list = field(default_factory=list)       # (launch, address, bytes)
     _next: int = HEAP
+    _tail: int = HEAP
 
-    def malloc(self, nbytes: int) -> int:
-        a = self._next
-        self._next += -(-int(nbytes) // (2 << 20)) * (2 << 20) + (2 << 20)
+    def malloc(self, nbytes: int, align: int | None = None) -> int:
+        """A managed allocation: 2 MiB aligned with a free 2 MiB after it (cudaMallocManaged), or,
+        with `align`, right after the previous one at that alignment (a caching allocator's
+        blocks carved from one segment: neighbours may share a big page)."""
+        a = self._next if align is None else -(-self._tail // align) * align
+        if align is None:
+            self._next += -(-int(nbytes) // (2 << 20)) * (2 << 20) + (2 << 20)
+        else:
+            self._next = max(self._next, -(-(a + int(nbytes)) // (2 << 20)) * (2 << 20) + (2 << 20))
+        self._tail = a + int(nbytes)
         self.allocs.append([a, int(nbytes), len(self.launches), None])
         return a
 
@@ -61,7 +70,10 @@ class SynthTrace:
         return lid
 
     def write(self, path, *, drop: float = 0.0, seed: int = 0, mode: str = "full", with_truth: bool = True,
-              faults: bool = True, force: bool = True):
+              faults: bool = True, force: bool = True, count_dropped: bool = True):
+        """Write the trace. `drop`: share of fault and migration records lost (independently),
+        counted in the manifest's dropped_records unless `count_dropped` is False (a collector
+        that cannot count them)."""
         rng = np.random.default_rng(seed)
         n = len(self.launches)
         L = {T.LAUNCH_ID: np.arange(n, dtype=np.int64),
@@ -100,7 +112,9 @@ class SynthTrace:
                 e = min(bp * BIG + BIG, int(aend[j]))
                 ml.append(lid), ma.append(s), mb.append(e - s)
         fl, fa = np.array(fl, np.int64), np.array(fa, np.int64)
-        keep = rng.random(len(fl)) >= drop
+        # lost records: their own stream, faults and migrations independently (CUPTI's overflows)
+        loss = np.random.default_rng([*np.atleast_1d(seed).tolist(), 99])
+        keep = loss.random(len(fl)) >= drop
         if not faults:
             keep[:] = False
         F = {T.TIME_NS: fl[keep] * 1000 + 10, T.ADDRESS: fa[keep].astype(np.uint64),
@@ -108,7 +122,8 @@ class SynthTrace:
              T.DEVICE: np.zeros(int(keep.sum()), np.int32),
              T.LAUNCH_ID: fl[keep] if mode == "full" else [None] * int(keep.sum())}
         ml = np.array(ml, np.int64)
-        mk = np.ones(len(ml), bool) if faults else np.zeros(len(ml), bool)
+        mk = (loss.random(len(ml)) >= drop) if faults else np.zeros(len(ml), bool)
+        dropped = int((~keep).sum() + (~mk).sum()) if faults else 0
         M = {T.START_NS: ml[mk] * 1000 + 20, T.END_NS: ml[mk] * 1000 + 30,
              T.ADDRESS: np.array(ma, np.uint64)[mk], T.BYTES: np.array(mb, np.int64)[mk],
              T.DIRECTION: ["htod"] * int(mk.sum()), T.CAUSE: ["coherence"] * int(mk.sum()),
@@ -120,7 +135,7 @@ class SynthTrace:
                                T.BYTES: np.array([t[2] for t in self.truth], np.int64),
                                T.ACCESS: ["readwrite"] * len(self.truth)}
         man = T.new_manifest(mode=mode, source="synthetic", workload={"name": "synth", "argv": None},
-                             driver_prefetch=False)
+                             driver_prefetch=False, **({"dropped_records": dropped} if count_dropped else {}))
         return T.write_trace(path, man, tables, force=force)
 
 

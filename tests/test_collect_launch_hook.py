@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagecast import trace as T
 from pagecast.collect import launch_hook as lh
@@ -62,6 +64,42 @@ def test_decode_kernel_params_refuses_bad_input():
     nulls = (ctypes.c_void_p * 1)(0)
     with pytest.raises(ValueError):
         lh.decode_kernel_params(ctypes.addressof(nulls), (0,), (8,))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 4, 8, 16, 24, 40]), min_size=1, max_size=24), st.randoms(use_true_random=False),
+       st.booleans())
+def test_compiled_gather_matches_the_ctypes_peer(sizes, rnd, null_one):
+    """The compiled gather (param_gather) and the ctypes decoder agree on any layout: naturally
+    aligned parameters in order (as the driver lays them out), any bytes, and a null entry."""
+    values = [bytes(rnd.getrandbits(8) for _ in range(n)) for n in sizes]
+    offsets, at = [], 0
+    for n in sizes:
+        a = min(n, 8)
+        at = -(-at // a) * a
+        offsets.append(at)
+        at += n
+    ptr, keep = _kernel_params(values)
+    if null_one:
+        i = rnd.randrange(len(sizes))
+        ctypes.c_void_p.from_address(ptr + 8 * i).value = None
+        with pytest.raises(ValueError, match=rf"kernelParams\[{i}\] is null"):
+            lh.decode_kernel_params(ptr, offsets, sizes)
+        with pytest.raises(ValueError, match=rf"kernelParams\[{i}\] is null"):
+            lh.decode_kernel_params_ctypes(ptr, offsets, sizes)
+        return
+    data = lh.decode_kernel_params(ptr, offsets, sizes)
+    assert data == lh.decode_kernel_params_ctypes(ptr, offsets, sizes)
+    assert len(data) == offsets[-1] + sizes[-1]
+    assert all(data[o:o + len(v)] == v for o, v in zip(offsets, values))
+
+
+def test_gather_refuses_implausible_layouts():
+    ptr, keep = _kernel_params([P0])
+    with pytest.raises(ValueError, match="implausible"):
+        lh.decode_kernel_params(ptr, (-8,), (8,))
+    with pytest.raises(ValueError, match="implausible"):
+        lh.decode_kernel_params(ptr, (0,), (1 << 30,))
 
 
 def test_decode_extra_reads_the_buffer_pointer_and_size():

@@ -426,3 +426,28 @@ def test_online_history_keeps_every_observed_page(model):
     k = np.searchsorted(s, pages, side="right") - 1
     assert ((k >= 0) & (pages < e[np.maximum(k, 0)])).all()
     assert sum(b - a for a, b in got) < 8192   # coarsened, not the whole allocation
+
+
+def test_evaluate_counts_unexplained_launches(tmp_path, capsys):
+    """evaluate reports, per kernel and overall, the launches the template left unexplained in the
+    fit (lost records) and those of the evaluated trace with a fault outside the prediction."""
+    from pagecast.predict.synth import SynthTrace
+    st = SynthTrace()
+    buf = st.malloc(64 << 20)
+    for n in [40, 100, 260, 700, 1500] * 8:
+        st.launch("k", [("Q", buf), ("i", n)], [(buf, 4096 * n)])
+    tr = T.read_trace(st.write(tmp_path / "a.pctrace", seed=[3, 1], drop=0.05))
+    m = fit_model([tr])
+    r = m.kernels["k"].regions[0]
+    assert r.text() == "[p0, p0 + 4096*p1)"
+    ev = evaluate(m, tr)
+    k = ev["kernels"][0]
+    assert k["unexplained_in_fit"] == r.fit["unexplained"] == ev["overall"]["unexplained_in_fit"]
+    assert k["fit_launches"] == 40 and k["launches_with_misses"] == 0
+    # a model that under-predicts: the launches whose fault records it misses are counted
+    r.end = type(r.end)(0, ((2048, ("p1",)),))
+    ev = evaluate(m, tr)
+    assert ev["kernels"][0]["launches_with_misses"] == ev["overall"]["launches_with_misses"] > 30
+    save_model(m, tmp_path / "m.json")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "a.pctrace")]) == 0
+    assert "here with a fault outside the prediction" in capsys.readouterr().out

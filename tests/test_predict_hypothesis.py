@@ -62,8 +62,11 @@ def test_recovers_random_templates(tmp_path_factory, tp, seed):
     # like fitting on two scales: the sizes span a wide range (8 and 160 always among them)
     train_sizes = sorted(set(rng.integers(3, 200, size=6).tolist()) | {8, 160})
     test_sizes = rng.integers(3, 300, size=4).tolist()
-    tr = T.read_trace(_build(tp, train_sizes, seed).write(d / "a.pctrace", seed=seed))
-    te = T.read_trace(_build(tp, test_sizes, seed + 1).write(d / "b.pctrace", seed=seed + 1))
+    # the driver's fault pages draw from their own stream: one seeded like the arguments' would
+    # make the faulting page follow an argument, which no driver does (and the fitter, which
+    # weighs where faults land, would rightly believe it)
+    tr = T.read_trace(_build(tp, train_sizes, seed).write(d / "a.pctrace", seed=[seed, 1]))
+    te = T.read_trace(_build(tp, test_sizes, seed + 1).write(d / "b.pctrace", seed=[seed + 1, 1]))
     m = fit_model([tr])
     km = m.kernels["k"]
     assert km.cls != "irregular", [r.text() for r in km.regions]

@@ -104,9 +104,10 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
         raise InputError(f"recording {name} failed (exit {p.returncode}): {lines[-1] if lines else 'no message'}")
     manifest = T.read_manifest(out)
     manifest["workload"] = {"name": name, "argv": ["pagecast", "datasets", "make", name, "-o", str(out), "--scale",
-                                                   f"{scale:g}", "--seed", str(int(seed))],
+                                                   f"{scale:g}", "--seed", str(int(seed)),
+                                                   *(["--drop", f"{drop:g}"] if drop else [])],
                             "program": prog, "scale": float(scale), "seed": int(seed), "category": CATEGORY,
-                            "revision": REVISION}
+                            "revision": REVISION, "drop": float(drop)}
     write_json_atomic(out / T.MANIFEST, manifest)
     if progress is not None:
         progress(1)

@@ -97,7 +97,7 @@ class Engine:
     def __init__(self, cuda, policy, *, capacity: int | None = None,
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, model_kernels: Iterable[str] | None = None,
-                 warn: Callable[[str], None] | None = None, unit: int = UNIT) -> None:
+                 warn: Callable[[str], None] | None = None, unit: int = UNIT, compiled: bool = True) -> None:
         self.cuda = cuda
         self.policy = online_policy(policy)
         self.capacity = capacity
@@ -105,7 +105,8 @@ class Engine:
         self.warn = warn or (lambda m: None)
         self.unit = unit
         self.decider = LaunchDecider(self.policy, AllocationMap(cuda.allocation_of), capacity=capacity,
-                                     predict=predict, relocator=relocator, warn=self.warn, unit=unit)
+                                     predict=predict, relocator=relocator, warn=self.warn, unit=unit,
+                                     compiled=compiled)
         self.stats = EngineStats()
         self.t = 0
         self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
@@ -172,9 +173,11 @@ class Engine:
                       "it gets the fallback prediction")
         d = self.decider.decide(t, la)
         st.period = d.period
-        if d.predict_s is not None:
-            st.predict_s += d.predict_s
-            st.predict_max_s = max(st.predict_max_s, d.predict_s)
+        ps = d.predict_s
+        if ps is not None:
+            st.predict_s += ps
+            if ps > st.predict_max_s:
+                st.predict_max_s = ps
             st.predicted_launches += 1
         corr = int(getattr(la, "correlation_id", 0) or 0)
         self.history.append((t, corr, la, d.predicted))
@@ -192,33 +195,37 @@ class Engine:
             # asynchronous: earlier kernels may not have run yet and may need the victims)
             self.cuda.record_event(self._queued_event, stream)
             self.cuda.stream_wait_event(self._evict_stream, self._queued_event)
-            for a, n in self._calls(t, la, self.cuda.prefetch_to_host, d.evict, self._evict_stream):
-                st.evict_bytes += n
-                st.evictions += 1
+            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_host, d.evict, self._evict_stream)
+            st.evictions += n
+            st.evict_bytes += nbytes
             self.cuda.record_event(self._evict_event, self._evict_stream)
-        for a, n in self._calls(t, la, self.cuda.prefetch_to_gpu, d.prefetch, stream):
-            st.prefetch_bytes += n
-            st.prefetches += 1
+        if d.prefetch:
+            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_gpu, d.prefetch, stream)
+            st.prefetches += n
+            st.prefetch_bytes += nbytes
         if d.evict:
             # the kernel starts only once its room is made; population above overlaps the eviction
             self.cuda.stream_wait_event(stream, self._evict_event)
 
-    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int):
+    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int) -> tuple[int, int]:
         """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation;
-        yield the pieces that the driver took.
+        returns how many calls, and bytes, the driver took (the stats are updated once per launch).
 
         One refused piece (an allocation freed and its address reused since it was cached) does not
         stop the others; the allocation is looked up afresh next time.
         """
-        for a, n in self.allocs.pieces(ranges):
+        n = nbytes = 0
+        for a, m in self.allocs.pieces(ranges):
             try:
-                move(a, n, stream)
+                move(a, m, stream)
             except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
                 self.stats.failed_calls += 1
                 self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
                 self.allocs.forget(a)
                 continue
-            yield a, n
+            n += 1
+            nbytes += m
+        return n, nbytes
 
     # -- feedback -------------------------------------------------------------
     def feedback_from(self, faults: list, kernels: list, apply: Callable[[Any, list[tuple[int, int]]], bool],

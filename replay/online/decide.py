@@ -23,8 +23,9 @@ same ranges' units. Both cut the ranges at allocation boundaries with
 Capacity emulation
 ------------------
 A capacity emulates a smaller GPU without oversubscribing the real one: the
-decider keeps a residency estimate (`residency.Residency`: the bytes it
-believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
+decider keeps a residency estimate (`unit_residency.UnitResidency`, in arrays,
+one compiled call per launch; `residency.Residency` is its Python reference: the
+bytes it believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
 estimated footprint would not fit, names victim units to move to the host. A
 launch's estimated footprint is, in order of preference: the relocated
 footprint from a matching trace, the model's prediction, or the whole
@@ -43,12 +44,17 @@ from typing import Any, Callable
 
 from pagecast.errors import UsageError
 
+import numpy as np
+
+from .period import PeriodTracker
 from .ranges import UNIT, AllocationMap, allocation_ranges, front, merge_ranges, units_of
+from . import residency_kernels as RK
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
+from .unit_residency import UnitResidency
 
 
-@dataclass
+@dataclass(slots=True)
 class LaunchView:
     """What a policy sees of one launch when it decides alone (no lookahead)."""
 
@@ -69,7 +75,7 @@ class LaunchView:
         return self.allocs.clip(self.relocator.footprint(self.t, self.unit))
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """What to move before one launch (merged byte ranges), and what deciding it cost."""
 
@@ -89,12 +95,19 @@ class LaunchDecider:
     allocs) -> [(address, nbytes)]` the online prediction (the template policy,
     and the footprint estimate); `relocator` a Relocator for the oracle;
     `warn` receives one-line warnings (the run no longer matches the trace).
+
+    `compiled` (the default): the period and the residency estimate in arrays, one compiled call
+    each per launch (`period.PeriodTracker`, `unit_residency.UnitResidency`), reading a compiled
+    prediction's ranges where they lie (`predict.last`); `compiled=False`: the Python objects the
+    runner used before (`residency.PeriodDetector`, `Residency`, `SequenceNextUse`), kept as the
+    reference the compiled ones are tested against and that benchmarks/bench_runner.py times
+    beside them. Both make the same decisions.
     """
 
     def __init__(self, policy, allocs: AllocationMap, *, capacity: int | None = None,
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, warn: Callable[[str], None] | None = None,
-                 unit: int = UNIT) -> None:
+                 unit: int = UNIT, compiled: bool = True) -> None:
         if not getattr(policy, "online", False):
             raise UsageError(f"policy {policy.name!r} decides on the whole timeline, not one launch at a time")
         if policy.predicts and predict is None:
@@ -108,11 +121,33 @@ class LaunchDecider:
         self.relocator = relocator
         self.warn = warn or (lambda m: None)
         self.unit = unit
-        self.detector = PeriodDetector()
-        self._seq_next = SequenceNextUse(self.detector)
-        self.residency: Residency | None = None
+        self.compiled = compiled
+        self.detector = PeriodTracker().warm() if compiled else PeriodDetector()
+        self._seq_next = None if compiled else SequenceNextUse(self.detector)
+        self.residency: Residency | UnitResidency | None = None
         if capacity is not None:
-            self.residency = Residency(capacity, unit, policy.victims, self._scorer(policy.victims))
+            if compiled:   # next-use: the sequence scores are the residency's own (recorded in its step)
+                scorer = None if policy.victims == "next-use" else self._scorer(policy.victims)
+                self.residency = UnitResidency(capacity, unit, policy.victims, scorer,
+                                               max_period=self.detector.max_period).warm()
+            else:
+                self.residency = Residency(capacity, unit, policy.victims, self._scorer(policy.victims))
+        self._inbuf = np.zeros(64, np.int64)
+        res = self.residency
+        # the step's flags that do not change from launch to launch
+        self._flags = 0 if res is None or not compiled else (
+            (RK.FL_FRONT if policy.streams_front else 0)
+            | (RK.FL_RECORD if res.victim == "next-use" and res.next_use is None else 0))
+
+    @property
+    def predict(self):
+        return self._predict
+
+    @predict.setter
+    def predict(self, fn) -> None:
+        self._predict = fn
+        self._clipped = bool(getattr(fn, "clipped", False))   # the online predictor's ranges are
+        self._last = getattr(fn, "last", None)                # the compiled one: where it left them
 
     def _scorer(self, victims: str):
         """The next-use scorer a victim rule needs (None for fifo and lru)."""
@@ -147,8 +182,8 @@ class LaunchDecider:
         predicted, predict_s = None, None
         if self.predict is not None and (self.policy.predicts or self.residency is not None):
             p0 = time.perf_counter()
-            predicted = self.predict(la, self.allocs)
-            if not getattr(self.predict, "clipped", False):   # the online predictor's already are
+            predicted = self._predict(la, self.allocs)
+            if not self._clipped:   # the online predictor's already are
                 predicted = self.allocs.clip(predicted)
             predict_s = time.perf_counter() - p0
         view = LaunchView(t, la, data, self.allocs, predicted, rel, self.unit)
@@ -156,7 +191,9 @@ class LaunchDecider:
         evict: list[tuple[int, int]] = []
         overflow = False
         res = self.residency
-        if res is not None:
+        if res is not None and self.compiled:
+            prefetch, evict, overflow = self._capacity_step(t, view, prefetch, period)
+        elif res is not None:
             # with an emulated capacity the estimate knows what is already there: move only the rest
             # (pages the host touched in between fault back in; that costs time, never correctness).
             # What the launch needs is everything the policy wants there, resident or not: the
@@ -179,6 +216,39 @@ class LaunchDecider:
             evict = res.admit(admitted, t, streams=known)
             overflow = res.overflows > overflow_before
         return Decision(prefetch, evict, predicted, predict_s, overflow, period)
+
+    def _capacity_step(self, t: int, view: LaunchView, want, period) -> tuple[list, list, bool]:
+        """The reference's capacity branch (decide, below it), as one UnitResidency step: the
+        prefetch (its front when the launch is larger than memory and the policy streams), the
+        uses recorded for next-use, the admission and its victims."""
+        res = self.residency
+        estimate, known = self._estimate(view, want)
+        last = self._last
+        predicted = view.predicted
+        if last is not None and predicted is not None and (want is predicted or not want) \
+                and (estimate is predicted or estimate is want):
+            # the prediction's ranges where the predictor left them (template: all of it)
+            src, at, n = last.st, last.out_at, len(predicted)
+            wspec = (at << 24) | n if want is predicted else 0
+            espec = -1 if estimate is want else (at << 24) | n
+        else:
+            w = [x for r in want for x in r]
+            e = [] if estimate is want else [x for r in estimate for x in r]
+            if len(w) + len(e) > len(self._inbuf):
+                self._inbuf = np.zeros(2 * (len(w) + len(e)), np.int64)
+            src = self._inbuf
+            src[:len(w)] = w
+            src[len(w):len(w) + len(e)] = e
+            wspec = len(w) // 2
+            espec = -1 if estimate is want else ((len(w) << 24) | (len(e) // 2))
+        if len(want) >= RK.MAX_RANGES or len(estimate) >= RK.MAX_RANGES:   # counts are 24 bits
+            raise ValueError(f"more than {RK.MAX_RANGES} ranges in one launch's residency step")
+        flags = self._flags | (RK.FL_KNOWN if known else 0) | ((0 if period is None else period + 1) << 8)
+        r = res.step_arrays(src, wspec, espec, t, flags)
+        npf, nev = r & 0xFFFFFF, (r >> 24) & 0xFFFFFF
+        flat = res.rs[res.io_at:res.io_at + 2 * (npf + nev)].tolist()
+        pf = list(zip(flat[0:2 * npf:2], flat[1:2 * npf:2]))
+        return pf, (list(zip(flat[2 * npf::2], flat[2 * npf + 1::2])) if nev else []), bool(r >> 48)
 
     def _estimate(self, view: LaunchView, want) -> tuple[list[tuple[int, int]], bool]:
         """What the launch will touch, for the residency estimate (see the module docstring), and

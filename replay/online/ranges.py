@@ -115,28 +115,35 @@ class AllocationMap:
     def __init__(self, lookup: Callable[[int], Any]) -> None:
         self._lookup = lookup
         self._bases: list[int] = []
+        self._ends: list[int] = []      # base + size of each cached allocation (pieces' hot path)
         self._allocs: list[Any] = []
         self._miss: set[int] = set()
+        # bumped whenever an answer of `find` may change (an allocation cached or forgotten, the
+        # misses cleared): a cache of its answers (the compiled predictor's misses) is valid while
+        # it stays the same
+        self.generation = 0
 
     def find(self, addr: int):
         i = bisect.bisect_right(self._bases, addr) - 1
-        if i >= 0:
-            a = self._allocs[i]
-            if addr < a.base + a.size:
-                return a
+        if i >= 0 and addr < self._ends[i]:
+            return self._allocs[i]
         if addr < MIN_PTR or addr >= MAX_PTR or addr in self._miss:
             return None
         a = self._lookup(addr)
         if a is None:
             if len(self._miss) > 100_000:
                 self._miss.clear()
+                self.generation += 1
             self._miss.add(addr)
             return None
+        self.generation += 1
         j = bisect.bisect_left(self._bases, a.base)
         if j < len(self._bases) and self._bases[j] == a.base:
             self._allocs[j] = a
+            self._ends[j] = a.base + a.size
         else:
             self._bases.insert(j, a.base)
+            self._ends.insert(j, a.base + a.size)
             self._allocs.insert(j, a)
         return a
 
@@ -146,17 +153,19 @@ class AllocationMap:
     def cached(self, addr: int):
         """The cached allocation holding addr, or None (never asks the driver)."""
         i = bisect.bisect_right(self._bases, addr) - 1
-        if i >= 0 and addr < self._allocs[i].base + self._allocs[i].size:
+        if i >= 0 and addr < self._ends[i]:
             return self._allocs[i]
         return None
 
     def forget(self, addr: int) -> None:
         """Drop what is cached about the allocation holding addr (it was freed: look it up again)."""
         i = bisect.bisect_right(self._bases, addr) - 1
-        if i >= 0 and addr < self._allocs[i].base + self._allocs[i].size:
+        if i >= 0 and addr < self._ends[i]:
             del self._bases[i]
+            del self._ends[i]
             del self._allocs[i]
         self._miss.discard(addr)
+        self.generation += 1
 
     def clip(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Keep the parts of ranges that lie in managed allocations (prefetch fails elsewhere)."""
@@ -169,25 +178,32 @@ class AllocationMap:
         allocations that happen to be adjacent are not one range to the driver.
         """
         out = []
-        last = None
+        bases, ends, allocs = self._bases, self._ends, self._allocs   # find changes them in place
+        have, lo, hi = False, 0, 0     # the managed allocation of the previous piece, [lo, hi)
+        right = bisect.bisect_right
         for a, n in ranges:
             end = a + n
-            if last is not None and last.base <= a and end <= last.base + last.size:
+            if have and lo <= a and end <= hi:
                 out.append((a, n))   # fast path: inside the allocation of the previous range
                 continue
             while a < end:
-                al = self.find(a)
-                if al is None:
-                    # skip to the next known allocation inside the range, if any
-                    i = bisect.bisect_right(self._bases, a)
-                    if i >= len(self._bases) or self._bases[i] >= end:
-                        break
-                    a = self._bases[i]
-                    continue
-                b = min(end, al.base + al.size)
+                i = right(bases, a) - 1
+                if i >= 0 and a < ends[i]:   # find's cached answer, inline
+                    al, top = allocs[i], ends[i]
+                else:
+                    al = self.find(a)
+                    if al is None:
+                        # skip to the next known allocation inside the range, if any
+                        i = right(bases, a)
+                        if i >= len(bases) or bases[i] >= end:
+                            break
+                        a = bases[i]
+                        continue
+                    top = al.base + al.size
+                b = min(end, top)
                 if al.managed:
                     out.append((a, b - a))
-                    last = al
+                    have, lo, hi = True, al.base, top
                 a = b
         return out
 

@@ -1,4 +1,7 @@
-"""The GPU runner's capacity emulation: the residency estimate and how it chooses victims (pure).
+"""The GPU runner's capacity emulation: the residency estimate and how it chooses victims (pure),
+as Python objects: the reference the runner's compiled estimate (`unit_residency.UnitResidency`,
+`period.PeriodTracker`) is tested against and benchmarked beside (`LaunchDecider(compiled=False)`
+runs on these).
 
 `Residency` holds the bytes the runner believes are on the emulated GPU,
 grouped in 2 MiB units, and says what to evict before a launch whose
