@@ -39,7 +39,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     `a_s`, `a_e`: the base's allocation in pages, per launch. Returns a dict with `have` (per
     launch: its values were recorded), `rows` (the values row found, -1 none) and the merged
     pieces `l` (index into the launches), `s`, `e` (pages), plus `outside` (values whose chunk
-    names no page of the allocation) and `short` (values the count asked for that the row lacks).
+    names no page of the allocation), `short` (values the count asked for that the row lacks) and
+    `bytes` (per launch, the bytes of values it reads).
 
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
@@ -55,7 +56,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     k = np.where(have, np.minimum(cnt, avail), 0)
     short = int(np.where(have, cnt - k, 0).sum())
     z = np.zeros(0, I64)
-    out = {"have": have, "rows": rows, "l": z, "s": z, "e": z, "outside": 0, "short": short}
+    out = {"have": have, "rows": rows, "l": z, "s": z, "e": z, "outside": 0, "short": short, "bytes": k * e}
     todo = np.flatnonzero(k > 0)
     if len(todo) == 0:
         return out

@@ -101,6 +101,8 @@ class _Acc:
         self.labels: list[str] = []
         self._code: dict[str, int] = {}
         self.gates: list[tuple[np.ndarray, ...]] = []
+        self.plain: list[tuple[np.ndarray, ...]] = []   # the pieces without a gate
+        self.value_reads: list[tuple[np.ndarray, np.ndarray]] = []   # (launch, value bytes read)
         # indexed regions: launches without values, values past the end of their row, values whose
         # chunk lies outside the allocation
         self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0}
@@ -119,6 +121,8 @@ class _Acc:
         self.lab.append(np.full(int(keep.sum()), c, np.int32))
         if after is not None:
             self.gates.append((launch[keep], s[keep], e[keep], np.asarray(after, np.int64)[keep]))
+        else:
+            self.plain.append((launch[keep], s[keep], e[keep]))
 
     def arrays(self):
         if not self.l:
@@ -226,6 +230,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                     after = np.full(len(l), -1, np.int64)
                     after[have] = V.producers(trace, l[have], res["rows"][have])
                     after = after[res["l"]]
+                    acc.value_reads.append((l[have], res["bytes"][have]))
                 acc.add(l[res["l"]], res["s"], res["e"], "indexed", after=after)
                 # a launch whose values the trace does not hold: predicted as an irregular region is
                 nv = ~have
@@ -338,17 +343,22 @@ def predict_footprints(model: Model, trace: T.Trace, fallback: str = "history") 
 @dataclass
 class Gates:
     """The predicted pieces that index values chose, each with the launch after which its values
-    exist (`after`; -1: before the trace's first launch): nothing may bring them in earlier."""
+    exist (`after`; -1: before the trace's first launch): nothing may bring them in earlier.
+    `value_launch`, `value_bytes`: the bytes of index values each such launch reads; `plain`:
+    the footprint of the other pieces (what the arguments alone tell)."""
 
     launch: np.ndarray
     start: np.ndarray     # pages
     end: np.ndarray
     after: np.ndarray
+    value_launch: np.ndarray
+    value_bytes: np.ndarray
+    plain: FP.Footprints | None = None
 
     @classmethod
-    def empty(cls) -> "Gates":
+    def empty(cls, plain: FP.Footprints | None = None) -> "Gates":
         z = np.zeros(0, np.int64)
-        return cls(z, z.copy(), z.copy(), z.copy())
+        return cls(z, z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), plain)
 
 
 def predict_gated(model: Model, trace: T.Trace, fallback: str = "history") -> tuple[FP.Footprints, Gates, dict]:
@@ -356,11 +366,15 @@ def predict_gated(model: Model, trace: T.Trace, fallback: str = "history") -> tu
     and the indexed regions' counts (launches without values, values outside their allocation)."""
     acc, _ = _predict_pieces(model, trace, fallback, gates=True)
     l, s, e, _ = acc.arrays()
-    fp = _footprints(l, s, e, trace.n_launches, trace.page_size)
-    if acc.gates:
-        g = Gates(*(np.concatenate([x[i] for x in acc.gates]) for i in range(4)))
-    else:
-        g = Gates.empty()
+    n, ps = trace.n_launches, trace.page_size
+    fp = _footprints(l, s, e, n, ps)
+    if not acc.gates:
+        return fp, Gates.empty(fp), dict(acc.stats)
+    plain = (FP.Footprints.from_intervals(*(np.concatenate([x[i] for x in acc.plain]) for i in range(3)), n, ps,
+                                          "predicted") if acc.plain else FP.Footprints.empty(n, ps, "predicted"))
+    vl = np.concatenate([x[0] for x in acc.value_reads]) if acc.value_reads else np.zeros(0, np.int64)
+    vb = np.concatenate([x[1] for x in acc.value_reads]) if acc.value_reads else np.zeros(0, np.int64)
+    g = Gates(*(np.concatenate([x[i] for x in acc.gates]) for i in range(4)), vl, vb, plain)
     return fp, g, dict(acc.stats)
 
 

@@ -10,7 +10,7 @@ from pagecast import footprints as F
 from pagecast.errors import UsageError
 from pagecast.predict.feedback import apply_feedback
 
-from ..plan.adaptive import predicted_footprints
+from ..plan.adaptive import predicted_gated
 from ..plan.belady import plan_groups
 from ..plan.groups import Groups
 from ..plan.spans import span_needs
@@ -52,16 +52,26 @@ class Template(Planned):
 
     _feedback = False
 
-    def predicted(self, ctx: Context) -> list[F.Footprints]:
+    def predicted_gates(self, ctx: Context) -> list:
+        """Per task (predicted footprints, the pieces index values chose with when those exist). A
+        subclass that gives its own footprints (`predicted`) gives them with no index values."""
+        if type(self).predicted is not Template.predicted:
+            return [(fp, None) for fp in self.predicted(ctx)]
         key = ("predicted", id(self.model), self.fallback)
         if key not in ctx.w.extra:
-            ctx.w.extra[key] = [predicted_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
+            ctx.w.extra[key] = [predicted_gated(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
         return ctx.w.extra[key]
 
+    def predicted(self, ctx: Context) -> list[F.Footprints]:
+        return [fp for fp, _ in self.predicted_gates(ctx)]
+
     def needs(self, ctx):
+        """The predicted needs, with the units index values chose gated on their values' writer
+        (a plan brings them in no earlier than after it: plan/belady.py)."""
         key = ("pneeds", id(self.model), self.fallback)
         if key not in ctx.w.extra:
-            ctx.w.extra[key] = ctx.w.needs_from(self.predicted(ctx))
+            pg = self.predicted_gates(ctx)
+            ctx.w.extra[key] = ctx.w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
         return ctx.w.extra[key]
 
     def prefetch(self, ctx):
@@ -79,6 +89,7 @@ class Template(Planned):
             # feedback changes the model: give this run its own copy and predictions
             ctx.state["model"] = copy.deepcopy(self.model)
             ctx.state["pred"] = list(self.predicted(ctx))
+            ctx.state["gates"] = [g for _, g in self.predicted_gates(ctx)]
             ctx.state["needs"] = self.needs(ctx)
             ctx.state["feedback_changes"] = 0
         return super().prefetch(ctx)
@@ -97,8 +108,8 @@ class Template(Planned):
         if not apply_feedback(model, task.trace, lid, ms, me):
             return None
         ctx.state["feedback_changes"] += 1
-        ctx.state["pred"][t] = predicted_footprints(model, task.trace, self.fallback)
-        needs = w.needs_from(ctx.state["pred"])
+        ctx.state["pred"][t], ctx.state["gates"][t] = predicted_gated(model, task.trace, self.fallback)
+        needs = w.gated_needs_from(ctx.state["pred"], ctx.state["gates"])
         ctx.state["needs"] = needs
         mem = ctx.memory
         # re-planned at the span chosen for the run (one more choice per miss would cost a run each;

@@ -15,8 +15,9 @@ from .kernels import (C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PRE
 # What the clock charges, from a cost profile (replay/costs.py's fields of the same names).
 Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhead_s htod_bw dtoh_bw duplex "
                             "pipelined_bw latency")
-# When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags).
-Order = namedtuple("Order", "blocking wait_prev need_group")
+# When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags), and
+# the step whose end the group's index values wait for, with the seconds their copy to the host takes.
+Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s")
 
 
 @njit(cache=True)
@@ -52,8 +53,11 @@ def _timing(counters, compute, gran, order, c):
     touches (the counters' C_USED_OWN and C_USED_GROUP: a plan made on
     predictions may bring a unit for a later launch that an earlier one
     touches); its faults (and the evictions and driver prefetches they cause)
-    stall it. Returns start, end, stall per step."""
+    stall it. A group with a `gate` (units that index values chose) starts no
+    earlier than the end of the gate's step plus the copy of those values
+    (`gate_s`). Returns start, end, stall per step."""
     blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
+    gate, gate_s = order.gate, order.gate_s
     n = counters.shape[0]
     start = np.empty(n)
     end = np.empty(n)
@@ -74,6 +78,9 @@ def _timing(counters, compute, gran, order, c):
             tg = bulk_seconds(pf_in * gran, g_out * gran, k[C_TRANSFERS], c, c.duplex, c.latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
             gs = max(ce, after)
+            p = gate[i]
+            if p >= 0 and p < i:
+                gs = max(gs, end[p] + gate_s[i])
             ce = gs + tg
             g_end[i] = ce
             g_start[i] = gs
@@ -109,7 +116,17 @@ def costs_of(profile) -> Costs:
                  float(p.transfer_latency_s))
 
 
+def gate_seconds(groups: Groups, profile) -> np.ndarray:
+    """Per group, what copying its index values to the host costs once their writer has ended: one
+    transfer (the profile's `transfer_latency_s`) of `gate_bytes` at device-to-host bandwidth."""
+    if not profile.charges:
+        return np.zeros(groups.n_steps)
+    return np.where(groups.gate >= 0, float(profile.transfer_latency_s)
+                    + groups.gate_bytes / float(profile.dtoh_bandwidth), 0.0)
+
+
 def run_timing(counters, comp, gran, groups: Groups, profile):
     """start, end and stall per step of a run's counters under `profile` (see _timing)."""
-    return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group),
+    return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group,
+                                                      groups.gate.astype(np.int64), gate_seconds(groups, profile)),
                    costs_of(profile))
