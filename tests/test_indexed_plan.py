@@ -196,3 +196,28 @@ def test_model_file_round_trip_and_text(gather, tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps(dd))
         with pytest.raises(Exception, match=msg):
             load_model(tmp_path / "bad.json")
+
+
+def test_the_runner_policy_predicts_with_the_values_and_waits_for_their_writer(gather):
+    """Policy `runner` (the GPU runner's decisions in the simulator): the gather is predicted from
+    the values its writer left (fewer faults than the same model without a values table), and its
+    group starts no earlier than the writer's end plus the copy of the values."""
+    from pagecast.replay.policies.runner import Runner
+    d, traces, model = gather
+    tr = traces[2]
+    prof = replace(PROF, transfer_latency_s=2e-3)
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    (cap, _), = capacities_for(w.footprint_bytes, None, [0.5])
+    with_values = R.run_policy(w, Runner(model), cap // w.gran, prof, P.Options())
+    blind = T.read_trace(IW.build(seed=3, record=False).write(d / "blind.pctrace"))   # the same run, no values
+    wb = build_workload([blind], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    without = R.run_policy(wb, Runner(model), cap // wb.gran, prof, P.Options())
+    from pagecast.replay.sim.kernels import C_FAULTS, C_PREFETCH_IN
+    assert with_values.counters[:, C_FAULTS].sum() < without.counters[:, C_FAULTS].sum()
+    kern = np.array(tr.launches.column(T.KERNEL).to_pylist(), dtype=object)
+    gathers = [i for i in range(w.n_steps) if "gather_rows" in kern[w.step_launch[i]]]
+    # the ids are written two launches before each gather: its group waits for that one, then the copy
+    moved = [i for i in gathers if with_values.counters[i, C_PREFETCH_IN] > 0]
+    assert moved
+    for i in moved:
+        assert with_values.start[i] >= with_values.end[i - 2] + 2e-3 - 1e-12

@@ -12,6 +12,12 @@ plan and its run agree on what such a launch leaves resident. numba caches
 each file's functions on their own: after editing a function here, the
 simulator's cached kernels that call it are stale until sim/kernels.py changes
 too (or its __pycache__ is removed).
+
+Long because the planner's core, its heap and the in-launch victims are one
+numba compilation unit that the simulator's kernels share (split across files,
+numba's per-file cache would leave callers stale, as said above), and index
+values (uses known only after a writer's step, set aside and tried again)
+are a rule of that same walk.
 """
 
 from __future__ import annotations
