@@ -61,7 +61,8 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     _check_fallback(fallback)
     ps = trace.page_size
     truth = FP.footprints(trace)
-    pred, unseen = predict_with_unseen(model, trace, fallback)
+    ix_stats: dict = {}
+    pred, unseen = predict_with_unseen(model, trace, fallback, ix_stats)
     inter = FP.intersection_pages(pred, truth)
     pp, fp = pred.pages_per_launch(), truth.pages_per_launch()
     names, codes, groups = kernel_groups(trace.launches)
@@ -100,6 +101,9 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     ix = np.array([n in model.kernels and model.kernels[n].cls == "indexed" for n in names] or [False])
     im = ix[codes] if len(codes) else np.zeros(0, bool)
     indexed = _stats(inter[im], pp[im], fp[im], ps, int(im.sum()))
+    # the indexed regions' launches without recorded values (given the fallback), values the count
+    # asked for past the end of their row, values whose chunk named no page of the allocation
+    indexed["values"] = {k: int(v) for k, v in ix_stats.items()}
     base = allocation_footprints(trace)
     binter = FP.intersection_pages(base, truth)
     baseline = _stats(binter, base.pages_per_launch(), fp, ps, trace.n_launches)

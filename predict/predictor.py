@@ -378,9 +378,13 @@ def predict_gated(model: Model, trace: T.Trace, fallback: str = "history") -> tu
     return fp, g, dict(acc.stats)
 
 
-def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history"):
-    """(footprints, mask of launches whose kernel the model never saw)."""
+def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history", stats: dict | None = None):
+    """(footprints, mask of launches whose kernel the model never saw). `stats`, when given, is
+    filled with the indexed regions' counts (launches, without values, values past the end of
+    their row, values whose chunk lies outside the allocation)."""
     acc, unseen = _predict_pieces(model, trace, fallback)
+    if stats is not None:
+        stats.update(acc.stats)
     l, s, e, _ = acc.arrays()
     return _footprints(l, s, e, trace.n_launches, trace.page_size), unseen
 

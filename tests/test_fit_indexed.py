@@ -143,3 +143,26 @@ def test_feedback_demotes_an_indexed_template_that_keeps_missing(gather):
     assert changed == [False] * (DEMOTE_AFTER - 1) + [True]
     assert r.cls == "irregular" and r.index is None and r.fit["demoted_by_feedback"]
     assert r.history
+
+
+def test_values_that_point_outside_are_counted_not_an_error(gather, tmp_path, capsys):
+    """A run whose recorded ids name rows far past the table (and launches with none recorded):
+    evaluate names them in one line each, exit 0, and the JSON counts them."""
+    from pagecast.cli import main
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    save_model(model, tmp_path / "m.json")
+    b = IW.build(seed=5, record=False)
+    K = IW.K_GATHER
+    gl = [int(x) for blk in b.blocks if blk.kernel is K for x in np.atleast_1d(blk.ids)]
+    ptr = next(a for a in b.buffers if a.label == "ids").ptr()
+    # the first 4 gathers with no values, the rest reading rows 10^6: past the table's 4096
+    b.values(K, "ids", gl[4:], ptr, np.full((len(gl) - 4, 3), 10**6, "<i4"))
+    bad = b.write(tmp_path / "bad.pctrace")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(bad), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["indexed"]["values"]
+    assert v["outside_values"] == 3 * (len(gl) - 4) and v["no_values"] == 4
+    assert main(["evaluate", str(tmp_path / "m.json"), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "values outside the allocation" in out and "without values" in out
