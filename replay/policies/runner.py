@@ -67,8 +67,12 @@ class Runner(Policy):
                    "replayed in the simulator")
     wants_launches = True
 
-    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None) -> None:
-        """`policy`: whose per-launch decisions to replay (default: template, the runner's)."""
+    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
+                 values: bool = True) -> None:
+        """`policy`: whose per-launch decisions to replay (default: template, the runner's);
+        `values`: predict indexed regions with the trace's index values (False: their fallback,
+        as a runner that reads none)."""
+        self.use_values = values
         self.model = model
         self.fallback = default_fallback(False) if fallback is None else fallback   # the runner's, without feedback
         self.policy = Template() if policy is None else policy
@@ -92,7 +96,7 @@ class Runner(Policy):
                                                                                                  self.fallback))
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
         self.prefetch_bytes = 0
-        self.values = V.image(trace) if trace.values is not None else None
+        self.values = V.image(trace) if trace.values is not None and self.use_values else None
         self.trace = trace
         # launch -> step (one trace: the steps are its launches, in order)
         self.step_of = {int(x): i for i, x in enumerate(np.asarray(w.step_launch).tolist())}
