@@ -13,7 +13,8 @@ from pagecast.predict.feedback import apply_feedback
 from ..plan.adaptive import predicted_gated
 from ..plan.belady import plan_groups
 from ..plan.groups import Groups
-from ..plan.spans import PLAN_SPANS, choose_span, span_needs
+from ..plan.alternatives import best_plan, value_alternatives
+from ..plan.spans import PLAN_SPANS, span_needs
 from ..unit_space import I64
 from .base import Context, Planned, span_trial
 
@@ -95,36 +96,22 @@ class Template(Planned):
         return self._or_values_left_to_faults(ctx, super().prefetch(ctx))
 
     def _or_values_left_to_faults(self, ctx, g: Groups) -> Groups:
-        """Where indexed templates predicted pages, also plan without those pieces (they fault, as
-        under demand paging) and with them predicted as an irregular region is (the fallback's
-        pages of earlier launches), and keep the plan whose trial run on the same predicted
-        needs, the indexed pieces included, is fastest: bringing a unit in once its values exist
-        waits for their writer and the copy, and a single embedding row can cost the plan more
-        than its fault (llm-decode at 150%: 10.25x with the rows planned, 10.29x without), or a
-        gather's exact pages more than keeping its whole vector (spmv-cg at 200%: 4.92x, 4.95x).
-        Every plan is judged on the predictions alone, as `choose_span` judges spans."""
+        """The plan on every prediction, or one leaving the indexed pieces out, whichever the
+        trial on the predicted needs finds faster (plan/alternatives.py)."""
+        if self._feedback:
+            return g
         pg = self.predicted_gates(ctx)
-        if self._feedback or not any(gt is not None and len(gt.launch) for _, gt in pg):
+        alts = value_alternatives(ctx.w, self.model, [t.trace for t in ctx.w.tasks], self.fallback, pg)
+        if not alts:
             return g
-        needs = self.needs(ctx)
-        trial = span_trial(ctx, needs)
-        if trial is None:
-            return g
-        # what the arguments name without the index values' pieces; and what they name with the
-        # indexed regions predicted as irregular ones are (the fallback: earlier launches' pages)
-        plain = ctx.w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])
-        blind = _without_indexed(self.model)
-        hist = ctx.w.needs_from([predicted_gated(blind, t.trace, self.fallback)[0] for t in ctx.w.tasks])
-        best = trial(g, ctx.state["plan_needs"]).end[-1]
         spans = self.spans or PLAN_SPANS
-        out = g
-        for alt in (plain, hist):
-            span, sn, g2, run = choose_span(ctx.w, alt, ctx.cap_units, spans, self.fronts, trial,
-                                            profile=ctx.profile, faults=self.faults and len(spans) > 1)
-            if run is not None and run.end[-1] < best:
-                best, out = run.end[-1], g2
-                ctx.state.update(plan_needs=sn, plan_span=span, plan_front=g2.front, plan_faulted=g2.faulted)
-        return out
+        st = ctx.state
+        span, sn, g2 = best_plan(ctx.w, (st["plan_span"], st["plan_needs"], g), alts, ctx.cap_units, spans,
+                                 self.fronts, span_trial(ctx, self.needs(ctx)), ctx.profile,
+                                 self.faults and len(spans) > 1)
+        if g2 is not g:
+            st.update(plan_needs=sn, plan_span=span, plan_front=g2.front, plan_faulted=g2.faulted)
+        return g2
 
     def on_miss(self, ctx, step, missed):
         w = ctx.w
@@ -172,13 +159,3 @@ def interval_difference(as_, ae, bs, be):
     _, s, e = F.merge_intervals(np.zeros(int(keep.sum()), I64), lo[keep], hi[keep], 1)
     return s, e
 
-
-def _without_indexed(model):
-    """A copy of `model` whose indexed regions are irregular (predicted by the fallback)."""
-    m = copy.deepcopy(model)
-    for km in m.kernels.values():
-        for r in km.regions:
-            if r.cls == "indexed":
-                r.cls, r.index = "irregular", None
-                r.start = r.end = r.count = r.chunk = r.stride = None
-    return m

@@ -22,6 +22,7 @@ from pagecast.errors import UsageError
 from ..costs import CostProfile, load_profile, replace
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
+from ..plan.alternatives import best_plan, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
 from ..policies import POLICIES, Oracle, Runner, Template, check_policies
@@ -270,8 +271,12 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
     needs = w.gated_needs_from([predicted], [gates])
     spans = cfg.spans()
-    span, needs, g, _ = choose_span(w, needs, cu, spans, trial=plan_trial(w, needs, cu, prof, opts, run_policy),
-                                    profile=prof, faults=Template.faults and len(spans) > 1)
+    trial = plan_trial(w, needs, cu, prof, opts, run_policy)
+    faults = Template.faults and len(spans) > 1
+    span, sn, g, _ = choose_span(w, needs, cu, spans, trial=trial, profile=prof, faults=faults)
+    # as template plans (policies/template.py): or a plan leaving the indexed pieces out
+    alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
+    span, needs, g = best_plan(w, (span, sn, g), alts, cu, spans, Template.fronts, trial, prof, faults)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
