@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from pagecast.demo import FIT_SEEDS, OVERSUB, REPLAY_SEED, demo_timeslice_ms
     from pagecast.predict.fit import fit_model
     from pagecast.replay import policies as P
-    from pagecast.replay.plan.adaptive import predicted_footprints
+    from pagecast.replay.plan.adaptive import predicted_gated
     from pagecast.replay.sim import run as R
     from pagecast.replay.sim.bound import lower_bound
     from pagecast.replay.sim.sweep import SimConfig, capacities_for
@@ -67,10 +67,11 @@ def main(argv=None) -> int:
             traces = [read_trace(path(n, REPLAY_SEED + 10 * wl[:k].count(n))) for k, n in enumerate(wl)]
             cfg = SimConfig(costs=args.costs, timeslice_ms=demo_timeslice_ms(traces, args.costs))
             prof = cfg.profile()
-            pred = [predicted_footprints(model, t, cfg.fallback) for t in traces]
+            pg = [predicted_gated(model, t, cfg.fallback) for t in traces]
+            pred = [fp for fp, _ in pg]
             w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                                timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=[pred])
-            w.extra[("predicted", id(model), cfg.fallback)] = pred
+            w.extra[("predicted", id(model), cfg.fallback)] = pg
             comp = R.step_compute(w)
             case = {k: 0.0 for k in tot}
             for o in OVERSUB:

@@ -10,6 +10,10 @@ module turns them into a trace:
 - allocations: the torch storages the arguments point into, placed in managed memory
   (interpret_memory.py);
 - truth: the pages each launch read or wrote, as intervals (interpret_pages.py);
+- values: what the integer tensors a launch's pointer parameters point to held when it began
+  (index values: ids, indices, block tables), from each pointer to the end of its storage, within
+  the trace's per-launch limit (`pagecast.values.ValuesRecorder`: clipped bytes counted in the
+  manifest, a row repeating the latest from its address left out);
 - faults and migrations: the workload models' full-mode driver emulation over the truth
   (datasets/emulate.py's `FullModeEmulation`, passed in by the command: collect/ does not
   import datasets/, docs/architecture.md "Layers"), optionally losing records at a rate.
@@ -37,6 +41,7 @@ import pyarrow as pa
 
 from pagecast import trace as T
 from pagecast.errors import InputError, PagecastError
+from pagecast.values import ValuesRecorder
 
 from . import interpret_compat, interpret_hooks
 from .interpret_args import ArgPacker, check_triton_version
@@ -63,6 +68,7 @@ class InterpretConfig:
     driver_prefetch: bool = True
     part_seconds: float = 2.0
     flush_launches: int = 4096
+    values_limit: int = T.VALUES_LIMIT   # bytes of index values kept per launch (docs/trace-format.md)
 
 
 class Refusal(BaseException):
@@ -88,6 +94,7 @@ class _Launch:
     block: int
     grid: tuple = (1, 1, 1)
     pages: LaunchPages = field(default_factory=LaunchPages)
+    reads: list = field(default_factory=list)   # (param offset, address, bytes) of its integer buffers
 
 
 def _frameworks():
@@ -129,6 +136,8 @@ class InterpretRecorder:
         self.outside = 0                     # truth pages in no live allocation (none expected; counted)
         self.hook_s = 0.0
         self.on_launch: Callable[[], None] | None = None
+        self.values = ValuesRecorder(limit=cfg.values_limit, omit_repeats=True)
+        self.has_values = False
 
     # ---- hooks
     def begin(self, fn, args: tuple, kwargs: dict) -> None:
@@ -152,8 +161,34 @@ class InterpretRecorder:
             self.issued -= 1
             raise Refusal(str(e)) from None
         nw = kwargs.get("num_warps")
-        self.cur = _Launch(lid, packer.name, packed, WARP * int(nw if nw else DEFAULT_NUM_WARPS))
+        self.cur = _Launch(lid, packer.name, packed, WARP * int(nw if nw else DEFAULT_NUM_WARPS),
+                           reads=self._index_reads(packed))
         self.hook_s += time.perf_counter() - t0
+
+    def _index_reads(self, packed) -> list:
+        """The bytes of the launch's integer buffers as it begins, from each pointer to the end of
+        its storage, at most the limit's worth in all (the recorder counts what the limit cuts)."""
+        out = []
+        if not packed.int_pointers:
+            return out
+        import torch   # the workload's own (collect_interpreted imported it)
+        budget = self.values.limit
+        for off, addr, t in packed.int_pointers:
+            try:
+                st = t.untyped_storage()
+                s0 = int(t.storage_offset()) * int(t.element_size())
+                n = max(0, int(st.nbytes()) - s0)
+                if n == 0:
+                    continue
+                take = min(n, budget + 1)   # one byte past the budget: the recorder counts the clip
+                raw = torch.empty(0, dtype=torch.uint8).set_(st)[s0:s0 + take].numpy().tobytes()
+            except (AttributeError, RuntimeError, TypeError):
+                continue   # not a torch tensor with a storage: nothing to read
+            if take < n:
+                self.values.clipped_bytes += n - take
+            out.append((off, addr, raw))
+            budget = max(0, budget - len(raw))
+        return out
 
     def grid(self, nx: int, ny: int, nz: int) -> None:
         if self.cur is not None:
@@ -191,6 +226,10 @@ class InterpretRecorder:
         self._truth_rows += len(aid)
         self._pending.append(cur)
         self.kernels.add(cur.name)
+        if cur.reads:
+            self.values.launch(cur.lid, cur.reads)
+            self.has_values = True
+            cur.reads = []
         if len(self._pending) >= self.cfg.flush_launches or self._truth_rows >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= self.cfg.part_seconds:
             self.flush()
@@ -229,6 +268,9 @@ class InterpretRecorder:
                                             start, end, [x[0] for x in info], [x[1] for x in info])
             self.writer.append(T.FAULTS, faults)
             self.writer.append(T.MIGRATIONS, migs)
+            vals = self.values.take()
+            if vals[T.LAUNCH_ID]:
+                self.writer.append(T.VALUES, vals)
             self.written += n
             self._pending, self._truth, self._truth_rows = [], [], 0
         self._write_allocations(live_too=False)
@@ -267,6 +309,8 @@ class InterpretRecorder:
         self.flush()
         self._write_allocations(live_too=True)
         self.writer.update_manifest(collection=self.stats(), dropped_records=sum(self.emu.dropped.values()))
+        if self.has_values:
+            self.writer.update_manifest(**{T.VALUES_KEY: self.values.manifest()})
         self.writer.close(complete=complete)
 
     def stats(self) -> dict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +42,9 @@ _SIZES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "fp16": 2, "bf
           "i32": 4, "u32": 4, "fp32": 4, "f32": 4, "i64": 8, "u64": 8, "fp64": 8}
 _INT_FMT = {"i1": "<b", "u1": "<B", "i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i", "u32": "<I",
             "i64": "<q", "u64": "<Q"}
+# pointer types whose buffers may hold index values (the trace's values table): 2-, 4- and 8-byte
+# integers (8-bit and 1-bit ones are masks and bytes, not indices)
+INDEX_POINTER_TYPES = frozenset({"*i16", "*u16", "*i32", "*u32", "*i64", "*u64"})
 
 
 class UnsupportedLaunch(InputError):
@@ -66,6 +69,9 @@ class Packed:
     data: bytes
     pointers: list[tuple[int, int]]   # (byte offset, managed address) of every pointer parameter given a tensor
     names: list[str]                  # parameter names (tuple members as name[i])
+    # (byte offset, managed address, tensor) of the pointer parameters to integer tensors: the
+    # buffers whose values may choose a kernel's pages (ids, indices, block tables)
+    int_pointers: list = field(default_factory=list)
 
 
 class ArgPacker:
@@ -92,7 +98,7 @@ class ArgPacker:
         slots: list[tuple[str, str, Any]] = []
         for name, (ty, _attr) in zip(self.param_names, spec):
             _flatten(name, ty, bound[name], slots)
-        offsets, sizes, pointers, names = [], [], [], []
+        offsets, sizes, pointers, names, int_pointers = [], [], [], [], []
         buf = bytearray()
         for name, ty, value in [*slots, *((s, "*scratch", None) for s in ("global_scratch", "profile_scratch"))]:
             size = 8 if ty.startswith("*") else _SIZES.get(ty)
@@ -109,13 +115,15 @@ class ArgPacker:
                 else:
                     raw = address_of(value)
                     pointers.append((off, raw))
+                    if ty in INDEX_POINTER_TYPES:
+                        int_pointers.append((off, raw, value))
                 buf += struct.pack("<Q", raw & 0xFFFF_FFFF_FFFF_FFFF)
             else:
                 buf += _scalar_bytes(self.name, name, ty, value)
             offsets.append(off)
             sizes.append(size)
             names.append(name)
-        return Packed(offsets, sizes, bytes(buf), pointers, names)
+        return Packed(offsets, sizes, bytes(buf), pointers, names, int_pointers)
 
 
 def _flatten(name: str, ty, value, out: list) -> None:

@@ -46,6 +46,7 @@ import pyarrow as pa
 
 from pagecast import trace as T
 from pagecast.uvm import BIG_PAGE, PAGE, PREFETCH_THRESHOLD, VA_BLOCK
+from pagecast.values import ValuesRecorder
 
 from .mangle import mangle
 
@@ -112,7 +113,7 @@ def _scalar(ctype: str) -> tuple[str, int]:
 
 
 # Template classes (cli.md): the intended class of each pointer parameter.
-CLASSES = ("fixed", "linear", "strided", "allocation", "irregular")
+CLASSES = ("fixed", "linear", "strided", "allocation", "indexed", "irregular")
 _CLASS_RANK = {c: i for i, c in enumerate(CLASSES)}
 
 
@@ -223,6 +224,8 @@ class Builder:
         # truth pieces: (launch id, alloc id, address, bytes, access)
         self._truth: list[tuple[np.ndarray, ...]] = []
         self.kernels: dict[str, Kernel] = {}
+        # index values read through pointer parameters: (launch ids, param offset, addresses, data per launch)
+        self._values: list[tuple[np.ndarray, int, np.ndarray, list]] = []
 
     # -- launch ids
     def reserve(self, n: int) -> int:
@@ -303,12 +306,41 @@ class Builder:
             keep = nb > 0
             self._truth.append((lid[keep], aid[keep], addr[keep], nb[keep], acc[keep]))
 
+    def values(self, kernel: Kernel, param: str, ids: Any, address: Any, data: Any) -> None:
+        """Record what launches `ids` of `kernel` read through pointer parameter `param` from
+        `address` (per launch, or one for all): the index values that choose their pages (the
+        trace's `values` table). `data`: per launch a bytes object or an integer array (its bytes
+        as stored), or one of them for every launch (a buffer no launch changes)."""
+        ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
+        n = len(ids)
+        if n == 0:
+            return
+        names = [p for p, _ in kernel.params]
+        if param not in names:
+            raise ValueError(f"{kernel.name} has no parameter {param!r}")
+        off = kernel.offsets[names.index(param)]
+        addr = np.broadcast_to(np.asarray(address).astype(np.uint64), (n,)).copy()
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            rows = [bytes(data)] * n
+        elif isinstance(data, np.ndarray) and data.ndim == 2:
+            a = np.ascontiguousarray(data)
+            rows = [r.tobytes() for r in a]
+        elif isinstance(data, np.ndarray) and data.ndim == 1 and n > 1 and data.dtype != object:
+            rows = [np.ascontiguousarray(data).tobytes()] * n
+        else:
+            rows = [x if isinstance(x, bytes) else np.ascontiguousarray(x).tobytes() for x in data]
+        if len(rows) != n:
+            raise ValueError(f"{kernel.name}.{param}: {len(rows)} value rows for {n} launches")
+        self._values.append((ids, off, addr, rows))
+
     # -- output
     def write(self, out: Path, *, mode: str = "full", driver_prefetch: bool = True,
               force: bool = False, workload: dict | None = None,
-              chunk_bigpages: int = 1 << 23, progress=None, drop: float = 0.0) -> Path:
+              chunk_bigpages: int = 1 << 23, progress=None, drop: float = 0.0,
+              values_limit: int = T.VALUES_LIMIT) -> Path:
         return _write(self, Path(out), mode=mode, driver_prefetch=driver_prefetch, force=force,
-                      workload=workload, chunk_bigpages=chunk_bigpages, progress=progress, drop=drop)
+                      workload=workload, chunk_bigpages=chunk_bigpages, progress=progress, drop=drop,
+                      values_limit=values_limit)
 
 
 def _stable_hash(s: str) -> int:
@@ -393,8 +425,35 @@ class Ranges(Touch):
 
 # ---- writing: launches, clock, truth, driver emulation ------------------------
 
+def _values_rows(b: Builder, limit: int) -> tuple[dict | None, dict | None]:
+    """The builder's value reads as values-table columns (launch order, the limit applied, repeats
+    left out) and the manifest's `values` object; (None, None) when the model recorded none."""
+    if not b._values:
+        return None, None
+    lid = np.concatenate([v[0] for v in b._values])
+    src = np.concatenate([np.full(len(v[0]), k, np.int64) for k, v in enumerate(b._values)])
+    pos = np.concatenate([np.arange(len(v[0]), dtype=np.int64) for v in b._values])
+    order = np.lexsort((pos, src, lid))   # by launch, then in the order the model recorded them
+    rec = ValuesRecorder(limit=limit, omit_repeats=True)
+    k = 0
+    m = len(order)
+    while k < m:
+        j = k
+        launch = lid[order[k]]
+        reads = []
+        while j < m and lid[order[j]] == launch:
+            i = order[j]
+            ids, off, addr, rows = b._values[src[i]]
+            reads.append((off, addr[pos[i]], rows[pos[i]]))
+            j += 1
+        rec.launch(int(launch), reads)
+        k = j
+    return rec.take(), rec.manifest()
+
+
 def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bool,
-           workload: dict | None, chunk_bigpages: int, progress, drop: float = 0.0) -> Path:
+           workload: dict | None, chunk_bigpages: int, progress, drop: float = 0.0,
+           values_limit: int = T.VALUES_LIMIT) -> Path:
     if mode not in T.MODES:
         raise ValueError(f"mode must be one of {T.MODES}")
     if not 0.0 <= drop < 1.0:
@@ -444,11 +503,16 @@ def _write(b: Builder, out: Path, *, mode: str, driver_prefetch: bool, force: bo
     # record loss from its own stream: the rest of the trace is the clean one of this seed
     lost = _RecordLoss(drop, np.random.default_rng([b.seed, _stable_hash(b.name), 8]))
 
+    values, values_manifest = _values_rows(b, values_limit)
+    if values_manifest is not None:
+        manifest[T.VALUES_KEY] = values_manifest
     with T.TraceWriter(out, manifest, force=force,
-                       tables=(*T.REQUIRED_TABLES, T.TRUTH), part_rows=4_000_000,
-                       part_seconds=1e9) as w:
+                       tables=(*T.REQUIRED_TABLES, T.TRUTH) + ((T.VALUES,) if values is not None else ()),
+                       part_rows=4_000_000, part_seconds=1e9) as w:
         w.append(T.LAUNCHES, launches)
         w.append(T.ALLOCATIONS, allocs)
+        if values is not None:
+            w.append(T.VALUES, values)
         nbig = ((taddr + tb - 1) >> BIG_SHIFT) - (taddr >> BIG_SHIFT) + 1
         cum = np.cumsum(nbig)
         lo = 0

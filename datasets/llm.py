@@ -20,7 +20,7 @@ def _k(name, params, classes, **kw) -> Kernel:
 
 # decode kernels
 K_EMBED = _k("embedding_lookup", [("out", f"{BF}*"), ("table", f"const {BF}*"), ("token", "const int*"),
-                                  ("dim", "int")], {"out": "linear", "table": "irregular", "token": "fixed"})
+                                  ("dim", "int")], {"out": "linear", "table": "indexed", "token": "fixed"})
 K_RMSNORM = _k("rmsnorm", [("out", f"{BF}*"), ("x", f"const {BF}*"), ("weight", f"const {BF}*"), ("eps", "float")],
                {"out": "fixed", "x": "fixed", "weight": "fixed"}, template_ints=[HIDDEN])
 K_GEMV = _k("gemv_bf16", [("W", f"const {BF}*"), ("x", f"const {BF}*"), ("y", f"{BF}*"), ("rows", "int"),
@@ -47,7 +47,7 @@ DECODE_KERNELS = [K_EMBED, K_RMSNORM, K_GEMV, K_ROPE, K_KV_APPEND, K_ATTN, K_ADD
 # prefill kernels (a prompt of `rows` tokens at once)
 K_EMBED_ROWS = _k("embedding_lookup_rows", [("out", f"{BF}*"), ("table", f"const {BF}*"),
                                             ("tokens", "const int*"), ("rows", "int"), ("dim", "int")],
-                  {"out": "linear", "table": "irregular", "tokens": "linear"})
+                  {"out": "linear", "table": "indexed", "tokens": "linear"})
 K_RMSNORM_ROWS = _k("rmsnorm_rows", [("out", f"{BF}*"), ("x", f"const {BF}*"), ("weight", f"const {BF}*"),
                                      ("eps", "float"), ("rows", "int")],
                     {"out": "linear", "x": "linear", "weight": "fixed"}, template_ints=[HIDDEN])
@@ -78,7 +78,7 @@ K_ROUTER_TOPK = _k("moe_router_topk", [("logits", f"const {BF}*"), ("expert_ids"
 K_MOE_FFN = _k("moe_expert_ffn", [("y", f"{BF}*"), ("x", f"const {BF}*"), ("experts", f"const {BF}*"),
                                   ("expert_ids", "const int*"), ("expert_weights", "const float*"), ("k", "int"),
                                   ("dim", "int"), ("ffn_dim", "int")],
-               {"y": "linear", "x": "linear", "experts": "irregular", "expert_ids": "linear",
+               {"y": "linear", "x": "linear", "experts": "indexed", "expert_ids": "linear",
                 "expert_weights": "linear"})
 MOE_KERNELS = [K_ROUTER_TOPK, K_MOE_FFN]
 
@@ -177,6 +177,7 @@ def _decode(b: Builder, m: Model, w: Weights, kv: KV, scratch: dict[str, Buffer]
             b.launch(K_EMBED, ids, {"out": x.ptr(), "table": W.ptr(w.o["embed"]), "token": tok.ptr(), "dim": d},
                      grid=(d // 256,), touches=[Range(W, w.o["embed"] + tokens * 2 * d, 2 * d), Range(tok, 0, 4),
                                                 Range(x, 0, 2 * d, WRITE)])
+            b.values(K_EMBED, "token", ids, tok.ptr(), tokens.astype("<i4")[:, None])
         elif kind == "norm":
             o = w.o[op[1]]
             b.launch(K_RMSNORM, ids, {"out": h.ptr(), "x": x.ptr(), "weight": W.ptr(o), "eps": 1e-5},
@@ -243,6 +244,7 @@ def _decode(b: Builder, m: Model, w: Weights, kv: KV, scratch: dict[str, Buffer]
                      grid=(k, -(-m.expert_ffn // 64)), block=(256,), flops=2 * k * 3 * m.expert_ffn * d,
                      touches=[Range(h, 0, 2 * d, READWRITE), Range(r, 0, 4 * k), Range(r, 64, 4 * k),
                               Ranges(w.experts, which, eoff, w.expert_bytes)])
+            b.values(K_MOE_FFN, "expert_ids", ids, r.ptr(), chosen.astype("<i4"))
         elif kind == "sample":
             b.launch(K_SAMPLE, ids, {"logits": logits.ptr(), "token": tok.ptr(), "vocab": m.vocab,
                                      "temperature": 0.7, "top_p": 0.9, "rng_offset": (ids * 4).astype(np.uint64)},
@@ -323,6 +325,7 @@ def _prefill(b: Builder, m: Model, w: Weights, kv: KV, rope: Buffer, P: int) -> 
     one(K_EMBED_ROWS, {"out": x.ptr(), "table": W.ptr(w.o["embed"]), "tokens": tokens.ptr(), "rows": P, "dim": d},
         grid=(P,), touches=[Ranges(W, np.zeros(P, np.int64), w.o["embed"] + tok * 2 * d, 2 * d),
                             Range(tokens, 0, 4 * P), Range(x, 0, 2 * P * d, WRITE)])
+    b.values(K_EMBED_ROWS, "tokens", b.cursor - 1, tokens.ptr(), [tok.astype("<i4")])
     nh = m.n_heads + m.n_kv
     for l in range(m.layers):
         norm(f"{l}.attn_norm")
@@ -398,7 +401,7 @@ _LLM = ("Llama-style bf16 decoder, hidden 1024 (rmsnorm<1024> is a template: fix
         "heads of 64, all weights in one allocation (per-layer pointers inside it), KV cache pool "
         "[layer][K|V][kv_head][max_seq][64]: attention reads n_kv_heads chunks of (pos+1)*head_dim*2 bytes "
         "every max_seq*head_dim*2 (strided, linear in the pos argument) and kv_append writes one slot per "
-        "head (strided); embedding rows follow the token in device memory (irregular); GEMVs are linear in "
+        "head (strided); embedding rows follow the token id in device memory (indexed: the trace records the id); GEMVs are linear in "
         "rows*cols; residual_add's footprint follows the grid; sampling takes floats beside an 8-byte "
         "rng offset.")
 
@@ -409,7 +412,7 @@ _DECODE_CONSTANT = {"residual_add": ("x", "y"), "sample_top_p": ("logits",), "em
 WORKLOADS = [
     workload("llm-decode", "llm",
              "Token-by-token decode of requests resuming cached contexts. " + _LLM
-             + " Templates: fixed, linear, strided, irregular.",
+             + " Templates: fixed, linear, strided, indexed.",
              build_llm_decode, DECODE_KERNELS,
              constant={**_DECODE_CONSTANT, "silu_mul": ("out", "gate_up")},
              summary="LLM decode: per-layer weights in one allocation, growing KV cache"),
@@ -417,16 +420,16 @@ WORKLOADS = [
              "Requests with a prompt prefill (GEMMs with M = prompt length, causal attention with an "
              "n_heads*P*P score buffer, KV writes of P slots per head), then decode. Prefill temporaries are "
              "freed after each prompt and their addresses reused by the decode buffers and the next prompt. "
-             + _LLM + " Templates: fixed, linear, strided, irregular.",
+             + _LLM + " Templates: fixed, linear, strided, indexed.",
              build_llm_prefill_decode, DECODE_KERNELS + PREFILL_KERNELS, constant=_DECODE_CONSTANT,
              summary="LLM prompt prefill then decode; prompt temporaries freed and reused"),
     workload("moe-decode", "llm",
              "Decode through a mixture-of-experts model (8, 16 or 32 experts per layer, top-2): a router GEMV, "
              "a top-k kernel, and an expert FFN that reads the weights of the experts the router chose for "
-             "the token (data-dependent, skewed per layer: irregular). " + _LLM
-             + " Templates: fixed, linear, strided, irregular.",
+             "the token (data-dependent, skewed per layer: indexed by the router's expert ids). " + _LLM
+             + " Templates: fixed, linear, strided, indexed.",
              build_moe_decode, [k for k in DECODE_KERNELS if k is not K_SILU] + MOE_KERNELS,
              constant={**_DECODE_CONSTANT, "moe_router_topk": ("logits", "expert_ids", "expert_weights"),
                        "moe_expert_ffn": ("y", "x", "expert_ids", "expert_weights")},
-             summary="mixture-of-experts decode: router-chosen experts (irregular)"),
+             summary="mixture-of-experts decode: router-chosen experts (indexed)"),
 ]

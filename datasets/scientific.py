@@ -172,7 +172,7 @@ def build_jacobi2d(b: Builder) -> None:
 K_SPMV = Kernel("spmv_csr_block", [("nrows", "int"), ("nnz", "int"), ("rowptr", "const int*"),
                                    ("colind", "const int*"), ("vals", "const float*"), ("x", "const float*"),
                                    ("y", "float*")],
-                {"rowptr": "linear", "colind": "linear", "vals": "linear", "x": "irregular", "y": "linear"})
+                {"rowptr": "linear", "colind": "linear", "vals": "linear", "x": "indexed", "y": "linear"})
 K_DOT = Kernel("dot_partial", [("a", "const float*"), ("b", "const float*"), ("out", "float*"), ("n", "int")],
                {"a": "linear", "b": "linear", "out": "fixed"})
 K_AXPY = Kernel("axpy", [("y", "float*"), ("x", "const float*"), ("alpha", "float"), ("n", "int")],
@@ -255,6 +255,8 @@ def build_spmv_cg(b: Builder) -> None:
                               Range(A_val, 4 * k0[k], 4 * nz),
                               Ranges(p, which, np.tile(run_off[sel], iters), np.tile(run_nb[sel], iters)),
                               Range(q, 4 * r0[k], 4 * nr, WRITE)])
+            # the column indices that choose the gathered entries of x (no launch writes them)
+            b.values(K_SPMV, "colind", ids, A_col.ptr(4 * k0[k]), col[k0[k]:k1[k]].astype("<i4").tobytes())
         elif kind == "dot":
             va, vb, k = vec[op[1]], vec[op[2]], op[3]
             nr = int(rows[k])
@@ -302,9 +304,9 @@ WORKLOADS = [
     workload("spmv-cg", "scientific",
              "Conjugate gradient on a CSR matrix (band plus clustered long-range couplings) split into 6-10 "
              "uneven row blocks: per block a CSR SpMV whose gather of x follows the column indices "
-             "(irregular, data-dependent), with rowptr/colind/vals/y pointers offset into their allocations "
+             "(indexed: data-dependent, the trace records the column indices), with rowptr/colind/vals/y pointers offset into their allocations "
              "(linear in nrows and nnz), dot products into per-block 4-byte partials (fixed), axpy/xpay with "
-             "float coefficients beside int n, and a reduction. Templates: linear, fixed, irregular.",
+             "float coefficients beside int n, and a reduction. Templates: linear, fixed, indexed.",
              build_spmv_cg, SPMV_KERNELS, constant={"reduce_sum": ("partial",)},
              summary="conjugate gradient: CSR SpMV with a data-dependent gather, dot, axpy"),
 ]

@@ -47,6 +47,12 @@ class SummaryCommand(Command):
             ("footprint", f"{format_size(s['footprint_bytes'])} ({s['footprint_source']}; page {s['page_size']} B)"),
             ("time span", "n/a" if span is None else f"{span / 1e6:,.3f} ms"),
         ]
+        v = s.get("values")
+        if v is not None:
+            clipped = v["clipped_bytes_by_writer"] + v["read"].get("clipped_bytes", 0)
+            rows.append(("index values", f"{v['rows']:,} rows for {v['launches']:,} launches, {format_size(v['bytes'])}"
+                                         f" (limit {format_size(v['limit_bytes'])} a launch, repeats {v['repeats']}"
+                                         + (f", {format_size(clipped)} clipped" if clipped else "") + ")"))
         for k, v in rows:
             t.add_row(k, v)
         out = console.stdout()
@@ -65,7 +71,7 @@ class QueryCommand(Command):
     name = "query"
     help = "run SQL (DuckDB) over a trace; each table is a view of the same name"
     description = ("Run SQL over a trace with DuckDB, in-process. Views: launches, allocations, faults,\n"
-                   "migrations, and truth / uvm_events where the trace has them (docs/trace-format.md).\n\n"
+                   "migrations, and truth / uvm_events / values where the trace has them (docs/trace-format.md).\n\n"
                    "  pagecast query run.pctrace \"SELECT kernel, count(*) FROM launches GROUP BY 1\"")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:

@@ -70,4 +70,18 @@ def trace_summary(trace: T.Trace, top: int = 10) -> dict:
         "has_truth": trace.truth is not None,
         "time_span_ns": (hi - lo) if lo is not None else None,
         "top_kernels": kernels,
+        "values": _values_summary(trace),
     }
+
+
+def _values_summary(trace: T.Trace) -> dict | None:
+    """The values table, when the trace has one: rows, launches, bytes, the writer's limit and what
+    was clipped (by the writer, in the manifest; by the reader, in its report)."""
+    v = trace.values
+    if v is None:
+        return None
+    m = trace.manifest.get(T.VALUES_KEY) if isinstance(trace.manifest.get(T.VALUES_KEY), dict) else {}
+    return {"rows": v.num_rows, "launches": int(len(pc.unique(v.column(T.LAUNCH_ID)))) if v.num_rows else 0,
+            "bytes": int(pc.sum(v.column(T.BYTES)).as_py() or 0), "limit_bytes": trace.values_limit,
+            "repeats": m.get("repeats", "kept"), "clipped_bytes_by_writer": int(m.get("clipped_bytes", 0)),
+            "read": dict(trace.values_report)}

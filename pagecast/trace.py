@@ -44,9 +44,10 @@ FAULTS = "faults"
 MIGRATIONS = "migrations"
 TRUTH = "truth"
 UVM_EVENTS = "uvm_events"  # optional, collector-specific (thrashing, throttling, remote map)
+VALUES = "values"          # optional: index buffers' contents at launch (expert ids, token ids, block tables)
 
 REQUIRED_TABLES = (LAUNCHES, ALLOCATIONS, FAULTS, MIGRATIONS)
-OPTIONAL_TABLES = (TRUTH, UVM_EVENTS)
+OPTIONAL_TABLES = (TRUTH, UVM_EVENTS, VALUES)
 
 # ---- column names ----------------------------------------------------------
 LAUNCH_ID = "launch_id"
@@ -73,6 +74,9 @@ CAUSE = "cause"
 # uvm_events (optional)
 EVENT = "event"
 VALUE = "value"
+# values (optional)
+PARAM_OFFSET = "param_offset"
+DATA = "data"
 
 # ---- enumerations ----------------------------------------------------------
 ALLOC_KINDS = ("managed", "device", "host")
@@ -113,6 +117,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         (TIME_NS, _i64), (EVENT, pa.string()), (ADDRESS, _u64), (VALUE, _i64),
         (DEVICE, _i32), (LAUNCH_ID, _i64),
     ]),
+    VALUES: pa.schema([
+        (LAUNCH_ID, _i64), (PARAM_OFFSET, _i32), (ADDRESS, _u64), (BYTES, _i64), (DATA, pa.binary()),
+    ]),
 }
 
 NULLABLE: dict[str, frozenset[str]] = {
@@ -122,6 +129,7 @@ NULLABLE: dict[str, frozenset[str]] = {
     MIGRATIONS: frozenset({LAUNCH_ID}),
     TRUTH: frozenset(),
     UVM_EVENTS: frozenset({ADDRESS, LAUNCH_ID, DEVICE}),
+    VALUES: frozenset(),
 }
 
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -133,7 +141,18 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 # Columns that must hold strictly positive values.
-POSITIVE = {(ALLOCATIONS, BYTES), (MIGRATIONS, BYTES), (TRUTH, BYTES), (FAULTS, COUNT)}
+POSITIVE = {(ALLOCATIONS, BYTES), (MIGRATIONS, BYTES), (TRUTH, BYTES), (FAULTS, COUNT), (VALUES, BYTES)}
+
+# ---- the values table's manifest key (docs/trace-format.md, "values") --------------
+# "values": {"limit_bytes": L, "clipped_bytes": C, "clipped_launches": K, "repeats": "omitted" | "kept"}
+VALUES_KEY = "values"
+# Bytes of index values recorded per launch unless the writer says otherwise: the copy of B bytes
+# of an index buffer costs less than a fifth of the full-mode faults the launch takes on those
+# B bytes at any B (docs/trace-format.md, "The values limit"), so the limit bounds the trace's
+# size, not the collection's time; 16 MiB holds a CSR block's column indices of a few million
+# nonzeros, and a reader never keeps more than this per launch for a trace that names no limit.
+VALUES_LIMIT = 16 << 20
+REPEATS = ("omitted", "kept")
 
 
 class TraceWarning(UserWarning):
@@ -337,6 +356,8 @@ class Trace:
     migrations: pa.Table
     truth: pa.Table | None = None
     extra: dict[str, pa.Table] = field(default_factory=dict)
+    # what the reader did to the values table (rows dropped, bytes clipped: _validate_values)
+    values_report: dict = field(default_factory=dict)
 
     @property
     def page_size(self) -> int:
@@ -369,6 +390,24 @@ class Trace:
             raise TraceError(f"{self.path}: {what} needs the kernels' argument bytes, which this trace (source"
                              f" {self.manifest.get('source')!r}) does not have; record the workload with pagecast collect")
         return self
+
+    @property
+    def values(self) -> pa.Table | None:
+        """The optional values table (index buffers' contents at launch), sorted by launch_id."""
+        return self.extra.get(VALUES)
+
+    @property
+    def values_limit(self) -> int:
+        """Bytes of values kept per launch: the manifest's `values.limit_bytes`, else VALUES_LIMIT."""
+        m = self.manifest.get(VALUES_KEY)
+        return int(m.get("limit_bytes", VALUES_LIMIT)) if isinstance(m, dict) else VALUES_LIMIT
+
+    @property
+    def values_repeats_omitted(self) -> bool:
+        """Whether the writer left out a launch's values row where it repeats the latest row read from
+        the same address (then that row holds for the launch: pagecast.values)."""
+        m = self.manifest.get(VALUES_KEY)
+        return isinstance(m, dict) and m.get("repeats") == "omitted"
 
     @property
     def name(self) -> str:
@@ -441,7 +480,23 @@ def read_manifest(path: str | os.PathLike) -> dict:
     for key in ("workload", "device"):
         if not isinstance(manifest.get(key), (dict, type(None))):
             raise TraceError(f"{mpath}: {key} must be an object or null, found {shown(manifest.get(key))}")
+    _check_values_key(manifest.get(VALUES_KEY), mpath)
     return manifest
+
+
+def _check_values_key(v: Any, mpath: Path) -> None:
+    """The manifest's `values` object, when there: a positive integer limit, counts >= 0, a known `repeats`."""
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise TraceError(f"{mpath}: values must be an object, found {shown(v)}")
+    for k in ("limit_bytes", "clipped_bytes", "clipped_launches"):
+        x = v.get(k, 1)
+        if not isinstance(x, int) or isinstance(x, bool) or x < (1 if k == "limit_bytes" else 0):
+            raise TraceError(f"{mpath}: values.{k} must be an integer >= {1 if k == 'limit_bytes' else 0},"
+                             f" found {shown(x)}")
+    if v.get("repeats", "kept") not in REPEATS:
+        raise TraceError(f"{mpath}: values.repeats must be one of {', '.join(REPEATS)}, found {shown(v.get('repeats'))}")
 
 
 def is_trace(path: str | os.PathLike) -> bool:
@@ -579,6 +634,7 @@ def _validate(trace: Trace) -> None:
     _validate_launches(trace)
     _validate_allocations(trace)
     _validate_truth(trace)
+    _validate_values(trace)
 
 
 def _validate_launches(trace: Trace) -> None:
@@ -630,6 +686,81 @@ def _validate_truth(trace: Trace) -> None:
         bad = mn.as_py() if mn.as_py() < 0 else mx.as_py()
         raise TraceError(f"{trace.path / TRUTH}: launch_id {bad} names no launch"
                          f" (the trace has {n} launches{f', ids 0..{n - 1}' if n else ''})")
+
+
+def _validate_values(trace: Trace) -> None:
+    """The values table: refused where a row contradicts itself (data of another length than
+    `bytes`); otherwise rows for launches that do not exist and rows whose pointer word lies
+    outside their launch's parameters are dropped, and each launch's bytes beyond the limit are
+    clipped; what was dropped or clipped is counted in `trace.values_report`, with one warning
+    line. (Values outside their allocation are clipped where the allocations are looked up:
+    pagecast.values.) Rows come out sorted by launch_id, in their stored order within a launch."""
+    t = trace.extra.get(VALUES)
+    if t is None:
+        return
+    where = trace.path / VALUES
+    rep = {"rows": t.num_rows, "dropped_no_launch": 0, "dropped_no_pointer": 0, "clipped_bytes": 0,
+           "clipped_launches": 0}
+    trace.values_report = rep
+    if t.num_rows == 0:
+        return
+    nb = t.column(BYTES).to_numpy().astype(np.int64)
+    dl = pc.binary_length(t.column(DATA)).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not np.array_equal(nb, dl):
+        k = int(np.argmax(nb != dl))
+        raise TraceError(f"{where}: row {k} (launch {t.column(LAUNCH_ID)[k].as_py()}) says {nb[k]} bytes"
+                         f" but its data holds {dl[k]}")
+    lid = t.column(LAUNCH_ID).to_numpy()
+    order = np.argsort(lid, kind="stable")
+    lid, nb = lid[order], nb[order]
+    n = trace.n_launches
+    keep = (lid >= 0) & (lid < n)
+    rep["dropped_no_launch"] = int((~keep).sum())
+    if n:
+        plen = pc.binary_length(trace.launches.column(PARAM_DATA)).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = t.column(PARAM_OFFSET).to_numpy().astype(np.int64)[order]
+        inside = (off >= 0) & (off + 8 <= plen[np.clip(lid, 0, n - 1)])
+        rep["dropped_no_pointer"] = int((keep & ~inside).sum())
+        keep &= inside
+    # each launch's bytes past the limit: rows in their stored order keep what fits
+    limit = trace.values_limit
+    cum = np.cumsum(np.where(keep, nb, 0))
+    first = np.searchsorted(lid, lid, side="left")
+    before = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0)
+    upto = cum - before                     # the launch's kept bytes up to and including this row
+    new_nb = np.where(keep, np.clip(limit - (upto - nb), 0, nb), 0)
+    over = keep & (new_nb < nb)
+    rep["clipped_bytes"] = int((nb - new_nb)[over].sum())
+    rep["clipped_launches"] = int(len(np.unique(lid[over])))
+    keep &= new_nb > 0
+    t = t.take(pa.array(order))
+    if over.any():
+        data = t.column(DATA).combine_chunks()
+        vals = data.to_pylist() if over.sum() * 4 > len(data) else None
+        idx = np.flatnonzero(over)
+        if vals is None:   # a few rows: slice just those
+            cut = pa.array([data[int(i)].as_py()[:int(new_nb[i])] for i in idx], pa.binary())
+            data = pa.concat_arrays([data, cut])
+            take = np.arange(len(order))
+            take[idx] = len(order) + np.arange(len(idx))
+            data = data.take(pa.array(take))
+        else:
+            for i in idx:
+                vals[i] = vals[i][:int(new_nb[i])]
+            data = pa.array(vals, pa.binary())
+        t = t.set_column(t.schema.get_field_index(DATA), DATA, data)
+        t = t.set_column(t.schema.get_field_index(BYTES), BYTES, pa.array(new_nb, _i64))
+    if not keep.all():
+        t = t.filter(pa.array(keep))
+    trace.extra[VALUES] = t
+    said = [f"{rep['dropped_no_launch']} rows for launches the trace does not have" if rep["dropped_no_launch"] else "",
+            f"{rep['dropped_no_pointer']} rows whose pointer word lies outside the launch's parameters"
+            if rep["dropped_no_pointer"] else "",
+            f"{rep['clipped_bytes']} bytes past the limit of {limit} per launch (in {rep['clipped_launches']}"
+            " launches)" if rep["clipped_bytes"] else ""]
+    said = [x for x in said if x]
+    if said and (trace.complete or rep["dropped_no_pointer"] or rep["clipped_bytes"]):
+        warnings.warn(f"{where}: dropped or clipped " + "; ".join(said), TraceWarning, stacklevel=3)
 
 
 def _validate_allocations(trace: Trace) -> None:

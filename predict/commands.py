@@ -178,6 +178,17 @@ class EvaluateCommand(Command):
                   f"  ({o['launches']:,} launches)")
         out.print(f"  argument-determined kernels: precision {_pct(d['precision'])}  recall {_pct(d['recall'])}"
                   f"  ({d['launches']:,} launches)")
+        x = doc["indexed"]
+        if x["launches"]:
+            out.print(f"  index-determined kernels (indexed): precision {_pct(x['precision'])}  recall"
+                      f" {_pct(x['recall'])}  ({x['launches']:,} launches)")
+            xv = x.get("values", {})
+            odd = [f"{xv[k]:,} {what}" for k, what in (("no_values", "without values (fallback)"),
+                                                       ("short_values", "values past their row"),
+                                                       ("outside_values", "values outside the allocation"))
+                   if xv.get(k)]
+            if odd:
+                out.print("  indexed regions: " + ", ".join(odd))
         out.print(f"  unexplained: {_launches(o['unexplained_in_fit'])} of the fitting traces (lost or odd records),"
                   f" {_launches(o['launches_with_misses'])} here with a fault outside the prediction")
         if u["launches"]:

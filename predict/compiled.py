@@ -95,7 +95,9 @@ class _Program:
             if r.cls == "irregular":
                 for s, e in r.history:
                     self.stored.extend((int(s), int(e)))
-            self.regions.extend((int(offsets[b.param]) + b.within, _CLS[r.cls],
+            # an indexed region is its fallback here (as an irregular region without a history): a
+            # launch whose index values are at hand goes the reference path (CompiledPredictor.predict)
+            self.regions.extend((int(offsets[b.param]) + b.within, _CLS.get(r.cls, CK.CLS_IRREGULAR),
                                  self.formula(r.start, local), self.formula(r.end, local),
                                  self.formula(r.count, local), self.formula(r.chunk, local),
                                  self.formula(r.stride, local), h0, len(self.stored) // 2))
@@ -243,6 +245,7 @@ class CompiledPredictor(OnlinePredictor):
         """The program of the model as it is now (and of the layouts seen so far)."""
         b = _Program()
         self._entries.clear()
+        self._indexed = {name for name, km in self.model.kernels.items() if any(r.cls == "indexed" for r in km.regions)}
         for i, (name, km) in enumerate(self.model.kernels.items()):
             b.kernel(km, km.param_offsets)
             grid = any(Word.parse(n).param < 0 for r in km.regions for n in r.feature_names())
@@ -310,11 +313,16 @@ class CompiledPredictor(OnlinePredictor):
                 return n
         return self._predict(kernel, data, param_offsets, param_sizes, grid, block, 1)
 
-    def predict_args(self, la, data: bytes) -> int:
+    def predict_args(self, la, data: bytes, values=None) -> int:
         """predict_into for a launch as the launch hook hands it over (`LaunchArgs`): its grid and
-        block are read only when the kernel's formulas use them."""
+        block are read only when the kernel's formulas use them. `values`: as OnlinePredictor.predict's,
+        for a kernel with an indexed region (that launch is predicted by the reference path)."""
         if type(data) is not bytes:   # the compiled entry takes exactly bytes
             data = bytes(data)
+        if values is not None and la.kernel in self._indexed:
+            if self.model.version_counter != self._compiled_version:
+                self._compile()
+            return self._reference(la.kernel, data, la.param_offsets, la.param_sizes, la.grid, la.block, 1, values)
         e = self._entries.get(la.kernel)
         if (e is not None and self.model.version_counter == self._fresh
                 and la.param_sizes == e[1] and la.param_offsets == e[2]):
@@ -382,9 +390,9 @@ class CompiledPredictor(OnlinePredictor):
         if row < 0 or int(self.st[int(self.st[CK.M_TABLE]) + 1 + 2 * row]) != int(r[0]):
             raise _Miss()   # the table answers otherwise for this pointer (overlapping allocations)
 
-    def _reference(self, kernel, data, param_offsets, param_sizes, grid, block, mode: int) -> int:
+    def _reference(self, kernel, data, param_offsets, param_sizes, grid, block, mode: int, values=None) -> int:
         """OnlinePredictor.predict for this launch, written where predict_into writes."""
-        pages = OnlinePredictor.predict(self, kernel, data, param_offsets, param_sizes, grid, block)
+        pages = OnlinePredictor.predict(self, kernel, data, param_offsets, param_sizes, grid, block, values)
         if mode == 1:
             pages = [(s * self.ps, (e - s) * self.ps) for s, e in pages if e > s]
         need = int(self.prog[CK.H_POFF]) + 2 * len(pages)
@@ -400,6 +408,11 @@ class CompiledPredictor(OnlinePredictor):
         return list(zip(flat[0::2], flat[1::2]))
 
     def predict(self, kernel: str, param_data: bytes, param_offsets=None, param_sizes=None,
-                grid=(1, 1, 1), block=(1, 1, 1)) -> list[tuple[int, int]]:
+                grid=(1, 1, 1), block=(1, 1, 1), values=None) -> list[tuple[int, int]]:
         """Merged page ranges [start, end) the launch is predicted to touch (OnlinePredictor.predict)."""
+        if values is not None and kernel in self._indexed:
+            if self.model.version_counter != self._compiled_version:
+                self._compile()
+            return self.ranges(self._reference(kernel, bytes(param_data), param_offsets, param_sizes, grid, block, 0,
+                                               values))
         return self.ranges(self._predict(kernel, bytes(param_data), param_offsets, param_sizes, grid, block, 0))

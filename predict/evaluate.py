@@ -61,7 +61,8 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     _check_fallback(fallback)
     ps = trace.page_size
     truth = FP.footprints(trace)
-    pred, unseen = predict_with_unseen(model, trace, fallback)
+    ix_stats: dict = {}
+    pred, unseen = predict_with_unseen(model, trace, fallback, ix_stats)
     inter = FP.intersection_pages(pred, truth)
     pp, fp = pred.pages_per_launch(), truth.pages_per_launch()
     names, codes, groups = kernel_groups(trace.launches)
@@ -91,10 +92,18 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
             d = _stats(inter[m], pp[m], fp[m], ps, int(m.sum()))
             d["kernels"] = int(sum(1 for n in names if (model.kernels[n].cls if n in model.kernels else "unseen") == c))
             by_class[c] = d
-    # over the kernels whose footprint the arguments determine (no irregular region, seen)
-    det = np.array([n in model.kernels and model.kernels[n].cls != "irregular" for n in names] or [False])
+    # over the kernels whose footprint the arguments determine (no irregular or indexed region, seen),
+    # and those whose footprint index values determine (an indexed region, none irregular)
+    det = np.array([n in model.kernels and model.kernels[n].cls not in ("irregular", "indexed") for n in names]
+                   or [False])
     dm = det[codes] if len(codes) else np.zeros(0, bool)
     determined = _stats(inter[dm], pp[dm], fp[dm], ps, int(dm.sum()))
+    ix = np.array([n in model.kernels and model.kernels[n].cls == "indexed" for n in names] or [False])
+    im = ix[codes] if len(codes) else np.zeros(0, bool)
+    indexed = _stats(inter[im], pp[im], fp[im], ps, int(im.sum()))
+    # the indexed regions' launches without recorded values (given the fallback), values the count
+    # asked for past the end of their row, values whose chunk named no page of the allocation
+    indexed["values"] = {k: int(v) for k, v in ix_stats.items()}
     base = allocation_footprints(trace)
     binter = FP.intersection_pages(base, truth)
     baseline = _stats(binter, base.pages_per_launch(), fp, ps, trace.n_launches)
@@ -111,5 +120,6 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     overall["unexplained_in_fit"] = sum(d["unexplained_in_fit"] for d in kernels)
     overall["launches_with_misses"] = int(missed.sum())
     return {"overall": overall, "kernels": kernels, "by_class": by_class, "determined": determined,
+            "indexed": indexed,
             "baseline": baseline, "unseen": un, "fallback": fallback,
             "footprint_source": truth.source, "trace": str(trace.path)}

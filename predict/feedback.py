@@ -10,6 +10,8 @@ in, the region whose base points there:
   constant by the missing pages); a region widened `DEMOTE_AFTER` times is
   *demoted* to irregular (its misses become its history);
 - strided / allocation: counted; strided regions are demoted like the others;
+- indexed: its pages follow the launch's index values, which no formula of the arguments can
+  widen: each launch it misses is counted, and one missed `DEMOTE_AFTER` times is demoted;
 - irregular: the missed pages join its history;
 - an allocation no region covers, or a kernel the model never saw: a new
   irregular region for the pointer word that points there (history = the misses).
@@ -176,6 +178,7 @@ def _merge_hist(hist, s, e):
 def _demote(region: Region, s_, e_, alloc_page) -> None:
     region.cls = "irregular"
     region.start = region.end = region.count = region.chunk = region.stride = None
+    region.index = None
     region.history = _merge_hist(region.history, s_ - alloc_page, e_ - alloc_page)
     region.fit["demoted_by_feedback"] = True
 
@@ -189,6 +192,14 @@ def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: in
         return False  # a miss inside the allocation cannot be: the prediction already held it
     if r.cls == "strided":
         return _refine_strided(r, values, base, s_, e_, a_s, a_e, ps)
+    if r.cls == "indexed":
+        # values that chose other pages than the template says (or none recorded, the fallback's
+        # misses): nothing to widen; one that keeps missing is not what the values choose
+        r.fit["feedback_misses"] = int(r.fit.get("feedback_misses", 0)) + 1
+        if r.fit["feedback_misses"] >= DEMOTE_AFTER:
+            _demote(r, s_, e_, a_s)
+            return True
+        return False   # counted; its predictions stay what they were
     # fixed / linear: where is the current prediction?
     try:
         sb = base + int(r.start.evaluate(values))

@@ -42,6 +42,7 @@ from .fit_likelihood import _aligned_odds, _argument_backed, _likeliest, _within
 from .fit_params import FitParams, trace_loss
 from .fit_shapes import RangeEvidence, shared_shape, vocabulary
 from .fit_solve import _evidence, _solve_pair, _split_groups
+from .fit_indexed import fit_indexed
 from .fit_strided import _clean_runs, _fit_strided, _gather, _holes_from_loss, _verify
 from .model_io import KernelModel, Model, Region
 from .observe import TraceObs
@@ -247,7 +248,7 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> 
 
 
 def _region_score(r: Region) -> tuple:
-    rank = {"fixed": 0, "linear": 1, "strided": 2, "allocation": 3, "irregular": 4}[r.cls]
+    rank = {"fixed": 0, "linear": 1, "strided": 2, "allocation": 3, "indexed": 4, "irregular": 5}[r.cls]
     fs = r.formulas().values()
     return (rank, sum(f.score()[0] for f in fs), sum(f.score()[1] for f in fs))
 
@@ -309,7 +310,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     sel = np.flatnonzero(nonempty)
     g = kd.group[sel]
     base = cat["base"][sel]
-    O_s, O_e, A_s, A_e = cat["O_s"][sel], cat["O_e"][sel], cat["A_s"][sel], cat["A_e"][sel]
+    O_s, O_e = cat["O_s"][sel], cat["O_e"][sel]
     I_s, I_e = cat["I_s"][sel], cat["I_e"][sel]
     nat = natural[sel]
     al_s, al_e = cat["alloc_s"][sel], cat["alloc_e"][sel]
@@ -352,14 +353,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         hull_ok = hull > 0 and (covered >= (1 - kd.params.hull_gaps) * hull
                                 or bool(_few_holes(kd, cat, sel, O_e - O_s).all()))
     if region is None and hull_ok:
-        sp_lo = np.where(nat, al_s, A_s)
-        sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
-        sp_hi = np.where(I_s >= 0, np.minimum(sp_hi, I_s), sp_hi)
-        ep_lo = np.maximum(((O_e - 1) // bigp) * bigp + 1, O_s + 1)
-        ep_lo = np.where(I_e >= 0, np.maximum(ep_lo, I_e), ep_lo)
-        ep_hi = np.where(nat, al_e, A_e)
-        s_lo, s_hi = sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base
-        e_lo, e_hi = (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
+        s_lo, s_hi, e_lo, e_hi = range_bounds(kd, cat, sel, nat)
         if all(fe is None for fe in fences):  # shared big pages (other pointers) spoil the statistic
             s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat)
         res = _solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"})
@@ -404,6 +398,11 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 if not nat.any():   # the kernel's own sizes may settle the end (fit_shapes)
                     shape = RangeEvidence(g, s_lo, s_hi, e_lo, e_hi, base, O_s, O_e, f2, guessed, whole,
                                           cat["alloc_eb"][sel] - base)
+    if region is None:
+        # pages chosen by index values another pointer's buffer holds (the trace's values table):
+        # tried before `allocation`, which the fitting runs' values may happen to cover whole (a
+        # gather over a small vector) while a larger run's do not
+        region = fit_indexed(kd, w, cat, sel, nat, fit, range_bounds(kd, cat, sel, nat))
     if region is None and _mostly(kd, whole):
         region = Region(w.name, "allocation")
         fit["exact"] = round(float(whole.mean()), 6)
@@ -413,6 +412,22 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         fit["exact"] = 0.0
     region.fit = fit
     return region, sig, shape
+
+
+def range_bounds(kd: KernelData, cat: dict, sel: np.ndarray, nat: np.ndarray):
+    """Byte bounds, relative to the base pointer, of where a region's first byte and its end lie at
+    launches `sel` (module doc): (s_lo, s_hi, e_lo, e_hi). The inner sides (s_hi, e_lo) are the
+    pages the records show touched; in natural mode the outer ones are the allocation's edges."""
+    ps, bigp = kd.ps, kd.bigp
+    O_s, O_e, A_s, A_e = cat["O_s"][sel], cat["O_e"][sel], cat["A_s"][sel], cat["A_e"][sel]
+    I_s, I_e, base = cat["I_s"][sel], cat["I_e"][sel], cat["base"][sel]
+    sp_lo = np.where(nat, cat["alloc_s"][sel], A_s)
+    sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
+    sp_hi = np.where(I_s >= 0, np.minimum(sp_hi, I_s), sp_hi)
+    ep_lo = np.maximum(((O_e - 1) // bigp) * bigp + 1, O_s + 1)
+    ep_lo = np.where(I_e >= 0, np.maximum(ep_lo, I_e), ep_lo)
+    ep_hi = np.where(nat, cat["alloc_e"][sel], A_e)
+    return sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base, (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
 
 
 def _mostly(kd: KernelData, ok: np.ndarray) -> bool:

@@ -238,10 +238,18 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
     else:
         sb, eb = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
         rep = np.arange(len(sel))
+    return verify_pages(kd, cat, sel, bigp, rep, sb // ps, -((-eb) // ps), chunked=region.cls == "strided")
+
+
+def verify_pages(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int, rep: np.ndarray, sp: np.ndarray,
+                 ep: np.ndarray, chunked: bool = False) -> np.ndarray:
+    """_verify's test on predicted page intervals [sp, ep) of launches sel[rep]: rounded out to big
+    pages, do they cover O and stay inside A (but for what lost records may hide)? `chunked`: the
+    prediction is chunks, which must show a gap somewhere (as _verify asks of strided regions)."""
+    ps = kd.ps
     a_s, a_e = cat["alloc_s"][sel][rep], cat["alloc_e"][sel][rep]
-    sp = np.maximum((sb // ps) // bigp * bigp, a_s)
-    end_page = -((-eb) // ps)                            # ceiling divisions
-    ep = np.minimum(-((-end_page) // bigp) * bigp, a_e)
+    sp = np.maximum(sp // bigp * bigp, a_s)
+    ep = np.minimum(-((-ep) // bigp) * bigp, a_e)
     n = len(sel)
     P = Footprints.from_intervals(rep, sp, ep, n, ps)
     O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)
@@ -254,7 +262,7 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
     ok = covers & (outside == 0)
     if _holes_from_loss(kd, outside[covers & ~ok], pp[covers]):
         ok = covers
-    if region.cls == "strided" and not (np.diff(P.indptr) >= 2).any():
+    if chunked and not (np.diff(P.indptr) >= 2).any():
         # no launch would show a gap between its chunks (each big-page wide gap would): the
         # runs it was fitted to were holes lost records left, and the region is one range
         ok[:] = False

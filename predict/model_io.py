@@ -31,10 +31,11 @@ from .formula import Formula
 
 FORMAT = "pagecast-model"
 VERSION = 1
-CLASSES = ("fixed", "linear", "strided", "allocation", "irregular")
+CLASSES = ("fixed", "linear", "strided", "allocation", "indexed", "irregular")
 FALLBACKS = ("allocation", "history", "none")
 # class order for a kernel's summary class: the most demanding region decides
-_RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "irregular": 4}
+_RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "indexed": 4, "irregular": 5}
+INDEX_ELEMS = (4, 8)   # an indexed region's values are 4- or 8-byte signed integers (int32, int64 indices)
 
 
 @dataclass
@@ -45,9 +46,11 @@ class Region:
     cls: str
     start: Formula | None = None     # fixed, linear, strided: byte offset of the (first) chunk
     end: Formula | None = None       # fixed, linear: byte offset one past the end
-    count: Formula | None = None     # strided
-    chunk: Formula | None = None     # strided
-    stride: Formula | None = None    # strided
+    count: Formula | None = None     # strided, indexed
+    chunk: Formula | None = None     # strided, indexed
+    stride: Formula | None = None    # strided, indexed (bytes per unit of the index value)
+    index: str | None = None         # indexed: the pointer word whose buffer holds the values v
+    elem: int = 4                    # indexed: bytes per value (int32 or int64)
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -68,12 +71,17 @@ class Region:
         if self.cls == "strided":
             return (f"{self.count.text()} chunks of {self.chunk.text()} bytes every {self.stride.text()} bytes"
                     f" from {b} + {self.start.text()}")
+        if self.cls == "indexed":
+            return indexed_text(self)
         if self.cls == "allocation":
             return f"the allocation {b} points into"
         return f"irregular in the allocation {b} points into"
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"base": self.base, "class": self.cls}
+        if self.cls == "indexed":
+            d["index"] = self.index
+            d["elem"] = int(self.elem)
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -81,6 +89,25 @@ class Region:
         d["text"] = self.text()
         d["fit"] = self.fit
         return d
+
+
+def _factor(f: Formula) -> str:
+    """A formula as a factor of a product: bare when it is one term or a constant."""
+    t = f.text()
+    return t if f.n_terms + (1 if f.const else 0) <= 1 else f"({t})"
+
+
+def indexed_text(r: Region) -> str:
+    """`[p0 + 4*p4*v(p1)[i], +4*p4) for i < p3`: chunk i starts at base + start + stride * v[i],
+    v the `elem`-byte integers at the pointer `index` (`v64(...)` for 8-byte ones)."""
+    v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[i]"
+    st = r.stride
+    if st.n_terms == 0 and st.const == 1:
+        off = v
+    else:
+        off = f"{_factor(st)}*{v}"
+    head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
+    return f"[{head} + {off}, +{r.chunk.text()}) for i < {r.count.text()}".replace("+ -", "- ")
 
 
 @dataclass
@@ -241,7 +268,8 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
     _check_word(base, where, sizes, offs, pointer=True)
     r = Region(base=base, cls=cls, fit=rd.get("fit") if isinstance(rd.get("fit"), dict) else {})
     need = {"fixed": ("start", "end"), "linear": ("start", "end"),
-            "strided": ("start", "count", "chunk", "stride")}.get(cls, ())
+            "strided": ("start", "count", "chunk", "stride"),
+            "indexed": ("start", "count", "chunk", "stride")}.get(cls, ())
     for k in need:
         if k not in rd:
             raise ValueError(f"{where}: a {cls} region needs {k!r}")
@@ -254,6 +282,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
         setattr(r, k, f)
     if cls == "fixed" and (r.start.terms or r.end.terms):
         raise ValueError(f"{where}: a fixed region's start and end must be constants")
+    if cls == "indexed":
+        _check_word(rd.get("index"), f"{where}: index", sizes, offs, pointer=True)
+        elem = rd.get("elem", 4)
+        if elem not in INDEX_ELEMS or isinstance(elem, bool):
+            raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))} (bytes per index"
+                             f" value), found {elem!r}")
+        r.index, r.elem = rd["index"], int(elem)
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

@@ -29,8 +29,10 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as FP
 from pagecast import trace as T
+from pagecast import values as V
 from pagecast.errors import UsageError
 
+from . import indexed as IX
 from .features import AllocIndex, Word, grid_matrix, kernel_groups, layouts, param_matrix
 from .model_io import FALLBACKS, KernelModel, Model, Region
 from .observe import split_by_alloc
@@ -73,29 +75,39 @@ class _Compiled:
     km: KernelModel
     bases: list          # resolved Word per region
     words: list          # resolved feature Words (union over regions)
+    indexes: list        # per region, the resolved pointer Word of an indexed region's values (else None)
 
 
 def _compile(km: KernelModel) -> _Compiled:
     names: dict[str, Word] = {}
     bases = []
+    indexes = []
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
+        indexes.append(Word.parse(r.index).resolve(km.param_sizes) if r.cls == "indexed" else None)
         for n in sorted(r.feature_names()):
             names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
-    return _Compiled(km, bases, list(names.values()))
+    return _Compiled(km, bases, list(names.values()), indexes)
 
 
 # ---- batch ---------------------------------------------------------------------
 
 class _Acc:
-    """Accumulates predicted (launch, start page, end page, label) pieces."""
+    """Accumulates predicted (launch, start page, end page, label) pieces, and for the pieces that
+    index values chose, the launch after which those values exist (`gates`)."""
 
     def __init__(self) -> None:
         self.l, self.s, self.e, self.lab = [], [], [], []
         self.labels: list[str] = []
         self._code: dict[str, int] = {}
+        self.gates: list[tuple[np.ndarray, ...]] = []
+        self.plain: list[tuple[np.ndarray, ...]] = []   # the pieces without a gate
+        self.value_reads: list[tuple[np.ndarray, np.ndarray]] = []   # (launch, value bytes read)
+        # indexed regions: launches without values, values past the end of their row, values whose
+        # chunk lies outside the allocation
+        self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0}
 
-    def add(self, launch, s, e, label: str) -> None:
+    def add(self, launch, s, e, label: str, after=None) -> None:
         launch, s, e = (np.asarray(x, np.int64) for x in (launch, s, e))
         keep = e > s
         if not keep.any():
@@ -107,6 +119,10 @@ class _Acc:
         self.s.append(s[keep])
         self.e.append(e[keep])
         self.lab.append(np.full(int(keep.sum()), c, np.int32))
+        if after is not None:
+            self.gates.append((launch[keep], s[keep], e[keep], np.asarray(after, np.int64)[keep]))
+        else:
+            self.plain.append((launch[keep], s[keep], e[keep]))
 
     def arrays(self):
         if not self.l:
@@ -115,8 +131,9 @@ class _Acc:
         return (np.concatenate(self.l), np.concatenate(self.s), np.concatenate(self.e), np.concatenate(self.lab))
 
 
-def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bool = False):
-    """All predicted pieces of a trace plus, per launch, whether its kernel was unseen."""
+def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bool = False, gates: bool = False):
+    """All predicted pieces of a trace plus, per launch, whether its kernel was unseen. With `gates`,
+    the pieces of indexed regions also carry the launch after which their values exist."""
     _check_fallback(fallback)
     if trace.page_size != model.page_size:
         raise UsageError(f"{trace.path}: page size {trace.page_size} differs from the model's {model.page_size}")
@@ -172,7 +189,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
         mat = param_matrix(L, idx, width)
         grid = grid_matrix(L, idx)
         values = {w.name: w.batch(mat, km.param_offsets, grid) for w in comp.words}
-        for r, bw in zip(km.regions, comp.bases):
+        for r, bw, iw in zip(km.regions, comp.bases, comp.indexes):
             ptr = bw.pointer_batch(mat, km.param_offsets)
             a = index.lookup(ptr, idx)
             ok = a >= 0
@@ -197,6 +214,31 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 acc.add(l[rep], sp, ep, "strided")
             elif r.cls == "allocation":
                 acc.add(l, a_s[ac], a_e[ac], "allocation")
+            elif r.cls == "indexed":
+                vals = {n: v[ok] for n, v in values.items()}
+                im = V.image(trace)
+                res = IX.batch_pieces(r, vals, ptr[ok].astype(np.int64), iw.pointer_batch(mat, km.param_offsets)[ok],
+                                      l, im, ps, a_s[ac], a_e[ac])
+                have = res["have"]
+                st = acc.stats
+                st["indexed_launches"] += len(l)
+                st["no_values"] += int((~have).sum())
+                st["short_values"] += res["short"]
+                st["outside_values"] += res["outside"]
+                after = None
+                if gates:
+                    after = np.full(len(l), -1, np.int64)
+                    after[have] = V.producers(trace, l[have], res["rows"][have])
+                    after = after[res["l"]]
+                    acc.value_reads.append((l[have], res["bytes"][have]))
+                acc.add(l[res["l"]], res["s"], res["e"], "indexed", after=after)
+                # a launch whose values the trace does not hold: predicted as an irregular region is
+                nv = ~have
+                if nv.any():
+                    if fallback == "allocation":
+                        acc.add(l[nv], a_s[ac[nv]], a_e[ac[nv]], "fallback:allocation")
+                    elif fallback == "history":
+                        fb_l.append(l[nv]), fb_a.append(ac[nv]), fb_k.append(np.full(int(nv.sum()), k)), fb_h.append(None)
             else:  # irregular
                 if fallback == "allocation":
                     acc.add(l, a_s[ac], a_e[ac], "fallback:allocation")
@@ -298,9 +340,51 @@ def predict_footprints(model: Model, trace: T.Trace, fallback: str = "history") 
     return _footprints(l, s, e, trace.n_launches, trace.page_size)
 
 
-def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history"):
-    """(footprints, mask of launches whose kernel the model never saw)."""
+@dataclass
+class Gates:
+    """The predicted pieces that index values chose, each with the launch after which its values
+    exist (`after`; -1: before the trace's first launch): nothing may bring them in earlier.
+    `value_launch`, `value_bytes`: the bytes of index values each such launch reads; `plain`:
+    the footprint of the other pieces (what the arguments alone tell)."""
+
+    launch: np.ndarray
+    start: np.ndarray     # pages
+    end: np.ndarray
+    after: np.ndarray
+    value_launch: np.ndarray
+    value_bytes: np.ndarray
+    plain: FP.Footprints | None = None
+
+    @classmethod
+    def empty(cls, plain: FP.Footprints | None = None) -> "Gates":
+        z = np.zeros(0, np.int64)
+        return cls(z, z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), plain)
+
+
+def predict_gated(model: Model, trace: T.Trace, fallback: str = "history") -> tuple[FP.Footprints, Gates, dict]:
+    """Predicted footprints, the pieces index values chose with when their values exist (`Gates`),
+    and the indexed regions' counts (launches without values, values outside their allocation)."""
+    acc, _ = _predict_pieces(model, trace, fallback, gates=True)
+    l, s, e, _ = acc.arrays()
+    n, ps = trace.n_launches, trace.page_size
+    fp = _footprints(l, s, e, n, ps)
+    if not acc.gates:
+        return fp, Gates.empty(fp), dict(acc.stats)
+    plain = (FP.Footprints.from_intervals(*(np.concatenate([x[i] for x in acc.plain]) for i in range(3)), n, ps,
+                                          "predicted") if acc.plain else FP.Footprints.empty(n, ps, "predicted"))
+    vl = np.concatenate([x[0] for x in acc.value_reads]) if acc.value_reads else np.zeros(0, np.int64)
+    vb = np.concatenate([x[1] for x in acc.value_reads]) if acc.value_reads else np.zeros(0, np.int64)
+    g = Gates(*(np.concatenate([x[i] for x in acc.gates]) for i in range(4)), vl, vb, plain)
+    return fp, g, dict(acc.stats)
+
+
+def predict_with_unseen(model: Model, trace: T.Trace, fallback: str = "history", stats: dict | None = None):
+    """(footprints, mask of launches whose kernel the model never saw). `stats`, when given, is
+    filled with the indexed regions' counts (launches, without values, values past the end of
+    their row, values whose chunk lies outside the allocation)."""
     acc, unseen = _predict_pieces(model, trace, fallback)
+    if stats is not None:
+        stats.update(acc.stats)
     l, s, e, _ = acc.arrays()
     return _footprints(l, s, e, trace.n_launches, trace.page_size), unseen
 
@@ -425,10 +509,13 @@ class OnlinePredictor:
                 comp = _compile(km)
                 words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
                 bases = []
-                for r, b in zip(km.regions, comp.bases):
-                    fns = tuple(f.function() if f is not None else None
-                                for f in (r.start, r.end, r.count, r.chunk, r.stride))
-                    bases.append((r, b.param, b.within, r.cls, fns))
+                for r, b, iw in zip(km.regions, comp.bases, comp.indexes):
+                    if r.cls == "indexed":
+                        fns = tuple(f.function() for f in (r.start, r.stride, r.chunk, r.count))
+                    else:
+                        fns = tuple(f.function() if f is not None else None
+                                    for f in (r.start, r.end, r.count, r.chunk, r.stride))
+                    bases.append((r, b.param, b.within, r.cls, fns, None if iw is None else (iw.param, iw.within)))
                 c = (km, words, bases)
             self._compiled[name] = c
         km = c[0]
@@ -436,37 +523,74 @@ class OnlinePredictor:
             return (None, None, None)
         return c
 
+    def _arguments(self, km, words, param_data: bytes, param_offsets, grid, block):
+        offs = param_offsets if param_offsets is not None else km.param_offsets
+        gb = (*grid, *block)
+        values = {}
+        for name, p, within, fmt, w in words:
+            values[name] = gb[within] if p < 0 else struct.unpack_from(fmt, param_data, offs[p] + within)[0]
+        return offs, values
+
+    def value_reads(self, kernel: str, param_data: bytes, param_offsets=None, param_sizes=None,
+                    grid=(1, 1, 1), block=(1, 1, 1)) -> list[tuple[int, int]]:
+        """The (address, bytes) of the index values the launch's indexed regions read: what a
+        runtime copies from the GPU once the launch that writes them has ended, and hands to
+        `predict(..., values=...)`. Empty for a launch without indexed regions."""
+        km, words, bases = self._kernel(kernel, param_sizes)
+        if km is None or not any(b[3] == "indexed" for b in bases):
+            return []
+        offs, values = self._arguments(km, words, param_data, param_offsets, grid, block)
+        out = []
+        for r, p, within, cls, fns, ix in bases:
+            if cls != "indexed":
+                continue
+            if self._alloc_of(struct.unpack_from("<Q", param_data, offs[p] + within)[0]) is None:
+                continue
+            addr, nb = IX.reads(r, values, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
+            if nb > 0:
+                out.append((addr, nb))
+        return out
+
     def predict(self, kernel: str, param_data: bytes, param_offsets=None, param_sizes=None,
-                grid=(1, 1, 1), block=(1, 1, 1)) -> list[tuple[int, int]]:
-        """Merged page ranges [start, end) the launch is predicted to touch."""
+                grid=(1, 1, 1), block=(1, 1, 1), values: Callable[[int, int], bytes | None] | None = None
+                ) -> list[tuple[int, int]]:
+        """Merged page ranges [start, end) the launch is predicted to touch. `values(address,
+        nbytes)` gives the index values an indexed region reads (bytes, or None when they are not
+        known): without them such a region is predicted as an irregular one."""
         km, words, bases = self._kernel(kernel, param_sizes)
         ps = self.ps
         out: list[tuple[int, int]] = []
         if km is None or (not km.regions and km.note):
             self._fallback_scan(kernel, param_data, out)
             return _merge(out)
-        offs = param_offsets if param_offsets is not None else km.param_offsets
-        gb = (*grid, *block)
-        values = {}
-        for name, p, within, fmt, w in words:
-            values[name] = gb[within] if p < 0 else struct.unpack_from(fmt, param_data, offs[p] + within)[0]
-        for r, p, within, cls, fns in bases:
+        offs, args = self._arguments(km, words, param_data, param_offsets, grid, block)
+        for r, p, within, cls, fns, ix in bases:
             v = struct.unpack_from("<Q", param_data, offs[p] + within)[0]
             a = self._alloc_of(v)
             if a is None:
                 continue
             a_s, a_e = a // ps, -(-self._ends[a] // ps)
+            if cls == "indexed":
+                data = None
+                if values is not None:
+                    addr, nb = IX.reads(r, args, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
+                    data = values(addr, nb) if nb > 0 else b""
+                if data is None:
+                    self._fallback_alloc(kernel, a, a_s, a_e, r.history, out)
+                else:
+                    IX.one_pieces(r, fns, args, v, data, ps, a_s, a_e, out)
+                continue
             if cls == "fixed" or cls == "linear":
                 # the same compiled formulas as the batch path (region_bytes); pages clipped alike
-                sp = (v + fns[0](values)) // ps
-                ep = -(-(v + fns[1](values)) // ps)
+                sp = (v + fns[0](args)) // ps
+                ep = -(-(v + fns[1](args)) // ps)
                 sp = a_s if sp < a_s else sp
                 ep = a_e if ep > a_e else ep
                 if ep > sp:
                     out.append((sp, ep))
             elif cls == "strided":
-                st = v + fns[0](values)
-                cnt, ch, sd = fns[2](values), fns[3](values), fns[4](values)
+                st = v + fns[0](args)
+                cnt, ch, sd = fns[2](args), fns[3](args), fns[4](args)
                 if cnt > _FEW_CHUNKS:   # numpy on scalars costs microseconds: only where it can save more
                     cnt = min(cnt, int(_useful_chunks(st, ch, sd, a_s * ps, a_e * ps)))
                 for j in range(max(0, min(cnt, 1 << 20))):

@@ -240,16 +240,59 @@ class Universe:
 
 @dataclass
 class Needs:
-    """Per-step units in CSR form (ascending within a step)."""
+    """Per-step units in CSR form (ascending within a step). `after`, where some units are known
+    only from index values: per occurrence, the step after whose end that use's values exist
+    (-1: known from the arguments, or before the first step); no plan may bring the unit in for
+    that use earlier (plan/belady.py). `value_bytes`: per step, the bytes of index values its
+    launch reads (what a runtime copies from the GPU before it can prefetch those units)."""
 
     ptr: np.ndarray
     unit: np.ndarray
+    after: np.ndarray | None = None
+    value_bytes: np.ndarray | None = None
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
 
     def sizes(self) -> np.ndarray:
         return np.diff(self.ptr)
+
+    @property
+    def gated(self) -> bool:
+        return self.after is not None and bool((self.after >= 0).any())
+
+
+def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
+    """`derived` (needs made from `base`: widened to blocks, allocations added, narrowed back) with
+    `after` carried over: a use `base` has keeps its own; a unit added beside it (the rest of a
+    block) waits for the earliest of the uses `base` has in that step's block (-1 when one of them
+    is known from the arguments, or when `base` has none there: an allocation the arguments name)."""
+    if base.after is None:
+        return derived
+    n = len(base.ptr) - 1
+    m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
+    bstep = np.repeat(np.arange(n, dtype=I64), np.diff(base.ptr))
+    dstep = np.repeat(np.arange(n, dtype=I64), np.diff(derived.ptr))
+    bk = bstep * m + base.unit
+    dk = dstep * m + derived.unit
+    order = np.argsort(bk, kind="stable")
+    bks, ba = bk[order], base.after[order]
+    p = np.minimum(np.searchsorted(bks, dk), max(len(bks) - 1, 0))
+    exact = (bks[p] == dk) if len(bks) else np.zeros(len(dk), bool)
+    after = np.full(len(dk), -1, I64)
+    after[exact] = ba[p[exact]]
+    rest = ~exact
+    if rest.any() and len(bks):
+        # per (step, block): the earliest values among base's uses there, -1 (none needed) winning
+        blk = bstep * m + block_lo[base.unit]
+        ub, inv = np.unique(blk, return_inverse=True)
+        low = np.full(len(ub), np.iinfo(I64).max, I64)
+        np.minimum.at(low, inv, base.after)
+        q = dstep[rest] * m + block_lo[derived.unit[rest]]
+        j = np.minimum(np.searchsorted(ub, q), len(ub) - 1)
+        hit = ub[j] == q
+        after[rest] = np.where(hit, low[j], -1)
+    return Needs(derived.ptr, derived.unit, after, base.value_bytes)
 
 
 @dataclass
@@ -291,6 +334,58 @@ class Workload:
             l, s, e = unit_intervals(fp, self.gran)
             csrs.append(self.universe.dense(t, l, s, e, n))
         return gather_steps(csrs, self.step_task, self.step_launch)
+
+    def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:
+        """needs_from with `after` (see Needs): `per_task_gates[t]` the task's predicted pieces that
+        index values chose (predict.predictor.Gates: launch, pages, the launch after which their
+        values exist, `plain` the footprint of the other pieces) and their launches' value bytes,
+        or None. A use is gated only where no other piece of the same launch names the unit (then
+        the arguments already tell)."""
+        needs = self.needs_from(per_task_fp)
+        if not any(g is not None and len(g.launch) for g in per_task_gates):
+            return needs
+        m = I64(self.universe.n_units + 1)
+        keys, aft = [], []
+        vb = np.zeros(self.n_steps, I64)
+        for t, (fp, g) in enumerate(zip(per_task_fp, per_task_gates)):
+            if g is None or not len(g.launch):
+                continue
+            # every gated (launch, unit) with its producer
+            ps = fp.page_size
+            if self.gran >= ps:
+                r = self.gran // ps
+                us, ue = g.start // r, -((-g.end) // r)
+            else:
+                r = ps // self.gran
+                us, ue = g.start * r, g.end * r
+            ptr, units = self.universe.dense(t, np.arange(len(g.launch), dtype=I64), us, ue, len(g.launch))
+            piece = np.repeat(np.arange(len(g.launch), dtype=I64), np.diff(ptr))
+            step = self.step_of(t, g.launch[piece])
+            prod = g.after[piece]
+            pstep = np.where(prod >= 0, self.step_of(t, np.maximum(prod, 0)), -1)
+            keys.append(step * m + units)
+            aft.append(pstep)
+            if g.value_launch is not None and len(g.value_launch):
+                np.add.at(vb, self.step_of(t, g.value_launch), g.value_bytes)
+        key = np.concatenate(keys)
+        after = np.concatenate(aft)
+        uk, inv = np.unique(key, return_inverse=True)
+        low = np.full(len(uk), np.iinfo(I64).max, I64)
+        np.minimum.at(low, inv.reshape(-1), after)
+        # the ungated uses: needs from the pieces without a gate
+        plain = self.needs_from([g.plain if g is not None and len(g.launch) else fp
+                                 for fp, g in zip(per_task_fp, per_task_gates)])
+        nstep = np.repeat(np.arange(self.n_steps, dtype=I64), np.diff(needs.ptr))
+        nk = nstep * m + needs.unit
+        pstep_ = np.repeat(np.arange(self.n_steps, dtype=I64), np.diff(plain.ptr))
+        pk = np.sort(pstep_ * m + plain.unit)
+        j = np.minimum(np.searchsorted(uk, nk), max(len(uk) - 1, 0))
+        gated = (uk[j] == nk) if len(uk) else np.zeros(len(nk), bool)
+        if len(pk):
+            q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
+            gated &= pk[q] != nk
+        out = np.where(gated, low[j], -1).astype(I64)
+        return Needs(needs.ptr, needs.unit, out, vb)
 
     def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:
         """As needs_from, in eviction-chunk ids (for plans that move whole chunks)."""

@@ -46,7 +46,9 @@ class Recording(Runner):
 def simulated(policy: str, model, tr, cap_units: int):
     prof = SimConfig().profile()
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
-    pol = Recording(model, policy=P.POLICIES[policy]())
+    # the engine below is driven without index values (the GPU runner's copy of them after their
+    # writer's completion event is not in this engine): the simulator's runner reads none either
+    pol = Recording(model, policy=P.POLICIES[policy](), values=False)
     r = R.run_policy(w, pol, cap_units, prof, P.Options())
     return w, r, pol.asked
 

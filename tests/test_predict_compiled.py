@@ -46,7 +46,11 @@ def args_of(row):
 def replay(trace, predictors, observe: bool = False):
     """Each launch predicted by every predictor, allocations added at their first launch and freed
     after their last, as a run sees them; with `observe`, each launch's true pages are observed
-    afterwards (the history fallback's feedback). Yields (launch, [prediction per predictor])."""
+    afterwards (the history fallback's feedback). Each launch's indexed regions get the values the
+    trace recorded for it, as a runtime hands them once their writer has ended (the batch
+    predictor reads the same rows). Yields (launch, [prediction per predictor])."""
+    from pagecast import values as V
+    im = V.image(trace) if trace.values is not None else None
     born: dict[int, list] = {}
     dead: dict[int, list] = {}
     for a in trace.allocations.to_pylist():
@@ -61,7 +65,10 @@ def replay(trace, predictors, observe: bool = False):
         for a in born.get(t, []):
             for p in predictors:
                 p.add_allocation(a[T.ADDRESS], a[T.BYTES])
-        yield t, [p.predict(*args_of(row)) for p in predictors]
+        def values(addr, nb, t=t):
+            r = int(im.find(np.array([t]), np.array([addr], np.uint64))[0])
+            return None if r < 0 else im.data(r)[:nb]
+        yield t, [p.predict(*args_of(row), values=values if im is not None else None) for p in predictors]
         if observe:
             s, e = truth.of(t)
             for p in predictors:

@@ -324,8 +324,9 @@ def test_adaptive_fallback_keeps_only_proven_history():
 
 
 def test_template_beats_demand_on_data_dependent_routing(tmp_path):
-    """MoE expert routing: the history fallback over-predicts; the adaptive one falls back
-    to demand paging for those kernels, so template is ahead of demand."""
+    """MoE expert routing: the trace records the router's expert ids, the expert FFN's weights are
+    an indexed template, so template is well ahead of demand; the fallback (history over-predicts,
+    adaptive falls back to demand paging for what the templates cannot tell) adds nothing more."""
     from pagecast.datasets.registry import make_trace
     from pagecast.predict.fit import fit_model
     fit = [T.read_trace(make_trace("moe-decode", tmp_path / f"m{s}.pctrace", scale=0.1, seed=s)) for s in (1, 2)]
@@ -336,6 +337,7 @@ def test_template_beats_demand_on_data_dependent_routing(tmp_path):
     hist, _ = replay_sim([tr], ["template"], oversub=[1.5, 3.0], config=SimConfig(fallback="history"),
                          model=model, timeline=False)
     by = {(r["policy"], r["oversub"]): r for r in runs}
+    assert any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions)
     for o, h in zip((1.5, 3.0), hist):
-        assert by[("template", o)]["time_s"] < by[("demand", o)]["time_s"]
-        assert by[("template", o)]["prefetch_bytes"] < h["prefetch_bytes"]
+        assert by[("template", o)]["time_s"] * 2 < by[("demand", o)]["time_s"]
+        assert by[("template", o)]["prefetch_bytes"] <= h["prefetch_bytes"]

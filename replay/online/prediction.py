@@ -37,6 +37,9 @@ def make_online_predict(model, fallback: str = "history", *, compiled: bool = Tr
                         ) -> Callable[[Any, AllocationMap], list[tuple[int, int]]]:
     """`predict(la, allocs) -> [(address, nbytes)]` from the model, one launch at a time.
 
+    `predict(la, allocs, values)`: `values(address, nbytes) -> bytes | None` gives the index values
+    of the launch's indexed regions, which `predict.value_reads(la)` names (the runtime reads them
+    once the launch that writes them has ended); without them such regions get the fallback.
     `compiled` (the default): the compiled predictor (`pagecast.predict.compiled`), one numba call
     per launch over the raw parameter bytes; `predict.last` is that predictor, whose state array
     holds the last prediction's byte ranges (at `out_at`), which the residency step reads without
@@ -64,27 +67,33 @@ def make_online_predict(model, fallback: str = "history", *, compiled: bool = Tr
         seen = [-1]   # the AllocationMap generation the predictor's misses were found under
         pairs = struct.Struct("<qq").iter_unpack
 
-        def predict(la, allocs: AllocationMap) -> list[tuple[int, int]]:
+        def predict(la, allocs: AllocationMap, values=None) -> list[tuple[int, int]]:
             current[0] = allocs
             if allocs.generation != seen[0]:
                 op.invalidate_misses()
                 seen[0] = allocs.generation
-            n = op.predict_args(la, bytes(la.param_data or b""))
+            n = op.predict_args(la, bytes(la.param_data or b""), values)
             at = op.out_at
             return list(pairs(op.st[at:at + 2 * n]))   # (address, nbytes) tuples, as the array holds them
 
         # the last prediction's ranges where the predictor left them: (op.st, op.out_at, their count)
         predict.last = op  # type: ignore[attr-defined]
     else:
-        def predict(la, allocs: AllocationMap) -> list[tuple[int, int]]:
+        def predict(la, allocs: AllocationMap, values=None) -> list[tuple[int, int]]:
             current[0] = allocs
             pages = op.predict(la.kernel, bytes(la.param_data or b""), la.param_offsets, la.param_sizes,
-                               la.grid, la.block)
+                               la.grid, la.block, values)
             return [(s * ps, (e - s) * ps) for s, e in pages if e > s]
 
     def forget(addr: int) -> None:
         op.free_allocation(addr)   # freed (cudaFree / cuMemFree): its history goes too
 
+    def value_reads(la) -> list[tuple[int, int]]:
+        """The index values (address, bytes) the launch's indexed regions read (empty: none)."""
+        return op.value_reads(la.kernel, bytes(la.param_data or b""), la.param_offsets, la.param_sizes,
+                              la.grid, la.block)
+
+    predict.value_reads = value_reads  # type: ignore[attr-defined]
     predict.forget = forget  # type: ignore[attr-defined]
     predict.online = op  # type: ignore[attr-defined]  (feedback feeds it the pages it missed)
     # merged ranges inside the managed allocations it was given (its regions are clipped to their

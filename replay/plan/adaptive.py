@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as F
 from pagecast import trace as T
-from pagecast.predict.predictor import predict_footprints
+from pagecast.predict.predictor import Gates, predict_footprints, predict_gated
 
 MIN_PRECISION = 0.5   # keep a kernel's history while at least half of what it adds is used
 FALLBACKS = ("adaptive", "history", "allocation", "none")
@@ -47,16 +47,44 @@ def predicted_footprints(model, trace: T.Trace, fallback: str = "adaptive",
         return predict_footprints(model, trace, fallback)
     base = predict_footprints(model, trace, "none")
     hist = predict_footprints(model, trace, "history")
+    keep = _keep_history(trace, base, hist, min_precision)
+    return base if keep is None else _combine(trace, hist, base, keep)
+
+
+def predicted_gated(model, trace: T.Trace, fallback: str = "adaptive",
+                    min_precision: float = MIN_PRECISION) -> tuple[F.Footprints, Gates]:
+    """predicted_footprints, and the pieces of it that index values chose with the launch after
+    which their values exist (predict.predictor.Gates; its `plain`: the rest, by the same rule)."""
+    if fallback != "adaptive":
+        fp, g, _ = predict_gated(model, trace, fallback)
+        return fp, g
+    base, g, _ = predict_gated(model, trace, "none")
+    if not len(g.launch):
+        g = Gates.empty(base)
+    hist = predict_footprints(model, trace, "history")
+    keep = _keep_history(trace, base, hist, min_precision)
+    if keep is None:
+        return base, g
+    fp = _combine(trace, hist, base, keep)
+    g.plain = _combine(trace, hist, g.plain, keep) if g.plain is not None else fp
+    return fp, g
+
+
+def _keep_history(trace, base, hist, min_precision):
+    """Per launch, whether the history fallback's prediction is kept (None: for none)."""
     extra = hist.pages_per_launch() - base.pages_per_launch()
     asks = extra > 0
     if not asks.any():
-        return base
+        return None
     obs = F.observed_footprints(trace)
     used = F.intersection_pages(hist, obs) - F.intersection_pages(base, obs)
     keep = _proven(pc.dictionary_encode(trace.launches.column(T.KERNEL)).combine_chunks().indices
                    .to_numpy(zero_copy_only=False).astype(np.int64), asks, extra, used, min_precision)
-    if not keep.any():
-        return base
+    return keep if keep.any() else None
+
+
+def _combine(trace, hist, base, keep):
+    """hist's intervals for the launches `keep` marks, base's for the rest."""
     take_h = keep[hist.launch_of_interval()]
     take_b = ~keep[base.launch_of_interval()]
     return F.Footprints.from_intervals(

@@ -12,6 +12,12 @@ plan and its run agree on what such a launch leaves resident. numba caches
 each file's functions on their own: after editing a function here, the
 simulator's cached kernels that call it are stale until sim/kernels.py changes
 too (or its __pycache__ is removed).
+
+Long because the planner's core, its heap and the in-launch victims are one
+numba compilation unit that the simulator's kernels share (split across files,
+numba's per-file cache would leave callers stale, as said above), and index
+values (uses known only after a writer's step, set aside and tried again)
+are a rule of that same walk.
 """
 
 from __future__ import annotations
@@ -131,7 +137,8 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, want, sc, resident, block_lo, b
 
 
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, unit_block):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, unit_block,
+                 need_after):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -152,12 +159,18 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     to them (bulk transfers instead of faults; not Belady's, so the planner
     tries plans with and without it, see spans.choose_span).
 
+    `need_after` (per occurrence; -1: none): the step after whose end that
+    use's unit is known (from index values an earlier launch wrote): no group
+    before step need_after + 1 may bring it in for that use. A mandatory fetch
+    goes no earlier than that group; the lookahead sets such a use aside while
+    it is not known yet and tries it again at each later step, before going on.
+
     Returns CSR arrays over groups start_step..: ev_ptr, ev_unit, pf_ptr,
     pf_unit (each group's prefetches: those its own step needs first, then
     the early ones, each by address), need_now (how many of a group's
     prefetches its own step needs), wait_prev (the group evicts units of the
     step before it, so it starts after that step ends), thrash (step could
-    not be made resident).
+    not be made resident), and per prefetch the step its values wait for.
     """
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
@@ -192,8 +205,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     pf_g = np.empty(m0, np.int64)
     pf_n = np.empty(m0, np.int64)
     pf_u = np.empty(m0, np.int64)
+    pf_a = np.empty(m0, np.int64)
     n_ev = 0
     n_pf = 0
+    gated = len(need_after) == n_occ
+    pend = np.empty(n_occ if gated else 1, np.int64)   # lookahead uses set aside until their values exist
+    npend = 0
+    pend_step = np.full(n_units if gated else 1, INF, np.int64)   # per unit, its earliest use set aside
     wait_prev = np.zeros(G, np.uint8)
     thrash = np.zeros(G, np.uint8)
     aside_u = np.empty(n_units + 1, np.int64)
@@ -209,22 +227,52 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         tail_k = need_ptr[i + 1] - 1        # where the search for its last resident units goes on
         in_flight = 0
         # step i's own units first (some may have been prefetched, then evicted
-        # again by a more urgent need), then the lookahead from where it stopped
+        # again by a more urgent need), then the uses set aside whose values now
+        # exist, then the lookahead from where it stopped
         k = need_ptr[i]
         end_m = need_ptr[i + 1]
-        while k < n_occ:
-            if k == end_m:
-                if ahead > k:
-                    k = ahead
-                end_m = -1
+        phase = 0        # 0: step i's own units, 1: the uses set aside, 2: the lookahead
+        pi = 0
+        keep_p = 0       # the uses set aside kept so far (compacted in place)
+        while True:
+            if phase == 0:
+                if k >= end_m:
+                    phase = 1
+                    continue
+                kq = k
+            elif phase == 1:
+                if pi >= npend:
+                    npend = keep_p
+                    phase = 2
+                    k = ahead if ahead > end_m else end_m
+                    continue
+                kq = pend[pi]
+            else:
                 if k >= n_occ:
                     break
-            j = step_of[k]
+                kq = k
+            j = step_of[kq]
             mandatory = j <= i
+            if phase == 1 and (mandatory or resident[need_unit[kq]]):
+                pi += 1           # its own step fetches it (or it is there): no longer set aside
+                continue
             if not mandatory:
                 if j - i > lookahead_steps or in_flight >= lookahead_units:
                     break
-            u = need_unit[k]
+                if gated and need_after[kq] >= i:
+                    # not known before step need_after + 1: set aside, tried again then
+                    if phase == 1:
+                        pend[keep_p] = kq
+                        keep_p += 1
+                        pi += 1
+                    else:
+                        pend[npend] = kq
+                        npend += 1
+                        if j < pend_step[need_unit[kq]]:
+                            pend_step[need_unit[kq]] = j
+                        k += 1
+                    continue
+            u = need_unit[kq]
             if resident[u]:
                 k += 1
                 continue
@@ -268,6 +316,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                             at = in_at[v] + 1
                         if at < ev_at[u] + 1:
                             at = ev_at[u] + 1
+                        if gated and at < need_after[kq] + 1:
+                            at = need_after[kq] + 1   # and once its values exist
                         if at < start_step:
                             at = start_step
                         if at > i:
@@ -293,6 +343,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 break
             resident[u] = 1
             n_res += 1
+            if gated and pend_step[u] < j:
+                j = pend_step[u]     # an earlier use of it is set aside: that is its next use
             key[u] = j
             in_at[u] = at
             hsize = _heap_push(hk, hu, hsize, j, u)
@@ -300,14 +352,26 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 pf_u = _grow(pf_u)
                 pf_g = _grow(pf_g)
                 pf_n = _grow(pf_n)
+                pf_a = _grow(pf_a)
             pf_g[n_pf] = at - start_step
             pf_n[n_pf] = j - start_step
             pf_u[n_pf] = u
+            pf_a[n_pf] = need_after[kq] if gated else -1
             n_pf += 1
             if not mandatory:
                 in_flight += 1
-            k += 1
-        if k > ahead:
+            if phase == 1:
+                pi += 1
+            else:
+                k += 1
+        if phase == 1:
+            # stopped among the uses set aside: keep the rest of them
+            while pi < npend:
+                pend[keep_p] = pend[pi]
+                keep_p += 1
+                pi += 1
+            npend = keep_p
+        if phase == 2 and k > ahead:
             ahead = k
         if ahead < need_ptr[i + 1]:
             ahead = need_ptr[i + 1]
@@ -382,13 +446,15 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             u = need_unit[kk2]
             last_use[u] = i
             key[u] = nocc[kk2]
+            if gated and pend_step[u] <= i:
+                pend_step[u] = INF
             if resident[u] and nocc[kk2] != i + 1:
                 hsize = _heap_push(hk, hu, hsize, key[u], u)
         # drop stale entries once they outnumber the units 3 to 1: a small heap
         # stays in cache (a unit is pushed at every use, each push goes stale)
         if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
             hsize = _heap_rebuild(hk, hu, resident, key, n_units)
-    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash
+    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf]
 
 
 @njit(cache=True)
@@ -414,19 +480,25 @@ def _own_counts(sorted_g, own, G):
 
 
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
-                lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False):
+                lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False,
+                need_after=None, value_bytes=None):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
     ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
-    (per step, the latest earlier group that prefetches a unit it needs; -1: none).
+    (per step, the latest earlier group that prefetches a unit it needs; -1: none),
+    gate (per group, the latest step whose end its values wait for; -1: none),
+    gate_bytes (the index values the runtime copies before the group: those of
+    the launches its gated prefetches are for; `value_bytes` per step) and, per
+    prefetch, the step its values wait for.
 
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
     transfer); need_now counts the first kind."""
-    ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash = _belady_plan(
+    ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash, pf_a = _belady_plan(
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64))
+        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64),
+        np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g
@@ -438,7 +510,16 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     need_group = np.full(G, -1, np.int64)
     early = ~own
     np.maximum.at(need_group, pf_n[early], pf_g[early])
-    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group
+    gate = np.full(G, -1, np.int64)
+    gate_bytes = np.zeros(G, np.int64)
+    ga = pf_a >= 0
+    if ga.any():
+        np.maximum.at(gate, pf_g[ga], pf_a[ga])
+        if value_bytes is not None:
+            # one copy per launch whose values a group's prefetches wait for
+            pair = np.unique(pf_g[ga] * (G + 1) + pf_n[ga])
+            np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
+    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
 
 
 @njit(cache=True)
@@ -476,12 +557,15 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
         # a fault's eviction in such a launch: a chunk's worth, at most all of memory (as the simulator runs it)
         csize = (universe.chunk_hi - universe.chunk_lo)[universe.unit_chunk]
         want = np.minimum(csize, max(cap_units, 1)).astype(I64)
-    ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng = belady_plan(needs.ptr, needs.unit, n_units, cap_units, start_step,
-                                                           res, lookahead_steps, la_units, belady_in, want,
-                                                           None if want is None else universe.block_lo, front)
+    after = needs.after if needs.after is not None and needs.gated else None
+    ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng, gt, gb, pa_ = belady_plan(
+        needs.ptr, needs.unit, n_units, cap_units, start_step, res, lookahead_steps, la_units, belady_in, want,
+        None if want is None else universe.block_lo, front, after, needs.value_bytes)
     pad = np.zeros(start_step, I64)
     ng = np.where(ng >= 0, ng + start_step, -1)
+    gt = np.where(gt >= 0, gt, -1)   # steps of the whole timeline already
     return Groups(np.concatenate([pad, ev_ptr]), ev, np.concatenate([pad, pf_ptr]), pf,
                   np.concatenate([pad, nn]), np.concatenate([pad.astype(np.uint8), wp]),
                   np.zeros(n, np.uint8), np.concatenate([pad.astype(np.uint8), th]),
-                  np.concatenate([pad - 1, ng]), front)
+                  np.concatenate([pad - 1, ng]), front, gate=np.concatenate([pad - 1, gt]),
+                  gate_bytes=np.concatenate([pad, gb]), pf_after=pa_)

@@ -3,7 +3,9 @@
 `Groups` is what planned policies hand the simulator (`Policy.prefetch`) and
 what plan files hold once mapped back to byte ranges (plan/plan_rows.py). Its
 per-step flags say when a group may start and what the launch waits for; a new
-kind of constraint on when a transfer may start belongs here, beside them.
+kind of constraint on when a transfer may start belongs here, beside them (`gate`:
+a group bringing units that index values chose starts only once the launch that
+wrote those values has ended and the values are copied to the host).
 """
 
 from __future__ import annotations
@@ -31,14 +33,31 @@ class Groups:
     need_group: np.ndarray | None = None  # per step: latest earlier group prefetching a unit it needs (-1: none)
     front: bool = False      # planned with launches larger than memory getting their front first (belady_plan)
     faulted: int = 0         # prefetches the plan's needs name that it leaves to faults (plan/faults.py)
+    # per step: the latest step whose end the group's index values wait for (-1: none), and the bytes
+    # of those values a runtime copies from the GPU once it has ended, before the group may start
+    gate: np.ndarray | None = None
+    gate_bytes: np.ndarray | None = None
+    pf_after: np.ndarray | None = None   # per prefetch entry: the step its values wait for (-1: none)
 
     def __post_init__(self) -> None:
         if self.need_group is None:
             self.need_group = np.full(len(self.need_now), -1, I64)
+        if self.pf_after is None:
+            self.pf_after = np.full(len(self.pf_unit), -1, I64)
+        if self.gate is None:
+            self.gate = gate_of(self.pf_ptr, self.pf_after)
+        if self.gate_bytes is None:
+            self.gate_bytes = np.zeros(len(self.need_now), I64)
 
     @property
     def n_steps(self) -> int:
         return len(self.need_now)
+
+    def prefetch_after(self) -> np.ndarray:
+        """pf_after, or -1 for every prefetch where a caller set pf_unit without it."""
+        if len(self.pf_after) != len(self.pf_unit):
+            self.pf_after = np.full(len(self.pf_unit), -1, I64)
+        return self.pf_after
 
     @classmethod
     def empty(cls, n: int) -> "Groups":
@@ -55,11 +74,23 @@ class Groups:
             return ptr, np.concatenate([head, tail])
         ev_ptr, ev = cat(self.ev_ptr, self.ev_unit, other.ev_ptr, other.ev_unit)
         pf_ptr, pf = cat(self.pf_ptr, self.pf_unit, other.pf_ptr, other.pf_unit)
+        _, pa_ = cat(self.pf_ptr, self.prefetch_after(), other.pf_ptr, other.prefetch_after())
         def j(a, b):
             return np.concatenate([a[:s], b[s:]])
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
                       j(self.blocking, other.blocking), j(self.thrash, other.thrash),
-                      j(self.need_group, other.need_group), self.front, self.faulted)
+                      j(self.need_group, other.need_group), self.front, self.faulted,
+                      j(self.gate, other.gate), j(self.gate_bytes, other.gate_bytes), pa_)
+
+
+def gate_of(pf_ptr: np.ndarray, pf_after: np.ndarray) -> np.ndarray:
+    """Per group, the latest step its prefetches' values wait for (-1: none)."""
+    n = len(pf_ptr) - 1
+    gate = np.full(n, -1, I64)
+    if len(pf_after):
+        step = np.repeat(np.arange(n, dtype=I64), np.diff(pf_ptr))
+        np.maximum.at(gate, step, pf_after)
+    return gate
 
 
 def prefetch_steps(g: Groups) -> np.ndarray:
@@ -99,13 +130,15 @@ def keep_prefetches(g: Groups, keep: np.ndarray, need: np.ndarray) -> Groups:
     need_group = np.full(n, -1, I64)
     early = keep & (need > step)
     np.maximum.at(need_group, need[early], step[early])
+    pa_ = g.prefetch_after()[keep]
     return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], np.bincount(step[own], minlength=n).astype(I64),
-                  g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()))
+                  g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()),
+                  gate_of(ptr, pa_), np.where(gate_of(ptr, pa_) >= 0, g.gate_bytes, 0), pa_)
 
 
 def same_plan(a: Groups, b: Groups) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f))
-               for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group"))
+               for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group", "gate"))
 
 
 def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray) -> Groups:
@@ -118,4 +151,5 @@ def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray)
     ev_ptr, ev, _ = expand(g.ev_ptr, g.ev_unit)
     pf_ptr, pf, cs = expand(g.pf_ptr, g.pf_unit)
     need_now = cs[g.pf_ptr[:-1] + g.need_now] - cs[g.pf_ptr[:-1]]
-    return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), g.wait_prev, g.blocking, g.thrash, g.need_group)
+    return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), g.wait_prev, g.blocking, g.thrash, g.need_group,
+                  gate=g.gate, gate_bytes=g.gate_bytes, pf_after=np.repeat(g.prefetch_after(), size[g.pf_unit]))

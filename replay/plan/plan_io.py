@@ -10,6 +10,7 @@ plan.parquet, one row per transfer, in the order a runner issues them:
 | bytes | int64 | length of the range (> 0) |
 | order | int64 | position among the transfers of the same launch_id (evictions first) |
 | needed_by | int64 | for a prefetch, the launch that first needs it (>= launch_id); for an evict, -1 |
+| after_launch | int64 | for a prefetch of pages that index values chose, the launch that writes those values: the transfer starts only once that launch has ended and the values are read (< launch_id); else -1 (a plan without the column: -1) |
 
 manifest.json: format `pagecast-plan`, version, the model (path), the trace
 (path, `Trace.launch_fingerprint()`, launches), capacity_bytes, page_size,
@@ -47,10 +48,12 @@ ACTIONS = (PREFETCH, EVICT)
 SPANS = ("unit", "block", "fitted", "allocation")   # what the planner widened the predictions to (plan/spans.py)
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
+AFTER_LAUNCH = "after_launch"
 SCHEMA = pa.schema([
     (LAUNCH_ID, pa.int64()), (ACTION, pa.string()), (ADDRESS, pa.uint64()), (BYTES, pa.int64()),
-    (ORDER, pa.int64()), (NEEDED_BY, pa.int64()),
+    (ORDER, pa.int64()), (NEEDED_BY, pa.int64()), (AFTER_LAUNCH, pa.int64()),
 ])
+OPTIONAL = {AFTER_LAUNCH: -1}   # columns a plan written before them lacks, and what they then hold
 
 
 @dataclass
@@ -71,7 +74,7 @@ class Plan:
         t = self.table
         return {LAUNCH_ID: t.column(LAUNCH_ID).to_numpy(), ADDRESS: t.column(ADDRESS).to_numpy(),
                 BYTES: t.column(BYTES).to_numpy(), ORDER: t.column(ORDER).to_numpy(),
-                NEEDED_BY: t.column(NEEDED_BY).to_numpy(),
+                NEEDED_BY: t.column(NEEDED_BY).to_numpy(), AFTER_LAUNCH: t.column(AFTER_LAUNCH).to_numpy(),
                 ACTION: (t.column(ACTION).to_numpy(zero_copy_only=False) == EVICT)}
 
 
@@ -98,7 +101,12 @@ def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: 
     t = table if isinstance(table, pa.Table) else pa.table(table)
     arrays = []
     for f in SCHEMA:
-        col = t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+        if f.name in t.column_names:
+            col = t.column(f.name)
+        elif f.name in OPTIONAL:
+            col = pa.array(np.full(t.num_rows, OPTIONAL[f.name], np.int64))
+        else:
+            col = pa.nulls(t.num_rows, f.type)
         arrays.append(col.cast(f.type))
     t = pa.Table.from_arrays(arrays, schema=SCHEMA)
     if manifest.get("format") != FORMAT:
@@ -179,6 +187,8 @@ def read_plan(path: str | Path, trace=None) -> Plan:
     except Exception as e:
         raise PlanError(f"{tpath}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     for f in SCHEMA:
+        if f.name not in t.column_names and f.name in OPTIONAL:
+            t = t.append_column(f.name, pa.array(np.full(t.num_rows, OPTIONAL[f.name], np.int64)))
         if f.name not in t.column_names:
             raise PlanError(f"{tpath}: column {f.name!r} is missing")
         if t.column(f.name).null_count:
@@ -203,6 +213,11 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         lid = t.column(LAUNCH_ID).to_numpy()
         if lid.min() < 0 or lid.max() >= n or (trace is not None and lid.max() >= trace.n_launches):
             raise PlanError(f"{tpath}: launch_id outside 0..{n - 1}")
+        aft = t.column(AFTER_LAUNCH).to_numpy()
+        if ((aft < -1) | (aft >= lid)).any():
+            k = int(np.argmax((aft < -1) | (aft >= lid)))
+            raise PlanError(f"{tpath}: row {k}: after_launch {aft[k]} is not an earlier launch than its launch_id"
+                            f" {lid[k]} (nor -1)")
         order = np.lexsort((t.column(ORDER).to_numpy(), lid))
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))

@@ -17,8 +17,8 @@ from pagecast.predict.model_io import load_model
 
 from ..unit_space import I64, Workload
 from . import plan_io
-from .adaptive import predicted_footprints
-from .groups import Groups, first_need
+from .adaptive import predicted_gated
+from .groups import Groups, first_need, gate_of
 
 def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
     """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer."""
@@ -30,21 +30,25 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
         step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
         if is_ev:
             need_by = np.full(len(units), -1, I64)
+            after = np.full(len(units), -1, I64)
         else:
             # the step that first needs each prefetched unit at or after its group
             need_by = first_need(step, units, needs, n)
+            after = g.prefetch_after()
         addr, key = w.universe.address_ranges(0, units)
         # merge consecutive entries of the same step with consecutive addresses and the same need
         new = np.ones(len(units), bool)
-        # (a group's own needs and its early prefetches stay apart: a runner waits for the first)
+        # (a group's own needs and its early prefetches stay apart: a runner waits for the first;
+        # so do transfers that wait for other launches' index values)
         own = need_by == step
-        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
+        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1]) | \
+            (after[1:] != after[:-1])
         idx = np.flatnonzero(new)
         cnt = np.diff(np.concatenate([idx, [len(units)]]))
         row_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
         row_need = np.where(row_need == np.iinfo(I64).max, -1, row_need)
         parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
-                      row_need, idx))
+                      row_need, idx, after[idx]))
     if not parts:
         return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
     lid = np.concatenate([p[0] for p in parts])
@@ -53,14 +57,16 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
     nb = np.concatenate([p[3] for p in parts]).astype(I64)
     nbv = np.concatenate([p[4] for p in parts])
     pos = np.concatenate([p[5] for p in parts])
+    aft = np.concatenate([p[6] for p in parts])
     order = np.lexsort((pos, ~ev, lid))  # per launch: evictions first, then prefetches in need order
-    lid, ev, addr, nb, nbv = lid[order], ev[order], addr[order], nb[order], nbv[order]
+    lid, ev, addr, nb, nbv, aft = lid[order], ev[order], addr[order], nb[order], nbv[order], aft[order]
     first = np.searchsorted(lid, lid, side="left")
     ordn = np.arange(len(lid), dtype=I64) - first
     launch = w.step_launch[lid]
     return pa.table({plan_io.LAUNCH_ID: launch, plan_io.ACTION: np.where(ev, plan_io.EVICT, plan_io.PREFETCH),
                      plan_io.ADDRESS: addr, plan_io.BYTES: nb, plan_io.ORDER: ordn,
-                     plan_io.NEEDED_BY: np.where(nbv >= 0, w.step_launch[np.maximum(nbv, 0)], -1)},
+                     plan_io.NEEDED_BY: np.where(nbv >= 0, w.step_launch[np.maximum(nbv, 0)], -1),
+                     plan_io.AFTER_LAUNCH: np.where(aft >= 0, w.step_launch[np.maximum(aft, 0)], -1)},
                     schema=plan_io.SCHEMA)
 
 
@@ -102,11 +108,22 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
         d, row_of, step = d[order], row_of[order], step[order]
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(step, minlength=n), out=ptr[1:])
-        out[name] = (ptr, d, np.bincount(step[need[row_of]], minlength=n) if name == "pf" else None)
+        aft = cols[plan_io.AFTER_LAUNCH][row_of]
+        out[name] = (ptr, d, np.bincount(step[need[row_of]], minlength=n) if name == "pf" else None,
+                     np.where(aft >= 0, w.step_of(0, np.maximum(aft, 0)), -1).astype(I64))
     g = Groups.empty(n)
     g.ev_ptr, g.ev_unit = out["ev"][0], out["ev"][1]
     g.pf_ptr, g.pf_unit = out["pf"][0], out["pf"][1]
     g.need_now = out["pf"][2].astype(I64)
+    g.pf_after = out["pf"][3]
+    g.gate = gate_of(g.pf_ptr, g.pf_after)
+    if needs is not None and needs.value_bytes is not None:
+        # one copy per launch whose values a group's prefetches wait for (as the planner counts them)
+        pf_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))
+        ga = g.pf_after >= 0
+        first = first_need(pf_step[ga], g.pf_unit[ga], needs, n)
+        pair = np.unique(pf_step[ga] * (n + 1) + np.maximum(first, 0))
+        np.add.at(g.gate_bytes, pair // (n + 1), needs.value_bytes[pair % (n + 1)])
     # per step, the latest earlier group holding a prefetch it needs
     need_group = np.full(n, -1, I64)
     if needs is not None:
@@ -135,15 +152,16 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
     return g
 
 
-def plan_model_predictions(plan: plan_io.Plan, trace: T.Trace, fallback: str) -> F.Footprints | None:
-    """The predictions the plan was made on, when its model (manifest) can be read:
-    a launch larger than memory then runs as planned (Belady within the launch on
-    the predicted next uses); without it, such launches give up their first units."""
+def plan_model_predictions(plan: plan_io.Plan, trace: T.Trace, fallback: str):
+    """The predictions the plan was made on (footprints, and the pieces index values chose:
+    adaptive.predicted_gated), when its model (manifest) can be read: a launch larger than
+    memory then runs as planned (Belady within the launch on the predicted next uses); without
+    it, such launches give up their first units."""
     path = plan.manifest.get("model")
     if not path:
         return None
     try:
-        return predicted_footprints(load_model(path), trace, plan.manifest.get("fallback") or fallback)
+        return predicted_gated(load_model(path), trace, plan.manifest.get("fallback") or fallback)
     except Exception:  # noqa: BLE001 -- a moved or unreadable model: replay without it
         return None
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from pagecast import footprints as F
 
-from ..unit_space import I64, Needs, Workload, unit_intervals
+from ..unit_space import I64, Needs, Workload, attach_after, unit_intervals
 from . import plan_io
 from .belady import plan_groups
 from .faults import leave_to_faults
@@ -115,7 +115,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             continue  # many times the units to plan (launches pointing into one huge allocation)
         if span == "fitted":
             if block is not None and profile is not None:
-                sn = fitted_needs(block[0], block[1], needs, w, profile)
+                sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
             elif last:
                 sn = span_needs(needs, span, w, cap_units, profile)
             else:

@@ -8,8 +8,10 @@ The simulator (`pagecast.replay.sim`) replays a whole timeline and calls:
 - `prefetch(ctx) -> Groups | None`: the transfers (evictions, then prefetches
   in need order) to issue before each step; policies see the whole timeline
   (which task runs next and its upcoming launches), so they plan it at once;
-- `on_launch(ctx, step) -> (evict_units, prefetch_units[, wait]) | None`: called
-  before every step, when `wants_launches`, for policies that decide online;
+- `on_launch(ctx, step) -> (evict_units, prefetch_units[, wait[, (gate, nbytes)]]) | None`:
+  called before every step, when `wants_launches`, for policies that decide online; `(gate,
+  nbytes)`: the group waits for step `gate` to end and for `nbytes` of index values to be copied
+  to the host (its prefetches follow them: replay/sim/timing.py charges both);
 - `on_miss(ctx, step, missed_units) -> Groups | None`: called after a step
   that faulted, when `wants_misses`; may re-plan the steps after it;
 - `on_evict(ctx, step, evicted_units)`: called after a step that evicted

@@ -13,6 +13,12 @@ the engine would move, launch by launch (the `on_launch` hook). The difference
 between `template` and `runner` is what planning ahead is worth; `runner`
 against a GPU measurement is the cost model alone (scripts/gpu_validation.py).
 
+Index values: a launch whose indexed regions read index values (the trace's `values` table)
+is predicted with them, as the runner does once the launch that wrote them has ended (it
+copies them from the GPU after that launch's completion event); the simulator starts the
+launch's group no earlier than the end of that writer (`pagecast.values.producers`, the launch
+that last wrote the buffer as observed) plus the copy (replay/sim/timing.py).
+
 Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
 simulator's `--feedback` refines the offline template only) and its
 host-side time per launch.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagecast import values as V
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
 
@@ -60,8 +67,12 @@ class Runner(Policy):
                    "replayed in the simulator")
     wants_launches = True
 
-    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None) -> None:
-        """`policy`: whose per-launch decisions to replay (default: template, the runner's)."""
+    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
+                 values: bool = True) -> None:
+        """`policy`: whose per-launch decisions to replay (default: template, the runner's);
+        `values`: predict indexed regions with the trace's index values (False: their fallback,
+        as a runner that reads none)."""
+        self.use_values = values
         self.model = model
         self.fallback = default_fallback(False) if fallback is None else fallback   # the runner's, without feedback
         self.policy = Template() if policy is None else policy
@@ -85,7 +96,35 @@ class Runner(Policy):
                                                                                                  self.fallback))
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
         self.prefetch_bytes = 0
+        self.values = V.image(trace) if trace.values is not None and self.use_values else None
+        self.trace = trace
+        # launch -> step (one trace: the steps are its launches, in order)
+        self.step_of = {int(x): i for i, x in enumerate(np.asarray(w.step_launch).tolist())}
         return None
+
+    def _values_for(self, t: int):
+        """(values(address, nbytes) for launch t's predictor, the rows it read): the trace's rows
+        of launch t, as the runner would copy them once their writer has ended."""
+        im = self.values
+        read: list[int] = []
+
+        def values(addr: int, nb: int):
+            r = int(im.find(np.array([t]), np.array([addr], np.uint64))[0])
+            if r < 0:
+                return None
+            read.append(r)
+            return im.data(r)[:nb]
+        return values, read
+
+    def _gate(self, t: int, step: int, rows: list[int]):
+        """(the step whose end the values wait for, bytes copied), or None."""
+        if not rows:
+            return None
+        after = V.producers(self.trace, np.full(len(rows), t), np.array(rows))
+        st = [self.step_of.get(int(a), -1) for a in after.tolist()]
+        gate = max(st)
+        nbytes = int(self.values.nbytes[np.array(rows)].sum())
+        return (gate, nbytes) if 0 <= gate < step else (-1, 0)
 
     def on_launch(self, ctx: Context, step: int):
         w = ctx.w
@@ -95,7 +134,8 @@ class Runner(Policy):
             for a in self.lookup.freed_before(t):
                 dec.on_free(a)
             self.lookup.t = t
-            d = dec.decide(t, self.launches[t])
+            values, rows = self._values_for(t) if self.values is not None else (None, [])
+            d = dec.decide(t, self.launches[t], values)
             # what the engine would hand the driver: ranges cut at allocation boundaries
             self.to_host = dec.allocs.pieces(d.evict) if d.evict else []
             self.to_gpu = dec.allocs.pieces(d.prefetch)
@@ -103,7 +143,9 @@ class Runner(Policy):
             raise RuntimeError(f"the runner's decisions failed at launch {t}: {type(e).__name__}: {e}") from e
         self.prefetch_bytes += sum(n for _, n in self.to_gpu)
         # the runner's evictions wait for the work queued before the launch (gpu/cuda_engine.py)
-        return _units(w, self.to_host), _units(w, self.to_gpu), bool(self.to_host)
+        mv = (_units(w, self.to_host), _units(w, self.to_gpu), bool(self.to_host))
+        gate = self._gate(t, step, rows)
+        return mv if gate is None else mv + (gate,)
 
 
 def _units(w, ranges: list[tuple[int, int]]) -> np.ndarray:

@@ -10,12 +10,13 @@ from pagecast import footprints as F
 from pagecast.errors import UsageError
 from pagecast.predict.feedback import apply_feedback
 
-from ..plan.adaptive import predicted_footprints
+from ..plan.adaptive import predicted_gated
 from ..plan.belady import plan_groups
 from ..plan.groups import Groups
-from ..plan.spans import span_needs
+from ..plan.alternatives import best_plan, value_alternatives
+from ..plan.spans import PLAN_SPANS, span_needs
 from ..unit_space import I64
-from .base import Context, Planned
+from .base import Context, Planned, span_trial
 
 
 class Template(Planned):
@@ -52,16 +53,26 @@ class Template(Planned):
 
     _feedback = False
 
-    def predicted(self, ctx: Context) -> list[F.Footprints]:
+    def predicted_gates(self, ctx: Context) -> list:
+        """Per task (predicted footprints, the pieces index values chose with when those exist). A
+        subclass that gives its own footprints (`predicted`) gives them with no index values."""
+        if type(self).predicted is not Template.predicted:
+            return [(fp, None) for fp in self.predicted(ctx)]
         key = ("predicted", id(self.model), self.fallback)
         if key not in ctx.w.extra:
-            ctx.w.extra[key] = [predicted_footprints(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
+            ctx.w.extra[key] = [predicted_gated(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
         return ctx.w.extra[key]
 
+    def predicted(self, ctx: Context) -> list[F.Footprints]:
+        return [fp for fp, _ in self.predicted_gates(ctx)]
+
     def needs(self, ctx):
+        """The predicted needs, with the units index values chose gated on their values' writer
+        (a plan brings them in no earlier than after it: plan/belady.py)."""
         key = ("pneeds", id(self.model), self.fallback)
         if key not in ctx.w.extra:
-            ctx.w.extra[key] = ctx.w.needs_from(self.predicted(ctx))
+            pg = self.predicted_gates(ctx)
+            ctx.w.extra[key] = ctx.w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
         return ctx.w.extra[key]
 
     def prefetch(self, ctx):
@@ -79,9 +90,28 @@ class Template(Planned):
             # feedback changes the model: give this run its own copy and predictions
             ctx.state["model"] = copy.deepcopy(self.model)
             ctx.state["pred"] = list(self.predicted(ctx))
+            ctx.state["gates"] = [g for _, g in self.predicted_gates(ctx)]
             ctx.state["needs"] = self.needs(ctx)
             ctx.state["feedback_changes"] = 0
-        return super().prefetch(ctx)
+        return self._or_values_left_to_faults(ctx, super().prefetch(ctx))
+
+    def _or_values_left_to_faults(self, ctx, g: Groups) -> Groups:
+        """The plan on every prediction, or one leaving the indexed pieces out, whichever the
+        trial on the predicted needs finds faster (plan/alternatives.py)."""
+        if self._feedback:
+            return g
+        pg = self.predicted_gates(ctx)
+        alts = value_alternatives(ctx.w, self.model, [t.trace for t in ctx.w.tasks], self.fallback, pg)
+        if not alts:
+            return g
+        spans = self.spans or PLAN_SPANS
+        st = ctx.state
+        span, sn, g2 = best_plan(ctx.w, (st["plan_span"], st["plan_needs"], g), alts, ctx.cap_units, spans,
+                                 self.fronts, span_trial(ctx, self.needs(ctx)), ctx.profile,
+                                 self.faults and len(spans) > 1)
+        if g2 is not g:
+            st.update(plan_needs=sn, plan_span=span, plan_front=g2.front, plan_faulted=g2.faulted)
+        return g2
 
     def on_miss(self, ctx, step, missed):
         w = ctx.w
@@ -97,8 +127,8 @@ class Template(Planned):
         if not apply_feedback(model, task.trace, lid, ms, me):
             return None
         ctx.state["feedback_changes"] += 1
-        ctx.state["pred"][t] = predicted_footprints(model, task.trace, self.fallback)
-        needs = w.needs_from(ctx.state["pred"])
+        ctx.state["pred"][t], ctx.state["gates"][t] = predicted_gated(model, task.trace, self.fallback)
+        needs = w.gated_needs_from(ctx.state["pred"], ctx.state["gates"])
         ctx.state["needs"] = needs
         mem = ctx.memory
         # re-planned at the span chosen for the run (one more choice per miss would cost a run each;
@@ -128,3 +158,4 @@ def interval_difference(as_, ae, bs, be):
         return z, z.copy()
     _, s, e = F.merge_intervals(np.zeros(int(keep.sum()), I64), lo[keep], hi[keep], 1)
     return s, e
+

@@ -101,6 +101,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         groups = Groups.empty(n)
     elif on_launch:
         groups.wait_prev = groups.wait_prev.copy()   # on_launch may mark steps: not in the policy's own plan
+        groups.gate, groups.gate_bytes = groups.gate.copy(), groups.gate_bytes.copy()
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
     order = policy.evict_order or options.eviction
@@ -129,6 +130,9 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
                 if _apply_now(mv, truth, sp, m, rules, u.n_units, counters, s0,
                               w.truth.of(s0 - 1) if s0 > 0 else None):
                     groups.wait_prev[s0] = 1
+                if len(mv) > 3 and mv[3] is not None and 0 <= mv[3][0] < s0:
+                    # the group's index values: read once their writer (step) has ended, a copy of bytes
+                    groups.gate[s0], groups.gate_bytes[s0] = int(mv[3][0]), int(mv[3][1])
         plan = C.PlanArrays(groups.ev_ptr, groups.ev_unit, groups.pf_ptr, groups.pf_unit, groups.need_now, 0)
         s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, truth, plan, sp, m, rules, missed, counters)
         if on_evict:

@@ -21,7 +21,8 @@ from pagecast.errors import UsageError
 
 from ..costs import CostProfile, load_profile, replace
 from ..plan import plan_io
-from ..plan.adaptive import predicted_footprints
+from ..plan.adaptive import predicted_gated
+from ..plan.alternatives import best_plan, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
 from ..policies import POLICIES, Oracle, Runner, Template, check_policies
@@ -128,15 +129,15 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     extra = []
     predicted = None
     if "template" in policies and model is not None and plan is None:
-        predicted = [predicted_footprints(model, t, cfg.fallback) for t in traces]
-        extra.append(predicted)
+        predicted = [predicted_gated(model, t, cfg.fallback) for t in traces]
+        extra.append([fp for fp, _ in predicted])
     plan_pred = None
     if plan is not None:
         extra.append([plan_footprints(plan, traces[0])])
         plan_pred = plan_model_predictions(plan, traces[0], cfg.fallback)
         if plan_pred is not None:
             # the universe template planned on the fly has (its chunks' sizes set the planner's evictions)
-            extra.append([plan_pred])
+            extra.append([plan_pred[0]])
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
@@ -146,8 +147,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if "template" in policies:
         if plan is not None:
             span = plan.manifest.get("span", "unit")
-            pneeds = None if plan_pred is None else span_needs(w.needs_from([plan_pred]), span, w,
-                                                               max(plan.capacity_bytes // w.gran, 1), prof)
+            pneeds = None if plan_pred is None else span_needs(w.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
+                                                               span, w, max(plan.capacity_bytes // w.gran, 1), prof)
             tmpl = Template(plan_groups_fixed=groups_from_plan(plan, w, pneeds), fallback=cfg.fallback)
             tmpl.fixed_needs, tmpl.fixed_span = pneeds, span
             if cfg.feedback:
@@ -259,7 +260,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     """Belady plan on the model's predicted footprints -> (plan table, manifest)."""
     cfg = config or SimConfig()
     prof = cfg.profile()
-    predicted = predicted_footprints(model, trace, cfg.fallback)
+    predicted, gates = predicted_gated(model, trace, cfg.fallback)
     w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        need_alloc=True, extra_fps=[[predicted]])
     (cap, r), = capacities_for(w.footprint_bytes, None if capacity is None else [capacity],
@@ -268,10 +269,14 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
-    needs = w.needs_from([predicted])
+    needs = w.gated_needs_from([predicted], [gates])
     spans = cfg.spans()
-    span, needs, g, _ = choose_span(w, needs, cu, spans, trial=plan_trial(w, needs, cu, prof, opts, run_policy),
-                                    profile=prof, faults=Template.faults and len(spans) > 1)
+    trial = plan_trial(w, needs, cu, prof, opts, run_policy)
+    faults = Template.faults and len(spans) > 1
+    span, sn, g, _ = choose_span(w, needs, cu, spans, trial=trial, profile=prof, faults=faults)
+    # as template plans (policies/template.py): or a plan leaving the indexed pieces out
+    alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
+    span, needs, g = best_plan(w, (span, sn, g), alts, cu, spans, Template.fronts, trial, prof, faults)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,

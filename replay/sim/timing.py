@@ -15,8 +15,12 @@ from .kernels import (C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PRE
 # What the clock charges, from a cost profile (replay/costs.py's fields of the same names).
 Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhead_s htod_bw dtoh_bw duplex "
                             "pipelined_bw latency")
-# When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags).
-Order = namedtuple("Order", "blocking wait_prev need_group")
+# When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags), and
+# the step whose end the group's index values wait for, with the seconds their copy to the host takes.
+# `gate_frac`: the share of the group's planned prefetches that wait for the gate, `own_plain`: the
+# share that are the launch's own and do not (moved first), `own_gated`: whether the launch's own
+# planned units include gated ones.
+Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac own_plain own_gated")
 
 
 @njit(cache=True)
@@ -52,8 +56,15 @@ def _timing(counters, compute, gran, order, c):
     touches (the counters' C_USED_OWN and C_USED_GROUP: a plan made on
     predictions may bring a unit for a later launch that an earlier one
     touches); its faults (and the evictions and driver prefetches they cause)
-    stall it. Returns start, end, stall per step."""
+    stall it. A group with a `gate` moves the launch's own units that need no
+    index values first, as any group starts, then the lookahead's until the
+    gate's step has ended and the values are copied (`gate_s`), then the units
+    index values chose (`gate_frac` of its transfers' time), then the rest of
+    the lookahead's; a launch whose own planned units include gated ones waits
+    for the gated part. Returns start, end, stall per step."""
     blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
+    gate, gate_s, gate_frac, own_gated = order.gate, order.gate_s, order.gate_frac, order.own_gated
+    own_plain = order.own_plain
     n = counters.shape[0]
     start = np.empty(n)
     end = np.empty(n)
@@ -74,13 +85,29 @@ def _timing(counters, compute, gran, order, c):
             tg = bulk_seconds(pf_in * gran, g_out * gran, k[C_TRANSFERS], c, c.duplex, c.latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
             gs = max(ce, after)
-            ce = gs + tg
+            p = gate[i]
+            gated = p >= 0 and p < i
+            gated_end = gs
+            if gated:
+                fr = min(max(gate_frac[i], 0.0), 1.0)
+                op = min(max(own_plain[i], 0.0), 1.0 - fr)
+                # the lookahead's units fill the copy engine until the values are there (a
+                # runtime issues them range by range), the gated ones go next, then the rest
+                t0 = gs + tg * op
+                tgate = max(t0, end[p] + gate_s[i])
+                look = tg * (1.0 - fr - op)
+                gated_end = tgate + tg * fr
+                ce = gated_end + look - min(look, tgate - t0)
+            else:
+                ce = gs + tg
             g_end[i] = ce
             g_start[i] = gs
-            g_time[i] = tg
+            g_time[i] = ce - gs
             own = max(k[C_PREFETCH_NEED], k[C_USED_OWN])
             if blocking[i]:
                 ready = max(ready, ce)
+            elif gated and own_gated[i] and own > 0:
+                ready = max(ready, gated_end)
             elif own > 0 and pf_in > 0:
                 ready = max(ready, gs + tg * (min(own, pf_in) / pf_in))
         e = need_group[i]
@@ -109,7 +136,42 @@ def costs_of(profile) -> Costs:
                  float(p.transfer_latency_s))
 
 
+def gate_seconds(groups: Groups, profile) -> np.ndarray:
+    """Per group, what copying its index values to the host costs once their writer has ended: one
+    transfer (the profile's `transfer_latency_s`) of `gate_bytes` at device-to-host bandwidth."""
+    if not profile.charges:
+        return np.zeros(groups.n_steps)
+    return np.where(groups.gate >= 0, float(profile.transfer_latency_s)
+                    + groups.gate_bytes / float(profile.dtoh_bandwidth), 0.0)
+
+
+def gate_shares(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the share of its planned prefetches that wait for its gate (all of them, for
+    each gate, wait for the latest: the copy of the values comes once), the share that are its
+    launch's own (the first `need_now`) and do not, and whether the launch's own include gated ones. A gated group whose prefetches the plan
+    does not list (an online policy's, `on_launch`) waits for the gate with all of them."""
+    n = groups.n_steps
+    pa = groups.prefetch_after()
+    ptr = groups.pf_ptr
+    size = np.diff(ptr)
+    unlisted = (groups.gate >= 0) & (size == 0)
+    frac = unlisted.astype(np.float64)
+    own = unlisted.copy()
+    own_plain = np.zeros(n)
+    if not len(pa) or not (pa >= 0).any():
+        return frac, own_plain, own
+    step = np.repeat(np.arange(n), size)
+    g = pa >= 0
+    mine = (np.arange(len(pa)) - ptr[step]) < groups.need_now[step]
+    frac = np.maximum(frac, np.bincount(step[g], minlength=n) / np.maximum(size, 1))
+    own_plain = np.bincount(step[~g & mine], minlength=n) / np.maximum(size, 1)
+    own |= np.bincount(step[g & mine], minlength=n) > 0
+    return frac.astype(np.float64), own_plain.astype(np.float64), own
+
+
 def run_timing(counters, comp, gran, groups: Groups, profile):
     """start, end and stall per step of a run's counters under `profile` (see _timing)."""
-    return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group),
-                   costs_of(profile))
+    frac, own_plain, own = gate_shares(groups)
+    return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group,
+                                                      groups.gate.astype(np.int64), gate_seconds(groups, profile),
+                                                      frac, own_plain, own), costs_of(profile))

@@ -1,0 +1,262 @@
+"""Fitting the `indexed` class: a region whose chunks lie where index values put them.
+
+A region the other classes cannot explain (docs/template-model.md: an expert FFN's weights, an
+embedding's rows, a CSR gather of x, paged KV blocks) may follow the integers another pointer
+parameter points to, when the trace records them (its `values` table): chunk i is `chunk` bytes
+at `base + start + stride * v[i]`, for i < count. Fitted from the same fault evidence as every
+class (never the truth table):
+
+- the index word: another base word of the kernel whose buffer the values table holds at most
+  of the launches (a majority, as pointer words are chosen: `FitParams.pointer_share`), its values
+  read as int32 or int64 (int64 first where every odd 4-byte word is a sign extension);
+- the count: the number of values each launch's row holds, as a formula of the arguments (rows
+  recorded exactly, as the workload models and `collect --interpret` record them), else each
+  argument that never exceeds the row (rows clipped at the trace's limit or the allocation's end);
+- start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
+  and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
+  features, the robust solver (`fit_solve._solve_pair`) finds the simplest formulas for the first
+  chunk's start and the last chunk's end within the same byte bounds a range has
+  (`fit.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
+  the value by the same stride;
+- verification: every observed launch's chunks, rounded out to big pages, must cover what the
+  records show touched and stay inside what they may have touched (`fit_strided.verify_pages`),
+  but for the launches lost records may leave unexplained (`KernelData.allowed`).
+
+Launches whose values were not recorded do not take part (the predictor gives them the fallback).
+Natural-mode launches do not either: only first touches fault there, so a launch's faults do not
+show the chunks its values chose.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagecast import values as V
+
+from . import formula as FM
+from . import indexed as IX
+from .features import factorize_rows
+from .fit_solve import _solve_pair
+from .fit_strided import verify_pages
+from .model_io import Region
+
+if TYPE_CHECKING:  # annotations only: fit imports this module
+    from .fit import KernelData
+
+V0, V1 = "v0", "v1"   # the smallest and largest index value a launch reads, as two more features
+
+
+class _WithValues:
+    """A KernelData's launches `sel` with v0 and v1 added to their features (for the solver).
+    `force`: only products with v0 or v1 in them (an edge that must follow a value)."""
+
+    def __init__(self, kd: KernelData, g: np.ndarray, v0: np.ndarray, v1: np.ndarray, force: bool = False) -> None:
+        self.kd, self.params, self.loss, self.force = kd, kd.params, kd.loss, force
+        self.uniq, self.group = factorize_rows(np.column_stack([kd.uniq[g], v0, v1]))
+        self.U = len(self.uniq)
+        self.sel_names = list(kd.sel_names) + [V0, V1]
+        self.sel_varying = np.r_[kd.sel_varying, True, True]
+
+    def allowed(self, n: int, edges=2) -> int:
+        return self.kd.allowed(n, edges)
+
+    def mono(self, groups: np.ndarray) -> FM.Monomials:
+        u = self.uniq[groups]
+        on = np.array([len(np.unique(u[:, k])) > 1 for k in range(u.shape[1])], bool) if len(u) \
+            else np.zeros(u.shape[1], bool)
+        m = FM.monomials(self.sel_names, u, on | self.sel_varying)
+        if self.force:
+            keep = [i for i, nm in enumerate(m.names) if V0 in nm or V1 in nm]
+            m = FM.Monomials([m.names[i] for i in keep], m.values[:, keep], m.degree[keep])
+        return m
+
+
+def _positions(kd: KernelData):
+    """For each launch of kd (concatenated over its traces): its trace part and launch id."""
+    part = np.concatenate([np.full(len(idx), ti) for ti, (_, idx, _, _) in enumerate(kd.parts)])
+    lid = np.concatenate([idx for _, idx, _, _ in kd.parts])
+    return part, lid
+
+
+def _rows(kd: KernelData, part: np.ndarray, lid: np.ndarray, iptr: np.ndarray) -> np.ndarray:
+    """The values row each launch read from `iptr` (-1: none recorded)."""
+    out = np.full(len(lid), -1, np.int64)
+    for ti, (o, _, _, _) in enumerate(kd.parts):
+        m = part == ti
+        if m.any() and o.trace.values is not None:
+            out[m] = V.image(o.trace).find(lid[m], iptr[m])
+    return out
+
+
+def _elems(kd: KernelData, part, rows) -> list[int]:
+    """Value widths to try: int64 first where the rows read as int64 (every odd 4-byte word the
+    sign of the even one before it), else int32."""
+    odd_ok = True
+    for ti, r in zip(part[:64], rows[:64]):
+        im = V.image(kd.parts[ti][0].trace)
+        n = int(im.nbytes[r]) // 4
+        w = im.ints(int(r), n, 4)
+        if n % 2 or not len(w):
+            odd_ok = False
+            continue
+        lo, hi = w[0::2], w[1::2]
+        odd_ok &= bool(np.all(hi == np.where(lo < 0, -1, 0)))
+    return [8, 4] if odd_ok else [4]
+
+
+def _extremes(kd: KernelData, part, rows, k, elem):
+    """(v0, v1) over the first k values of each launch's row (rows shared by launches read once)."""
+    key = np.stack([part, rows, k], axis=1)
+    uk, inv = np.unique(key, axis=0, return_inverse=True)
+    lo = np.zeros(len(uk), np.int64)
+    hi = np.zeros(len(uk), np.int64)
+    ok = np.zeros(len(uk), bool)
+    for j, (ti, r, kk) in enumerate(uk):
+        v = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(kk), elem)
+        if len(v):
+            lo[j], hi[j], ok[j] = v.min(), v.max(), True
+    inv = inv.reshape(-1)
+    return lo[inv], hi[inv], ok[inv]
+
+
+def _split(f: FM.Formula):
+    """(the term that multiplies an index value, without it, as a Formula; the rest) or None."""
+    hit = [i for i, (c, fac) in enumerate(f.terms) if V0 in fac or V1 in fac]
+    if len(hit) != 1 or sum(n in (V0, V1) for n in f.terms[hit[0]][1]) != 1:
+        return None
+    c, fac = f.terms[hit[0]]
+    rest_fac = tuple(n for n in fac if n not in (V0, V1))
+    stride = FM.Formula(int(c), ()) if not rest_fac else FM.Formula(0, ((int(c), rest_fac),))
+    rest = FM.Formula(f.const, tuple(t for i, t in enumerate(f.terms) if i != hit[0]))
+    return stride, rest
+
+
+def fit_indexed(kd: KernelData, w, cat: dict, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
+    """An indexed region for base word `w` at its observed launches `sel` (positions in kd; `nat`:
+    which are natural mode; `bounds`: fit.range_bounds at sel), or None (module doc). Fills `fit`."""
+    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+        return None
+    part, lid = _positions(kd)
+    s_lo, s_hi, e_lo, e_hi = bounds
+    for iw, ivals in kd.bases:
+        if iw.name == w.name:
+            continue
+        iptr = np.concatenate(ivals)
+        rows = _rows(kd, part, lid, iptr)
+        have = rows[sel] >= 0
+        if have.sum() < kd.params.pointer_share * len(sel):
+            continue
+        use = have & ~nat
+        if not use.any():
+            continue
+        sv = sel[use]
+        for elem in _elems(kd, part[sv], rows[sv]):
+            r = _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr,
+                          (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit)
+            if r is not None:
+                return r
+    return None
+
+
+def _count_candidates(kd: KernelData, g: np.ndarray, row_len: np.ndarray):
+    """Count formulas to try: the rows' lengths as a formula of the arguments (rows recorded
+    exactly), then each argument never longer than the row (rows clipped)."""
+    res = _solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
+    if res is not None:
+        yield res[0][0]
+    for k, name in enumerate(kd.sel_names):
+        if name.startswith(("grid_", "block_")):
+            continue
+        v = kd.uniq[g, k]
+        if (v >= 1).all() and (v <= row_len).all() and not (v == row_len).all():
+            yield FM.Formula(0, ((1, (name,)),))
+
+
+def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit) -> Region | None:
+    g = kd.group[sv]
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem for ti, r in zip(part[sv], rows[sv])],
+                       np.int64)
+    s_lo, s_hi, e_lo, e_hi = bounds
+    for count in _count_candidates(kd, g, row_len):
+        k = np.minimum(np.asarray(count.evaluate(vals), np.int64) * np.ones(len(sv), np.int64), row_len)
+        if (k < 1).any():
+            continue
+        v0, v1, ok = _extremes(kd, part[sv], rows[sv], k, elem)
+        if not ok.all():
+            continue
+        # the stride from whichever edge follows a value: a start within the first big page at every
+        # launch is a constant to the solver (the first chunk's offset shows in the end), and where
+        # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
+        # token ids reach the vocabulary's ends), edges made to follow a value still bound it
+        strides = []
+        for force in (False, True):
+            ex = _WithValues(kd, g, v0, v1, force)
+            res = _solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
+                              min_terms={0: 1, 1: 1} if force else None)
+            for f in (res[0] if res is not None else ()):
+                sp_ = _split(f)
+                if sp_ is not None and sp_[0] not in strides:
+                    strides.append(sp_[0])
+        for r in (r for stride in strides for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1,
+                                                                  bounds)):
+            okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+            unexplained = int((~okv).sum())
+            if unexplained <= kd.allowed(len(sv)):
+                fit["exact"] = round(float(okv.mean()), 6)
+                fit["unexplained"] = unexplained
+                fit["values"] = {"launches": int(len(sv)), "without_values": int(len(sel) - use.sum()), "elem": elem}
+                return r
+    return None
+
+
+def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds):
+    """The regions with this stride to verify, likeliest first: its start from where the first
+    chunks begin, its chunk the stride itself where the last ones' ends allow it (rows, blocks,
+    experts are whole), then the simplest chunk formula that ends where they end (a part of
+    each row: a column range)."""
+    s_lo, s_hi, e_lo, e_hi = bounds
+    n = len(g)
+    sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
+    if (sd <= 0).any():
+        return
+    res = _solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
+    if res is None:
+        return
+    start = res[0][0]
+    c = np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
+    ch_lo, ch_hi = e_lo - sd * v1 - c, e_hi - sd * v1 - c
+    chunks = []
+    if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
+        chunks.append(stride)
+    res = _solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
+    if res is not None and res[0][0] not in chunks and \
+            (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
+        chunks.append(res[0][0])
+    for chunk in chunks:
+        yield Region(w.name, "indexed", start=start, stride=stride, chunk=chunk, count=count, index=iw.name,
+                     elem=elem)
+
+
+def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
+    """Per launch of `sv`: do its predicted chunks cover what its records show (fit_strided.verify_pages)?"""
+    ps = kd.ps
+    pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
+    reps, sps, eps = [], [], []
+    for ti, (o, _, _, _) in enumerate(kd.parts):
+        m = np.flatnonzero(part[sv] == ti)
+        if not len(m):
+            continue
+        p = sv[m]
+        g = kd.group[p]
+        vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+        res = IX.batch_pieces(region, vals, cat["base"][p], iptr[p], lid[p], V.image(o.trace), ps,
+                              cat["alloc_s"][p], cat["alloc_e"][p])
+        reps.append(pos[m][res["l"]]), sps.append(res["s"]), eps.append(res["e"])
+    rep = np.concatenate(reps) if reps else np.zeros(0, np.int64)
+    sp = np.concatenate(sps) if sps else np.zeros(0, np.int64)
+    ep = np.concatenate(eps) if eps else np.zeros(0, np.int64)
+    ok = verify_pages(kd, cat, sel, kd.bigp, rep, sp, ep)
+    return ok[pos]

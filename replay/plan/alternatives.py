@@ -1,0 +1,61 @@
+"""Plans that leave the index values' pieces out, tried beside the plan on every prediction.
+
+Bringing in a unit that index values chose waits for the launch that wrote those values and
+for their copy to the host (plan/belady.py, sim/timing.py); a unit the plan leaves out faults
+in instead, and a plan that knows fewer units evicts differently. Either can be faster: a single
+embedding row per token costs a plan more than its fault (llm-decode at 150%: 10.25x with the
+rows planned, 10.29x without), a gather's exact pages more than keeping the vector it gathers
+from (spmv-cg at 200%: 4.92x, 4.95x), while the experts a router chose are most of moe-decode's
+traffic (7.12x with them planned, 1.39x without). So `template` (and `pagecast plan`, which
+writes the plan template would follow) also plans on the needs the arguments name without the
+indexed pieces (`plain`), and on those with the indexed regions predicted as irregular ones
+are (the fallback: earlier launches' pages), and keeps the plan whose trial run on the full
+predicted needs, indexed pieces included, is fastest: every plan is judged on the predictions
+alone, as `spans.choose_span` judges spans.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+from ..unit_space import Needs, Workload
+from .adaptive import predicted_gated
+from .spans import choose_span
+
+
+def without_indexed(model):
+    """A copy of `model` whose indexed regions are irregular (predicted by the fallback)."""
+    m = copy.deepcopy(model)
+    for km in m.kernels.values():
+        for r in km.regions:
+            if r.cls == "indexed":
+                r.cls, r.index = "irregular", None
+                r.start = r.end = r.count = r.chunk = r.stride = None
+    return m
+
+
+def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> list[Needs]:
+    """The needs of the alternatives (module doc) for tasks `traces` whose (footprints, gates)
+    predictions are `pg`; empty when no indexed region predicted anything."""
+    if not any(gt is not None and len(gt.launch) for _, gt in pg):
+        return []
+    plain = w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])
+    blind = without_indexed(model)
+    hist = w.needs_from([predicted_gated(blind, t, fallback)[0] for t in traces])
+    return [plain, hist]
+
+
+def best_plan(w: Workload, first: tuple, alternatives: list[Needs], cap_units: int, spans, fronts,
+              trial: Callable[[Any, Needs], Any] | None, profile, faults: bool) -> tuple:
+    """`first` = (span, span needs, groups) or the fastest alternative's, by `trial` (the full
+    predicted needs' trial run); `first` itself without alternatives or without a trial."""
+    if not alternatives or trial is None:
+        return first
+    best = trial(first[2], first[1]).end[-1]
+    out = first
+    for alt in alternatives:
+        span, sn, g, run = choose_span(w, alt, cap_units, spans, fronts, trial, profile=profile, faults=faults)
+        if run is not None and run.end[-1] < best:
+            best, out = run.end[-1], (span, sn, g)
+    return out

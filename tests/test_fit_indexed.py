@@ -1,0 +1,168 @@
+"""The `indexed` fit (predict/fit_indexed.py): random gathers whose chunks the index values choose
+(rows of `dim` elements, a column offset into each row, int32 or int64 ids, a count that is an
+argument), their faults emulated by the workload engine with up to 5% of records lost; fitted from
+two traces, the template must predict a third, larger one (more rows, more ids per launch, wider
+rows) exactly. Without recorded values the region stays irregular; feedback demotes an indexed
+template whose values keep choosing other pages."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import index_workload as IW
+from pagecast import trace as T
+from pagecast.datasets.engine import WRITE, Builder, Kernel, Range, Ranges
+from pagecast.predict.evaluate import evaluate
+from pagecast.predict.feedback import DEMOTE_AFTER, apply_feedback
+from pagecast.predict.fit import fit_model
+from pagecast.predict.model_io import load_model, save_model
+
+SETTINGS = dict(deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _kernel(id_type: str) -> Kernel:
+    return Kernel("gather_cols", [("out", "float*"), ("table", "const float*"), ("ids", f"const {id_type}*"),
+                                  ("n", "int"), ("dim", "int"), ("col", "int"), ("width", "int")],
+                  {"out": "linear", "table": "indexed", "ids": "linear"})
+
+
+def _gather(seed: int, rows: int, dims: list[int], counts: list[int], col_frac: float, width: int | None,
+            elem: int, steps: int = 20) -> Builder:
+    """`steps` gathers: launch j reads `width` floats (None: the whole row) at column `col` of rows
+    ids[0:n] of a table of `rows` rows of `dim` floats (dim, n drawn per launch from `dims`,
+    `counts`; col = (dim - width) * col_frac)."""
+    b = Builder("gather-cols", seed=seed)
+    rng = b.rng
+    k = _kernel("int" if elem == 4 else "long")
+    top = max(dims)
+    table = b.malloc(4 * rows * top, "table")
+    ids = b.malloc(8 * max(counts), "ids")
+    out = b.malloc(4 * max(counts) * top, "out")
+    for _ in range(steps):
+        dim = int(rng.choice(dims))
+        n = int(rng.choice(counts))
+        wd = dim if width is None else width
+        col = int((dim - wd) * col_frac)
+        v = rng.choice(rows, n, replace=False).astype(np.int64)
+        i0 = b.reserve(1)
+        b.launch(k, [i0], {"out": out.ptr(), "table": table.ptr(), "ids": ids.ptr(), "n": n, "dim": dim,
+                           "col": col, "width": wd},
+                 grid=(n,), touches=[Range(ids, 0, elem * n), Range(out, 0, 4 * n * wd, WRITE),
+                                     Ranges(table, np.zeros(n, np.int64), (v * dim + col) * 4, 4 * wd)])
+        b.values(k, "ids", [i0], ids.ptr(), v.astype("<i4" if elem == 4 else "<i8")[None])
+    return b
+
+
+def _table_region(model):
+    km = next(km for n, km in model.kernels.items() if "gather_cols" in n)
+    return next(r for r in km.regions if r.base == "p1")
+
+
+@settings(max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(elem=st.sampled_from([4, 8]),
+       drop=st.sampled_from([0.0, 0.01, 0.05]),
+       width_pages=st.sampled_from([0.25, 1, 3, 17]),
+       seed=st.integers(0, 10_000))
+def test_fitted_indexed_templates_predict_a_larger_unseen_run_exactly(tmp_path_factory, elem, drop, width_pages,
+                                                                      seed):
+    """Whole rows (embedding rows, experts, KV blocks: chunk = stride), rows a quarter page to 17
+    pages wide, two widths per run and a third in the unseen one. Not covered (and not found by
+    the fit today): a column range at an offset inside wider rows."""
+    d = tmp_path_factory.mktemp("fitix")
+    w = int(width_pages * 1024)                  # floats
+    dims, dims_test, width, col_frac = [w, 2 * w], [w, 3 * w], None, 0.0
+    # two fitting runs with few ids and rows (tables of tens of big pages at least: a table of a
+    # few big pages leaves the faults of any gather the same), an unseen one with more of each
+    train = [_gather(seed, 512, dims, [2, 3, 5], col_frac, width, elem),
+             _gather(seed + 1, 768, dims, [1, 4, 6], col_frac, width, elem)]
+    test = _gather(seed + 2, 3000, dims_test, [3, 9, 14], col_frac, width, elem)
+    paths = [b.write(d / f"t{i}.pctrace", drop=drop) for i, b in enumerate(train)]
+    tpath = test.write(d / "test.pctrace")
+    model = fit_model([T.read_trace(p) for p in paths])
+    r = _table_region(model)
+    assert r.cls == "indexed", r.text()
+    assert (r.index, r.elem) == ("p2", elem)
+    assert r.count.text() == "p3"
+    ev = evaluate(model, T.read_trace(tpath), "none")
+    k = next(x for x in ev["kernels"] if "gather_cols" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (r.text(), k)
+    # written readably, and read back the same
+    save_model(model, d / "m.json")
+    text = json.loads((d / "m.json").read_text())["kernels"]
+    txt = [rd["text"] for km in text.values() for rd in km["regions"] if rd["class"] == "indexed"]
+    assert txt == [r.text()] and f"v{'' if elem == 4 else '64'}(p2)[i]" in txt[0] and "for i < p3" in txt[0]
+    assert _table_region(load_model(d / "m.json")).text() == r.text()
+
+
+@pytest.fixture(scope="module")
+def gather(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gather_fit")
+    return d, [IW.build(seed=s).write(d / f"g{s}.pctrace") for s in (1, 2, 3)]
+
+
+def test_the_hand_made_gather_fits_its_written_form(gather):
+    """tests/index_workload.py's table: `[p1 + 4*p4*v(p2)[i], +4*p4) for i < p3` (or the same with
+    the constant arguments folded in), fitted from faults alone."""
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    km = next(km for n, km in model.kernels.items() if "gather_rows" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.cls == "indexed" and r.index == "p2", r.text()
+    ev = evaluate(model, T.read_trace(paths[2]), "none")
+    k = next(x for x in ev["kernels"] if "gather_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0
+
+
+def test_without_values_the_region_is_irregular(tmp_path):
+    paths = [IW.build(seed=s, record=False).write(tmp_path / f"g{s}.pctrace") for s in (1, 2)]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "gather_rows" in n)
+    assert next(x for x in km.regions if x.base == "p1").cls == "irregular"
+
+
+def test_feedback_demotes_an_indexed_template_that_keeps_missing(gather):
+    """Misses of an indexed region cannot be widened into a formula: counted, and after
+    DEMOTE_AFTER of them the region is irregular, its misses its history."""
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    tr = T.read_trace(paths[2])
+    km_name = next(n for n in model.kernels if "gather_rows" in n)
+    r = next(x for x in model.kernels[km_name].regions if x.base == "p1")
+    assert r.cls == "indexed"
+    lids = np.flatnonzero(np.array(tr.launches.column(T.KERNEL).to_pylist()) == km_name)
+    table = max(tr.allocations.to_pylist(), key=lambda a: a["bytes"])   # the table: 32 MiB, the largest
+    p0 = int(table["address"]) // tr.page_size
+    changed = [apply_feedback(model, tr, int(lid), [p0 + 100 + i], [p0 + 101 + i])
+               for i, lid in enumerate(lids[:DEMOTE_AFTER])]
+    assert changed == [False] * (DEMOTE_AFTER - 1) + [True]
+    assert r.cls == "irregular" and r.index is None and r.fit["demoted_by_feedback"]
+    assert r.history
+
+
+def test_values_that_point_outside_are_counted_not_an_error(gather, tmp_path, capsys):
+    """A run whose recorded ids name rows far past the table (and launches with none recorded):
+    evaluate names them in one line each, exit 0, and the JSON counts them."""
+    from pagecast.cli import main
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    save_model(model, tmp_path / "m.json")
+    b = IW.build(seed=5, record=False)
+    K = IW.K_GATHER
+    gl = [int(x) for blk in b.blocks if blk.kernel is K for x in np.atleast_1d(blk.ids)]
+    ptr = next(a for a in b.buffers if a.label == "ids").ptr()
+    # the first 4 gathers with no values, the rest reading rows 10^6: past the table's 4096
+    b.values(K, "ids", gl[4:], ptr, np.full((len(gl) - 4, 3), 10**6, "<i4"))
+    bad = b.write(tmp_path / "bad.pctrace")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(bad), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["indexed"]["values"]
+    assert v["outside_values"] == 3 * (len(gl) - 4) and v["no_values"] == 4
+    assert main(["evaluate", str(tmp_path / "m.json"), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "values outside the allocation" in out and "without values" in out
