@@ -170,8 +170,9 @@ class LaunchDecider:
         if forget is not None:
             forget(int(addr))
 
-    def decide(self, t: int, la) -> Decision:
-        """What to move before launch t."""
+    def decide(self, t: int, la, values=None) -> Decision:
+        """What to move before launch t. `values(address, nbytes) -> bytes | None`: the index values
+        of its indexed regions, when the runtime read them (the GPU runner, cuda_engine.py)."""
         period = self.detector.observe(la.kernel)
         data = bytes(la.param_data or b"")
         rel = self.relocator
@@ -182,7 +183,7 @@ class LaunchDecider:
         predicted, predict_s = None, None
         if self.predict is not None and (self.policy.predicts or self.residency is not None):
             p0 = time.perf_counter()
-            predicted = self._predict(la, self.allocs)
+            predicted = self._predict(la, self.allocs) if values is None else self._predict(la, self.allocs, values)
             if not self._clipped:   # the online predictor's already are
                 predicted = self.allocs.clip(predicted)
             predict_s = time.perf_counter() - p0
