@@ -11,7 +11,7 @@ Each step runs one batch (the running sequences' next tokens, plus at most one a
 launch by launch:
 
 - `copy_step_inputs` copies the step's inputs, prepared by the host in a staging buffer, into
-  the device's input buffer (token ids, positions, slot mapping, the batch's block tables,
+  the device's input buffer (the prefix that holds them: every section but the last whole) (token ids, positions, slot mapping, the batch's block tables,
   their row pointers, sequence lengths, query starts, the rows to sample): the writer of every
   index value the step's kernels read;
 - embedding rows by token id, rotary embedding by position (cos/sin cache rows), the KV write
@@ -276,9 +276,12 @@ def build_llm_paged_decode(b: Builder) -> None:
         ids = base + st_idx * per_step + i
         kind = op[0]
         if kind == "copy":
-            b.launch(K_COPY_INPUTS, ids, {"dst": inp.buf.ptr(), "src": inp.staging.ptr(), "n_bytes": inp.bytes},
-                     grid=(-(-inp.bytes // 1024),), block=(256,),
-                     touches=[Range(inp.staging, 0, inp.bytes), Range(inp.buf, 0, inp.bytes, WRITE)])
+            # the staging buffer's prefix that holds this step's inputs: every section whole but the
+            # last (the rows to sample), up to its sequences
+            nb = inp.off["last"] + 4 * S
+            b.launch(K_COPY_INPUTS, ids, {"dst": inp.buf.ptr(), "src": inp.staging.ptr(), "n_bytes": nb},
+                     grid=(-(-nb // 1024),), block=(256,),
+                     touches=[Range(inp.staging, 0, nb), Range(inp.buf, 0, nb, WRITE)])
         elif kind == "embed":
             b.launch(K_EMBED_ROWS, ids, {"out": x.ptr(), "table": W.ptr(w.o["embed"]), "tokens": inp.ptr("tokens"),
                                          "rows": T, "dim": d},
@@ -370,6 +373,5 @@ _PAGED = ("Continuous batching over a paged KV cache, as vLLM serves: a pool of 
 WORKLOADS = [
     workload("llm-paged-decode", "llm", _PAGED + " Templates: fixed, linear, strided, indexed.",
              build_llm_paged_decode, PAGED_KERNELS,
-             constant={"copy_step_inputs": ("dst", "src")},
              summary="LLM serving over a paged KV cache: block tables (indexed), blocks freed and reused"),
 ]
