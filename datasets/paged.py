@@ -107,9 +107,9 @@ class Scheduler:
     def __init__(self, rng: np.random.Generator, n_blocks: int, max_prompt: int, max_gen: int,
                  vocab: int) -> None:
         self.rng, self.n_blocks, self.max_prompt, self.max_gen, self.vocab = rng, n_blocks, max_prompt, max_gen, vocab
-        # the free blocks, a stack as vLLM's first BlockAllocator kept them (a freed block is the
-        # next one handed out: docs/workloads.md); a pool after a while of serving: in no order
-        self.free: list[int] = rng.permutation(n_blocks).tolist()
+        # the free blocks, a stack as vLLM's first BlockAllocator kept them (in block order at
+        # start; a freed block is the next one handed out: docs/workloads.md)
+        self.free: list[int] = list(range(n_blocks - 1, -1, -1))
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
         self.preempted = self.finished = self.admitted = 0
@@ -206,6 +206,19 @@ class Inputs:
 
     def ptr(self, k: str):
         return self.buf.ptr(self.off[k])
+
+
+def _chunks(buf, which: np.ndarray, index: np.ndarray, base: int, size: int, access: int = 0) -> Ranges:
+    """`size` bytes at `base + size * index[i]` for launch `which[i]`, as truth ranges, runs of
+    consecutive indices of one launch merged into one range (the same bytes in fewer rows: a
+    sequence's blocks, a prompt's slots and positions often follow each other)."""
+    o = np.lexsort((index, which))
+    w, v = which[o], index[o]
+    new = np.ones(len(v), bool)
+    new[1:] = (w[1:] != w[:-1]) | (v[1:] != v[:-1] + 1)
+    first = np.flatnonzero(new)
+    n = np.diff(np.append(first, len(v)))
+    return Ranges(buf, w[first], base + size * v[first], size * n, access)
 
 
 def _cat(steps: list[Step], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -309,7 +322,7 @@ def build_llm_paged_decode(b: Builder) -> None:
                                        "rows": T, "n_heads": nh, "head_dim": hd},
                      grid=(T,), block=(nh * hd // 2,), flops=6 * T * nh * hd,
                      touches=[Range(qkv, 0, 2 * T * m.qkv_rows, READWRITE), Range(inp.buf, inp.off["positions"], 4 * T),
-                              Ranges(rope, pos_step, pos * hd * 4, hd * 4)])
+                              _chunks(rope, pos_step, pos, 0, hd * 4)])
             b.values(K_ROPE_POS, "positions", ids, inp.ptr("positions"), rows("positions"))
         elif kind == "cache":
             kb, vb = (2 * op[1]) * n_blocks * blk, (2 * op[1] + 1) * n_blocks * blk
@@ -319,8 +332,8 @@ def build_llm_paged_decode(b: Builder) -> None:
                                             "row_stride": m.qkv_rows, "n_kv_heads": m.n_kv, "head_dim": hd},
                      grid=(T,), block=(m.n_kv * hd,),
                      touches=[Strided(qkv, kvoff, 2 * slot, 2 * m.qkv_rows, T), Range(inp.buf, inp.off["slots"], 4 * T),
-                              Ranges(kv, slot_step, kb + slots * slot, slot, WRITE),
-                              Ranges(kv, slot_step, vb + slots * slot, slot, WRITE)])
+                              _chunks(kv, slot_step, slots, kb, slot, WRITE),
+                              _chunks(kv, slot_step, slots, vb, slot, WRITE)])
             b.values(K_RESHAPE_CACHE, "slot_mapping", ids, inp.ptr("slots"), rows("slots"))
         elif kind == "attn":
             kb, vb = (2 * op[1]) * n_blocks * blk, (2 * op[1] + 1) * n_blocks * blk
@@ -335,7 +348,7 @@ def build_llm_paged_decode(b: Builder) -> None:
                               Range(inp.buf, inp.off["indptr"], 4 * (S + 1)), Range(inp.buf, inp.off["seq_lens"], 4 * S),
                               Range(inp.buf, inp.off["query_start"], 4 * (S + 1)),
                               # whole blocks, as vLLM's kernel loads them (the tail's tokens are masked)
-                              Ranges(kv, blk_step, kb + bids * blk, blk), Ranges(kv, blk_step, vb + bids * blk, blk),
+                              _chunks(kv, blk_step, bids, kb, blk), _chunks(kv, blk_step, bids, vb, blk),
                               Range(att, 0, 2 * T * d, WRITE)])
             b.values(K_PAGED_ATTN, "block_ids", ids, inp.ptr("block_ids"), rows("block_ids"))
         elif kind == "add":

@@ -36,12 +36,28 @@ def _values(t: T.Trace, ids: np.ndarray, ptr: np.ndarray, count: np.ndarray) -> 
     return out
 
 
-def _truth(t: T.Trace, lid: int, lo: int, hi: int) -> np.ndarray:
-    """Sorted start addresses of launch lid's truth ranges inside [lo, hi)."""
+def _merged(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(zip(lo.tolist(), hi.tolist())):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [tuple(x) for x in out]
+
+
+def _truth(t: T.Trace, lid: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The bytes launch lid's truth covers inside [lo, hi), as merged [start, end) intervals."""
     tt = t.truth
     sel = (tt.column(T.LAUNCH_ID).to_numpy() == lid)
     a = tt.column(T.ADDRESS).to_numpy().astype(np.int64)[sel]
-    return np.sort(a[(a >= lo) & (a < hi)])
+    n = tt.column(T.BYTES).to_numpy()[sel]
+    k = (a >= lo) & (a < hi)
+    return _merged(a[k], a[k] + n[k])
+
+
+def _chunks(base: int, size: int, v: np.ndarray) -> list[tuple[int, int]]:
+    return _merged(base + size * v, base + size * (v + 1))
 
 
 def _pool(t: T.Trace, at: int) -> tuple[int, int]:
@@ -71,14 +87,15 @@ def test_attention_reads_the_blocks_of_its_tables_and_the_cache_writes_follow_th
     vals = _values(tr, ids, a["block_ids"], a["n_blocks"])
     for j in range(0, len(ids), 7):
         k0, v0 = int(a["k_cache"][j]), int(a["v_cache"][j])
-        assert np.array_equal(_truth(tr, ids[j], k0, k0 + (v0 - k0)), np.sort(k0 + blk * vals[j]))
-        assert np.array_equal(_truth(tr, ids[j], v0, v0 + (v0 - k0)), np.sort(v0 + blk * vals[j]))
+        assert _truth(tr, ids[j], k0, v0) == _chunks(k0, blk, vals[j])
+        assert _truth(tr, ids[j], v0, v0 + (v0 - k0)) == _chunks(v0, blk, vals[j])
     cids, c = _launches(tr, paged.K_RESHAPE_CACHE)
     slots = _values(tr, cids, c["slot_mapping"], c["n_tokens"])
     per = int(c["n_kv_heads"][0] * c["head_dim"][0] * 2)
     for j in range(0, len(cids), 5):
         k0, v0 = int(c["k_cache"][j]), int(c["v_cache"][j])
-        assert np.array_equal(_truth(tr, cids[j], k0, v0), np.sort(k0 + per * slots[j]))
+        assert _truth(tr, cids[j], k0, v0) == _chunks(k0, per, slots[j])
+        assert _truth(tr, cids[j], v0, v0 + (v0 - k0)) == _chunks(v0, per, slots[j])
         # each token's slot lies in a block of its step's tables (the step's attention follows)
         step_blocks = vals[int(np.searchsorted(ids, cids[j]))]
         assert np.isin(slots[j] // paged.BLOCK_TOKENS, step_blocks).all()
