@@ -9,19 +9,23 @@ next use. This policy makes those very decisions (`online.decide.LaunchDecider`
 with the template policy and the runner's default fallback: the code the GPU
 engine runs) from the trace's launches, with allocations looked up in the
 trace instead of the driver, and hands the simulator the units of the ranges
-the engine would move, launch by launch (the `on_launch` hook). The difference
+the engine would move, launch by launch (the `on_launch` hook). A launch with indexed regions
+is predicted from its index values, as the engine reads them after the work before it (here
+from the trace's values table, `pagecast.values`). The difference
 between `template` and `runner` is what planning ahead is worth; `runner`
 against a GPU measurement is the cost model alone (scripts/gpu_validation.py).
 
 Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
 simulator's `--feedback` refines the offline template only) and its
-host-side time per launch.
+host-side time per launch, including the wait for an indexed launch's values (the GPU runner
+drains the launch's stream before reading them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pagecast import values as V
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
 
@@ -60,8 +64,12 @@ class Runner(Policy):
                    "replayed in the simulator")
     wants_launches = True
 
-    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None) -> None:
-        """`policy`: whose per-launch decisions to replay (default: template, the runner's)."""
+    def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
+                 read_values: bool = True) -> None:
+        """`policy`: whose per-launch decisions to replay (default: template, the runner's);
+        `read_values`: indexed launches predicted from their values, as the GPU runner does
+        (False: as it did before it read them, to see what they are worth)."""
+        self.read_values = read_values
         self.model = model
         self.fallback = default_fallback(False) if fallback is None else fallback   # the runner's, without feedback
         self.policy = Template() if policy is None else policy
@@ -84,8 +92,25 @@ class Runner(Policy):
                                      predict=None if self.model is None else make_online_predict(self.model,
                                                                                                  self.fallback))
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
+        self.image = V.image(trace) if self.read_values and trace.values is not None else None
+        self.values_launches = 0
         self.prefetch_bytes = 0
         return None
+
+    def _values(self, t: int, la):
+        """Launch t's index values from the trace, as `values(address, nbytes)` for the prediction
+        (None: it reads none, or the trace has none)."""
+        im = self.image
+        reads = getattr(self.decider.predict, "value_reads", None)
+        if im is None or reads is None or not self.policy.predicts:
+            return None
+        want = [(int(a), int(n)) for a, n in reads(la) if n > 0]
+        if not want:
+            return None
+        rows = im.find(np.full(len(want), t, I64), np.array([a for a, _ in want], np.uint64))
+        got = {w: im.data(int(r))[:w[1]] for w, r in zip(want, rows.tolist()) if r >= 0}
+        self.values_launches += 1
+        return lambda a, n: got.get((int(a), int(n)))
 
     def on_launch(self, ctx: Context, step: int):
         w = ctx.w
@@ -95,7 +120,8 @@ class Runner(Policy):
             for a in self.lookup.freed_before(t):
                 dec.on_free(a)
             self.lookup.t = t
-            d = dec.decide(t, self.launches[t])
+            la = self.launches[t]
+            d = dec.decide(t, la, self._values(t, la))
             # what the engine would hand the driver: ranges cut at allocation boundaries
             self.to_host = dec.allocs.pieces(d.evict) if d.evict else []
             self.to_gpu = dec.allocs.pieces(d.prefetch)
