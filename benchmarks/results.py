@@ -97,7 +97,7 @@ def bar_table(runs: list[dict], oversub, format_size):
 
 # workloads whose footprints follow data, not arguments: from profiles that lost records, the bar is
 # what they reach from clean ones (issue 14)
-DATA_DEPENDENT = ("moe-decode",)
+DATA_DEPENDENT = ("moe-decode", "llm-paged-decode")
 
 
 def lossy_section(clean_runs: list[dict], lossy_runs: list[dict], drop: float, oversub, elapsed: float) -> str:

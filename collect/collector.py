@@ -8,6 +8,10 @@ into rows by `RowBuilder`, and go to a `TraceWriter` as they become final; a
 ticker thread flushes the source and closes Parquet parts every
 `part_seconds`, so a crash loses at most the last few seconds.
 
+Index values (full mode, with a device that can copy): at each launch's API enter, after the
+previous kernel ended and before this one is queued, `values_copy.ValuesCopier` copies what its
+pointer parameters point to into the `values` table (docs/collect.md, "Index values").
+
 Ending. `finish(complete)` is the one flush path for every way a run ends
 (normal exit, an exception in the workload, SIGINT, SIGTERM, a refused
 oversubscription): unsubscribe the hook, synchronize, force-flush the source,
@@ -25,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from pagecast import trace as T
 from pagecast.console import warn
@@ -33,61 +37,11 @@ from pagecast.uvm import PAGE
 
 from . import convert as C
 from .activity import CuptiActivitySource
+from .cuda_device import CudaDevice, Device, ValuesDevice  # noqa: F401  (re-exported: the command's device)
 from .launch_hook import LaunchArgs, LaunchHook
 from .managed import ManagedBudget, ManagedTracker, OversubscriptionError
-
-
-class Device(Protocol):
-    def synchronize(self) -> None: ...
-
-    def evict(self, ranges: list[tuple[int, int]]) -> int: ...
-
-    def now(self) -> int: ...
-
-
-class CudaDevice:
-    """Synchronize, evict managed ranges to the host, read CUPTI's clock (cuda-bindings)."""
-
-    def __init__(self, device: int = 0) -> None:
-        from cuda.bindings import driver as drv
-
-        self.drv = drv
-        self.device = device
-        loc = drv.CUmemLocation()
-        loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
-        loc.id = 0
-        self._host = loc
-        self.errors = 0
-        self.last_error: str | None = None
-
-    def synchronize(self) -> None:
-        err, = self.drv.cuCtxSynchronize()
-        if int(err) != 0:
-            self.errors += 1
-            self.last_error = f"cuCtxSynchronize: {err}"
-
-    def _prefetch_to_host(self, addr: int, nbytes: int):
-        drv = self.drv
-        ptr = drv.CUdeviceptr(addr)
-        try:  # CUDA 13: cuMemPrefetchAsync(devPtr, count, CUmemLocation, flags, hStream)
-            return drv.cuMemPrefetchAsync(ptr, nbytes, self._host, 0, 0)[0]
-        except TypeError:  # CUDA 12 bindings: the location form is _v2
-            return drv.cuMemPrefetchAsync_v2(ptr, nbytes, self._host, 0, 0)[0]
-
-    def evict(self, ranges: list[tuple[int, int]]) -> int:
-        failed = 0
-        for addr, nbytes in ranges:
-            err = self._prefetch_to_host(addr, nbytes)
-            if int(err) != 0:
-                failed += 1
-                self.last_error = f"cuMemPrefetchAsync to host: {err}"
-        self.errors += failed
-        return failed
-
-    def now(self) -> int:
-        from cupti import cupti
-
-        return int(cupti.get_timestamp())
+from .values_copy import LIMIT as VALUES_LIMIT
+from .values_copy import ValuesCopier
 
 
 # Python functions CUPTI calls from C: no exception may be raised inside them.
@@ -115,7 +69,7 @@ class Collector:
                  budget: ManagedBudget | None = None, hook_cls: type = LaunchHook,
                  hook_kwargs: dict | None = None, force: bool = False, part_seconds: float = 2.0,
                  tick_s: float = 0.2, launch_timeout_s: float = 10.0, manifest: dict | None = None,
-                 install_signals: bool = True) -> None:
+                 install_signals: bool = True, values_limit: int | None = VALUES_LIMIT) -> None:
         if mode not in T.MODES:
             raise ValueError(f"mode must be one of {T.MODES}")
         self.out = out
@@ -130,6 +84,11 @@ class Collector:
                                     launch_timeout_s=launch_timeout_s)
         self.manifest = dict(manifest or T.new_manifest(mode=mode, source="cupti"))
         self.manifest["mode"] = mode
+        # full mode, with a device that can copy: index values (collect/values_copy.py)
+        self.values: ValuesCopier | None = None
+        if mode == "full" and values_limit and device is not None and hasattr(device, "read"):
+            self.values = ValuesCopier(device.read, self.budget.ranges, limit=int(values_limit))
+            self.manifest[T.VALUES_KEY] = self.values.manifest()
         self.tracker = ManagedTracker(self.budget, on_violation=self._on_violation)
         self.hook = hook_cls(self.on_launch, before_launch=self.before_launch if mode == "full" else None,
                              after_launch=self.after_launch if mode == "full" else None,
@@ -171,7 +130,11 @@ class Collector:
 
     def on_launch(self, args: LaunchArgs) -> None:
         with self._lock:
-            self.builder.add_launch(args, time.monotonic())
+            lid = self.builder.add_launch(args, time.monotonic())
+        if self.values is not None:
+            # before the kernel is queued, after the previous one ended (before_launch synchronized):
+            # what the launch will read when it starts (outside the lock: records keep flowing)
+            self.values.record(lid, args.param_offsets, args.param_sizes, args.param_data, late=args.at_exit)
 
     def after_launch(self, args: LaunchArgs | None) -> None:
         t0 = time.perf_counter_ns()
@@ -200,6 +163,8 @@ class Collector:
         if self.writer is None or self.writer.closed:
             return
         rows = self.builder.drain(time.monotonic(), final=final)
+        if self.values is not None:
+            rows = {**rows, T.VALUES: self.values.take()}
         for table, cols in rows.items():
             if cols and len(next(iter(cols.values()))):
                 try:
@@ -222,7 +187,8 @@ class Collector:
                 self._sink()
                 if time.monotonic() - last_part >= self.part_seconds:
                     self.writer.flush()
-                    self.writer.update_manifest(collection=self._collection_info(running=True))
+                    self.writer.update_manifest(collection=self._collection_info(running=True),
+                                                **self._values_manifest())
                     last_part = time.monotonic()
 
     # -- lifecycle --
@@ -230,7 +196,8 @@ class Collector:
         self._t0 = time.perf_counter()
         self._pid = os.getpid()
         self.writer = T.TraceWriter(self.out, self.manifest, force=self.force, part_seconds=self.part_seconds,
-                                    tables=(*T.REQUIRED_TABLES, T.UVM_EVENTS))
+                                    tables=(*T.REQUIRED_TABLES, T.UVM_EVENTS)
+                                    + ((T.VALUES,) if self.values is not None else ()))
         if self.install_signals and threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGTERM, self._signal), (signal.SIGINT, self._signal),
                                  (signal.SIGUSR2, self._budget_signal)):
@@ -414,7 +381,7 @@ class Collector:
                 info = self._collection_info(running=False)
                 info["dropped_records"] = dropped
                 self.writer.update_manifest(dropped_records=dropped, collection=info,
-                                            workload_exit_code=self.exit_code)
+                                            workload_exit_code=self.exit_code, **self._values_manifest())
                 self.writer.close(complete=complete)
             if dropped:
                 warn(f"CUPTI dropped {dropped} activity records (buffers full); the trace misses them")
@@ -430,6 +397,9 @@ class Collector:
                     except (TypeError, ValueError):
                         pass
                 self._old_handlers = {}
+
+    def _values_manifest(self) -> dict:
+        return {T.VALUES_KEY: self.values.manifest()} if self.values is not None else {}
 
     def _collection_info(self, running: bool) -> dict:
         st = self.builder.stats.as_dict()
@@ -449,6 +419,7 @@ class Collector:
             "managed_limit_bytes": self.budget.limit,
             "refused": self.violation,
             **{f"rows_{k}": v for k, v in st.items()},
+            **({f"values_{k}": v for k, v in self.values.stats.as_dict().items()} if self.values is not None else {}),
             **{f"source_{k}": v for k, v in getattr(self.source, "info", {}).items()},
         }
 

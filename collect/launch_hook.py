@@ -124,6 +124,7 @@ class LaunchArgs:
     domain: int = DOMAIN_DRIVER
     correlation_ids: list[int] = field(default_factory=list)
     launch_id: int | None = None  # set by the consumer (the collector numbers launches)
+    at_exit: bool = False         # delivered at its API's exit: the kernel is queued already
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -657,6 +658,7 @@ class LaunchHook:
                 if not pend.saw_driver:
                     self.runtime_reaches_driver = False
                 if pend.held is not None:
+                    pend.held.at_exit = True
                     self._deliver(pend, pend.held)
                 elif not pend.saw_driver:  # (a failed driver decode was counted already)
                     self.errors += 1

@@ -16,7 +16,7 @@ from pathlib import Path
 from pagecast import trace as T
 from pagecast.errors import PagecastError, UsageError
 
-from . import corpus, dnn, llm, scientific
+from . import corpus, dnn, llm, paged, scientific
 from .engine import Builder
 from .workload import Workload
 
@@ -35,7 +35,7 @@ MAX_SCALE = 100.0   # ~10^6 launches; see docs/workloads.md for measured sizes a
 
 def _load() -> dict[str, Workload]:
     out: dict[str, Workload] = {}
-    for mod in (scientific, dnn, llm):
+    for mod in (scientific, dnn, llm, paged):
         for w in mod.WORKLOADS:
             out[w.name] = w
     return out
@@ -48,7 +48,7 @@ WORKLOADS: dict[str, Workload] = _load()
 MIXES: dict[str, list[str]] = {
     "scientific": ["jacobi2d", "spmv-cg", "stream"],
     "multi-dnn": ["mlp-train", "cnn-infer", "mlp-train", "cnn-infer"],
-    "multi-llm": ["llm-decode", "llm-decode", "llm-decode"],
+    "multi-llm": ["llm-decode", "llm-decode", "llm-decode", "llm-paged-decode"],
 }
 
 

@@ -37,7 +37,7 @@ from pagecast.replay.results_io import write_results
 from pagecast.replay.results_table import results_table
 from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import compute_times
-from pagecast.report.pivot import make_pivot, pivot_table
+from pagecast.report.pivot import make_pivot, means_line, pivot_table
 from pagecast.report.render import write_report
 from pagecast.trace import MANIFEST, prepare_output_dir, read_trace
 
@@ -95,11 +95,18 @@ def run_demo(cfg: DemoConfig) -> int:
         console.emit_json(all_runs)
     else:
         out_c = console.stdout()   # the pivot fits a screen (<= 40 lines with what stderr says); --all: every run
-        out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
-                                                  f"{info['mixes']} mixes, costs {cfg.costs}") if cfg.all
-                    else pivot_table(make_pivot(all_runs)))
         if cfg.all:
+            out_c.print(results_table(all_runs, title=f"pagecast demo: {info['workloads']} workloads and "
+                                                      f"{info['mixes']} mixes, costs {cfg.costs}"))
             out_c.print(headline(all_runs))
+        else:
+            # a row per workload and oversubscription, the geometric means folded into one line
+            pv = make_pivot(all_runs)
+            means = means_line(pv)
+            pv.means = []
+            out_c.print(pivot_table(pv))
+            if means:
+                out_c.print(means, highlight=False, soft_wrap=True)
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report

@@ -113,6 +113,20 @@ def pivot_table(pv: Pivot, title: str | None = None):
     return t
 
 
+def means_line(pv: Pivot) -> str:
+    """The geometric-mean rows folded into one line (`pagecast demo`, whose screen has room for one):
+    each policy's means at the oversubscriptions in order, and template's share of oracle."""
+    if not pv.means:
+        return ""
+    levels = " / ".join(_over(m, format_size) for m in pv.means)
+    parts = [f"{p} " + " / ".join("-" if m.speedup.get(p) is None else f"{m.speedup[p]:.2f}x" for m in pv.means)
+             for p in pv.policies]
+    if pv.has_of_oracle:
+        parts.append("template/oracle " + " / ".join("-" if m.of_oracle is None else f"{m.of_oracle:.0%}"
+                                                     for m in pv.means))
+    return f"{GEOMEAN} ({pv.means[0].runs}) at {levels}: " + ", ".join(parts)
+
+
 def _over(row: PivotRow, format_size) -> str:
     if row.oversub is not None:
         return f"{row.oversub:.0%}"

@@ -122,6 +122,25 @@ class StandInDevice:
         return time.monotonic_ns()
 
 
+class StandInMemoryDevice(StandInDevice):
+    """A StandInDevice whose managed memory holds bytes: tests write into it (standing in for the
+    kernels and the host), and the collector's index-value copies read it (`read`, as
+    CudaDevice.read does with cuMemcpyDtoH). Unwritten bytes read as zeros."""
+
+    def __init__(self, sync_s: float = 0.0) -> None:
+        super().__init__(sync_s)
+        self.mem: dict[int, int] = {}       # address -> byte (sparse)
+        self.reads: list[tuple[int, int]] = []
+
+    def write(self, address: int, data: bytes) -> None:
+        for i, b in enumerate(data):
+            self.mem[address + i] = b
+
+    def read(self, address: int, nbytes: int) -> bytes:
+        self.reads.append((address, nbytes))
+        return bytes(self.mem.get(address + i, 0) for i in range(nbytes))
+
+
 class StandInHook(lh.LaunchHook):
     def start(self):
         return self
@@ -213,14 +232,15 @@ class StandInGPU:
 
 
 def make_collector(out, *, mode="full", limit=None, interval_s=0.05, part_seconds=0.3, dropped=0, force=False,
-                   sync_s=0.0):
+                   sync_s=0.0, memory=False, **kw):
+    """A Collector on stand-ins; `memory`: a device whose memory holds bytes (index values)."""
     source = StandInSource(interval_s=interval_s, dropped=dropped)
-    device = StandInDevice(sync_s)
+    device = (StandInMemoryDevice if memory else StandInDevice)(sync_s)
     info = lh.ParamInfo(layout_fn=lambda h: StandInGPU.LAYOUT, name_fn=lambda h: "_Z5saxpyPfS_i", symbol_fn=lambda h: h)
     manifest = T.new_manifest(mode=mode, source="cupti", workload={"name": "standin", "argv": ["standin"]})
     c = Collector(out, mode=mode, source=source, device=device, budget=M.ManagedBudget(limit),
                   hook_cls=StandInHook, hook_kwargs={"param_info": info, "clock": device.now},
-                  part_seconds=part_seconds, tick_s=0.05, force=force, manifest=manifest)
+                  part_seconds=part_seconds, tick_s=0.05, force=force, manifest=manifest, **kw)
     return c, StandInGPU(c, source, device)
 
 

@@ -2,8 +2,8 @@
 
 - `InertCuda`: streams and events that do nothing; subclasses answer
   `allocation_of` and say what a prefetch does (benchmarks/bench_runner.py).
-- `FakeCuda`: a CudaIface that keeps a log of the calls and a toy residency
-  model (pages on the GPU or not), so that tests can check the order of
+- `FakeCuda`: a CudaIface that keeps a log of the calls, a toy residency
+  model (pages on the GPU or not) and bytes tests write (what `copy_to_host` reads), so that tests can check the order of
   prefetches, evictions and launches. It never pretends to measure anything.
 - `FakeMonitor`: a UvmMonitor reading FakeCuda's counters.
 """
@@ -41,6 +41,12 @@ class InertCuda:
         self._n += 1
         return 2000 + self._n
 
+    def event_synchronize(self, event) -> None:
+        pass
+
+    def copy_to_host(self, addr, nbytes, stream=0) -> bytes:
+        return bytes(nbytes)
+
 
 class FakeCuda:
     """A CudaIface that logs calls and tracks which 4 KiB pages are on the GPU.
@@ -67,6 +73,7 @@ class FakeCuda:
         self._next_handle = 1
         self._next_addr = 1 << 40
         self._clock = 0.0
+        self.mem: dict[int, int] = {}   # address -> byte: what copy_to_host reads (tests write it)
 
     # helpers for tests
     def add_allocation(self, base: int, size: int, managed: bool = True) -> None:
@@ -89,6 +96,11 @@ class FakeCuda:
         self.faults += new
         self.log.append(("touch", addr, nbytes))
         return new
+
+    def write(self, addr: int, data: bytes) -> None:
+        """Tests standing in for a kernel (or the host) that wrote `data` at `addr`."""
+        for i, b in enumerate(data):
+            self.mem[addr + i] = b
 
     def resident_bytes(self) -> int:
         return len(self.on_gpu) * self.PAGE
@@ -143,6 +155,14 @@ class FakeCuda:
 
     def event_elapsed_s(self, start: int, end: int) -> float:
         raise NotImplementedError("FakeCuda measures no time")
+
+    def event_synchronize(self, event: int) -> None:
+        self.log.append(("event_sync", event))
+
+    def copy_to_host(self, addr: int, nbytes: int, stream: int = 0) -> bytes:
+        self._check_range(addr, nbytes)
+        self.log.append(("dtoh", addr, nbytes, stream))
+        return bytes(self.mem.get(addr + i, 0) for i in range(nbytes))
 
     def synchronize(self) -> None:
         self.log.append(("sync",))

@@ -346,3 +346,26 @@ def test_managed_allocation_past_the_limit_is_refused(tmp_path):
             message=[ln for ln in r.stderr.splitlines() if "error" in ln][:1])
     assert r.returncode == 2, r.stderr[-2000:]
     assert "past the GPU's free memory" in r.stderr and "not stopped" not in r.stdout
+
+
+def test_full_mode_records_index_values_and_their_cost(tmp_path):
+    """The values table from a real full-mode collection (collect/values_copy.py): rows inside
+    managed allocations live at their launch, no failed copy, and the copies' cost reported."""
+    from pagecast import values as V
+
+    out = tmp_path / "spmv-values.pctrace"
+    r, wall = _collect(out, ["python", "-m", "pagecast.datasets.gpu.spmv_cg", "--scale", "0.5"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = _read(out)
+    coll = t.manifest.get("collection", {})
+    v = t.values
+    im = V.image(t)
+    _report(test="collect-values", workload="spmv_cg", rows=v.num_rows if v is not None else 0,
+            copies=coll.get("values_copies"), bytes=coll.get("values_bytes"),
+            copy_us_per_launch=coll.get("values_copy_us_per_launch"),
+            evict_sync_us=coll.get("evict_and_sync_us_per_launch"), late=coll.get("values_late"),
+            errors=coll.get("values_errors"), last_error=coll.get("values_last_error"),
+            manifest_values=t.manifest.get("values"), image_report=im.report, wall_s=round(wall, 2))
+    assert v is not None and v.num_rows > 0
+    assert coll["values_errors"] == 0, coll.get("values_last_error")
+    assert im.report == {"clipped_to_allocation": 0, "outside_allocation": 0}

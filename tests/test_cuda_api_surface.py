@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (file, the expressions that name the driver / runtime module there)
 FILES = {
     "collect/activity.py": {"cupti": cupti},
-    "collect/collector.py": {"drv": driver, "self.drv": driver, "cupti": cupti},
+    "collect/cuda_device.py": {"drv": driver, "self.drv": driver, "cupti": cupti},
     "collect/gpuinfo.py": {"drv": driver, "rt": runtime, "cupti": cupti},
     "collect/launch_hook.py": {"drv": driver, "cupti": cupti},
     "collect/managed.py": {"cupti": cupti},
@@ -84,7 +84,10 @@ def test_the_scan_finds_the_calls_we_depend_on():
     names = {(p, ".".join(attr)) for p, _, _, attr, _ in CASES}
     for want in [("replay/gpu/driver.py", "cuMemPrefetchAsync"), ("replay/gpu/driver.py", "cuLaunchKernel"),
                  ("collect/launch_hook.py", "cuFuncGetParamInfo"), ("collect/launch_hook.py", "cuKernelGetParamInfo"),
-                 ("collect/collector.py", "cuMemPrefetchAsync"), ("collect/gpuinfo.py", "cudaRuntimeGetVersion"),
+                 ("collect/cuda_device.py", "cuMemPrefetchAsync"),
+                 ("collect/cuda_device.py", "cuMemcpyDtoH"), ("replay/gpu/driver.py", "cuMemcpyDtoHAsync"),
+                 ("replay/gpu/driver.py", "cuEventSynchronize"), ("replay/gpu/driver.py", "cuStreamSynchronize"),
+                 ("collect/gpuinfo.py", "cudaRuntimeGetVersion"),
                  ("collect/launch_hook.py", "enable_callback"),
                  ("collect/activity.py", "activity_configure_unified_memory_counter")]:
         assert want in names, want

@@ -78,3 +78,16 @@ def test_geomean_takes_the_positive_finite_values(xs):
         assert g is None
     else:
         assert min(good) * (1 - 1e-9) <= g <= max(good) * (1 + 1e-9)
+
+
+def test_means_fold_into_one_line():
+    from pagecast.report.pivot import means_line
+    pv = make_pivot(_runs())
+    m = pv.means
+    line = means_line(pv)
+    assert line.startswith(f"{GEOMEAN} (3) at 150% / 200%: alloc ")
+    for p in ("alloc", "template", "oracle"):
+        assert f"{p} {m[0].speedup[p]:.2f}x / {m[1].speedup[p]:.2f}x" in line
+    assert line.endswith(f"template/oracle {m[0].of_oracle:.0%} / {m[1].of_oracle:.0%}")
+    pv.means = []
+    assert means_line(pv) == ""

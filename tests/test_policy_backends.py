@@ -46,9 +46,9 @@ class Recording(Runner):
 def simulated(policy: str, model, tr, cap_units: int):
     prof = SimConfig().profile()
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
-    # the engine below is driven without index values (the GPU runner's copy of them after their
-    # writer's completion event is not in this engine): the simulator's runner reads none either
-    pol = Recording(model, policy=P.POLICIES[policy](), values=False)
+    # the simulator's runner reads the trace's index values; the engine below reads the same bytes
+    # from the stand-in's memory, written there as each launch begins
+    pol = Recording(model, policy=P.POLICIES[policy](), values=True)
     r = R.run_policy(w, pol, cap_units, prof, P.Options())
     return w, r, pol.asked
 
@@ -65,6 +65,10 @@ def on_the_gpu(policy: str, model, tr, capacity: int):
         born.setdefault(a[T.FIRST_LAUNCH], []).append(a)
         if a[T.LAST_LAUNCH] is not None:
             dead.setdefault(a[T.LAST_LAUNCH] + 1, []).append(a)
+    values: dict[int, list] = {}   # launch -> its index values, as the buffers held them when it began
+    if tr.values is not None:
+        for v in tr.values.to_pylist():
+            values.setdefault(v[T.LAUNCH_ID], []).append((v[T.ADDRESS], v[T.DATA]))
     asked = []
     for t, row in enumerate(tr.launches.to_pylist()):
         for a in dead.get(t, []):
@@ -72,6 +76,8 @@ def on_the_gpu(policy: str, model, tr, capacity: int):
             eng.on_free(a[T.ADDRESS])
         for a in born.get(t, []):
             fake.add_allocation(a[T.ADDRESS], a[T.BYTES])
+        for addr, data in values.get(row[T.LAUNCH_ID], []):
+            fake.write(addr, data)
         fake.log.clear()
         eng.on_launch(LaunchArgs.from_row(row, stream=7))
         asked.append(([(x[1], x[2]) for x in fake.log if x[0] == "gpu"],

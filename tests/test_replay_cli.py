@@ -491,8 +491,9 @@ def test_demo_command_end_to_end(tmp_path, capsys):
     assert len((stdout + err).splitlines()) <= 40, stdout + err
     lines = stdout.splitlines()
     assert lines[0].split() == ["workload", "oversub", "alloc", "template", "oracle", "template/oracle"]
-    assert sum(ln.startswith("geometric mean (11)") for ln in lines) == 3   # 8 workloads and 3 mixes
-    assert len(lines) == 1 + 11 * 3 + 3
+    # 9 workloads and 3 mixes at 3 levels, the geometric means on one line
+    assert sum(ln.startswith("geometric mean (12) at 150% / 200% / 300%: ") for ln in lines) == 1
+    assert len(lines) == 1 + 12 * 3 + 1
     assert "pagecast export perfetto" in err and "report.html" in err
     assert (out / "model.json").exists() and (out / "results.parquet").exists()
     runs, tl = read_results(out / "results.parquet")
@@ -506,7 +507,7 @@ def test_demo_command_end_to_end(tmp_path, capsys):
     code, stdout, err = run_cli(capsys, "demo", "-o", out, "--scale", "0.02", "--force", "--all")
     assert code == 0, err
     assert "oversubscription, geometric mean over demand" in stdout and "stall" in stdout
-    assert len(stdout.splitlines()) > 11 * 3 * 4   # a line per run
+    assert len(stdout.splitlines()) > 12 * 3 * 4   # a line per run
 
 
 def test_flags_for_another_policy_or_backend_are_named_and_ignored(traces, tmp_path, capsys):

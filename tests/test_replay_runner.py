@@ -94,3 +94,34 @@ def test_runner_needs_a_model_and_one_trace(fitted):
         replay_sim([tr], ["runner"], oversub=[2.0])
     with pytest.raises(UsageError, match="one trace"):
         replay_sim([tr, tr], ["runner"], oversub=[2.0], model=model)
+
+
+def test_runner_predicts_an_indexed_launch_from_its_values(tmp_path):
+    """The hand-made gather (tests/index_workload.py) with its indexed template: the runner's
+    decisions read the trace's values as the engine reads the buffer, and prefetch the rows they
+    name; without them the rows fault."""
+    import index_workload as IW
+    from pagecast.predict.fit import fit_model
+    from pagecast.replay.unit_space import build_workload
+
+    model = IW.with_indexed(fit_model([T.read_trace(IW.build(seed=1).write(tmp_path / "fit.pctrace"))]))
+    tr = T.read_trace(IW.build(seed=4).write(tmp_path / "run.pctrace"))
+    prof = SimConfig().profile()
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    cap = w.universe.n_units   # room for everything
+    asked = {}
+    for read in (True, False):
+        pol = Runner(model, values=read)
+        ctx = R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof)
+        pol.prefetch(ctx)
+        gathered = 0
+        for step in range(w.n_steps):
+            pol.on_launch(ctx, step)
+            if "gather_rows" in pol.launches[int(w.step_launch[step])].kernel:
+                gathered += sum(n for _, n in pol.to_gpu)
+        asked[read] = (gathered, pol.values_launches)
+    table_row = 4 * 2048
+    assert asked[True][1] == 24 and asked[False][1] == 0
+    # with the values: every row a gather names, once (later uses find it resident)
+    rows = {int(x) for d in tr.values.column(T.DATA).to_pylist() for x in np.frombuffer(d, "<i4")}
+    assert asked[True][0] >= len(rows) * table_row > asked[False][0]

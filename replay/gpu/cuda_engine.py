@@ -12,6 +12,16 @@ moves it with cuMemPrefetchAsync:
   for the eviction before the kernel, so eviction overlaps population but
   never a kernel.
 
+- a launch with indexed regions (its pages follow index values another launch wrote: MoE
+  expert ids, block tables) first has its values read: an event recorded on its stream marks
+  the completion of everything queued before it there, the producer included (the work the
+  launch depends on is ordered before it on its stream, by the stream or by the events the
+  program made it wait for), the host waits for that event, copies the values on the stream
+  (a few bytes to KiB, `CudaIface.copy_to_host`), and only then predicts and prefetches. The
+  launch's kernel is not queued yet (this is the launch's API enter), so the prefetches still
+  go before it. The wait drains the stream: the price of acting on data-dependent pages,
+  which the simulator charges too (the copy and the wait: replay/sim/timing.py).
+
 With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 """
@@ -75,6 +85,11 @@ class EngineStats:
     unseen_kernels: list = field(default_factory=list)
     feedback_updates: int = 0
     period: int | None = None
+    values_launches: int = 0        # launches whose index values were read before predicting them
+    values_bytes: int = 0
+    values_wait_s: float = 0.0      # the host waiting for the work queued before such launches
+    values_copy_s: float = 0.0      # the copies themselves
+    values_errors: int = 0          # copies that failed (those regions get the fallback)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -114,6 +129,7 @@ class Engine:
         self._evict_stream: int | None = None
         self._evict_event: int | None = None
         self._queued_event: int | None = None
+        self._values_event: int | None = None
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -171,7 +187,8 @@ class Engine:
             st.unseen_kernels.append(kernel)
             self.warn(f"kernel {kernel!r} (launch {t}) is not in the model: "
                       "it gets the fallback prediction")
-        d = self.decider.decide(t, la)
+        stream = launch_stream(la)
+        d = self.decider.decide(t, la, self._read_values(t, la, stream))
         st.period = d.period
         ps = d.predict_s
         if ps is not None:
@@ -183,7 +200,6 @@ class Engine:
         self.history.append((t, corr, la, d.predicted))
         if len(self.corr_launch) < TIMELINE_MAX:
             self.corr_launch[corr] = t
-        stream = launch_stream(la)
         if d.overflow:
             st.overflow_launches += 1
         if d.evict:
@@ -206,6 +222,37 @@ class Engine:
         if d.evict:
             # the kernel starts only once its room is made; population above overlaps the eviction
             self.cuda.stream_wait_event(stream, self._evict_event)
+
+    def _read_values(self, t: int, la, stream: int):
+        """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |
+        None` for the prediction; None when it has none (or the prediction names none). Read after
+        everything queued before the launch on its stream has completed (the module doc)."""
+        value_reads = getattr(self.decider.predict, "value_reads", None)
+        if value_reads is None or not self.policy.predicts:
+            return None
+        reads = [(int(a), int(n)) for a, n in value_reads(la, self.decider.allocs) if n > 0]
+        if not reads:
+            return None
+        st = self.stats
+        cuda = self.cuda
+        if self._values_event is None:
+            self._values_event = cuda.new_event()
+        t0 = time.perf_counter()
+        cuda.record_event(self._values_event, stream)
+        cuda.event_synchronize(self._values_event)
+        t1 = time.perf_counter()
+        got: dict[tuple[int, int], bytes] = {}
+        for a, n in reads:
+            try:
+                got[(a, n)] = cuda.copy_to_host(a, n, stream)
+            except Exception as e:  # noqa: BLE001 - that region gets the fallback, the launch goes on
+                st.values_errors += 1
+                st.last_error = f"launch {t} ({la.kernel}): reading index values: {type(e).__name__}: {e}"
+        st.values_launches += 1
+        st.values_bytes += sum(len(v) for v in got.values())
+        st.values_wait_s += t1 - t0
+        st.values_copy_s += time.perf_counter() - t1
+        return lambda a, n: got.get((int(a), int(n)))
 
     def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int) -> tuple[int, int]:
         """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation;

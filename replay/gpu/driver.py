@@ -119,6 +119,8 @@ class CudaIface(Protocol):
     def record_event(self, event: int, stream: int = 0) -> None: ...
     def stream_wait_event(self, stream: int, event: int) -> None: ...
     def event_elapsed_s(self, start: int, end: int) -> float: ...
+    def event_synchronize(self, event: int) -> None: ...                # the host waits for the event
+    def copy_to_host(self, addr: int, nbytes: int, stream: int = 0) -> bytes: ...   # ordered on stream
     def synchronize(self) -> None: ...
     def alloc_managed(self, nbytes: int) -> int: ...
     def free(self, addr: int) -> None: ...
@@ -255,6 +257,18 @@ class DriverCuda:
         _check(self._d.cuEventSynchronize(self._events[end]), "cuEventSynchronize")
         ms = _check(self._d.cuEventElapsedTime(self._events[start], self._events[end]), "cuEventElapsedTime")
         return float(ms) * 1e-3
+
+    def event_synchronize(self, event: int) -> None:
+        _check(self._d.cuEventSynchronize(self._events[event]), "cuEventSynchronize")
+
+    def copy_to_host(self, addr: int, nbytes: int, stream: int = 0) -> bytes:
+        """`nbytes` at device address `addr`, copied on `stream` (after the work queued there) into
+        a host buffer; returns once they are there (a launch's index values: cuda_engine.py)."""
+        buf = ctypes.create_string_buffer(int(nbytes))
+        _check(self._d.cuMemcpyDtoHAsync(ctypes.addressof(buf), self._d.CUdeviceptr(int(addr)), int(nbytes),
+                                         self._stream(stream)), "cuMemcpyDtoHAsync")
+        _check(self._d.cuStreamSynchronize(self._stream(stream)), "cuStreamSynchronize")
+        return buf.raw
 
     def synchronize(self) -> None:
         self._ensure_ctx()

@@ -173,7 +173,8 @@ class LaunchDecider:
     def decide(self, t: int, la, values=None) -> Decision:
         """What to move before launch t. `values(address, nbytes) -> bytes | None`: the index values
         the launch's indexed regions read, once the launch that wrote them has ended (the
-        predictor's `values`; None: none known, those regions get the fallback)."""
+        predictor's `values`; None: none known, those regions get the fallback;
+        the GPU runner reads them in gpu/cuda_engine.py)."""
         period = self.detector.observe(la.kernel)
         data = bytes(la.param_data or b"")
         rel = self.relocator

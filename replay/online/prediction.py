@@ -88,8 +88,12 @@ def make_online_predict(model, fallback: str = "history", *, compiled: bool = Tr
     def forget(addr: int) -> None:
         op.free_allocation(addr)   # freed (cudaFree / cuMemFree): its history goes too
 
-    def value_reads(la) -> list[tuple[int, int]]:
-        """The index values (address, bytes) the launch's indexed regions read (empty: none)."""
+    def value_reads(la, allocs: AllocationMap | None = None) -> list[tuple[int, int]]:
+        """The index values (address, bytes) the launch's indexed regions read (empty: none).
+        `allocs`: the runner's allocations, where the pointers are looked up (as `predict`'s; without
+        it, those of the last launch predicted, so that a runtime's first launch would read none)."""
+        if allocs is not None:
+            current[0] = allocs
         return op.value_reads(la.kernel, bytes(la.param_data or b""), la.param_offsets, la.param_sizes,
                               la.grid, la.block)
 

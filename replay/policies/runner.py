@@ -9,7 +9,9 @@ next use. This policy makes those very decisions (`online.decide.LaunchDecider`
 with the template policy and the runner's default fallback: the code the GPU
 engine runs) from the trace's launches, with allocations looked up in the
 trace instead of the driver, and hands the simulator the units of the ranges
-the engine would move, launch by launch (the `on_launch` hook). The difference
+the engine would move, launch by launch (the `on_launch` hook). A launch with indexed regions
+is predicted from its index values, as the engine reads them after the work before it (here
+from the trace's values table, `pagecast.values`). The difference
 between `template` and `runner` is what planning ahead is worth; `runner`
 against a GPU measurement is the cost model alone (scripts/gpu_validation.py).
 
@@ -21,7 +23,8 @@ that last wrote the buffer as observed) plus the copy (replay/sim/timing.py).
 
 Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
 simulator's `--feedback` refines the offline template only) and its
-host-side time per launch.
+host-side time per launch, including the wait for an indexed launch's values (the GPU runner
+drains the launch's stream before reading them).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class Runner(Policy):
                                      predict=None if self.model is None else make_online_predict(self.model,
                                                                                                  self.fallback))
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
+        self.values_launches = 0   # launches predicted with values they read
         self.prefetch_bytes = 0
         self.values = V.image(trace) if trace.values is not None and self.use_values else None
         self.trace = trace
@@ -112,6 +116,8 @@ class Runner(Policy):
             r = int(im.find(np.array([t]), np.array([addr], np.uint64))[0])
             if r < 0:
                 return None
+            if not read:
+                self.values_launches += 1
             read.append(r)
             return im.data(r)[:nb]
         return values, read
