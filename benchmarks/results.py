@@ -38,11 +38,23 @@ def fmt(x, spec=".2f", suffix="x"):
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
-def bar_checks(sp: dict) -> tuple[bool, bool, list[str]]:
+def bar_checks(sp: dict, late: float | None = None) -> tuple[bool, bool, list[str]]:
     """(pass, tie, why not) for one row's speedups: template >= 95% of oracle, more than 0.5% ahead
-    of alloc and ahead of demand; a tie where alloc is already at oracle's bound."""
+    of alloc and ahead of demand; a tie where alloc is already at oracle's bound. `late`: the
+    row's router-read bound (a data-dependent workload's, `late_plan`): there the first test is
+    template >= 90% of it instead (issue 15's restatement of the bar: oracle knows the index
+    values before the kernel that writes them has run, which no runtime can)."""
     t, orc = sp.get("template"), sp.get("oracle")
     frac = None if not (t and orc) else t / orc
+    if late is not None:
+        near = t is not None and t >= 0.9 * late
+        ok = near and t > 1.005 * sp["alloc"] and t > 1.0
+        why = [] if ok else [f"{t / late:.1%} of the router-read bound"] if t and not near else []
+        if not ok and t is not None and sp["alloc"] is not None and t <= 1.005 * sp["alloc"]:
+            why.append("alloc ahead" if t < sp["alloc"] * 0.9995 else "ties alloc")
+        if not ok and t is not None and t <= 1.0:
+            why.append("not ahead of demand")
+        return ok, False, why
     # ahead of alloc by more than 0.5%: within that, a tie (below)
     ok = frac is not None and frac >= 0.95 and t > 1.005 * sp["alloc"] and t > 1.0
     # alloc already at oracle's bound (its whole allocations are the footprints) and
@@ -62,8 +74,9 @@ def bar_checks(sp: dict) -> tuple[bool, bool, list[str]]:
     return ok, tie, why
 
 
-def bar_table(runs: list[dict], oversub, format_size):
-    """The comparison table's rows, with the bar checked per row: (rows, failures, ties)."""
+def bar_table(runs: list[dict], oversub, format_size, late: dict | None = None):
+    """The comparison table's rows, with the bar checked per row: (rows, failures, ties). `late`:
+    (workload, oversub) -> the router-read bound's speedup of a data-dependent workload."""
     by = {(r["workload"], r["oversub"], r["policy"]): r for r in runs}
     labels = list(dict.fromkeys(r["workload"] for r in runs))
     rows = ["| workload | oversub | capacity | demand | alloc | template | oracle | oracle's plan | swap | "
@@ -78,7 +91,8 @@ def bar_table(runs: list[dict], oversub, format_size):
             sp = {p: (g(p) or {}).get("speedup_vs_demand") for p in POLICIES}
             t, orc = sp["template"], sp["oracle"]
             frac = None if not (t and orc) else t / orc
-            ok, tie, why = bar_checks(sp)
+            lb_late = (late or {}).get((lab, o))
+            ok, tie, why = bar_checks(sp, lb_late)
             if tie:
                 ties.append((lab, o, (g("oracle") or {}).get("plan_span") or "unit"))
             elif not ok:
@@ -89,7 +103,7 @@ def bar_table(runs: list[dict], oversub, format_size):
             rows.append(f"| {lab} | {o:.0%} | {format_size(d['capacity_bytes'])} | {d['time_s'] * 1e3:.1f} ms | "
                         f"{fmt(sp['alloc'])} | {fmt(t)} | "
                         f"{fmt(orc)} | {oracle_plan(orun)} | {fmt(sp['swap'])} | {fmt(frac, '.1%', '')} | "
-                        f"{verdict(ok, tie, why)} | {fmt(d['time_s'] / lb if lb else None)} | "
+                        f"{verdict(ok, tie, why, lb_late is not None)} | {fmt(d['time_s'] / lb if lb else None)} | "
                         f"{fmt(lb / orun['time_s'] if lb and orun else None, '.0%', '')} | "
                         f"{fmt(ms)} |")
     return rows, failures, ties
@@ -170,9 +184,13 @@ def main(argv=None) -> int:
         write_results(work / "results.parquet", runs, timeline, force=True)
         variants = llm_variants(work, args.costs)
         lat0_text = latency_free_sci(work, args.costs)
-        moe_text = predicted_part_bound(work, args.costs, "moe-decode",
-                                        {(r["policy"], r["oversub"]): r["time_s"] for r in runs
-                                         if r["workload"] == "moe-decode"})
+        moe_text, late = "", {}
+        for name in DATA_DEPENDENT:   # the router-read bound of each data-dependent workload
+            text, sp_late = predicted_part_bound(work, args.costs, name,
+                                                 {(r["policy"], r["oversub"]): r["time_s"] for r in runs
+                                                  if r["workload"] == name})
+            moe_text += text
+            late.update({(name, o): x for o, x in sp_late.items()})
         changes = before_after(work, args.costs, runs)
         runner_text = runner_section(work, args.costs, sorted({r["workload"] for r in runs if not r.get("mix")}),
                                      {(r["workload"], r["oversub"]): r["speedup_vs_demand"]
@@ -191,7 +209,7 @@ def main(argv=None) -> int:
     by = {(r["workload"], r["oversub"], r["policy"]): r for r in runs}
     labels = list(dict.fromkeys(r["workload"] for r in runs))
     check = bound_checks(runs)
-    rows, failures, ties = bar_table(runs, OVERSUB, format_size)
+    rows, failures, ties = bar_table(runs, OVERSUB, format_size, late)
     geo = []
     for o in OVERSUB:
         parts = []
@@ -206,7 +224,7 @@ def main(argv=None) -> int:
             parts.append(f"lower bound {statistics.geometric_mean(v):.2f}x")
         geo.append(f"- {o:.0%}: " + ", ".join(parts))
     llm = {o: by.get(("mix:multi-llm", o, "template"), {}).get("speedup_vs_demand") for o in OVERSUB}
-    n_pass = sum(1 for r in rows[2:] if "| pass |" in r)
+    n_pass = sum(1 for r in rows[2:] if "| pass |" in r or "| pass: " in r)
     thrashing = [lab for lab in labels if any(by.get((lab, o, "oracle"), {}).get("thrashing_launches")
                                                for o in OVERSUB)]
     n_tie = len(ties)
@@ -225,7 +243,9 @@ task's kernel time (the traces hold milliseconds of kernel time, not MSched's se
 Speedups are over `demand` (UVM demand paging) at the same capacity; "template / oracle"
 is template's speedup over oracle's; "bar" checks template >= 95% of oracle, more than 0.5%
 ahead of alloc, and ahead of demand ("tie: alloc at the bound" where alloc is within 0.5% of
-oracle and template within 0.5% of alloc); "oracle's plan" is the member of oracle's family
+oracle and template within 0.5% of alloc; on the data-dependent workloads, {", ".join(DATA_DEPENDENT)},
+template >= 90% of the router-read bound in place of 95% of oracle: "Reading the misses" below);
+"oracle's plan" is the member of oracle's family
 that was fastest (its own plan at a span, `+ faults` where it leaves transfers to faults, or
 another policy's run: see "Oracle, and the lower bound" below); "bound" is the speedup over
 demand no policy can exceed (demand's time over the lower bound, computed without any plan,
@@ -395,7 +415,9 @@ mispredicted plans meet (spmv-cg at 150%: template's time +0.01%).
 """
 
 
-def verdict(ok, tie, why) -> str:
+def verdict(ok, tie, why, late: bool = False) -> str:
+    if ok and late:
+        return "pass: >= 90% of the router-read bound"
     return "pass" if ok else "tie: alloc at the bound" if tie else "miss: " + ", ".join(why)
 
 
@@ -412,29 +434,22 @@ def explain(failures, ties, thrashing, llm, variants, *variants_dir) -> str:
     out.append(f"""
 Reading the misses and ties:
 
-- *Data-dependent kernels (moe-decode).* MoE expert routing and embedding lookups read rows
-  chosen by data, so no template predicts them. The predictor's `history` fallback
-  (everything earlier launches touched) grows to every expert while each launch reads two:
-  its precision on the expert kernels is under 2%, and planning on it moved 4 GB to save
-  0.6 GB and evicted what the next launches needed (template was 0.2-0.56x of demand).
-  The template policy now uses the `adaptive` fallback (replay/plan/adaptive.py): a kernel's
-  history is kept only while, on its *earlier* launches, at least half of the pages it added
-  were really touched (read from the same observed records the history fallback reads,
-  never the launch being predicted); otherwise those kernels are demand paged, as MSched
-  does, and the pages they fault in are the first the plan gives up (whole chunks at a time,
-  as the driver evicts, so the tree prefetcher still works for them). Template is ahead of
-  demand and `alloc` on moe-decode; oracle knows each step's experts in advance and template
-  cannot, so the gap to oracle there is inherent to data-dependent routing, and the bar's
-  95% cannot be met for this workload as the bar is written. At scale 0.2 the trace holds
-  155 expert-FFN launches reading 931 MiB of expert weights (two of the layer's 8-32
-  experts, 6 MiB, per launch), chosen per token by the router kernel's output in device
-  memory: oracle brings each pair in bulk ahead of its launch, overlapped with earlier
-  kernels; template can only fault them in once the kernel runs. Narrowing that would take
-  the router's output (a runtime reading `expert_ids` after the top-k kernel, as
-  expert-prefetching MoE systems do), which no launch argument carries and pagecast's
-  traces do not record, and even that cannot close it (the second bound below). Keeping the most used experts resident does not help enough either:
-  with 32 experts and top-2 routing, experts used in at least half of earlier launches carry
-  about 2% of the expert traffic.
+- *Data-dependent kernels ({", ".join(DATA_DEPENDENT)}).* MoE expert routing, embedding
+  lookups and paged attention's block tables read rows chosen by data: integers an earlier
+  kernel wrote into a small buffer that is itself a pointer argument. The traces record those
+  values (the optional `values` table, docs/trace-format.md) and the fitter learns `indexed`
+  templates from the same fault evidence as the other classes (`[p0 + s*v(p1)[i], +c) for
+  i < n`, docs/template-model.md). Template predicts those pages from the values, but brings
+  them in no earlier than the end of the launch that wrote the values plus the copy of the
+  values to the host (a gated group, docs/cost-model.md): nothing is prefetched before its
+  values exist. Oracle knows each step's experts before the router has run, which no runtime
+  can, so on these workloads the bar is issue 15's restatement: template >= 90% of the
+  router-read bound below (oracle's own plan, with the pages the values choose fetched only
+  once the launch before has ended), ahead of `alloc` and of demand. An indexed template that
+  keeps missing is demoted to `irregular` by feedback; irregular kernels keep the `adaptive`
+  fallback (replay/plan/adaptive.py: a kernel's history only while at least half of what it
+  added was touched on its earlier launches, demand paging otherwise, as MSched does; the
+  `history` fallback's precision on expert kernels was under 2%).
 {moe}- *Launches larger than memory* ({thrash}: `thrashing_launches` in the
   results) stream through memory under every policy. A planned policy frees room for their
   faults as the driver does (a chunk's worth), so the tree
@@ -606,7 +621,8 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     no prediction names fetched only once the launch before has ended (late_plan: the best a
     runtime reading the router's output could do), beside template and oracle. `times`:
     (policy, oversub) -> time_s of `name` in the main table's runs (same trace, profile and
-    capacities). Returns the paragraph (empty without the trace)."""
+    capacities). Returns (the paragraph, {oversub: the router-read bound's speedup over demand});
+    empty without the trace. The paragraph explains moe-decode's; other workloads get their rows."""
     import numpy as np
 
     from pagecast.demo import OVERSUB, REPLAY_SEED
@@ -620,7 +636,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
 
     p = work / "traces" / f"{name}-s{REPLAY_SEED}.pctrace"
     if not p.exists():
-        return ""
+        return "", {}
     tr = read_trace(p)
     prof = SimConfig(costs=costs).profile()
     # the pages the arguments alone name (an indexed template's, which follow the router's output,
@@ -663,6 +679,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     rows = ["| oversub | template | oracle on the predicted part | oracle, router's output read at once | oracle |",
             "|---:|---:|---:|---:|---:|"]
     worst, late_share, wait_cost, of_late, ahead = 1.0, [], 0.0, [], 0.0
+    late_sp = {}
     for o in OVERSUB:
         (cap, _), = capacities_for(w.footprint_bytes, None, [o])
         cu = cap // w.gran
@@ -674,10 +691,19 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
         ahead = max(ahead, t["known"] / t["template"])
         late_share.append(t["oracle"] / t["late"])
         of_late.append(t["late"] / t["template"])
+        late_sp[o] = t["demand"] / t["late"]
         rows.append(f"| {o:.0%} | {t['demand'] / t['template']:.2f}x | {t['demand'] / t['known']:.2f}x | "
                     f"{t['demand'] / t['late']:.2f}x | {t['demand'] / t['oracle']:.2f}x |")
     share = 1 - len(known.unit) / len(w.truth.unit)
     lo, hi = min(late_share), max(late_share)
+    if name != "moe-decode":
+        return (f"""
+  The same bounds on {name} (seed {REPLAY_SEED}; {share:.0%} of its 64 KiB unit touches are named by
+  no argument-determined prediction: the pages its index values choose). Template reaches
+  {min(of_late):.0%} to {max(of_late):.0%} of the router-read bound's speedup (here the values' writer is the
+  step's input copy), and oracle's speedup is {lo:.0%} to {hi:.0%} of that bound's:
+
+""" + "\n".join("  " + r for r in rows) + "\n"), late_sp
     return (f"""
   Measured: oracle planned on only the truth within what the arguments predict (the
   templates' pages but those index values choose: what a perfect planner could do without
@@ -707,7 +733,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
   router has run, which no policy that runs the workload can know: it brings the experts in
   during earlier launches. Waiting for the router to end is not what costs (issuing those
   transfers as the router starts instead changes the times by {wait_cost:.1%} at most).
-""")
+"""), late_sp
 
 
 def runner_section(work: Path, costs: str, names: list[str], template: dict, template_faults: dict) -> str:
