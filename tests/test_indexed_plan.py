@@ -221,3 +221,32 @@ def test_the_runner_policy_predicts_with_the_values_and_waits_for_their_writer(g
     assert moved
     for i in moved:
         assert with_values.start[i] >= with_values.end[i - 2] + 2e-3 - 1e-12
+
+
+def test_the_planner_also_tries_the_indexed_regions_without_their_values(gather):
+    """`template` plans on three alternatives beside the predictions (plan/alternatives.py): the
+    indexed pieces left out, predicted as irregular ones, and predicted as their whole allocation;
+    the last names every row of the table at each gather (no values, so nothing waits)."""
+    from pagecast.replay.plan.alternatives import value_alternatives, without_indexed
+
+    d, traces, model = gather
+    blind = without_indexed(model, "allocation")
+    assert not any(r.cls == "indexed" for km in blind.kernels.values() for r in km.regions)
+    assert any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions)   # a copy
+    tr = traces[2]
+    w = build_workload([tr], gran=PROF.granularity, eviction_unit=PROF.eviction_unit, profile=PROF)
+    pg = [predicted_gated(model, tr, "adaptive")]
+    plain, hist, whole = value_alternatives(w, model, [tr], "adaptive", pg)
+    table = next(a for a in tr.allocations.to_pylist() if a[T.BYTES] == 4 * 4096 * 2048)
+    lo, hi = w.universe.dense(0, np.zeros(1, I64), np.array([table[T.ADDRESS] // w.gran]),
+                              np.array([(table[T.ADDRESS] + table[T.BYTES]) // w.gran]), 1)[1][[0, -1]]
+    steps = [i for i, t in enumerate(np.asarray(w.step_launch).tolist())
+             if "gather_rows" in tr.launches.column(T.KERNEL)[t].as_py()]
+
+    def table_units(needs, s):
+        u = needs.unit[needs.ptr[s]:needs.ptr[s + 1]]
+        return int(((u >= lo) & (u <= hi)).sum())
+    n_table = int(hi - lo + 1)
+    assert all(table_units(whole, s) == n_table for s in steps)
+    assert all(table_units(plain, s) == 0 for s in steps)
+    assert all(table_units(plain, s) < table_units(whole, s) for s in steps)

@@ -5,11 +5,14 @@ for their copy to the host (plan/belady.py, sim/timing.py); a unit the plan leav
 in instead, and a plan that knows fewer units evicts differently. Either can be faster: a single
 embedding row per token costs a plan more than its fault (llm-decode at 150%: 10.25x with the
 rows planned, 10.29x without), a gather's exact pages more than keeping the vector it gathers
-from (spmv-cg at 200%: 4.92x, 4.95x), while the experts a router chose are most of moe-decode's
+from (spmv-cg at 200%: 4.92x planned on the rows, 4.95x leaving them to faults, 4.96x
+bringing the whole vector), while the experts a router chose are most of moe-decode's
 traffic (7.12x with them planned, 1.39x without). So `template` (and `pagecast plan`, which
 writes the plan template would follow) also plans on the needs the arguments name without the
 indexed pieces (`plain`), and on those with the indexed regions predicted as irregular ones
-are (the fallback: earlier launches' pages), and keeps the plan whose trial run on the full
+are (the fallback: earlier launches' pages), and on those with each indexed region predicted
+as its whole allocation (no values needed, so nothing waits: what the model predicted before it
+had indexed templates), and keeps the plan whose trial run on the full
 predicted needs, indexed pieces included, is fastest: every plan is judged on the predictions
 alone, as `spans.choose_span` judges spans.
 """
@@ -24,13 +27,14 @@ from .adaptive import predicted_gated
 from .spans import choose_span
 
 
-def without_indexed(model):
-    """A copy of `model` whose indexed regions are irregular (predicted by the fallback)."""
+def without_indexed(model, cls: str = "irregular"):
+    """A copy of `model` whose indexed regions are `cls`: irregular (predicted by the fallback) or
+    allocation (every page the values could choose: the class the fitter tries after indexed)."""
     m = copy.deepcopy(model)
     for km in m.kernels.values():
         for r in km.regions:
             if r.cls == "indexed":
-                r.cls, r.index = "irregular", None
+                r.cls, r.index = cls, None
                 r.start = r.end = r.count = r.chunk = r.stride = None
     return m
 
@@ -41,9 +45,11 @@ def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> l
     if not any(gt is not None and len(gt.launch) for _, gt in pg):
         return []
     plain = w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])
-    blind = without_indexed(model)
-    hist = w.needs_from([predicted_gated(blind, t, fallback)[0] for t in traces])
-    return [plain, hist]
+    alts = [plain]
+    for cls in ("irregular", "allocation"):
+        blind = without_indexed(model, cls)
+        alts.append(w.needs_from([predicted_gated(blind, t, fallback)[0] for t in traces]))
+    return alts
 
 
 def best_plan(w: Workload, first: tuple, alternatives: list[Needs], cap_units: int, spans, fronts,
