@@ -318,6 +318,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
     maxp = int(cat["npieces"][sel].max())
     region = shape = None
+    tried_indexed = False   # fit_indexed already tried (an ugly linear formula asked it first)
 
     def strided():
         multi = sel[cat["npieces"][sel] >= 2]
@@ -388,7 +389,13 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 fe = FM.Formula(fs.const + 1, ())  # an observed region is not empty
             cls = "fixed" if not fs.terms and not fe.terms else "linear"
             ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > kd.params.simple_odd
-            if not (cls == "linear" and ugly and _mostly(kd, whole)):
+            if cls == "linear" and ugly:
+                # a coefficient no element size times dimensions gives (FitParams.simple_odd) is a
+                # formula bent through lost records; where index values explain the launches, the
+                # indexed template is the better-founded one (docs/template-model.md, "indexed")
+                region = fit_indexed(kd, w, cat, sel, nat, fit, range_bounds(kd, cat, sel, nat))
+                tried_indexed = True
+            if region is None and not (cls == "linear" and ugly and _mostly(kd, whole)):
                 region = Region(w.name, cls, start=fs, end=fe)
                 fit["exact"] = exact
                 fit["unexplained"] = unexplained
@@ -398,7 +405,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
                 if not nat.any():   # the kernel's own sizes may settle the end (fit_shapes)
                     shape = RangeEvidence(g, s_lo, s_hi, e_lo, e_hi, base, O_s, O_e, f2, guessed, whole,
                                           cat["alloc_eb"][sel] - base)
-    if region is None:
+    if region is None and not tried_indexed:
         # pages chosen by index values another pointer's buffer holds (the trace's values table):
         # tried before `allocation`, which the fitting runs' values may happen to cover whole (a
         # gather over a small vector) while a larger run's do not

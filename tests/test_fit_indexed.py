@@ -166,3 +166,17 @@ def test_values_that_point_outside_are_counted_not_an_error(gather, tmp_path, ca
     assert main(["evaluate", str(tmp_path / "m.json"), str(bad)]) == 0
     out = capsys.readouterr().out
     assert "values outside the allocation" in out and "without values" in out
+
+
+def test_an_odd_formula_bent_through_lost_records_gives_way_to_the_indexed_template(tmp_path):
+    """llm-paged-decode's attention reads the K and V blocks its block table names. With 1% of the
+    fitting traces' records lost, the V cache's pages once fitted a range whose end was
+    `-1912304 - 17*p10*p10*p13 + 129*p10*p11*p11`: coefficients no element size times dimensions
+    gives (FitParams.simple_odd). Such a formula now asks the indexed fit first (predict/fit.py),
+    and both caches come out indexed, as from clean records."""
+    from pagecast.datasets.registry import make_trace
+    fit = [T.read_trace(make_trace("llm-paged-decode", tmp_path / f"f{s}.pctrace", scale=0.2, seed=s, drop=0.01))
+           for s in (1, 2)]
+    model = fit_model(fit)
+    km = next(km for n, km in model.kernels.items() if "paged_attention" in n)
+    assert [r.cls for r in km.regions if r.base in ("p2", "p3")] == ["indexed", "indexed"]
