@@ -17,7 +17,10 @@ class (never the truth table):
   features, the robust solver (`fit_solve._solve_pair`) finds the simplest formulas for the first
   chunk's start and the last chunk's end within the same byte bounds a range has
   (`fit.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
-  the value by the same stride;
+  the value by the same stride; one more solve, for whole chunks, finds the stride from where the
+  last one ends, `start + stride*(v1+1)` (where the records leave the stride loose, the free solve
+  may take stride 1 and a chunk as wide as the values' spread); every stride is tried with whole
+  chunks (chunk = stride) before any with part chunks;
 - verification: every observed launch's chunks, rounded out to big pages, must cover what the
   records show touched and stay inside what they may have touched (`fit_strided.verify_pages`),
   but for the launches lost records may leave unexplained (`KernelData.allowed`).
@@ -200,8 +203,18 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 sp_ = _split(f)
                 if sp_ is not None and sp_[0] not in strides:
                     strides.append(sp_[0])
-        for r in (r for stride in strides for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1,
-                                                                  bounds)):
+        # whole chunks: the last one ends one stride past the largest value (`start + stride*(v1+1)`).
+        # Where the records leave the stride loose (a table of a few big pages read a row at a
+        # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
+        # which verification accepts; this solve pins the stride by where the last row ends
+        ex = _WithValues(kd, g, v0, v1 + 1, True)
+        res = _solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
+        sp_ = _split(res[0][0]) if res is not None else None
+        if sp_ is not None and sp_[0] not in strides:
+            strides.append(sp_[0])
+        # every stride with whole chunks first (rows, experts, blocks are whole), then part chunks
+        for r in (r for whole in (True, False) for stride in strides
+                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
@@ -212,10 +225,10 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     return None
 
 
-def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds):
-    """The regions with this stride to verify, likeliest first: its start from where the first
-    chunks begin, its chunk the stride itself where the last ones' ends allow it (rows, blocks,
-    experts are whole), then the simplest chunk formula that ends where they end (a part of
+def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool):
+    """The region with this stride to verify: its start from where the first chunks begin, its
+    chunk (`whole`) the stride itself where the last ones' ends allow it (rows, blocks, experts
+    are whole), or (not `whole`) the simplest chunk formula that ends where they end (a part of
     each row: a column range)."""
     s_lo, s_hi, e_lo, e_hi = bounds
     n = len(g)
@@ -229,12 +242,14 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     c = np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
     ch_lo, ch_hi = e_lo - sd * v1 - c, e_hi - sd * v1 - c
     chunks = []
-    if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
-        chunks.append(stride)
-    res = _solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
-    if res is not None and res[0][0] not in chunks and \
-            (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
-        chunks.append(res[0][0])
+    if whole:
+        if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
+            chunks.append(stride)
+    else:
+        res = _solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
+        if res is not None and res[0][0] != stride and \
+                (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
+            chunks.append(res[0][0])
     for chunk in chunks:
         yield Region(w.name, "indexed", start=start, stride=stride, chunk=chunk, count=count, index=iw.name,
                      elem=elem)
