@@ -66,3 +66,16 @@ def test_late_entries_come_first_in_the_part_their_launch_waits_for():
     assert g.pf_unit[g.pf_ptr[1]:g.pf_ptr[2]].tolist() == [2, 1, 3]
     assert g.need_now.tolist() == [1, 2, 0]
     assert g.wait_prev.tolist() == [0, 1, 0]
+
+
+def test_the_bar_on_a_data_dependent_row_is_the_router_read_bound():
+    """Issue 15's restatement: where a row has a router-read bound, template passes at >= 90% of it
+    (whatever its share of oracle), ahead of alloc and of demand; elsewhere >= 95% of oracle."""
+    sp = {"template": 7.0, "oracle": 9.0, "alloc": 0.2}
+    assert R.bar_checks(sp)[0] is False and "77.8% of oracle" in R.bar_checks(sp)[2]
+    assert R.bar_checks(sp, late=7.7)[:2] == (True, False)
+    ok, tie, why = R.bar_checks(sp, late=8.0)
+    assert not ok and not tie and why == ["87.5% of the router-read bound"]
+    ok, _, why = R.bar_checks({"template": 0.9, "oracle": 9.0, "alloc": 0.95}, late=0.9)
+    assert not ok and why == ["alloc ahead", "not ahead of demand"]
+    assert R.verdict(True, False, [], True).startswith("pass: >= 90% of the router-read bound")
