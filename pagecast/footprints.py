@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -144,6 +143,9 @@ def _segmented_cummax(g: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray
         # Lift each group into its own band so one global cummax never crosses groups.
         lifted = (e - lo) + g * span
         return np.maximum.accumulate(lifted) - g * span + lo
+    # pandas only here, for bands past 2^62: importing it costs about 0.4 s and 100 MiB, which
+    # every `collect --interpret` run paid (docs/collect.md, "Overhead")
+    import pandas as pd
     return pd.Series(e).groupby(g).cummax().to_numpy()
 
 
