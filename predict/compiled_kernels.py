@@ -260,16 +260,25 @@ def _merge(st, out, n):
         for i in range(n):
             st[out + 2 * i] = s0[order[i]]
             st[out + 2 * i + 1] = e0[order[i]]
+    return coalesce(st, out, n)
+
+
+@njit(cache=True)
+def coalesce(rs, at, n):
+    """Merge the n (start, end) rows at rs[at:], sorted by start, that overlap or touch, in place
+    (ranges.merge_ranges); returns their count. The runner's residency kernels use it too."""
+    if n == 0:
+        return 0
     m = 0
     for i in range(1, n):
-        s, e = st[out + 2 * i], st[out + 2 * i + 1]
-        if s <= st[out + 2 * m + 1]:
-            if e > st[out + 2 * m + 1]:
-                st[out + 2 * m + 1] = e
+        s, e = rs[at + 2 * i], rs[at + 2 * i + 1]
+        if s <= rs[at + 2 * m + 1]:
+            if e > rs[at + 2 * m + 1]:
+                rs[at + 2 * m + 1] = e
         else:
             m += 1
-            st[out + 2 * m] = s
-            st[out + 2 * m + 1] = e
+            rs[at + 2 * m] = s
+            rs[at + 2 * m + 1] = e
     return m + 1
 
 

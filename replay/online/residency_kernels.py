@@ -37,6 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pagecast.predict.compiled_kernels import coalesce   # merging sorted rows, shared
+
 # ---- sections --------------------------------------------------------------------------------
 (R_SCAL, R_SLOTS, R_SCAP, R_HASH, R_HCAP, R_POOL, R_PCAP, R_LIST, R_LOG, R_LCAP, R_IO, R_IOCAP,
  R_SCR, R_SCRCAP) = range(14)
@@ -150,24 +152,6 @@ def _sort_rows(rs, at, n):
 
 
 @njit(cache=True)
-def _coalesce(rs, at, n):
-    """Merge sorted rows that overlap or touch, in place (ranges.merge_ranges); returns the count."""
-    if n == 0:
-        return 0
-    m = 0
-    for i in range(1, n):
-        s, e = rs[at + 2 * i], rs[at + 2 * i + 1]
-        if s <= rs[at + 2 * m + 1]:
-            if e > rs[at + 2 * m + 1]:
-                rs[at + 2 * m + 1] = e
-        else:
-            m += 1
-            rs[at + 2 * m] = s
-            rs[at + 2 * m + 1] = e
-    return m + 1
-
-
-@njit(cache=True)
 def _load(rs, at, src, off, n):
     """(address, nbytes) pairs of src -> sorted, merged (start, end) rows at rs[at:], empty ones
     dropped, as merge_ranges does; returns the count."""
@@ -179,7 +163,7 @@ def _load(rs, at, src, off, n):
             rs[at + 2 * k + 1] = a + b
             k += 1
     _sort_rows(rs, at, k)
-    return _coalesce(rs, at, k)
+    return coalesce(rs, at, k)
 
 
 @njit(cache=True)
@@ -548,7 +532,7 @@ def step(rs, src, wspec, espec, t, flags):
             b = min(e, (a // unit + 1) * unit)
             npf = _minus(rs, find_slot(rs, a // unit), a, b, pf_at, npf)
             a = b
-    npf = _coalesce(rs, pf_at, npf)
+    npf = coalesce(rs, pf_at, npf)
     cur = pf_at + 2 * npf
     if flags & FL_MISSING:
         if npf > rs[R_IOCAP]:
@@ -567,7 +551,7 @@ def step(rs, src, wspec, espec, t, flags):
             rs[a_at + 2 * (nem + i)] = rs[w_at + 2 * i]
             rs[a_at + 2 * (nem + i) + 1] = rs[w_at + 2 * i + 1]
         _sort_rows(rs, a_at, nem + nwm)
-        na = _coalesce(rs, a_at, nem + nwm)
+        na = coalesce(rs, a_at, nem + nwm)
         cur = a_at + 2 * na
     parts = cur
     npart = 0
@@ -664,7 +648,7 @@ def step(rs, src, wspec, espec, t, flags):
             rs[ev_at + 2 * nev + 1] = rs[po + 2 * i + 1]
             nev += 1
     _sort_rows(rs, ev_at, nev)
-    nev = _coalesce(rs, ev_at, nev)
+    nev = coalesce(rs, ev_at, nev)
     if npf >= MAX_RANGES or nev >= MAX_RANGES:
         return ST_TOOMANY
     if npf + nev > rs[R_IOCAP]:
