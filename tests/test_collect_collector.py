@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +33,7 @@ PAGE = S.PAGE
 pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
 
 
-def _read(path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", T.TraceWarning)
-        return T.read_trace(path)
+_read = S.read_quiet
 
 
 def _params(t):

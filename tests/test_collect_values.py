@@ -4,7 +4,6 @@ per-launch budget, repeats left out, read back by the trace's ValueImage. Not ru
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
@@ -21,10 +20,7 @@ PAGE = S.PAGE
 pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
 
 
-def _read(path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", T.TraceWarning)
-        return T.read_trace(path)
+_read = S.read_quiet
 
 
 def test_values_are_what_the_buffers_held_before_each_launch(tmp_path):
