@@ -241,7 +241,15 @@ def image(trace: T.Trace) -> ValueImage:
 # ---- when values exist ------------------------------------------------------------
 
 def _writes(trace: T.Trace) -> np.ndarray:
-    """Sorted keys big_page * (n + 1) + launch of the trace's observed writes (write/atomic faults)."""
+    """Sorted keys big_page * (n + 1) + launch of the trace's observed writes (write/atomic faults),
+    made once per Trace object (the simulator's runner asks `producers` at every indexed launch)."""
+    keys = trace.__dict__.get("_value_writes")
+    if keys is None:
+        keys = trace.__dict__["_value_writes"] = _observed_writes(trace)
+    return keys
+
+
+def _observed_writes(trace: T.Trace) -> np.ndarray:
     f = trace.faults
     n = trace.n_launches
     if f.num_rows == 0:
