@@ -10,7 +10,13 @@ Which callbacks (cbids from cupti-python's `driver_api_trace_cbid` /
 
 - driver: cuLaunchKernel 307, cuLaunchKernel_ptsz 442, cuLaunchCooperativeKernel
   477/478, cuLaunchKernelEx 652, cuLaunchKernelEx_ptsz 653;
-- runtime: cudaLaunchKernel 211/214, cudaLaunchKernelExC 430/431.
+  (not hooked: graph launches, host functions, and the launch APIs CUDA 13 no longer has;
+  `NOT_KERNEL_LAUNCHES` in tests/test_cuda13_0_surface.py lists them with the reason)
+- runtime: cudaLaunchKernel 211/214, cudaLaunchCooperativeKernel 269/270, cudaLaunchKernelExC
+  430/431, and CUDA 13's
+  __cudaLaunchKernel 505/506 (`_v13000` / `_ptsz_v13000`: what nvcc 13's `<<<...>>>` stubs call;
+  cupti-python 13.4 has them only as the private enum attributes
+  `RuntimeApiTraceCbid._RuntimeApiTraceCbid__cudaLaunchKernel_v13000`, so they are named here).
 
 A runtime launch may or may not reach the driver callbacks (the runtime can
 call the driver through internal entry points). Both are handled: a runtime
@@ -26,9 +32,13 @@ The runtime decode resolves the host stub with `cudaGetFuncBySymbol` from the
 libcudart the application loaded; once runtime launches are seen to reach the
 driver callbacks it is skipped.
 
-Parameter layout: `cuFuncGetParamCount` / `cuFuncGetParamInfo` (cuda-bindings,
-CUDA 12.4+ driver), `cuKernelGetParamCount` / `cuKernelGetParamInfo` where the
-handle turns out to be a CUkernel, cached per handle. Bytes come from
+Parameter layout: `cuFuncGetParamInfo` (cuda-bindings, CUDA 12.4+ driver), or
+`cuKernelGetParamInfo` where the handle turns out to be a CUkernel, walked from index 0 until
+the driver answers CUDA_ERROR_INVALID_VALUE, cached per handle. The count functions
+(`cuFuncGetParamCount`, `cuKernelGetParamCount`) came with CUDA 13.2: a 13.0 driver lacks them
+(cuda-bindings raises FunctionNotFoundError), so they are used only where the driver has them.
+The callbacks' parameter structs are read with `cupti_params` (ctypes), not cupti-python's
+classes, which cupti-python 13.0.1 lacks. Bytes come from
 `kernelParams` (a `void**`: one pointer per parameter; `decode_kernel_params`)
 or, when that is null, from the `extra` array (`decode_extra`).
 
@@ -55,6 +65,7 @@ from typing import Any, Callable
 
 from pagecast import trace as T
 
+from . import cupti_params as P
 from .param_gather import gather_params
 from .param_gather import warm as _warm_gather
 
@@ -73,15 +84,32 @@ CB_cudaLaunchKernel = 211
 CB_cudaLaunchKernel_ptsz = 214
 CB_cudaLaunchKernelExC = 430
 CB_cudaLaunchKernelExC_ptsz = 431
+CB_cudaLaunchCooperativeKernel = 269       # _v9000
+CB_cudaLaunchCooperativeKernel_ptsz = 270  # _ptsz_v9000
+CB___cudaLaunchKernel = 505        # CUDA 13: __cudaLaunchKernel_v13000 (nvcc 13's <<<...>>> stubs)
+CB___cudaLaunchKernel_ptsz = 506   # __cudaLaunchKernel_ptsz_v13000
 
 DRIVER_LAUNCH_CBIDS = (CB_cuLaunchKernel, CB_cuLaunchKernel_ptsz, CB_cuLaunchCooperativeKernel,
                        CB_cuLaunchCooperativeKernel_ptsz, CB_cuLaunchKernelEx, CB_cuLaunchKernelEx_ptsz)
 RUNTIME_LAUNCH_CBIDS = (CB_cudaLaunchKernel, CB_cudaLaunchKernel_ptsz, CB_cudaLaunchKernelExC,
-                        CB_cudaLaunchKernelExC_ptsz)
+                        CB_cudaLaunchKernelExC_ptsz, CB_cudaLaunchCooperativeKernel,
+                        CB_cudaLaunchCooperativeKernel_ptsz, CB___cudaLaunchKernel, CB___cudaLaunchKernel_ptsz)
 PTSZ_CBIDS = frozenset({CB_cuLaunchKernel_ptsz, CB_cuLaunchCooperativeKernel_ptsz, CB_cuLaunchKernelEx_ptsz,
-                        CB_cudaLaunchKernel_ptsz, CB_cudaLaunchKernelExC_ptsz})
-_EX_CBIDS = frozenset({CB_cuLaunchKernelEx, CB_cuLaunchKernelEx_ptsz})
-_COOP_CBIDS = frozenset({CB_cuLaunchCooperativeKernel, CB_cuLaunchCooperativeKernel_ptsz})
+                        CB_cudaLaunchKernel_ptsz, CB_cudaLaunchKernelExC_ptsz, CB_cudaLaunchCooperativeKernel_ptsz,
+                        CB___cudaLaunchKernel_ptsz})
+# runtime launches whose `func` is a kernel handle (cudaKernel_t, a CUkernel), not a host stub
+_KERNEL_HANDLE_CBIDS = frozenset({CB___cudaLaunchKernel, CB___cudaLaunchKernel_ptsz})
+# the parameter struct each launch callback hands over (collect/cupti_params.py)
+LAUNCH_PARAMS: dict[tuple[int, int], type] = {
+    **{(DOMAIN_DRIVER, c): P.CuLaunchKernelParams for c in (CB_cuLaunchKernel, CB_cuLaunchKernel_ptsz)},
+    **{(DOMAIN_DRIVER, c): P.CuLaunchCooperativeKernelParams
+       for c in (CB_cuLaunchCooperativeKernel, CB_cuLaunchCooperativeKernel_ptsz)},
+    **{(DOMAIN_DRIVER, c): P.CuLaunchKernelExParams for c in (CB_cuLaunchKernelEx, CB_cuLaunchKernelEx_ptsz)},
+    **{(DOMAIN_RUNTIME, c): P.CudaLaunchKernelParams
+       for c in (CB_cudaLaunchKernel, CB_cudaLaunchKernel_ptsz, CB_cudaLaunchCooperativeKernel,
+                 CB_cudaLaunchCooperativeKernel_ptsz, CB___cudaLaunchKernel, CB___cudaLaunchKernel_ptsz)},
+    **{(DOMAIN_RUNTIME, c): P.CudaLaunchKernelExCParams for c in (CB_cudaLaunchKernelExC, CB_cudaLaunchKernelExC_ptsz)},
+}
 
 # cuLaunchKernel's `extra` keys (cuda.h)
 CU_LAUNCH_PARAM_END = 0
@@ -336,37 +364,59 @@ def _ok(err) -> bool:
     return int(err) == 0
 
 
+CUDA_ERROR_INVALID_VALUE = 1  # cuda.h: what cu*GetParamInfo answers for an index past the last parameter
+_MAX_PARAMS = 4096
+
+
+def _param_count(count_fn, h) -> int | None:
+    """The driver's parameter count, or None where it cannot say: the count functions came with
+    CUDA 13.2, and on an older driver cuda-bindings raises FunctionNotFoundError (a RuntimeError)."""
+    if count_fn is None:
+        return None
+    try:
+        err, cnt = count_fn(h)
+    except RuntimeError:
+        return None
+    return int(cnt) if _ok(err) else None
+
+
+def walk_param_info(info_fn, h, count: int | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(offsets, sizes) from `info_fn(h, i) -> (err, offset, size)` for i = 0, 1, ...: `count`
+    entries, or, with no count, until the driver answers CUDA_ERROR_INVALID_VALUE (past the last
+    parameter). None when the driver refuses the handle."""
+    offsets, sizes = [], []
+    i = 0
+    while count is None or i < count:
+        err, off, size = info_fn(h, i)
+        if not _ok(err):
+            if count is None and int(err) == CUDA_ERROR_INVALID_VALUE:
+                break
+            return None
+        offsets.append(int(off))
+        sizes.append(int(size))
+        i += 1
+        if i > _MAX_PARAMS:
+            return None
+    return tuple(offsets), tuple(sizes)
+
+
 def _driver_layout(handle: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The parameter layout of a CUfunction or CUkernel handle (which one is not known: try both)."""
     from cuda.bindings import driver as drv
 
+    empty = None
     for as_kernel in (False, True):
         h = drv.CUkernel(handle) if as_kernel else drv.CUfunction(handle)
-        count_fn = drv.cuKernelGetParamCount if as_kernel else getattr(drv, "cuFuncGetParamCount", None)
         info_fn = drv.cuKernelGetParamInfo if as_kernel else drv.cuFuncGetParamInfo
-        n = None
-        if count_fn is not None:
-            err, cnt = count_fn(h)
-            if _ok(err):
-                n = int(cnt)
-            elif not as_kernel and int(err) != 1:  # not CUDA_ERROR_INVALID_VALUE: maybe a CUkernel
-                continue
-        offsets, sizes = [], []
-        i = 0
-        while n is None or i < n:
-            err, off, size = info_fn(h, i)
-            if not _ok(err):
-                if n is None and i > 0:  # walked past the last parameter (no count function)
-                    break
-                offsets = None
-                break
-            offsets.append(int(off))
-            sizes.append(int(size))
-            i += 1
-            if i > 4096:
-                offsets = None
-                break
-        if offsets is not None:
-            return tuple(offsets), tuple(sizes)
+        count_fn = getattr(drv, "cuKernelGetParamCount" if as_kernel else "cuFuncGetParamCount", None)
+        got = walk_param_info(info_fn, h, _param_count(count_fn, h))
+        if got is None:
+            continue
+        if got[0]:
+            return got
+        empty = got   # no parameters, or a handle of the other kind: ask as the other kind too
+    if empty is not None:
+        return empty
     raise RuntimeError(f"no parameter info for function handle {handle:#x}")
 
 
@@ -686,33 +736,33 @@ class LaunchHook:
         self.on_launch(args)
 
     def _decode(self, domain: int, cbid: int, cbdata, pend: _Pending) -> LaunchArgs | None:
-        from_ptr = _param_classes()
         ptr = int(cbdata.function_params)
         ptsz = cbid in PTSZ_CBIDS
+        cls = LAUNCH_PARAMS[(domain, cbid)]
+        p = cls.at(ptr)
         if domain == DOMAIN_DRIVER:
-            if cbid in _EX_CBIDS:
-                p = from_ptr["ex"](ptr)
+            if cls is P.CuLaunchKernelExParams:
                 grid, block, smem, stream = read_cu_launch_config(int(p.config))
             else:
-                p = from_ptr["coop" if cbid in _COOP_CBIDS else "plain"](ptr)
                 grid = (int(p.grid_dim_x), int(p.grid_dim_y), int(p.grid_dim_z))
                 block = (int(p.block_dim_x), int(p.block_dim_y), int(p.block_dim_z))
-                smem, stream = int(p.shared_mem_bytes), int(p.h_stream or 0)
+                smem, stream = int(p.shared_mem_bytes), int(p.h_stream)
             func = int(p.f)
-            kparams = int(p.kernel_params or 0)
+            kparams = int(p.kernel_params)
             extra = int(getattr(p, "extra", 0) or 0)
         else:
-            if cbid in (CB_cudaLaunchKernelExC, CB_cudaLaunchKernelExC_ptsz):
-                p = from_ptr["rt_ex"](ptr)
+            if cls is P.CudaLaunchKernelExCParams:
                 grid, block, smem, stream = read_cuda_launch_config(int(p.config))
             else:
-                p = from_ptr["rt"](ptr)
                 g, b = p.grid_dim, p.block_dim
-                grid = (int(g["x"]), int(g["y"]), int(g["z"]))
-                block = (int(b["x"]), int(b["y"]), int(b["z"]))
-                smem, stream = int(p.shared_mem), int(p.stream or 0)
-            func = self.params.function_of_symbol(int(p.func))
-            kparams, extra = int(p.args or 0), 0
+                grid = (int(g.x), int(g.y), int(g.z))
+                block = (int(b.x), int(b.y), int(b.z))
+                smem, stream = int(p.shared_mem), int(p.stream)
+            if cbid in _KERNEL_HANDLE_CBIDS:
+                func = int(p.func)   # a cudaKernel_t: the driver's CUkernel (ParamInfo tries it as one)
+            else:
+                func = self.params.function_of_symbol(int(p.func))
+            kparams, extra = int(p.args), 0
         offsets, sizes = self.params.layout(func)
         if kparams:
             data = decode_kernel_params(kparams, offsets, sizes)
@@ -749,26 +799,3 @@ class LaunchHook:
                           stream=stream, correlation_id=pend.corrs[0], param_offsets=tuple(offsets),
                           param_sizes=tuple(sizes), param_data=data, stream_id=stream_id, device=device,
                           host_ns=int(self.clock()), cbid=cbid, domain=domain)
-
-
-_PARAM_CLASSES: dict[str, Callable[[int], Any]] | None = None
-
-
-def _param_classes() -> dict[str, Callable[[int], Any]]:
-    """cupti-python's parameter-struct views, built once (imports cupti lazily)."""
-    global _PARAM_CLASSES
-    if _PARAM_CLASSES is None:
-        from cupti import cupti
-
-        def view(cls):
-            return lambda ptr: cls.from_ptr(ptr, readonly=True)
-
-        _PARAM_CLASSES = {
-            # cuLaunchKernel and cuLaunchKernel_ptsz have the same layout
-            "plain": view(cupti.CuLaunchKernelParams),
-            "coop": view(cupti.CuLaunchCooperativeKernelParams),  # no `extra`
-            "ex": view(cupti.CuLaunchKernelExParams),
-            "rt": view(cupti.CudaLaunchKernelV7000Params),
-            "rt_ex": view(cupti.CudaLaunchKernelExCV11060Params),
-        }
-    return _PARAM_CLASSES

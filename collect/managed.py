@@ -41,6 +41,7 @@ from typing import Any, Callable
 from pagecast.errors import UsageError
 from pagecast.units import format_size
 
+from . import cupti_params as P
 from . import launch_hook as lh
 
 # CUPTI cbids of the calls the tracker watches (cupti.driver_api_trace_cbid / runtime_api_trace_cbid)
@@ -113,7 +114,7 @@ class ManagedTracker:
     """CUPTI API callbacks that keep a ManagedBudget's live map exact.
 
     `callbacks()` is the `api_callbacks` mapping for `LaunchHook`. Parameter
-    structs are read with cupti-python's views (or `views` injected in tests).
+    structs are read with `cupti_params`' ctypes structs (or `views` injected in tests).
     `on_violation(message)` runs when an allocation would pass the limit.
     """
 
@@ -133,16 +134,11 @@ class ManagedTracker:
                 **free_callbacks(self.budget.remove, self.views)}
 
     def views(self) -> dict[str, Callable[[int], Any]]:
+        """The parameter-struct readers: `cupti_params`' ctypes structs (cupti-python 13.0.1 has
+        no classes for them), unless tests injected others."""
         if self._views is None:
-            from cupti import cupti
-
-            def view(cls):
-                return lambda ptr: cls.from_ptr(ptr, readonly=True)
-
-            self._views = {"drv_alloc": view(cupti.CuMemAllocManagedParams),
-                           "rt_alloc": view(cupti.CudaMallocManagedV6000Params),
-                           "drv_free": view(cupti.CuMemFreeV2Params),
-                           "rt_free": view(cupti.CudaFreeV3020Params)}
+            self._views = {"drv_alloc": P.CuMemAllocManagedParams.at, "rt_alloc": P.CudaMallocManagedParams.at,
+                           "drv_free": P.CuMemFreeParams.at, "rt_free": P.CudaFreeParams.at}
         return self._views
 
     @staticmethod
@@ -178,7 +174,7 @@ def free_callbacks(on_free: Callable[[int], None],
     """`api_callbacks` for LaunchHook that call on_free(address) at the enter of every
     cuMemFree / cudaFree: the budget's live map, and the GPU runner's caches, drop the
     allocation. `views`: the parameter-struct readers (a dict, or a function returning one
-    on first use; default cupti-python's)."""
+    on first use; default `cupti_params`')."""
     if views is None:
         views = ManagedTracker(ManagedBudget(None)).views
     get = views if callable(views) else (lambda: views)

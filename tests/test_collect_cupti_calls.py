@@ -80,8 +80,11 @@ def test_hook_subscribes_and_enables_exactly_the_launch_callbacks(monkeypatch):
     D, R = cupti.driver_api_trace_cbid, cupti.runtime_api_trace_cbid
     assert {D.cuLaunchKernel, D.cuLaunchKernel_ptsz, D.cuLaunchKernelEx, D.cuLaunchKernelEx_ptsz,
             D.cuLaunchCooperativeKernel, D.cuLaunchCooperativeKernel_ptsz} == set(lh.DRIVER_LAUNCH_CBIDS)
+    # CUDA 13's __cudaLaunchKernel ids are private attributes of cupti-python's enum (name-mangled)
+    v13 = {getattr(R, f"_{R.__name__}__cudaLaunchKernel_v13000"), getattr(R, f"_{R.__name__}__cudaLaunchKernel_ptsz_v13000")}
     assert {R.cudaLaunchKernel_v7000, R.cudaLaunchKernel_ptsz_v7000, R.cudaLaunchKernelExC_v11060,
-            R.cudaLaunchKernelExC_ptsz_v11060} == set(lh.RUNTIME_LAUNCH_CBIDS)
+            R.cudaLaunchKernelExC_ptsz_v11060, R.cudaLaunchCooperativeKernel_v9000,
+            R.cudaLaunchCooperativeKernel_ptsz_v9000} | v13 == set(lh.RUNTIME_LAUNCH_CBIDS)
     assert (D.cuMemAllocManaged, D.cuMemFree_v2, R.cudaMallocManaged_v6000, R.cudaFree_v3020) == \
         (M.CB_cuMemAllocManaged, M.CB_cuMemFree_v2, M.CB_cudaMallocManaged, M.CB_cudaFree)
     assert int(cupti.CallbackDomain.DRIVER_API) == lh.DOMAIN_DRIVER

@@ -104,6 +104,10 @@ def _check_trace(t, name: str) -> dict:
 PROBE = r'''
 import ctypes, json, sys, time
 obs = {"errors": {}}
+def fatal(msg):                               # the observations so far still reach the report
+    obs["fatal"] = msg
+    print("PROBE " + json.dumps(obs, default=str))
+    sys.exit(1)
 def note(key, fn):
     try:
         obs[key] = fn()
@@ -133,16 +137,11 @@ err, dev = drv.cuDeviceGet(0)
 err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
 drv.cuCtxSetCurrent(ctx)
 
-SRC = b'extern "C" __global__ void k(float* a, int n, double s) {' \
-      b' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) a[i] = a[i] * (float)s + 1.0f; }'
+sys.path.insert(0, "tests")
+import probe_kernel                          # an sm_90 cubin: a 13.0 driver's JIT refuses NVRTC 13.5's PTX 9.5
 from cuda.bindings import nvrtc
-err, prog = nvrtc.nvrtcCreateProgram(SRC, b"k.cu", 0, [], [])
-err, = nvrtc.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=compute_90"])
-obs["nvrtc"] = int(err)
-err, n = nvrtc.nvrtcGetPTXSize(prog)
-ptx = bytearray(n)   # NVRTC writes into it: never a bytes object (b" " * 1 is Python's shared b" ")
-nvrtc.nvrtcGetPTX(prog, ptx)
-ptx = bytes(ptx)
+image = probe_kernel.cubin(nvrtc)
+obs["nvrtc"] = [int(x) for x in nvrtc.nvrtcVersion()[1:]]
 
 N = 1 << 18
 err, buf = drv.cuMemAllocManaged(N * 4, 1)   # CU_MEM_ATTACH_GLOBAL; fresh pages: the GPU's first touch faults
@@ -158,18 +157,26 @@ def launch(f, label):
     obs[label] = {"launch_err": int(err), "t0": t0, "t1": t1,
                   "expect_params": (bytes(a) + bytes(nn) + b"\0" * 4 + bytes(s)).hex()}
 
-err, mod = drv.cuModuleLoadData(ptx)
+err, mod = drv.cuModuleLoadData(image)
+obs["cuModuleLoadData"] = int(err)
+if int(err) != 0:
+    fatal(f"cuModuleLoadData refused the probe's cubin: {err}")
 err, fn = drv.cuModuleGetFunction(mod, b"k")
-obs["cuFuncGetParamCount(CUfunction)"] = [int(x) for x in drv.cuFuncGetParamCount(fn)]
+note("cuFuncGetParamCount(CUfunction)", lambda: [int(x) for x in drv.cuFuncGetParamCount(fn)])   # CUDA 13.2+
+note("layout(CUfunction)", lambda: [list(x) for x in lh._driver_layout(int(fn))])
 note("cuFuncIsLoaded before launch", lambda: [int(x) for x in drv.cuFuncIsLoaded(fn)])
 launch(fn, "function")
-err, lib = drv.cuLibraryLoadData(ptx, None, None, 0, None, None, 0)
+err, lib = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
+obs["cuLibraryLoadData"] = int(err)
+if int(err) != 0:
+    fatal(f"cuLibraryLoadData refused the probe's cubin: {err}")
 err, kern = drv.cuLibraryGetKernel(lib, b"k")
 obs["kernel_handle"] = int(kern)
 as_fn = drv.CUfunction(int(kern))            # a CUkernel passed where a CUfunction goes
 note("cuFuncGetParamCount(CUkernel cast)", lambda: [int(x) for x in drv.cuFuncGetParamCount(as_fn)])
 note("cuFuncGetParamInfo(CUkernel cast, 1)", lambda: [int(x) for x in drv.cuFuncGetParamInfo(as_fn, 1)])
-note("cuKernelGetParamCount(CUkernel)", lambda: [int(x) for x in drv.cuKernelGetParamCount(kern)])
+note("cuKernelGetParamCount(CUkernel)", lambda: [int(x) for x in drv.cuKernelGetParamCount(kern)])   # CUDA 13.2+
+note("layout(CUkernel)", lambda: [list(x) for x in lh._driver_layout(int(kern))])
 note("cuFuncGetName(CUkernel cast)", lambda: [str(x) for x in drv.cuFuncGetName(as_fn)])
 launch(as_fn, "cukernel")
 
@@ -214,7 +221,10 @@ def test_cupti_facts_the_collector_relies_on(tmp_path):
     obs = json.loads(line[-1][6:]) if line else {}
     _report(test="collect-cupti-facts", exit_code=r.returncode, obs=obs, stderr=r.stderr[-1500:])
     print(json.dumps(obs, indent=1)[:6000])
-    assert r.returncode == 0 and obs, r.stderr[-3000:]
+    assert r.returncode == 0 and obs, (obs.get("fatal"), r.stderr[-3000:])
+    # the parameter layout from the driver, with or without the count functions (CUDA 13.2+)
+    assert obs.get("layout(CUfunction)") == [[0, 8, 16], [8, 4, 8]], obs["errors"]
+    assert obs.get("layout(CUkernel)") == [[0, 8, 16], [8, 4, 8]], obs["errors"]
     # the callback: (userdata, domain, cbid, CallbackData), API enter 0 then exit 1
     assert obs["calls"] and all(c[3] == "CallbackData" for c in obs["calls"]), obs["calls"]
     assert {c[2] for c in obs["calls"]} == {0, 1}, obs["calls"]
