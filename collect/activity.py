@@ -11,6 +11,7 @@ CUPTI source and test stand-ins through exactly the same calls.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from . import convert as C
@@ -30,17 +31,85 @@ class ActivitySource(Protocol):
     def dropped(self) -> int: ...
 
 
-# CUPTI result codes that mean unified-memory profiling is unavailable here
-_UM_UNSUPPORTED = {27, 28, 29, 30, 31}
+@dataclass
+class UmCounterSetup:
+    """What `configure_um_counters` got: the kinds configured, and CUPTI's status for each refused one."""
+
+    enabled: list[int] = field(default_factory=list)
+    refused: dict[int, int] = field(default_factory=dict)
+
+    def describe(self) -> str | None:
+        if not self.refused:
+            return None
+        return "; ".join(f"counter kind {k}: CUPTI error {st}" for k, st in sorted(self.refused.items()))
+
+
+def _status(e: BaseException) -> int:
+    return int(getattr(e, "status", -1))
+
+
+_KEEP: list = []   # configuration arrays CUPTI was given (it may read them later)
+
+
+def configure_um_counters(cupti, kinds, device: int) -> UmCounterSetup:
+    """Configure CUPTI's unified-memory counters `kinds` for `device`, keeping every kind this
+    machine supports.
+
+    One `activity_configure_unified_memory_counter` call with every kind is refused as a whole
+    when one kind is unsupported (CUPTI error 30 for a kind that needs P2P, say), and a
+    virtualized, MIG, confidential-computing or unprivileged setup answers 33, 35, 40, 41 or 43.
+    So: all kinds in one call; if CUPTI refuses, each kind alone, to learn which it takes; then
+    the kinds it took, together, in one last call (whether a call adds to the configuration or
+    replaces it, the result is the same). A CUPTI error never escapes: a kind it refuses is
+    left out, with its status."""
+    scope = int(cupti.ActivityUnifiedMemoryCounterScope.PROCESS_SINGLE_DEVICE)
+
+    def call(ks: list[int]) -> None:
+        cfg = cupti.ActivityUnifiedMemoryCounterConfig(len(ks))
+        for i, kind in enumerate(ks):   # every element set: scope, device, enable, kind
+            cfg[i].scope = scope
+            cfg[i].device_id = device
+            cfg[i].enable = 1
+            cfg[i].kind = int(kind)
+        _KEEP.append(cfg)
+        cupti.activity_configure_unified_memory_counter(cfg.ptr, len(ks))
+
+    kinds = [int(k) for k in kinds]
+    try:
+        call(kinds)
+        return UmCounterSetup(enabled=kinds)
+    except cupti.cuptiError:
+        pass
+    setup = UmCounterSetup()
+    for k in kinds:
+        try:
+            call([k])
+            setup.enabled.append(k)
+        except cupti.cuptiError as e:
+            setup.refused[k] = _status(e)
+    if len(setup.enabled) > 1:
+        try:
+            call(setup.enabled)
+        except cupti.cuptiError as e:
+            setup.refused.update({k: _status(e) for k in setup.enabled})
+            setup.enabled = []
+    return setup
+
+
+def cupti_dropped_records(cupti) -> int:
+    """Records CUPTI dropped (its buffers were full) since the previous call, all contexts."""
+    n = ctypes.c_size_t(0)
+    cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(n))
+    return int(n.value)
 
 
 class CuptiActivitySource:
     """CONCURRENT_KERNEL, MEMORY2 and UNIFIED_MEMORY_COUNTER records from CUPTI.
 
-    The unified-memory counters are configured before they are enabled (every
-    element of the config array set: scope, device, enable, kind). If the
-    device or setup does not support them (CUPTI errors 27-31), collection goes
-    on without faults and migrations and `info["uvm_counters"]` says why.
+    The unified-memory counters are configured before they are enabled, each kind the machine
+    supports (`configure_um_counters`). If it supports none (or refuses the activity kind),
+    collection goes on without faults and migrations and `info["uvm_counters"]` says why;
+    `info["uvm_counters_refused"]` names the kinds left out and CUPTI's status for each.
     """
 
     BUFFER_BYTES = 8 << 20
@@ -75,25 +144,23 @@ class CuptiActivitySource:
         for kind in (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMORY2):
             cupti.activity_enable(kind)
             self._enabled.append(int(kind))
-        n = len(self.counters)
-        cfg = cupti.ActivityUnifiedMemoryCounterConfig(n)
-        for i, kind in enumerate(self.counters):
-            cfg[i].scope = int(cupti.ActivityUnifiedMemoryCounterScope.PROCESS_SINGLE_DEVICE)
-            cfg[i].device_id = self.device
-            cfg[i].enable = 1
-            cfg[i].kind = int(kind)
-        try:
-            cupti.activity_configure_unified_memory_counter(cfg.ptr, n)
-            cupti.activity_enable(cupti.ActivityKind.UNIFIED_MEMORY_COUNTER)
-            self._enabled.append(int(cupti.ActivityKind.UNIFIED_MEMORY_COUNTER))
-            self.info["uvm_counters"] = True
-        except cupti.cuptiError as e:
-            status = int(getattr(e, "status", -1))
-            if status not in _UM_UNSUPPORTED:
-                raise
+        setup = configure_um_counters(cupti, self.counters, self.device)
+        self.info["uvm_counters_enabled"] = list(setup.enabled)
+        if setup.refused:
+            self.info["uvm_counters_refused"] = {str(k): v for k, v in sorted(setup.refused.items())}
+        if not setup.enabled:
             self.info["uvm_counters"] = False
-            self.info["uvm_counters_error"] = f"CUPTI error {status}: unified-memory profiling is not supported here"
-        self._keep = cfg
+            self.info["uvm_counters_error"] = f"unified-memory profiling is not available here ({setup.describe()})"
+            return
+        try:
+            cupti.activity_enable(cupti.ActivityKind.UNIFIED_MEMORY_COUNTER)
+        except cupti.cuptiError as e:
+            self.info["uvm_counters"] = False
+            self.info["uvm_counters_error"] = (f"CUPTI error {_status(e)} enabling the unified-memory counters: "
+                                               "unified-memory profiling is not available here")
+            return
+        self._enabled.append(int(cupti.ActivityKind.UNIFIED_MEMORY_COUNTER))
+        self.info["uvm_counters"] = True
 
     def flush(self, force: bool = False) -> None:
         from cupti import cupti
@@ -101,14 +168,13 @@ class CuptiActivitySource:
         cupti.activity_flush_all(1 if force else 0)
 
     def dropped(self) -> int:
+        """Records CUPTI dropped so far (its buffers were full)."""
         from cupti import cupti
 
-        n = ctypes.c_size_t(0)
         try:
-            cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(n))
+            self._dropped += cupti_dropped_records(cupti)  # CUPTI counts since the previous call
         except Exception:
-            return self._dropped
-        self._dropped += int(n.value)  # CUPTI counts since the previous call
+            pass
         return self._dropped
 
     def stop(self) -> None:

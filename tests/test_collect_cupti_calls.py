@@ -20,8 +20,10 @@ cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed
 
 
 class Recorder:
-    def __init__(self, monkeypatch, um_error=None):
+    def __init__(self, monkeypatch, um_error=None, refuse=None):
         self.calls = []
+        self.refuse = dict(refuse or {})   # counter kind -> the CUPTI status a call naming it gets
+        self.configs = []                  # every configure call's elements
         self.callbacks = None
         self.um_error = um_error
         self.pending = []
@@ -52,8 +54,12 @@ class Recorder:
     def configure(self, ptr, n):
         arr = (ctypes.c_uint32 * (4 * n)).from_address(ptr)  # scope, kind, device_id, enable per element
         self.config = [tuple(arr[4 * i:4 * i + 4]) for i in range(n)]
+        self.configs.append(self.config)
         if self.um_error is not None:
             raise cupti.cuptiError(self.um_error)
+        for e in self.config:   # CUPTI refuses the whole call when one kind is unsupported
+            if e[1] in self.refuse:
+                raise cupti.cuptiError(self.refuse[e[1]])
 
     def flush(self, flag):
         self.calls.append(("activity_flush_all", int(flag)))
@@ -145,15 +151,50 @@ def test_activity_source_configures_every_counter_and_delivers_snapshots(monkeyp
     assert [c[1] for c in r.calls if c[0] == "activity_disable"] == enabled[::-1]
 
 
-def test_unsupported_unified_memory_profiling_is_reported_not_fatal(monkeypatch):
-    r = Recorder(monkeypatch, um_error=28)
+@pytest.mark.parametrize("status", [27, 28, 29, 30, 31, 33, 35, 40, 41, 43, 1])
+def test_unsupported_unified_memory_profiling_is_reported_not_fatal(monkeypatch, status):
+    # 28-31: no UM profiling here; 33/40 virtualized, 35 unprivileged, 41 confidential computing,
+    # 43 MIG: CUPTI refuses every kind, and kernels and allocations are still collected
+    r = Recorder(monkeypatch, um_error=status)
     src = A.CuptiActivitySource()
     src.start(lambda recs: None)
-    assert src.info["uvm_counters"] is False and "28" in src.info["uvm_counters_error"]
-    assert C.KIND_UNIFIED_MEMORY_COUNTER not in [c[1] for c in r.calls if c[0] == "activity_enable"]
-    Recorder(monkeypatch, um_error=1)  # any other CUPTI error is raised
-    with pytest.raises(cupti.cuptiError):
-        A.CuptiActivitySource().start(lambda recs: None)
+    assert src.info["uvm_counters"] is False and f"CUPTI error {status}" in src.info["uvm_counters_error"]
+    enabled = [c[1] for c in r.calls if c[0] == "activity_enable"]
+    assert enabled == [C.KIND_CONCURRENT_KERNEL, C.KIND_MEMORY2]
+    assert src.info["uvm_counters_refused"] == {str(k): status for k in sorted(C.UM_COUNTER_KINDS)}
+
+
+def test_one_unsupported_counter_kind_leaves_the_others_on(monkeypatch):
+    # error 30 (UM profiling not supported on non-P2P devices) for one kind refuses the whole
+    # call that names it: the faults must not go with it
+    refused = C.UM_BYTES_TRANSFER_DTOD
+    r = Recorder(monkeypatch, refuse={refused: 30})
+    src = A.CuptiActivitySource()
+    src.start(lambda recs: None)
+    assert src.info["uvm_counters"] is True
+    assert src.info["uvm_counters_refused"] == {str(refused): 30}
+    want = [k for k in C.UM_COUNTER_KINDS if k != refused]
+    assert src.info["uvm_counters_enabled"] == want
+    # the last call configures every kind CUPTI took, together (right whether calls add or replace)
+    assert [e[1] for e in r.configs[-1]] == want and all(e[3] == 1 for e in r.configs[-1])
+    assert C.KIND_UNIFIED_MEMORY_COUNTER in [c[1] for c in r.calls if c[0] == "activity_enable"]
+    assert C.UM_GPU_PAGE_FAULT in want
+
+
+def test_enabling_the_counters_refused_is_not_fatal(monkeypatch):
+    r = Recorder(monkeypatch)
+
+    def enable(kind):
+        if int(kind) == C.KIND_UNIFIED_MEMORY_COUNTER:
+            raise cupti.cuptiError(35)
+        r.calls.append(("activity_enable", int(kind)))
+
+    monkeypatch.setattr(cupti, "activity_enable", enable)
+    src = A.CuptiActivitySource()
+    src.start(lambda recs: None)
+    assert src.info["uvm_counters"] is False and "35" in src.info["uvm_counters_error"]
+    src.stop()
+    assert [c[1] for c in r.calls if c[0] == "activity_disable"] == [C.KIND_MEMORY2, C.KIND_CONCURRENT_KERNEL]
 
 
 def test_buffer_callback_errors_never_reach_cupti(monkeypatch):

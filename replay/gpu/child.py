@@ -258,6 +258,9 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         warns(f"the policy failed on {st['errors']} launch(es): {st['last_error']}")
     elif st["failed_calls"]:
         warns(f"the driver refused {st['failed_calls']} prefetch/eviction call(s): {st['last_error']}")
+    if counts.dropped:
+        warns(f"{counts.dropped} activity records were lost ({counts.cupti_dropped} dropped by CUPTI, "
+              f"{counts.decode_errors} unreadable): fault and transfer counts are low by as much")
     if engine.stats.launches == 0:
         warns("the workload launched no kernels that the runner saw")
     if getattr(hook, "runtime_reaches_driver", None) is False:
@@ -290,7 +293,10 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "period": st["period"],
         "feedback_updates": st["feedback_updates"],
         "oracle_unmapped_bytes": relocator.unmapped_bytes if relocator is not None else None,
-        "dropped_records": counts.dropped,
+        "dropped_records": counts.dropped,            # CUPTI's dropped records + unreadable ones
+        "dropped_by_cupti": counts.cupti_dropped,
+        "record_decode_errors": counts.decode_errors,
+        "records_not_kept": counts.not_kept,          # counted, but past the raw-record lists' cap
         "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
         "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
     })

@@ -14,6 +14,8 @@ from typing import Protocol
 
 from pagecast.errors import NoGPUError
 
+from pagecast.collect.activity import configure_um_counters, cupti_dropped_records
+
 from .driver import _first
 
 @dataclass
@@ -30,7 +32,10 @@ class UvmCounts:
     kernels: int = 0
     kernel_busy_s: float = 0.0      # sum of kernel durations
     gpu_span_s: float | None = None  # first kernel start to last kernel end
-    dropped: int = 0
+    dropped: int = 0                # records lost: decode_errors + cupti_dropped
+    decode_errors: int = 0          # records that arrived but could not be read
+    cupti_dropped: int = 0          # records CUPTI dropped (its buffers were full)
+    not_kept: int = 0               # raw records past MAX_KEPT: counted above, missing from the lists
     # raw records, kept only when asked (feedback, footprint estimate)
     fault_records: list = field(default_factory=list)      # (time_ns, address, count)
     htod_records: list = field(default_factory=list)       # (start_ns, end_ns, address, bytes, cause)
@@ -58,6 +63,8 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
         c.fault_groups += 1
         if keep and len(c.fault_records) < MAX_KEPT:
             c.fault_records.append((int(rec["start"]), int(rec["address"]), int(rec["value"])))
+        elif keep:
+            c.not_kept += 1
     elif kind in ("htod", "dtoh"):
         cause = _CAUSES.get(int(rec.get("flags", 0)), "unknown")
         n = int(rec["value"])
@@ -66,11 +73,15 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
             c.htod_by_cause[cause] = c.htod_by_cause.get(cause, 0) + n
             if keep and len(c.htod_records) < MAX_KEPT:
                 c.htod_records.append((int(rec["start"]), int(rec["end"]), int(rec["address"]), n, cause))
+            elif keep:
+                c.not_kept += 1
         else:
             c.dtoh_bytes += n
             c.dtoh_by_cause[cause] = c.dtoh_by_cause.get(cause, 0) + n
             if keep and len(c.dtoh_records) < MAX_KEPT:
                 c.dtoh_records.append((int(rec["start"]), int(rec["end"]), int(rec["address"]), n, cause))
+            elif keep:
+                c.not_kept += 1
     elif kind == "thrashing":
         c.thrashing += 1
     elif kind == "kernel":
@@ -82,6 +93,8 @@ def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
         c.gpu_span_s = (c._last_ns - c._first_ns) * 1e-9
         if keep and len(c.kernel_records) < MAX_KEPT:
             c.kernel_records.append((s, e, int(rec.get("correlation_id", 0)), rec.get("name")))
+        elif keep:
+            c.not_kept += 1
 
 
 class CuptiMonitor:
@@ -110,6 +123,7 @@ class CuptiMonitor:
         self._flush_thread: threading.Thread | None = None
         self._stop_flush = threading.Event()
         self._taken = (0, 0)
+        self.refused_kinds: dict[int, int] = {}   # counter kind -> CUPTI's status, for kinds it refused
 
     def _requested(self):
         return self.BUFFER_BYTES, 0
@@ -136,6 +150,7 @@ class CuptiMonitor:
                                                              "correlation_id": int(a.correlation_id),
                                                              "name": str(a.name)}, self._keep)
                 except Exception:  # noqa: BLE001 - a record we cannot read must not kill the workload
+                    self._counts.decode_errors += 1
                     self._counts.dropped += 1
 
     def start(self, keep_records: bool = False, live: bool = False) -> None:
@@ -148,14 +163,11 @@ class CuptiMonitor:
         self._taken = (0, 0)
         try:
             kinds = [UM.BYTES_TRANSFER_HTOD, UM.BYTES_TRANSFER_DTOH, UM.GPU_PAGE_FAULT, UM.THRASHING]
-            cfg = c.ActivityUnifiedMemoryCounterConfig(len(kinds))
-            for i, k in enumerate(kinds):
-                cfg[i].scope = int(c.ActivityUnifiedMemoryCounterScope.PROCESS_SINGLE_DEVICE)
-                cfg[i].device_id = self.device
-                cfg[i].kind = int(k)
-                cfg[i].enable = 1
-            c.activity_configure_unified_memory_counter(cfg.ptr, len(kinds))
-            self._cfg = cfg  # keep the configuration array alive while CUPTI may read it
+            # each kind the machine supports (one unsupported kind must not take the faults with it)
+            setup = configure_um_counters(c, kinds, self.device)
+            self.refused_kinds = dict(setup.refused)
+            if int(UM.GPU_PAGE_FAULT) not in setup.enabled:
+                raise RuntimeError(f"the GPU page-fault counter was refused ({setup.describe()})")
             c.activity_register_callbacks(self._requested, self._completed)
             self._kinds = [int(c.ActivityKind.UNIFIED_MEMORY_COUNTER), int(c.ActivityKind.CONCURRENT_KERNEL)]
             for k in self._kinds:
@@ -172,8 +184,19 @@ class CuptiMonitor:
         """Flush what CUPTI holds and return the running totals (not from inside a CUPTI callback)."""
         if self._started:
             self._c.activity_flush_all(1)
+            self._count_cupti_dropped()
         with self._lock:
             return self._counts
+
+    def _count_cupti_dropped(self) -> None:
+        """Add the records CUPTI dropped since the last call (buffers full) to the losses."""
+        try:
+            n = cupti_dropped_records(self._c)
+        except Exception:  # noqa: BLE001 - the count is a report, not a reason to fail the run
+            return
+        with self._lock:
+            self._counts.cupti_dropped += n
+            self._counts.dropped += n
 
     def take(self) -> tuple[list, list]:
         """The fault and kernel records kept (keep_records) since the last take."""
@@ -201,6 +224,7 @@ class CuptiMonitor:
             self._flush_thread.join(timeout=5)
             self._flush_thread = None
         c.activity_flush_all(1)
+        self._count_cupti_dropped()
         for k in self._kinds:
             try:
                 c.activity_disable(k)
