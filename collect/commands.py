@@ -64,7 +64,7 @@ class CollectCommand(Command):
         from pagecast.errors import OutputExistsError, UsageError
 
         from . import gpuinfo
-        from .managed import ManagedBudget, install, parse_managed
+        from .managed import ManagedBudget, install, managed_limit, parse_managed
         from .target import make_target, parse_workload
 
         if args.interpret:
@@ -104,11 +104,13 @@ class CollectCommand(Command):
 
         def after_start() -> None:
             free = gpuinfo.free_memory(args.device)  # creates the context: after CUPTI is configured
-            limit = None if args.allow_oversubscription else free
             override = os.environ.get("PAGECAST_MANAGED_LIMIT")  # tests: a smaller limit, never a larger one
-            if override and limit is not None:
+            if override:
                 from pagecast.units import parse_size
-                limit = min(limit, parse_size(override))
+                override = parse_size(override)
+            # free memory less a reserve for the device allocations the workload makes later
+            limit = managed_limit(free, allow_oversubscription=args.allow_oversubscription,
+                                  override=override or None)
             budget.limit = limit
             env.free_bytes = free
             if managed and "torch" in managed:
@@ -118,7 +120,7 @@ class CollectCommand(Command):
                                              environment=env.manifest_environment())
 
         info(f"collecting {work.name} on {env.device_name} ({args.mode} mode) into {out}")
-        code = collector.run(make_target(work))
+        code = collector.run(make_target(work), after_start=after_start)
         info(collector.overhead_line())
         src = collector.source.info
         if src.get("uvm_counters") is False:

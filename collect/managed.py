@@ -2,8 +2,8 @@
 allocators `--managed cupy,torch` installs.
 
 - `ManagedBudget`: the live managed allocations (address -> bytes) and a limit
-  (the GPU's free memory when collection starts, unless
-  `--allow-oversubscription`). `check(n)` raises `OversubscriptionError`
+  (`managed_limit`: the GPU's free memory when collection starts, less a reserve for the
+  device memory the workload allocates later, unless `--allow-oversubscription`). `check(n)` raises `OversubscriptionError`
   (a MemoryError) before an allocation that would pass the limit.
 - `ManagedTracker`: CUPTI callbacks on cuMemAllocManaged / cudaMallocManaged /
   cuMemFree / cudaFree that keep the budget's live map exact at the moment each
@@ -51,6 +51,26 @@ CB_cudaMallocManaged = 206
 CB_cudaFree = 22
 
 
+# Device memory kept free for what the workload allocates outside managed memory after collection
+# starts (cudaMalloc'd buffers, library workspaces such as cuBLAS's, kernel modules loaded on first
+# use, memory pools): a tenth of the free memory, and at least 1 GiB. Without it the managed
+# allocations may take all of it, and a later device allocation then fails or pushes managed pages
+# out (oversubscription, which collection is there to avoid). An estimate: docs/collect.md, "Safety".
+RESERVE_FRACTION = 0.10
+RESERVE_MIN_BYTES = 1 << 30
+
+
+def managed_limit(free: int, *, allow_oversubscription: bool = False, override: int | None = None) -> int | None:
+    """The byte limit live managed memory may not pass: `free` (the GPU's free memory when
+    collection starts) less the reserve; None (no limit) with --allow-oversubscription. `override`
+    (PAGECAST_MANAGED_LIMIT) can only lower it."""
+    if allow_oversubscription:
+        return None
+    free = max(0, int(free))
+    limit = max(0, free - max(RESERVE_MIN_BYTES, int(free * RESERVE_FRACTION)))
+    return limit if override is None else min(limit, int(override))
+
+
 class OversubscriptionError(MemoryError):
     """A managed allocation would pass the GPU's free memory (collection refuses it)."""
 
@@ -83,7 +103,8 @@ class ManagedBudget:
     def message(self, nbytes: int, live: int | None = None) -> str:
         live = self.live_bytes if live is None else int(live)
         return (f"a managed allocation of {format_size(nbytes)} would bring live managed memory to "
-                f"{format_size(live + nbytes)}, past the GPU's free memory ({format_size(self.limit or 0)});"
+                f"{format_size(live + nbytes)}, past the managed limit ({format_size(self.limit or 0)}: the GPU's "
+                "free memory at start less a reserve for device allocations);"
                 " pagecast collect refuses to oversubscribe the GPU (pass --allow-oversubscription on your own machine)")
 
     def refuse(self, nbytes: int, live: int | None = None) -> str:

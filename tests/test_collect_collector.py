@@ -139,7 +139,7 @@ def test_managed_allocation_past_the_budget_stops_the_workload(tmp_path):
 
     assert c.run(workload) == 2
     assert len(reached) < 100
-    assert "past the GPU's free memory" in c.failure and "--allow-oversubscription" in c.failure
+    assert "past the managed limit" in c.failure and "--allow-oversubscription" in c.failure
     t = _read(tmp_path / "b.pctrace")
     assert not t.complete and t.n_launches == 1
     with pytest.raises(M.OversubscriptionError):
@@ -347,7 +347,7 @@ def test_torch_shim_refusal_reaches_the_collector(tmp_path, monkeypatch):
     assert a and not reported and budget.violation is None
     assert lib.pagecast_malloc(600_000, 0, None) is None
     assert len(reported) == 1 and budget.violation == reported[0]
-    assert "past the GPU's free memory" in reported[0] and "1.1 MiB" in reported[0]  # the shim's live bytes
+    assert "past the managed limit" in reported[0] and "1.1 MiB" in reported[0]  # the shim's live bytes
     lib.pagecast_free(a, 600_000, 0, None)
 
 
@@ -428,3 +428,42 @@ def test_a_forked_child_of_the_workload_keeps_default_signal_behaviour(tmp_path)
 
     assert c.run(workload) == 0
     assert _read(tmp_path / "f.pctrace").complete
+
+
+# ---- the managed limit `pagecast collect` sets --------------------------------------------------
+
+def test_the_managed_limit_leaves_room_for_device_allocations():
+    G = 1 << 30
+    assert M.managed_limit(80 * G) == 72 * G            # a tenth kept back
+    assert M.managed_limit(4 * G) == 3 * G              # at least 1 GiB kept back
+    assert M.managed_limit(G // 2) == 0
+    assert M.managed_limit(80 * G, override=32 << 20) == 32 << 20
+    assert M.managed_limit(80 * G, override=100 * G) == 72 * G   # an override never raises it
+    assert M.managed_limit(80 * G, allow_oversubscription=True) is None
+
+
+def test_collect_sets_the_limit_below_the_free_memory(tmp_path, monkeypatch):
+    """The command, with CUPTI, the hook and the device stood in: the limit it records and enforces
+    is the free memory less the reserve, not all of it."""
+    from pagecast.collect import activity as A
+    from pagecast.collect import collector as CO
+    from pagecast.collect import gpuinfo
+    from pagecast.collect import launch_hook as LH
+
+    free = 40 << 30
+    env = gpuinfo.Environment(device_index=0, device_name="stand-in", memory_bytes=80 << 30, free_bytes=0,
+                              driver_version="13.0", runtime_version=None, cupti_version=None, driver_prefetch=None)
+    monkeypatch.setattr(gpuinfo, "require_cupti", lambda: None)
+    monkeypatch.setattr(gpuinfo, "probe", lambda device, context=True: env)
+    monkeypatch.setattr(gpuinfo, "free_memory", lambda device: free)
+    monkeypatch.setattr(A, "CuptiActivitySource", lambda device=0: S.StandInSource(interval_s=0))
+    monkeypatch.setattr(CO, "CudaDevice", lambda device=0: S.StandInDevice())
+    monkeypatch.setattr(LH.LaunchHook, "start", lambda self: self)
+    monkeypatch.setattr(LH.LaunchHook, "stop", lambda self: None)
+    monkeypatch.delenv("PAGECAST_MANAGED_LIMIT", raising=False)
+    script = tmp_path / "w.py"
+    script.write_text("x = 1\n")
+    out = tmp_path / "t.pctrace"
+    assert cli_main(["collect", "-o", str(out), "--", "python", str(script)]) == 0
+    limit = S.read_quiet(out).manifest["managed_limit_bytes"]
+    assert limit == M.managed_limit(free) == free - (4 << 30)

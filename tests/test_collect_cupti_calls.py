@@ -243,6 +243,6 @@ def test_tracker_reads_driver_and_runtime_allocation_structs():
     assert budget.live_bytes == 4096
     # past the limit: reported at enter
     call(*drv, lh.API_ENTER, dptr=ctypes.addressof(out), bytesize=1 << 20, flags_=1)
-    assert len(seen) == 1 and "past the GPU's free memory" in seen[0]
+    assert len(seen) == 1 and "past the managed limit" in seen[0]
     call(lh.DOMAIN_DRIVER, M.CB_cuMemFree_v2, "cu_mem_free_v2params_dtype", lh.API_ENTER, dptr=0x7000_0000)
     assert budget.ranges() == [] and budget.peak == 4096

@@ -355,7 +355,7 @@ def test_managed_allocation_past_the_limit_is_refused(tmp_path):
     _report(test="collect-refuse-oversubscription", exit_code=r.returncode,
             message=[ln for ln in r.stderr.splitlines() if "error" in ln][:1])
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "past the GPU's free memory" in r.stderr and "not stopped" not in r.stdout
+    assert "past the managed limit" in r.stderr and "not stopped" not in r.stdout
 
 
 def test_full_mode_records_index_values_and_their_cost(tmp_path):
