@@ -1,6 +1,6 @@
-"""The collector's device on a GPU: synchronize, evict managed memory to the host, copy index
-values to the host, read CUPTI's clock (cuda-bindings); and the protocols the collector needs
-of a device (tests/collect_standin.py has the CPU stand-ins)."""
+"""The collector's device on a GPU: synchronize, evict managed memory to the host, read index
+values (on the host, from the evicted pages), read CUPTI's clock (cuda-bindings); and the
+protocols the collector needs of a device (tests/collect_standin.py has the CPU stand-ins)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class Device(Protocol):
 
 
 class ValuesDevice(Device, Protocol):
-    """A device that can also copy managed memory to the host (full mode's index values)."""
+    """A device that can also read managed memory (full mode's index values)."""
 
     def read(self, address: int, nbytes: int) -> bytes: ...
 
@@ -62,13 +62,17 @@ class CudaDevice:
         return failed
 
     def read(self, address: int, nbytes: int) -> bytes:
-        """Copy `nbytes` at device address `address` to the host (cuMemcpyDtoH, synchronous; the
-        collector calls it between kernels, when nothing is running)."""
-        buf = ctypes.create_string_buffer(int(nbytes))
-        err, = self.drv.cuMemcpyDtoH(ctypes.addressof(buf), self.drv.CUdeviceptr(int(address)), int(nbytes))
-        if int(err) != 0:
-            raise RuntimeError(f"cuMemcpyDtoH: {err}")
-        return buf.raw
+        """The `nbytes` of managed memory at `address`, read by the CPU.
+
+        The collector calls it between kernels, after `evict` moved every live managed range to
+        the host and synchronized: the pages are resident on the CPU, so a CPU read leaves them
+        there, and the launch about to run still faults on them. A copy through the GPU
+        (cuMemcpyDtoH) may instead have the driver bring the pages to the GPU first, hiding the
+        launch's faults (docs/collect.md, "Index values"). Managed memory has the same address on
+        the host (unified addressing); the collector reads only inside live managed allocations."""
+        if nbytes <= 0:
+            return b""
+        return ctypes.string_at(int(address), int(nbytes))
 
     def now(self) -> int:
         from cupti import cupti

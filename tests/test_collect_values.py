@@ -4,6 +4,8 @@ per-launch budget, repeats left out, read back by the trace's ValueImage. Not ru
 
 from __future__ import annotations
 
+import ctypes
+
 
 import numpy as np
 import pytest
@@ -142,3 +144,91 @@ def test_pointer_reads_find_the_allocation_each_word_points_into(allocs, ptrs):
                 want.append((8 * i, p, a + n - p))
     assert sorted(got) == sorted(want)
     assert [g[2] for g in got] == sorted(g[2] for g in got)
+
+
+class _UvmDriver:
+    """The cuda-bindings driver calls `CudaDevice` makes, over a page-residency model of managed
+    memory: a prefetch to the host moves pages there; a device-to-host copy (cuMemcpyDtoH) is
+    done by the GPU, modelled as bringing the source pages to the GPU (what the driver may do
+    before its copy engine reads them)."""
+
+    def __init__(self) -> None:
+        self.on_gpu: set[int] = set()     # page numbers resident on the GPU
+        self.calls: list[str] = []
+
+    @staticmethod
+    def _pages(addr: int, n: int) -> range:
+        return range(addr // PAGE, (addr + n - 1) // PAGE + 1)
+
+    def CUdeviceptr(self, v):
+        return int(v)
+
+    def cuCtxSynchronize(self):
+        self.calls.append("sync")
+        return (0,)
+
+    def cuMemPrefetchAsync(self, ptr, n, location, flags, stream):
+        self.calls.append("prefetch")
+        self.on_gpu.difference_update(self._pages(int(ptr), int(n)))
+        return (0,)
+
+    def cuMemcpyDtoH(self, dst, src, n):
+        self.calls.append("dtoh")
+        self.on_gpu.update(self._pages(int(src), int(n)))
+        ctypes.memmove(dst, int(src), int(n))
+        return (0,)
+
+
+class _ModelledCudaDevice(S.StandInDevice):
+    """The collector's real CudaDevice (synchronize, evict, read) over `_UvmDriver`; the clock is
+    the host's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from pagecast.collect.cuda_device import CudaDevice
+
+        self.real = CudaDevice.__new__(CudaDevice)
+        self.real.drv, self.real.device, self.real._host = _UvmDriver(), 0, None
+        self.real.errors, self.real.last_error = 0, None
+        self.synchronize, self.evict, self.read = self.real.synchronize, self.real.evict, self.real.read
+
+
+def test_copying_values_does_not_bring_pages_to_the_gpu_before_the_kernel(tmp_path):
+    """Full mode evicts every managed range to the host before a launch so that the kernel faults
+    on what it touches; the index values are copied after that. The copy must leave the pages on
+    the host: read through the GPU (cuMemcpyDtoH) the driver may migrate them there first, and
+    the kernel's faults on them would not be seen."""
+    c, gpu = S.make_collector(tmp_path / "t", mode="full")
+    dev = _ModelledCudaDevice()
+    c.device = gpu.dev = dev
+    from pagecast.collect.values_copy import ValuesCopier
+    c.values = ValuesCopier(dev.read, c.budget.ranges)
+    arena = ctypes.create_string_buffer(8 << 20)     # host memory standing in for managed memory
+    base = (ctypes.addressof(arena) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    gpu.next_addr = base
+    drv = dev.real.drv
+    at_kernel = []
+    after = c.after_launch
+
+    def after_launch(args):                          # the kernel ran between the enter and here
+        at_kernel.append(set(drv.on_gpu))
+        after(args)
+
+    c.hook.after_launch = after_launch
+
+    def workload():
+        idx = gpu.malloc_managed(4 * 64)
+        y = gpu.malloc_managed(16 * PAGE)
+        for step in range(3):
+            ctypes.memmove(idx, (np.arange(64, dtype="<i4") * step).tobytes(), 256)
+            drv.on_gpu.update(_UvmDriver._pages(idx, 256))       # the previous kernel left them on the GPU
+            drv.on_gpu.update(_UvmDriver._pages(y, 16 * PAGE))
+            gpu.saxpy(idx, y, 64)
+
+    assert c.run(workload) == 0
+    assert len(at_kernel) == 3 and all(not pages for pages in at_kernel), at_kernel
+    assert "dtoh" not in drv.calls
+    t = _read(tmp_path / "t")
+    im = V.image(t)
+    rows = im.find(np.arange(3), np.full(3, base, np.uint64))
+    assert all(np.array_equal(im.ints(int(r), 64), np.arange(64) * s) for s, r in enumerate(rows))
