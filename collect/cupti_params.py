@@ -1,4 +1,5 @@
-"""The parameter structs of the CUDA calls the collector watches, as CUPTI's callbacks hand them over.
+"""The parameter structs of the CUDA calls the collector watches, as CUPTI's callbacks hand them
+over, and CUPTI's callback data itself (`CallbackData`, `function_params`).
 
 CUPTI's callback data points (`function_params`) at a struct holding the call's arguments in
 order, with C's layout (CUPTI's `generated_cuda_api_meta.h` / `generated_cuda_runtime_api_meta.h`:
@@ -98,6 +99,24 @@ class CudaFreeParams(_Params):
     _fields_ = [("dev_ptr", _ptr)]
 
 
-ALL = (CuLaunchKernelParams, CuLaunchCooperativeKernelParams, CuLaunchKernelExParams, CudaLaunchKernelParams,
+class CallbackData(_Params):
+    """CUPTI's CUpti_CallbackData, the struct behind the callback's data object."""
+    CUPTI_DTYPES = ("callback_data_dtype",)
+    _fields_ = [("callback_site", ctypes.c_int), ("function_name", _ptr), ("function_params", _ptr),
+                ("function_return_value", _ptr), ("symbol_name", _ptr), ("context", _ptr),
+                ("context_uid", ctypes.c_uint32), ("correlation_data", _ptr), ("correlation_id", ctypes.c_uint32)]
+
+
+def function_params(cbdata) -> int:
+    """The address of the call's parameter struct. cupti-python 13.4's CallbackData has it as
+    `function_params`; 13.0.1's has no such attribute (its `cupti/cupti.pyi`), so it is read
+    from the C struct at `cbdata.ptr`."""
+    try:
+        return int(cbdata.function_params)
+    except AttributeError:
+        return int(CallbackData.at(int(cbdata.ptr)).function_params)
+
+
+ALL = (CallbackData, CuLaunchKernelParams, CuLaunchCooperativeKernelParams, CuLaunchKernelExParams, CudaLaunchKernelParams,
        CudaLaunchKernelExCParams, CuMemAllocManagedParams, CudaMallocManagedParams, CuMemFreeParams,
        CudaFreeParams)

@@ -736,7 +736,7 @@ class LaunchHook:
         self.on_launch(args)
 
     def _decode(self, domain: int, cbid: int, cbdata, pend: _Pending) -> LaunchArgs | None:
-        ptr = int(cbdata.function_params)
+        ptr = P.function_params(cbdata)
         ptsz = cbid in PTSZ_CBIDS
         cls = LAUNCH_PARAMS[(domain, cbid)]
         p = cls.at(ptr)

@@ -181,11 +181,11 @@ class ManagedTracker:
                 self.allocations += 1
 
     def _drv_alloc(self, site: int, cbdata) -> None:
-        p = self.views()["drv_alloc"](int(cbdata.function_params))
+        p = self.views()["drv_alloc"](P.function_params(cbdata))
         self._alloc(site, cbdata, int(p.dptr), int(p.bytesize))
 
     def _rt_alloc(self, site: int, cbdata) -> None:
-        p = self.views()["rt_alloc"](int(cbdata.function_params))
+        p = self.views()["rt_alloc"](P.function_params(cbdata))
         self._alloc(site, cbdata, int(p.dev_ptr), int(p.size_))
 
 
@@ -202,11 +202,11 @@ def free_callbacks(on_free: Callable[[int], None],
 
     def drv(site: int, cbdata) -> None:
         if site == lh.API_ENTER:
-            on_free(int(get()["drv_free"](int(cbdata.function_params)).dptr))
+            on_free(int(get()["drv_free"](P.function_params(cbdata)).dptr))
 
     def rt(site: int, cbdata) -> None:
         if site == lh.API_ENTER:
-            on_free(int(get()["rt_free"](int(cbdata.function_params)).dev_ptr))
+            on_free(int(get()["rt_free"](P.function_params(cbdata)).dev_ptr))
 
     return {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2): drv, (lh.DOMAIN_RUNTIME, CB_cudaFree): rt}
 

@@ -125,7 +125,7 @@ class StandInDevice:
 class StandInMemoryDevice(StandInDevice):
     """A StandInDevice whose managed memory holds bytes: tests write into it (standing in for the
     kernels and the host), and the collector's index-value copies read it (`read`, as
-    CudaDevice.read does with cuMemcpyDtoH). Unwritten bytes read as zeros."""
+    CudaDevice.read does, on the host, after the eviction). Unwritten bytes read as zeros."""
 
     def __init__(self, sync_s: float = 0.0) -> None:
         super().__init__(sync_s)

@@ -341,3 +341,52 @@ def test_the_probe_loads_a_module_a_cuda_13_0_driver_takes():
     assert "probe_kernel.cubin(nvrtc)" in G.PROBE and "compute_90" not in G.PROBE
     for call in ("cuModuleLoadData", "cuLibraryLoadData"):
         assert f'obs["{call}"] = int(err)' in G.PROBE and f"fatal(f\"{call} refused" in G.PROBE
+
+
+# ---- cupti-python 13.0.1's callback data -----------------------------------------------------
+
+def _cbdata_attributes(path: str) -> dict[str, int]:
+    """attribute -> first line, of every `cbdata.X` in a file."""
+    import ast
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "cbdata":
+            out.setdefault(node.attr, node.lineno)
+    return out
+
+
+def test_the_callback_data_the_code_reads_is_in_cupti_python_13_0_1():
+    """13.0.1's CallbackData has no `function_params` (13.4's has): every callback would fail
+    reading it. The code reads it through cupti_params.function_params, which falls back to the
+    C struct; every other attribute it reads is one 13.0.1 has."""
+    have = set(SURFACE["cupti_members"]["CallbackData"])
+    assert "function_params" not in have and {"callback_site", "correlation_id", "ptr"} <= have
+    bad = [f"{p}:{ln}: cbdata.{a}" for p in ("collect/launch_hook.py", "collect/managed.py", "replay/gpu/child.py",
+                                             "replay/gpu/cuda_engine.py")
+           for a, ln in _cbdata_attributes(p).items() if a not in have]
+    assert not bad, "not in cupti-python 13.0.1's CallbackData: " + ", ".join(bad)
+
+
+def test_function_params_falls_back_to_the_c_struct():
+    np = pytest.importorskip("numpy")
+    cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
+    rec = np.zeros(1, dtype=cupti.callback_data_dtype)
+    rec["function_params"] = 0x1234
+    assert P.function_params(SimpleNamespace(ptr=rec.ctypes.data)) == 0x1234      # as 13.0.1's
+    assert P.function_params(SimpleNamespace(function_params=0x99, ptr=0)) == 0x99  # as 13.4's
+    real = cupti.CallbackData.from_ptr(rec.ctypes.data, readonly=True)
+    assert P.function_params(real) == 0x1234
+
+
+def test_the_record_fields_read_are_in_cupti_python_13_0_1s_record_classes():
+    """The activity records 13.0.1 hands out (kernel 10, memory 4, unified-memory counter 3) have
+    every field the collector's snapshots and the replay monitor read."""
+    from pagecast.collect import convert as CV
+
+    members = SURFACE["cupti_members"]
+    for fields, classes in ((CV.KERNEL_FIELDS, CV.KERNEL_CLASSES), (CV.MEMORY_FIELDS, CV.MEMORY_CLASSES),
+                            (CV.UM_FIELDS, CV.UM_CLASSES)):
+        old = [c for c in classes if c in members]
+        assert old, classes
+        for c in old:
+            assert set(fields) <= set(members[c]), (c, set(fields) - set(members[c]))
