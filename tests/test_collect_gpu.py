@@ -123,6 +123,8 @@ recs = []
 src = CuptiActivitySource(device=0)
 src.start(recs.extend)                      # before any context, as `pagecast collect` does
 obs["uvm_counters"] = src.info.get("uvm_counters")
+obs["uvm_counters_enabled"] = src.info.get("uvm_counters_enabled")
+obs["uvm_counters_refused"] = src.info.get("uvm_counters_refused")
 calls, got = [], []
 hook = lh.LaunchHook(got.append)
 real = hook._callback
@@ -178,6 +180,13 @@ note("cuFuncGetParamInfo(CUkernel cast, 1)", lambda: [int(x) for x in drv.cuFunc
 note("cuKernelGetParamCount(CUkernel)", lambda: [int(x) for x in drv.cuKernelGetParamCount(kern)])   # CUDA 13.2+
 note("layout(CUkernel)", lambda: [list(x) for x in lh._driver_layout(int(kern))])
 note("cuFuncGetName(CUkernel cast)", lambda: [str(x) for x in drv.cuFuncGetName(as_fn)])
+# full mode's order before a launch: evict to the host, synchronize, read index values (on the
+# host); the kernel must still fault on the pages read (collect/cuda_device.py)
+from pagecast.collect.cuda_device import CudaDevice
+cdev = CudaDevice(0)
+obs["evict_failed"] = cdev.evict([(int(buf), N * 4)])
+cdev.synchronize()
+obs["host_read"] = cdev.read(int(buf), 16).hex()
 launch(as_fn, "cukernel")
 
 try:
@@ -204,6 +213,9 @@ obs["kernels"] = [[r.name, r.start, r.end, r.correlation_id, r.stream_id] for r 
 um = [r for r in recs if isinstance(r, C.UMRec)]
 obs["um_kinds"] = sorted({r.counter_kind for r in um})
 faults = [r for r in um if r.counter_kind == C.UM_GPU_PAGE_FAULT]
+lo_k, hi_k = obs["cukernel"]["t0"], obs["cukernel"]["t1"]
+obs["faults_after_host_read"] = sum(1 for r in faults if lo_k <= r.start <= hi_k
+                                    and int(buf) <= r.address < int(buf) + N * 4)
 obs["faults"] = {"n": len(faults), "value_sum": sum(r.value for r in faults),
                  "flags": sorted({r.flags for r in faults}), "src_ids": sorted({r.src_id for r in faults}),
                  "dst_ids": sorted({r.dst_id for r in faults}),
@@ -242,6 +254,7 @@ def test_cupti_facts_the_collector_relies_on(tmp_path):
     ours = [k for k in obs["kernels"] if k[0] == "k"]
     assert len(ours) == 2 and all(lo <= k[1] <= k[2] <= hi for k in ours), (lo, hi, obs["kernels"])
     if obs["uvm_counters"]:
+        assert obs["evict_failed"] == 0 and obs["faults_after_host_read"] > 0, obs   # item: values read on the host
         f = obs["faults"]
         assert f["n"] > 0 and f["in_buffer"] > 0, f
         assert all(lo <= s <= hi for s in f["starts"]), (lo, hi, f)
