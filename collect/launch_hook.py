@@ -605,7 +605,9 @@ class LaunchHook:
         try:
             p.allow_multiple_subscribers = 1
         except AttributeError:  # read-only in cupti-python 13.4: write the byte through its dtype
-            dt = getattr(cupti, "_subscriber_params_dtype", None)
+            # (13.4 names it `_subscriber_params_dtype`, 13.0.1 `subscriber_params_dtype`; where the
+            # struct has no such field, CUPTI allows one subscriber and there is nothing to set)
+            dt = getattr(cupti, "_subscriber_params_dtype", None) or getattr(cupti, "subscriber_params_dtype", None)
             if dt is not None and "allow_multiple_subscribers" in (dt.names or ()):
                 ctypes.c_uint8.from_address(int(p.ptr) + dt.fields["allow_multiple_subscribers"][1]).value = 1
         return p
