@@ -291,6 +291,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "feedback_updates": st["feedback_updates"],
         "oracle_unmapped_bytes": relocator.unmapped_bytes if relocator is not None else None,
         "dropped_records": counts.dropped,
+        "incomplete_records": counts.incomplete,
         "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
         "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
     })
