@@ -3,7 +3,7 @@
 - `run_group(cmd, timeout)`: run a command in a process group of its own; at its time limit
   (or if the caller is interrupted) the whole group is stopped, SIGTERM then SIGKILL, so that
   the processes it started (a GPU replay's measured child, a workload's helpers) stop with it.
-- `stop_group(proc)`: that stop, for a `subprocess.Popen` started with `start_new_session=True`.
+- `stop_group(proc)`: that stop, for a `subprocess.Popen` started with `**OWN_GROUP` (its own process group).
 - `exit_with_parent()`: ask Linux to signal this process when its parent exits
   (prctl PR_SET_PDEATHSIG, man 2 prctl), for a child whose parent may be killed outright.
 - `read_line(stream, timeout)`: one line from a child's pipe, or None after `timeout` seconds.
@@ -21,6 +21,9 @@ import time
 
 GRACE_S = 5.0          # between SIGTERM and SIGKILL
 PARENT_ENV = "PAGECAST_PARENT_PID"   # set by a parent for exit_with_parent's check
+# Popen arguments that start a child in a process group of its own (pgid = its pid): Python 3.11's
+# process_group; before it, setpgid(0, 0) between fork and exec.
+OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 def _members(pgid: int) -> list[int]:
@@ -48,7 +51,7 @@ def _members(pgid: int) -> list[int]:
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """Stop the process group `proc` leads (started with start_new_session=True): SIGTERM, then
+    """Stop the process group `proc` leads (started with **OWN_GROUP): SIGTERM, then
     SIGKILL to whatever is left after `grace_s`; returns once the leader is reaped and no member
     of the group is alive (or after a second `grace_s`)."""
     pgid = proc.pid
@@ -76,8 +79,7 @@ def run_group(cmd: list[str], timeout: float | None, *, grace_s: float = GRACE_S
     """subprocess.run in a process group of its own; at `timeout` (subprocess.TimeoutExpired is
     raised, as subprocess.run does) or on any exception in the caller (KeyboardInterrupt, a
     signal handler's), the whole group is stopped first, grandchildren included."""
-    popen.pop("start_new_session", None)
-    proc = subprocess.Popen(cmd, start_new_session=True, **popen)
+    proc = subprocess.Popen(cmd, **OWN_GROUP, **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -20,8 +20,8 @@
 # The full validation (three workloads, three levels, four policies: 8 to 15 minutes) is
 # `python scripts/gpu_validation.py OUT.md` on its own. The steps themselves: scripts/device_check.py.
 #
-# Output, under $OUT (default ./device-check-out/): device-check.md (the report, also printed),
-# device-check.log, steps.json, env.txt, collect-metrics.jsonl, gpu-validation.md.
+# Output, in --out DIR (default $DEVICE_CHECK_OUT, else ./device-check-out/): device-check.md (the
+# report, also printed), device-check.log, steps.json, env.txt, collect-metrics.jsonl, gpu-validation.md.
 #
 # Nothing here allocates more managed memory than the GPU has free: every workload checks its
 # plan against cudaMemGetInfo, and `pagecast collect` refuses managed allocations past the free

@@ -10,7 +10,8 @@ PyTorch and cuda-bindings; no network needed), from the repository root:
 
 Each step runs in a process group of its own under its own time limit (its budget, or what is
 left of the command's 540 s), and records `met`, `missed` (with why) or `not reached`; a failed
-step never stops the ones after it. Everything goes under $OUT (default ./device-check-out/):
+step never stops the ones after it. Everything goes in one folder (--out, or $DEVICE_CHECK_OUT;
+default ./device-check-out/):
 device-check.md (the report, also printed), device-check.log, steps.json, env.txt,
 collect-metrics.jsonl and gpu-validation.md.
 
@@ -637,12 +638,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--second", action="store_true",
                     help="the second command: command 1's steps it did not reach, then command 2's")
     ap.add_argument("--plan", action="store_true", help="print the plan and exit")
+    ap.add_argument("--out", default=os.environ.get("DEVICE_CHECK_OUT") or str(ROOT / "device-check-out"),
+                    help="where the report, log and metrics go (default $DEVICE_CHECK_OUT, else ./device-check-out)")
     a = ap.parse_args(argv)
     steps = plan()
     if a.plan:
         print(format_plan(steps))
         return 0
-    out = Path(os.environ.get("OUT") or ROOT / "device-check-out")
+    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("DEVICE_CHECK_WORK") or Path(tempfile.gettempdir()) / "pagecast-device-check")
     work.mkdir(parents=True, exist_ok=True)

@@ -325,7 +325,7 @@ def sigterm_halfway(cmd: list[str], err_path: Path, env=None, ready_s: float = 1
     a collector left running would hold the GPU."""
     with open(err_path, "w") as errf:      # stderr to a file: a full pipe cannot stall the collector
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errf, text=True, env=env,
-                             start_new_session=True)
+                             **procs.OWN_GROUP)
         try:
             line = procs.read_line(p.stdout, ready_s)
             assert line is not None, f"no 'ready' line within {ready_s:g} s"

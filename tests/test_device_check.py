@@ -173,7 +173,7 @@ def test_the_linked_tree_imports_only_with_pythonsafepath(D, tmp_path):
 # ---- the whole dry run, as a user runs it ----------------------------------------------------------
 
 def test_device_check_dry_run_walks_every_step_on_a_cpu_machine(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "DEVICE_CHECK_WORK": str(tmp_path / "work"),
+    env = {**os.environ, "DEVICE_CHECK_OUT": str(tmp_path / "out"), "DEVICE_CHECK_WORK": str(tmp_path / "work"),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "device-check.sh"), "--dry-run"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=540)
