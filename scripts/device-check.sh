@@ -38,6 +38,8 @@
 #   python3 -m pip download $P -d .whl cupti-python==13.4.0 pyelftools nvidia-cuda-cupti==13.5.25 \
 #       'cuda-pathfinder>=1.4.1'
 #   python3 -m pip download $P -d .whl/fallback cupti-python==13.0.1 'nvidia-cuda-cupti~=13.0.0'
+# Whatever else the machine lacks (the install step names it: pytest, hypothesis, one of pagecast's
+# requirements) goes, with its dependencies, into .whl/extra/ (the same flags, less --no-deps).
 # Then copy the repository (with .whl/) to the GPU machine and run the commands above there.
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

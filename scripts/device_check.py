@@ -221,6 +221,9 @@ try:
     info["ok"] = True
 except Exception as e:  # noqa: BLE001
     info["ok"], info["error"] = False, f"{type(e).__name__}: {e}"
+import importlib.util as iu
+info["missing"] = [m for m in ("pytest", "hypothesis", "numpy", "pyarrow", "numba", "cupy", "torch", "cuda.bindings")
+                   if iu.find_spec(m.split(".")[0]) is None or (m == "cuda.bindings" and iu.find_spec(m) is None)]
 info["libcupti"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
                            if "/libcupti.so" in l.split()[-1]})
 print("PROBE " + json.dumps(info))
@@ -307,8 +310,10 @@ def describe(info: dict, venv: Path | None) -> str:
     if libs:
         mine = venv is not None and any(str(Path(x).resolve()).startswith(str(venv.resolve())) for x in libs)
         where = f"{libs[0]} ({'carried, from the venv' if mine else 'the machine’s, not a carried one'})"
+    missing = info.get("missing") or []
     return (f"cupti-python {v.get('cupti-python')}, cuda-pathfinder {v.get('cuda-pathfinder')}, "
-            f"nvidia-cuda-cupti {v.get('nvidia-cuda-cupti')}; libcupti loaded: {where}")
+            f"nvidia-cuda-cupti {v.get('nvidia-cuda-cupti')}; libcupti loaded: {where}"
+            + (f"; NOT importable here: {', '.join(missing)} (carry their wheels in .whl/extra/)" if missing else ""))
 
 
 def link_tree(dest: Path) -> Path:
@@ -357,8 +362,9 @@ def step_install(run: Runner, timeout: float, whl: Path, venv_root: Path) -> tup
         venv = venv_root / f"venv{i}"
         try:
             py = make_venv(venv)
-            if s.wheels:
-                r = install_wheels(py, s.wheels, timeout=max(5.0, end - time.monotonic()))
+            wheels = s.wheels + sorted((whl / "extra").glob("*.whl"))   # what else the machine lacks (pytest, ...)
+            if wheels:
+                r = install_wheels(py, wheels, timeout=max(5.0, end - time.monotonic()))
                 run.log.write(r.stdout + r.stderr)
                 if r.returncode != 0:
                     notes.append(f"{s.label}: pip failed ({(r.stderr.strip().splitlines() or [''])[-1]})")
@@ -385,6 +391,10 @@ def step_install(run: Runner, timeout: float, whl: Path, venv_root: Path) -> tup
                            capture_output=True, text=True, timeout=max(5.0, end - time.monotonic()), cwd=ROOT)
         run.log.write(r.stdout + r.stderr)
         installed = r.returncode == 0
+        if installed:
+            ok, why = import_check([str(py)], run.env)
+            if not ok:
+                return False, f"{s.label}: {line}; pagecast installed but does not import ({why})"
     if not installed:
         env = linked_env(run.env, link_tree(venv_root / "pagecast-src"))
         ok, why = import_check([str(py)], env)
