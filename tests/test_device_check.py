@@ -7,6 +7,7 @@ import importlib.metadata as md
 import importlib.util
 import os
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -121,6 +122,35 @@ def test_a_carried_set_installed_into_a_venv_is_the_libcupti_that_loads(D, tmp_p
     assert info["ok"] and info["pathfinder_knows_cupti"], info
     assert len(info["libcupti"]) == 1 and info["libcupti"][0].startswith(str(venv.resolve())), info
     assert "(carried, from the venv)" in D.describe(info, venv)
+
+
+STAND_IN_LIBCUDA = r"""
+int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+int cuInit(unsigned flags) { return 0; }
+int cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long f, int *st) {
+    *p = 0; if (st) *st = 1; return 500; }
+"""
+
+
+def test_cupti_python_itself_loads_the_carried_libcupti(D, tmp_path):
+    """Through cupti-python's own loader: a stand-in libcuda.so.1 (a CUDA 13.0 driver's version, nothing
+    else) gets cupti-python past its driver check to load libcupti, which then cannot start: the probe
+    reports CUPTI's failure and the file cupti-python mapped, the venv's."""
+    _require("cupti-python", "cuda-pathfinder", "nvidia-cuda-cupti")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the stand-in libcuda.so.1"
+    (tmp_path / "cuda.c").write_text(STAND_IN_LIBCUDA)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so.1"), str(tmp_path / "cuda.c")],
+                   check=True, capture_output=True, timeout=120)
+    wheels = [_wheel_of_installed("cuda-pathfinder", tmp_path),
+              _wheel_of_installed("nvidia-cuda-cupti", tmp_path, only=["libcupti.so"])]
+    venv = tmp_path / "venv"
+    py = D.make_venv(venv)
+    assert D.install_wheels(py, wheels).returncode == 0
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path) + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+    info = D.probe(py, gpu=True, env=env)
+    assert not info["ok"] and "cupti" in info["error"].lower(), info
+    assert info["libcupti"] and info["libcupti"][0].startswith(str(venv.resolve())), info
 
 
 def test_the_old_way_a_target_dir_on_pythonpath_loads_the_machines_libcupti(D, tmp_path):
