@@ -29,10 +29,13 @@ import datetime as _dt
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from pagecast.procs import run_group
 
 WORKLOADS = ("jacobi2d", "mlp-train", "llm-decode")
 POLICIES = ("demand", "alloc", "template", "oracle")
@@ -94,18 +97,32 @@ def plan(name: str, work: Path, *, fit_scales, replay_scale: float, oversub, pol
 
 
 def run_step(cmd: list[str], timeout: float, log) -> tuple[bool, str, str]:
-    """Run one command; (ok, stdout, one-line reason)."""
+    """Run one command in a process group of its own; (ok, stdout, one-line reason).
+
+    At the time limit the whole group is stopped (SIGTERM, then SIGKILL): `pagecast replay
+    --backend gpu` runs each measurement in a child process, which must not go on holding the
+    GPU after its parent is stopped.
+    """
     log.write(f"$ {shlex.join(cmd)}\n")
     log.flush()
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
+        p = run_group(cmd, timeout, stdout=subprocess.PIPE, stderr=log, text=True)
     except subprocess.TimeoutExpired:
+        log.write(f"# timed out after {timeout:.0f} s: its process group was stopped\n")
         return False, "", f"timed out after {timeout:.0f} s"
     log.write(f"# exit {p.returncode} after {time.time() - t0:.1f} s\n")
     if p.returncode != 0:
         return False, p.stdout, f"exit status {p.returncode} (see the log)"
     return True, p.stdout, ""
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT: the running step's process group is stopped, the report written."""
+
+
+def _stop_on_signal(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 # ---- the report (pure) --------------------------------------------------------------------
@@ -295,40 +312,59 @@ def main(argv: list[str] | None = None) -> int:
     def timeout_left() -> float:
         return min(a.step_timeout, deadline - time.time())
 
+    stopped = None
+    done: set = set()
+    old_handlers = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     with open(log_path, "w") as log:
+        try:
+            write_report(False)
+            ok, out = False, ""
+            if timeout_left() >= 10:
+                ok, out, why = run_step(calibrate, timeout_left(), log)
+            if ok:
+                state["profile"] = json.loads(out)
+                state["device"] = (state["profile"].get("device") or {}).get("name") or state["device"]
+            write_report(False)
+            for n, steps in plans.items():
+                res = results[n]
+                gpu_rows: list = []
+                sim_rows: list = []
+                for step, cmd in steps:
+                    if step == "replay sim" and state["profile"] is None:
+                        res["errors"].append((step, "skipped: no calibrated profile"))
+                        continue
+                    if timeout_left() < 10:
+                        res["errors"].append((step, "skipped: out of time (--budget-s)"))
+                        continue
+                    print(f"[{n}] {step} ...", file=sys.stderr, flush=True)
+                    ok, out, why = run_step(cmd, timeout_left(), log)
+                    if not ok:
+                        res["errors"].append((step, why))
+                        if step.startswith("collect") or step == "fit":
+                            break  # later steps need this one
+                        continue
+                    if step.startswith("replay gpu"):
+                        gpu_rows += json.loads(out)
+                    elif step == "replay sim":
+                        sim_rows = json.loads(out)
+                    if gpu_rows:
+                        res["rows"] = compare(gpu_rows, sim_rows)
+                    write_report(False)
+                done.add(n)
+        except Stopped as e:
+            stopped = str(e)
+            log.write(f"# stopped by {stopped}\n")
+        finally:
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
+    if stopped:
+        for n in names:
+            if n not in done:
+                results[n]["errors"].append(("the rest", f"not reached: stopped by {stopped}"
+                                                          " (the step running then was stopped with its processes)"))
         write_report(False)
-        ok, out = False, ""
-        if timeout_left() >= 10:
-            ok, out, why = run_step(calibrate, timeout_left(), log)
-        if ok:
-            state["profile"] = json.loads(out)
-            state["device"] = (state["profile"].get("device") or {}).get("name") or state["device"]
-        write_report(False)
-        for n, steps in plans.items():
-            res = results[n]
-            gpu_rows: list = []
-            sim_rows: list = []
-            for step, cmd in steps:
-                if step == "replay sim" and state["profile"] is None:
-                    res["errors"].append((step, "skipped: no calibrated profile"))
-                    continue
-                if timeout_left() < 10:
-                    res["errors"].append((step, "skipped: out of time (--budget-s)"))
-                    continue
-                print(f"[{n}] {step} ...", file=sys.stderr, flush=True)
-                ok, out, why = run_step(cmd, timeout_left(), log)
-                if not ok:
-                    res["errors"].append((step, why))
-                    if step.startswith("collect") or step == "fit":
-                        break  # later steps need this one
-                    continue
-                if step.startswith("replay gpu"):
-                    gpu_rows += json.loads(out)
-                elif step == "replay sim":
-                    sim_rows = json.loads(out)
-                if gpu_rows:
-                    res["rows"] = compare(gpu_rows, sim_rows)
-                write_report(False)
+        print(f"stopped by {stopped}; wrote {a.output}", file=sys.stderr)
+        return 128 + int(getattr(signal, stopped, signal.SIGTERM))
     write_report(True)
     print(f"wrote {a.output}", file=sys.stderr)
     return 0 if all(not r["errors"] for r in results.values()) and state["profile"] is not None else 1

@@ -200,7 +200,7 @@ class FakeMonitor:
     def start(self, keep_records: bool = False, live: bool = False) -> None:
         self._base = (self.cuda.faults, self.cuda.htod, self.cuda.dtoh)
 
-    def poll(self) -> UvmCounts:
+    def poll(self, force: bool = False) -> UvmCounts:
         f, h, d = self._base
         return UvmCounts(faults=self.cuda.faults - f, htod_bytes=self.cuda.htod - h, dtoh_bytes=self.cuda.dtoh - d)
 

@@ -258,3 +258,53 @@ def test_calibrate_on_the_gpu(tmp_path):
             f.write(json.dumps({"test": "runner-observed", "what": "calibrate: GPU page faults counted per page"
                                 " touched (one word per 64 KiB), per run", "value": ratios}) + "\n")
     assert "counted by CUPTI" in prof.source["fault_time_s"], prof.source["fault_time_s"]
+
+
+# ---- fault counts read only once they have all arrived --------------------------------------
+
+class LateMonitor(FakeMonitor):
+    """CUPTI's fault records arrive in buffers, some after the kernel: each flush delivers at most
+    `per_flush` of the faults not yet delivered."""
+
+    def __init__(self, cuda, per_flush: int = 300) -> None:
+        super().__init__(cuda)
+        self.per_flush = per_flush
+        self.delivered = 0
+        self.flushes = 0
+
+    def start(self, keep_records=False, live=False):
+        super().start(keep_records, live)
+        self.delivered = 0
+
+    def poll(self, force=False):
+        self.flushes += 1
+        true = super().poll()
+        self.delivered = min(true.faults, self.delivered + self.per_flush)
+        true.faults = self.delivered
+        return true
+
+
+def test_measure_counts_every_fault_of_a_run_even_when_records_arrive_late(monkeypatch):
+    monkeypatch.setattr(C, "SETTLE_QUIET_S", 0.0)
+    fake = ClockedFake(free=8 * GiB)
+    mon = LateMonitor(fake)
+    m = C.measure(fake, mon, repeats=2)
+    # each run touched N big pages of host-resident memory: N faults, none of them left to the next run
+    assert [f for _, f, _ in m.fault_runs] == [n for n, _, _ in m.fault_runs]
+    assert m.unsettled == 0
+    assert C.fit_profile(m).fault_time_s == pytest.approx(30e-6, rel=1e-6)
+
+
+def test_settled_faults_gives_up_after_its_timeout():
+    class Endless:
+        n = 0
+
+        def poll(self, force=False):
+            self.n += 1
+            from pagecast.replay.gpu.cupti_monitor import UvmCounts
+            return UvmCounts(faults=self.n)
+
+    t = [0.0]
+    faults, ok = C.settled_faults(Endless(), quiet_s=0.1, timeout_s=1.0,
+                                  sleep=lambda s: t.__setitem__(0, t[0] + s), clock=lambda: t[0])
+    assert not ok and faults >= 10

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pagecast import procs
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode"]
 SCALES = (0.5, 1.0)
@@ -338,23 +340,40 @@ while True:
 """
 
 
+def sigterm_halfway(cmd: list[str], err_path: Path, env=None, ready_s: float = 120, settle_s: float = 3,
+                    exit_s: float = 120) -> tuple[int | None, str]:
+    """Start `cmd` (a collection whose workload prints "ready"), SIGTERM it `settle_s` after that
+    line, wait for it; (exit code, stderr). Whatever happens (no "ready" within `ready_s`, a hang
+    after the signal), the command's whole process group is stopped before this returns or raises:
+    a collector left running would hold the GPU."""
+    with open(err_path, "w") as errf:      # stderr to a file: a full pipe cannot stall the collector
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errf, text=True, env=env,
+                             **procs.OWN_GROUP)
+        try:
+            line = procs.read_line(p.stdout, ready_s)
+            assert line is not None, f"no 'ready' line within {ready_s:g} s"
+            assert line.strip() == "ready", line
+            time.sleep(settle_s)  # let some parts close
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=exit_s)
+        finally:
+            procs.stop_group(p, grace_s=2)
+    return p.returncode, err_path.read_text()
+
+
 def test_sigterm_halfway_leaves_a_readable_partial_trace(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     out = tmp_path / "term.pctrace"
-    p = subprocess.Popen([sys.executable, "-m", "pagecast.cli", "collect", "-o", str(out), "--", "python", str(script)],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PAGECAST_PART_SECONDS": "1"})
-    assert p.stdout.readline().strip() == "ready"
-    time.sleep(3)  # let some parts close
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+    code, err = sigterm_halfway([sys.executable, "-m", "pagecast.cli", "collect", "-o", str(out), "--",
+                                 "python", str(script)], tmp_path / "collect.err",
+                                env={**os.environ, "PAGECAST_PART_SECONDS": "1"})
+    assert code == 128 + signal.SIGTERM, err[-2000:]
     t = _read(out)
     assert not t.complete and t.n_launches >= 50
     params = t.launches.column("param_data").to_pylist()
     assert all(len(d) >= 12 for d in params)
-    _report(test="collect-sigterm", exit_code=p.returncode, launches=t.n_launches, faults=t.faults.num_rows,
+    _report(test="collect-sigterm", exit_code=code, launches=t.n_launches, faults=t.faults.num_rows,
             complete=t.complete)
 
 

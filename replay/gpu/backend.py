@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagecast import console
+from pagecast import console, procs
 from pagecast import trace as T
 from pagecast.errors import NoGPUError, PagecastError, UsageError
 from pagecast.footprints import footprints
@@ -276,19 +276,37 @@ def _workload_name(workload: list[str]) -> str:
 
 
 def _run_child(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run one measured child; the workload's stdout goes to our stderr (stdout is kept for --json)."""
+    """Run one measured child; the workload's stdout goes to our stderr (stdout is kept for --json).
+
+    The child stays in our process group (a caller that stops the group stops it too), exits
+    with us if we are killed outright (it asks for SIGTERM at its parent's exit, procs.exit_with_parent,
+    and checks $PAGECAST_PARENT_PID), and is stopped if we are interrupted while it runs.
+    """
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # stderr replaced by a non-file (tests)
         fd = None
     if fd is not None:
-        return subprocess.run(cmd, stdout=fd, stderr=fd, env=_child_env())
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(), text=True)
-    sys.stderr.write(proc.stdout or "")
-    return proc
+        proc = subprocess.Popen(cmd, stdout=fd, stderr=fd, env=_child_env())
+    else:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(), text=True)
+    try:
+        out, _ = proc.communicate()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(timeout=procs.GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    if fd is None:
+        sys.stderr.write(out or "")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
 def _child_env() -> dict:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[procs.PARENT_ENV] = str(os.getpid())
     return env

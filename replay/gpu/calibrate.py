@@ -42,6 +42,8 @@ FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
 REPEATS = 3
 DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
 MAX_FRACTION_OF_FREE = 0.25
+SETTLE_QUIET_S = 0.02                    # fault counts read once two flushes this far apart agree ...
+SETTLE_TIMEOUT_S = 2.0                   # ... or after this long (counted in Measurements.unsettled)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Measurements:
     launch_s: list = field(default_factory=list)     # seconds of a one-thread kernel
     copy: list = field(default_factory=list)         # [bytes copied, seconds]
     driver_prefetch: bool | None = None
+    unsettled: int = 0                               # fault counts read before they stopped changing
     elapsed_s: float | None = None
 
     def to_dict(self) -> dict:
@@ -127,7 +130,8 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     src: dict[str, Any] = dict(base.source)
     ns = sorted({int(r[0]) for r in m.fault_runs})
     src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {fault_x}, touching one word per 64 KiB"
-                           f" of host-resident managed memory, N = {ns} ({len(m.fault_runs)} runs, r^2 = {fault_r2:.3f})")
+                           f" of host-resident managed memory, N = {ns} ({len(m.fault_runs)} runs, r^2 = {fault_r2:.3f})"
+                           + (f"; {m.unsettled} fault count(s) still changing when read" if m.unsettled else ""))
     src["htod_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, host to device (r^2 = {h_r2:.3f})"
     src["dtoh_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, device to host (r^2 = {d_r2:.3f})"
     src["transfer_latency_s"] = f"calibrate on {dev}: mean intercept of the two prefetch time-vs-bytes lines"
@@ -198,6 +202,29 @@ def plan_sizes(free: int, fault_ns: Sequence[int] = FAULT_NS) -> dict:
             "bulk_sizes": sorted({bulk // 16, bulk // 4, bulk})}
 
 
+def settled_faults(monitor, quiet_s: float | None = None, timeout_s: float | None = None,
+                   sleep=time.sleep, clock=time.monotonic) -> tuple[int, bool]:
+    """The monitor's fault count once every record has arrived: (faults, settled).
+
+    Call it with the GPU idle (after a synchronize). CUPTI delivers unified-memory records in
+    buffers, some after the kernel has ended, so one flush right after it can miss some; this
+    flushes (forced: with the GPU idle every record is complete) until two flushes `quiet_s`
+    apart agree, or `timeout_s` has passed (settled = False).
+    """
+    quiet_s = SETTLE_QUIET_S if quiet_s is None else quiet_s
+    timeout_s = SETTLE_TIMEOUT_S if timeout_s is None else timeout_s
+    end = clock() + timeout_s
+    last = monitor.poll(force=True).faults
+    while True:
+        sleep(quiet_s)
+        now = monitor.poll(force=True).faults
+        if now == last:
+            return now, True
+        last = now
+        if clock() >= end:
+            return now, False
+
+
 def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_monitor: bool = True) -> Measurements:
     """Run the calibration experiments; never allocates more than a quarter of the free memory.
 
@@ -235,9 +262,16 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
             for n in sz["fault_ns"]:
                 cuda.prefetch_to_host(fb, sz["fault_bytes"], stream)
                 cuda.synchronize()
-                before = monitor.poll().faults if monitor is not None else None
+                faults = None
+                if monitor is not None:   # the earlier runs' records all in before counting this one's
+                    before, ok = settled_faults(monitor)
+                    m.unsettled += not ok
                 s = timed(lambda: cuda.launch_touch(fb, n, BIG_PAGE, stream))
-                faults = (monitor.poll().faults - before) if monitor is not None else None
+                if monitor is not None:
+                    cuda.synchronize()
+                    after, ok = settled_faults(monitor)
+                    m.unsettled += not ok
+                    faults = after - before
                 m.fault_runs.append([n, faults, s])
                 step()
         # -- launch overhead on resident memory ---------------------------------

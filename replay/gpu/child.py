@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from pagecast import procs
 from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchHook
 from pagecast.collect.managed import free_callbacks
@@ -297,13 +298,17 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "dropped_by_cupti": counts.cupti_dropped,
         "record_decode_errors": counts.decode_errors,
         "records_not_kept": counts.not_kept,          # counted, but past the raw-record lists' cap
+        "incomplete_records": counts.incomplete,
         "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
         "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
     })
     return finish(0)
 
 
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - exercised through subprocesses
+def main(argv: list[str] | None = None) -> int:
+    # the parent (`pagecast replay --backend gpu`) may be killed outright at a time limit: this
+    # run, and the GPU work it holds, must not outlive it
+    procs.exit_with_parent()
     return child_main(argv)
 
 

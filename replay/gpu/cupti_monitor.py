@@ -36,6 +36,7 @@ class UvmCounts:
     decode_errors: int = 0          # records that arrived but could not be read
     cupti_dropped: int = 0          # records CUPTI dropped (its buffers were full)
     not_kept: int = 0               # raw records past MAX_KEPT: counted above, missing from the lists
+    incomplete: int = 0             # records delivered before CUPTI had their times (start = 0 or end < start)
     # raw records, kept only when asked (feedback, footprint estimate)
     fault_records: list = field(default_factory=list)      # (time_ns, address, count)
     htod_records: list = field(default_factory=list)       # (start_ns, end_ns, address, bytes, cause)
@@ -47,7 +48,7 @@ class UvmCounts:
 
 class UvmMonitor(Protocol):
     def start(self, keep_records: bool = False, live: bool = False) -> None: ...
-    def poll(self) -> UvmCounts: ...   # flush what CUPTI has and return the running totals
+    def poll(self, force: bool = False) -> UvmCounts: ...   # flush what CUPTI has, return the running totals
     def take(self) -> tuple[list, list]: ...  # (fault records, kernel records) kept since the last take
     def stop(self) -> UvmCounts: ...
 
@@ -56,8 +57,28 @@ MAX_KEPT = 2_000_000  # raw records kept per kind (counts stay exact beyond it)
 _CAUSES = {0: "unknown", 1: "user", 2: "coherence", 3: "prefetch", 4: "eviction", 5: "access_counters"}
 
 
+def _timed(kind: str, rec: dict) -> bool:
+    """Whether a record carries its times. A forced flush (activity_flush_all(1)) also hands over
+    kernel records CUPTI has not finished, with start = end = 0 (docs/uvm-facts.md, "CUPTI"); a
+    unified-memory record's `end` is not always set (thrashing), so only its start is required."""
+    start = int(rec.get("start", 0))
+    if kind == "kernel":
+        return start > 0 and int(rec.get("end", 0)) >= start
+    return start > 0
+
+
 def _add_record(c: UvmCounts, kind: str, rec: dict, keep: bool) -> None:
-    """Fold one decoded CUPTI record into the running counts (pure: shared by the real and fake monitors)."""
+    """Fold one decoded CUPTI record into the running counts (pure: shared by the real and fake monitors).
+
+    A record without its times is counted in `incomplete`: a kernel's is dropped (its zero start
+    would stretch the GPU span to the clock's epoch, about 1.7e9 s, and it would take the faults of
+    every kernel after it; CUPTI never delivers the same record again), a unified-memory record's
+    value still counts in the totals but it is not kept for attribution by time."""
+    if not _timed(kind, rec):
+        c.incomplete += 1
+        if kind == "kernel":
+            return
+        keep = False
     if kind == "fault":
         c.faults += int(rec["value"])
         c.fault_groups += 1
@@ -180,10 +201,14 @@ class CuptiMonitor:
             self._flush_thread = threading.Thread(target=self._flusher, name="pagecast-cupti-flush", daemon=True)
             self._flush_thread.start()
 
-    def poll(self) -> UvmCounts:
-        """Flush what CUPTI holds and return the running totals (not from inside a CUPTI callback)."""
+    def poll(self, force: bool = False) -> UvmCounts:
+        """Flush what CUPTI holds and return the running totals (not from inside a CUPTI callback).
+
+        By default only buffers whose records are all complete are delivered (flag 0); `force`
+        delivers every buffer (flag 1), which may hold unfinished records: only once the GPU is
+        idle (after a synchronize) does a forced flush lose nothing."""
         if self._started:
-            self._c.activity_flush_all(1)
+            self._c.activity_flush_all(1 if force else 0)
             self._count_cupti_dropped()
         with self._lock:
             return self._counts
@@ -209,13 +234,17 @@ class CuptiMonitor:
     def _flusher(self) -> None:
         # records arrive in buffers; with `live` (feedback) they are wanted during the run,
         # so flush from this thread: flushing inside a launch callback could re-enter CUPTI
+        # The default flush (flag 0) delivers only buffers whose records are all complete; a forced
+        # one here would hand over kernels still running, with start = end = 0.
         while not self._stop_flush.wait(self.FLUSH_EVERY_S):
             try:
-                self._c.activity_flush_all(1)
+                self._c.activity_flush_all(0)
             except Exception:  # noqa: BLE001
                 pass
 
     def stop(self) -> UvmCounts:
+        """Stop counting: a forced flush of what is left (call it after a synchronize, so that
+        every record is complete; one that is not is counted in `incomplete` and dropped)."""
         if not self._started:
             return self._counts
         c = self._c
