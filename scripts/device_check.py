@@ -558,9 +558,10 @@ def render(results: list[Result], rows: list[dict], unreadable: int, env_text: s
                   f"{_g(r, 'faults')} faults, complete={_g(r, 'complete')}"]
         elif t == "collect-cupti-facts":
             o = r.get("obs") if isinstance(r.get("obs"), dict) else {}
-            keys = ("hook", "cuFuncGetParamCount(CUkernel cast)", "cuFuncGetParamInfo(CUkernel cast, 1)",
-                    "cuKernelGetParamCount(CUkernel)", "cuFuncIsLoaded before launch", "uvm_counters", "um_kinds",
-                    "faults", "dropped", "torch_calls", "errors")
+            keys = ("hook", "layout(CUfunction)", "layout(CUkernel)", "cuModuleLoadData", "cuLibraryLoadData",
+                    "fatal", "cuFuncIsLoaded before launch", "uvm_counters", "uvm_counters_enabled",
+                    "uvm_counters_refused", "um_kinds", "faults", "faults_after_host_read", "dropped",
+                    "torch_calls", "errors")
             L += ["", "## CUPTI facts the collector relies on (tests/test_collect_gpu.py probe)", "",
                   f"- probe exit code {_g(r, 'exit_code')}"] + [f"- {k}: `{o.get(k)}`" for k in keys]
         elif t == "collect-refuse-oversubscription":
