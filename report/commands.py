@@ -67,8 +67,8 @@ class ExportCommand(Command):
 
         out = check_output_file(args.output, args.force, "timeline.pftrace")
         cfg = PerfettoExportConfig(input=Path(args.input), output=out, force=args.force,
-                                   policies=parse_list(args.policy) if args.policy else None,
-                                   workloads=parse_list(args.workload) if args.workload else None)
+                                   policies=parse_list(args.policy, "--policy") if args.policy else None,
+                                   workloads=parse_list(args.workload, "--workload") if args.workload else None)
         with console.progress("exporting", None) as bar:
             res = export_perfetto(cfg, progress=bar)
         if args.json:

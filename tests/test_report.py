@@ -157,7 +157,7 @@ def test_trace_report_has_plots_and_numbers(toy_trace, trace_html):
 
     html = trace_html.read_text()
     assert _figure_titles(html) == ["Fault scatter: time against virtual address", "Faults and migrated bytes over time",
-                                    "Footprint per kernel", "Allocation map"]
+                                    "Bytes touched per kernel", "Allocation map"]
     assert len(_images(html)) == 4
     assert 'data:image/png' in html            # the fault scatter is a raster
     _check_every_figure_explained(html)
