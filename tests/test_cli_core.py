@@ -261,3 +261,27 @@ def test_names_the_terminal_cannot_encode_are_escaped(hand_trace):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert b"k\\xb5\\xe9" in r.stdout
+
+
+def test_every_command_takes_json():
+    """README: every command prints exactly one JSON document with --json (`report` took none)."""
+    import argparse
+    from pagecast.cli import build_parser
+
+    def leaves(p, path):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield " ".join(path), p
+        for s in subs:
+            for n, sp in s.choices.items():
+                yield from leaves(sp, path + [n])
+
+    missing = [name for name, p in leaves(build_parser(), []) if not any("--json" in a.option_strings for a in p._actions)]
+    assert missing == []
+
+
+def test_report_json(hand_trace, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(hand_trace), "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "trace" and doc["output"] == str(out) and doc["bytes"] == out.stat().st_size > 0
