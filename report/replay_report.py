@@ -126,7 +126,8 @@ def _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate: bo
         if annotate:
             for p, y in zip(pos, ys):
                 ax.annotate(f"{y:.3g}{'x' if ykey == 'speedup_vs_demand' else ''}", (p, y),
-                            textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[lab])
+                            textcoords="offset points", xytext=(4, 4) if j % 2 else (-4, -10),
+                            ha="left" if j % 2 else "right", fontsize=7, color=colours[lab])
     ax.set_xticks(range(len(xs)), [x_tick(x, use_oversub) for x in xs])
     ax.set_xlim(-0.5, len(xs) - 0.5)
     if log:
