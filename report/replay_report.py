@@ -88,10 +88,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 DODGE = 0.1   # policies' points are drawn this far apart (in category widths) so equal values stay visible
 
 
-def _x_values(rows: list[dict], use_oversub: bool) -> list[float]:
-    return sorted({x for r in rows if (x := _x_of(r, use_oversub)) is not None})
-
-
 def x_tick(x: float, use_oversub: bool) -> str:
     """A tick at a datum: oversubscription as the percent it is (2 -> 200%), a capacity in GiB."""
     return f"{100 * x:.4g}%" if use_oversub else f"{x:.3g}"
@@ -137,8 +133,7 @@ def _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate: bo
         ax.yaxis.set_minor_formatter(NullFormatter())
     if ykey == "speedup_vs_demand":
         ax.axhline(1.0, color="#555", lw=0.8, ls="--")
-    share = share_of_oracle(rows, use_oversub)
-    if share:
+    if share := share_of_oracle(rows, use_oversub):
         ax.text(0.02, 0.97, "template = " + " · ".join(f"{100 * v:.0f}%" for _, v in share) + " of oracle",
                 transform=ax.transAxes, va="top", fontsize=fontsize or 8, color="#333")
 
@@ -151,7 +146,7 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
     log = log_scale(rows, ykey) if len(workloads) <= 1 else log_scale(rows + geomean_rows(rows, labels), ykey)
     ylabel = ("speedup over demand paging (x)" if have_speedup else "run time (s)") + (", log scale" if log else "")
     xlabel = "oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)"
-    xs = _x_values(rows, use_oversub)
+    xs = sorted({x for r in rows if (x := _x_of(r, use_oversub)) is not None})
     title = "Speedup per policy against oversubscription" if have_speedup else "Run time per policy"
     look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
             "oracle; the gap usually widens as oversubscription grows. Each policy's points are nudged sideways "

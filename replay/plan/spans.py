@@ -8,6 +8,7 @@ from a simulator function), or None to plan at the first span without trials.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import numpy as np
@@ -84,6 +85,15 @@ def unit_touches(fp: F.Footprints, gran: int) -> int:
     return int((e - s).sum())
 
 
+def needs_fingerprint(n: Needs) -> tuple:
+    """Sizes and a 128-bit hash of a Needs' steps and units: choose_span's test that a wider span named
+    nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (n.ptr, n.unit):
+        h.update(np.ascontiguousarray(a, dtype=I64))
+    return len(n.ptr), len(n.unit), h.hexdigest()
+
+
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
 
 
@@ -106,7 +116,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     the plan's `front` and `faulted` say which. When `needs` are the truth, the
     winning trial run is the run itself (the simulator then does not run it again)."""
     best = None
-    tried: list[Needs] = []
+    tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
     block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
     for k, span in enumerate(spans):
@@ -116,6 +126,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
         if span == "fitted":
             if block is not None and profile is not None:
                 sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
+                block = None   # read by nothing after this: its needs go unless its plan is the best so far
             elif last:
                 sn = span_needs(needs, span, w, cap_units, profile)
             else:
@@ -124,9 +135,10 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             sn = span_needs(needs, span, w)
         if tried and len(sn.unit) > limit and not last:
             continue
-        if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
+        fp = needs_fingerprint(sn)
+        if fp in tried:
             continue  # widening added nothing: the same plan
-        tried.append(sn)
+        tried.append(fp)
         # launches larger than memory: also the plan that brings their front in first
         tries = fronts if trial is not None and len(sn.ptr) > 1 and \
             int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
