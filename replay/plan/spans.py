@@ -12,6 +12,7 @@ import hashlib
 from typing import Any, Callable
 
 import numpy as np
+from numba import njit
 
 from pagecast import footprints as F
 
@@ -48,6 +49,9 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
     step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
     if span == "block":
         u = w.universe
+        ptr, units = widen_to_blocks(needs.ptr, needs.unit, u.block_lo, u.block_hi)
+        if ptr is not None:
+            return Needs(ptr, units)
         lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
@@ -63,6 +67,57 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
         np.cumsum(np.bincount(key // m, minlength=n), out=ptr[1:])
         return Needs(ptr, (key % m).astype(I64))
     raise ValueError(f"unknown plan span {span!r}; known: {', '.join(PLAN_SPANS)}")
+
+
+def widen_to_blocks(ptr: np.ndarray, unit: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray):
+    """Each step's units widened to the whole blocks they lie in: (ptr, units), or (None, None)
+    where a step's units are not ascending (then the caller merges intervals). Blocks are runs of
+    consecutive ids, ascending with the ids (unit_space.Universe), so ascending units meet their
+    blocks in order and a step's blocks are written as met: two passes over the units (count,
+    then write), memory for the result only (the interval merge sorted copies of every use:
+    what the block span of 10^6 launches peaked on)."""
+    out_ptr = _blocks_count(ptr, unit.astype(I64, copy=False), block_lo, block_hi)
+    if out_ptr[0] < 0:
+        return None, None
+    return out_ptr, _blocks_fill(ptr, unit.astype(I64, copy=False), block_lo, block_hi, out_ptr)
+
+
+@njit(cache=True)
+def _blocks_count(ptr, unit, block_lo, block_hi):
+    n = len(ptr) - 1
+    out = np.zeros(n + 1, np.int64)
+    for s in range(n):
+        c = 0
+        hi = -1
+        prev = -1
+        for k in range(ptr[s], ptr[s + 1]):
+            x = unit[k]
+            if x < prev:
+                out[0] = -1   # not ascending
+                return out
+            prev = x
+            if block_lo[x] >= hi:
+                hi = block_hi[x]
+                c += hi - block_lo[x]
+        out[s + 1] = out[s] + c
+    return out
+
+
+@njit(cache=True)
+def _blocks_fill(ptr, unit, block_lo, block_hi, out_ptr):
+    n = len(ptr) - 1
+    out = np.empty(out_ptr[n], np.int64)
+    for s in range(n):
+        j = out_ptr[s]
+        hi = -1
+        for k in range(ptr[s], ptr[s + 1]):
+            x = unit[k]
+            if block_lo[x] >= hi:
+                hi = block_hi[x]
+                for v in range(block_lo[x], hi):
+                    out[j] = v
+                    j += 1
+    return out
 
 
 def alloc_needs(w: Workload) -> Needs:
