@@ -127,15 +127,15 @@ def _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate: bo
     ax.set_xticks(range(len(xs)), [x_tick(x, use_oversub) for x in xs])
     ax.set_xlim(-0.5, len(xs) - 0.5)
     if log:
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))   # a labelled tick inside every panel's range
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
     if ykey == "speedup_vs_demand":
         ax.axhline(1.0, color="#555", lw=0.8, ls="--")
-    if share := share_of_oracle(rows, use_oversub):
-        ax.text(0.02, 0.97, "template = " + " · ".join(f"{100 * v:.0f}%" for _, v in share) + " of oracle",
-                transform=ax.transAxes, va="top", fontsize=fontsize or 8, color="#333")
+    share = share_of_oracle(rows, use_oversub)   # under the panel's title (inside, it covered the points)
+    return ("template = " + " · ".join(f"{100 * v:.0f}%" for _, v in share) + " of oracle") if share else ""
 
 
 def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
@@ -150,17 +150,17 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
     title = "Speedup per policy against oversubscription" if have_speedup else "Run time per policy"
     look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
             "oracle; the gap usually widens as oversubscription grows. Each policy's points are nudged sideways "
-            "so equal values stay visible; the text in a panel gives template's speed as a share of oracle's "
+            "so equal values stay visible; each panel's title gives template's speed as a share of oracle's "
             "(oracle's time / template's) at each oversubscription." if have_speedup else
             "No 'demand' run was among the policies, so speedups are unknown; lower run time is better.")
     note = ("every panel on one logarithmic y scale (the values span more than 20x)" if log
             else "every panel on a linear y scale")
     if len(workloads) <= 1:
         fig, ax = plt.subplots(figsize=(FIG_W, 4.6))
-        _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate=len(labels) <= 6, log=log)
+        share = _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate=len(labels) <= 6, log=log)
         ax.set_ylabel(ylabel)
         ax.set_xlabel(xlabel)
-        ax.set_title(title)
+        ax.set_title(title + (f"\n{share}" if share else ""))
         ax.legend(loc="lower right")
         return figure(fig, title, look, note=note)
     # several workloads: the geometric mean first, then one small panel per workload
@@ -174,11 +174,11 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
         panels.append((w, [r for r in rows if r["_wl"] == w], False))
     ncol = 3
     nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_W, 0.8 + 2.5 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_W, 0.8 + 2.7 * nrow), squeeze=False)
     for ax, (name, prow, bold) in zip(axes.flat, panels):
-        _speedup_axes(ax, prow, labels, colours, xs, use_oversub, ykey, annotate=bold and len(labels) <= 6,
-                      log=log, fontsize=7)
-        ax.set_title(short(name, 40), fontsize=9, fontweight="bold" if bold else "normal")
+        share = _speedup_axes(ax, prow, labels, colours, xs, use_oversub, ykey, annotate=bold and len(labels) <= 6,
+                              log=log, fontsize=7)
+        ax.set_title(short(name, 40) + (f"\n{share}" if share else ""), fontsize=8, fontweight="bold" if bold else "normal")
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)

@@ -600,6 +600,6 @@ def test_replay_report_panels_readable(tmp_path):
     assert "first 11" not in html
     for tick in (">150%<", ">200%<", ">300%<"):
         assert tick in svg
-    assert svg.count("template = 100% · 100% · 100% of oracle") == 12
+    assert svg.count("template = 100% · 100% · 100% of oracle") == 12   # under each panel's title
     assert "log scale" in svg and "one logarithmic y scale" in html
     assert ">1.6<" not in svg
