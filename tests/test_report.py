@@ -170,7 +170,7 @@ def test_trace_report_has_plots_and_numbers(toy_trace, trace_html):
     for k in KERNELS:
         assert k in html
     svg = _svg_texts(html)
-    for label in ("GPU page faults per ms", "migrated GB/s", "footprint summed over launches (MiB)",
+    for label in ("GPU page faults per ms", "migrated GB/s", "bytes touched, summed over launches (MiB)",
                   "launch id (bar: first to last launch"):
         assert label in svg
     assert "every fault record drawn" in html
