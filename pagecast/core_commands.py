@@ -44,7 +44,9 @@ class SummaryCommand(Command):
             ("faults", f"{s['faults']:,} in {s['fault_records']:,} records"),
             ("migrations", f"{s['migrations']:,}: " + ", ".join(
                 f"{k} {format_size(v)}" for k, v in s["migrated_bytes"].items())),
-            ("footprint", f"{format_size(s['footprint_bytes'])} ({s['footprint_source']}; page {s['page_size']} B)"),
+            ("footprint", f"{format_size(s['footprint_bytes'])} distinct ({s['footprint_source']};"
+                          f" page {s['page_size']} B)"),
+            ("touched", f"{format_size(s['touched_bytes'])} summed over launches"),
             ("time span", "n/a" if span is None else f"{span / 1e6:,.3f} ms"),
         ]
         v = s.get("values")
@@ -58,11 +60,12 @@ class SummaryCommand(Command):
         out = console.stdout()
         out.print(t)
         if s["top_kernels"]:
-            k = Table(title="kernels by footprint")
-            for c in ("kernel", "launches", "footprint"):
+            k = Table(title="kernels by bytes touched")
+            for c in ("kernel", "launches", "touched (sum over launches)", "footprint (distinct)"):
                 k.add_column(c, justify="right" if c != "kernel" else "left", overflow="fold")
             for r in s["top_kernels"]:
-                k.add_row(r["kernel"], f"{r['launches']:,}", format_size(r["footprint_bytes"]))
+                k.add_row(r["kernel"], f"{r['launches']:,}", format_size(r["touched_bytes"]),
+                          format_size(r["footprint_bytes"]))
             out.print(k)
         return 0
 

@@ -39,7 +39,7 @@ from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import compute_times
 from pagecast.report.pivot import make_pivot, means_line, pivot_table
 from pagecast.report.render import write_report
-from pagecast.trace import MANIFEST, prepare_output_dir, read_trace
+from pagecast.trace import LAZY_TABLES, MANIFEST, prepare_output_dir, read_trace
 
 DEMO_FORMAT = "pagecast-demo"
 SCALE = 0.2
@@ -218,7 +218,7 @@ def replay_case(label: str, paths: list[str], policies: list[str], oversub: list
                 model_path: str):
     """One demo case (a workload alone or a mix) at every oversubscription: (runs, timeline).
     Module-level so that a spawned process can run it."""
-    traces = [read_trace(p) for p in paths]
+    traces = [read_trace(p, lazy=LAZY_TABLES) for p in paths]   # records read a row group at a time
     cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
     return replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=load_model(model_path),
                       model_path=model_path, workload_name=label)

@@ -1,4 +1,9 @@
-"""The numbers `pagecast summary` prints (and reports reuse)."""
+"""The numbers `pagecast summary` prints (and reports reuse).
+
+Two sizes are kept apart by name: a *footprint* is the distinct pages touched (the union over
+launches: what `--oversub` divides), *touched* bytes are summed over launches (a page that n
+launches touch counts n times: the traffic a launch-by-launch demand pager would see at worst).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from . import trace as T
-from .footprints import footprints
+from .footprints import footprints, merge_intervals
 
 
 def _span(*cols) -> tuple[int | None, int | None]:
@@ -38,10 +43,14 @@ def trace_summary(trace: T.Trace, top: int = 10) -> dict:
         names = L.column(T.KERNEL).to_numpy(zero_copy_only=False)
         uniq, inv = np.unique(names, return_inverse=True)
         counts = np.bincount(inv)
-        fbytes = np.bincount(inv, weights=pages) * ps
-        order = np.argsort(-fbytes, kind="stable")[:top]
-        kernels = [{"kernel": str(uniq[i]), "launches": int(counts[i]),
-                    "footprint_bytes": int(fbytes[i])} for i in order]
+        touched = np.bincount(inv, weights=pages) * ps
+        # each kernel's footprint: the distinct pages its launches touch (the union, as the trace's)
+        k_of = inv[fp.launch_of_interval()].astype(np.int64)
+        _, us, ue = merge_intervals(k_of, fp.start, fp.end, len(uniq))
+        distinct = np.bincount(_, weights=ue - us, minlength=len(uniq)) * ps
+        order = np.argsort(-touched, kind="stable")[:top]
+        kernels = [{"kernel": str(uniq[i]), "launches": int(counts[i]), "touched_bytes": int(touched[i]),
+                    "footprint_bytes": int(distinct[i])} for i in order]
     alloc_kinds = {}
     if A.num_rows:
         for row in A.group_by(T.KIND).aggregate([(T.BYTES, "sum"), (T.BYTES, "count")]).to_pylist():
@@ -66,7 +75,7 @@ def trace_summary(trace: T.Trace, top: int = 10) -> dict:
         "migrated_bytes_by_cause": by_cause,
         "footprint_source": fp.source,
         "footprint_bytes": fp.union_pages() * ps,
-        "footprint_bytes_per_launch_sum": fp.total_pages() * ps,
+        "touched_bytes": fp.total_pages() * ps,   # summed over launches: a page n launches touch counts n times
         "has_truth": trace.truth is not None,
         "time_span_ns": (hi - lo) if lo is not None else None,
         "top_kernels": kernels,

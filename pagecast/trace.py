@@ -360,6 +360,31 @@ class Trace:
     values_report: dict = field(default_factory=dict)
 
     @property
+    def lazy(self) -> dict[str, list[Path]]:
+        """Tables left on disk by read_trace(lazy=...): name -> their part files. `batches(name)`
+        reads them row group by row group; the attribute (trace.faults, ...) reads the whole table
+        the first time it is asked for, so code that wants all of it still gets all of it. Not a
+        field: a copy (dataclasses.replace) holds what it was given."""
+        return self.__dict__.setdefault("_lazy", {})
+
+    def batches(self, name: str, columns: Iterable[str] | None = None) -> Iterable[pa.Table]:
+        """Table `name` piece by piece, in stored order, each piece conformed to the schema and
+        checked as read_trace checks the whole table: from disk one Parquet row group at a time
+        when the table was read lazily (memory: one row group), else slices of the loaded table.
+        `columns` narrows what is read (the schema's order)."""
+        cols = None if columns is None else [f.name for f in SCHEMAS[name] if f.name in set(columns)]
+        if name in self.lazy:
+            yield from _iter_parts(self.path, name, self.lazy[name], cols)
+            return
+        t = getattr(self, name) if name in REQUIRED_TABLES or name == TRUTH else self.extra.get(name)
+        if t is None:
+            return
+        if cols is not None:
+            t = t.select(cols)
+        for off in range(0, t.num_rows, BATCH_ROWS):
+            yield t.slice(off, BATCH_ROWS)
+
+    @property
     def page_size(self) -> int:
         return int(self.manifest["page_size"])
 
@@ -445,6 +470,63 @@ class Trace:
         return h.hexdigest()[:32]
 
 
+BATCH_ROWS = 1 << 20   # rows per piece of Trace.batches for a table already in memory
+LAZY_TABLES = (FAULTS, MIGRATIONS)   # the tables read_trace may leave on disk (the records: most of a trace's bytes)
+DERIVED = "_derived_"   # prefix of what readers keep in a Trace's __dict__, made from its records
+
+
+def _lazy_table(name: str) -> property:
+    """Trace.<name> for a table that may have been left on disk: read whole, once, when asked for."""
+    slot = "_" + name
+
+    def get(self: "Trace") -> pa.Table:
+        if name in self.lazy:   # (a damaged part raises TraceError here, and again if asked again)
+            self.__dict__[slot] = _concat(list(_iter_parts(self.path, name, self.lazy[name], None)), name)
+            del self.lazy[name]
+        return self.__dict__[slot]
+
+    def put(self: "Trace", value: pa.Table) -> None:
+        self.__dict__[slot] = value
+        self.lazy.pop(name, None)
+        for k in [k for k in self.__dict__ if k.startswith(DERIVED)]:
+            del self.__dict__[k]   # made from the records: made again from the new ones
+
+    return property(get, put)
+
+
+for _name in LAZY_TABLES:
+    setattr(Trace, _name, _lazy_table(_name))
+
+
+def _concat(tables: list[pa.Table], name: str) -> pa.Table:
+    if not tables:
+        return SCHEMAS[name].empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | None) -> Iterable[pa.Table]:
+    """A lazily read table's row groups, each conformed to the schema and checked (_check_table)."""
+    schema = SCHEMAS[name]
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    for part in parts:
+        try:
+            pf = pq.ParquetFile(part)
+            have = set(pf.schema_arrow.names)
+            want = None if columns is None else [c for c in columns if c in have]
+            groups = range(pf.num_row_groups)
+        except Exception as e:  # pyarrow raises several kinds for a damaged file
+            raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
+        for g in groups:
+            try:
+                t = pf.read_row_group(g, columns=want)
+            except Exception as e:
+                raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
+            t = _conform(t, schema, NULLABLE[name], part)
+            _check_table(path, name, t)
+            yield t
+
+
 PAGE_SIZE_MIN, PAGE_SIZE_MAX = 512, 1 << 21   # bytes; x86-64 UVM pages are 4096
 
 
@@ -509,21 +591,32 @@ def is_trace(path: str | os.PathLike) -> bool:
 
 
 def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
-               validate: bool = True) -> Trace:
+               validate: bool = True, lazy: Iterable[str] = ()) -> Trace:
     """Read and validate a trace directory.
 
     `tables` limits which tables are loaded (the rest are empty); the
     manifest is always checked. Raises TraceError naming the file and problem.
-    An incomplete trace reads, with a TraceWarning.
+    An incomplete trace reads, with a TraceWarning. `lazy` (some of LAZY_TABLES)
+    leaves those tables on disk: `Trace.batches` streams them one row group at a
+    time, checked as they are read (a damaged part raises TraceError then), and
+    the attribute reads the whole table when first asked for.
     """
     path = Path(path)
     manifest = read_manifest(path)
     wanted = set(tables) if tables is not None else None
+    lazy = set(lazy)
+    if lazy - set(LAZY_TABLES):
+        raise ValueError(f"only {', '.join(LAZY_TABLES)} can be read lazily")
     loaded: dict[str, pa.Table] = {}
+    later: dict[str, list[Path]] = {}
     for name in REQUIRED_TABLES:
         tdir = path / name
         if not tdir.is_dir():
             raise TraceError(f"{tdir}: required table {name!r} is missing")
+        if name in lazy and (wanted is None or name in wanted):
+            later[name] = _part_files(tdir)
+            loaded[name] = SCHEMAS[name].empty_table()
+            continue
         loaded[name] = (_read_table(tdir, name) if wanted is None or name in wanted
                         else SCHEMAS[name].empty_table())
     truth = None
@@ -537,6 +630,7 @@ def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
             else:
                 extra[name] = t
     trace = Trace(path=path, manifest=manifest, truth=truth, extra=extra, **loaded)
+    trace.lazy.update(later)
     if validate:
         _validate(trace)
     if not trace.complete:
@@ -545,8 +639,12 @@ def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
     return trace
 
 
+def _part_files(tdir: Path) -> list[Path]:
+    return sorted(p for p in tdir.glob(PART_GLOB) if not p.name.startswith("."))
+
+
 def _read_table(tdir: Path, name: str) -> pa.Table:
-    parts = sorted(p for p in tdir.glob(PART_GLOB) if not p.name.startswith("."))
+    parts = _part_files(tdir)
     schema = SCHEMAS[name]
     tables = []
     for part in parts:
@@ -610,27 +708,36 @@ def ranges_wrap(address, nbytes) -> bool:
     return bool((np.asarray(address).astype(np.uint64) > np.uint64(2**64 - 1) - b).any())
 
 
+def _check_table(p: Path, name: str, table: pa.Table) -> None:
+    """The checks of one table (or one piece of it) that need no other table: enumerations,
+    positive columns, ranges inside the address space (columns it does not hold are skipped)."""
+    if not table.num_rows:
+        return
+    have = set(table.column_names)
+    for (tname, col), allowed in ENUMS.items():
+        if tname == name and col in have:
+            values = pc.unique(table.column(col)).to_pylist()
+            bad = sorted(set(values) - set(allowed))
+            if bad:
+                raise TraceError(f"{p / name}: column {col!r} has unknown values {bad[:3]};"
+                                 f" expected one of {', '.join(allowed)}")
+    for (tname, col) in POSITIVE:
+        if tname == name and col in have:
+            mn = pc.min(table.column(col)).as_py()
+            if mn is not None and mn <= 0:
+                raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
+    if ADDRESS in have and BYTES in have:
+        if ranges_wrap(table.column(ADDRESS).to_numpy(zero_copy_only=False),
+                       table.column(BYTES).to_numpy(zero_copy_only=False)):
+            raise TraceError(f"{p / name}: a range (address + bytes) runs past the end of the address space")
+
+
 def _validate(trace: Trace) -> None:
-    p = trace.path
-    for name, table in trace.tables().items():
-        if name not in SCHEMAS:
-            continue
-        for (tname, col), allowed in ENUMS.items():
-            if tname == name and table.num_rows:
-                values = pc.unique(table.column(col)).to_pylist()
-                bad = sorted(set(values) - set(allowed))
-                if bad:
-                    raise TraceError(f"{p / name}: column {col!r} has unknown values {bad[:3]};"
-                                     f" expected one of {', '.join(allowed)}")
-        for (tname, col) in POSITIVE:
-            if tname == name and table.num_rows:
-                mn = pc.min(table.column(col)).as_py()
-                if mn is not None and mn <= 0:
-                    raise TraceError(f"{p / name}: column {col!r} must be > 0, found {mn}")
-        if ADDRESS in table.column_names and BYTES in table.column_names and table.num_rows:
-            if ranges_wrap(table.column(ADDRESS).to_numpy(zero_copy_only=False),
-                           table.column(BYTES).to_numpy(zero_copy_only=False)):
-                raise TraceError(f"{p / name}: a range (address + bytes) runs past the end of the address space")
+    for name in [*REQUIRED_TABLES, TRUTH, *trace.extra]:
+        if name in SCHEMAS and name not in trace.lazy:   # a lazy table is checked as it is read
+            table = trace.table(name)
+            if table is not None:
+                _check_table(trace.path, name, table)
     _validate_launches(trace)
     _validate_allocations(trace)
     _validate_truth(trace)

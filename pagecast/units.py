@@ -50,22 +50,25 @@ def format_size(nbytes: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def parse_list(text: str) -> list[str]:
-    """Split a comma-separated list, dropping empty items."""
+def parse_list(text: str, name: str = "list") -> list[str]:
+    """Split a comma-separated list; an empty item ("2,,3", a trailing comma) is a usage error
+    naming it, never dropped: the user meant something there."""
     items = [t.strip() for t in str(text).split(",")]
-    items = [t for t in items if t]
-    if not items:
-        raise UsageError(f"empty list: {text!r}")
+    if not any(items):
+        raise UsageError(f"empty list for {name}: {text!r}")
+    if not all(items):
+        k = items.index("")
+        raise UsageError(f"{name} {text!r}: item {k + 1} of {len(items)} is empty")
     return items
 
 
-def parse_size_list(text: str) -> list[int]:
-    return [parse_size(t) for t in parse_list(text)]
+def parse_size_list(text: str, name: str = "--capacity") -> list[int]:
+    return [parse_size(t) for t in parse_list(text, name)]
 
 
 def parse_float_list(text: str, name: str = "value") -> list[float]:
     out = []
-    for t in parse_list(text):
+    for t in parse_list(text, name):
         try:
             out.append(float(t))
         except ValueError:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from . import trace as T
 from .allocations import AllocIndex
-from .footprints import attribute_by_time
+from .footprints import LaunchClock
 from .uvm import BIG_PAGE
 
 I64 = np.int64
@@ -243,25 +243,28 @@ def image(trace: T.Trace) -> ValueImage:
 def _writes(trace: T.Trace) -> np.ndarray:
     """Sorted keys big_page * (n + 1) + launch of the trace's observed writes (write/atomic faults),
     made once per Trace object (the simulator's runner asks `producers` at every indexed launch)."""
-    keys = trace.__dict__.get("_value_writes")
+    keys = trace.__dict__.get(T.DERIVED + "value_writes")
     if keys is None:
-        keys = trace.__dict__["_value_writes"] = _observed_writes(trace)
+        keys = trace.__dict__[T.DERIVED + "value_writes"] = _observed_writes(trace)
     return keys
 
 
 def _observed_writes(trace: T.Trace) -> np.ndarray:
-    f = trace.faults
+    """Read piece by piece (Trace.batches: a row group at a time when the trace was read lazily)."""
     n = trace.n_launches
-    if f.num_rows == 0:
-        return np.zeros(0, I64)
-    w = pc.is_in(f.column(T.ACCESS), value_set=pa.array(WRITES)).to_numpy(zero_copy_only=False)
-    if not w.any():
-        return np.zeros(0, I64)
-    f = f.filter(pa.array(w))
-    lid = attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
-    bp = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(BIG_PAGE)).astype(I64)
-    ok = lid >= 0
-    return np.unique(bp[ok] * (n + 1) + lid[ok])
+    clock = None
+    keys = []
+    for f in trace.batches(T.FAULTS, (T.TIME_NS, T.ADDRESS, T.ACCESS, T.LAUNCH_ID)):
+        w = pc.is_in(f.column(T.ACCESS), value_set=pa.array(WRITES)).to_numpy(zero_copy_only=False)
+        if not w.any():
+            continue
+        f = f.filter(pa.array(w))
+        clock = clock or LaunchClock(trace)
+        lid = clock.attribute(f.column(T.LAUNCH_ID), f.column(T.TIME_NS))
+        bp = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(BIG_PAGE)).astype(I64)
+        ok = lid >= 0
+        keys.append(np.unique(bp[ok] * (n + 1) + lid[ok]))
+    return np.unique(np.concatenate(keys)) if keys else np.zeros(0, I64)
 
 
 def _latest_write(keys: np.ndarray, n: int, bp0: np.ndarray, bp1: np.ndarray, before: np.ndarray) -> np.ndarray:

@@ -86,9 +86,26 @@ class FitCommand(Command):
                          + (f"; {s['unexplained_launches']:,} launch footprints left unexplained"
                             if s["unexplained_launches"] else "")
                          + (f" (records dropped: {', '.join(lost)})" if lost else ""))
-        t0 = args.traces[0]
-        console.wrote(out, "model", f"pagecast evaluate {out} {t0}   or   pagecast plan {out} {t0} --oversub 2 -o plan")
+        console.wrote(out, "model", next_after_fit(out, traces))
         return 0
+
+
+def next_after_fit(model_path, traces) -> str:
+    """The next commands after `fit`: evaluate (and plan) on a trace the model was *not* fitted on;
+    a score on the training trace says how well the model remembers, not how well it predicts.
+    For traces `datasets make` wrote, the command that makes a held-out one (the next seed)."""
+    test = "TEST.pctrace"
+    wl = [t.manifest.get("workload") or {} for t in traces]
+    names = {w.get("name") for w in wl}
+    seeds = [w.get("seed") for w in wl]
+    make = ""
+    if traces and all(t.manifest.get("source") == "synthetic" for t in traces) and len(names) == 1 \
+            and None not in names and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        scale = wl[0].get("scale")
+        sc = f" --scale {scale:g}" if isinstance(scale, (int, float)) and not isinstance(scale, bool) else ""
+        make = f"pagecast datasets make {names.pop()}{sc} --seed {max(seeds) + 1} -o {test}   then   "
+    return (f"{make}pagecast evaluate {model_path} {test}   or   pagecast plan {model_path} {test} --oversub 2 -o plan"
+            f"   ({test}: a run the model was not fitted on)")
 
 
 class PredictCommand(Command):

@@ -18,14 +18,12 @@ formulas and must agree launch for launch (the tests compare them).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pagecast import footprints as FP
 from pagecast import trace as T
@@ -267,18 +265,14 @@ def _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc: _Acc)
     """Per (kernel, allocation), in launch order: predict the union of what earlier launches touched."""
 
 
-    # observed pages of the launches that asked only (faults without a launch id are kept:
-    # they are attributed by time)
-    ids = pa.array(np.unique(np.concatenate(fb_l)))
-    sub = {}
-    for name in (T.FAULTS, T.MIGRATIONS):
-        t = getattr(trace, name)
-        if t.num_rows:
-            lid = t.column(T.LAUNCH_ID)
-            t = t.filter(pc.or_kleene(pc.is_in(lid, value_set=ids), pc.is_null(lid)))
-        sub[name] = t
-    obs = FP.observed_footprints(dataclasses.replace(trace, **sub))
-    okey, os_, oe = split_by_alloc(index, trace.page_size, obs.launch_of_interval(), obs.start, obs.end)
+    # observed pages of the launches that asked only (records without a launch id attributed by
+    # time), from the trace's observed footprints: made once per trace (every model and capacity
+    # the simulator predicts with shares them), read piece by piece (FP.observed_footprints)
+    ids = np.unique(np.concatenate(fb_l))
+    obs = FP.observed_footprints(trace)
+    o_l = obs.launch_of_interval()
+    mine = np.isin(o_l, ids)
+    okey, os_, oe = split_by_alloc(index, trace.page_size, o_l[mine], obs.start[mine], obs.end[mine])
     nA = max(index.n, 1)
     out_l, out_s, out_e = [], [], []
     req = []

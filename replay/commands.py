@@ -118,7 +118,8 @@ class PlanCommand(Command):
         if cap is not None and cap <= 0:
             raise UsageError(f"--capacity must be > 0, not {args.capacity}")
         model = load_model(args.model)
-        trace = read_trace(args.trace).require_launches("plan").require_argument_bytes("plan")
+        from pagecast.trace import LAZY_TABLES
+        trace = read_trace(args.trace, lazy=LAZY_TABLES).require_launches("plan").require_argument_bytes("plan")
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span)
         with console.progress("planning", None):
@@ -175,7 +176,7 @@ class ReplayCommand(Command):
 
         from .policies import check_policies
 
-        args.policy = check_policies(parse_list(args.policy))
+        args.policy = check_policies(parse_list(args.policy, "--policy"))
         args.capacity = None if args.capacity is None else _size_list(args.capacity)
         args.oversub = None if args.oversub is None else parse_float_list(args.oversub, "--oversub")
         wl = list(args.workload or [])
@@ -226,7 +227,9 @@ class ReplayCommand(Command):
 
         from .sim.sweep import replay_sim
 
-        traces = [read_trace(t).require_launches("replay") for t in args.traces]
+        from pagecast.trace import LAZY_TABLES
+        # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
+        traces = [read_trace(t, lazy=LAZY_TABLES).require_launches("replay") for t in args.traces]
         for p in sorted(ARG_POLICIES.intersection(args.policy)):   # they read pointer arguments
             for t in traces:
                 t.require_argument_bytes(f"policy {p}")

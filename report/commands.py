@@ -23,18 +23,21 @@ class ReportCommand(Command):
         p.add_argument("--model", metavar="MODEL", default=None,
                        help="a model (pagecast fit): report its precision and recall on the trace")
         p.add_argument("--force", action="store_true", help="overwrite an existing output")
+        p.add_argument("--json", action="store_true", help="print what was written as one JSON document")
 
     def run(self, args: argparse.Namespace) -> int:
         from pagecast import console
         from pagecast.errors import OutputExistsError
 
-        from .render import write_report
-        from pathlib import Path
+        from .render import detect_kind, write_report
 
         out = Path(args.output)
         if out.exists() and not args.force:  # before any slow work
             raise OutputExistsError(out)
         path = write_report(args.input, out, model=args.model, force=args.force)
+        if args.json:
+            console.emit_json({"output": str(path), "input": str(args.input), "model": args.model,
+                               "kind": detect_kind(args.input, args.model), "bytes": path.stat().st_size})
         console.wrote(path, "report", f"open {path} in a browser")
         return 0
 
@@ -67,8 +70,8 @@ class ExportCommand(Command):
 
         out = check_output_file(args.output, args.force, "timeline.pftrace")
         cfg = PerfettoExportConfig(input=Path(args.input), output=out, force=args.force,
-                                   policies=parse_list(args.policy) if args.policy else None,
-                                   workloads=parse_list(args.workload) if args.workload else None)
+                                   policies=parse_list(args.policy, "--policy") if args.policy else None,
+                                   workloads=parse_list(args.workload, "--workload") if args.workload else None)
         with console.progress("exporting", None) as bar:
             res = export_perfetto(cfg, progress=bar)
         if args.json:

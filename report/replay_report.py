@@ -24,7 +24,7 @@ MAX_STALL_POINTS = 3000     # above this many launches per run, stall per launch
 STALL_BINS = 200
 GANTT_BINS = 900            # time bins of the multitask timeline when launches are denser than pixels
 MAX_GANTT_PANELS = 4
-MAX_WORKLOAD_PANELS = 11    # speedup panels (plus the geometric mean) when results hold several workloads
+MAX_WORKLOAD_PANELS = 23    # speedup panels (plus the geometric mean: 8 rows of 3) when results hold several workloads
 MAX_TABLE_ROWS = 40         # longer run tables are folded
 POLICY_ORDER = ["demand", "alloc", "prefetch", "lru", "fifo", "swap", "runner", "template", "plan", "history", "oracle"]
 
@@ -84,26 +84,58 @@ def geomean_rows(rows: list[dict], labels: list[str]) -> list[dict]:
     return out
 
 
-def _speedup_axes(ax, rows, labels, colours, use_oversub, ykey, annotate: bool, fontsize=None):
-    for lab in labels:
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+DODGE = 0.1   # policies' points are drawn this far apart (in category widths) so equal values stay visible
+
+
+def x_tick(x: float, use_oversub: bool) -> str:
+    """A tick at a datum: oversubscription as the percent it is (2 -> 200%), a capacity in GiB."""
+    return f"{100 * x:.4g}%" if use_oversub else f"{x:.3g}"
+
+
+def log_scale(rows: list[dict], ykey: str) -> bool:
+    """One scale for every panel of a figure: log when the values span more than 20x."""
+    ys = [r.get(ykey) for r in rows if r.get(ykey)]
+    return bool(ys) and max(ys) / max(min(ys), 1e-12) > 20
+
+
+def share_of_oracle(rows: list[dict], use_oversub: bool) -> list[tuple[float, float]]:
+    """(x, template's speed as a share of oracle's: oracle's time / template's) where both ran."""
+    t = {_x_of(r, use_oversub): r.get("time_s") for r in rows if r["_label"] == "template"}
+    o = {_x_of(r, use_oversub): r.get("time_s") for r in rows if r["_label"] == "oracle"}
+    return [(x, o[x] / t[x]) for x in sorted(k for k in t if k in o and k is not None) if t[x] and o[x]]
+
+
+def _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate: bool, log: bool, fontsize=None):
+    n = len(labels)
+    for j, lab in enumerate(labels):
         pts = sorted((_x_of(r, use_oversub), r.get(ykey)) for r in rows
                      if r["_label"] == lab and _x_of(r, use_oversub) is not None and r.get(ykey) is not None)
         if not pts:
             continue
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", ms=4 if fontsize else 6, label=lab, color=colours[lab], lw=1.6)
+        x, ys = zip(*pts)
+        # categorical positions at the data, each policy nudged sideways: equal speedups (template
+        # on oracle) are two markers side by side, not one hidden under the other
+        pos = [xs.index(v) + (j - (n - 1) / 2) * DODGE for v in x]
+        ax.plot(pos, ys, marker=MARKERS[j % len(MARKERS)], ms=4 if fontsize else 6, label=lab, color=colours[lab],
+                lw=1.4, mfc="white" if j % 2 else colours[lab], mew=1.3)
         if annotate:
-            for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.3g}{'x' if ykey == 'speedup_vs_demand' else ''}", (x, y),
-                            textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[lab])
-    ys_all = [r.get(ykey) for r in rows if r.get(ykey)]
-    if ys_all and max(ys_all) / max(min(ys_all), 1e-12) > 20:
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+            for p, y in zip(pos, ys):
+                ax.annotate(f"{y:.3g}{'x' if ykey == 'speedup_vs_demand' else ''}", (p, y),
+                            textcoords="offset points", xytext=(4, 4) if j % 2 else (-4, -10),
+                            ha="left" if j % 2 else "right", fontsize=7, color=colours[lab])
+    ax.set_xticks(range(len(xs)), [x_tick(x, use_oversub) for x in xs])
+    ax.set_xlim(-0.5, len(xs) - 0.5)
+    if log:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))   # a labelled tick inside every panel's range
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
     if ykey == "speedup_vs_demand":
         ax.axhline(1.0, color="#555", lw=0.8, ls="--")
+    share = share_of_oracle(rows, use_oversub)   # under the panel's title (inside, it covered the points)
+    return ("template = " + " · ".join(f"{100 * v:.0f}%" for _, v in share) + " of oracle") if share else ""
 
 
 def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
@@ -111,36 +143,42 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
     use_oversub = any(r.get("oversub") is not None for r in rows)
     have_speedup = any(r.get("speedup_vs_demand") is not None for r in rows)
     ykey = "speedup_vs_demand" if have_speedup else "time_s"
-    ylabel = "speedup over demand paging (x)" if have_speedup else "run time (s)"
-    xlabel = "oversubscription (footprint / GPU capacity; 2 = 200%)" if use_oversub else "GPU capacity (GiB)"
+    log = log_scale(rows, ykey) if len(workloads) <= 1 else log_scale(rows + geomean_rows(rows, labels), ykey)
+    ylabel = ("speedup over demand paging (x)" if have_speedup else "run time (s)") + (", log scale" if log else "")
+    xlabel = "oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)"
+    xs = sorted({x for r in rows if (x := _x_of(r, use_oversub)) is not None})
     title = "Speedup per policy against oversubscription" if have_speedup else "Run time per policy"
     look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
-            "oracle; the gap usually widens as oversubscription grows." if have_speedup else
+            "oracle; the gap usually widens as oversubscription grows. Each policy's points are nudged sideways "
+            "so equal values stay visible; each panel's title gives template's speed as a share of oracle's "
+            "(oracle's time / template's) at each oversubscription." if have_speedup else
             "No 'demand' run was among the policies, so speedups are unknown; lower run time is better.")
-    note = ""
+    note = ("every panel on one logarithmic y scale (the values span more than 20x)" if log
+            else "every panel on a linear y scale")
     if len(workloads) <= 1:
         fig, ax = plt.subplots(figsize=(FIG_W, 4.6))
-        _speedup_axes(ax, rows, labels, colours, use_oversub, ykey, annotate=len(labels) <= 6)
+        share = _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate=len(labels) <= 6, log=log)
         ax.set_ylabel(ylabel)
         ax.set_xlabel(xlabel)
-        ax.set_title(title)
-        ax.legend(loc="best")
-        return figure(fig, title, look)
+        ax.set_title(title + (f"\n{share}" if share else ""))
+        ax.legend(loc="lower right")
+        return figure(fig, title, look, note=note)
     # several workloads: the geometric mean first, then one small panel per workload
     panels: list[tuple[str, list[dict], bool]] = []
     if have_speedup and use_oversub:
         panels.append((f"geometric mean over {len(workloads)} workloads", geomean_rows(rows, labels), True))
     shown = workloads[:MAX_WORKLOAD_PANELS]
     if len(workloads) > len(shown):
-        note = f"the first {len(shown)} of {len(workloads)} workloads have a panel; the table lists all"
+        note += f"; the first {len(shown)} of {len(workloads)} workloads have a panel, the table lists all"
     for w in shown:
         panels.append((w, [r for r in rows if r["_wl"] == w], False))
     ncol = 3
     nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_W, 0.8 + 2.5 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_W, 0.8 + 2.7 * nrow), squeeze=False)
     for ax, (name, prow, bold) in zip(axes.flat, panels):
-        _speedup_axes(ax, prow, labels, colours, use_oversub, ykey, annotate=bold and len(labels) <= 6, fontsize=7)
-        ax.set_title(short(name, 40), fontsize=9, fontweight="bold" if bold else "normal")
+        share = _speedup_axes(ax, prow, labels, colours, xs, use_oversub, ykey, annotate=bold and len(labels) <= 6,
+                              log=log, fontsize=7)
+        ax.set_title(short(name, 40) + (f"\n{share}" if share else ""), fontsize=8, fontweight="bold" if bold else "normal")
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
@@ -151,10 +189,12 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
     for ax in axes[-2, :] if nrow > 1 else []:
         if ax.get_visible() and not axes[-1, list(axes[-2, :]).index(ax)].get_visible():
             ax.set_xlabel(xlabel, fontsize=8)
-    handles = [plt.Line2D([], [], color=colours[lab], marker="o", label=lab) for lab in labels]
+    handles = [plt.Line2D([], [], color=colours[lab], marker=MARKERS[j % len(MARKERS)], label=lab,
+                          mfc="white" if j % 2 else colours[lab], mew=1.3) for j, lab in enumerate(labels)]
     fig.legend(handles=handles, loc="upper center", ncol=min(len(labels), 6), bbox_to_anchor=(0.5, 1.0),
                frameon=False)
-    fig.suptitle(title + (", per workload" if len(workloads) > 1 else ""), fontweight="bold", y=1.04)
+    fig.suptitle(title + (", per workload" if len(workloads) > 1 else "") + (" (log scale)" if log else ""),
+                 fontweight="bold", y=1.04)
     fig.tight_layout()
     return figure(fig, title, look, note=note)
 
@@ -184,7 +224,7 @@ def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str], wor
         d = np.array([(by_x[x].get("dtoh_bytes") or 0) / div if x in by_x else 0 for x in xs])
         ax.bar(pos, h, w * 0.95, color=colours[lab], label=f"{lab}")
         ax.bar(pos, d, w * 0.95, bottom=h, color=colours[lab], alpha=0.45, hatch="//", edgecolor="white", lw=0)
-    ax.set_xticks(np.arange(len(xs)), [f"{x:g}x" if use_oversub else f"{x:.3g}" for x in xs])
+    ax.set_xticks(np.arange(len(xs)), [x_tick(x, use_oversub) for x in xs])
     ax.set_xlabel("oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)")
     ax.set_ylabel(f"bytes moved ({unit}); solid host→device, hatched device→host")
     ax.set_title("Bytes moved per policy" + (f", summed over {len(workloads)} workloads" if len(workloads) > 1 else ""))
@@ -398,7 +438,8 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
     if best is not None:
         nums.append(("best " + ("geometric-mean " if multi else "") + "speedup",
                      f"{best['speedup_vs_demand']:.3g}x ({best['_label']} at "
-                     f"{_fmt(best.get('oversub'), 'g')}x oversub)"))
+                     + (f"{x_tick(best['oversub'], True)} oversubscription)" if best.get("oversub") is not None
+                        else "—)")))
     if not multi:
         tasks = list(dict.fromkeys(t for r in rows for t in (r.get("tasks") or [])))
         if tasks:
@@ -407,7 +448,7 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
     if geo:
         xs = sorted({g["oversub"] for g in geo})
         by = {(g["_label"], g["oversub"]): g["speedup_vs_demand"] for g in geo}
-        summ.add_table(["policy"] + [f"{x:g}x oversub" for x in xs],
+        summ.add_table(["policy"] + [f"{x_tick(x, True)} oversub" for x in xs],
                        [[lab] + [(f"{by[(lab, x)]:.3g}x" if (lab, x) in by else "—") for x in xs] for lab in labels],
                        caption=f"Speedup over demand paging, geometric mean over {len(workloads)} workloads",
                        numeric=[False] + [True] * len(xs))
@@ -441,7 +482,7 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
         cap_rows = [r for r, _ in runs_tl]
         ov = cap_rows[0].get("oversub") if cap_rows else None
         cap_label = ((f"{wl}, " if multi else "") + (f"capacity {format_size(cap)}" if cap is not None else "all runs")
-                     + (f", {ov:g}x oversubscribed" if ov is not None else ""))
+                     + (f", {x_tick(ov, True)} oversubscribed" if ov is not None else ""))
         if runs_tl:
             tl_sec.intro = (f"Shown for the most oversubscribed capacity ({cap_label}), where the policies "
                             "differ most" + (f"; of the {len(workloads)} workloads, the one with most tasks. The "

@@ -138,8 +138,8 @@ def summary_section(trace: T.Trace, s: dict) -> Section:
         ("migrations", f"{s['migrations']:,}"),
         ("host→device", format_size(mig.get("htod", 0))),
         ("device→host", format_size(mig.get("dtoh", 0))),
-        ("footprint (union)", format_size(s["footprint_bytes"])),
-        ("footprint (sum over launches)", format_size(s["footprint_bytes_per_launch_sum"])),
+        ("footprint (distinct pages)", format_size(s["footprint_bytes"])),
+        ("touched (sum over launches)", format_size(s["touched_bytes"])),
         ("time span", "n/a" if span is None else f"{span / 1e6:,.3f} ms"),
     ])
     dev = trace.manifest.get("device") or {}
@@ -164,9 +164,10 @@ def summary_section(trace: T.Trace, s: dict) -> Section:
     if not s["complete"]:
         sec.add_text("This trace is incomplete.", "warn")
     if s["top_kernels"]:
-        sec.add_table(["kernel", "launches", "footprint (sum over launches)"],
-                      [(k["kernel"], f"{k['launches']:,}", format_size(k["footprint_bytes"])) for k in s["top_kernels"]],
-                      caption="Kernels by footprint", numeric=[False, True, True], code_cols=(0,))
+        sec.add_table(["kernel", "launches", "touched (sum over launches)", "footprint (distinct pages)"],
+                      [(k["kernel"], f"{k['launches']:,}", format_size(k["touched_bytes"]),
+                        format_size(k["footprint_bytes"])) for k in s["top_kernels"]],
+                      caption="Kernels by bytes touched", numeric=[False, True, True, True], code_cols=(0,))
     return sec
 
 
@@ -334,7 +335,7 @@ def footprint_per_kernel(trace: T.Trace, s_top: list[dict]):
     if not top:
         ax.text(0.5, 0.5, "no launches", ha="center", transform=ax.transAxes)
     else:
-        vals = np.array([k["footprint_bytes"] for k in top], np.float64)
+        vals = np.array([k["touched_bytes"] for k in top], np.float64)
         div, unit = size_unit(vals.max())
         y = np.arange(len(top))[::-1]
         ax.barh(y, vals / div, color=PALETTE[0], alpha=0.85)
@@ -343,10 +344,10 @@ def footprint_per_kernel(trace: T.Trace, s_top: list[dict]):
             ax.text(v / div, yi, f"  {k['launches']:,} launches, {format_size(v / max(k['launches'], 1))}/launch",
                     va="center", fontsize=7, color="#333")
         ax.set_xlim(0, vals.max() / div * 1.35)
-        ax.set_xlabel(f"footprint summed over launches ({unit})")
+        ax.set_xlabel(f"bytes touched, summed over launches ({unit})")
     ax.set_ylabel("kernel")
-    ax.set_title(f"Footprint per kernel (top {len(top)}) — {trace.name}")
-    return figure(fig, "Footprint per kernel",
+    ax.set_title(f"Bytes touched per kernel (top {len(top)}) — {trace.name}")
+    return figure(fig, "Bytes touched per kernel",
                   "The few kernels at the top move most of the data: their templates matter most for prefetching.")
 
 

@@ -34,9 +34,20 @@ def test_parse_size_roundtrip(n, unit):
 
 def test_format_size_and_lists():
     assert format_size(1536) == "1.5 KiB" and format_size(12) == "12 B"
-    assert parse_list("demand, template,,oracle") == ["demand", "template", "oracle"]
+    assert parse_list("demand, template ,oracle") == ["demand", "template", "oracle"]
     with pytest.raises(UsageError):
         parse_list(" , ")
+    for bad in ("demand,,oracle", "demand,", ",demand"):   # an empty item is an error, never dropped
+        with pytest.raises(UsageError, match="is empty"):
+            parse_list(bad, "--policy")
+
+
+def test_empty_list_item_exits_2(tmp_path, capsys):
+    """`--oversub "2,,3"`: exit 2 with one line naming the empty item (it was dropped silently)."""
+    from pagecast.cli import main
+    rc = main(["replay", str(tmp_path / "none.pctrace"), "--policy", "demand", "--oversub", "2,,3"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--oversub '2,,3': item 2 of 3 is empty" in err
 
 
 def test_summary_json(hand_trace, capsys):
@@ -54,6 +65,28 @@ def test_summary_table(hand_trace, capsys):
     assert main(["summary", str(hand_trace)]) == 0
     out = capsys.readouterr().out
     assert "_Z4vaddPfPKfi" in out and "launches" in out
+    # the union and the per-launch sum have different names (both were "footprint")
+    assert "footprint (distinct)" in out and "touched (sum over launches)" in out and "summed over launches" in out
+
+
+def test_summary_footprint_and_touched_apart(hand_trace, capsys):
+    from pagecast.footprints import footprints
+    from pagecast.trace import read_trace
+    assert main(["summary", str(hand_trace), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    fp = footprints(read_trace(hand_trace))
+    (k,) = s["top_kernels"]   # one kernel: its footprint is the trace's, its bytes touched the trace's
+    assert s["touched_bytes"] == fp.total_pages() * 4096 >= s["footprint_bytes"] == fp.union_pages() * 4096
+    assert k["footprint_bytes"] == s["footprint_bytes"] and k["touched_bytes"] == s["touched_bytes"]
+
+
+def test_fit_suggests_a_held_out_trace(tmp_path, capsys):
+    """fit's next step evaluates on a trace it was not fitted on (it named the training trace)."""
+    from pagecast.datasets.registry import make_trace
+    tr = make_trace("jacobi2d", tmp_path / "train.pctrace", scale=0.05, seed=4)
+    assert main(["fit", str(tr), "-o", str(tmp_path / "m.json")]) == 0
+    nxt = capsys.readouterr().err.split("next:")[1]
+    assert str(tr) not in nxt and "--seed 5" in nxt and "pagecast evaluate" in nxt
 
 
 def test_query_views(hand_trace, capsys):
@@ -228,3 +261,27 @@ def test_names_the_terminal_cannot_encode_are_escaped(hand_trace):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert b"k\\xb5\\xe9" in r.stdout
+
+
+def test_every_command_takes_json():
+    """README: every command prints exactly one JSON document with --json (`report` took none)."""
+    import argparse
+    from pagecast.cli import build_parser
+
+    def leaves(p, path):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield " ".join(path), p
+        for s in subs:
+            for n, sp in s.choices.items():
+                yield from leaves(sp, path + [n])
+
+    missing = [name for name, p in leaves(build_parser(), []) if not any("--json" in a.option_strings for a in p._actions)]
+    assert missing == []
+
+
+def test_report_json(hand_trace, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(hand_trace), "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "trace" and doc["output"] == str(out) and doc["bytes"] == out.stat().st_size > 0

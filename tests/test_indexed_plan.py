@@ -250,3 +250,18 @@ def test_the_planner_also_tries_the_indexed_regions_without_their_values(gather)
     assert all(table_units(whole, s) == n_table for s in steps)
     assert all(table_units(plain, s) == 0 for s in steps)
     assert all(table_units(plain, s) < table_units(whole, s) for s in steps)
+
+
+def test_replay_of_records_left_on_disk_equals_replay_of_loaded_ones(gather, tmp_path):
+    """`pagecast replay` reads a trace's records a row group at a time (read_trace(lazy=...)) and shares
+    the predictions every capacity plans on; runs equal those of the whole trace in memory, on a trace
+    whose template uses index values (observed writes, the history fallback, the value alternatives)."""
+    d, traces, model = gather
+    p = traces[2].path
+    pol = ["demand", "template", "oracle"]
+    a, _ = replay_sim([T.read_trace(p)], pol, oversub=[1.5, 3.0], model=model, timeline=False)
+    lazy = T.read_trace(p, lazy=T.LAZY_TABLES)
+    b, _ = replay_sim([lazy], pol, oversub=[1.5, 3.0], model=model, timeline=False)
+    keys = ("policy", "oversub", "time_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes", "plan_span")
+    assert [[r.get(k) for k in keys] for r in a] == [[r.get(k) for k in keys] for r in b]
+    assert set(lazy.lazy) == {T.FAULTS, T.MIGRATIONS}   # the records were never loaded whole

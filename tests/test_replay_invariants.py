@@ -815,3 +815,30 @@ def test_the_planner_brings_a_large_launchs_front_in_first_only_where_that_runs_
     ctx = R.new_context(w, cu, P.Options(), profile=prof)
     assert UnitOracle().prefetch(ctx).front == front_wins
     assert R.run_policy(w, UnitOracle(), cu, prof, P.Options()).end[-1] == pytest.approx(min(t.values()), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_block_span_in_two_passes_equals_the_interval_merge(data):
+    """spans.widen_to_blocks (the block span without sorting every use) against the peer it replaced:
+    each step's blocks as merged intervals, expanded."""
+    import numpy as np
+
+    from pagecast import footprints as F
+    from pagecast.replay.plan.spans import widen_to_blocks
+    sizes = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=12))   # consecutive ids per block
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    n_units = int(bounds[-1])
+    block = np.repeat(np.arange(len(sizes)), sizes)
+    lo, hi = bounds[block].astype(np.int64), bounds[block + 1].astype(np.int64)
+    steps = data.draw(st.lists(st.sets(st.integers(0, n_units - 1), max_size=n_units), min_size=1, max_size=8))
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in steps])]).astype(np.int64)
+    unit = np.array([u for x in steps for u in sorted(x)], np.int64)
+    got_ptr, got = widen_to_blocks(ptr, unit, lo, hi)
+    step = np.repeat(np.arange(len(steps)), np.diff(ptr))
+    lid, s, e = F.merge_intervals(step, lo[unit], hi[unit], len(steps))
+    want_ptr = np.zeros(len(steps) + 1, np.int64)
+    np.cumsum(np.bincount(lid, weights=e - s, minlength=len(steps)).astype(np.int64), out=want_ptr[1:])
+    assert np.array_equal(got_ptr, want_ptr) and np.array_equal(got, F.expand_intervals(s, e))
+    if len(unit) > 1 and len(set(unit[:2])) == 2 and step[0] == step[1]:   # not ascending: the caller merges
+        assert widen_to_blocks(ptr, np.r_[unit[1], unit[0], unit[2:]], lo, hi) == (None, None)

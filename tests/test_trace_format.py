@@ -238,3 +238,110 @@ def test_warning_category_is_not_an_error(hand_trace):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         T.read_trace(hand_trace)  # complete traces read silently
+
+
+# ---- records left on disk, read a row group at a time (read_trace(lazy=...)) ------------------
+
+def _many_parts_trace(path, n_launches=40, n_faults=3000, part_rows=500, seed=0):
+    """A trace whose faults and migrations lie in several parts, a third of the faults without a
+    launch id (attributed by time)."""
+    rng = np.random.default_rng(seed)
+    m = T.new_manifest(workload={"name": "parts"})
+    L = {T.LAUNCH_ID: np.arange(n_launches), T.KERNEL: ["k"] * n_launches, T.DEVICE: np.zeros(n_launches, np.int32),
+         T.STREAM: np.zeros(n_launches), **{c: np.ones(n_launches, np.int32) for c in T.GRID_COLUMNS},
+         T.SHARED_MEM_BYTES: np.zeros(n_launches, np.int32), T.START_NS: np.arange(n_launches) * 1000,
+         T.END_NS: np.arange(n_launches) * 1000 + 900, T.PARAM_OFFSETS: [[]] * n_launches,
+         T.PARAM_SIZES: [[]] * n_launches, T.PARAM_DATA: [b""] * n_launches}
+    lid = rng.integers(0, n_launches, n_faults)
+    known = rng.random(n_faults) < 0.66
+    F = {T.TIME_NS: lid * 1000 + rng.integers(0, 900, n_faults),
+         T.ADDRESS: (BASE + rng.integers(0, 4096, n_faults) * 4096).astype(np.uint64),
+         T.COUNT: np.ones(n_faults, np.int32), T.ACCESS: rng.choice(["read", "write"], n_faults),
+         T.DEVICE: np.zeros(n_faults, np.int32), T.LAUNCH_ID: pa.array(np.where(known, lid, 0), mask=~known)}
+    nm = n_faults // 10
+    ml = rng.integers(0, n_launches, nm)
+    M = {T.START_NS: ml * 1000 + 5, T.END_NS: ml * 1000 + 50,
+         T.ADDRESS: (BASE + rng.integers(0, 4096, nm) * 4096).astype(np.uint64),
+         T.BYTES: rng.integers(1, 64, nm) * 4096, T.DIRECTION: ["htod"] * nm,
+         T.CAUSE: rng.choice(["coherence", "prefetch", "user"], nm), T.LAUNCH_ID: ml}
+    A = {T.ALLOC_ID: [0], T.ADDRESS: np.array([BASE], np.uint64), T.BYTES: [4096 * 4096], T.KIND: ["managed"],
+         T.DEVICE: [0], T.FIRST_LAUNCH: [0], T.LAST_LAUNCH: [None]}
+    with T.TraceWriter(path, m, part_rows=part_rows) as w:
+        w.append(T.LAUNCHES, L)
+        w.append(T.ALLOCATIONS, A)
+        for k in range(0, n_faults, part_rows):
+            w.append(T.FAULTS, {c: v[k:k + part_rows] for c, v in F.items()})
+        for k in range(0, nm, 100):
+            w.append(T.MIGRATIONS, {c: v[k:k + 100] for c, v in M.items()})
+    return path
+
+
+def test_lazy_records_read_by_row_group_match_eager(tmp_path, monkeypatch):
+    import pagecast.values as V
+    from pagecast import footprints as FP
+    p = _many_parts_trace(tmp_path / "p.pctrace")
+    assert len(list((p / T.FAULTS).glob("*.parquet"))) == 6
+    eager = T.read_trace(p)
+    lazy = T.read_trace(p, lazy=T.LAZY_TABLES)
+    assert set(lazy.lazy) == {T.FAULTS, T.MIGRATIONS}
+    pieces = list(lazy.batches(T.FAULTS, [T.ADDRESS, T.LAUNCH_ID]))
+    assert len(pieces) == 6 and all(b.column_names == [T.ADDRESS, T.LAUNCH_ID] for b in pieces)
+    assert pa.concat_tables(pieces).equals(eager.faults.select([T.ADDRESS, T.LAUNCH_ID]))
+    assert T.FAULTS in lazy.lazy   # streaming read nothing into the trace
+    # footprints and observed writes from pieces equal those from the whole table, in one piece or many
+    monkeypatch.setattr(T, "BATCH_ROWS", 7)
+    for prefetch in (False, True):
+        a, b = FP.observed_footprints(eager, include_prefetch=prefetch), FP.observed_footprints(
+            lazy, include_prefetch=prefetch)
+        for x in (a, b):
+            assert np.array_equal(x.indptr, a.indptr) and np.array_equal(x.start, a.start)
+            assert np.array_equal(x.end, a.end)
+        assert a.total_pages() > 0
+    assert np.array_equal(V._observed_writes(eager), V._observed_writes(lazy))
+    # the attribute still gives the whole table, read once when first asked for
+    assert lazy.faults.equals(eager.faults) and T.FAULTS not in lazy.lazy
+    assert lazy.migrations.equals(eager.migrations)
+
+
+def test_observed_footprints_in_pieces_equal_one_piece(tmp_path, monkeypatch):
+    """Merging each piece's intervals before the next is read changes nothing (peer: one piece)."""
+    from pagecast import footprints as FP
+    p = _many_parts_trace(tmp_path / "p.pctrace", n_faults=5000, seed=3)
+    one = FP._observed(T.read_trace(p), False)            # the loaded table in one piece
+    monkeypatch.setattr(T, "BATCH_ROWS", 13)
+    many = FP._observed(T.read_trace(p), False)           # the same table in pieces of 13 rows
+    assert np.array_equal(one.indptr, many.indptr) and np.array_equal(one.start, many.start)
+    assert np.array_equal(one.end, many.end)
+
+
+def test_replacing_records_drops_what_was_made_from_them(tmp_path):
+    from pagecast import footprints as FP
+    p = _many_parts_trace(tmp_path / "p.pctrace")
+    t = T.read_trace(p, lazy=T.LAZY_TABLES)
+    before = FP.observed_footprints(t).total_pages()
+    t.faults = t.faults.slice(0, 10)
+    t.migrations = T.SCHEMAS[T.MIGRATIONS].empty_table()
+    assert FP.observed_footprints(t).total_pages() <= 10 < before
+
+
+@pytest.mark.parametrize("damage,expect", [
+    (lambda p: (p / "faults" / "part-00002.parquet").write_bytes(b"PAR1garbage"), "unreadable Parquet part"),
+    (lambda p: pq.write_table(pq.read_table(p / "faults" / "part-00003.parquet").set_column(
+        3, "access", pa.array(["sideways"] * 500)), p / "faults" / "part-00003.parquet"), "unknown values"),
+])
+def test_lazy_records_are_checked_as_read(tmp_path, capsys, damage, expect):
+    """A damaged part of a lazily read table is one line (TraceError) when it is read, as it is eagerly."""
+    from pagecast import footprints as FP
+    p = _many_parts_trace(tmp_path / "p.pctrace")
+    damage(p)
+    with pytest.raises(TraceError, match=expect):
+        T.read_trace(p)
+    t = T.read_trace(p, lazy=T.LAZY_TABLES)     # nothing read yet
+    with pytest.raises(TraceError, match=expect) as e:
+        list(t.batches(T.FAULTS))
+    assert str(p / "faults") in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(TraceError, match=expect):
+        _ = t.faults                              # the whole table, as the eager reader would
+    if "unknown" not in expect:                   # (a column a reader does not read is not checked by it)
+        with pytest.raises(TraceError, match=expect):
+            FP.observed_footprints(T.read_trace(p, lazy=T.LAZY_TABLES))

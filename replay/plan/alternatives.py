@@ -47,9 +47,19 @@ def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> l
     plain = w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])
     alts = [plain]
     for cls in ("irregular", "allocation"):
-        blind = without_indexed(model, cls)
-        alts.append(w.needs_from([predicted_gated(blind, t, fallback)[0] for t in traces]))
+        alts.append(w.needs_from(blind_predictions(w, model, cls, traces, fallback)))
     return alts
+
+
+def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> list:
+    """The footprints `without_indexed(model, cls)` predicts for `traces`, made once per workload and
+    kept in `w.extra` (every capacity of a sweep plans on them: the predictions are the costly part,
+    a Python pass per kernel; the intervals kept are small beside the needs made from them per run)."""
+    key = ("blind", id(model), cls, fallback, tuple(id(t) for t in traces))
+    if key not in w.extra:
+        blind = without_indexed(model, cls)
+        w.extra[key] = (model, [predicted_gated(blind, t, fallback)[0] for t in traces])   # model held: id stays its
+    return w.extra[key][1]
 
 
 def best_plan(w: Workload, first: tuple, alternatives: list[Needs], cap_units: int, spans, fronts,

@@ -8,9 +8,11 @@ from a simulator function), or None to plan at the first span without trials.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import numpy as np
+from numba import njit
 
 from pagecast import footprints as F
 
@@ -47,6 +49,9 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
     step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
     if span == "block":
         u = w.universe
+        ptr, units = widen_to_blocks(needs.ptr, needs.unit, u.block_lo, u.block_hi)
+        if ptr is not None:
+            return Needs(ptr, units)
         lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
@@ -62,6 +67,57 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
         np.cumsum(np.bincount(key // m, minlength=n), out=ptr[1:])
         return Needs(ptr, (key % m).astype(I64))
     raise ValueError(f"unknown plan span {span!r}; known: {', '.join(PLAN_SPANS)}")
+
+
+def widen_to_blocks(ptr: np.ndarray, unit: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray):
+    """Each step's units widened to the whole blocks they lie in: (ptr, units), or (None, None)
+    where a step's units are not ascending (then the caller merges intervals). Blocks are runs of
+    consecutive ids, ascending with the ids (unit_space.Universe), so ascending units meet their
+    blocks in order and a step's blocks are written as met: two passes over the units (count,
+    then write), memory for the result only (the interval merge sorted copies of every use:
+    what the block span of 10^6 launches peaked on)."""
+    out_ptr = _blocks_count(ptr, unit.astype(I64, copy=False), block_lo, block_hi)
+    if out_ptr[0] < 0:
+        return None, None
+    return out_ptr, _blocks_fill(ptr, unit.astype(I64, copy=False), block_lo, block_hi, out_ptr)
+
+
+@njit(cache=True)
+def _blocks_count(ptr, unit, block_lo, block_hi):
+    n = len(ptr) - 1
+    out = np.zeros(n + 1, np.int64)
+    for s in range(n):
+        c = 0
+        hi = -1
+        prev = -1
+        for k in range(ptr[s], ptr[s + 1]):
+            x = unit[k]
+            if x < prev:
+                out[0] = -1   # not ascending
+                return out
+            prev = x
+            if block_lo[x] >= hi:
+                hi = block_hi[x]
+                c += hi - block_lo[x]
+        out[s + 1] = out[s] + c
+    return out
+
+
+@njit(cache=True)
+def _blocks_fill(ptr, unit, block_lo, block_hi, out_ptr):
+    n = len(ptr) - 1
+    out = np.empty(out_ptr[n], np.int64)
+    for s in range(n):
+        j = out_ptr[s]
+        hi = -1
+        for k in range(ptr[s], ptr[s + 1]):
+            x = unit[k]
+            if block_lo[x] >= hi:
+                hi = block_hi[x]
+                for v in range(block_lo[x], hi):
+                    out[j] = v
+                    j += 1
+    return out
 
 
 def alloc_needs(w: Workload) -> Needs:
@@ -82,6 +138,15 @@ def unit_touches(fp: F.Footprints, gran: int) -> int:
     """Units a footprint's launches touch in all (without expanding them)."""
     _, s, e = unit_intervals(fp, gran)
     return int((e - s).sum())
+
+
+def needs_fingerprint(n: Needs) -> tuple:
+    """Sizes and a 128-bit hash of a Needs' steps and units: choose_span's test that a wider span named
+    nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (n.ptr, n.unit):
+        h.update(np.ascontiguousarray(a, dtype=I64))
+    return len(n.ptr), len(n.unit), h.hexdigest()
 
 
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
@@ -106,7 +171,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     the plan's `front` and `faulted` say which. When `needs` are the truth, the
     winning trial run is the run itself (the simulator then does not run it again)."""
     best = None
-    tried: list[Needs] = []
+    tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
     block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
     for k, span in enumerate(spans):
@@ -116,6 +181,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
         if span == "fitted":
             if block is not None and profile is not None:
                 sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
+                block = None   # read by nothing after this: its needs go unless its plan is the best so far
             elif last:
                 sn = span_needs(needs, span, w, cap_units, profile)
             else:
@@ -124,9 +190,10 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             sn = span_needs(needs, span, w)
         if tried and len(sn.unit) > limit and not last:
             continue
-        if any(np.array_equal(sn.ptr, o.ptr) and np.array_equal(sn.unit, o.unit) for o in tried):
+        fp = needs_fingerprint(sn)
+        if fp in tried:
             continue  # widening added nothing: the same plan
-        tried.append(sn)
+        tried.append(fp)
         # launches larger than memory: also the plan that brings their front in first
         tries = fronts if trial is not None and len(sn.ptr) > 1 and \
             int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
