@@ -231,8 +231,8 @@ def main(argv=None) -> int:
     text = f"""# Results: the simulator's comparison beside MSched's
 
 Written by `python benchmarks/results.py --scale {args.scale} --costs {args.costs}{f" --drop {args.drop:g}" if args.drop else ""}` in {elapsed:.0f} s
-(do not edit by hand: rerun it). Every workload model of `pagecast datasets list` and
-MSched's three multitask mixes (`scientific`, `multi-dnn`, `multi-llm`), generated at scale
+(do not edit by hand: rerun it). Every workload model of `pagecast datasets list` but the
+validation suites' (`SUITES` in datasets/registry.py: docs/driver-validation.md) and MSched's three multitask mixes (`scientific`, `multi-dnn`, `multi-llm`), generated at scale
 {args.scale}; one model fitted on seeds 1 and 2 of every workload; replayed on seed 3 (a
 mix's second and third instance of a workload: seeds 13 and 23) at 150%, 200% and 300%
 oversubscription (capacity = union of the launches' footprints / ratio), cost profile
@@ -252,7 +252,11 @@ demand no policy can exceed (demand's time over the lower bound, computed withou
 docs/cost-model.md) and "bound / oracle" the lower bound as a share of oracle's time (100%:
 oracle is optimal); "MSched" is the speedup MSched reports over demand paging for that
 kind of mix at that oversubscription (RTX 5080; 11.05x / 9.35x / 7.52x on scientific and
-multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances).
+multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances). MSched's
+oversubscription is managed memory allocated over GPU memory, not the touched footprint: its
+pressures are "total memory allocation = 150% of HBM capacity" (200%, 300%) for the mixes (arXiv
+2512.24637 v2, sec. 7.2) and "allocated memory over 100%" in its micro-benchmark (sec. 7.1), as in
+ARIADNE (HPCA 2026, sec. VII-A: memory footprint / GPU memory size, footprint = the allocation).
 
 {chr(10).join(rows)}
 
