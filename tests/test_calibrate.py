@@ -180,6 +180,9 @@ def test_plan_never_exceeds_a_quarter_of_free_memory(free):
     sz = C.plan_sizes(free)
     assert sz["fault_bytes"] + 2 * sz["bulk_bytes"] <= free * C.MAX_FRACTION_OF_FREE
     assert len(sz["fault_ns"]) >= 2 and len(set(sz["bulk_sizes"])) >= 2
+    # page runs stay inside one block, at most half of it; block runs fit in the fault buffer
+    assert max(sz["page_ns"]) * C.BIG_PAGE <= C.VA_BLOCK // 2
+    assert len(set(sz["block_ns"])) >= 2 and max(sz["block_ns"]) * C.VA_BLOCK <= sz["fault_bytes"]
 
 
 def test_plan_refuses_an_almost_full_gpu():
