@@ -2,12 +2,12 @@
 
 ARIADNE (Shin et al., "ARIADNE: Adaptive UVM Management for Efficient GPU Memory
 Oversubscription", HPCA 2026, Table I) measures plain UVM on ten benchmarks from
-PolyBench/GPU, Rodinia, HeCBench and XSBench. Eight of them are modelled here, each
-with its kernels' real footprints (whole arrays, rows, tiles): 2DCONV, ATAX, BICG,
-GEMM, GESUMMV (ARIADNE's "GEMV"), MVT, HEL (HeCBench's Hellinger distance) and NW
-(Rodinia's Needleman-Wunsch wavefront). XSBench and BFS (data-dependent lookups) are
-not modelled. Each model runs its benchmark `iters` times (at least twice: a warm-up
-and a timed run), so a trace has launches that share pages.
+PolyBench/GPU, Rodinia, HeCBench and XSBench, all modelled here with their kernels'
+footprints (whole arrays, rows, tiles, lookups): 2DCONV, ATAX, BICG, GEMM, GESUMMV
+(ARIADNE's "GEMV"), MVT, HEL (HeCBench's Hellinger distance), NW (Rodinia's
+Needleman-Wunsch wavefront), XSBench's cross-section lookups and Rodinia's BFS (those two
+data-dependent: random energies, the graph). Each model runs its benchmark `iters` times
+(at least twice: a warm-up and a timed run), so a trace has launches that share pages.
 
 What the models cannot carry: the order in which a kernel's threads touch its
 footprint. A thread-per-row matrix-vector kernel (ATAX's first kernel, GESUMMV,
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import READWRITE, WRITE, Builder, Kernel, Range, Ranges, scaled
+from .engine import READ, READWRITE, WRITE, Builder, Kernel, Range, Ranges, scaled
 from .scientific import size_factor
 
 # A matrix side at scale 1: 8192 x 8192 float32 = 256 MiB per matrix.
@@ -180,6 +180,140 @@ def build_nw(b: Builder) -> None:
                      touches=[Ranges(ref, w, offs[keep], nb), Ranges(mat, w, offs[keep], nb, READWRITE)])
 
 
+# ---------------------------------------------------------------------------
+# Data-dependent benchmarks: what a launch touches follows random numbers or the graph, not its
+# arguments. Their touches are recorded per 4 KiB page (the unit the driver tracks).
+
+def _pages(buf, offsets: np.ndarray, which: np.ndarray | None = None):
+    """(launch index, page offset) pairs, unique, for byte offsets into buf (4 KiB pages, clipped)."""
+    pg = offsets // 4096
+    if which is None:
+        which = np.zeros(len(pg), np.int64)
+    key = np.unique(which.astype(np.int64) * (1 << 40) + pg)
+    w, p = key >> 40, key & ((1 << 40) - 1)
+    off = p * 4096
+    return w, off, np.minimum(4096, buf.bytes - off)
+
+
+XS_NUCS = np.array([34, 5, 4, 4, 27, 21, 11, 9, 3, 14, 3, 3])   # XSBench "small": nuclides per material
+XS_ISO = 68
+XS_MAT_P = np.array([0.140, 0.052, 0.275, 0.134, 0.154, 0.064, 0.066, 0.055, 0.008, 0.015, 0.025, 0.013])
+
+K_XS = Kernel("xs_lookup_kernel_baseline", [("num_nucs", "int*"), ("concs", "double*"), ("mats", "int*"),
+                                              ("unionized_energy_array", "double*"), ("index_grid", "int*"),
+                                              ("nuclide_grid", "double*"), ("verification", "unsigned long*"),
+                                              ("n_isotopes", "int"), ("n_gridpoints", "long"), ("lookups", "int")],
+              {"num_nucs": "linear", "concs": "linear", "mats": "linear", "unionized_energy_array": "irregular",
+               "index_grid": "irregular", "nuclide_grid": "irregular", "verification": "linear"})
+
+
+def build_xsbench(b: Builder) -> None:
+    """XSBench's event-based lookups: each finds a random energy on the unionized grid, reads that row
+    of the index grid and, for each nuclide of a random material, two points of that nuclide's grid."""
+    rng = b.rng
+    ng = scaled(7000 * size_factor(b.scale) * rng.uniform(0.9, 1.1), 1, minimum=64)
+    u = XS_ISO * ng
+    egrid, index = b.malloc(8 * u, "unionized_energy_array"), b.malloc(4 * u * XS_ISO, "index_grid")
+    ngrid = b.malloc(48 * XS_ISO * ng, "nuclide_grid")
+    nn, concs, mats = b.malloc(4 * 12, "num_nucs"), b.malloc(8 * 12 * XS_ISO, "concs"), b.malloc(4 * 12 * XS_ISO, "mats")
+    lookups = scaled(20000 * size_factor(b.scale), 1, minimum=1000)
+    verif = b.malloc(8 * lookups, "verification")
+    it = _iters(b)
+    ids = _ids(b, 1, it)
+    # materials' nuclides: fuel (0) has the first 34, the others a random subset
+    mat_nucs = [np.arange(XS_NUCS[0])] + [np.sort(rng.choice(XS_ISO, k, replace=False)) for k in XS_NUCS[1:]]
+    ws, eo, io, no = [], [], [], []
+    for r in range(it):
+        ui = rng.integers(0, u, lookups)
+        m = rng.choice(12, lookups, p=XS_MAT_P / XS_MAT_P.sum())
+        ws.append(np.full(lookups, r))
+        eo.append(8 * ui)
+        io.append(4 * ui * XS_ISO)
+        cnt = XS_NUCS[m]
+        nuc = np.concatenate([mat_nucs[k] for k in m])
+        gp = np.minimum(np.repeat(ui // XS_ISO, cnt), ng - 2)
+        no.append(np.stack([np.repeat(np.full(lookups, r), cnt), 48 * (nuc * ng + gp)]))
+    w = np.concatenate(ws)
+    touches = []
+    for buf, off, ww in ((egrid, np.concatenate(eo), w), (index, np.concatenate(io), w),
+                         (ngrid, np.concatenate([x[1] for x in no]), np.concatenate([x[0] for x in no]))):
+        pw, po, pn = _pages(buf, off, ww)
+        touches.append(Ranges(buf, pw, po, pn))
+    b.launch(K_XS, ids, {"num_nucs": nn.ptr(), "concs": concs.ptr(), "mats": mats.ptr(),
+                         "unionized_energy_array": egrid.ptr(), "index_grid": index.ptr(), "nuclide_grid": ngrid.ptr(),
+                         "verification": verif.ptr(), "n_isotopes": XS_ISO, "n_gridpoints": ng, "lookups": lookups},
+             grid=(-(-lookups // 256),), flops=200.0 * lookups,
+             touches=[*touches, Range(nn, 0, nn.bytes), Range(concs, 0, concs.bytes), Range(mats, 0, mats.bytes),
+                      Range(verif, 0, verif.bytes, WRITE)])
+
+
+K_BFS1 = Kernel("Kernel", [("g_graph_nodes", "int*"), ("g_graph_edges", "int*"), ("g_graph_mask", "bool*"),
+                           ("g_updating_graph_mask", "bool*"), ("g_graph_visited", "bool*"), ("g_cost", "int*"),
+                           ("no_of_nodes", "int")],
+                {"g_graph_nodes": "irregular", "g_graph_edges": "irregular", "g_graph_mask": "linear",
+                 "g_updating_graph_mask": "irregular", "g_graph_visited": "irregular", "g_cost": "irregular"})
+K_BFS2 = Kernel("Kernel2", [("g_graph_mask", "bool*"), ("g_updating_graph_mask", "bool*"),
+                            ("g_graph_visited", "bool*"), ("g_over", "bool*"), ("no_of_nodes", "int")],
+                {"g_graph_mask": "linear", "g_updating_graph_mask": "linear", "g_graph_visited": "linear",
+                 "g_over": "linear"})
+
+
+def build_bfs(b: Builder) -> None:
+    """Rodinia's BFS on a random graph (degrees 1-11, Rodinia's generator's range): per level, Kernel
+    expands the frontier (its nodes' edge lists, the neighbours' cost, visited and updating masks) and
+    Kernel2 folds the updating mask into the frontier."""
+    rng = b.rng
+    n = scaled((1 << 19) * size_factor(b.scale) * rng.uniform(0.9, 1.1), 1, minimum=4096)
+    deg = rng.integers(1, 12, n)
+    start = np.concatenate([[0], np.cumsum(deg)[:-1]])
+    e = int(deg.sum())
+    dst = rng.integers(0, n, e)
+    nodes, edges = b.malloc(8 * n, "g_graph_nodes"), b.malloc(4 * e, "g_graph_edges")
+    mask, upd, vis = (b.malloc(n, nm) for nm in ("g_graph_mask", "g_updating_graph_mask", "g_graph_visited"))
+    cost, over = b.malloc(4 * n, "g_cost"), b.malloc(4, "g_over")
+    it = _iters(b)
+    # the levels of one search from node 0
+    levels, seen, front = [], np.zeros(n, bool), np.array([0])
+    seen[0] = True
+    while len(front):
+        nb_ = np.repeat(start[front], deg[front]) + (np.arange(int(deg[front].sum()))
+                                                     - np.repeat(np.cumsum(deg[front]) - deg[front], deg[front]))
+        nbrs = dst[nb_]
+        levels.append((front, nb_, nbrs))
+        new = np.unique(nbrs[~seen[nbrs]])
+        seen[new] = True
+        front = new
+    nl = len(levels)
+    ids = _ids(b, 2 * nl, it)
+    lv = np.arange(nl)
+    k1 = (ids[:, None] + 2 * lv[None, :]).ravel()
+    k2 = k1 + 1
+    per = {}
+    for name, buf, size in (("nodes", nodes, 8), ("edges", edges, 4), ("cost", cost, 4), ("upd", upd, 1),
+                            ("vis", vis, 1)):
+        ws, os_ = [], []
+        for li, (front, nb_, nbrs) in enumerate(levels):
+            idx = {"nodes": front, "edges": nb_, "cost": nbrs, "upd": nbrs, "vis": np.concatenate([front, nbrs])}[name]
+            ws.append(np.full(len(idx), li))
+            os_.append(size * idx.astype(np.int64))
+        per[name] = _pages(buf, np.concatenate(os_), np.concatenate(ws))
+    for r in range(it):
+        sel = slice(r * nl, (r + 1) * nl)
+        b.launch(K_BFS1, k1[sel], {"g_graph_nodes": nodes.ptr(), "g_graph_edges": edges.ptr(),
+                                   "g_graph_mask": mask.ptr(), "g_updating_graph_mask": upd.ptr(),
+                                   "g_graph_visited": vis.ptr(), "g_cost": cost.ptr(), "no_of_nodes": n},
+                 grid=(-(-n // 512),), block=(512,), flops=0,
+                 touches=[Range(mask, 0, n), *(Ranges(buf, *per[nm], access=READWRITE if nm in ("cost", "upd")
+                                                      else READ)
+                                               for nm, buf in (("nodes", nodes), ("edges", edges), ("cost", cost),
+                                                               ("upd", upd), ("vis", vis)))])
+        b.launch(K_BFS2, k2[sel], {"g_graph_mask": mask.ptr(), "g_updating_graph_mask": upd.ptr(),
+                                   "g_graph_visited": vis.ptr(), "g_over": over.ptr(), "no_of_nodes": n},
+                 grid=(-(-n // 512),), block=(512,),
+                 touches=[Range(mask, 0, n, READWRITE), Range(upd, 0, n, READWRITE), Range(vis, 0, n, READWRITE),
+                          Range(over, 0, 4, WRITE)])
+
+
 from .workload import workload  # noqa: E402
 
 WORKLOADS = [
@@ -216,8 +350,20 @@ WORKLOADS = [
              "one launch per diagonal (two kernels: upper-left, lower-right); each launch touches its tiles' rows "
              "(17 x 68-byte chunks per tile). Templates: strided.", build_nw, [K_NW1, K_NW2],
              summary="Rodinia Needleman-Wunsch wavefront (ARIADNE's benchmark set)"),
+    workload("xsbench", "scientific",
+             "XSBench (event-based, 'small': 68 isotopes, 12 materials): each lookup finds a random energy on the "
+             "unionized grid, reads that row of the index grid and two points of each of its material's nuclides' "
+             "grids; one launch per run. Touches recorded per 4 KiB page. Templates: irregular (random energies), "
+             "linear.", build_xsbench, [K_XS],
+             summary="XSBench cross-section lookups (ARIADNE's benchmark set)"),
+    workload("bfs", "scientific",
+             "Rodinia BFS on a random graph (degrees 1-11): per level, Kernel expands the frontier's edge lists and "
+             "marks neighbours (cost, visited, updating mask), Kernel2 folds the updating mask into the next "
+             "frontier. Touches recorded per 4 KiB page. Templates: irregular (the graph), linear (the masks).",
+             build_bfs, [K_BFS1, K_BFS2],
+             summary="Rodinia breadth-first search (ARIADNE's benchmark set)"),
 ]
 
-# ARIADNE's Table I names -> these models (XSBench and BFS are not modelled)
+# ARIADNE's Table I names -> these models
 ARIADNE = {"2DC": "pb-2dconv", "ATAX": "pb-atax", "BICG": "pb-bicg", "GEMM": "pb-gemm", "GEMV": "pb-gesummv",
-           "MVT": "pb-mvt", "HEL": "hel", "NW": "nw"}
+           "MVT": "pb-mvt", "XSB": "xsbench", "BFS": "bfs", "HEL": "hel", "NW": "nw"}
