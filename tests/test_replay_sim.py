@@ -26,11 +26,13 @@ BASE = 0x7F10_0000_0000
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def page_trace(path, launches, *, name="pages", n_allocs=1, base=BASE, compute_ns=10_000):
+def page_trace(path, launches, *, name="pages", n_allocs=1, base=BASE, compute_ns=10_000, top=None):
     """A synthetic trace: launch i touches exactly the pages launches[i] (offsets from `base`);
-    the span is cut into n_allocs allocations and each launch points at those it touches."""
+    the span (up to the last page touched, or `top` pages) is cut into n_allocs allocations and each
+    launch points at those it touches."""
     n = len(launches)
-    top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
+    if top is None:
+        top = max((int(p.max()) for p in launches if len(p)), default=0) + 1
     cuts = np.unique(np.linspace(0, top, n_allocs + 1).astype(np.int64))
     a_lo, a_hi = cuts[:-1], cuts[1:]
     params = []

@@ -53,7 +53,7 @@ from ..unit_space import Needs, Workload
 
 @dataclass
 class Options:
-    eviction: str = "fifo"             # fault-path victim order
+    eviction: str = "driver"           # fault-path victim order (sim/driver.py: driver, fifo, lru)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
 

@@ -22,6 +22,7 @@ from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
 from ..unit_space import I64, Needs, Workload
 from . import kernels as C
+from .driver import DriverRules
 from .timing import run_timing
 
 class Memory:
@@ -37,7 +38,7 @@ class Memory:
         self.nxt = np.full(u.n_chunks + 1, -1, I64)
         self.prev[u.n_chunks] = u.n_chunks
         self.nxt[u.n_chunks] = u.n_chunks
-        self.st = np.zeros(3, I64)       # resident units; head and tail of uq
+        self.st = np.zeros(3, I64)       # units of capacity taken (populated chunks); head and tail of uq
         self.uq = np.zeros(max(u.n_units, 1), I64)   # units brought in by faults, oldest first (a ring)
         self.src_group = np.full(u.n_units, -1, I64)   # the planned group that brought each unit in (-1: none)
         self.src_pos = np.zeros(u.n_units, I64)
@@ -51,7 +52,7 @@ class Memory:
 def space_of(w: Workload) -> C.Space:
     """The universe's geometry as the kernels take it."""
     u = w.universe
-    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb))
+    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb), u.chunk_weight)
 
 
 @dataclass
@@ -104,9 +105,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         groups.gate, groups.gate_bytes = groups.gate.copy(), groups.gate_bytes.copy()
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
-    order = policy.evict_order or options.eviction
-    lru = order == "lru"
-    tree = bool(options.driver_prefetch) and u.upb > 1
+    rules_d = driver_rules(policy, profile, options)
+    tree = rules_d.prefetch and u.upb > 1
     sp, m = space_of(w), mem.state()
     maxstep = int(w.truth.sizes().max()) if n else 0
     missed = np.zeros(max(maxstep, 1), I64)
@@ -122,7 +122,8 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
-        rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, stop)
+        rules = C.Rules(rules_d.victim_code, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None,
+                        stop, int(rules_d.faults_per_batch))
         truth = C.Steps(w.truth.ptr, w.truth.unit, next_use)
         if on_launch:
             mv = policy.on_launch(ctx, s0)
@@ -146,6 +147,12 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     comp = step_compute(w)
     start, end, stall = run_timing(counters, comp, w.gran, groups, profile)
     return RunResult(policy.name, cap_units, counters, start, end, stall, comp, _run_extra(ctx))
+
+
+def driver_rules(policy: Policy, profile, options: Options) -> DriverRules:
+    """The fault path's rules for a run: the policy's victim order if it has one, else the run's."""
+    return DriverRules(policy.evict_order or options.eviction, bool(options.driver_prefetch),
+                       int(profile.faults_per_batch))
 
 
 def _run_extra(ctx: Context) -> dict:
@@ -219,7 +226,8 @@ def summarize(r: RunResult, w: Workload, batch: int = FAULT_BATCH) -> dict[str, 
         "htod_bytes": int((c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]) * gran),
         "dtoh_bytes": int((c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]) * gran),
         "prefetch_bytes": int(c[C.C_PREFETCH_IN] * gran),
-        "fault_batches": int(np.ceil(r.counters[:, C.C_FAULTS] / batch).sum()) if len(r.counters) else 0,
+        "fault_batches": int(c[C.C_BATCHES]),
+        "blocks_serviced": int(c[C.C_BLOCKS]),
         "thrashing_launches": int((sizes > r.cap_units).sum()),
         "launches": int(w.n_steps),
     }

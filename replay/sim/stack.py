@@ -7,7 +7,7 @@ from numba import njit
 
 from ..plan.groups import Groups
 from ..unit_space import I64, Workload
-from .kernels import C_FAULT_DTOH, C_FAULT_IN, C_FAULTS, N_COUNTERS
+from .kernels import C_BATCHES, C_BLOCKS, C_FAULT_DTOH, C_FAULT_IN, C_FAULTS, N_COUNTERS
 from .run import RunResult, step_compute
 from .timing import run_timing
 
@@ -53,6 +53,24 @@ def lru_stack_distances(seq, n_units):
     return out
 
 
+def batch_counts(miss: np.ndarray, ptr: np.ndarray, block: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the fault batches and the VA-block services its misses make: each step's misses, in
+    order, in batches of `batch`, each block serviced once per batch (as kernels.run_engine counts)."""
+    n = len(ptr) - 1
+    step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))[miss]
+    blk = block[miss]
+    if not len(step):
+        return np.zeros(n, I64), np.zeros(n, I64)
+    first = np.concatenate([[0], np.cumsum(np.bincount(step, minlength=n))[:-1]])
+    rank = np.arange(len(step), dtype=I64) - first[step]
+    b = rank // batch
+    new_batch = rank % batch == 0
+    new_block = np.ones(len(step), bool)
+    new_block[1:] = (step[1:] != step[:-1]) | (b[1:] != b[:-1]) | (blk[1:] != blk[:-1])
+    return (np.bincount(step[new_batch], minlength=n).astype(I64),
+            np.bincount(step[new_block], minlength=n).astype(I64))
+
+
 def demand_lru_all(w: Workload, caps_units: list[int], profile) -> list[RunResult]:
     """LRU demand paging at every capacity in one pass (stack distances).
 
@@ -75,6 +93,8 @@ def demand_lru_all(w: Workload, caps_units: list[int], profile) -> list[RunResul
             per = np.add.reduceat(miss.astype(I64), ptr[nonempty])
             counters[nonempty, C_FAULTS] = per
             counters[:, C_FAULT_IN] = counters[:, C_FAULTS]
+            counters[:, C_BATCHES], counters[:, C_BLOCKS] = batch_counts(
+                miss, ptr, w.universe.block_lo[seq], int(profile.faults_per_batch))
             cum = np.cumsum(counters[:, C_FAULTS])
             ev = np.maximum(cum - cap, 0)
             counters[:, C_FAULT_DTOH] = np.diff(np.concatenate([[0], ev]))

@@ -31,6 +31,7 @@ from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
+from .driver import DriverRules, service_granularity
 from .run import RunResult, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
@@ -39,12 +40,13 @@ class SimConfig:
     costs: str | Path | CostProfile = "msched-rtx5080"
     granularity: int | None = None
     eviction_unit: int | None = None
-    eviction: str = "fifo"
+    eviction: str = "driver"     # the fault path's victim order (driver.VICTIM_ORDERS)
     driver_prefetch: bool = True
     timeslice_ms: float = 10.0
     feedback: bool = False
     fallback: str = "adaptive"   # plan/adaptive.py: history only where it proved precise
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
+    oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
 
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
@@ -54,6 +56,9 @@ class SimConfig:
         ch = {}
         if self.granularity is not None:
             ch["granularity"] = int(self.granularity)
+        elif not self.driver_prefetch:
+            # with the prefetcher off a fault moves its own 4 KiB page (driver.service_granularity)
+            ch["granularity"] = service_granularity(p.granularity, False)
         if self.eviction_unit is not None:
             ch["eviction_unit"] = int(self.eviction_unit)
         elif self.granularity is not None and self.granularity > p.eviction_unit:
@@ -65,15 +70,17 @@ class SimConfig:
             if ch.get("eviction_unit", p.eviction_unit) < ch.get("granularity", p.granularity):
                 raise UsageError("--eviction-unit must not be smaller than --granularity")
             p = replace(p, **ch)
-        if self.eviction not in ("fifo", "lru"):
-            raise UsageError(f"--eviction must be fifo or lru, not {self.eviction!r}")
+        DriverRules(self.eviction)   # checks the victim order
         if self.span != "auto" and self.span not in PLAN_SPANS:
             raise UsageError(f"--span must be auto or one of {', '.join(PLAN_SPANS)}, not {self.span!r}")
+        if self.oversub_of not in OVERSUB_OF:
+            raise UsageError(f"--oversub-of must be one of {', '.join(OVERSUB_OF)}, not {self.oversub_of!r}")
         if not (self.timeslice_ms >= 0):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         return p
 
 
+OVERSUB_OF = ("managed", "touched")
 MAX_CAPACITY = 1 << 60  # 1 EiB: capacities stay far inside int64 arithmetic
 
 
@@ -141,7 +148,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
-    caps = capacities_for(w.footprint_bytes, capacity, oversub)
+    basis = w.oversub_basis(cfg.oversub_of)
+    caps = capacities_for(basis, capacity, oversub)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
     if "template" in policies:
@@ -196,7 +204,9 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             r = results[(p, c)]
             s = summarize(r, w, prof.faults_per_batch)
             run = {"policy": p, "backend": "sim", "capacity_bytes": int(c), "oversub": float(r_over), **s,
-                   "lower_bound_s": bounds[c]}
+                   "lower_bound_s": bounds[c],
+                   "oversub_of": "touched" if cfg.oversub_of == "touched" or w.managed_bytes <= 0 else "managed",
+                   "managed_bytes": int(w.managed_bytes)}
             run.update({
                 "footprint_bytes": int(w.footprint_bytes), "workload": wname, "tasks": names,
                 "traces": [str(t.path) for t in traces], "costs": prof.name, "granularity": int(prof.granularity),
@@ -263,7 +273,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     predicted, gates = predicted_gated(model, trace, cfg.fallback)
     w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        need_alloc=True, extra_fps=[[predicted]])
-    (cap, r), = capacities_for(w.footprint_bytes, None if capacity is None else [capacity],
+    (cap, r), = capacities_for(w.oversub_basis(cfg.oversub_of), None if capacity is None else [capacity],
                                None if oversub is None else [oversub])
     cu = cap // w.gran
     if cu < 1:
