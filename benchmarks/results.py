@@ -357,7 +357,7 @@ def before_after(work: Path, costs: str, runs) -> str:
                            timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=[pred])
         w.extra[("predicted", id(model), cfg.fallback)] = pg
         for o in OVERSUB:
-            (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+            (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
             d = by[(lab, o, "demand")]["time_s"]
             old = {}
             for name, pol in (("oracle", P.Oracle()), ("template", P.Template(model=model, fallback=cfg.fallback))):
@@ -681,7 +681,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     worst, late_share, wait_cost, of_late, ahead = 1.0, [], 0.0, [], 0.0
     late_sp = {}
     for o in OVERSUB:
-        (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+        (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
         cu = cap // w.gran
         t = {p: times[(p, o)] for p in ("demand", "template", "oracle")}
         t["known"] = R.run_policy(w, Known(), cu, prof, P.Options()).end[-1]

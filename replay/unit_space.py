@@ -125,6 +125,37 @@ def alloc_footprints(trace: T.Trace) -> F.Footprints:
     return F.Footprints.from_intervals(hl, s, e, n, ps, "predicted")
 
 
+def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per launch, its units (ascending) and how many pages it touches in each, as CSR
+    (indptr, pages): what its faults in a unit number (the driver counts a fault per page;
+    one per unit where a unit is no larger than a page)."""
+    ps = fp.page_size
+    n = fp.n_launches
+    lid = fp.launch_of_interval()
+    if gran <= ps or not len(lid):
+        l, s, e = unit_intervals(fp, gran)
+        cnt = e - s
+        indptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(np.repeat(l, cnt), minlength=n), out=indptr[1:])
+        return indptr, np.ones(int(cnt.sum()), I64)
+    r = gran // ps
+    su, eu = fp.start // r, (fp.end - 1) // r + 1
+    k = eu - su
+    u = F._ranges(su.astype(I64), k.astype(I64))
+    iv = np.repeat(np.arange(len(su), dtype=I64), k)
+    pages = np.minimum(fp.end[iv], (u + 1) * r) - np.maximum(fp.start[iv], u * r)
+    key = lid[iv].astype(I64)
+    order = np.lexsort((u, key))
+    key, u, pages = key[order], u[order], pages[order]
+    new = np.ones(len(u), bool)
+    new[1:] = (key[1:] != key[:-1]) | (u[1:] != u[:-1])
+    grp = np.cumsum(new) - 1
+    tot = np.bincount(grp, weights=pages).astype(I64)
+    indptr = np.zeros(n + 1, I64)
+    np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
+    return indptr, tot
+
+
 def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Page intervals -> merged unit intervals per launch: (launch, start_unit, end_unit)."""
     ps = fp.page_size
@@ -278,6 +309,7 @@ class Needs:
     unit: np.ndarray
     after: np.ndarray | None = None
     value_bytes: np.ndarray | None = None
+    pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
@@ -534,4 +566,7 @@ def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, prof
     w = Workload(tasks, gran, eviction_unit, uni, step_task, step_launch, Needs(np.zeros(1, I64), np.zeros(0, I64)),
                  int(fp_bytes), managed_bytes=sum(managed_bytes(t.trace) for t in tasks))
     w.truth = w.needs_from([t.truth for t in tasks])
+    pages = gather_steps([unit_page_counts(t.truth, gran) for t in tasks], step_task, step_launch).unit
+    if len(pages) == len(w.truth.unit):
+        w.truth.pages = pages
     return w

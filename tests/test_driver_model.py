@@ -88,12 +88,16 @@ def test_batches_service_each_block_once(tmp_path):
 
 
 def test_prefetcher_counts_the_batch_faults(tmp_path):
-    """A launch's first touches of 17 of a block's 32 big pages arrive in one batch: all 17 fault
-    (none is resident yet), and the tree, counting them, fills the other 15 (17 > 51% of 32)."""
+    """A launch's first touches of 17 of a block's 32 big pages arrive together: all their pages fault
+    (none is resident yet; 272 entries, so a batch of 256 and one of 16), and the tree, counting the
+    17 faulted big pages, fills the other 15 (17 > 51% of 32); 16 alone (50%) would not."""
     tr = page_trace(tmp_path / "t.pctrace", [np.arange(17 * 16), np.arange(17 * 16, BLOCK)], top=BLOCK)
     runs, tl = _one(tr, 64 * MiB, costs="none")
-    assert tl.column("faults").to_pylist() == [17, 0]
-    assert runs["demand"]["htod_bytes"] == 2 * MiB
+    assert tl.column("faults").to_pylist() == [272, 0]
+    assert runs["demand"]["fault_batches"] == 2 and runs["demand"]["htod_bytes"] == 2 * MiB
+    tr16 = page_trace(tmp_path / "t16.pctrace", [np.arange(16 * 16), np.arange(16 * 16, BLOCK)], top=BLOCK)
+    _, tl16 = _one(tr16, 64 * MiB, costs="none")
+    assert tl16.column("faults").to_pylist()[0] == 256 and tl16.column("faults").to_pylist()[1] > 0
 
 
 def _victims(tmp_path, launches, eviction):

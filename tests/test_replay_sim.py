@@ -236,12 +236,12 @@ def test_fault_cost_model_by_hand(tmp_path):
 
 def test_tree_prefetcher_cuts_sequential_faults(tmp_path):
     """A 2 MiB block read one big page a launch: faults at units 0, 1, 2, 4, 8, 16 (past 51%, the
-    region fills); without the prefetcher every 4 KiB page faults."""
+    region fills), 16 pages each; without the prefetcher every 4 KiB page faults."""
     tr = page_trace(tmp_path / "t.pctrace", [np.arange(16 * i, 16 * i + 16) for i in range(32)])
     on, _ = replay_sim([tr], ["demand"], capacity=[64 << 20], config=SimConfig(costs="none"))
     off, _ = replay_sim([tr], ["demand"], capacity=[64 << 20], config=SimConfig(costs="none", driver_prefetch=False))
     assert off[0]["faults"] == 512
-    assert on[0]["faults"] == 6
+    assert on[0]["faults"] == 6 * 16 and on[0]["fault_batches"] == 6
     assert on[0]["htod_bytes"] == off[0]["htod_bytes"] == 2 << 20
 
 

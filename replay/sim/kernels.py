@@ -46,7 +46,8 @@ Rules = namedtuple("Rules", "order tree threshold track_unplanned has_next_use s
 # A plan's groups (plan.groups.Groups' arrays; step i's group is group i - base), and a launch sequence's
 # units in CSR form with, per occurrence, its next use (rules.has_next_use).
 PlanArrays = namedtuple("PlanArrays", "ev_ptr ev_unit pf_ptr pf_unit need_now base")
-Steps = namedtuple("Steps", "ptr unit next_use")
+# `pages`: per occurrence, the pages the launch touches in the unit (its fault-buffer entries there).
+Steps = namedtuple("Steps", "ptr unit next_use pages")
 GROUP, LAUNCH = 1, 2   # what run_engine runs of each step
 
 # Indices of the per-step counter vector returned by the access/apply kernels.
@@ -174,7 +175,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
     pays for unpacking them at every call (numba counts references to each
     array it takes out), which per launch cost the simulator about 20% on
     launches of 64 units."""
-    need_ptr, need_unit, next_use = steps.ptr, steps.unit, steps.next_use
+    need_ptr, need_unit, next_use, need_pages = steps.ptr, steps.unit, steps.next_use, steps.pages
     ev_ptr, evict, pf_ptr, prefetch, need_now_of, base = (plan.ev_ptr, plan.ev_unit, plan.pf_ptr, plan.pf_unit,
                                                           plan.need_now, plan.base)
     cap, st_i, resident, planned, prev, nxt = m.cap, m.st, m.resident, m.planned, m.prev, m.nxt
@@ -261,19 +262,28 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                     used_pos = src_pos[u]
                 D.on_touch(unit_chunk[u], prev, nxt, sentinel, order)
                 continue
-            # a fault: the next entry of the current batch (a new batch when none is open); the
+            # a fault: its pages are the next entries of the open batch, or of a new one when they
+            # do not fit (the batch is serviced first: its prefetches may bring this unit in); a
             # batch's blocks are serviced once each (a launch's units ascend, so do their blocks)
+            e = need_pages[k]
+            if nb > 0 and nb + e > batch:
+                if tree:
+                    _batch_prefetch(missed, bstart, nmiss, sp, m, rules, counters, row)
+                nb = 0
+                if resident[u] == 1:
+                    D.on_touch(unit_chunk[u], prev, nxt, sentinel, order)
+                    continue
             if nb == 0:
-                counters[row, C_BATCHES] += 1
+                counters[row, C_BATCHES] += (e + batch - 1) // batch
                 last_block = -1
                 bstart = nmiss
-            counters[row, C_FAULTS] += 1
+            counters[row, C_FAULTS] += e
             if block_lo[u] != last_block:
                 counters[row, C_BLOCKS] += 1
                 last_block = block_lo[u]
             missed[nmiss] = u
             nmiss += 1
-            nb += 1
+            nb += e
             while st_i[0] + D.room_for(u, unit_chunk, chunk_count, weight) > cap:
                 if track_unplanned:
                     # planned policies: a fault first displaces what the plan does not

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 from pagecast.errors import UsageError
-from pagecast.uvm import FAULT_BATCH
+from pagecast.uvm import FAULT_BATCH, PAGE
 
 from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
@@ -112,6 +112,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     missed = np.zeros(max(maxstep, 1), I64)
     s = 0
     stop = bool(policy.wants_misses)
+    pages = fault_entries(w)
     nu_for = None
     next_use = np.zeros(1, I64)
     while s < n:
@@ -124,7 +125,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         before = mem.resident.copy() if on_evict else None
         rules = C.Rules(rules_d.victim_code, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None,
                         stop, int(rules_d.faults_per_batch))
-        truth = C.Steps(w.truth.ptr, w.truth.unit, next_use)
+        truth = C.Steps(w.truth.ptr, w.truth.unit, next_use, pages)
         if on_launch:
             mv = policy.on_launch(ctx, s0)
             if mv is not None:
@@ -147,6 +148,15 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     comp = step_compute(w)
     start, end, stall = run_timing(counters, comp, w.gran, groups, profile)
     return RunResult(policy.name, cap_units, counters, start, end, stall, comp, _run_extra(ctx))
+
+
+def fault_entries(w: Workload) -> np.ndarray:
+    """Per occurrence of the launches' units, the faults it makes when missing: the pages the launch
+    touches in it (Needs.pages), or all of the unit's pages where the needs do not say (a plan's)."""
+    if w.truth.pages is not None and len(w.truth.pages) == len(w.truth.unit):
+        return w.truth.pages.astype(I64)
+    ps = w.tasks[0].trace.page_size if w.tasks else PAGE
+    return np.full(len(w.truth.unit), max(w.gran // ps, 1), I64)
 
 
 def driver_rules(policy: Policy, profile, options: Options) -> DriverRules:
