@@ -11,8 +11,6 @@ from pathlib import Path
 from pagecast.command import Command
 from pagecast.errors import UsageError
 
-POLICY_NAMES = "demand, alloc, template, oracle, swap, runner"
-ARG_POLICIES = {"alloc", "template", "runner"}   # policies that read the launches' argument bytes
 
 
 def _size_list(text: str) -> list[int]:
@@ -152,14 +150,16 @@ class ReplayCommand(Command):
     name = "replay"
     help = "replay traces under policies (simulator or GPU) and compare them"
     description = ("Replay launch sequences on a GPU of the given capacity under each policy and compare\n"
-                   f"time, stall, faults and bytes moved. Policies: {POLICY_NAMES}.\n"
+                   "time, stall, faults and bytes moved, under the registered policies (pagecast.replay.policies;\n"
+                   "an unknown name lists them).\n"
                    "Several traces are several tasks sharing one GPU (round-robin time slices).\n\n"
                    "  pagecast replay a.pctrace b.pctrace --policy demand,template,oracle --oversub 1.5,2,3 --model m.json\n"
                    "  pagecast replay --backend gpu --model m.json --policy demand,template -- python train.py")
 
     def add_arguments(self, p):
         p.add_argument("traces", nargs="*", metavar="TRACE", help="trace directories (simulator); none for a GPU workload")
-        p.add_argument("--policy", required=True, metavar="P,...", help=f"comma-separated: {POLICY_NAMES}")
+        p.add_argument("--policy", required=True, metavar="P,...",
+                       help="comma-separated registered policy names (an unknown one lists them)")
         g = p.add_mutually_exclusive_group()
         g.add_argument("--capacity", metavar="SIZE,...", help="GPU memory sizes, e.g. 1GiB,2GiB")
         g.add_argument("--oversub", metavar="R,...",
@@ -185,7 +185,7 @@ class ReplayCommand(Command):
         from pagecast.outputs import check_output_file
         from pagecast.units import parse_float_list, parse_list
 
-        from .policies import check_policies
+        from .policies import POLICIES, check_policies
 
         args.policy = check_policies(parse_list(args.policy))
         args.capacity = None if args.capacity is None else _size_list(args.capacity)
@@ -204,8 +204,9 @@ class ReplayCommand(Command):
             raise UsageError(f"--repeat must be >= 1, not {args.repeat}")
         if args.backend == "sim":
             from pagecast import console
-            if "template" not in args.policy:
-                uses_model = "runner" in args.policy
+            needs = {POLICIES[p].requires for p in args.policy}
+            if "model-or-plan" not in needs:
+                uses_model = "model" in needs
                 for flag, val in (("--plan", args.plan), ("--model", None if uses_model else args.model),
                                   ("--feedback", args.feedback)):
                     if val:
@@ -218,7 +219,7 @@ class ReplayCommand(Command):
                              " model); --model is not used")
             if args.repeat != 1:
                 console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
-            if args.plan and "template" in args.policy and args.span != "auto":
+            if args.plan and "model-or-plan" in needs and args.span != "auto":
                 console.warn(f"--span {args.span} applies to oracle only: template follows the plan, made at the"
                              " span its manifest names")
         if args.backend == "gpu":
@@ -239,7 +240,9 @@ class ReplayCommand(Command):
         from .sim.sweep import replay_sim
 
         traces = [read_trace(t).require_launches("replay") for t in args.traces]
-        for p in sorted(ARG_POLICIES.intersection(args.policy)):   # they read pointer arguments
+        from .policies import POLICIES
+
+        for p in sorted(q for q in args.policy if POLICIES[q].reads_arguments):   # they read pointer arguments
             for t in traces:
                 t.require_argument_bytes(f"policy {p}")
         model = None

@@ -6,8 +6,10 @@ shared GPU, and every footprint mapped to dense migration-unit ids.
   (`address // granularity`); the *universe* is the union, per task, of the
   units that launches touch, that allocations cover and that predictions name,
   renumbered densely (task after task, ascending address) so the numba loops
-  index plain arrays. Eviction chunks (2 MiB) and tree-prefetch blocks (2 MiB)
-  are then runs of consecutive dense ids.
+  index plain arrays. Memory chunks (a 2 MiB chunk per VA block an allocation
+  covers whole, 64 KiB chunks in a block it covers in part: `chunk_starts`) and
+  tree-prefetch blocks (2 MiB) are then runs of consecutive dense ids; a chunk
+  takes its whole size of the capacity while any of its units is resident.
 - Schedule: several traces are several tasks on one GPU, run round-robin in
   time slices of `timeslice_s` *kernel* time, switching at launch boundaries
   (MSched's multitasking setting). Slices count execution time only, so every

@@ -27,6 +27,7 @@ class Alloc(Planned):
     # runner looks them up in the driver); an emulated capacity evicts FIFO, as demand's
     online = True
     victims = "fifo"
+    reads_arguments = True
 
     def launch_prefetch(self, view):
         return view.allocation_ranges()

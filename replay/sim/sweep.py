@@ -25,8 +25,8 @@ from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
-from ..policies import POLICIES, Oracle, Runner, Template, check_policies
-from ..policies.base import Options, plan_trial
+from ..policies import POLICIES, Template, check_policies
+from ..policies.base import Options, ReplaySetup, plan_trial
 from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
@@ -129,13 +129,17 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if capacity is not None and any(c != plan.capacity_bytes for c in capacity):
             warn(f"{plan_path} was planned for a capacity of {plan.capacity_bytes} bytes; replaying it at"
                  " another capacity follows the same transfers (memory the plan overfills is evicted by faults)")
-    if "template" in policies and model is None and plan is None:
-        raise UsageError("policy template needs --model MODEL or --plan PLAN")
-    if "runner" in policies and model is None:
-        raise UsageError("policy runner needs --model MODEL (it predicts as the GPU runner does)")
+    # the policy that plans on the model's predictions (or follows a fixed plan): template
+    plans_on_model = any(POLICIES[p].requires == "model-or-plan" for p in policies)
+    for p in policies:
+        need = POLICIES[p].requires
+        if need == "model" and model is None:
+            raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
+        if need == "model-or-plan" and model is None and plan is None:
+            raise UsageError(f"policy {p} needs --model MODEL or --plan PLAN")
     extra = []
     predicted = None
-    if "template" in policies and model is not None and plan is None:
+    if plans_on_model and model is not None and plan is None:
         predicted = [predicted_gated(model, t, cfg.fallback) for t in traces]
         extra.append([fp for fp, _ in predicted])
     plan_pred = None
@@ -152,7 +156,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     caps = capacities_for(basis, capacity, oversub)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
-    if "template" in policies:
+    if plans_on_model:
         if plan is not None:
             span = plan.manifest.get("span", "unit")
             pneeds = None if plan_pred is None else span_needs(w.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
@@ -166,26 +170,25 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             w.extra[("predicted", id(model), cfg.fallback)] = predicted
     results: dict[tuple[str, int], RunResult] = {}
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
-    # oracle runs last: its family includes every other policy's run at the same capacity (policies/oracle.py)
-    for p in sorted(policies, key=lambda p: p == "oracle"):
+    setup = ReplaySetup(model=model, template=tmpl)
+    # a policy that runs last (oracle) is handed every other policy's run at the same capacity
+    for p in sorted(policies, key=lambda p: POLICIES[p].runs_last):
+        cls = POLICIES[p]
         cap_units = [c // w.gran for c, _ in caps]
         for c, cu in zip(caps, cap_units):
             if cu < 1:
                 raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
-        if p == "demand" and one_pass and len(caps) > 1:
+        if cls.lru_one_pass and one_pass and len(caps) > 1:
             for (c, _), r in zip(caps, demand_lru_all(w, cap_units, prof)):
                 results[(p, c)] = r
                 if progress:
                     progress.advance()
             continue
-        if p == "runner":
-            pol = Runner(model)
-        elif p == "oracle":
-            pol = Oracle({cu: [(q, results[(q, c)]) for q in policies if q != "oracle"]
-                          for (c, _), cu in zip(caps, cap_units)})
-        else:
-            pol = tmpl if p == "template" else POLICIES[p]()
-        if p in ("template", "oracle"):
+        if cls.runs_last:
+            setup.rivals = {cu: [(q, results[(q, c)]) for q in policies if not POLICIES[q].runs_last]
+                            for (c, _), cu in zip(caps, cap_units)}
+        pol = cls.for_replay(setup)
+        if cls.chooses_span:
             pol.spans = cfg.spans()
         for (c, _), cu in zip(caps, cap_units):
             results[(p, c)] = run_policy(w, pol, cu, prof, opts)
@@ -213,7 +216,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 "eviction_unit": int(prof.eviction_unit), "eviction": cfg.eviction,
                 "driver_prefetch": bool(cfg.driver_prefetch), "timeslice_ms": float(cfg.timeslice_ms),
                 "model": model_path, "plan": None if plan_path is None else str(plan_path),
-                "feedback": bool(cfg.feedback and p == "template"), "run": len(runs),
+                "feedback": bool(cfg.feedback and POLICIES[p].requires == "model-or-plan"), "run": len(runs),
             })
             if "feedback_changes" in r.extra:
                 run["feedback_changes"] = int(r.extra["feedback_changes"])
