@@ -139,15 +139,18 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, want, sc, resident, block_lo, b
 @njit(cache=True, inline="always")
 def _occ_in(u, unit_chunk, ccount, weight, occ):
     """u planned resident: its chunk takes its weight of the capacity if it held nothing (the GPU's
-    memory is handed out in chunks, replay/sim/driver.py). Returns the capacity taken."""
-    c = unit_chunk[u]
-    ccount[c] += 1
-    return occ + weight[c] if ccount[c] == 1 else occ
+    memory is handed out in chunks; the weights capped at the capacity, each unit beyond the cap one
+    more: replay/sim/driver.py, as the simulator counts). Returns the capacity taken."""
+    occ += _room(u, unit_chunk, ccount, weight)
+    ccount[unit_chunk[u]] += 1
+    return occ
 
 
 @njit(cache=True, inline="always")
 def _occ_out(u, unit_chunk, ccount, weight, occ):
     c = unit_chunk[u]
+    if ccount[c] > weight[c]:
+        occ -= 1
     ccount[c] -= 1
     return occ - weight[c] if ccount[c] == 0 else occ
 
@@ -155,7 +158,9 @@ def _occ_out(u, unit_chunk, ccount, weight, occ):
 @njit(cache=True, inline="always")
 def _room(u, unit_chunk, ccount, weight):
     c = unit_chunk[u]
-    return weight[c] if ccount[c] == 0 else 0
+    if ccount[c] == 0:
+        return weight[c]
+    return 1 if ccount[c] >= weight[c] else 0
 
 
 @njit(cache=True)
@@ -532,7 +537,8 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64),
         np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64),
         np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
-        np.ones(n_units, np.int64) if chunk_weight is None else np.asarray(chunk_weight, np.int64))
+        np.ones(n_units, np.int64) if chunk_weight is None
+        else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g

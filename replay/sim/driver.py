@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from numba import njit
 
 from pagecast.errors import UsageError
@@ -53,6 +54,11 @@ class DriverRules:
     @property
     def victim_code(self) -> int:
         return VICTIM_ORDERS[self.victim_order]
+
+
+def chunk_weights(weight, cap_units: int):
+    """The chunks' weights for a run at `cap_units`: a chunk larger than memory counts as all of it."""
+    return np.minimum(weight, max(int(cap_units), 1))
 
 
 def service_granularity(profile_granularity: int, prefetch: bool, page_size: int = PAGE) -> int:
@@ -91,9 +97,14 @@ def to_tail(prev, nxt, c, sentinel):
 
 @njit(cache=True)
 def room_for(u, unit_chunk, chunk_count, weight):
-    """Units of capacity bringing u in takes: its chunk's whole size if the chunk is not populated."""
+    """Units of capacity bringing u in takes: its chunk's whole size if the chunk is not populated.
+    (A chunk's weight is capped at the capacity, `chunk_weights`: a chunk larger than memory takes
+    all of it, and each unit beyond the cap one more, so resident units never exceed the capacity.)"""
     c = unit_chunk[u]
-    return weight[c] if chunk_count[c] == 0 else 0
+    n = chunk_count[c]
+    if n == 0:
+        return weight[c]
+    return 1 if n >= weight[c] else 0
 
 
 @njit(cache=True)
@@ -105,8 +116,11 @@ def populate(u, st, resident, unit_chunk, chunk_count, weight, prev, nxt, sentin
     if chunk_count[c] == 0:
         list_append(prev, nxt, c, sentinel)
         st[0] += weight[c]
-    elif order == VICTIM_DRIVER:
-        to_tail(prev, nxt, c, sentinel)
+    else:
+        if chunk_count[c] >= weight[c]:
+            st[0] += 1
+        if order == VICTIM_DRIVER:
+            to_tail(prev, nxt, c, sentinel)
     chunk_count[c] += 1
 
 
@@ -116,6 +130,8 @@ def depopulate(u, st, resident, planned, unit_chunk, chunk_count, weight, prev, 
     resident[u] = 0
     planned[u] = 0
     c = unit_chunk[u]
+    if chunk_count[c] > weight[c]:
+        st[0] -= 1
     chunk_count[c] -= 1
     if chunk_count[c] == 0:
         list_remove(prev, nxt, c)

@@ -22,7 +22,7 @@ from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
 from ..unit_space import I64, Needs, Workload
 from . import kernels as C
-from .driver import DriverRules
+from .driver import DriverRules, chunk_weights
 from .timing import run_timing
 
 class Memory:
@@ -49,10 +49,11 @@ class Memory:
                      self.src_group, self.src_pos)
 
 
-def space_of(w: Workload) -> C.Space:
-    """The universe's geometry as the kernels take it."""
+def space_of(w: Workload, cap_units: int) -> C.Space:
+    """The universe's geometry as the kernels take it, its chunks weighed for a run at `cap_units`."""
     u = w.universe
-    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb), u.chunk_weight)
+    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb),
+                   chunk_weights(u.chunk_weight, cap_units))
 
 
 @dataclass
@@ -107,7 +108,7 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     u = w.universe
     rules_d = driver_rules(policy, profile, options)
     tree = rules_d.prefetch and u.upb > 1
-    sp, m = space_of(w), mem.state()
+    sp, m = space_of(w, cap_units), mem.state()
     maxstep = int(w.truth.sizes().max()) if n else 0
     missed = np.zeros(max(maxstep, 1), I64)
     s = 0
