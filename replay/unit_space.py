@@ -177,25 +177,32 @@ def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray,
 def chunk_starts(keys: np.ndarray, gran: int, eviction_unit: int,
                  allocs: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
     """Per unit key (address // gran): the byte address of the GPU memory chunk that backs it and that
-    chunk's size, as nvidia-uvm allocates them (docs/cost-model.md, "Chunks"): a 2 MiB VA block that one
-    allocation covers whole is backed by one chunk of `eviction_unit` (the 2 MiB root chunk) as soon as
-    any page of it is populated; a block an allocation covers in part (its first or last) by 64 KiB
-    chunks (`BIG_PAGE`, at most `eviction_unit`, at least `gran`). `allocs`: the task's allocations
-    (start, end) in bytes; units outside every allocation count as whole blocks."""
+    chunk's size, as nvidia-uvm allocates them (docs/cost-model.md, "The driver model"): a 2 MiB VA
+    block that an allocation covers whole is backed by one chunk of `eviction_unit` (the 2 MiB root
+    chunk) as soon as any page of it is populated; a block allocations cover only in part (an
+    allocation's first or last block) by 64 KiB chunks (`BIG_PAGE`, at most `eviction_unit`, at least
+    `gran`). Decided per block, so every unit of a block has chunks of one size (allocations that
+    reuse an address count as any that cover it). `allocs`: the task's allocations (start, end) in
+    bytes; a block no allocation touches counts as whole."""
     addr = keys.astype(I64) * gran
     size = np.full(len(keys), max(int(eviction_unit), gran), I64)
     if allocs is not None and len(allocs[0]) and len(keys):
-        a0, a1 = allocs
-        order = np.argsort(a0, kind="stable")
-        s0, s1 = a0[order].astype(I64), a1[order].astype(I64)
-        k = np.searchsorted(s0, addr, side="right") - 1
-        kk = np.maximum(k, 0)
-        inside = (k >= 0) & (addr < s1[kk])
-        blk = addr - addr % VA_BLOCK
-        whole = (s0[kk] <= blk) & (s1[kk] >= blk + VA_BLOCK)
-        part = inside & ~whole
-        size[part] = max(min(BIG_PAGE, int(eviction_unit)), gran)
+        a0, a1 = np.asarray(allocs[0], I64), np.asarray(allocs[1], I64)
+        blk = addr // VA_BLOCK
+        whole = _in_intervals(blk, -(-a0 // VA_BLOCK), a1 // VA_BLOCK)
+        touched = _in_intervals(blk, a0 // VA_BLOCK, -(-a1 // VA_BLOCK))
+        size[touched & ~whole] = max(min(BIG_PAGE, int(eviction_unit)), gran)
     return addr - addr % size, size
+
+
+def _in_intervals(x: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Whether each x lies in the union of the intervals [s, e)."""
+    ok = e > s
+    _, ms, me = F.merge_intervals(np.zeros(int(ok.sum()), I64), s[ok], e[ok], 1)
+    if not len(ms):
+        return np.zeros(len(x), bool)
+    k = np.searchsorted(ms, x, side="right") - 1
+    return (k >= 0) & (x < me[np.maximum(k, 0)])
 
 
 class Universe:
@@ -241,6 +248,8 @@ class Universe:
         self.unit_chunk = np.concatenate(chunk_ids) if chunk_ids else np.zeros(0, I64)
         ublock = np.concatenate(block_ids) if block_ids else np.zeros(0, I64)
         self.n_chunks = chunk_base
+        if len(self.unit_chunk) > 1 and (np.diff(self.unit_chunk) < 0).any():
+            raise AssertionError("units of one chunk must be consecutive ids (unit_space.chunk_starts)")
         self.chunk_weight = np.concatenate(weights) if weights else np.zeros(0, I64)
         # consecutive ids per chunk / block
         self.chunk_lo = np.searchsorted(self.unit_chunk, np.arange(chunk_base), side="left").astype(I64)

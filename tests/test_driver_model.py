@@ -51,6 +51,18 @@ def test_partial_last_block_uses_small_chunks():
     assert list(start) == [0, 0, 2 * MiB, 2 * MiB + gran, 2 * MiB + 8 * gran]
 
 
+def test_chunks_are_decided_per_block_under_address_reuse():
+    """Allocations reusing an address with other sizes: a block any of them covers in part has 64 KiB
+    chunks for all its units (even those beyond the smallest), never a 2 MiB chunk sharing a start."""
+    gran = 64 * 1024
+    keys = np.arange(32, dtype=np.int64)                      # one 2 MiB block
+    allocs = (np.array([0, 0]), np.array([26 * gran, 16 * gran]))   # 1.6 MiB, then 1 MiB at the same address
+    start, size = chunk_starts(keys, gran, 2 * MiB, allocs)
+    assert (size == gran).all() and len(np.unique(start)) == 32
+    whole = chunk_starts(keys, gran, 2 * MiB, (np.array([0, 0]), np.array([2 * MiB, gran])))
+    assert (whole[1] == 2 * MiB).all()
+
+
 def test_no_prefetcher_moves_4k_a_fault(tmp_path):
     """32 faulted pages in 32 big pages: 128 KiB with the prefetcher off, 32 big pages with it on."""
     tr = page_trace(tmp_path / "t.pctrace", [np.arange(32) * 16], top=BLOCK)
