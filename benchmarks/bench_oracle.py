@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             comp = R.step_compute(w)
             case = {k: 0.0 for k in tot}
             for o in OVERSUB:
-                (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+                (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
                 cu = cap // w.gran
                 rivals = []
                 for label, make, old in (("template before", lambda: P.Template(model=model), True),
