@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagecast.replay.sim import kernels as C  # noqa: E402
 from pagecast.uvm import FAULT_BATCH, PREFETCH_THRESHOLD  # noqa: E402
-from pagecast.replay.sim import driver as D  # noqa: E402
+from pagecast.replay.sim import uvm_driver as D  # noqa: E402
 from pagecast.replay.plan import belady as PB  # noqa: E402
 from pagecast.replay.sim import stack as ST  # noqa: E402
 
@@ -102,7 +102,7 @@ class Geometry:
         self.block_hi = np.minimum((b + 1) * units_per_block, n_units)
         self.upb = units_per_block
         self.n_units = n_units
-        self.chunk_weight = np.full(nc, units_per_chunk, I64)   # a chunk takes its whole size (sim/driver.py)
+        self.chunk_weight = np.full(nc, units_per_chunk, I64)   # a chunk takes its whole size (sim/uvm_driver.py)
 
 
 def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=None, pages_per_unit: int = 1):

@@ -1,6 +1,10 @@
 """The simulator's view of one or more traces: tasks, their launch order on a
 shared GPU, and every footprint mapped to dense migration-unit ids.
 
+Long because the universe, its memory chunks, the schedule and the needs
+(with their gates and page counts) are one dense numbering that every stage
+shares; split, each part would re-derive the others' indexing.
+
 - Units: a unit is one migration granule (the profile's 64 KiB, or
   `--granularity`). Each task's units are numbered in its own address space
   (`address // granularity`); the *universe* is the union, per task, of the

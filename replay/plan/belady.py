@@ -38,6 +38,9 @@ InLaunch = namedtuple("InLaunch", "hk hu hst aside out cap_next")
 # `_belady_plan`'s knobs: how far the lookahead goes (steps, units), whether a launch larger than memory
 # runs as Belady within it (the simulator's rule), and whether such a launch's front comes in first.
 PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in front")
+# Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
+# Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
+PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -140,7 +143,7 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, want, sc, resident, block_lo, b
 def _occ_in(u, unit_chunk, ccount, weight, occ):
     """u planned resident: its chunk takes its weight of the capacity if it held nothing (the GPU's
     memory is handed out in chunks; the weights capped at the capacity, each unit beyond the cap one
-    more: replay/sim/driver.py, as the simulator counts). Returns the capacity taken."""
+    more: replay/sim/uvm_driver.py, as the simulator counts). Returns the capacity taken."""
     occ += _room(u, unit_chunk, ccount, weight)
     ccount[unit_chunk[u]] += 1
     return occ
@@ -164,8 +167,8 @@ def _room(u, unit_chunk, ccount, weight):
 
 
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, unit_block,
-                 need_after, unit_chunk, chunk_weight):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
+                 chunks):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -205,6 +208,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     """
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
+    unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
     step_of = np.empty(n_occ, np.int64)
@@ -534,11 +538,11 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64),
         np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64),
-        np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
-        np.ones(n_units, np.int64) if chunk_weight is None
-        else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)))
+        PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
+                   np.ones(n_units, np.int64) if chunk_weight is None
+                   else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
+                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g

@@ -64,7 +64,7 @@ class ReplaySetup:
 
 @dataclass
 class Options:
-    eviction: str = "driver"           # fault-path victim order (sim/driver.py: driver, fifo, lru)
+    eviction: str = "driver"           # fault-path victim order (sim/uvm_driver.py: driver, fifo, lru)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
 

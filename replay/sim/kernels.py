@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from ..plan.belady import INF, InLaunch, _inlaunch_victims
-from . import driver as D
+from . import uvm_driver as D
 
 # The universe's geometry (read only): each unit's chunk and 2 MiB block, chunk ranges, address keys,
 # units per block.
@@ -41,7 +41,7 @@ Mem = namedtuple("Mem", "cap st resident planned chunk_count prev nxt uq src_gro
 # A run's switches: LRU list order, the tree prefetcher and its threshold, whether the policy plans
 # (faults first evict what the plan does not count on), whether next uses are known (Belady within a
 # launch larger than memory), whether to stop after a step that faulted (feedback).
-# `order`: the victim order (driver.VICTIM_*), `batch`: fault-buffer entries per batch (driver.py).
+# `order`: the victim order (uvm_driver.VICTIM_*), `batch`: fault-buffer entries per batch (uvm_driver.py).
 Rules = namedtuple("Rules", "order tree threshold track_unplanned has_next_use stop_on_miss batch")
 # A plan's groups (plan.groups.Groups' arrays; step i's group is group i - base), and a launch sequence's
 # units in CSR form with, per occurrence, its next use (rules.has_next_use).
@@ -90,23 +90,23 @@ def _out(u, m, sp):
 
 
 @njit(cache=True)
-def _evict_one_chunk(st, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, uq, weight):
+def _evict_one_chunk(sp, m):
     """Evict room for one unit: first a resident unit the plan does not count on
     (brought in by a fault), else the whole chunk at the head of the list.
-    Returns units evicted (0 when nothing is resident). (The fault path's hot
-    call: arrays, not bundles, which would be unpacked at every call.)"""
-    sentinel = len(chunk_count)
+    Returns units evicted (0 when nothing is resident)."""
+    st, uq, resident, planned = m.st, m.uq, m.resident, m.planned
+    sentinel = len(m.chunk_count)
     # unplanned units first (planned policies only: st[2] > st[1])
     while st[1] < st[2]:
         u = uq[st[1] % len(uq)]
         st[1] += 1
         if resident[u] == 1 and planned[u] == 0:
-            D.depopulate(u, st, resident, planned, unit_chunk, chunk_count, weight, prev, nxt)
+            _out(u, m, sp)
             return 1
-    c = D.head_chunk(prev, nxt, sentinel)
+    c = D.head_chunk(m.prev, m.nxt, sentinel)
     if c < 0:
         return 0
-    return D.evict_chunk(c, st, resident, planned, unit_chunk, chunk_count, weight, chunk_lo, chunk_hi, prev, nxt)
+    return D.evict_chunk(c, sp, m)
 
 
 @njit(cache=True)
@@ -150,7 +150,7 @@ def _tree_prefetch(u, sp, m, rules, counters, row):
 @njit(cache=True)
 def _batch_prefetch(missed, b0, b1, sp, m, rules, counters, row):
     """The end of a fault batch: the tree prefetcher around each of its faulted units still resident,
-    its counts holding the resident units and the batch's faulted ones (driver.py)."""
+    its counts holding the resident units and the batch's faulted ones (uvm_driver.py)."""
     for j in range(b0, b1):
         u = missed[j]
         if m.resident[u] == 1:
@@ -208,8 +208,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                     planned[u] = 1
                     continue
                 while st_i[0] + D.room_for(u, unit_chunk, chunk_count, weight) > cap:
-                    ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev,
-                                          nxt, unplanned_q, weight)
+                    ev = _evict_one_chunk(sp, m)
                     if ev == 0:
                         break
                     counters[row, C_GROUP_DTOH] += ev
@@ -341,8 +340,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                         counters[row, C_FAULT_DTOH] += ev
                         continue
                 # synchronous eviction on the fault path (block_alloc_gpu_chunk -> evict, retry)
-                ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                      unplanned_q, weight)
+                ev = _evict_one_chunk(sp, m)
                 if ev == 0:
                     break
                 counters[row, C_FAULT_DTOH] += ev

@@ -22,7 +22,7 @@ from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
 from ..unit_space import I64, Needs, Workload
 from . import kernels as C
-from .driver import DriverRules, chunk_weights
+from .uvm_driver import DriverRules, chunk_weights
 from .timing import run_timing
 
 class Memory:

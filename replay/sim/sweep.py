@@ -31,7 +31,7 @@ from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
-from .driver import DriverRules, service_granularity
+from .uvm_driver import DriverRules, service_granularity
 from .run import RunResult, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
@@ -40,7 +40,7 @@ class SimConfig:
     costs: str | Path | CostProfile = "msched-rtx5080"
     granularity: int | None = None
     eviction_unit: int | None = None
-    eviction: str = "driver"     # the fault path's victim order (driver.VICTIM_ORDERS)
+    eviction: str = "driver"     # the fault path's victim order (uvm_driver.VICTIM_ORDERS)
     driver_prefetch: bool = True
     timeslice_ms: float = 10.0
     feedback: bool = False

@@ -154,13 +154,15 @@ def on_fault(c, prev, nxt, sentinel, order):
 
 
 @njit(cache=True)
-def evict_chunk(c, st, resident, planned, unit_chunk, chunk_count, weight, chunk_lo, chunk_hi, prev, nxt):
+def evict_chunk(c, sp, m):
     """Evict chunk c whole (`evict_root_chunk` -> `uvm_va_block_evict_chunks`: its resident units go back
-    to the host). Returns the units copied out."""
+    to the host). `sp`, `m`: the engine's Space and Mem bundles (sim/kernels.py). Returns the units
+    copied out."""
+    resident = m.resident
     n = 0
-    for u in range(chunk_lo[c], chunk_hi[c]):
+    for u in range(sp.chunk_lo[c], sp.chunk_hi[c]):
         if resident[u] == 1:
-            depopulate(u, st, resident, planned, unit_chunk, chunk_count, weight, prev, nxt)
+            depopulate(u, m.st, resident, m.planned, sp.unit_chunk, m.chunk_count, sp.chunk_weight, m.prev, m.nxt)
             n += 1
     return n
 
