@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 
 from . import __version__
 from .command import Command
-from .errors import PagecastError, UsageError
+from .errors import PagecastError, Terminated, UsageError
 
 
 def _commands() -> list[Command]:
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             pass
     old_showwarning = warnings.showwarning
     warnings.showwarning = _showwarning
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _terminate)
     try:
         parser = build_parser()
         try:
@@ -99,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"{name}: terminated by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum
     except BrokenPipeError:
         return 0
     except OSError as e:  # the file system said no (permissions, a full or read-only disk, /sys as root)
@@ -123,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.showwarning = old_showwarning
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _terminate(signum, frame):
+    """SIGTERM: unwind (outputs being written are removed on the way), then exit 128 + 15."""
+    signal.signal(signum, signal.SIG_IGN)   # a second one does not cut the clean-up short
+    raise Terminated(signum)
 
 
 def entry() -> None:  # pragma: no cover
