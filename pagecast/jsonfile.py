@@ -13,12 +13,13 @@ from .errors import InputError
 from .outputs import Output
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
-    """Write JSON to a temporary sibling of `path`, fsync, rename it into place, replacing what is
-    there (readers never see half a file; a failed write leaves nothing behind and raises
-    OutputWriteError naming the path and the cause). Callers refuse an existing output first."""
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2, *, force: bool = True) -> None:
+    """Write JSON to a temporary sibling of `path`, fsync, rename it into place (readers never see
+    half a file; a failed write leaves nothing behind and raises OutputWriteError naming the path
+    and the cause). `force=False`: refuse an existing file, also one another run wrote meanwhile
+    (`pagecast.outputs.Output`)."""
     text = json.dumps(obj, indent=indent, default=_json_default) + "\n"
-    with Output(path, force=True) as o:
+    with Output(path, force=force) as o:
         with open(o.tmp, "w") as f:
             f.write(text)
 

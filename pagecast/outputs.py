@@ -231,7 +231,7 @@ class Output:
                 raise UsageError(f"{p} is a directory; give a file name"
                                  + (f" such as {self.example}" if self.example else ""))
             if any(p.iterdir()) and not self.owned(p):
-                raise OutputExistsError(p, f"{p} is a non-empty directory that pagecast did not write;"
+                raise OutputExistsError(p, f"{p} is a non-empty directory that is not a pagecast output;"
                                            " refusing to delete it even with --force")
         elif self.directory and not self.owned(p):
             raise OutputExistsError(p, f"{p} is a file that pagecast did not write as this output;"
