@@ -17,7 +17,7 @@ import warnings
 
 from . import __version__
 from .command import Command
-from .errors import PagecastError, Terminated, UsageError
+from .errors import PagecastError, UsageError
 
 
 def _commands() -> list[Command]:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(e.code or 0)
         cmd = getattr(args, "_cmd", None)
         if cmd is not None:
-            name = f"pagecast {cmd.name}"
+            name = _NAME[0] = f"pagecast {cmd.name}"
         if extra:  # point at the subcommand's -h, not the top level's
             raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{name} -h')")
         if cmd is None:
@@ -104,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
-    except Terminated as e:
-        print(f"{name}: terminated by {signal.Signals(e.signum).name}", file=sys.stderr)
-        return 128 + e.signum
     except BrokenPipeError:
         return 0
     except OSError as e:  # the file system said no (permissions, a full or read-only disk, /sys as root)
@@ -135,10 +132,28 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, old_term)
 
 
+_NAME = ["pagecast"]
+
+
 def _terminate(signum, frame):
-    """SIGTERM: unwind (outputs being written are removed on the way), then exit 128 + 15."""
+    """SIGTERM: remove the outputs being written (their temporary siblings; an output a --force
+    replacement moved aside is put back), say so in one line, exit 128 + 15. No exception is
+    raised into the running code: inside an extension module (torch's import, a pybind11
+    callback) that aborts the process instead of unwinding it."""
     signal.signal(signum, signal.SIG_IGN)   # a second one does not cut the clean-up short
-    raise Terminated(signum)
+    from .outputs import abandon_all
+    gone = abandon_all()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        dropped = f"; {', '.join(map(str, gone))} not written" if gone else ""
+        os.write(2, f"{_NAME[0]}: terminated by {signal.Signals(signum).name}{dropped}\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
 
 
 def entry() -> None:  # pragma: no cover

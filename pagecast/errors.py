@@ -64,12 +64,3 @@ class OutputExistsError(UsageError):
     def __init__(self, path, message: str | None = None) -> None:
         super().__init__(message or f"{path} exists; pass --force to overwrite it")
 
-
-class Terminated(BaseException):
-    """SIGTERM reached a command: it stops where it is, removing the output it was writing
-    (pagecast.outputs.Output), and exits 128 + the signal's number. A BaseException, so that
-    no `except Exception` on the way swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum

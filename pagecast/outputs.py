@@ -179,6 +179,27 @@ def fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+_ACTIVE: dict[int, "Output"] = {}   # outputs being written by this process (for abandon_all)
+
+
+def abandon_all() -> list[Path]:
+    """Remove the temporary siblings of every output this process is writing, putting back an
+    output that a --force replacement had moved aside. For a signal handler that ends the process
+    without unwinding (raising into arbitrary code, such as an extension module's import, could
+    abort the process instead). Returns the paths whose output was dropped."""
+    gone = []
+    for o in list(_ACTIVE.values()):
+        gone.append(o.path)
+        old = o._aside
+        if old is not None and not (o.path.exists() or o.path.is_symlink()):
+            try:
+                os.rename(old, o.path)
+            except OSError:
+                pass
+        o.abort()
+    return gone
+
+
 class Output:
     """One output path written atomically (a file when `directory` is false, else a directory).
 
@@ -204,6 +225,7 @@ class Output:
         self.owned = owned or (lambda p: True)
         self.example = example
         self.committed = False
+        self._aside: Path | None = None    # the replaced output while it is moved aside
         self._check(self.path)
         if force:
             for d, pid in debris_of(self.path):
@@ -216,6 +238,7 @@ class Output:
                 self.tmp.mkdir()
         except OSError as e:
             raise OutputWriteError(self.path, e) from None
+        _ACTIVE[id(self)] = self
 
     def _sibling(self, tag: str) -> Path:
         return self.path.with_name(f".{self.path.name}{tag}{os.getpid()}-{secrets.token_hex(4)}")
@@ -253,6 +276,7 @@ class Output:
             self.abort()
             raise
         self.committed = True
+        _ACTIVE.pop(id(self), None)
         return self.path
 
     def _publish(self) -> None:
@@ -268,15 +292,17 @@ class Output:
                 raise OutputExistsError(self.path, f"{self.path} was written by another run while this one"
                                                    " worked; this run's output was dropped (pass --force to replace it)")
             self._check(self.path)
-            old = self._sibling(OLD_TAG)
+            old = self._aside = self._sibling(OLD_TAG)
             try:
                 os.rename(self.path, old)
             except FileNotFoundError:
+                self._aside = None
                 continue   # the other writer moved it first
-            if self._place():
-                remove_path(old)
-                return
+            placed = self._place()
+            self._aside = None
             remove_path(old)
+            if placed:
+                return
         raise OSError(errno.EEXIST, "another writer keeps replacing it", str(self.path))
 
     def _place(self) -> bool:
@@ -305,6 +331,7 @@ class Output:
 
     def abort(self) -> None:
         """Remove the temporary sibling (nothing is left at the path)."""
+        _ACTIVE.pop(id(self), None)
         if not self.committed:
             remove_path(self.tmp)
 

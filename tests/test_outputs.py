@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 from pagecast import trace as T  # noqa: E402
 from pagecast.cli import main  # noqa: E402
-from pagecast.errors import OutputExistsError, Terminated, UsageError  # noqa: E402
+from pagecast.errors import OutputExistsError, UsageError  # noqa: E402
 from pagecast.outputs import Output, OutputWriteError, debris_of, write_file  # noqa: E402
 
 SCALE = "0.05"
@@ -207,7 +207,7 @@ def tiny_fs(tmp_path):
     d.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(d)], capture_output=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(d)], capture_output=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()})")
     try:
@@ -225,12 +225,12 @@ def test_full_tmpfs(tmp_path, tiny_fs):
     """datasets make, replay -o, report and collect --interpret on a full file system: exit 2, one
     line, no traceback, nothing left; the same command succeeds once there is room."""
     big = tmp_path / "t.pctrace"
-    assert _cli("datasets", "make", "llm-decode", "-o", big, "--scale", "0.2").returncode == 0
+    assert _cli("datasets", "make", "llm-decode", "-o", big, "--scale", SCALE).returncode == 0
     res = tmp_path / "r.parquet"
     assert _cli("replay", big, "--policy", "demand,alloc,oracle", "--oversub", "1.5,2", "-o", res).returncode == 0
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    runs = [("datasets", "make", "llm-decode", "-o", tiny_fs / "d.pctrace", "--scale", "0.2"),
+    runs = [("datasets", "make", "llm-decode", "-o", tiny_fs / "d.pctrace", "--scale", SCALE),
             ("replay", big, "--policy", "demand,alloc,oracle", "--oversub", "1.5,2", "-o", tiny_fs / "r.parquet"),
             ("report", res, "-o", tiny_fs / "r.html"),
             ("collect", "--interpret", "-o", tiny_fs / "c.pctrace", "--", "python", script, "6")]
@@ -315,39 +315,47 @@ def test_collect_interpret_write_error_stops_the_workload(tmp_path, monkeypatch)
 # ---- SIGTERM --------------------------------------------------------------------------------------
 
 def test_sigterm_while_making_leaves_the_old_trace_whole(tmp_path, capsys, monkeypatch):
-    """SIGTERM at each point of `datasets make` (between its chunks, and inside the writer's close):
-    the path holds the previous output whole or nothing; --force re-runs cleanly."""
-    from pagecast.datasets import engine
+    """SIGTERM at each point of `datasets make` (between its chunks, inside the --force swap): the
+    handler (pagecast.cli._terminate: abandon_all, then exit) leaves the previous output whole, no
+    debris; --force re-runs cleanly."""
+    from pagecast import outputs
 
     out = tmp_path / "d.pctrace"
     assert run_cli(capsys, "datasets", "make", "llm-decode", "-o", out, "--scale", SCALE, "--seed", "1")[0] == 0
     real_append = T.TraceWriter.append
-    real_commit = Output.commit
-    for point in range(6):
+    real_place = Output._place
+
+    class Exit(BaseException):
+        pass
+
+    def sigterm():      # what the handler does, but raising instead of os._exit
+        outputs.abandon_all()
+        raise Exit
+
+    for point in range(7):
         calls = []
 
         def append(self, name, data, _point=point):
             calls.append(name)
             if len(calls) == _point + 1:
-                raise Terminated(signal.SIGTERM)
+                sigterm()
             return real_append(self, name, data)
 
-        def commit(self, _point=point):
-            if _point == 5 and self.directory:
-                raise Terminated(signal.SIGTERM)
-            return real_commit(self)
+        def place(self, _point=point):
+            if _point == 6 and self.directory and self._aside is not None:   # old moved aside, new not in
+                sigterm()
+            return real_place(self)
 
-        monkeypatch.setattr(T.TraceWriter, "append", append if point < 5 else real_append)
-        monkeypatch.setattr(Output, "commit", commit)
-        code, _, err = run_cli(capsys, "datasets", "make", "llm-decode", "-o", out, "--scale", SCALE, "--seed", "2",
-                               "--force")
-        assert code == 128 + signal.SIGTERM and "terminated by SIGTERM" in err, (point, err)
+        monkeypatch.setattr(T.TraceWriter, "append", append if point < 6 else real_append)
+        monkeypatch.setattr(Output, "_place", place)
+        with pytest.raises(Exit):
+            main(["datasets", "make", "llm-decode", "-o", str(out), "--scale", SCALE, "--seed", "2", "--force"])
         tr, warned = _quiet_read(out)
-        assert tr.complete and not warned and tr.manifest["workload"]["seed"] == 1
-        assert _names(tmp_path) == ["d.pctrace"]
+        assert tr.complete and not warned and tr.manifest["workload"]["seed"] == 1, point
+        assert _names(tmp_path) == ["d.pctrace"], point
+        assert not outputs._ACTIVE
     monkeypatch.setattr(T.TraceWriter, "append", real_append)
-    monkeypatch.setattr(Output, "commit", real_commit)
-    assert engine is not None
+    monkeypatch.setattr(Output, "_place", real_place)
     assert run_cli(capsys, "datasets", "make", "llm-decode", "-o", out, "--scale", SCALE, "--seed", "2",
                    "--force")[0] == 0
     tr, warned = _quiet_read(out)
@@ -364,7 +372,7 @@ def test_sigterm_datasets_make_subprocess(tmp_path):
         time.sleep(delay)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=120)
-        assert "Traceback" not in err
+        assert "Traceback" not in err and "Aborted" not in err and p.returncode in (0, 128 + signal.SIGTERM, -15)
         assert [x for x in tmp_path.iterdir() if x.name != "d.pctrace"] == []
         if out.exists():
             tr, warned = _quiet_read(out)
