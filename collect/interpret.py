@@ -26,7 +26,6 @@ closes Parquet parts as it goes: a crash in the workload still leaves a readable
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -49,6 +48,7 @@ from . import interpret_compat, interpret_hooks
 from .interpret_args import ArgPacker, check_triton_version
 from .interpret_memory import (AllocationLog, NotOnCPU, SharedMemory, StorageMap, make_placement)
 from .interpret_pages import LaunchPages, page_intervals
+from .interpret_stop import Interrupted, WriteFailed, hook as _hook
 from .target import Workload
 
 SOURCE = "triton-interpreter"
@@ -77,42 +77,6 @@ class Refusal(BaseException):
     """Bad input met while the workload runs (a CUDA tensor, an unsupported argument).
 
     A BaseException, so that the workload's own `except Exception` does not swallow it."""
-
-
-class WriteFailed(BaseException):
-    """Writing the trace failed inside a launch hook (a full disk): collection stops.
-
-    A BaseException, so that the workload's own `except Exception` does not swallow it; from then
-    on the hooks record nothing, whatever the workload does with it."""
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT while the workload ran: collection stops, the partial trace is kept.
-
-    Raised where the workload runs, never inside pagecast's own hook code (deferred to the hook's
-    end there), so a launch is either recorded whole or marked partial."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _hook(method):
-    """A recorder hook: does nothing once a write failed; a signal that arrives inside it takes
-    effect when it returns (the trace's buffers are never left half-updated)."""
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if self.failed is not None:
-            return None
-        self.busy += 1
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self.busy -= 1
-            if self.busy == 0 and self.pending_signal is not None:
-                signum, self.pending_signal = self.pending_signal, None
-                raise Interrupted(signum)
-    return wrapper
 
 
 @dataclass
@@ -429,7 +393,7 @@ def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, emu
     t0 = time.perf_counter()
     try:
         writer = T.TraceWriter(cfg.output, manifest, force=cfg.force, tables=(*T.REQUIRED_TABLES, T.TRUTH),
-                               part_rows=1_000_000, part_seconds=cfg.part_seconds)
+                               part_rows=1_000_000, part_seconds=cfg.part_seconds, in_place=True)
         rec = InterpretRecorder(cfg, writer, emulation(prefetch=cfg.driver_prefetch, seed=cfg.seed, drop=cfg.drop))
         rec.on_launch = progress
         uninstall = interpret_hooks.install(rec)

@@ -63,4 +63,3 @@ class OutputExistsError(UsageError):
 
     def __init__(self, path, message: str | None = None) -> None:
         super().__init__(message or f"{path} exists; pass --force to overwrite it")
-

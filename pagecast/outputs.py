@@ -215,30 +215,69 @@ class Output:
       own debris (temporary siblings of this path whose process is gone) is removed first.
     - An OSError while writing or committing (a full disk) becomes OutputWriteError naming the
       path and the cause, with the temporary sibling removed.
+    - `in_place` (the collectors: docs/outputs.md): the directory is claimed at the path itself
+      by mkdir(2) (a second writer loses at once; --force removes the old output first) and
+      written there, so a process killed outright leaves its closed parts readable at the path;
+      `abort` removes it, `commit` fsyncs it.
     """
 
     def __init__(self, path: str | os.PathLike, *, force: bool = False, directory: bool = False,
-                 owned: Callable[[Path], bool] | None = None, example: str = "") -> None:
+                 owned: Callable[[Path], bool] | None = None, example: str = "", in_place: bool = False) -> None:
         self.path = Path(path)
         self.force = force
-        self.directory = directory
+        self.directory = directory or in_place
+        self.in_place = in_place
         self.owned = owned or (lambda p: True)
         self.example = example
         self.committed = False
         self._aside: Path | None = None    # the replaced output while it is moved aside
+        self._ino: tuple[int, int] | None = None
         self._check(self.path)
         if force:
             for d, pid in debris_of(self.path):
                 if not _alive(pid):
                     remove_path(d)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self._sibling(TEMP_TAG)
+        if in_place:
+            self.tmp = self.path
+            self._claim()
+        else:
+            self.tmp = self._sibling(TEMP_TAG)
+            try:
+                if self.directory:
+                    self.tmp.mkdir()
+            except OSError as e:
+                raise OutputWriteError(self.path, e) from None
+        _ACTIVE[id(self)] = self
+
+    def _claim(self) -> None:
+        """in_place: take the path by mkdir(2), which fails when it exists, so two writers never
+        share it; under --force the old output is moved aside and removed first."""
+        if self.force and (self.path.exists() or self.path.is_symlink()):
+            old = self._sibling(OLD_TAG)
+            try:
+                os.rename(self.path, old)
+                remove_path(old)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise OutputWriteError(self.path, e) from None
         try:
-            if directory:
-                self.tmp.mkdir()
+            os.mkdir(self.path)
+        except FileExistsError:
+            raise OutputExistsError(self.path, f"{self.path} is being written by another run (or was meanwhile);"
+                                               " this run wrote nothing") from None
         except OSError as e:
             raise OutputWriteError(self.path, e) from None
-        _ACTIVE[id(self)] = self
+        st = os.stat(self.path)
+        self._ino = (st.st_dev, st.st_ino)
+
+    def _ours(self) -> bool:
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ino
 
     def _sibling(self, tag: str) -> Path:
         return self.path.with_name(f".{self.path.name}{tag}{os.getpid()}-{secrets.token_hex(4)}")
@@ -267,7 +306,8 @@ class Output:
             return self.path
         try:
             fsync_tree(self.tmp)
-            self._publish()
+            if not self.in_place:
+                self._publish()
             _fsync_dir(self.path.parent)
         except OSError as e:
             self.abort()
@@ -332,8 +372,12 @@ class Output:
     def abort(self) -> None:
         """Remove the temporary sibling (nothing is left at the path)."""
         _ACTIVE.pop(id(self), None)
-        if not self.committed:
+        if self.committed:
+            return
+        if not self.in_place:
             remove_path(self.tmp)
+        elif self._ours():   # not another run's that replaced it under --force meanwhile
+            remove_path(self.path)
 
     def __enter__(self) -> "Output":
         return self

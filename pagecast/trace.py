@@ -280,18 +280,20 @@ class TraceWriter:
     `table_rows`) and renames the trace into place; `abort()` (and leaving a `with` block
     by an exception) removes it, so a failed write leaves nothing at `path`. A collector passes
     `keep_partial=True` (or calls `close(complete=False)` itself): an exception then keeps the
-    closed parts as an incomplete trace at `path`, and a process killed outright leaves them,
-    readable, in the temporary sibling (`.NAME.pagecast-tmp-PID-...`, docs/outputs.md). A second writer
+    closed parts as an incomplete trace at `path`. `in_place=True` (the collectors) claims `path`
+    itself at the start (mkdir: a second writer loses at once) and writes there, so a process
+    killed outright leaves its closed parts readable at `path`, as trace-format.md promises. A second writer
     to the same path loses cleanly at close (or replaces the first whole under --force).
     An OSError while writing becomes OutputWriteError naming `path` and the cause.
     """
 
     def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, force: bool = False,
                  part_rows: int = 1_000_000, part_seconds: float = 5.0,
-                 tables: Iterable[str] = REQUIRED_TABLES, keep_partial: bool = False) -> None:
+                 tables: Iterable[str] = REQUIRED_TABLES, keep_partial: bool = False,
+                 in_place: bool = False) -> None:
         self.path = Path(path)
         self.keep_partial = keep_partial
-        self._out = Output(self.path, force=force, directory=True, owned=owned_trace_dir)
+        self._out = Output(self.path, force=force, directory=True, owned=owned_trace_dir, in_place=in_place)
         self.tmp = self._out.tmp
         self.manifest = dict(manifest)
         self.manifest["complete"] = False

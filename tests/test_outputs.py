@@ -421,3 +421,34 @@ def test_partial_launches_are_left_out_of_fit_and_evaluate(tmp_path, capsys):
     (p / T.MANIFEST).write_text(json.dumps(bad))
     code, _, err = run_cli(capsys, "summary", p)
     assert code == 2 and "partial_launches must be a list of launch ids" in err
+
+
+def test_a_failed_plan_leaves_nothing(tmp_path, monkeypatch, hand_trace):
+    from pagecast.replay.plan import plan_io
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    out = tmp_path / "plans" / "p.plan"
+    with pytest.raises(OutputWriteError, match=f"cannot write {out}: No space left on device"):
+        plan_io.write_plan(out, {"launch_id": [0]}, plan_io.new_manifest(trace=T.read_trace(hand_trace), model="m",
+                                                                           capacity_bytes=1 << 20, granularity=1 << 16))
+    assert _names(out.parent) == []
+
+
+def test_collectors_claim_the_path_at_once(tmp_path):
+    """A collector writes in place (a crash leaves its closed parts readable at the path) after
+    claiming it with mkdir: a second collector loses at once, never shares the directory."""
+    p = tmp_path / "c.pctrace"
+    a = T.TraceWriter(p, T.new_manifest(source="a"), in_place=True, part_rows=1)
+    assert json.loads((p / T.MANIFEST).read_text())["complete"] is False
+    with pytest.raises(OutputExistsError):
+        T.TraceWriter(p, T.new_manifest(source="b"), in_place=True)
+    a.append(T.FAULTS, {T.TIME_NS: [1], T.ADDRESS: [1 << 40], T.COUNT: [1], T.ACCESS: ["read"], T.DEVICE: [0]})
+    assert list((p / T.FAULTS).glob("part-*.parquet"))   # closed parts at the path while collecting
+    b = T.TraceWriter(p, T.new_manifest(source="b"), in_place=True, force=True)   # --force: replaces
+    a.abort()                       # a's clean-up does not touch b's directory
+    b.close(complete=False)
+    tr, _ = _quiet_read(p)
+    assert tr.manifest["source"] == "b" and not tr.complete and _names(tmp_path) == ["c.pctrace"]
