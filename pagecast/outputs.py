@@ -269,7 +269,10 @@ class Output:
                                                " this run wrote nothing") from None
         except OSError as e:
             raise OutputWriteError(self.path, e) from None
-        st = os.stat(self.path)
+        # held open while writing: the inode cannot be reused, so _ours() never mistakes another
+        # run's directory (made after --force removed this one) for this one
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        st = os.fstat(self._fd)
         self._ino = (st.st_dev, st.st_ino)
 
     def _ours(self) -> bool:
@@ -278,6 +281,14 @@ class Output:
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self._ino
+
+    def _release(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _sibling(self, tag: str) -> Path:
         return self.path.with_name(f".{self.path.name}{tag}{os.getpid()}-{secrets.token_hex(4)}")
@@ -317,6 +328,7 @@ class Output:
             raise
         self.committed = True
         _ACTIVE.pop(id(self), None)
+        self._release()
         return self.path
 
     def _publish(self) -> None:
@@ -378,6 +390,7 @@ class Output:
             remove_path(self.tmp)
         elif self._ours():   # not another run's that replaced it under --force meanwhile
             remove_path(self.path)
+        self._release()
 
     def __enter__(self) -> "Output":
         return self
