@@ -196,6 +196,7 @@ class Collector:
         self._t0 = time.perf_counter()
         self._pid = os.getpid()
         self.writer = T.TraceWriter(self.out, self.manifest, force=self.force, part_seconds=self.part_seconds,
+                                    in_place=True,
                                     tables=(*T.REQUIRED_TABLES, T.UVM_EVENTS)
                                     + ((T.VALUES,) if self.values is not None else ()))
         if self.install_signals and threading.current_thread() is threading.main_thread():

@@ -41,12 +41,14 @@ import pyarrow as pa
 
 from pagecast import trace as T
 from pagecast.errors import InputError, PagecastError
+from pagecast.outputs import OutputWriteError, describe_os_error
 from pagecast.values import ValuesRecorder
 
 from . import interpret_compat, interpret_hooks
 from .interpret_args import ArgPacker, check_triton_version
 from .interpret_memory import (AllocationLog, NotOnCPU, SharedMemory, StorageMap, make_placement)
 from .interpret_pages import LaunchPages, page_intervals
+from .interpret_stop import Interrupted, WriteFailed, hook as _hook
 from .target import Workload
 
 SOURCE = "triton-interpreter"
@@ -138,9 +140,25 @@ class InterpretRecorder:
         self.on_launch: Callable[[], None] | None = None
         self.values = ValuesRecorder(limit=cfg.values_limit, omit_repeats=True)
         self.has_values = False
+        self.partial: list[int] = []          # launches cut off while they ran (manifest partial_launches)
+        self.failed: BaseException | None = None   # the write error that stopped collection
+        self.stopping = False                 # a signal stopped collection: no new launch is recorded
+        self.busy = 0                         # depth inside a hook (a signal waits for it to return)
+        self.pending_signal: int | None = None
 
     # ---- hooks
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT: stop recording; raise where the workload runs (module docstring)."""
+        self.stopping = True
+        if self.busy:
+            self.pending_signal = signum
+            return
+        raise Interrupted(signum)
+
+    @_hook
     def begin(self, fn, args: tuple, kwargs: dict) -> None:
+        if self.stopping:
+            return
         t0 = time.perf_counter()
         self.storages.release_freed()
         packer = self._packers.get(fn)
@@ -190,10 +208,12 @@ class InterpretRecorder:
             budget = max(0, budget - len(raw))
         return out
 
+    @_hook
     def grid(self, nx: int, ny: int, nz: int) -> None:
         if self.cur is not None:
             self.cur.grid = (int(nx), int(ny), int(nz))
 
+    @_hook
     def access(self, ptrs, mask, kind: int) -> None:
         cur = self.cur
         if cur is None:
@@ -209,7 +229,10 @@ class InterpretRecorder:
                                             max(1, (ety.primitive_bitwidth + 7) // 8))
         self.hook_s += time.perf_counter() - t0
 
-    def end(self) -> None:
+    @_hook
+    def end(self, partial: bool = False) -> None:
+        """The launch ended; `partial`: it was cut off (an exception or a signal inside it), so its
+        footprint is only what it touched so far (marked in the manifest's partial_launches)."""
         t0 = time.perf_counter()
         cur, self.cur = self.cur, None
         if cur is None:
@@ -217,6 +240,8 @@ class InterpretRecorder:
         if min(cur.grid) <= 0:          # an empty grid launches nothing (the launcher skips it)
             self.issued -= 1
             return
+        if partial:
+            self.partial.append(cur.lid)
         pages, code = cur.pages.finish()
         cur.pages = None
         s, e, ids = self._segments()
@@ -232,7 +257,11 @@ class InterpretRecorder:
             cur.reads = []
         if len(self._pending) >= self.cfg.flush_launches or self._truth_rows >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= self.cfg.part_seconds:
-            self.flush()
+            try:
+                self.flush()
+            except (OSError, PagecastError) as e:   # OutputWriteError: the path and the cause
+                self.failed = e
+                raise WriteFailed(str(e)) from None
         self.hook_s += time.perf_counter() - t0
         if self.on_launch is not None:
             self.on_launch()
@@ -302,16 +331,25 @@ class InterpretRecorder:
                 T.START_NS: start, T.END_NS: end, T.PARAM_OFFSETS: offs, T.PARAM_SIZES: sizes,
                 T.PARAM_DATA: pa.array([x.packed.data for x in ls], pa.binary())}
 
-    def finish(self, complete: bool) -> None:
-        if self.cur is not None:        # the workload died inside a launch: keep what it touched
-            self.end()
+    def finish(self, complete: bool, wall_seconds: float | None = None, **manifest) -> dict:
+        """Flush, write the manifest (with `manifest`'s keys) and rename the trace into place;
+        returns the collection's statistics (as the manifest's `collection`)."""
+        self.stopping = True
+        if self.cur is not None:        # the workload died inside a launch: keep what it touched, marked
+            self.end(partial=True)
         self.storages.release_freed()
         self.flush()
         self._write_allocations(live_too=True)
-        self.writer.update_manifest(collection=self.stats(), dropped_records=sum(self.emu.dropped.values()))
-        if self.has_values:
-            self.writer.update_manifest(**{T.VALUES_KEY: self.values.manifest()})
-        self.writer.close(complete=complete)
+        extra = {T.VALUES_KEY: self.values.manifest()} if self.has_values else {}
+        if self.partial:
+            extra[T.PARTIAL_KEY] = sorted(self.partial)
+        stats = self.stats()
+        if wall_seconds is not None:
+            stats["wall_seconds"] = round(wall_seconds, 3)
+        self.writer.update_manifest(**{"collection": stats, "dropped_records": sum(self.emu.dropped.values()),
+                                       **extra, **manifest})
+        self.writer.close(complete=complete and not self.partial)
+        return stats
 
     def stats(self) -> dict:
         return {"launches": self.written + len(self._pending), "kernels": len(self.kernels),
@@ -339,40 +377,82 @@ def collect_interpreted(cfg: InterpretConfig, target: Callable[[], None], *, emu
                      "python": sys.version.split()[0]},
         interpreter={"allocator": cfg.allocator, "drop_rate": cfg.drop, "seed": int(cfg.seed),
                      "compat_fixes": fixes})
-    writer = T.TraceWriter(cfg.output, manifest, force=cfg.force, tables=(*T.REQUIRED_TABLES, T.TRUTH),
-                           part_rows=1_000_000, part_seconds=cfg.part_seconds)
-    rec = InterpretRecorder(cfg, writer, emulation(prefetch=cfg.driver_prefetch, seed=cfg.seed, drop=cfg.drop))
-    rec.on_launch = progress
-    uninstall = interpret_hooks.install(rec)
-    old_term = None
+    rec: InterpretRecorder | None = None
+    handlers: dict = {}
 
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
+    def on_signal(signum, frame):
+        if rec is None:           # before the hooks are in: nothing recorded yet
+            raise Interrupted(signum)
+        rec.on_signal(signum)
 
     if threading.current_thread() is threading.main_thread():
-        old_term = signal.signal(signal.SIGTERM, on_term)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            handlers[sig] = signal.signal(sig, on_signal)
+    writer = uninstall = None
     code, refusal = 0, None
     t0 = time.perf_counter()
     try:
+        writer = T.TraceWriter(cfg.output, manifest, force=cfg.force, tables=(*T.REQUIRED_TABLES, T.TRUTH),
+                               part_rows=1_000_000, part_seconds=cfg.part_seconds, in_place=True)
+        rec = InterpretRecorder(cfg, writer, emulation(prefetch=cfg.driver_prefetch, seed=cfg.seed, drop=cfg.drop))
+        rec.on_launch = progress
+        uninstall = interpret_hooks.install(rec)
         target()
     except Refusal as e:
         code, refusal = 2, str(e)
+    except WriteFailed:
+        code = 2
+    except Interrupted as e:
+        code = 128 + e.signum
+        if rec is not None:
+            print(f"pagecast collect: workload interrupted by {signal.Signals(e.signum).name}; writing the"
+                  " partial trace", file=sys.stderr)
     except SystemExit as e:
         code = _exit_code(e)
     except KeyboardInterrupt:
         code = 130
     except BaseException:   # the workload's own error: shown as Python would, the trace kept
+        if rec is None:
+            if writer is not None:
+                writer.abort()
+            _restore(handlers)
+            raise
         traceback.print_exc()
         code = 1
     finally:
-        uninstall()
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        if uninstall is not None:
+            uninstall()
+        for sig in handlers:      # let the flush finish: a second signal is ignored from here
+            signal.signal(sig, signal.SIG_IGN)
+    try:
         wall = time.perf_counter() - t0
-        rec.finish(complete=code == 0)
-    stats = {**rec.stats(), "wall_seconds": round(wall, 3)}
-    writer.update_manifest(collection=stats, workload_exit_code=code)
+        if rec is None:          # interrupted before anything was recorded
+            if writer is not None:
+                writer.abort()
+            raise InputError(f"interrupted before the workload started; nothing written to {cfg.output}")
+        if rec.failed is not None:   # the disk refused a part: nothing is kept, the re-run needs no clean-up
+            writer.abort()
+            e = rec.failed
+            cause = describe_os_error(e.cause if isinstance(e, OutputWriteError) else e)
+            raise OutputWriteError(cfg.output, cause, f"collection stopped at launch {rec.issued:,};"
+                                   " nothing was kept")
+        stats = rec.finish(complete=code == 0, wall_seconds=wall, workload_exit_code=code)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        _restore(handlers)
     return InterpretResult(code, stats["launches"], refusal, Path(cfg.output), stats)
+
+
+def _restore(handlers: dict) -> None:
+    for sig, old in handlers.items():
+        try:
+            signal.signal(sig, old)
+        except (TypeError, ValueError):
+            pass
+    handlers.clear()
 
 
 def _exit_code(e: SystemExit) -> int:

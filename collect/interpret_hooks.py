@@ -25,7 +25,7 @@ _BUILDER_METHODS = ("set_grid_dim", "create_masked_load", "create_masked_store",
 
 class Recorder(Protocol):
     def begin(self, fn, args: tuple, kwargs: dict) -> None: ...
-    def end(self) -> None: ...
+    def end(self, partial: bool = False) -> None: ...
     def grid(self, nx: int, ny: int, nz: int) -> None: ...
     def access(self, ptrs, mask, kind: int) -> None: ...
 
@@ -50,9 +50,12 @@ def install(rec: Recorder) -> Callable[[], None]:
             return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         rec.begin(self, args, kwargs)
         try:
-            return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        finally:
-            rec.end()
+            out = orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        except BaseException:   # cut off (its own error, a signal): what it touched so far, marked partial
+            rec.end(partial=True)
+            raise
+        rec.end()
+        return out
 
     def set_grid_dim(nx, ny, nz):
         rec.grid(nx, ny, nz)

@@ -125,7 +125,7 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
     scale = check_scale(scale)
     drop = check_drop(drop)
     out = Path(out)
-    T.prepare_output_dir(out, force)  # refuse before doing the work
+    T.check_output_dir(out, force)  # refuse before doing the work; the writer checks again at its end
     b = build(name, scale=scale, seed=seed)
     argv = ["pagecast", "datasets", "make", name, "-o", str(out), "--scale", f"{scale:g}",
             "--seed", str(seed), "--mode", mode]
@@ -133,7 +133,7 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
         argv.append("--no-driver-prefetch")
     if drop:
         argv += ["--drop", f"{drop:g}"]
-    b.write(out, mode=mode, driver_prefetch=driver_prefetch, force=True,
+    b.write(out, mode=mode, driver_prefetch=driver_prefetch, force=force,
             workload={"name": name, "argv": argv, "scale": scale, "seed": int(seed),
                       "category": WORKLOADS[name].category, "revision": REVISION, "drop": drop},
             progress=progress, drop=drop)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             pass
     old_showwarning = warnings.showwarning
     warnings.showwarning = _showwarning
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _terminate)
     try:
         parser = build_parser()
         try:
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(e.code or 0)
         cmd = getattr(args, "_cmd", None)
         if cmd is not None:
-            name = f"pagecast {cmd.name}"
+            name = _NAME[0] = f"pagecast {cmd.name}"
         if extra:  # point at the subcommand's -h, not the top level's
             raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{name} -h')")
         if cmd is None:
@@ -123,6 +128,32 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.showwarning = old_showwarning
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+_NAME = ["pagecast"]
+
+
+def _terminate(signum, frame):
+    """SIGTERM: remove the outputs being written (their temporary siblings; an output a --force
+    replacement moved aside is put back), say so in one line, exit 128 + 15. No exception is
+    raised into the running code: inside an extension module (torch's import, a pybind11
+    callback) that aborts the process instead of unwinding it."""
+    signal.signal(signum, signal.SIG_IGN)   # a second one does not cut the clean-up short
+    from .outputs import abandon_all
+    gone = abandon_all()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        dropped = f"; {', '.join(map(str, gone))} not written" if gone else ""
+        os.write(2, f"{_NAME[0]}: terminated by {signal.Signals(signum).name}{dropped}\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
 
 
 def entry() -> None:  # pragma: no cover

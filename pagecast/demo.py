@@ -70,7 +70,7 @@ def prepare_dir(out: Path, force: bool) -> None:
             if not (out / MANIFEST).exists():
                 raise OutputExistsError(out, f"{out} is a non-empty directory that is not a pagecast demo;"
                                              " refusing to delete it even with --force")
-            prepare_output_dir(out, True)
+            prepare_output_dir(out, True, owned=lambda p: True)   # a demo directory: checked just above
         else:
             out.rmdir()
     out.mkdir(parents=True)

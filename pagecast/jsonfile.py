@@ -10,26 +10,18 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .outputs import refuse_special
+from .outputs import Output
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
-    """Write JSON next to `path`, then rename it into place (readers never see half a file;
-    a failed write leaves no temporary file behind)."""
-    path = Path(path)
-    refuse_special(path)
-    path.parent.mkdir(parents=True, exist_ok=True)   # as plan, datasets make and demo do
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=indent, default=_json_default)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 2, *, force: bool = True) -> None:
+    """Write JSON to a temporary sibling of `path`, fsync, rename it into place (readers never see
+    half a file; a failed write leaves nothing behind and raises OutputWriteError naming the path
+    and the cause). `force=False`: refuse an existing file, also one another run wrote meanwhile
+    (`pagecast.outputs.Output`)."""
+    text = json.dumps(obj, indent=indent, default=_json_default) + "\n"
+    with Output(path, force=force) as o:
+        with open(o.tmp, "w") as f:
+            f.write(text)
 
 
 def read_json(path: str | os.PathLike, error: type[InputError] = InputError) -> Any:

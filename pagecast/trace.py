@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from . import PRODUCER
 from .errors import OutputExistsError, TraceError, shown
 from .jsonfile import read_json, write_json_atomic
-from .outputs import refuse_special
+from .outputs import Output, OutputWriteError, refuse_special, remove_path
 from .uvm import PAGE
 
 FORMAT = "pagecast-trace"
@@ -154,6 +154,14 @@ VALUES_KEY = "values"
 VALUES_LIMIT = 16 << 20
 REPEATS = ("omitted", "kept")
 
+# ---- what the writer promises (docs/trace-format.md, "What pagecast adds") -----------------
+# "table_rows": {"launches": n, ...}: the rows each table's parts hold, written at close. A reader
+# refuses a trace whose parts hold other counts (parts lost, or mixed with another run's).
+TABLE_ROWS_KEY = "table_rows"
+# "partial_launches": [launch ids]: launches cut off (by a signal, an error) while they ran, whose
+# recorded footprint is only part of what they touch; fitting and evaluation leave them out.
+PARTIAL_KEY = "partial_launches"
+
 
 class TraceWarning(UserWarning):
     """Something about a trace the user should know (e.g. it is incomplete)."""
@@ -216,40 +224,80 @@ def to_table(name: str, data: pa.Table | Mapping[str, Any] | Any) -> pa.Table:
 
 # ---- writer ----------------------------------------------------------------
 
-def prepare_output_dir(path: Path, force: bool) -> None:
-    """Refuse an existing output unless --force; with it, replace only a previous pagecast output."""
+def owned_trace_dir(path: Path) -> bool:
+    """Whether `--force` may replace directory `path`: a trace (its manifest names this format),
+    or what an interrupted writer of an earlier pagecast left of one (table directories holding
+    Parquet parts and temporary dot-files, and at most a manifest)."""
     path = Path(path)
-    if path.exists():
+    if is_trace(path):
+        return True
+    try:
+        for e in path.iterdir():
+            if e.name == MANIFEST and e.is_file():
+                continue
+            if not (e.is_dir() and e.name in SCHEMAS):
+                return False
+            if not all(f.is_file() and (f.suffix == ".parquet" or f.name.startswith(".")) for f in e.iterdir()):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def check_output_dir(path: str | os.PathLike, force: bool, owned=owned_trace_dir) -> Path:
+    """Refuse an existing output unless --force, and with it anything pagecast did not write
+    (checked before any work; the write itself goes through `pagecast.outputs.Output`)."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
         if not force:
             raise OutputExistsError(path)
         refuse_special(path)
-        if path.is_dir():
-            if any(path.iterdir()) and not (path / MANIFEST).exists():
-                raise OutputExistsError(path, f"{path} is a non-empty directory that is not a pagecast output;"
-                                              " refusing to delete it even with --force")
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        if path.is_dir() and not path.is_symlink() and any(path.iterdir()) and not owned(path):
+            raise OutputExistsError(path, f"{path} is a non-empty directory that is not a pagecast output;"
+                                          " refusing to delete it even with --force")
+    return path
+
+
+def prepare_output_dir(path: Path, force: bool, owned=owned_trace_dir) -> None:
+    """Refuse an existing output unless --force; with it, delete it now (a previous pagecast output
+    only). For outputs that are filled in place (the demo's work directory); everything else
+    writes through `pagecast.outputs.Output`, which replaces the old output only once the new one
+    is whole."""
+    path = check_output_dir(path, force, owned)
+    if path.exists() or path.is_symlink():
+        remove_path(path)
 
 
 class TraceWriter:
-    """Writes a trace directory part by part.
+    """Writes a trace directory part by part, into a temporary sibling renamed into place.
 
     Rows are buffered per table and written as a new Parquet part once
     `part_rows` rows are buffered or `part_seconds` have passed since that
     table's last part, so a crash loses at most the open buffers. Each part is
     written under a temporary name and renamed, so every visible part is whole.
-    The manifest says `complete: false` until `close(complete=True)`.
+    Everything goes to a temporary sibling of `path` (`pagecast.outputs.Output`):
+    `close(complete)` writes the manifest (with `complete` and each table's row count,
+    `table_rows`) and renames the trace into place; `abort()` (and leaving a `with` block
+    by an exception) removes it, so a failed write leaves nothing at `path`. A collector passes
+    `keep_partial=True` (or calls `close(complete=False)` itself): an exception then keeps the
+    closed parts as an incomplete trace at `path`. `in_place=True` (the collectors) claims `path`
+    itself at the start (mkdir: a second writer loses at once) and writes there, so a process
+    killed outright leaves its closed parts readable at `path`, as trace-format.md promises. A second writer
+    to the same path loses cleanly at close (or replaces the first whole under --force).
+    An OSError while writing becomes OutputWriteError naming `path` and the cause.
     """
 
     def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, force: bool = False,
                  part_rows: int = 1_000_000, part_seconds: float = 5.0,
-                 tables: Iterable[str] = REQUIRED_TABLES) -> None:
+                 tables: Iterable[str] = REQUIRED_TABLES, keep_partial: bool = False,
+                 in_place: bool = False) -> None:
         self.path = Path(path)
-        prepare_output_dir(self.path, force)
-        self.path.mkdir(parents=True)
+        self.keep_partial = keep_partial
+        self._out = Output(self.path, force=force, directory=True, owned=owned_trace_dir, in_place=in_place)
+        self.tmp = self._out.tmp
         self.manifest = dict(manifest)
         self.manifest["complete"] = False
+        self.manifest.pop(TABLE_ROWS_KEY, None)
         self.part_rows = part_rows
         self.part_seconds = part_seconds
         self._buffers: dict[str, list[pa.Table]] = {}
@@ -257,27 +305,42 @@ class TraceWriter:
         self._parts: dict[str, int] = {}
         self._last_flush: dict[str, float] = {}
         self.rows: dict[str, int] = {}
+        self._written: dict[str, int] = {}   # rows in closed parts
         self.closed = False
-        for t in tables:
-            self._open_table(t)
-        write_json_atomic(self.path / MANIFEST, self.manifest)
+        with self._io():
+            for t in tables:
+                self._open_table(t)
+            write_json_atomic(self.tmp / MANIFEST, self.manifest)
+
+    @contextmanager
+    def _io(self):
+        """An OSError (a full disk) while writing: OutputWriteError naming the output and the cause
+        (the caller decides whether to abort or keep what was closed)."""
+        try:
+            yield
+        except OutputWriteError as e:
+            raise OutputWriteError(self.path, e.cause, "nothing was kept") from None
+        except OSError as e:
+            raise OutputWriteError(self.path, e, "nothing was kept") from None
 
     def _open_table(self, name: str) -> None:
         if name not in SCHEMAS:
             raise ValueError(f"unknown table {name!r}")
         if name not in self._parts:
-            (self.path / name).mkdir(exist_ok=True)
+            (self.tmp / name).mkdir(exist_ok=True)
             self._parts[name] = 0
             self._buffers[name] = []
             self._buffered_rows[name] = 0
             self._last_flush[name] = time.monotonic()
             self.rows[name] = 0
+            self._written[name] = 0
 
     def append(self, name: str, data: Any) -> None:
         """Buffer rows for table `name`; writes a part when the buffer is due."""
         if self.closed:
             raise RuntimeError("trace writer is closed")
-        self._open_table(name)
+        with self._io():
+            self._open_table(name)
         table = to_table(name, data)
         if table.num_rows == 0:
             return
@@ -301,34 +364,63 @@ class TraceWriter:
             self._buffered_rows[t] = 0
 
     def _write_part(self, name: str, table: pa.Table) -> None:
-        part = self.path / name / f"part-{self._parts[name]:05d}.parquet"
+        part = self.tmp / name / f"part-{self._parts[name]:05d}.parquet"
         tmp = part.with_name(f".{part.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, part)
+        with self._io():
+            try:
+                pq.write_table(table, tmp, compression="zstd")
+                os.replace(tmp, part)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         self._parts[name] += 1
+        self._written[name] += table.num_rows
 
     def update_manifest(self, **changes: Any) -> None:
         """Change manifest keys and rewrite it atomically."""
-        self.manifest.update(changes)
-        write_json_atomic(self.path / MANIFEST, self.manifest)
-
-    def close(self, complete: bool = True) -> None:
-        """Flush every table; give each empty table one zero-row part; write the manifest."""
         if self.closed:
-            return
-        self.flush()
-        for t, n in self._parts.items():
-            if n == 0:
-                self._write_part(t, SCHEMAS[t].empty_table())
-        self.manifest["complete"] = bool(complete)
-        write_json_atomic(self.path / MANIFEST, self.manifest)
+            raise RuntimeError("trace writer is closed")
+        self.manifest.update(changes)
+        with self._io():
+            write_json_atomic(self.tmp / MANIFEST, self.manifest)
+
+    def close(self, complete: bool = True) -> Path:
+        """Flush every table; give each empty table one zero-row part; write the manifest with
+        `complete` and `table_rows`; rename the trace into place. A failure removes it
+        (OutputWriteError, or OutputExistsError when another run wrote the path meanwhile)."""
+        if self.closed:
+            return self.path
+        try:
+            self.flush()
+            for t, n in self._parts.items():
+                if n == 0:
+                    self._write_part(t, SCHEMAS[t].empty_table())
+            self.manifest["complete"] = bool(complete)
+            self.manifest[TABLE_ROWS_KEY] = {t: int(self._written[t]) for t in self._parts}
+            with self._io():
+                write_json_atomic(self.tmp / MANIFEST, self.manifest)
+            self._out.commit()
+        except BaseException:
+            self.abort()
+            raise
         self.closed = True
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the trace: nothing is left at the path (nor in its temporary sibling)."""
+        self.closed = True
+        self._out.abort()
 
     def __enter__(self) -> "TraceWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(complete=exc_type is None)
+        if exc_type is None:
+            self.close(complete=True)
+        elif self.keep_partial and not isinstance(exc, OutputWriteError):
+            self.close(complete=False)
+        else:
+            self.abort()
 
 
 def write_trace(path: str | os.PathLike, manifest: Mapping[str, Any], tables: Mapping[str, Any],
@@ -337,7 +429,8 @@ def write_trace(path: str | os.PathLike, manifest: Mapping[str, Any], tables: Ma
     with TraceWriter(path, manifest, force=force) as w:
         for name, data in tables.items():
             if data is not None:
-                w._open_table(name)
+                with w._io():
+                    w._open_table(name)
                 w.append(name, data)
     return Path(path)
 
@@ -399,6 +492,20 @@ class Trace:
     @property
     def n_launches(self) -> int:
         return self.launches.num_rows
+
+    @property
+    def partial_launches(self) -> np.ndarray:
+        """Ids of the launches cut off while they ran (manifest `partial_launches`): their recorded
+        footprint is part of what they touch, so fitting and evaluation leave them out."""
+        ids = self.manifest.get(PARTIAL_KEY) or []
+        a = np.asarray(ids, np.int64).reshape(-1)
+        return a[(a >= 0) & (a < self.n_launches)]
+
+    def whole_launches(self) -> np.ndarray:
+        """Per launch: True unless it is one of `partial_launches`."""
+        keep = np.ones(self.n_launches, bool)
+        keep[self.partial_launches] = False
+        return keep
 
     def require_launches(self, what: str) -> "Trace":
         """This trace, or TraceError (one line, exit 2) when it has no launches: an empty trace is bad input."""
@@ -559,6 +666,9 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise TraceError(f"{mpath}: mode must be one of {', '.join(MODES)}, found {shown(mode)}")
     if not isinstance(manifest.get("complete"), bool):
         raise TraceError(f"{mpath}: complete must be true or false, found {shown(manifest.get('complete'))}")
+    part = manifest.get(PARTIAL_KEY)
+    if part is not None and not (isinstance(part, list) and all(type(x) is int and x >= 0 for x in part)):
+        raise TraceError(f"{mpath}: {PARTIAL_KEY} must be a list of launch ids, found {shown(part)}")
     for key in ("workload", "device"):
         if not isinstance(manifest.get(key), (dict, type(None))):
             raise TraceError(f"{mpath}: {key} must be an object or null, found {shown(manifest.get(key))}")
@@ -631,6 +741,7 @@ def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
                 extra[name] = t
     trace = Trace(path=path, manifest=manifest, truth=truth, extra=extra, **loaded)
     trace.lazy.update(later)
+    _check_table_rows(trace, wanted)
     if validate:
         _validate(trace)
     if not trace.complete:
@@ -641,6 +752,50 @@ def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
 
 def _part_files(tdir: Path) -> list[Path]:
     return sorted(p for p in tdir.glob(PART_GLOB) if not p.name.startswith("."))
+
+
+def _footer_rows(parts: list[Path]) -> int | None:
+    """The rows a lazily read table's parts hold, from their footers; None where a footer is
+    damaged (that part is refused, in one line, when the table is read)."""
+    try:
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+    except Exception:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer
+        return None
+
+
+def _check_table_rows(trace: "Trace", wanted: set[str] | None) -> None:
+    """The manifest's `table_rows` (written at close) against the parts. A table it names that is
+    missing, or whose parts hold another number of rows (parts lost, mixed with another run's,
+    or edited), makes the trace incomplete: read, with a warning that says so."""
+    rows = trace.manifest.get(TABLE_ROWS_KEY)
+    if rows is None:
+        return
+    mpath = trace.path / MANIFEST
+    if not isinstance(rows, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in rows.items()):
+        raise TraceError(f"{mpath}: {TABLE_ROWS_KEY} must map table names to row counts, found {shown(rows)}")
+    wrong = []
+    for name, n in rows.items():
+        if name not in SCHEMAS:
+            continue   # a table this reader does not know: kept and ignored
+        if not (trace.path / name).is_dir():
+            wrong.append(f"{name} is missing (the manifest says {n} rows)")
+            continue
+        if wanted is not None and name not in wanted:
+            continue
+        if name in trace.lazy:   # left on disk: the parts' footers count its rows
+            have = _footer_rows(trace.lazy[name])
+            if have is None:
+                continue
+        else:
+            t = trace.table(name)
+            have = 0 if t is None else t.num_rows
+        if have != n:
+            wrong.append(f"{name} holds {have} rows, the manifest says {n}")
+    if wrong:
+        if trace.complete:
+            trace.manifest["complete"] = False
+        warnings.warn(f"{trace.path}: " + "; ".join(wrong) + " (parts lost, edited or mixed with another run's);"
+                      " reading it as incomplete", TraceWarning, stacklevel=3)
 
 
 def _read_table(tdir: Path, name: str) -> pa.Table:

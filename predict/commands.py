@@ -128,7 +128,7 @@ class PredictCommand(Command):
 
         from pagecast import console
         from pagecast import trace as T
-        from pagecast.outputs import check_output_file
+        from pagecast.outputs import check_output_file, write_file
 
         from .model_io import load_model
         from .predictor import predict_ranges
@@ -137,9 +137,8 @@ class PredictCommand(Command):
         model = load_model(args.model)
         trace = _read_launches(args.trace, "predict")
         table = predict_ranges(model, trace, args.fallback)
-        tmp = out.with_name(f".{out.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(out)
+        write_file(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"), force=args.force,
+                   example="predicted.parquet")
         total = int(pc.sum(table.column(T.BYTES)).as_py() or 0)
         if args.json:
             console.emit_json({"output": str(out), "rows": table.num_rows, "launches": trace.n_launches,

@@ -66,6 +66,11 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     inter = FP.intersection_pages(pred, truth)
     pp, fp = pred.pages_per_launch(), truth.pages_per_launch()
     names, codes, groups = kernel_groups(trace.launches)
+    # launches cut off while they ran (manifest partial_launches) count nowhere: their footprint is partial
+    whole = trace.whole_launches()
+    if not whole.all():
+        inter, pp, fp = (np.where(whole, a, 0) for a in (inter, pp, fp))
+        groups = [g[whole[g]] for g in groups]
     kernels = []
     for k, (name, idx) in enumerate(zip(names, groups)):
         km = model.kernels.get(name)
@@ -80,14 +85,14 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
         d["fit_launches"] = int(km.launches) if km is not None else 0
         d["launches_with_misses"] = int(missed[idx].sum())
     kernels.sort(key=lambda d: -d["footprint_bytes"])
-    overall = _stats(inter, pp, fp, ps, trace.n_launches)
+    overall = _stats(inter, pp, fp, ps, int(whole.sum()))
     # per class: a kernel counts under its summary class (its most demanding region)
     by_class = {}
     klass = np.array([(model.kernels[n].cls if n in model.kernels else "unseen") for n in names] or [""],
                      dtype=object)
     lcls = klass[codes] if len(codes) else np.zeros(0, dtype=object)
     for c in (*CLASSES, "unseen"):
-        m = lcls == c
+        m = (lcls == c) & whole
         if m.any():
             d = _stats(inter[m], pp[m], fp[m], ps, int(m.sum()))
             d["kernels"] = int(sum(1 for n in names if (model.kernels[n].cls if n in model.kernels else "unseen") == c))
@@ -96,29 +101,31 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     # and those whose footprint index values determine (an indexed region, none irregular)
     det = np.array([n in model.kernels and model.kernels[n].cls not in ("irregular", "indexed") for n in names]
                    or [False])
-    dm = det[codes] if len(codes) else np.zeros(0, bool)
+    dm = (det[codes] if len(codes) else np.zeros(0, bool)) & whole
     determined = _stats(inter[dm], pp[dm], fp[dm], ps, int(dm.sum()))
     ix = np.array([n in model.kernels and model.kernels[n].cls == "indexed" for n in names] or [False])
-    im = ix[codes] if len(codes) else np.zeros(0, bool)
+    im = (ix[codes] if len(codes) else np.zeros(0, bool)) & whole
     indexed = _stats(inter[im], pp[im], fp[im], ps, int(im.sum()))
     # the indexed regions' launches without recorded values (given the fallback), values the count
     # asked for past the end of their row, values whose chunk named no page of the allocation
     indexed["values"] = {k: int(v) for k, v in ix_stats.items()}
     base = allocation_footprints(trace)
     binter = FP.intersection_pages(base, truth)
-    baseline = _stats(binter, base.pages_per_launch(), fp, ps, trace.n_launches)
+    binter, bpp = np.where(whole, binter, 0), np.where(whole, base.pages_per_launch(), 0)
+    baseline = _stats(binter, bpp, fp, ps, int(whole.sum()))
     baseline["name"] = "allocation"
     bk = {}
-    bpp = base.pages_per_launch()
     for name, idx in zip(names, groups):
         bk[name] = _stats(binter[idx], bpp[idx], fp[idx], ps, len(idx))["precision"]
     for d in kernels:
         d["baseline_precision"] = bk[d["kernel"]]
+    unseen = unseen & whole
     un = _stats(inter[unseen], pp[unseen], fp[unseen], ps, int(unseen.sum()))
     un["kernels"] = sorted({names[c] for c in np.unique(codes[unseen])}) if unseen.any() else []
     un["fallback"] = fallback
     overall["unexplained_in_fit"] = sum(d["unexplained_in_fit"] for d in kernels)
-    overall["launches_with_misses"] = int(missed.sum())
+    overall["launches_with_misses"] = int(missed[whole].sum())
+    overall["partial_launches_left_out"] = int((~whole).sum())
     return {"overall": overall, "kernels": kernels, "by_class": by_class, "determined": determined,
             "indexed": indexed,
             "baseline": baseline, "unseen": un, "fallback": fallback,

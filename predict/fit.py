@@ -75,8 +75,11 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
                           for t in traces])
     parts: dict[str, list] = defaultdict(list)
     for o in obs:
+        whole = o.trace.whole_launches()   # a launch cut off while it ran shows part of its footprint
         for name, idx in zip(o.names, o.groups):
-            parts[name].append((o, idx))
+            idx = idx[whole[idx]]
+            if len(idx):
+                parts[name].append((o, idx))
     names = sorted(parts)
     for name in names:
         model.kernels[name] = fit_kernel(name, parts[name], ps, params)

@@ -183,7 +183,7 @@ def save_model(model: Model, path, force: bool = False) -> Path:
         raise OutputExistsError(path)
     if path.is_dir():
         raise ModelError(f"{path} is a directory; a model is one JSON file")
-    write_json_atomic(path, model.to_json(), indent=1)
+    write_json_atomic(path, model.to_json(), indent=1, force=force)
     model.path = path
     return path
 

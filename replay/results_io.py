@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagecast.errors import InputError, OutputExistsError, shown
+from pagecast.outputs import Output, OutputWriteError, remove_path
 
 FORMAT = "pagecast-results"
 VERSION = 1
@@ -146,18 +147,25 @@ def write_results(path: str | Path, runs: Iterable[Mapping[str, Any]] | pa.Table
     meta[_META_KEY] = FORMAT.encode()
     meta[_META_VERSION] = str(VERSION).encode()
     t = t.replace_schema_metadata(meta)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(t, tmp)
-    tmp.replace(path)
     tl = timeline_table(timeline)
-    if tl is not None:
-        tl = tl.replace_schema_metadata({_META_KEY: b"pagecast-results-timeline", _META_VERSION: str(VERSION).encode()})
-        tmp = tl_path.with_name(f".{tl_path.name}.tmp")
-        pq.write_table(tl, tmp, compression="zstd")
-        tmp.replace(tl_path)
-    elif tl_path.exists():
+    # both files whole or neither: the timeline first, the results (what readers open) last
+    res = Output(path, force=force, example="results.parquet")
+    try:
+        if tl is not None:
+            tl = tl.replace_schema_metadata({_META_KEY: b"pagecast-results-timeline",
+                                             _META_VERSION: str(VERSION).encode()})
+            with Output(tl_path, force=force, example="results.parquet") as o:
+                pq.write_table(tl, o.tmp, compression="zstd")
+        pq.write_table(t, res.tmp)
+        res.commit()
+    except BaseException as e:
+        res.abort()
+        if tl is not None and not res.committed:
+            remove_path(tl_path)   # never a timeline without its results
+        if isinstance(e, OSError):
+            raise OutputWriteError(path, e) from None
+        raise
+    if tl is None and tl_path.exists():
         tl_path.unlink()  # never leave a stale timeline beside new results
     return path
 

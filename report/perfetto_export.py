@@ -58,7 +58,7 @@ def export_perfetto(cfg: PerfettoExportConfig, progress=None) -> PerfettoExportR
         raise InputError(f"{p}: no such file or directory")
     if T.is_trace(p):
         trace = T.read_trace(p).require_launches("export")
-        with PerfettoWriter(cfg.output) as w:
+        with PerfettoWriter(cfg.output, force=cfg.force) as w:
             counts = trace_timeline(w, trace, progress)
         return PerfettoExportResult(Path(cfg.output), "trace", w.tracks, w.events, counts)
     if is_results(p):
@@ -66,7 +66,7 @@ def export_perfetto(cfg: PerfettoExportConfig, progress=None) -> PerfettoExportR
         if tl is None:
             raise InputError(f"{p}: the results have no timeline beside them (RESULTS.timeline.parquet);"
                              " replay with -o to write one")
-        with PerfettoWriter(cfg.output) as w:
+        with PerfettoWriter(cfg.output, force=cfg.force) as w:
             counts = results_timeline(w, runs, tl, cfg.policies, cfg.workloads, progress)
         return PerfettoExportResult(Path(cfg.output), "results", w.tracks, w.events, counts)
     raise InputError(f"{p}: not a pagecast trace directory or replay results file; "

@@ -20,6 +20,8 @@ import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
+from pagecast.outputs import Output, OutputWriteError
+
 BATCH = 20_000          # packets per serialized Trace message (bounds memory, not a format limit)
 SEQUENCE_ID = 1         # one writer: one trusted packet sequence (needed for interning)
 
@@ -29,11 +31,11 @@ def _pb():
 
 
 class PerfettoWriter:
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, force: bool = True) -> None:
         self._builder_cls = TraceProtoBuilder
         self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self._file = open(self._tmp, "wb")
+        self._out = Output(self.path, force=force, example="timeline.pftrace")
+        self._file = open(self._out.tmp, "wb")
         self._builder = TraceProtoBuilder()
         self._pending = 0
         self._next_uuid = 1
@@ -126,6 +128,8 @@ class PerfettoWriter:
     # ---- file --------------------------------------------------------------------
     def _packet(self, ts: int | None = None):
         pb = _pb()
+        if self._pending >= BATCH:   # before adding: the caller fills the packet this returns
+            self._flush()
         pkt = self._builder.add_packet()
         pkt.trusted_packet_sequence_id = SEQUENCE_ID
         if self._first:
@@ -135,8 +139,6 @@ class PerfettoWriter:
             pkt.timestamp = ts
             pkt.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
         self._pending += 1
-        if self._pending >= BATCH:
-            self._flush()
         return pkt
 
     def _name(self, pkt, name: str) -> None:
@@ -155,14 +157,18 @@ class PerfettoWriter:
             self._pending = 0
 
     def close(self) -> Path:
-        self._flush()
-        self._file.close()
-        os.replace(self._tmp, self.path)
-        return self.path
+        """Write what is pending and rename the file into place (`pagecast.outputs.Output`)."""
+        try:
+            self._flush()
+            self._file.close()
+        except BaseException:
+            self.abort()
+            raise
+        return self._out.commit()
 
     def abort(self) -> None:
         self._file.close()
-        self._tmp.unlink(missing_ok=True)
+        self._out.abort()
 
     def __enter__(self) -> "PerfettoWriter":
         return self
@@ -172,6 +178,8 @@ class PerfettoWriter:
             self.close()
         else:
             self.abort()
+            if isinstance(exc, OSError):
+                raise OutputWriteError(self.path, exc) from None
 
 
 def _annotate(a, key: str, v) -> None:

@@ -19,7 +19,7 @@ from pagecast.replay.results_io import is_results
 from pagecast import trace as T
 from pagecast.console import progress
 from pagecast.errors import InputError, UsageError
-from pagecast.outputs import check_output_file
+from pagecast.outputs import check_output_file, write_file
 
 from .model_report import model_sections
 from .page import Section, render_page
@@ -98,11 +98,7 @@ def write_report(input_path: str | os.PathLike, out_html: str | os.PathLike, *,
         raise InputError(f"{model}: no such model file")
     with progress("report: reading and plotting", None):
         doc, _ = build_html(input_path, model=model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(doc, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_file(out, lambda tmp: tmp.write_text(doc, encoding="utf-8"), force=force, example="report.html")
 
 
 __all__ = ["write_report", "build_html", "detect_kind", "Section"]

@@ -241,3 +241,50 @@ def test_lanes_never_overlap_and_use_the_least(iv):
     open_depth = max((int(((s <= t) & (e > t)).sum()) for t in s.tolist()), default=0)
     closed_depth = max((int(((s <= t) & (e >= t)).sum()) for t in s.tolist()), default=0)
     assert open_depth <= n_lanes <= max(closed_depth, 1 if len(lane) else 0)
+
+
+def _packets(path: Path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+    return list(Trace.FromString(path.read_bytes()).packet)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 7])
+def test_batches_lose_no_event(tmp_path, monkeypatch, batch):
+    """Across every batch boundary each packet carries its event, and slices pair (a packet must
+    not be flushed before the caller fills it: that wrote an empty packet and lost the event)."""
+    from pagecast.report import perfetto_writer as PW
+    monkeypatch.setattr(PW, "BATCH", batch)
+    out = tmp_path / "w.pftrace"
+    with PW.PerfettoWriter(out) as w:
+        a = w.track("a")
+        b = w.track("b", a)
+        c = w.track("c", a, counter_unit="count")
+        w.slices(b, np.arange(23) * 10, np.arange(23) * 10 + 5, [f"k{i % 3}" for i in range(23)], {"i": np.arange(23)})
+        w.instants(a, np.arange(5), "tick")
+        w.counter(c, np.arange(9), np.arange(9))
+    pk = _packets(out)
+    assert len(pk) == 3 + 2 * 23 + 5 + 9
+    assert all(p.HasField("track_descriptor") or p.HasField("track_event") for p in pk)
+    p = Parsed(out)
+    got = p.slices(b)
+    assert [(s, e, n, x["i"]) for s, e, n, x in got] == [(10 * i, 10 * i + 5, f"k{i % 3}", i) for i in range(23)]
+    assert p.counter(c) == [(i, i) for i in range(9)]
+
+
+def test_export_in_small_batches_has_no_empty_packet(tmp_path, capsys, monkeypatch):
+    from pagecast.datasets.registry import make_trace
+    from pagecast.report import perfetto_writer as PW
+    monkeypatch.setattr(PW, "BATCH", 97)
+    t = make_trace("llm-decode", tmp_path / "l.pctrace", scale=0.02, seed=1)
+    out = tmp_path / "l.pftrace"
+    code, _, err = run_cli(capsys, "export", "perfetto", t, "-o", out)
+    assert code == 0, err
+    pk = _packets(out)
+    assert len(pk) > 10 * 97
+    assert all(p.HasField("track_descriptor") or p.HasField("track_event") for p in pk)
+    p = Parsed(out)
+    for u, x in p.tracks.items():
+        if not x["counter"]:
+            p.slices(u)   # every begin has its end, properly nested
+    n = sum(len(p.slices(u)) for u, x in p.tracks.items() if x["name"].startswith("GPU "))
+    assert n == T.read_trace(t).n_launches

@@ -43,7 +43,8 @@ def test_round_trip_with_parts(tmp_path):
     rows = {T.TIME_NS: np.arange(10), T.ADDRESS: (BASE + np.arange(10) * 4096).astype(np.uint64),
             T.COUNT: np.ones(10, np.int32), T.ACCESS: ["write"] * 10, T.DEVICE: np.zeros(10, np.int32)}
     with T.TraceWriter(path, m, part_rows=4) as w:
-        assert json.loads((path / T.MANIFEST).read_text())["complete"] is False
+        assert json.loads((w.tmp / T.MANIFEST).read_text())["complete"] is False
+        assert not path.exists()   # written into a temporary sibling, renamed into place at close
         w.append(T.FAULTS, rows)
         w.append(T.FAULTS, rows)
     parts = sorted((path / T.FAULTS).glob("*.parquet"))
@@ -71,12 +72,39 @@ def test_writer_refuses_overwrite(tmp_path, hand_trace):
 def test_crash_keeps_closed_parts(tmp_path):
     path = tmp_path / "crash.pctrace"
     with pytest.raises(RuntimeError):
-        with T.TraceWriter(path, T.new_manifest(), part_rows=1) as w:
+        with T.TraceWriter(path, T.new_manifest(), part_rows=1, keep_partial=True) as w:
             w.append(T.TRUTH, {T.LAUNCH_ID: [0], T.ADDRESS: [BASE], T.BYTES: [10], T.ACCESS: ["read"]})
             raise RuntimeError("workload died")
     with pytest.warns(T.TraceWarning, match="incomplete"):
         t = T.read_trace(path)
     assert not t.complete and t.truth.num_rows == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["crash.pctrace"]
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    path = tmp_path / "gone.pctrace"
+    with pytest.raises(RuntimeError):
+        with T.TraceWriter(path, T.new_manifest(), part_rows=1) as w:
+            w.append(T.TRUTH, {T.LAUNCH_ID: [0], T.ADDRESS: [BASE], T.BYTES: [10], T.ACCESS: ["read"]})
+            raise RuntimeError("generator died")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_killed_writer_leaves_readable_debris_that_force_removes(tmp_path):
+    """A writer killed outright (never closed) leaves its closed parts in its temporary sibling,
+    readable as an incomplete trace; --force on the path removes that debris."""
+    path = tmp_path / "k.pctrace"
+    w = T.TraceWriter(path, T.new_manifest(), part_rows=1)
+    w.append(T.TRUTH, {T.LAUNCH_ID: [0], T.ADDRESS: [BASE], T.BYTES: [10], T.ACCESS: ["read"]})
+    dead = tmp_path / w.tmp.name.replace(f"-{os.getpid()}-", "-999999999-")
+    w.tmp.rename(dead)   # as if its process had died
+    assert not path.exists()
+    with pytest.warns(T.TraceWarning, match="incomplete"):
+        assert T.read_trace(dead).truth.num_rows == 1
+    T.write_trace(path, T.new_manifest(), {}, force=False)   # without --force: debris left alone
+    assert dead.exists()
+    T.write_trace(path, T.new_manifest(), {}, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.pctrace"]
 
 
 def test_incomplete_trace_reads_with_warning_via_cli(tmp_path, capsys):

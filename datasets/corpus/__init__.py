@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pagecast import trace as T
-from pagecast.errors import InputError, UsageError
+from pagecast.errors import InputError, PagecastError, UsageError
 from pagecast.jsonfile import write_json_atomic
+from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
@@ -93,13 +94,19 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
         raise InputError(f"{name} needs {', '.join(missing)}{hint}; install pagecast[interpret] "
                          "(a CPU torch first)")
     out = Path(out)
-    T.prepare_output_dir(out, force)
+    T.check_output_dir(out, force)   # the recording replaces it only once it is whole
     prog = program_argv(w, scale, seed)
     cmd = [sys.executable, "-m", "pagecast.cli", "collect", "--interpret", "-o", str(out), "--seed", str(int(seed)),
+           *(["--force"] if force else []),
            "--drop", repr(float(drop)), "--allocator", allocator, *([] if driver_prefetch else ["--no-driver-prefetch"]),
            "--", *prog]
     p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
+        try:   # a partial recording (the program failed, a signal): no dataset; the old output is gone too
+            if T.read_manifest(out).get("complete") is False:
+                remove_path(out)
+        except PagecastError:
+            pass
         lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
         raise InputError(f"recording {name} failed (exit {p.returncode}): {lines[-1] if lines else 'no message'}")
     manifest = T.read_manifest(out)

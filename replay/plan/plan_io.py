@@ -37,7 +37,8 @@ import pyarrow.parquet as pq
 from pagecast import PRODUCER
 from pagecast.errors import PlanError
 from pagecast.jsonfile import read_json, write_json_atomic
-from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, prepare_output_dir, ranges_wrap
+from pagecast.outputs import Output
+from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, ranges_wrap
 
 FORMAT = "pagecast-plan"
 VERSION = 1
@@ -111,13 +112,21 @@ def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: 
     t = pa.Table.from_arrays(arrays, schema=SCHEMA)
     if manifest.get("format") != FORMAT:
         raise ValueError("plan manifest must come from plan_io.new_manifest")
-    prepare_output_dir(path, force)
-    path.mkdir(parents=True)
-    pq.write_table(t, path / TABLE, compression="zstd")
     manifest = dict(manifest)
     manifest["rows"] = int(t.num_rows)
-    write_json_atomic(path / MANIFEST, manifest)
+    with Output(path, force=force, directory=True, owned=_owned_plan_dir) as o:
+        pq.write_table(t, o.tmp / TABLE, compression="zstd")
+        write_json_atomic(o.tmp / MANIFEST, manifest)
     return path
+
+
+def _owned_plan_dir(path: Path) -> bool:
+    """Whether --force may replace directory `path`: a plan, or what an interrupted `plan` of an
+    earlier pagecast left (its table and manifest file names only)."""
+    try:
+        return is_plan(path) or {e.name for e in path.iterdir()} <= {TABLE, MANIFEST, f".{MANIFEST}.tmp"}
+    except OSError:
+        return False
 
 
 def is_plan(path: str | Path) -> bool:
