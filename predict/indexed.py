@@ -7,6 +7,8 @@ rows are found by (launch, pointer value) in the trace's `pagecast.values.ValueI
 launch whose row holds fewer than `count` values predicts the chunks of those it has (the rest
 were clipped at the trace's limit). Chunks are clipped to the base's allocation, as every
 region's pages are; values whose chunk lies wholly outside it name nothing and are counted.
+Negative values are sentinels: they select nothing (a -1-padded slot mapping, an expert id of a
+filtered token, a stale or unused entry) and are counted apart (`sentinel`), as kernels skip them.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     `a_s`, `a_e`: the base's allocation in pages, per launch. Returns a dict with `have` (per
     launch: its values were recorded), `rows` (the values row found, -1 none) and the merged
     pieces `l` (index into the launches), `s`, `e` (pages), plus `outside` (values whose chunk
-    names no page of the allocation), `short` (values the count asked for that the row lacks) and
-    `bytes` (per launch, the bytes of values it reads).
+    names no page of the allocation), `sentinel` (negative values: nothing), `short` (values the count
+    asked for that the row lacks) and `bytes` (per launch, the bytes of values it reads).
 
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
@@ -56,7 +58,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     k = np.where(have, np.minimum(cnt, avail), 0)
     short = int(np.where(have, cnt - k, 0).sum())
     z = np.zeros(0, I64)
-    out = {"have": have, "rows": rows, "l": z, "s": z, "e": z, "outside": 0, "short": short, "bytes": k * e}
+    out = {"have": have, "rows": rows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0, "short": short,
+           "bytes": k * e}
     todo = np.flatnonzero(k > 0)
     if len(todo) == 0:
         return out
@@ -65,7 +68,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     ug, us, ue = [], [], []
-    outside = 0
+    outside = sentinel = 0
     mult = np.bincount(inv, minlength=len(uk))   # launches per unique key
     ku = uk[:, 4]
     cum = np.cumsum(ku)
@@ -83,8 +86,10 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         # pages of [b0, b0 + chunk), clipped to the allocation (floor division: b0 may lie below the base)
         sp = np.maximum(np.floor_divide(b0, ps), uk[rep, 6])
         ep = np.minimum(-np.floor_divide(-(b0 + uk[rep, 3]), ps), uk[rep, 7])
-        ok = ep > sp
-        outside += int(mult[rep[~ok]].sum())
+        neg = v < 0
+        ok = (ep > sp) & ~neg
+        sentinel += int(mult[rep[neg]].sum())
+        outside += int(mult[rep[~ok & ~neg]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
         ug.append(gg + lo), us.append(s2), ue.append(e2)
         lo = hi
@@ -94,7 +99,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     np.cumsum(np.bincount(ug, minlength=len(uk)), out=ptr[1:])
     c = ptr[inv + 1] - ptr[inv]
     idx = FP._ranges(ptr[inv], c)
-    out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside)
+    out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside, sentinel=sentinel)
     return out
 
 
@@ -116,6 +121,8 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k)
     if k <= 64:   # a few values (experts, a token): Python ints beat numpy's overhead
         for x in v.tolist():
+            if x < 0:
+                continue
             b0 = base + st + sd * x
             sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
             if ep > sp:
@@ -124,7 +131,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     b0 = base + st + sd * v.astype(I64)
     sp = np.maximum(b0 // ps, a_s)
     ep = np.minimum(-((-(b0 + ch)) // ps), a_e)
-    keep = ep > sp
+    keep = (ep > sp) & (v >= 0)
     if keep.any():
         _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
         out.extend(zip(ms.tolist(), me.tolist()))

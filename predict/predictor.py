@@ -105,7 +105,8 @@ class _Acc:
         self.value_reads: list[tuple[np.ndarray, np.ndarray]] = []   # (launch, value bytes read)
         # indexed regions: launches without values, values past the end of their row, values whose
         # chunk lies outside the allocation
-        self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0}
+        self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0,
+                      "sentinel_values": 0}
 
     def add(self, launch, s, e, label: str, after=None) -> None:
         launch, s, e = (np.asarray(x, np.int64) for x in (launch, s, e))
@@ -225,6 +226,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 st["no_values"] += int((~have).sum())
                 st["short_values"] += res["short"]
                 st["outside_values"] += res["outside"]
+                st["sentinel_values"] += res["sentinel"]
                 after = None
                 if gates:
                     after = np.full(len(l), -1, np.int64)

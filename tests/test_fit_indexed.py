@@ -20,7 +20,7 @@ from pagecast.datasets.engine import WRITE, Builder, Kernel, Range, Ranges
 from pagecast.predict.evaluate import evaluate
 from pagecast.predict.feedback import DEMOTE_AFTER, apply_feedback
 from pagecast.predict.fit import fit_model
-from pagecast.predict.model_io import load_model, save_model
+from pagecast.predict.model_io import Region, load_model, save_model
 
 SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -166,6 +166,42 @@ def test_values_that_point_outside_are_counted_not_an_error(gather, tmp_path, ca
     assert main(["evaluate", str(tmp_path / "m.json"), str(bad)]) == 0
     out = capsys.readouterr().out
     assert "values outside the allocation" in out and "without values" in out
+
+
+def test_negative_values_are_sentinels_that_select_nothing(gather, tmp_path, capsys):
+    """-1 entries (a padded slot mapping, a filtered expert) select no chunk, in the batch
+    predictor and the online one alike; evaluate counts them in one line, exit 0."""
+    from pagecast import values as V
+    from pagecast.cli import main
+    from pagecast.predict import indexed as IX
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    save_model(model, tmp_path / "m.json")
+    b = IW.build(seed=5, record=False)
+    K = IW.K_GATHER
+    blocks = [blk for blk in b.blocks if blk.kernel is K]
+    gl = [int(x) for blk in blocks for x in np.atleast_1d(blk.ids)]
+    ptr = next(a for a in b.buffers if a.label == "ids").ptr()
+    rows = np.array([[7, -1, 9]] * len(gl), "<i4")
+    b.values(K, "ids", gl, ptr, rows)
+    tr = T.read_trace(b.write(tmp_path / "neg.pctrace"))
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "neg.pctrace"), "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["indexed"]["values"]
+    assert v["sentinel_values"] == len(gl) and v["outside_values"] == 0      # 3 values a gather, one -1
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "neg.pctrace")]) == 0
+    assert "negative values (select nothing)" in capsys.readouterr().out
+    # one launch, by both paths: the chunks of 7 and 9 only
+    from pagecast.predict import formula as FM
+    r = Region("p1", "indexed", start=FM.Formula(0, ()), stride=FM.Formula(256, ()), chunk=FM.Formula(256, ()),
+               count=FM.Formula(3, ()), index="p2", elem=4)
+    im, ps, base = V.image(tr), 4096, 1 << 40
+    a_s, a_e = base // ps, base // ps + 64
+    res = IX.batch_pieces(r, {}, np.array([base]), np.array([ptr]), np.array([gl[0]]), im, ps,
+                          np.array([a_s]), np.array([a_e]))
+    out: list = []
+    fns = [lambda a, f=f: int(f.evaluate(a)) for f in (r.start, r.stride, r.chunk, r.count)]
+    IX.one_pieces(r, fns, {}, base, rows[0].tobytes(), ps, a_s, a_e, out)
+    assert sorted(zip(res["s"].tolist(), res["e"].tolist())) == sorted(set(out)) == [(a_s, a_s + 1)]
 
 
 def test_an_odd_formula_bent_through_lost_records_gives_way_to_the_indexed_template(tmp_path):
