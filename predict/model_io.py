@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.uvm import BIG_PAGE, PAGE
 
 from .features import Word
-from .fit_params import FitParams
 from .formula import Formula
 
 FORMAT = "pagecast-model"
@@ -231,7 +231,7 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
         raise ValueError("'kernels' must be an object mapping kernel names to templates")
     fp = doc.get("fit_params")
     if fp is not None:
-        fp = FitParams.from_json(fp).to_json()   # checked; older model files have none
+        fp = _fit_params(fp)   # checked; older model files have none
     m = Model(page_size=ps, big_page=int(big), traces=list(doc.get("traces") or []),
               created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path,
               fit_params=fp)
@@ -317,3 +317,14 @@ def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> No
         raise ValueError(f"{where}: {name!r} lies outside parameter {w.param} ({sizes[w.param]} bytes)")
     if pointer and w.size != 8:
         raise ValueError(f"{where}: base {name!r} is not an 8-byte word")
+
+
+def _fit_params(d) -> dict:
+    """The fit's thresholds a model records (`fit.params.FitParams`, which reads them back with its
+    own types): an object of non-negative finite numbers. ValueError names the first bad one."""
+    if not isinstance(d, dict):
+        raise ValueError("fit_params must be an object")
+    for k, v in d.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"fit_params.{k} must be a non-negative number, found {v!r}")
+    return dict(d)

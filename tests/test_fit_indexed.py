@@ -1,4 +1,4 @@
-"""The `indexed` fit (predict/fit_indexed.py): random gathers whose chunks the index values choose
+"""The `indexed` fit (predict/fit/index_values.py): random gathers whose chunks the index values choose
 (rows of `dim` elements, a column offset into each row, int32 or int64 ids, a count that is an
 argument), their faults emulated by the workload engine with up to 5% of records lost; fitted from
 two traces, the template must predict a third, larger one (more rows, more ids per launch, wider
@@ -208,7 +208,7 @@ def test_an_odd_formula_bent_through_lost_records_gives_way_to_the_indexed_templ
     """llm-paged-decode's attention reads the K and V blocks its block table names. With 1% of the
     fitting traces' records lost, the V cache's pages once fitted a range whose end was
     `-1912304 - 17*p10*p10*p13 + 129*p10*p11*p11`: coefficients no element size times dimensions
-    gives (FitParams.simple_odd). Such a formula now asks the indexed fit first (predict/fit.py),
+    gives (FitParams.simple_odd). Such a formula now asks the indexed fit first (predict/fit/region.py),
     and both caches come out indexed, as from clean records."""
     from pagecast.datasets.registry import make_trace
     fit = [T.read_trace(make_trace("llm-paged-decode", tmp_path / f"f{s}.pctrace", scale=0.2, seed=s, drop=0.01))

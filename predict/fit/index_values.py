@@ -14,15 +14,15 @@ class (never the truth table):
   argument that never exceeds the row (rows clipped at the trace's limit or the allocation's end);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
-  features, the robust solver (`fit_solve._solve_pair`) finds the simplest formulas for the first
+  features, the robust solver (`solve.solve_pair`) finds the simplest formulas for the first
   chunk's start and the last chunk's end within the same byte bounds a range has
-  (`fit.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
+  (`region.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
   the value by the same stride; one more solve, for whole chunks, finds the stride from where the
   last one ends, `start + stride*(v1+1)` (where the records leave the stride loose, the free solve
   may take stride 1 and a chunk as wide as the values' spread); every stride is tried with whole
   chunks (chunk = stride) before any with part chunks;
 - verification: every observed launch's chunks, rounded out to big pages, must cover what the
-  records show touched and stay inside what they may have touched (`fit_strided.verify_pages`),
+  records show touched and stay inside what they may have touched (`strided.verify_pages`),
   but for the launches lost records may leave unexplained (`KernelData.allowed`).
 
 Launches whose values were not recorded do not take part (the predictor gives them the fallback).
@@ -32,21 +32,19 @@ show the chunks its values chose.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from pagecast import values as V
 
-from . import formula as FM
-from . import indexed as IX
-from .features import factorize_rows
-from .fit_solve import _solve_pair
-from .fit_strided import verify_pages
-from .model_io import Region
+from .. import formula as FM
+from .. import indexed as IX
+from ..features import factorize_rows
+from ..model_io import Region
+from ..observe import RegionObs
+from .data import KernelData
+from .solve import solve_pair
+from .strided import verify_pages
 
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
 
 V0, V1 = "v0", "v1"   # the smallest and largest index value a launch reads, as two more features
 
@@ -136,9 +134,9 @@ def _split(f: FM.Formula):
     return stride, rest
 
 
-def fit_indexed(kd: KernelData, w, cat: dict, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
+def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
     """An indexed region for base word `w` at its observed launches `sel` (positions in kd; `nat`:
-    which are natural mode; `bounds`: fit.range_bounds at sel), or None (module doc). Fills `fit`."""
+    which are natural mode; `bounds`: region.range_bounds at sel), or None (module doc). Fills `fit`."""
     if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
         return None
     part, lid = _positions(kd)
@@ -166,7 +164,7 @@ def fit_indexed(kd: KernelData, w, cat: dict, sel: np.ndarray, nat: np.ndarray, 
 def _count_candidates(kd: KernelData, g: np.ndarray, row_len: np.ndarray):
     """Count formulas to try: the rows' lengths as a formula of the arguments (rows recorded
     exactly), then each argument never longer than the row (rows clipped)."""
-    res = _solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
+    res = solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
     if res is not None:
         yield res[0][0]
     for k, name in enumerate(kd.sel_names):
@@ -197,7 +195,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         strides = []
         for force in (False, True):
             ex = _WithValues(kd, g, v0, v1, force)
-            res = _solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
+            res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
                               min_terms={0: 1, 1: 1} if force else None)
             for f in (res[0] if res is not None else ()):
                 sp_ = _split(f)
@@ -208,7 +206,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
         # which verification accepts; this solve pins the stride by where the last row ends
         ex = _WithValues(kd, g, v0, v1 + 1, True)
-        res = _solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
+        res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
         sp_ = _split(res[0][0]) if res is not None else None
         if sp_ is not None and sp_[0] not in strides:
             strides.append(sp_[0])
@@ -235,7 +233,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
     if (sd <= 0).any():
         return
-    res = _solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
+    res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
     if res is None:
         return
     start = res[0][0]
@@ -246,7 +244,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
         if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
             chunks.append(stride)
     else:
-        res = _solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
+        res = solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
         if res is not None and res[0][0] != stride and \
                 (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
             chunks.append(res[0][0])
@@ -256,7 +254,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
 
 
 def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
-    """Per launch of `sv`: do its predicted chunks cover what its records show (fit_strided.verify_pages)?"""
+    """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?"""
     ps = kd.ps
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
     reps, sps, eps = [], [], []
@@ -267,8 +265,8 @@ def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
         p = sv[m]
         g = kd.group[p]
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-        res = IX.batch_pieces(region, vals, cat["base"][p], iptr[p], lid[p], V.image(o.trace), ps,
-                              cat["alloc_s"][p], cat["alloc_e"][p])
+        res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
+                              cat.alloc_s[p], cat.alloc_e[p])
         reps.append(pos[m][res["l"]]), sps.append(res["s"]), eps.append(res["e"])
     rep = np.concatenate(reps) if reps else np.zeros(0, np.int64)
     sp = np.concatenate(sps) if sps else np.zeros(0, np.int64)
