@@ -108,7 +108,8 @@ def _elems(kd: KernelData, part, rows) -> list[int]:
 
 
 def _extremes(kd: KernelData, part, rows, k, elem):
-    """(v0, v1) over the first k values of each launch's row (rows shared by launches read once)."""
+    """(v0, v1) over the first k values of each launch's row (rows shared by launches read once),
+    negative values left out: they are sentinels that select nothing (predict/indexed.py)."""
     key = np.stack([part, rows, k], axis=1)
     uk, inv = np.unique(key, axis=0, return_inverse=True)
     lo = np.zeros(len(uk), np.int64)
@@ -116,6 +117,7 @@ def _extremes(kd: KernelData, part, rows, k, elem):
     ok = np.zeros(len(uk), bool)
     for j, (ti, r, kk) in enumerate(uk):
         v = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(kk), elem)
+        v = v[v >= 0]
         if len(v):
             lo[j], hi[j], ok[j] = v.min(), v.max(), True
     inv = inv.reshape(-1)
@@ -163,12 +165,14 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
 
 def _count_candidates(kd: KernelData, g: np.ndarray, row_len: np.ndarray):
     """Count formulas to try: the rows' lengths as a formula of the arguments (rows recorded
-    exactly), then each argument never longer than the row (rows clipped)."""
+    exactly), then each argument or grid dimension never longer than the row (rows clipped, or
+    a prefix of a persistent buffer read: one program per token reads `grid_x` ids of a buffer
+    allocated once at the largest batch, whose later entries are stale or -1 padding)."""
     res = solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
     if res is not None:
         yield res[0][0]
     for k, name in enumerate(kd.sel_names):
-        if name.startswith(("grid_", "block_")):
+        if name.startswith("block_"):
             continue
         v = kd.uniq[g, k]
         if (v >= 1).all() and (v <= row_len).all() and not (v == row_len).all():
