@@ -11,7 +11,12 @@ class (never the truth table):
   read as int32 or int64 (int64 first where every odd 4-byte word is a sign extension);
 - the count: the number of values each launch's row holds, as a formula of the arguments (rows
   recorded exactly, as the workload models and `collect --interpret` record them), else each
-  argument that never exceeds the row (rows clipped at the trace's limit or the allocation's end);
+  argument or grid dimension that never exceeds the row (rows clipped at the trace's limit or the
+  allocation's end; a prefix of a persistent buffer), else a value read from another traced
+  buffer at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's entry
+  at the batch size ends the range of indices the batch reads, so an index chain indptr ->
+  indices -> rows; a padded token count), never exceeding the row (`_buffer_count_candidates`);
+  negative values are sentinels that select nothing (v0 and v1 leave them out);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
   features, the robust solver (`solve.solve_pair`) finds the simplest formulas for the first
@@ -31,6 +36,8 @@ show the chunks its values chose.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -171,12 +178,43 @@ def _count_candidates(kd: KernelData, g: np.ndarray, row_len: np.ndarray):
     res = solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
     if res is not None:
         yield res[0][0]
-    for k, name in enumerate(kd.sel_names):
-        if name.startswith("block_"):
-            continue
-        v = kd.uniq[g, k]
+    for name in _position_names(kd):
+        v = kd.uniq[g, kd.sel_names.index(name)]
         if (v >= 1).all() and (v <= row_len).all() and not (v == row_len).all():
             yield FM.Formula(0, ((1, (name,)),))
+
+
+def _position_names(kd: KernelData) -> list[str]:
+    return [n for n in kd.sel_names if not n.startswith("block_")]
+
+
+def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
+    """Counts read from another traced buffer (module doc): the value at position 0, or at an
+    argument or grid dimension, of each other pointer's values row (an indptr's entry at the
+    batch size: the end of the range it selects; a padded token count), never longer than the
+    index row. Yields (position formula, count word, count elem, counts)."""
+    positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in _position_names(kd)]
+    for cw, cvals in kd.bases:
+        if cw.name in (w.name, iw.name):
+            continue
+        cptr = np.concatenate(cvals)[sv]
+        crow = _rows(kd, part[sv], lid[sv], cptr)
+        if (crow < 0).any():
+            continue
+        for ce in _elems(kd, part[sv], crow):
+            for pos in positions:
+                pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
+                    * np.ones(len(sv), np.int64)
+                key = np.stack([part[sv], crow, pv], axis=1)
+                uk, inv = np.unique(key, axis=0, return_inverse=True)
+                cu = np.full(len(uk), -1, np.int64)
+                for j, (ti, r, p) in enumerate(uk):
+                    x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
+                    if len(x) == p + 1:
+                        cu[j] = x[-1]
+                c = cu[inv.reshape(-1)]
+                if (c >= 1).all() and (c <= row_len).all() and not (c == row_len).all():
+                    yield pos, cw.name, ce, c
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit) -> Region | None:
@@ -185,8 +223,11 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem for ti, r in zip(part[sv], rows[sv])],
                        np.int64)
     s_lo, s_hi, e_lo, e_hi = bounds
-    for count in _count_candidates(kd, g, row_len):
-        k = np.minimum(np.asarray(count.evaluate(vals), np.int64) * np.ones(len(sv), np.int64), row_len)
+    cands = ((c, None, 4, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
+             for c in _count_candidates(kd, g, row_len))
+    for count, cidx, celem, kc in itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid,
+                                                                                  row_len)):
+        k = np.minimum(kc, row_len)
         if (k < 1).any():
             continue
         v0, v1, ok = _extremes(kd, part[sv], rows[sv], k, elem)
@@ -217,6 +258,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         # every stride with whole chunks first (rows, experts, blocks are whole), then part chunks
         for r in (r for whole in (True, False) for stride in strides
                   for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
+            r.count_index, r.count_elem = cidx, celem
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
@@ -261,6 +303,8 @@ def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
     """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?"""
     ps = kd.ps
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
+    cptr = None if region.count_index is None else \
+        np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
     reps, sps, eps = [], [], []
     for ti, (o, _, _, _) in enumerate(kd.parts):
         m = np.flatnonzero(part[sv] == ti)
@@ -270,7 +314,7 @@ def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
         g = kd.group[p]
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
         res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
-                              cat.alloc_s[p], cat.alloc_e[p])
+                              cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p])
         reps.append(pos[m][res["l"]]), sps.append(res["s"]), eps.append(res["e"])
     rep = np.concatenate(reps) if reps else np.zeros(0, np.int64)
     sp = np.concatenate(sps) if sps else np.zeros(0, np.int64)
