@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,10 +52,8 @@ def package_dir(package: str) -> Path:
 
 
 def version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as v
     try:
-        return v(PIP_NAMES.get(package, package))
+        return _dist_version(PIP_NAMES.get(package, package))
     except PackageNotFoundError:
         return "?"
 
