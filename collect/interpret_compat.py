@@ -17,6 +17,12 @@ kernel reads or writes.
    The first config (after the kernel's own pruning) is used and nothing is benchmarked;
    a GPU's autotuner may pick another config, and so another grid (docs/collect.md).
    (Liger's DyT needs it; the tiled matmul of the corpus is autotuned as Triton's tutorial is.)
+4. `comparisons_as_int1`: the interpreter types a comparison's result with its operands'
+   type (`InterpreterBuilder.binary_op` keeps `lhs.dtype`) while its data is numpy bool. A
+   scalar comparison broadcast against a block is then splat as an integer array, and a mask
+   built from it, as `(cols < n) & (token >= lo)` in sglang's vocab-parallel embedding,
+   reaches `create_masked_load` as int32 and fails ("mask has unsupported dtype"); compiled
+   code has i1 there. Every `create_icmp*`/`create_fcmp*` result is typed `int1`.
 Liger's host code also asks for the SM count where a tensor is on CUDA and uses 1 on the
 CPU (RMSNorm and LayerNorm backward: one program over all rows); that needs no fix, but it
 shapes those kernels' grids. DyT has no CPU value and fails in its host code; it is not
@@ -31,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-FIXES = ("float_args_as_fp32", "libdevice_numpy", "autotune_first_config")
+FIXES = ("float_args_as_fp32", "libdevice_numpy", "autotune_first_config", "comparisons_as_int1")
 
 
 def apply_all() -> list[str]:
@@ -141,3 +147,23 @@ def _autotune_first_config() -> None:
     prune_configs._pagecast = True
     Autotuner.prune_configs = prune_configs
 
+
+
+# ---- 4 ---------------------------------------------------------------------------------
+
+def _comparisons_as_int1() -> None:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    for name in dir(InterpreterBuilder):
+        if not name.startswith(("create_icmp", "create_fcmp")):
+            continue
+        orig = getattr(InterpreterBuilder, name)
+        if getattr(orig, "_pagecast", False):
+            continue
+
+        def cmp(self, lhs, rhs, _orig=orig):
+            out = _orig(self, lhs, rhs)
+            return TensorHandle(np.asarray(out.data, dtype=np.bool_), tl.int1)
+
+        cmp._pagecast = True
+        setattr(InterpreterBuilder, name, cmp)

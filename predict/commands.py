@@ -201,7 +201,8 @@ class EvaluateCommand(Command):
             xv = x.get("values", {})
             odd = [f"{xv[k]:,} {what}" for k, what in (("no_values", "without values (fallback)"),
                                                        ("short_values", "values past their row"),
-                                                       ("outside_values", "values outside the allocation"))
+                                                       ("outside_values", "values outside the allocation"),
+                                                       ("sentinel_values", "negative values (select nothing)"))
                    if xv.get(k)]
             if odd:
                 out.print("  indexed regions: " + ", ".join(odd))

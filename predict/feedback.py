@@ -28,7 +28,7 @@ from pagecast import trace as T
 
 from . import formula as FM
 from .features import AllocIndex, Word, candidate_words
-from .fit_params import FitParams   # the same bound on a region's stored history as the fit's
+from .fit.params import FitParams   # the same bound on a region's stored history as the fit's
 from .model_io import KernelModel, Model, Region
 from .predictor import predict_footprints
 

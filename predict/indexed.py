@@ -7,6 +7,8 @@ rows are found by (launch, pointer value) in the trace's `pagecast.values.ValueI
 launch whose row holds fewer than `count` values predicts the chunks of those it has (the rest
 were clipped at the trace's limit). Chunks are clipped to the base's allocation, as every
 region's pages are; values whose chunk lies wholly outside it name nothing and are counted.
+Negative values are sentinels: they select nothing (a -1-padded slot mapping, an expert id of a
+filtered token, a stale or unused entry) and are counted apart (`sentinel`), as kernels skip them.
 """
 
 from __future__ import annotations
@@ -31,16 +33,37 @@ def chunk_bytes(region: Region, values) -> tuple:
 CHUNK_VALUES = 1 << 20   # values decoded at once (memory: a few tens of bytes each)
 
 
+def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
+    """A count read from another buffer (`region.count_index`): per launch, the value at position
+    `pos` of the row recorded for `cptr` (an indptr's entry at the batch size, a padded token
+    count). Returns (counts, the values rows, ok: the row holds that position)."""
+    n = len(launch)
+    rows = im.find(launch, cptr)
+    ce = region.count_elem
+    r = np.maximum(rows, 0)
+    pos = np.asarray(pos, I64) * np.ones(n, I64)
+    ok = (rows >= 0) & (pos >= 0)
+    if len(im.nbytes):
+        ok &= (pos + 1) * ce <= np.where(rows >= 0, im.nbytes[r], 0)
+    else:
+        ok[:] = False
+    cnt = np.zeros(n, I64)
+    if ok.any():
+        at = (im.start[r[ok]] + pos[ok] * ce)[:, None] + np.arange(ce)
+        cnt[ok] = np.ascontiguousarray(im._raw[at]).view("<i4" if ce == 4 else "<i8").reshape(-1)
+    return np.maximum(cnt, 0), rows, ok
+
+
 def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray, launch: np.ndarray,
-                 im: V.ValueImage, ps: int, a_s: np.ndarray, a_e: np.ndarray) -> dict:
+                 im: V.ValueImage, ps: int, a_s: np.ndarray, a_e: np.ndarray, cptr: np.ndarray | None = None) -> dict:
     """Pages of an indexed region over many launches at once.
 
     `vals`: feature name -> int64 array; `base`, `iptr`: the base and index pointer values;
     `a_s`, `a_e`: the base's allocation in pages, per launch. Returns a dict with `have` (per
     launch: its values were recorded), `rows` (the values row found, -1 none) and the merged
     pieces `l` (index into the launches), `s`, `e` (pages), plus `outside` (values whose chunk
-    names no page of the allocation), `short` (values the count asked for that the row lacks) and
-    `bytes` (per launch, the bytes of values it reads).
+    names no page of the allocation), `sentinel` (negative values: nothing), `short` (values the count
+    asked for that the row lacks) and `bytes` (per launch, the bytes of values it reads).
 
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
@@ -49,6 +72,10 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
     rows = im.find(launch, iptr)
     have = rows >= 0
+    crows = None
+    if region.count_index is not None:
+        cnt, crows, okc = buffer_counts(region, cnt, launch, np.asarray(cptr, I64), im)
+        have &= okc
     cnt = np.clip(cnt, 0, MAX_INDEXED)
     r = np.maximum(rows, 0)
     e = region.elem
@@ -56,7 +83,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     k = np.where(have, np.minimum(cnt, avail), 0)
     short = int(np.where(have, cnt - k, 0).sum())
     z = np.zeros(0, I64)
-    out = {"have": have, "rows": rows, "l": z, "s": z, "e": z, "outside": 0, "short": short, "bytes": k * e}
+    out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0, "short": short,
+           "bytes": k * e}
     todo = np.flatnonzero(k > 0)
     if len(todo) == 0:
         return out
@@ -65,7 +93,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     ug, us, ue = [], [], []
-    outside = 0
+    outside = sentinel = 0
     mult = np.bincount(inv, minlength=len(uk))   # launches per unique key
     ku = uk[:, 4]
     cum = np.cumsum(ku)
@@ -83,8 +111,10 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         # pages of [b0, b0 + chunk), clipped to the allocation (floor division: b0 may lie below the base)
         sp = np.maximum(np.floor_divide(b0, ps), uk[rep, 6])
         ep = np.minimum(-np.floor_divide(-(b0 + uk[rep, 3]), ps), uk[rep, 7])
-        ok = ep > sp
-        outside += int(mult[rep[~ok]].sum())
+        neg = v < 0
+        ok = (ep > sp) & ~neg
+        sentinel += int(mult[rep[neg]].sum())
+        outside += int(mult[rep[~ok & ~neg]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
         ug.append(gg + lo), us.append(s2), ue.append(e2)
         lo = hi
@@ -94,21 +124,40 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     np.cumsum(np.bincount(ug, minlength=len(uk)), out=ptr[1:])
     c = ptr[inv + 1] - ptr[inv]
     idx = FP._ranges(ptr[inv], c)
-    out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside)
+    out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside, sentinel=sentinel)
     return out
 
 
-def reads(region: Region, values: dict, iptr: int) -> tuple[int, int]:
-    """(address, bytes) of the values one launch's indexed region reads (online)."""
-    cnt = int(region.count.evaluate(values))
+def reads(region: Region, values: dict, iptr: int, count: int | None = None) -> tuple[int, int]:
+    """(address, bytes) of the values one launch's indexed region reads (online); `count`: the
+    count read from another buffer (count_read), where the region's count is one."""
+    cnt = int(region.count.evaluate(values)) if count is None else int(count)
     return int(iptr), max(0, min(cnt, MAX_INDEXED)) * region.elem
 
 
+def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
+    """(address, bytes) a region reads from another buffer for its count (online): that buffer's
+    values up to the count's position (a read from the buffer's pointer, as values are recorded)."""
+    pos = int(region.count.evaluate(values))
+    return int(cptr), max(0, min(pos + 1, MAX_INDEXED)) * region.count_elem
+
+
+def decode_count(region: Region, data: bytes | None, nbytes: int) -> int | None:
+    """The count: the last value of count_read's `nbytes` bytes (None: not known)."""
+    ce = region.count_elem
+    if data is None or nbytes < ce or len(data) < nbytes:
+        return None
+    return max(0, int(np.frombuffer(data[nbytes - ce:nbytes], "<i4" if ce == 4 else "<i8", count=1)[0]))
+
+
 def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: int, a_s: int, a_e: int,
-               out: list) -> None:
+               out: list, count: int | None = None) -> None:
     """An indexed region's page intervals for one launch (online), appended to `out`: `fns` the
-    region's compiled (start, stride, chunk, count) functions, `data` the values' bytes."""
+    region's compiled (start, stride, chunk, count) functions, `data` the values' bytes; `count`
+    the count read from another buffer (decode_count), where the region's count is one."""
     st, sd, ch, cnt = (f(values) for f in fns)
+    if region.count_index is not None:
+        cnt = 0 if count is None else count
     e = region.elem
     k = max(0, min(int(cnt), len(data) // e, MAX_INDEXED))
     if k == 0:
@@ -116,6 +165,8 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k)
     if k <= 64:   # a few values (experts, a token): Python ints beat numpy's overhead
         for x in v.tolist():
+            if x < 0:
+                continue
             b0 = base + st + sd * x
             sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
             if ep > sp:
@@ -124,7 +175,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     b0 = base + st + sd * v.astype(I64)
     sp = np.maximum(b0 // ps, a_s)
     ep = np.minimum(-((-(b0 + ch)) // ps), a_e)
-    keep = ep > sp
+    keep = (ep > sp) & (v >= 0)
     if keep.any():
         _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
         out.extend(zip(ms.tolist(), me.tolist()))

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.uvm import BIG_PAGE, PAGE
 
 from .features import Word
-from .fit_params import FitParams
 from .formula import Formula
 
 FORMAT = "pagecast-model"
@@ -51,6 +51,8 @@ class Region:
     stride: Formula | None = None    # strided, indexed (bytes per unit of the index value)
     index: str | None = None         # indexed: the pointer word whose buffer holds the values v
     elem: int = 4                    # indexed: bytes per value (int32 or int64)
+    count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
+    count_elem: int = 4              # indexed: bytes of that value
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -82,6 +84,9 @@ class Region:
         if self.cls == "indexed":
             d["index"] = self.index
             d["elem"] = int(self.elem)
+            if self.count_index is not None:
+                d["count_index"] = self.count_index
+                d["count_elem"] = int(self.count_elem)
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -99,7 +104,8 @@ def _factor(f: Formula) -> str:
 
 def indexed_text(r: Region) -> str:
     """`[p0 + 4*p4*v(p1)[i], +4*p4) for i < p3`: chunk i starts at base + start + stride * v[i],
-    v the `elem`-byte integers at the pointer `index` (`v64(...)` for 8-byte ones)."""
+    v the `elem`-byte integers at the pointer `index` (`v64(...)` for 8-byte ones). A count read
+    from another buffer: `for i < v(p2)[grid_x]` (an indptr's entry at the batch size)."""
     v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[i]"
     st = r.stride
     if st.n_terms == 0 and st.const == 1:
@@ -107,7 +113,9 @@ def indexed_text(r: Region) -> str:
     else:
         off = f"{_factor(st)}*{v}"
     head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
-    return f"[{head} + {off}, +{r.chunk.text()}) for i < {r.count.text()}".replace("+ -", "- ")
+    n = r.count.text() if r.count_index is None else \
+        f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
+    return f"[{head} + {off}, +{r.chunk.text()}) for i < {n}".replace("+ -", "- ")
 
 
 @dataclass
@@ -231,7 +239,7 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
         raise ValueError("'kernels' must be an object mapping kernel names to templates")
     fp = doc.get("fit_params")
     if fp is not None:
-        fp = FitParams.from_json(fp).to_json()   # checked; older model files have none
+        fp = _fit_params(fp)   # checked; older model files have none
     m = Model(page_size=ps, big_page=int(big), traces=list(doc.get("traces") or []),
               created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path,
               fit_params=fp)
@@ -289,6 +297,12 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))} (bytes per index"
                              f" value), found {elem!r}")
         r.index, r.elem = rd["index"], int(elem)
+        if rd.get("count_index") is not None:
+            _check_word(rd["count_index"], f"{where}: count_index", sizes, offs, pointer=True)
+            ce = rd.get("count_elem", 4)
+            if ce not in INDEX_ELEMS or isinstance(ce, bool):
+                raise ValueError(f"{where}: count_elem must be one of {', '.join(map(str, INDEX_ELEMS))}, found {ce!r}")
+            r.count_index, r.count_elem = rd["count_index"], int(ce)
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(
@@ -317,3 +331,14 @@ def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> No
         raise ValueError(f"{where}: {name!r} lies outside parameter {w.param} ({sizes[w.param]} bytes)")
     if pointer and w.size != 8:
         raise ValueError(f"{where}: base {name!r} is not an 8-byte word")
+
+
+def _fit_params(d) -> dict:
+    """The fit's thresholds a model records (`fit.params.FitParams`, which reads them back with its
+    own types): an object of non-negative finite numbers. ValueError names the first bad one."""
+    if not isinstance(d, dict):
+        raise ValueError("fit_params must be an object")
+    for k, v in d.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"fit_params.{k} must be a non-negative number, found {v!r}")
+    return dict(d)

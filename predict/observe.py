@@ -11,6 +11,8 @@ Intervals are split at allocation boundaries and keyed by
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,6 +62,37 @@ def split_by_alloc(index: AllocIndex, ps: int, launch, s, e):
     e_ = np.concatenate([o[2] for o in outs])
     o = np.lexsort((s_, k))
     return k[o], s_[o], e_[o]
+
+
+@dataclass
+class RegionObs:
+    """What the records show in the allocation a pointer word points into, one entry per launch
+    (`TraceObs.region`; arrays of equal length, concatenated over a kernel's traces by `concat`).
+    Pages are absolute page numbers; `base` and `alloc_eb` are bytes."""
+
+    valid: np.ndarray      # the word points into a live allocation
+    alloc: np.ndarray      # that allocation's row in the AllocIndex (-1: none)
+    key: np.ndarray        # launch * n_alloc + row: the key of the launch's pieces
+    r0: np.ndarray         # first observed piece (index into TraceObs.os/oe)
+    npieces: np.ndarray    # observed pieces (runs) inside the fences
+    O_s: np.ndarray        # the observed hull [O_s, O_e): big pages the records show touched
+    O_e: np.ndarray
+    A_s: np.ndarray        # the hull extended by what may have been touched (prefetch, shared big pages)
+    A_e: np.ndarray
+    a_pieces: np.ndarray   # pieces that may have been touched (index q0 into TraceObs.as_/ae)
+    I_s: np.ndarray        # first / past-last fault page (NONE: no fault record)
+    I_e: np.ndarray
+    q0: np.ndarray
+    lo_f: np.ndarray       # the fences: the part of the allocation this word owns
+    hi_f: np.ndarray
+    alloc_s: np.ndarray    # the allocation's pages [alloc_s, alloc_e)
+    alloc_e: np.ndarray
+    alloc_eb: np.ndarray   # the allocation's end byte
+    base: np.ndarray       # the pointer's value (bytes)
+
+    @classmethod
+    def concat(cls, parts: list[RegionObs]) -> RegionObs:
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
 class TraceObs:
@@ -158,7 +191,7 @@ class TraceObs:
         return np.maximum(p, 0)
 
     def region(self, lids: np.ndarray, ptr: np.ndarray, lo_fence=None, hi_fence=None, hi_soft=None,
-               fault_hi=None) -> dict:
+               fault_hi=None) -> RegionObs:
         """What was observed in the allocation `ptr` points into, at launches `lids` (vectorized).
 
         `lo_fence`/`hi_fence` (pages) limit the pieces to the part of the allocation this
@@ -204,12 +237,9 @@ class TraceObs:
         I_s, I_e = self.fault_bounds(key, O_s, O_e if fault_hi is None else np.minimum(O_e, fault_hi))
         I_s = np.where(ne, I_s, NONE)
         I_e = np.where(ne, I_e, NONE)
-        return {"valid": valid, "alloc": a, "key": key, "r0": r0, "npieces": npieces,
-                "O_s": O_s, "O_e": O_e, "A_s": A_s, "A_e": A_e, "a_pieces": a_pieces,
-                "I_s": I_s, "I_e": I_e, "q0": q0, "lo_f": lo_f, "hi_f": hi_f,
-                "alloc_s": al_s, "alloc_e": al_e,
-                "alloc_eb": ix.end[ac].astype(np.int64),
-                "base": ptr.astype(np.int64)}
+        return RegionObs(valid=valid, alloc=a, key=key, r0=r0, npieces=npieces, O_s=O_s, O_e=O_e, A_s=A_s, A_e=A_e,
+                         a_pieces=a_pieces, I_s=I_s, I_e=I_e, q0=q0, lo_f=lo_f, hi_f=hi_f, alloc_s=al_s, alloc_e=al_e,
+                         alloc_eb=ix.end[ac].astype(np.int64), base=ptr.astype(np.int64))
 
 
 def touched_big_pages(trace: T.Trace, index: AllocIndex, bigp: int):

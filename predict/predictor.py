@@ -74,18 +74,22 @@ class _Compiled:
     bases: list          # resolved Word per region
     words: list          # resolved feature Words (union over regions)
     indexes: list        # per region, the resolved pointer Word of an indexed region's values (else None)
+    counts: list         # per region, the resolved pointer Word of the buffer its count is read from (else None)
 
 
 def _compile(km: KernelModel) -> _Compiled:
     names: dict[str, Word] = {}
     bases = []
     indexes = []
+    counts = []
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
         indexes.append(Word.parse(r.index).resolve(km.param_sizes) if r.cls == "indexed" else None)
+        counts.append(Word.parse(r.count_index).resolve(km.param_sizes)
+                      if r.cls == "indexed" and r.count_index is not None else None)
         for n in sorted(r.feature_names()):
             names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
-    return _Compiled(km, bases, list(names.values()), indexes)
+    return _Compiled(km, bases, list(names.values()), indexes, counts)
 
 
 # ---- batch ---------------------------------------------------------------------
@@ -103,7 +107,8 @@ class _Acc:
         self.value_reads: list[tuple[np.ndarray, np.ndarray]] = []   # (launch, value bytes read)
         # indexed regions: launches without values, values past the end of their row, values whose
         # chunk lies outside the allocation
-        self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0}
+        self.stats = {"indexed_launches": 0, "no_values": 0, "short_values": 0, "outside_values": 0,
+                      "sentinel_values": 0}
 
     def add(self, launch, s, e, label: str, after=None) -> None:
         launch, s, e = (np.asarray(x, np.int64) for x in (launch, s, e))
@@ -187,7 +192,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
         mat = param_matrix(L, idx, width)
         grid = grid_matrix(L, idx)
         values = {w.name: w.batch(mat, km.param_offsets, grid) for w in comp.words}
-        for r, bw, iw in zip(km.regions, comp.bases, comp.indexes):
+        for r, bw, iw, cw in zip(km.regions, comp.bases, comp.indexes, comp.counts):
             ptr = bw.pointer_batch(mat, km.param_offsets)
             a = index.lookup(ptr, idx)
             ok = a >= 0
@@ -215,18 +220,22 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
             elif r.cls == "indexed":
                 vals = {n: v[ok] for n, v in values.items()}
                 im = V.image(trace)
+                cptr = None if cw is None else cw.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
                 res = IX.batch_pieces(r, vals, ptr[ok].astype(np.int64), iw.pointer_batch(mat, km.param_offsets)[ok],
-                                      l, im, ps, a_s[ac], a_e[ac])
+                                      l, im, ps, a_s[ac], a_e[ac], cptr)
                 have = res["have"]
                 st = acc.stats
                 st["indexed_launches"] += len(l)
                 st["no_values"] += int((~have).sum())
                 st["short_values"] += res["short"]
                 st["outside_values"] += res["outside"]
+                st["sentinel_values"] += res["sentinel"]
                 after = None
                 if gates:
                     after = np.full(len(l), -1, np.int64)
                     after[have] = V.producers(trace, l[have], res["rows"][have])
+                    if res["crows"] is not None:   # the count's buffer must exist too
+                        after[have] = np.maximum(after[have], V.producers(trace, l[have], res["crows"][have]))
                     after = after[res["l"]]
                     acc.value_reads.append((l[have], res["bytes"][have]))
                 acc.add(l[res["l"]], res["s"], res["e"], "indexed", after=after)
@@ -503,13 +512,14 @@ class OnlinePredictor:
                 comp = _compile(km)
                 words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
                 bases = []
-                for r, b, iw in zip(km.regions, comp.bases, comp.indexes):
+                for r, b, iw, cw in zip(km.regions, comp.bases, comp.indexes, comp.counts):
                     if r.cls == "indexed":
                         fns = tuple(f.function() for f in (r.start, r.stride, r.chunk, r.count))
                     else:
                         fns = tuple(f.function() if f is not None else None
                                     for f in (r.start, r.end, r.count, r.chunk, r.stride))
-                    bases.append((r, b.param, b.within, r.cls, fns, None if iw is None else (iw.param, iw.within)))
+                    ix = None if iw is None else (iw.param, iw.within) + (() if cw is None else (cw.param, cw.within))
+                    bases.append((r, b.param, b.within, r.cls, fns, ix))
                 c = (km, words, bases)
             self._compiled[name] = c
         km = c[0]
@@ -540,6 +550,9 @@ class OnlinePredictor:
                 continue
             if self._alloc_of(struct.unpack_from("<Q", param_data, offs[p] + within)[0]) is None:
                 continue
+            if len(ix) > 2:   # the count is read first; the values it asks for are known only then
+                out.append(IX.count_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0]))
+                continue
             addr, nb = IX.reads(r, values, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
             if nb > 0:
                 out.append((addr, nb))
@@ -565,14 +578,18 @@ class OnlinePredictor:
                 continue
             a_s, a_e = a // ps, -(-self._ends[a] // ps)
             if cls == "indexed":
-                data = None
+                data = cnt = None
                 if values is not None:
-                    addr, nb = IX.reads(r, args, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
-                    data = values(addr, nb) if nb > 0 else b""
+                    if len(ix) > 2:   # a count read from another buffer first
+                        caddr, cnb = IX.count_read(r, args, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
+                        cnt = IX.decode_count(r, values(caddr, cnb) if cnb > 0 else None, cnb)
+                    if len(ix) == 2 or cnt is not None:
+                        addr, nb = IX.reads(r, args, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0], cnt)
+                        data = values(addr, nb) if nb > 0 else b""
                 if data is None:
                     self._fallback_alloc(kernel, a, a_s, a_e, r.history, out)
                 else:
-                    IX.one_pieces(r, fns, args, v, data, ps, a_s, a_e, out)
+                    IX.one_pieces(r, fns, args, v, data, ps, a_s, a_e, out, cnt)
                 continue
             if cls == "fixed" or cls == "linear":
                 # the same compiled formulas as the batch path (region_bytes); pages clipped alike

@@ -1,4 +1,4 @@
-"""The `indexed` fit (predict/fit_indexed.py): random gathers whose chunks the index values choose
+"""The `indexed` fit (predict/fit/index_values.py): random gathers whose chunks the index values choose
 (rows of `dim` elements, a column offset into each row, int32 or int64 ids, a count that is an
 argument), their faults emulated by the workload engine with up to 5% of records lost; fitted from
 two traces, the template must predict a third, larger one (more rows, more ids per launch, wider
@@ -20,7 +20,7 @@ from pagecast.datasets.engine import WRITE, Builder, Kernel, Range, Ranges
 from pagecast.predict.evaluate import evaluate
 from pagecast.predict.feedback import DEMOTE_AFTER, apply_feedback
 from pagecast.predict.fit import fit_model
-from pagecast.predict.model_io import load_model, save_model
+from pagecast.predict.model_io import Region, load_model, save_model
 
 SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -168,11 +168,47 @@ def test_values_that_point_outside_are_counted_not_an_error(gather, tmp_path, ca
     assert "values outside the allocation" in out and "without values" in out
 
 
+def test_negative_values_are_sentinels_that_select_nothing(gather, tmp_path, capsys):
+    """-1 entries (a padded slot mapping, a filtered expert) select no chunk, in the batch
+    predictor and the online one alike; evaluate counts them in one line, exit 0."""
+    from pagecast import values as V
+    from pagecast.cli import main
+    from pagecast.predict import indexed as IX
+    d, paths = gather
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    save_model(model, tmp_path / "m.json")
+    b = IW.build(seed=5, record=False)
+    K = IW.K_GATHER
+    blocks = [blk for blk in b.blocks if blk.kernel is K]
+    gl = [int(x) for blk in blocks for x in np.atleast_1d(blk.ids)]
+    ptr = next(a for a in b.buffers if a.label == "ids").ptr()
+    rows = np.array([[7, -1, 9]] * len(gl), "<i4")
+    b.values(K, "ids", gl, ptr, rows)
+    tr = T.read_trace(b.write(tmp_path / "neg.pctrace"))
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "neg.pctrace"), "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["indexed"]["values"]
+    assert v["sentinel_values"] == len(gl) and v["outside_values"] == 0      # 3 values a gather, one -1
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "neg.pctrace")]) == 0
+    assert "negative values (select nothing)" in capsys.readouterr().out
+    # one launch, by both paths: the chunks of 7 and 9 only
+    from pagecast.predict import formula as FM
+    r = Region("p1", "indexed", start=FM.Formula(0, ()), stride=FM.Formula(256, ()), chunk=FM.Formula(256, ()),
+               count=FM.Formula(3, ()), index="p2", elem=4)
+    im, ps, base = V.image(tr), 4096, 1 << 40
+    a_s, a_e = base // ps, base // ps + 64
+    res = IX.batch_pieces(r, {}, np.array([base]), np.array([ptr]), np.array([gl[0]]), im, ps,
+                          np.array([a_s]), np.array([a_e]))
+    out: list = []
+    fns = [lambda a, f=f: int(f.evaluate(a)) for f in (r.start, r.stride, r.chunk, r.count)]
+    IX.one_pieces(r, fns, {}, base, rows[0].tobytes(), ps, a_s, a_e, out)
+    assert sorted(zip(res["s"].tolist(), res["e"].tolist())) == sorted(set(out)) == [(a_s, a_s + 1)]
+
+
 def test_an_odd_formula_bent_through_lost_records_gives_way_to_the_indexed_template(tmp_path):
     """llm-paged-decode's attention reads the K and V blocks its block table names. With 1% of the
     fitting traces' records lost, the V cache's pages once fitted a range whose end was
     `-1912304 - 17*p10*p10*p13 + 129*p10*p11*p11`: coefficients no element size times dimensions
-    gives (FitParams.simple_odd). Such a formula now asks the indexed fit first (predict/fit.py),
+    gives (FitParams.simple_odd). Such a formula now asks the indexed fit first (predict/fit/region.py),
     and both caches come out indexed, as from clean records."""
     from pagecast.datasets.registry import make_trace
     fit = [T.read_trace(make_trace("llm-paged-decode", tmp_path / f"f{s}.pctrace", scale=0.2, seed=s, drop=0.01))
@@ -245,3 +281,88 @@ def test_the_rotary_rows_of_the_paged_decoder_are_whole_rows_one_row_apart(tmp_p
     ev = evaluate(model, T.read_trace(make_trace("llm-paged-decode", tmp_path / "t.pctrace", scale=0.75, seed=3)))
     k = next(x for x in ev["kernels"] if "rotary_embedding_pos" in x["kernel"])
     assert k["templates"][-1] == "indexed" and k["precision"] >= 0.99 and k["recall"] >= 0.9975, k
+
+
+K_PAGED = Kernel("paged_rows", [("out", "float*"), ("table", "const float*"), ("indptr", "const int*"),
+                                ("indices", "const int*"), ("dim", "int")],
+                 {"out": "linear", "table": "indexed", "indptr": "linear", "indices": "linear"})
+
+
+def _paged(seed: int, batch_hi: int, record_indptr: bool = True) -> Builder:
+    """An index chain as serving engines launch it: one program per request (grid = batch), the
+    requests' index ranges from an indptr, the table's rows from the indices in those ranges;
+    indptr and indices are persistent buffers passed whole, holding stale ids past the batch's."""
+    rows, dim = 2048, 1024
+    b = Builder("paged-chain", seed=seed)
+    rng = b.rng
+    table = b.malloc(4 * rows * dim, "table")
+    indptr = b.malloc(4 * 65, "indptr")
+    indices = b.malloc(4 * 4096, "indices")
+    out = b.malloc(4 * 64 * dim, "out")
+    stale = rng.choice(rows, 4096).astype("<i4")
+    for _ in range(20):
+        batch = int(rng.integers(1, batch_hi + 1))
+        lens = rng.integers(1, 6, batch)
+        ip = np.r_[0, np.cumsum(lens)].astype("<i4")
+        n = int(ip[-1])
+        v = rng.choice(rows, n, replace=False).astype("<i4")
+        stale[:n] = v
+        ipbuf = np.r_[ip, np.full(65 - len(ip), 10**6)].astype("<i4")   # stale past the batch
+        i0 = b.reserve(1)
+        b.launch(K_PAGED, [i0], {"out": out.ptr(), "table": table.ptr(), "indptr": indptr.ptr(),
+                                 "indices": indices.ptr(), "dim": dim}, grid=(batch,),
+                 touches=[Range(indptr, 0, 4 * (batch + 1)), Range(indices, 0, 4 * n),
+                          Range(out, 0, 4 * batch * dim, WRITE),
+                          Ranges(table, np.zeros(n, np.int64), v.astype(np.int64) * 4 * dim, 4 * dim)])
+        if record_indptr:
+            b.values(K_PAGED, "indptr", [i0], indptr.ptr(), ipbuf[None])
+        b.values(K_PAGED, "indices", [i0], indices.ptr(), stale.copy()[None])
+    return b
+
+
+def test_an_index_chain_counts_from_the_indptr_entry_at_the_batch_size(tmp_path, capsys):
+    """indptr -> indices -> rows, from persistent buffers: the count of indices read is the
+    indptr's entry at grid_x (not an argument, not the row's length), fitted from faults; a
+    larger batch is predicted exactly; without the indptr's values the launch gets the fallback,
+    counted in one line."""
+    from pagecast.cli import main
+    paths = [_paged(s, hi).write(tmp_path / f"p{s}.pctrace") for s, hi in ((1, 8), (2, 12), (3, 24))]
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    km = next(km for n, km in model.kernels.items() if "paged_rows" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.cls == "indexed" and r.index == "p3" and r.count_index == "p2", r.text()
+    assert "v(p2)[grid_x]" in r.text()
+    save_model(model, tmp_path / "m.json")
+    assert load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")].text() \
+        == r.text()
+    ev = evaluate(model, T.read_trace(paths[2]), "none")
+    k = next(x for x in ev["kernels"] if "paged_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0
+    _paged(4, 8, record_indptr=False).write(tmp_path / "nv.pctrace")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "nv.pctrace")]) == 0
+    assert "without values (fallback)" in capsys.readouterr().out
+
+
+def test_the_online_predictor_reads_the_chain_count_as_the_batch_one(tmp_path):
+    from pagecast import values as V
+    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
+    paths = [_paged(s, hi).write(tmp_path / f"p{s}.pctrace") for s, hi in ((1, 8), (2, 12), (3, 24))]
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    tr = T.read_trace(paths[2])
+    im = V.image(tr)
+    batch = predict_footprints(model, tr, "none")
+    op = OnlinePredictor(model, "none")
+    for r in tr.allocations.to_pylist():
+        op.add_allocation(r[T.ADDRESS], r[T.BYTES], r[T.ALLOC_ID])
+    grid_cols = T.GRID_COLUMNS
+    for i, r in enumerate(tr.launches.to_pylist()):
+        gb = [r[c] for c in grid_cols]
+        args = (r[T.KERNEL], r[T.PARAM_DATA], r[T.PARAM_OFFSETS], r[T.PARAM_SIZES], tuple(gb[:3]), tuple(gb[3:]))
+        reads = op.value_reads(*args)
+        assert len(reads) == 1 and reads[0][1] == 4 * (gb[0] + 1)     # indptr[0 : grid_x + 1]
+
+        def values(addr, nb, i=i):
+            row = im.find([i], np.array([addr], np.uint64))[0]
+            return None if row < 0 else im.data(row)[:nb]
+        s, e = batch.of(i)
+        assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i

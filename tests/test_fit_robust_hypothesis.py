@@ -16,7 +16,7 @@ from pagecast import trace as T
 from pagecast.predict.evaluate import evaluate
 from pagecast.predict.feedback import fault_misses
 from pagecast.predict.fit import fit_model
-from pagecast.predict.fit_params import FitParams, poisson_quantile, trace_loss
+from pagecast.predict.fit.params import FitParams, poisson_quantile, trace_loss
 from pagecast.predict.model_io import load_model, model_from_json, save_model
 from pagecast.predict.predictor import predict_footprints
 from pagecast.predict.synth import PS, SynthTrace
@@ -286,13 +286,13 @@ def test_a_region_under_a_page_takes_the_size_the_kernel_is_known_to_use(tmp_pat
 
 
 def test_the_vocabulary_of_shapes_takes_one_term_formulas_and_their_sub_products():
-    """What a kernel is known to use (predict/fit_shapes.py): a pinned region's end and its terms'
+    """What a kernel is known to use (predict/fit/shapes.py): a pinned region's end and its terms'
     sub-products over varying arguments at the same element size; not a guessed end, nor a region
     whose formulas have several terms (a fit of big-page bounds through a handful of launches)."""
     from types import SimpleNamespace
 
     from pagecast.predict import formula as FM
-    from pagecast.predict.fit_shapes import RangeEvidence, vocabulary
+    from pagecast.predict.fit.shapes import RangeEvidence, vocabulary
     from pagecast.predict.model_io import Region
 
     def f(const, *terms):

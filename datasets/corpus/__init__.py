@@ -52,6 +52,13 @@ _LIGER = ("Liger-Kernel's Triton ops forward and backward (RMSNorm, LayerNorm, S
           "cross-entropy, fused linear cross-entropy, softmax, group norm, KL divergence, JSD), shapes drawn per call")
 _TUT = ("Kernels after Triton's tutorials (vector add, fused softmax, tiled matmul, low-memory dropout, layer norm "
         "forward and backward, fused attention), shapes drawn per call")
+_SERVING = ("A serving engine's decode loop over sglang's and flashinfer's Triton kernels: vocab-parallel embedding, "
+            "batch indices and positions from an append indptr, KV-cache writes through a -1-padded slot mapping, "
+            "kv_indices from a request-to-page table, split-KV decode attention over indptr/indices, MoE alignment "
+            "and fused MoE; requests arrive and finish, chunked prefill, pages freed and reused")
+SERVING_KERNELS = ("_vocab_parallel_embedding_kernel", "get_batch_indices_positions_kernel", "reshape_and_cache_flash",
+                   "create_flashinfer_kv_indices_triton", "_fwd_kernel_stage1", "_fwd_kernel_stage2",
+                   "_moe_align_small_numel_kernel", "fused_moe_kernel")
 _DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "
        "drawn per call")
 
@@ -67,7 +74,14 @@ CORPUS: dict[str, CorpusWorkload] = {w.name: w for w in (
                    "largest size."),
     CorpusWorkload("data-dependent", f"{PKG}.data_dependent", "fresh", f"{_DD}.",
                    irregular=("embedding_gather_kernel", "scatter_add_kernel")),
+    CorpusWorkload("serving", f"{PKG}.serving", "preallocated", f"{_SERVING}.", irregular=SERVING_KERNELS,
+                   needs=("torch", "triton", "sglang", "flashinfer")),
 )}
+
+# what `needs` lacks, as pip would install it (the engines --no-deps: their requirements pull CUDA builds)
+INSTALL_HINTS = {"liger_kernel": "pip install --no-deps liger-kernel==0.8.5 packaging",
+                 "sglang": "pip install --no-deps sglang==0.5.23",
+                 "flashinfer": "pip install --no-deps flashinfer-python==0.7.2.post1"}
 
 
 def get(name: str) -> CorpusWorkload:
@@ -90,7 +104,8 @@ def make_trace(name: str, out: str | Path, *, scale: float = 1.0, seed: int = 0,
         raise UsageError(f"{name} is recorded under Triton's interpreter, which gives full-mode traces only")
     missing = [m for m in w.needs if importlib.util.find_spec(m) is None]
     if missing:
-        hint = " (pip install --no-deps liger-kernel packaging)" if "liger_kernel" in missing else ""
+        hints = [INSTALL_HINTS[m] for m in missing if m in INSTALL_HINTS]
+        hint = f" ({'; '.join(hints)})" if hints else ""
         raise InputError(f"{name} needs {', '.join(missing)}{hint}; install pagecast[interpret] "
                          "(a CPU torch first)")
     out = Path(out)

@@ -1,7 +1,7 @@
 """Strided regions: count chunks of chunk bytes every stride bytes, each an integer formula.
 
 Chunks closer than a big page merge in fault data: the count is fitted first, then start and
-stride from the launches whose runs are the chunks, then the chunk; `_verify` checks every
+stride from the launches whose runs are the chunks, then the chunk; `verify_region` checks every
 launch against the prediction rounded out to big pages (docs/template-model.md, "Strided
 regions").
 """
@@ -9,23 +9,21 @@ regions").
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from pagecast.footprints import Footprints, _ranges, intersection_pages  # noqa: PLC2701 - the core's CSR helper
 
-from . import formula as FM
-from .fit_solve import _evidence, _solve_pair
-from .model_io import Region
-from .predictor import region_bytes
+from .. import formula as FM
+from ..features import Word
+from ..model_io import Region
+from ..observe import RegionObs
+from ..predictor import region_bytes
+from .data import KernelData
+from .solve import group_evidence, solve_pair
 
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
-    from .features import Word
 
 
-def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
+def fit_strided(kd: KernelData, w: Word, cat: RegionObs, sel: np.ndarray, g: np.ndarray, bigp: int, fit: dict,
                  shape: np.ndarray | None = None, stride_terms: int = 0, aligned: bool = False):
     """count chunks of chunk bytes every stride bytes: each of the four an integer formula."""
     if len(sel) == 0:
@@ -38,14 +36,14 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     for ti, (o, idx, _, _) in enumerate(kd.parts):
         m = (sel >= offsets[ti]) & (sel < offsets[ti + 1])
         s = sel[m]
-        r0 = cat["r0"][s]
-        n = cat["npieces"][s]
+        r0 = cat.r0[s]
+        n = cat.npieces[s]
         ri = _ranges(r0, n)
-        rs_ = np.maximum(o.os[ri], np.repeat(cat["lo_f"][s], n))
-        re_c = np.minimum(o.oe[ri], np.repeat(cat["hi_f"][s], n))
+        rs_ = np.maximum(o.os[ri], np.repeat(cat.lo_f[s], n))
+        re_c = np.minimum(o.oe[ri], np.repeat(cat.hi_f[s], n))
         starts_l.append(rs_)
         ends_l.append(re_c)
-        ff, fl = o.fault_bounds(np.repeat(cat["key"][s], n), rs_, re_c)
+        ff, fl = o.fault_bounds(np.repeat(cat.key[s], n), rs_, re_c)
         ff_l.append(ff)
         fl_l.append(fl)
         owner.append(np.repeat(np.flatnonzero(m), n))
@@ -54,10 +52,10 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     re_ = np.concatenate(ends_l)
     own = np.concatenate(owner)            # index into sel
     ffirst, flast = np.concatenate(ff_l), np.concatenate(fl_l)
-    cnt = cat["npieces"][sel]
+    cnt = cat.npieces[sel]
     first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
     j = np.arange(len(rs)) - np.repeat(first, cnt)
-    base = cat["base"][sel]
+    base = cat.base[sel]
     slo_r = rs * ps                                   # run start byte bounds (absolute)
     shi_r = ((rs // bigp) * bigp + bigp) * ps - 1
     shi_r = np.minimum(shi_r, re_ * ps - 1)
@@ -92,7 +90,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     # Chunks closer than a big page merge in fault data: such launches show fewer, longer
     # runs. The count is fitted first (exactly if it can be, else as a lower bound: runs
     # only ever merge), then start, stride and chunk on the launches whose runs are the
-    # chunks; _verify finally checks every launch against the big-page-rounded prediction.
+    # chunks; verify_region finally checks every launch against the big-page-rounded prediction.
     c64 = cnt.astype(np.int64)
     bud = (0.0, 0.0, kd.params.strided_budget)
     # `shape`: launches that may decide count, start and stride (multi-run ones); the others
@@ -102,9 +100,9 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     if len(sh) == 0:
         return None
     ed = 2 * c64                                     # each run seen has two edges lost records may hide
-    rc = (_solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1, edges=ed[sh])
+    rc = (solve_pair(kd, g[sh], [(c64[sh], c64[sh])], budgets=bud, max_terms=1, edges=ed[sh])
           or _count_argument(kd, g[sh], c64[sh])
-          or _solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1, edges=ed[sh]))
+          or solve_pair(kd, g[sh], [(c64[sh], np.full(len(sh), FM.INF, np.int64))], max_terms=1, edges=ed[sh]))
     if rc is None:
         return None
     (fc,), exact, _ = rc
@@ -124,9 +122,9 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     mt = {1: stride_terms}
     smode = {1: rmode}
     # the first chunk's start is at or before its first page seen (positive evidence: "hi")
-    res = (_solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt, hard={0: "hi"},
+    res = (solve_pair(kd, gw, bounds, smode, budgets=bud, max_terms=1, min_terms=mt, hard={0: "hi"},
                        edges=ed[whole])
-           or _solve_pair(kd, gw, bounds, smode, min_terms=mt, hard={0: "hi"}, edges=ed[whole]))
+           or solve_pair(kd, gw, bounds, smode, min_terms=mt, hard={0: "hi"}, edges=ed[whole]))
     if res is None:
         return None
     (fs, fst), exact1, _ = res
@@ -146,8 +144,8 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
     whole = np.flatnonzero((pc_ == cnt) | merged)
     gb, lo_b, hi_b = g[whole], np.maximum(ch_lo, 1)[whole], ch_hi[whole]
     # a chunk reaches at least the last page seen of its run (positive evidence: "lo")
-    res2 = (_solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1, hard={0: "lo"}, edges=ed[whole])
-            or _solve_pair(kd, gb, [(lo_b, hi_b)], hard={0: "lo"}, edges=ed[whole]))
+    res2 = (solve_pair(kd, gb, [(lo_b, hi_b)], budgets=bud, max_terms=1, hard={0: "lo"}, edges=ed[whole])
+            or solve_pair(kd, gb, [(lo_b, hi_b)], hard={0: "lo"}, edges=ed[whole]))
     if res2 is None:
         return None
     (fch,), exact2, _ = res2
@@ -156,7 +154,7 @@ def _fit_strided(kd: KernelData, w: Word, cat: dict, sel: np.ndarray, g: np.ndar
         return None
     fit["exact"] = exact
     # the chunk's per-group byte bounds, kept for fault feedback (a chunk that outgrows a page)
-    fit["evidence"] = _evidence(kd, gb, lo_b, hi_b, lo_b, hi_b)
+    fit["evidence"] = group_evidence(kd, gb, lo_b, hi_b, lo_b, hi_b)
     fit["evidence"]["of"] = "chunk"
     return Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
 
@@ -177,7 +175,7 @@ def _count_argument(kd: KernelData, g: np.ndarray, runs: np.ndarray):
     return (FM.Formula(0, ((1, (best[1],)),)),), round(best[0], 6), int(round((1 - best[0]) * len(runs)))
 
 
-def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
+def clean_runs(kd: KernelData, cat: RegionObs, sel: np.ndarray, bigp: int) -> np.ndarray:
     """Launches whose runs look like whole chunks: equal lengths and equal gaps (within 2 big pages).
 
     Chunks closer than a big page merge in fault data; where only some of them merged, the
@@ -185,7 +183,7 @@ def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.nda
     """
     if len(sel) == 0:
         return np.zeros(0, bool)
-    own, s, e = _gather(kd, cat, sel, "O")
+    own, s, e = gather_pieces(kd, cat, sel, "O")
     n = len(sel)
     ln = e - s
     big = np.int64(1) << np.int64(62)
@@ -203,7 +201,7 @@ def _clean_runs(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int) -> np.nda
     return ok & ((gmx - gmn) <= 2 * bigp)
 
 
-def _gather(kd: KernelData, cat: dict, sel: np.ndarray, which: str):
+def gather_pieces(kd: KernelData, cat: RegionObs, sel: np.ndarray, which: str):
     """(owner index into sel, start, end) of the O (observed) or A (observed + prefetched) pieces."""
     offsets = np.cumsum([0] + [len(idx) for _, idx, _, _ in kd.parts])
     own, ss, ee = [], [], []
@@ -211,23 +209,23 @@ def _gather(kd: KernelData, cat: dict, sel: np.ndarray, which: str):
         m = np.flatnonzero((sel >= offsets[ti]) & (sel < offsets[ti + 1]))
         s = sel[m]
         if which == "O":
-            r0, n, S, E = cat["r0"][s], cat["npieces"][s], o.os, o.oe
+            r0, n, S, E = cat.r0[s], cat.npieces[s], o.os, o.oe
         else:
-            r0, n, S, E = cat["q0"][s], cat["a_pieces"][s], o.as_, o.ae
+            r0, n, S, E = cat.q0[s], cat.a_pieces[s], o.as_, o.ae
         ri = _ranges(r0, n)
         own.append(np.repeat(m, n))
-        ss.append(np.maximum(S[ri], np.repeat(cat["lo_f"][s], n)))
-        ee.append(np.minimum(E[ri], np.repeat(cat["hi_f"][s], n)))
+        ss.append(np.maximum(S[ri], np.repeat(cat.lo_f[s], n)))
+        ee.append(np.minimum(E[ri], np.repeat(cat.hi_f[s], n)))
     return np.concatenate(own), np.concatenate(ss), np.concatenate(ee)
 
 
-def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: int) -> np.ndarray:
+def verify_region(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray, bigp: int) -> np.ndarray:
     """Per launch: do the predicted pages, rounded out to big pages, cover O and stay inside A?"""
     ps = kd.ps
     g = kd.group[sel]
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
     one = np.ones(len(sel), np.int64)
-    base = cat["base"][sel]
+    base = cat.base[sel]
     if region.cls == "strided":
         st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, base))
         cnt = np.clip(cnt, 0, 1 << 16)
@@ -241,26 +239,26 @@ def _verify(kd: KernelData, region: Region, cat: dict, sel: np.ndarray, bigp: in
     return verify_pages(kd, cat, sel, bigp, rep, sb // ps, -((-eb) // ps), chunked=region.cls == "strided")
 
 
-def verify_pages(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int, rep: np.ndarray, sp: np.ndarray,
+def verify_pages(kd: KernelData, cat: RegionObs, sel: np.ndarray, bigp: int, rep: np.ndarray, sp: np.ndarray,
                  ep: np.ndarray, chunked: bool = False) -> np.ndarray:
-    """_verify's test on predicted page intervals [sp, ep) of launches sel[rep]: rounded out to big
+    """verify_region's test on predicted page intervals [sp, ep) of launches sel[rep]: rounded out to big
     pages, do they cover O and stay inside A (but for what lost records may hide)? `chunked`: the
-    prediction is chunks, which must show a gap somewhere (as _verify asks of strided regions)."""
+    prediction is chunks, which must show a gap somewhere (as verify_region asks of strided regions)."""
     ps = kd.ps
-    a_s, a_e = cat["alloc_s"][sel][rep], cat["alloc_e"][sel][rep]
+    a_s, a_e = cat.alloc_s[sel][rep], cat.alloc_e[sel][rep]
     sp = np.maximum(sp // bigp * bigp, a_s)
     ep = np.minimum(-((-ep) // bigp) * bigp, a_e)
     n = len(sel)
     P = Footprints.from_intervals(rep, sp, ep, n, ps)
-    O = Footprints.from_intervals(*_gather(kd, cat, sel, "O"), n, ps)
-    A = Footprints.from_intervals(*_gather(kd, cat, sel, "A"), n, ps)
+    O = Footprints.from_intervals(*gather_pieces(kd, cat, sel, "O"), n, ps)
+    A = Footprints.from_intervals(*gather_pieces(kd, cat, sel, "A"), n, ps)
     # the prediction must hold every page the records show touched, and may reach past what
     # they show only by the big pages whose records lost records may have taken with them
     pp = P.pages_per_launch()
     outside = (pp - intersection_pages(P, A)) / bigp
     covers = intersection_pages(P, O) == O.pages_per_launch()
     ok = covers & (outside == 0)
-    if _holes_from_loss(kd, outside[covers & ~ok], pp[covers]):
+    if holes_from_loss(kd, outside[covers & ~ok], pp[covers]):
         ok = covers
     if chunked and not (np.diff(P.indptr) >= 2).any():
         # no launch would show a gap between its chunks (each big-page wide gap would): the
@@ -269,7 +267,7 @@ def verify_pages(kd: KernelData, cat: dict, sel: np.ndarray, bigp: int, rep: np.
     return ok
 
 
-def _holes_from_loss(kd: KernelData, holes: np.ndarray, pages: np.ndarray) -> bool:
+def holes_from_loss(kd: KernelData, holes: np.ndarray, pages: np.ndarray) -> bool:
     """Could lost records have hidden these `holes` (big pages, one entry per launch that has some)
     among launches predicted to touch `pages` pages in all? Counted over all the launches: loss
     hides few big pages, at random, not one in every launch."""

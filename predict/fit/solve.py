@@ -1,7 +1,7 @@
 """Solving a region's formulas from its launches' bounds: per feature group, strict, then robust.
 
 Bounds are byte intervals per launch, one per quantity (start, end, count, stride, chunk).
-Launches with equal features touch the same offsets, so they form groups; `_solve_pair` finds
+Launches with equal features touch the same offsets, so they form groups; `solve_pair` finds
 the simplest formulas that hold in every group (strict) or leave unexplained no more launches
 than lost records explain (robust), and returns how many launches they leave unexplained
 (docs/template-model.md, "Lost records").
@@ -9,18 +9,15 @@ than lost records explain (robust), and returns how many launches they leave une
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from . import formula as FM
-from .features import factorize_rows
-
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
+from .. import formula as FM
+from ..features import factorize_rows
+from .data import KernelData
 
 
-def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
+
+def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     """Per feature group, the interval most of its launches' bounds agree on:
     (groups present, lo, hi, launches).
 
@@ -57,7 +54,7 @@ def _group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     return present, lo_g[present], hi_g[present], cnt[present].astype(np.float64)
 
 
-def _split_groups(kd: KernelData, g, lo, hi) -> int:
+def split_groups(kd: KernelData, g, lo, hi) -> int:
     """Launches in feature groups whose bounds do not intersect (equal features, different answers:
     no formula of the features holds there)."""
     lo_g = np.full(kd.U, -FM.INF, np.int64)
@@ -107,12 +104,12 @@ def _solve_one(kd: KernelData, groups, lo, hi, w, budget: float, mode="tight", m
     return None
 
 
-def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_terms=None, hard=None,
+def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_terms=None, hard=None,
                 edges=2):
     """Fit several quantities (start, end, ...) on the same launches: the simplest formulas that
     explain all launches but those lost records may have contradicted.
 
-    Each quantity's formula is solved over its feature groups' bounds (`_group_bounds`): once
+    Each quantity's formula is solved over its feature groups' bounds (`group_bounds`): once
     inside every group (strict), and once with the groups of a share of the launches allowed
     outside (robust: `KernelData.allowed`, plus each extra budget for passes that leave launches
     to a later check). `hard[q]` ("lo" or "hi") names the side of quantity q's bounds that is
@@ -136,7 +133,7 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
         for q, (lo, hi) in enumerate(bounds):
             # strict: one interval per feature group; robust: every launch's own bounds (equal ones
             # merged), so that the budget counts launches, not the groups one of them spoiled
-            groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
+            groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
             # a robust solution wins only by being simpler: no more terms than the strict one's
             mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
             # positive evidence may be contradicted (odd records: the floor) only where no formula
@@ -162,10 +159,10 @@ def _solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min
     return out, round(float(ok.mean()) if n else 1.0, 6), int(n - ok.sum())
 
 
-def _evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
+def group_evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
     """Up to `limit` feature groups with their start/end byte bounds, kept for fault feedback."""
-    groups, sl, sh, w = _group_bounds(g, s_lo, s_hi, kd.U)
-    _, el, eh, _ = _group_bounds(g, e_lo, e_hi, kd.U)
+    groups, sl, sh, w = group_bounds(g, s_lo, s_hi, kd.U)
+    _, el, eh, _ = group_bounds(g, e_lo, e_hi, kd.U)
     pick = np.unique(np.linspace(0, len(groups) - 1, min(limit, len(groups))).round().astype(np.int64))
     rows = [[int(x) for x in kd.uniq[groups[i]]] + [int(sl[i]), int(sh[i]), int(el[i]), int(eh[i]), int(w[i])]
             for i in pick]

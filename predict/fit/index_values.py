@@ -11,18 +11,23 @@ class (never the truth table):
   read as int32 or int64 (int64 first where every odd 4-byte word is a sign extension);
 - the count: the number of values each launch's row holds, as a formula of the arguments (rows
   recorded exactly, as the workload models and `collect --interpret` record them), else each
-  argument that never exceeds the row (rows clipped at the trace's limit or the allocation's end);
+  argument or grid dimension that never exceeds the row (rows clipped at the trace's limit or the
+  allocation's end; a prefix of a persistent buffer), else a value read from another traced
+  buffer at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's entry
+  at the batch size ends the range of indices the batch reads, so an index chain indptr ->
+  indices -> rows; a padded token count), never exceeding the row (`_buffer_count_candidates`);
+  negative values are sentinels that select nothing (v0 and v1 leave them out);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
-  features, the robust solver (`fit_solve._solve_pair`) finds the simplest formulas for the first
+  features, the robust solver (`solve.solve_pair`) finds the simplest formulas for the first
   chunk's start and the last chunk's end within the same byte bounds a range has
-  (`fit.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
+  (`region.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
   the value by the same stride; one more solve, for whole chunks, finds the stride from where the
   last one ends, `start + stride*(v1+1)` (where the records leave the stride loose, the free solve
   may take stride 1 and a chunk as wide as the values' spread); every stride is tried with whole
   chunks (chunk = stride) before any with part chunks;
 - verification: every observed launch's chunks, rounded out to big pages, must cover what the
-  records show touched and stay inside what they may have touched (`fit_strided.verify_pages`),
+  records show touched and stay inside what they may have touched (`strided.verify_pages`),
   but for the launches lost records may leave unexplained (`KernelData.allowed`).
 
 Launches whose values were not recorded do not take part (the predictor gives them the fallback).
@@ -32,21 +37,21 @@ show the chunks its values chose.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import itertools
 
 import numpy as np
 
 from pagecast import values as V
 
-from . import formula as FM
-from . import indexed as IX
-from .features import factorize_rows
-from .fit_solve import _solve_pair
-from .fit_strided import verify_pages
-from .model_io import Region
+from .. import formula as FM
+from .. import indexed as IX
+from ..features import factorize_rows
+from ..model_io import Region
+from ..observe import RegionObs
+from .data import KernelData
+from .solve import solve_pair
+from .strided import verify_pages
 
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
 
 V0, V1 = "v0", "v1"   # the smallest and largest index value a launch reads, as two more features
 
@@ -110,7 +115,8 @@ def _elems(kd: KernelData, part, rows) -> list[int]:
 
 
 def _extremes(kd: KernelData, part, rows, k, elem):
-    """(v0, v1) over the first k values of each launch's row (rows shared by launches read once)."""
+    """(v0, v1) over the first k values of each launch's row (rows shared by launches read once),
+    negative values left out: they are sentinels that select nothing (predict/indexed.py)."""
     key = np.stack([part, rows, k], axis=1)
     uk, inv = np.unique(key, axis=0, return_inverse=True)
     lo = np.zeros(len(uk), np.int64)
@@ -118,6 +124,7 @@ def _extremes(kd: KernelData, part, rows, k, elem):
     ok = np.zeros(len(uk), bool)
     for j, (ti, r, kk) in enumerate(uk):
         v = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(kk), elem)
+        v = v[v >= 0]
         if len(v):
             lo[j], hi[j], ok[j] = v.min(), v.max(), True
     inv = inv.reshape(-1)
@@ -136,9 +143,9 @@ def _split(f: FM.Formula):
     return stride, rest
 
 
-def fit_indexed(kd: KernelData, w, cat: dict, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
+def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
     """An indexed region for base word `w` at its observed launches `sel` (positions in kd; `nat`:
-    which are natural mode; `bounds`: fit.range_bounds at sel), or None (module doc). Fills `fit`."""
+    which are natural mode; `bounds`: region.range_bounds at sel), or None (module doc). Fills `fit`."""
     if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
         return None
     part, lid = _positions(kd)
@@ -165,16 +172,49 @@ def fit_indexed(kd: KernelData, w, cat: dict, sel: np.ndarray, nat: np.ndarray, 
 
 def _count_candidates(kd: KernelData, g: np.ndarray, row_len: np.ndarray):
     """Count formulas to try: the rows' lengths as a formula of the arguments (rows recorded
-    exactly), then each argument never longer than the row (rows clipped)."""
-    res = _solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
+    exactly), then each argument or grid dimension never longer than the row (rows clipped, or
+    a prefix of a persistent buffer read: one program per token reads `grid_x` ids of a buffer
+    allocated once at the largest batch, whose later entries are stale or -1 padding)."""
+    res = solve_pair(kd, g, [(row_len, row_len)], max_terms=1)
     if res is not None:
         yield res[0][0]
-    for k, name in enumerate(kd.sel_names):
-        if name.startswith(("grid_", "block_")):
-            continue
-        v = kd.uniq[g, k]
+    for name in _position_names(kd):
+        v = kd.uniq[g, kd.sel_names.index(name)]
         if (v >= 1).all() and (v <= row_len).all() and not (v == row_len).all():
             yield FM.Formula(0, ((1, (name,)),))
+
+
+def _position_names(kd: KernelData) -> list[str]:
+    return [n for n in kd.sel_names if not n.startswith("block_")]
+
+
+def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
+    """Counts read from another traced buffer (module doc): the value at position 0, or at an
+    argument or grid dimension, of each other pointer's values row (an indptr's entry at the
+    batch size: the end of the range it selects; a padded token count), never longer than the
+    index row. Yields (position formula, count word, count elem, counts)."""
+    positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in _position_names(kd)]
+    for cw, cvals in kd.bases:
+        if cw.name in (w.name, iw.name):
+            continue
+        cptr = np.concatenate(cvals)[sv]
+        crow = _rows(kd, part[sv], lid[sv], cptr)
+        if (crow < 0).any():
+            continue
+        for ce in _elems(kd, part[sv], crow):
+            for pos in positions:
+                pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
+                    * np.ones(len(sv), np.int64)
+                key = np.stack([part[sv], crow, pv], axis=1)
+                uk, inv = np.unique(key, axis=0, return_inverse=True)
+                cu = np.full(len(uk), -1, np.int64)
+                for j, (ti, r, p) in enumerate(uk):
+                    x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
+                    if len(x) == p + 1:
+                        cu[j] = x[-1]
+                c = cu[inv.reshape(-1)]
+                if (c >= 1).all() and (c <= row_len).all() and not (c == row_len).all():
+                    yield pos, cw.name, ce, c
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit) -> Region | None:
@@ -183,8 +223,11 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem for ti, r in zip(part[sv], rows[sv])],
                        np.int64)
     s_lo, s_hi, e_lo, e_hi = bounds
-    for count in _count_candidates(kd, g, row_len):
-        k = np.minimum(np.asarray(count.evaluate(vals), np.int64) * np.ones(len(sv), np.int64), row_len)
+    cands = ((c, None, 4, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
+             for c in _count_candidates(kd, g, row_len))
+    for count, cidx, celem, kc in itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid,
+                                                                                  row_len)):
+        k = np.minimum(kc, row_len)
         if (k < 1).any():
             continue
         v0, v1, ok = _extremes(kd, part[sv], rows[sv], k, elem)
@@ -197,7 +240,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         strides = []
         for force in (False, True):
             ex = _WithValues(kd, g, v0, v1, force)
-            res = _solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
+            res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
                               min_terms={0: 1, 1: 1} if force else None)
             for f in (res[0] if res is not None else ()):
                 sp_ = _split(f)
@@ -208,13 +251,14 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
         # which verification accepts; this solve pins the stride by where the last row ends
         ex = _WithValues(kd, g, v0, v1 + 1, True)
-        res = _solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
+        res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
         sp_ = _split(res[0][0]) if res is not None else None
         if sp_ is not None and sp_[0] not in strides:
             strides.append(sp_[0])
         # every stride with whole chunks first (rows, experts, blocks are whole), then part chunks
         for r in (r for whole in (True, False) for stride in strides
                   for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
+            r.count_index, r.count_elem = cidx, celem
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
@@ -235,7 +279,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
     if (sd <= 0).any():
         return
-    res = _solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
+    res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
     if res is None:
         return
     start = res[0][0]
@@ -246,7 +290,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
         if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
             chunks.append(stride)
     else:
-        res = _solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
+        res = solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
         if res is not None and res[0][0] != stride and \
                 (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
             chunks.append(res[0][0])
@@ -256,9 +300,11 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
 
 
 def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
-    """Per launch of `sv`: do its predicted chunks cover what its records show (fit_strided.verify_pages)?"""
+    """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?"""
     ps = kd.ps
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
+    cptr = None if region.count_index is None else \
+        np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
     reps, sps, eps = [], [], []
     for ti, (o, _, _, _) in enumerate(kd.parts):
         m = np.flatnonzero(part[sv] == ti)
@@ -267,8 +313,8 @@ def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
         p = sv[m]
         g = kd.group[p]
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-        res = IX.batch_pieces(region, vals, cat["base"][p], iptr[p], lid[p], V.image(o.trace), ps,
-                              cat["alloc_s"][p], cat["alloc_e"][p])
+        res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
+                              cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p])
         reps.append(pos[m][res["l"]]), sps.append(res["s"]), eps.append(res["e"])
     rep = np.concatenate(reps) if reps else np.zeros(0, np.int64)
     sp = np.concatenate(sps) if sps else np.zeros(0, np.int64)

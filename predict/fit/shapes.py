@@ -22,24 +22,21 @@ Only regions whose formulas have one term each make the vocabulary. Over several
 worth of pages it wins unless the faults are `odds_per_term` times likelier under the constant
 (`FitParams.odds_per_term`, the same odds a term needs against a constant outside the
 vocabulary); under a page at every launch (where the faults are
-as likely under either), it replaces the smallest-coefficient guess of `_argument_backed`.
+as likely under either), it replaces the smallest-coefficient guess of `argument_backed`.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from . import formula as FM
-from .fit_likelihood import _region_pages_in
-from .fit_solve import _group_bounds
+from .. import formula as FM
+from ..model_io import Region
+from .data import KernelData
+from .likelihood import region_pages_in
+from .solve import group_bounds
 
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
-    from .model_io import Region
 
 
 @dataclass
@@ -55,7 +52,7 @@ class RangeEvidence:
     O_s: np.ndarray          # observed pages
     O_e: np.ndarray
     f2: np.ndarray           # launches with a fault record in the region's last big page
-    guessed: bool            # the end was an `_argument_backed` guess (under a page everywhere)
+    guessed: bool            # the end was an `argument_backed` guess (under a page everywhere)
     whole: np.ndarray        # launches whose records cover their whole allocation
     to_alloc: np.ndarray     # bytes from the base to the allocation's end
 
@@ -120,7 +117,7 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
             # the simplest first (as the solver prefers: a re-solved constant of odd part 37 is
-            # not simple), then the likeliest of equally simple ones (`_likeliest`)
+            # not simple), then the likeliest of equally simple ones (`likeliest`)
             held.append((not alloc, f.score()[:3], -_loglik(kd, ev, fs, f), f.score(), f))
         if held:
             best = min(held, key=lambda t: t[:4])
@@ -160,7 +157,7 @@ def _tier2(kd, g, e_lo, e_hi, factors):
     """One term over a product of the vocabulary's factors, its coefficient from these bounds."""
     if not factors:
         return []
-    groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
+    groups, lo_g, hi_g, w = group_bounds(g, e_lo, e_hi, kd.U)
     mono = kd.mono(groups)
     keep = [j for j, n in enumerate(mono.names) if tuple(sorted(n)) in {tuple(sorted(f)) for f in factors}]
     if not keep:
@@ -171,8 +168,8 @@ def _tier2(kd, g, e_lo, e_hi, factors):
 
 def _loglik(kd, ev, fs, fe) -> float:
     """Log-likelihood of the launches' fault pages in the region's last big page under (fs, fe):
-    each touched big page faults once at a touched page drawn at random (fit_likelihood)."""
+    each touched big page faults once at a touched page drawn at random (likelihood)."""
     big0 = ((ev.O_e - 1) // kd.bigp) * kd.bigp
-    m = _region_pages_in(kd, ev.g, fs, fe, ev.base, big0)
+    m = region_pages_in(kd, ev.g, fs, fe, ev.base, big0)
     use = ev.f2 & (m > 0)
     return -float(np.log(np.maximum(m[use], 1)).sum())

@@ -9,18 +9,15 @@ separate a constant from an argument (a region under a page at every launch), th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from . import formula as FM
-from .fit_solve import _group_bounds
-
-if TYPE_CHECKING:  # annotations only: fit imports this module
-    from .fit import KernelData
+from .. import formula as FM
+from .data import KernelData
+from .solve import group_bounds
 
 
-def _region_pages_in(kd: KernelData, g, fs, fe, base, big0):
+
+def region_pages_in(kd: KernelData, g, fs, fe, base, big0):
     """Pages of the region [base + fs, base + fe) inside the big page starting at page big0, per launch."""
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
     one = np.ones(len(g), np.int64)
@@ -29,7 +26,7 @@ def _region_pages_in(kd: KernelData, g, fs, fe, base, big0):
     return np.maximum(np.minimum(ep, big0 + kd.bigp) - np.maximum(sp, big0), 0)
 
 
-def _aligned_odds(kd: KernelData, g, plain, aligned, base, O_s, O_e, I_s, I_e, f1, f2) -> float:
+def aligned_odds(kd: KernelData, g, plain, aligned, base, O_s, O_e, I_s, I_e, f1, f2) -> float:
     """How much likelier the launches' fault pages are under the `aligned` (start, end) formulas than
     under the `plain` ones.
 
@@ -43,14 +40,14 @@ def _aligned_odds(kd: KernelData, g, plain, aligned, base, O_s, O_e, I_s, I_e, f
     two = f2 & (b2 != b1)
     logs = np.zeros(len(g))
     for big0, has in ((b1, f1), (b2, two)):
-        mp = _region_pages_in(kd, g, plain[0], plain[1], base, big0)
-        ma = _region_pages_in(kd, g, aligned[0], aligned[1], base, big0)
+        mp = region_pages_in(kd, g, plain[0], plain[1], base, big0)
+        ma = region_pages_in(kd, g, aligned[0], aligned[1], base, big0)
         use = has & (mp > 0) & (ma > 0)
         logs += np.where(use, np.log(np.maximum(mp, 1)) - np.log(np.maximum(ma, 1)), 0.0)
     return float(np.exp(min(logs.sum(), 700.0)))
 
 
-def _likeliest(kd: KernelData, g, res, bounds, base, O_s, O_e, f1, f2):
+def likeliest(kd: KernelData, g, res, bounds, base, O_s, O_e, f1, f2):
     """Among formulas that explain as many launches, the one under which the fault pages are
     likeliest, within reason.
 
@@ -72,21 +69,21 @@ def _likeliest(kd: KernelData, g, res, bounds, base, O_s, O_e, f1, f2):
         if not has.any() or f.n_terms > 1:
             continue
         lo, hi = bounds[q]
-        groups, lo_g, hi_g, w = _group_bounds(g, lo, hi, kd.U)
+        groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U)
         if len(groups) > kd.params.max_search_groups:
             continue
-        ok0 = _within(f, vals, one, lo, hi).sum()
+        ok0 = in_bounds(f, vals, one, lo, hi).sum()
 
         def loglik(c):
             trial = [c, out[1]] if q == 0 else [out[0], c]
-            m = _region_pages_in(kd, g, trial[0], trial[1], base, big0)
+            m = region_pages_in(kd, g, trial[0], trial[1], base, big0)
             return -float(np.log(np.maximum(m[has & (m > 0)], 1)).sum())
 
         best, best_ll = f, loglik(f)
         mono = kd.mono(groups)
         for terms in sorted({f.n_terms, 1}):
             for c in FM.solve(mono, lo_g, hi_g, w, 0.0, max_terms=terms, min_terms=terms, candidates=True):
-                if c == f or _within(c, vals, one, lo, hi).sum() < ok0:
+                if c == f or in_bounds(c, vals, one, lo, hi).sum() < ok0:
                     continue
                 if terms == f.n_terms and c.score()[:3] != f.score()[:3]:
                     continue
@@ -98,12 +95,12 @@ def _likeliest(kd: KernelData, g, res, bounds, base, O_s, O_e, f1, f2):
     return (out[0], out[1]), exact, unexplained
 
 
-def _within(f, vals, one, lo, hi) -> np.ndarray:
+def in_bounds(f, vals, one, lo, hi) -> np.ndarray:
     y = np.asarray(f.evaluate(vals), np.int64) * one
     return (y >= lo) & (y <= hi)
 
 
-def _argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
+def argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
     """Where the faults cannot separate a constant end from one an argument explains, prefer the
     argument (docs/template-model.md, "When faults cannot separate fixed from an argument").
 
@@ -117,7 +114,7 @@ def _argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
     (fs, fe), exact, unexplained = res
     if fe.terms or fs.terms:
         return res
-    groups, lo_g, hi_g, w = _group_bounds(g, e_lo, e_hi, kd.U)
+    groups, lo_g, hi_g, w = group_bounds(g, e_lo, e_hi, kd.U)
     mono = kd.mono(groups)
     E = int(fe.const)
     best = None

@@ -1,0 +1,150 @@
+"""Learn per-kernel templates from fault traces (never from truth): the model and each kernel.
+
+For every kernel, for every base word (an 8-byte parameter word that points
+into a live allocation), the pages observed in that allocation at each launch
+give bounds on where the region starts and ends:
+
+- start page in [A_s, min(first fault page, end of the first big page)]
+- end page in [max(last fault page + 1, start of the last big page + 1), A_e]
+
+where O (the big pages the records show touched, `observe.TraceObs`) holds [O_s, O_e)
+and A extends it with the pages that may have been touched (the driver's prefetch
+migrations, big pages allocations share). The inner sides are positive evidence; the
+outer ones only say that nothing was seen, which lost records fake. Relative to the base
+pointer these are byte intervals; launches with equal features form groups (`data.KernelData`),
+`region.fit_region` runs the template classes in order, `solve` finds the simplest integer
+formulas that hold for all launches but those lost records explain (`params.FitParams`),
+`likelihood` chooses among formulas that hold by where the faults landed, `strided` and
+`index_values` fit chunked regions, `shapes` settles ends the records leave open. Several traces are
+pooled: a template must hold in all of them. docs/template-model.md explains it all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from pagecast import PRODUCER
+from pagecast.errors import TraceError, UsageError
+
+from ..model_io import KernelModel, Model, Region
+from ..observe import TraceObs
+from .data import DEFAULT, KernelData
+from .params import FitParams, trace_loss
+from .region import fit_region, region_score
+from .shapes import RangeEvidence, shared_shape, vocabulary
+
+
+def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
+    """One model from several traces (different scales / seeds of the same program).
+
+    `params`: the thresholds the fit decides with (`FitParams`, recorded in the model)."""
+    params = params or DEFAULT
+    if not traces:
+        raise UsageError("fit needs at least one trace")
+    ps = {t.page_size for t in traces}
+    if len(ps) != 1:
+        raise TraceError("traces have different page sizes: " + ", ".join(f"{t.path}: {t.page_size}" for t in traces))
+    ps = ps.pop()
+    if sum(t.n_launches for t in traces) == 0:
+        raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
+    obs = [TraceObs(t, params.big_page) for t in traces]
+    for o in obs:
+        o.loss = trace_loss(o.trace, params)
+    if sum(o.n_records for o in obs) == 0:
+        raise TraceError("no faults or migrations in " + ", ".join(str(t.path) for t in traces)
+                         + ": nothing to learn from (was unified-memory profiling on?)")
+    model = Model(page_size=ps, big_page=params.big_page, fit_params=params.to_json(), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  producer=PRODUCER,
+                  traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches}
+                          for t in traces])
+    parts: dict[str, list] = defaultdict(list)
+    for o in obs:
+        whole = o.trace.whole_launches()   # a launch cut off while it ran shows part of its footprint
+        for name, idx in zip(o.names, o.groups):
+            idx = idx[whole[idx]]
+            if len(idx):
+                parts[name].append((o, idx))
+    names = sorted(parts)
+    for name in names:
+        model.kernels[name] = fit_kernel(name, parts[name], ps, params)
+        if progress is not None:
+            progress.advance(1) if hasattr(progress, "advance") else progress(1)
+    return model
+
+
+def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> KernelModel:
+    kd = KernelData(name, parts, ps, params)
+    km = KernelModel(name, kd.sizes, kd.offsets, launches=kd.n, traces=kd.traces)
+    if kd.n == 0:
+        km.note = "no launches with a consistent parameter layout"
+        return km
+    if not kd.bases:
+        km.note = "no parameter points into an allocation: footprint unexplained (fallback)"
+        return km
+    regions: list[tuple[tuple, Region]] = []
+    shapes: list[tuple[Region, RangeEvidence | None]] = []
+    any_obs = False
+    fences = _fences(kd)
+    for (w, vals), fe in zip(kd.bases, fences):
+        r, sig, shape = fit_region(kd, w, vals, fe)
+        if r is None:
+            continue
+        any_obs = True
+        regions.append((sig, r))
+        shapes.append((r, shape))
+    # ends the records leave open take the sizes the kernel's other regions are proven to have
+    tier1, tier2 = vocabulary(kd, shapes)
+    for r, shape in shapes:
+        shared_shape(kd, r, shape, tier1, tier2)
+    # two words that always point into the same allocation see the same pages: keep the simpler
+    best: dict[tuple, Region] = {}
+    order: list[tuple] = []
+    for sig, r in regions:
+        if sig not in best:
+            best[sig] = r
+            order.append(sig)
+        elif region_score(r) < region_score(best[sig]):
+            best[sig] = r
+    km.regions = [best[s] for s in order]
+    if not any_obs:
+        km.note = "no faults observed in the allocations its parameters point into"
+    if kd.skipped:
+        km.note = (km.note + "; " if km.note else "") + f"{kd.skipped} launches with another parameter layout skipped"
+    return km
+
+
+def _fences(kd: KernelData) -> list[list]:
+    """Per base word and trace: the pages [lo, hi) of its allocation this word owns.
+
+    When several base words point into one allocation, each owns the part from its
+    pointer to the next pointer above it (the lowest one also owns what lies below).
+    """
+    B = len(kd.bases)
+    out = [[None] * len(kd.parts) for _ in range(B)]
+    if B < 2:
+        return out
+    ps = kd.ps
+    for ti, (o, idx, _, _) in enumerate(kd.parts):
+        P = np.stack([vals[ti].astype(np.int64) for _, vals in kd.bases], axis=1)      # (n, B)
+        A = np.stack([o.index.lookup(vals[ti], idx) for _, vals in kd.bases], axis=1)
+        big = np.int64(1) << np.int64(62)
+        for b in range(B):
+            same = (A == A[:, b:b + 1]) & (A[:, b:b + 1] >= 0)
+            same[:, b] = False
+            above = same & (P > P[:, b:b + 1])
+            below = same & (P < P[:, b:b + 1])
+            hi = np.where(above, P, big).min(axis=1)
+            soft = np.where(hi < big, -((-hi) // ps), big)
+            # the next pointer's big page belongs to it (its region starts there); a region of
+            # ours may still run into that big page, up to the pointer itself (soft fence)
+            bigp = kd.bigp
+            hard = np.where(hi < big, (hi // ps // bigp) * bigp, big)
+            hard = np.where(hard <= P[:, b] // ps, soft, hard)
+            lo_page = np.where(below.any(axis=1), P[:, b] // ps, -big)
+            fault_hi = np.where(hi < big, hi // ps, big)  # the next pointer's first page may hold its faults
+            if above.any() or below.any():
+                out[b][ti] = (lo_page, hard, soft, fault_hi)
+    return out

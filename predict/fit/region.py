@@ -1,0 +1,326 @@
+"""One base word's region: the evidence gathered once, then the template classes tried in order.
+
+`fit_region` gathers what the records show in the allocation the word points into at each launch
+(`RegionFit`) and runs `CASCADE`, an ordered list of per-class attempts: the first that returns a
+region wins. Each attempt is one function of the `RegionFit`; adding a template class is one
+more `Attempt` in the list (and its fitter module), with its rank among duplicates
+(`region_score`). docs/template-model.md explains each class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagecast.footprints import _ranges, coarsen_intervals, merge_intervals  # noqa: PLC2701 - the core's CSR helpers
+
+from .. import formula as FM
+from ..features import Word
+from ..model_io import Region
+from ..observe import RegionObs
+from .data import KernelData
+from .index_values import fit_indexed
+from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
+from .shapes import RangeEvidence
+from .solve import group_evidence, solve_pair, split_groups
+from .strided import clean_runs, fit_strided, gather_pieces, holes_from_loss, verify_region
+
+_UNTRIED = object()
+
+
+@dataclass
+class RegionFit:
+    """One base word's evidence at its observed launches `sel` (positions in `kd`), shared by the
+    attempts; `fit` collects the statistics the model records, `shape` a range region's end
+    evidence for the kernel's second look (fit.shapes)."""
+
+    kd: KernelData
+    w: Word
+    obs: list[RegionObs]              # per trace
+    cat: RegionObs                    # concatenated over traces
+    fences: list
+    sel: np.ndarray
+    nat: np.ndarray                   # natural-mode launches
+    whole: np.ndarray                 # launches whose records cover their whole allocation
+    maxp: int                         # most runs one launch shows
+    fit: dict
+    shape: RangeEvidence | None = None
+    _indexed: object = field(default=_UNTRIED, repr=False)
+
+    @property
+    def g(self) -> np.ndarray:
+        return self.kd.group[self.sel]
+
+    def indexed(self) -> Region | None:
+        """The indexed fit, tried once (the range attempt may ask first)."""
+        if self._indexed is _UNTRIED:
+            self._indexed = fit_indexed(self.kd, self.w, self.cat, self.sel, self.nat, self.fit,
+                                        range_bounds(self.kd, self.cat, self.sel, self.nat))
+        return self._indexed
+
+
+def _try_strided(rf: RegionFit) -> Region | None:
+    """Several runs in a launch: the chunks of a strided region (or big pages whose records were
+    all lost: a strided fit that predicts no gap a big page wide is refused, `verify_region`)."""
+    if rf.maxp <= 1:
+        return None
+    kd, cat, sel, fit, bigp = rf.kd, rf.cat, rf.sel, rf.fit, rf.kd.bigp
+    multi = sel[cat.npieces[sel] >= 2]
+    multi = multi[clean_runs(kd, cat, multi, bigp)]
+    both = np.union1d(multi, sel[cat.npieces[sel] == 1])
+    # a constant stride seen over a narrow range of sizes may really follow an argument; a
+    # start known to its big page only may lie where the first chunk's page faulted
+    for stride_terms, aligned in ((0, False), (1, False), (0, True), (1, True)):
+        r = fit_strided(kd, rf.w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
+                        stride_terms=stride_terms, aligned=aligned)
+        if r is not None:
+            ok = verify_region(kd, r, cat, sel, bigp)
+            fit["exact"] = round(float(ok.mean()), 6)
+            fit["unexplained"] = int((~ok).sum())
+            if fit["unexplained"] <= kd.allowed(len(sel), 2 * cat.npieces[sel]):
+                return r
+        fit.pop("evidence", None)
+    return None
+
+
+def _hull_ok(rf: RegionFit) -> bool:
+    """One contiguous range may stand for the runs (their hull) when the gaps inside are a sliver:
+    chunks that nearly always merge in fault data, or big pages whose records were lost, as many
+    as lost records explain (`_few_holes`); never for gathers."""
+    if rf.maxp == 1:
+        return True
+    kd, cat, sel = rf.kd, rf.cat, rf.sel
+    O_s, O_e = cat.O_s[sel], cat.O_e[sel]
+    own, ps_, pe_ = gather_pieces(kd, cat, sel, "O")
+    covered = int((pe_ - ps_).sum())
+    hull = int((O_e - O_s).sum())
+    return hull > 0 and (covered >= (1 - kd.params.hull_gaps) * hull
+                         or bool(_few_holes(kd, cat, sel, O_e - O_s).all()))
+
+
+def _try_range(rf: RegionFit) -> Region | None:
+    """`fixed` or `linear`: one range whose start and end are formulas of the arguments."""
+    if not _hull_ok(rf):
+        return None
+    kd, w, cat, sel, nat, fit, whole = rf.kd, rf.w, rf.cat, rf.sel, rf.nat, rf.fit, rf.whole
+    ps, bigp, g = kd.ps, kd.bigp, rf.g
+    base = cat.base[sel]
+    O_s, O_e = cat.O_s[sel], cat.O_e[sel]
+    I_s, I_e = cat.I_s[sel], cat.I_e[sel]
+    s_lo, s_hi, e_lo, e_hi = range_bounds(kd, cat, sel, nat)
+    if all(fe is None for fe in rf.fences):  # shared big pages (other pointers) spoil the statistic
+        s_lo, e_hi = _fault_statistics(kd, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat)
+    res = solve_pair(kd, g, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"})
+    # the region's edges inside the faulting pages: offsets that follow arguments by less than a
+    # big page (a row under a page at pos * row_bytes) show only in which page faulted
+    f1 = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+    f2 = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+    s_lo_a = np.where(f1, np.maximum(s_lo, I_s * ps - base), s_lo)
+    e_hi_a = np.where(f2, np.minimum(e_hi, I_e * ps - base), e_hi)
+    if res is not None:
+        vals_ = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+        one_ = np.ones(len(g), np.int64)
+        inside = in_bounds(res[0][0], vals_, one_, s_lo_a, s_hi) & in_bounds(res[0][1], vals_, one_, e_lo, e_hi_a)
+    if (res is None or (~inside).sum() > kd.allowed(len(g))) and \
+            ((s_lo_a != s_lo).any() or (e_hi_a != e_hi).any()) and \
+            split_groups(kd, g, s_lo_a, s_hi) + split_groups(kd, g, e_lo, e_hi_a) <= kd.allowed(len(g)):
+        # the plain solution leaves its edges off the faulting pages: try one that does not
+        res_a = solve_pair(kd, g, [(s_lo_a, s_hi), (e_lo, e_hi_a)], hard={0: "hi", 1: "lo"},
+                           max_terms=kd.params.aligned_terms)
+        if res_a is not None and (res is None or res_a[0] != res[0]) and (
+                res is None or aligned_odds(kd, g, res[0], res_a[0], base, O_s, O_e, I_s, I_e, f1, f2)
+                >= kd.params.odds_per_term):
+            res = res_a
+    guessed = False
+    if res is not None:
+        res = likeliest(kd, g, res, [(s_lo, s_hi), (e_lo, e_hi)], base, O_s, O_e, f1, f2)
+        if not nat.any():   # natural mode bounds ends by the allocation: no page to compare
+            guess = argument_backed(kd, g, res, e_lo, e_hi, base)
+            guessed, res = guess is not res, guess
+    if res is None:
+        return None
+    (fs, fe), exact, unexplained = res
+    if not fs.terms and not fe.terms and fe.const <= fs.const:
+        fe = FM.Formula(fs.const + 1, ())  # an observed region is not empty
+    cls = "fixed" if not fs.terms and not fe.terms else "linear"
+    ugly = max([FM.odd(c) for c, _ in fs.terms + fe.terms] or [0]) > kd.params.simple_odd
+    if cls == "linear" and ugly:
+        # a coefficient no element size times dimensions gives (FitParams.simple_odd) is a
+        # formula bent through lost records; where index values explain the launches, the
+        # indexed template is the better-founded one (docs/template-model.md, "indexed")
+        region = rf.indexed()
+        if region is not None:
+            return region
+        if _mostly(kd, whole):
+            return None
+    region = Region(w.name, cls, start=fs, end=fe)
+    fit["exact"] = exact
+    fit["unexplained"] = unexplained
+    fit["evidence"] = group_evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
+    if rf.maxp > 1:
+        fit["hull_of_runs"] = True
+    if not nat.any():   # the kernel's own sizes may settle the end (fit.shapes)
+        rf.shape = RangeEvidence(g, s_lo, s_hi, e_lo, e_hi, base, O_s, O_e, f2, guessed, whole,
+                                 cat.alloc_eb[sel] - base)
+    return region
+
+
+def _try_indexed(rf: RegionFit) -> Region | None:
+    """Pages chosen by index values another pointer's buffer holds (the trace's values table):
+    tried before `allocation`, which the fitting runs' values may happen to cover whole (a gather
+    over a small vector) while a larger run's do not."""
+    return rf.indexed()
+
+
+def _try_allocation(rf: RegionFit) -> Region | None:
+    """The whole allocation, where the records cover it at all launches but those lost records explain."""
+    if not _mostly(rf.kd, rf.whole):
+        return None
+    rf.fit["exact"] = round(float(rf.whole.mean()), 6)
+    rf.fit["unexplained"] = int((~rf.whole).sum())
+    return Region(rf.w.name, "allocation")
+
+
+def _try_irregular(rf: RegionFit) -> Region:
+    """What nothing else explains: the pages it touched, as history."""
+    rf.fit["exact"] = 0.0
+    return Region(rf.w.name, "irregular", history=_history(rf.kd, rf.obs, rf.kd.ps))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One step of the cascade: the classes it may give, with their rank among regions two words
+    share (lower: kept), and the function that tries them."""
+
+    ranks: dict[str, int]
+    run: Callable[[RegionFit], Region | None]
+
+
+# tried in this order; the first region returned wins (the last attempt always returns one)
+CASCADE: list[Attempt] = [
+    Attempt({"strided": 2}, _try_strided),
+    Attempt({"fixed": 0, "linear": 1}, _try_range),
+    Attempt({"indexed": 4}, _try_indexed),
+    Attempt({"allocation": 3}, _try_allocation),
+    Attempt({"irregular": 5}, _try_irregular),
+]
+CLASS_RANK: dict[str, int] = {c: r for a in CASCADE for c, r in a.ranks.items()}
+
+
+def region_score(r: Region) -> tuple:
+    """Of two words that always point into the same allocation, the lower score is kept."""
+    fs = r.formulas().values()
+    return (CLASS_RANK[r.cls], sum(f.score()[0] for f in fs), sum(f.score()[1] for f in fs))
+
+
+def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
+    """Fit one base word's region: (region, signature, RangeEvidence of a range region's end or
+    None); (None, None, None) when it never points at observed pages."""
+    fences = fences or [None] * len(kd.parts)
+    obs = [p.obs.region(p.idx, v, *(fe if fe is not None else (None, None, None, None)))
+           for p, v, fe in zip(kd.parts, vals, fences)]
+    natural = np.concatenate([np.full(len(p.idx), p.obs.trace.mode != "full") for p in kd.parts])
+    cat = RegionObs.concat(obs)
+    trace_no = np.concatenate([np.full(len(ob.valid), i) for i, ob in enumerate(obs)])
+    sig = (hash(cat.base.tobytes()),)
+    nonempty = cat.valid & (cat.npieces > 0)
+    n_valid, n_obs = int(cat.valid.sum()), int(nonempty.sum())
+    if n_obs == 0:
+        return None, None, None
+    fit = {"launches": n_valid, "observed": n_obs,
+           "traces": int((np.bincount(trace_no[nonempty], minlength=len(obs)) > 0).sum()),
+           "groups": int((np.bincount(kd.group[nonempty], minlength=kd.U) > 0).sum())}
+    sel = np.flatnonzero(nonempty)
+    O_s, O_e, al_s, al_e = cat.O_s[sel], cat.O_e[sel], cat.alloc_s[sel], cat.alloc_e[sel]
+    # launches whose records cover the whole allocation (up to the big pages lost records may hide)
+    whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
+    rf = RegionFit(kd, w, obs, cat, fences, sel, natural[sel], whole, int(cat.npieces[sel].max()), fit)
+    region = None
+    for attempt in CASCADE:
+        region = attempt.run(rf)
+        if region is not None:
+            break
+    region.fit = fit
+    return region, sig, rf.shape
+
+
+def range_bounds(kd: KernelData, cat: RegionObs, sel: np.ndarray, nat: np.ndarray):
+    """Byte bounds, relative to the base pointer, of where a region's first byte and its end lie at
+    launches `sel` (module doc): (s_lo, s_hi, e_lo, e_hi). The inner sides (s_hi, e_lo) are the
+    pages the records show touched; in natural mode the outer ones are the allocation's edges."""
+    ps, bigp = kd.ps, kd.bigp
+    O_s, O_e, A_s, A_e = cat.O_s[sel], cat.O_e[sel], cat.A_s[sel], cat.A_e[sel]
+    I_s, I_e, base = cat.I_s[sel], cat.I_e[sel], cat.base[sel]
+    sp_lo = np.where(nat, cat.alloc_s[sel], A_s)
+    sp_hi = np.minimum((O_s // bigp) * bigp + bigp - 1, O_e - 1)
+    sp_hi = np.where(I_s >= 0, np.minimum(sp_hi, I_s), sp_hi)
+    ep_lo = np.maximum(((O_e - 1) // bigp) * bigp + 1, O_s + 1)
+    ep_lo = np.where(I_e >= 0, np.maximum(ep_lo, I_e), ep_lo)
+    ep_hi = np.where(nat, cat.alloc_e[sel], A_e)
+    return sp_lo * ps - base, (sp_hi + 1) * ps - 1 - base, (ep_lo - 1) * ps + 1 - base, ep_hi * ps - base
+
+
+def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
+    """All launches but the few lost records may leave unexplained."""
+    return bool(len(ok)) and int((~ok).sum()) <= kd.allowed(len(ok))
+
+
+def _few_holes(kd: KernelData, cat: RegionObs, sel: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Per launch: do the observed pieces cover `span` pages (their hull), but for big pages whose
+    records lost records may have taken (no more of them over all launches than that loss hides)?"""
+    own, s, e = gather_pieces(kd, cat, sel, "O")
+    covered = np.bincount(own, weights=(e - s).astype(np.float64), minlength=len(sel))
+    holes = np.maximum(span - covered, 0) / kd.bigp
+    if holes_from_loss(kd, holes[holes > 0], span):
+        return np.ones(len(sel), bool)
+    return holes == 0
+
+
+def _fault_statistics(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, O_s, O_e, I_s, I_e, nat):
+    """Tighten the big-page-wide bounds with the fault records' statistics.
+
+    Each touched big page faults once, at a page the launch touched there, chosen at
+    random. Over many launches with equal features the faulting pages of the first and
+    last big page cover the touched pages, so the region cannot end more than a few pages
+    past the last faulting page seen (nor start much before the first). Applied to feature
+    groups with >= stat_launches launches whose fault records reach into the region's last
+    (first) big page, in full mode: a launch whose record there was lost does not count,
+    and does not stop the others from counting.
+    """
+    P = kd.params
+    U, ps, bigp = kd.U, kd.ps, kd.bigp
+    at_end = (I_e >= 0) & ((I_e - 1) // bigp == (O_e - 1) // bigp) & ~nat
+    at_start = (I_s >= 0) & (I_s // bigp == O_s // bigp) & ~nat
+    n_end = np.bincount(g, weights=at_end.astype(np.float64), minlength=U)
+    n_start = np.bincount(g, weights=at_start.astype(np.float64), minlength=U)
+    if not ((n_end >= P.stat_launches).any() or (n_start >= P.stat_launches).any()):
+        return s_lo, e_hi
+    lo_e = np.full(U, -FM.INF, np.int64)
+    np.maximum.at(lo_e, g, e_lo)
+    hi_s = np.full(U, FM.INF, np.int64)
+    np.minimum.at(hi_s, g, s_hi)
+    me, ms = (n_end >= P.stat_launches)[g], (n_start >= P.stat_launches)[g]
+    e_hi = np.where(me, np.minimum(e_hi, lo_e[g] + P.stat_slack_pages * ps), e_hi)
+    s_lo = np.where(ms, np.maximum(s_lo, hi_s[g] - P.stat_slack_pages * ps), s_lo)
+    return s_lo, e_hi
+
+
+def _history(kd: KernelData, obs: list[RegionObs], ps: int) -> list[list[int]]:
+    """Pages an irregular region touched, relative to its allocation's first page (coarsened)."""
+    ss, ee = [], []
+    for (o, idx, _, _), ob in zip(kd.parts, obs):
+        n = ob.npieces
+        ri = _ranges(ob.r0, n)
+        if len(ri) == 0:
+            continue
+        rel0 = np.repeat(ob.alloc_s, n)
+        ss.append(np.maximum(o.os[ri], np.repeat(ob.lo_f, n)) - rel0)
+        ee.append(np.minimum(o.oe[ri], np.repeat(ob.hi_f, n)) - rel0)
+    if not ss:
+        return []
+    s, e = np.concatenate(ss), np.concatenate(ee)
+    _, s, e = merge_intervals(np.zeros(len(s), np.int64), s, e, 1)
+    s, e = coarsen_intervals(s, e, kd.params.history_intervals)
+    return [[int(a), int(b)] for a, b in zip(s, e)]
