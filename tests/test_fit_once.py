@@ -97,3 +97,38 @@ def test_one_size_gives_constants_and_few_sizes_are_not_cross_validated(tmp_path
     assert m.kernels["k"].pinned.cv == "too few groups" and not m.kernels["k"].pinned.pinned
     back = load_model(save_model(m, tmp_path / "m.json"))
     assert back.kernels["k"].pinned == m.kernels["k"].pinned
+
+
+def _kv_program(pos0: int, steps: int, heads: int, head_dim: int, max_seq: int, layers: int) -> SynthTrace:
+    """`append(cache, pos, max_seq, heads, head_dim)` writes one row of `2*head_dim` bytes per head
+    at `pos` of a [heads, max_seq, head_dim] bf16 cache: a decode loop's KV append."""
+    stt = SynthTrace()
+    row = 2 * head_dim
+    caches = [stt.malloc(heads * max_seq * row) for _ in range(layers)]
+    for pos in range(pos0, pos0 + steps):
+        for c in caches:
+            stt.launch("append", [("Q", c), ("i", pos), ("i", max_seq), ("i", heads), ("i", head_dim)],
+                       [(c + h * max_seq * row + pos * row, row) for h in range(heads)])
+    return stt
+
+
+@settings(**{**SETTINGS, "max_examples": 6})
+@given(heads=st.sampled_from([2, 4, 8]), head_dim=st.sampled_from([128, 256]),
+       max_seq=st.sampled_from([1024, 2048]), pos0=st.integers(64, 600), seed=st.integers(0, 100))
+def test_a_row_per_head_follows_the_position_from_one_profile(tmp_path_factory, heads, head_dim, max_seq, pos0, seed):
+    """One profile of a decode loop (40 steps, its rows crossing at least two page boundaries:
+    where they all lie in one page, nothing tells a constant start from pos) whose rows lie under
+    a page: the fault pages show where each row is; the strided template that puts its chunks on them (start following pos)
+    is far likelier than one spreading each chunk over its big page, and predicts another run's
+    positions exactly."""
+    d = tmp_path_factory.mktemp("kv")
+    fit_tr = T.read_trace(_kv_program(pos0, 40, heads, head_dim, max_seq, 4).write(d / "fit.pctrace", seed=seed))
+    test_tr = T.read_trace(_kv_program(pos0 + 300, 20, heads, head_dim, max_seq, 4).write(d / "test.pctrace",
+                                                                                           seed=seed + 1))
+    from pagecast import footprints as FP
+    from pagecast.predict.predictor import predict_footprints
+    m = fit_model([fit_tr])
+    pred, truth = predict_footprints(m, test_tr, "none"), FP.truth_footprints(test_tr)
+    inter = int(FP.intersection_pages(pred, truth).sum())
+    assert inter == int(truth.pages_per_launch().sum()) == int(pred.pages_per_launch().sum()), \
+        [r.text() for r in m.kernels["append"].regions]
