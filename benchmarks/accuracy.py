@@ -1,12 +1,16 @@
 """Generalization of the templates, per workload and kernel, beside MSched's published figures.
 
-For every workload in pagecast.datasets: make three traces (two scales and seeds to fit
+First as a user fits (the headline): each workload alone, from one profile of itself and from
+two of the same size (PROFILES), evaluated on another run of that size never seen, from clean
+profiles and from profiles that lost 1% of their records, counted in the manifest and not.
+Then, for every workload in pagecast.datasets: make three traces (two scales and seeds to fit
 on, a third scale and seed never seen), fit on the first two, evaluate on the third
 against truth. The same again from natural-mode traces, and from traces that lost 1% and 5%
 of their fault and migration records (`pagecast datasets make --drop`), on both splits.
 Writes docs/accuracy.md.
 
     python benchmarks/accuracy.py [--out docs/accuracy.md] [--workloads a,b] [--no-natural] [--drop 0,0.01,0.05]
+                                  [--only-profiles]
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ TEST_X = (2.0, 13)
 # fault feedback on the extrapolating split: the misses of a trace at a larger scale still
 # (`pagecast fit TRAIN... --feedback FEEDBACK`), scored again on the unseen TEST_X trace
 FEEDBACK_X = (2.5, 15)
+# as a user fits: one workload at one size, from one profile or two, tested on another run of it
+PROFILES = {"one profile": [(0.2, 1)], "two profiles": [(0.2, 1), (0.2, 2)]}
+PROFILE_TEST = (0.2, 3)
+PROFILE_LOSS = 0.01
 
 
 def short(kernel: str) -> str:
@@ -39,7 +47,10 @@ def pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
-def run(workload: str, mode: str, cache: Path, train=None, test=None, drop: float = 0.0) -> dict:
+def run(workload: str, mode: str, cache: Path, train=None, test=None, drop: float = 0.0,
+        counted: bool = True) -> dict:
+    """Fit on the `train` traces (scale, seed), evaluate on `test`; `drop`: the share of records the
+    traces lost, counted in the fitting traces' manifests unless `counted` is False."""
     from pagecast import trace as T
     from pagecast.datasets.registry import reuse_or_make
     from pagecast.predict.evaluate import evaluate
@@ -51,13 +62,17 @@ def run(workload: str, mode: str, cache: Path, train=None, test=None, drop: floa
         reuse_or_make(workload, p, scale=scale, seed=seed, mode=mode, drop=drop)
         paths.append(p)
     tr = [T.read_trace(p) for p in paths]
+    fit_on, test_on = tr[:-1], tr[-1]
+    dropped = sum(int(t.manifest.get("dropped_records") or 0) for t in fit_on)
+    if not counted:   # a recorder that cannot count what it lost
+        for t in fit_on:
+            t.manifest.pop("dropped_records", None)
     t0 = time.perf_counter()
-    model = fit_model(tr[:2])
+    model = fit_model(fit_on)
     t_fit = time.perf_counter() - t0
-    ev = evaluate(model, tr[2], "history")
+    ev = evaluate(model, test_on, "history")
     return {"model": model, "eval": ev, "fit_s": t_fit, "launches": [t.n_launches for t in tr],
-            "dropped": sum(int(t.manifest.get("dropped_records") or 0) for t in tr[:2]),
-            "records": sum(t.faults.num_rows + t.migrations.num_rows for t in tr[:2])}
+            "dropped": dropped, "records": sum(t.faults.num_rows + t.migrations.num_rows for t in fit_on)}
 
 
 # the bar (issue 14): every argument-determined kernel of a model at least this precise and
@@ -116,6 +131,8 @@ def main() -> None:
     ap.add_argument("--drop", default="0,0.01,0.05",
                     help="record-loss rates of the loss tables (0 is the clean run of the splits above)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pagecast-accuracy"))
+    ap.add_argument("--only-profiles", action="store_true",
+                    help="only the headline section (each workload fitted alone from its own profiles)")
     args = ap.parse_args()
     from pagecast.datasets.registry import DEMO_WORKLOADS, WORKLOADS
 
@@ -126,7 +143,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     modes = ["full"] + ([] if args.no_natural else ["natural"]) + ([] if args.no_extrapolation else ["extrapolation"])
     results = {m: {} for m in modes}
-    for mode in modes:
+    for mode in modes if not args.only_profiles else ():
         for n in names:
             t = time.perf_counter()
             if mode == "extrapolation":
@@ -138,6 +155,12 @@ def main() -> None:
                   f"  ({time.perf_counter() - t:.1f} s)", flush=True)
     out = [HEADER.format(train=", ".join(f"scale {s} seed {d}" for s, d in TRAIN),
                          test=f"scale {TEST[0]} seed {TEST[1]}")]
+    out += profiles_section(names, cache)
+    if args.only_profiles:
+        Path(args.out).write_text("\n".join(out) + "\n")
+        print(f"wrote {args.out}")
+        return
+    out.append("\n# Friendlier fits: two scales of each workload\n")
     titles = {"full": "full mode", "natural": "natural mode",
               "extrapolation": (f"full mode, extrapolating: fit on {', '.join(f'scale {a} seed {b}' for a, b in TRAIN_X)},"
                                 f" test on scale {TEST_X[0]} seed {TEST_X[1]}")}
@@ -151,7 +174,7 @@ def main() -> None:
             e = r["eval"]
             d, o, b = e["determined"], e["overall"], e["baseline"]
             irr = [short(k["kernel"]) for k in e["kernels"] if k["class"] == "irregular"]
-            out.append(f"| {n} | {r['launches'][0] + r['launches'][1]:,} / {r['launches'][2]:,} "
+            out.append(f"| {n} | {sum(r['launches'][:-1]):,} / {r['launches'][-1]:,} "
                        f"| {pct(d['precision'])} | {pct(d['recall'])} | {pct(o['precision'])} | {pct(o['recall'])} "
                        f"| {pct(b['precision'])} | {', '.join(irr) or '-'} | {r['fit_s']:.1f} s |")
         out.append(f"\n## {titles[mode]}: per kernel\n")
@@ -172,6 +195,74 @@ def main() -> None:
         out += corpus_section(cache, TRAIN, TEST, args.workloads.split(",") if args.workloads else None)
     Path(args.out).write_text("\n".join(out) + "\n" + FOOTER)
     print(f"wrote {args.out}")
+
+
+def profile_runs(names: list[str], cache: Path) -> dict:
+    """Each workload fitted alone as a user fits it (PROFILES), clean and at PROFILE_LOSS lost
+    (counted in the manifest and not), evaluated on PROFILE_TEST: {(profiles, loss label, name): run}."""
+    variants = [("clean", 0.0, True), (f"{PROFILE_LOSS:.0%} lost, counted", PROFILE_LOSS, True),
+                (f"{PROFILE_LOSS:.0%} lost, uncounted", PROFILE_LOSS, False)]
+    res = {}
+    for pname, train in PROFILES.items():
+        for label, drop, counted in variants:
+            for n in names:
+                t = time.perf_counter()
+                res[pname, label, n] = r = run(n, "full", cache, train, PROFILE_TEST, drop=drop, counted=counted)
+                print(f"{pname:12s} {label:18s} {n:20s} misses: {'; '.join(bar_misses(n, r['eval'])) or 'none'}"
+                      f"  ({time.perf_counter() - t:.1f} s)", flush=True)
+    return res
+
+
+def profiles_section(names: list[str], cache: Path) -> list[str]:
+    """The headline: each workload fitted from its own profiles (`profile_runs`)."""
+    res = profile_runs(names, cache)
+    labels = list(dict.fromkeys(k[1] for k in res))
+    test = f"scale {PROFILE_TEST[0]} seed {PROFILE_TEST[1]}"
+    out = ["\n## As a user fits: each workload alone, from its own profiles\n", PROFILES_TEXT.format(
+        one=", ".join(f"scale {a} seed {b}" for a, b in PROFILES["one profile"]),
+        two=", ".join(f"scale {a} seed {b}" for a, b in PROFILES["two profiles"]), test=test,
+        p=f"{BAR_PRECISION:.1%}", r=f"{BAR_RECALL:.2%}", ip=f"{INDEXED_PRECISION:.0%}")]
+    for pname in PROFILES:
+        out.append(f"\n### {pname}: argument-determined kernels (the models' labels), precision / recall\n")
+        out.append("| workload | " + " | ".join(labels) + " | record loss the fit used (clean / counted / uncounted) "
+                   "| fit time (clean) |\n|---|" + "---|" * len(labels) + "---|---|")
+        for n in names:
+            cells, used = [], []
+            for lab in labels:
+                r = res[pname, lab, n]
+                dd = determined_by_model(n, r["eval"])
+                cells.append(f"{pct(dd['precision'])} / {pct(dd['recall'])}")
+                used.append(" + ".join(f"{100 * t.get('loss', 0):.2f}% {t.get('loss_source', '?')}"
+                                       for t in r["model"].traces))
+            out.append(f"| {n} | {' | '.join(cells)} | {' / '.join(used)} | {res[pname, labels[0], n]['fit_s']:.1f} s |")
+        out.append(f"\n**{pname}: kernels below the bar**\n")
+        out.append("| workload | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels))
+        for n in names:
+            out.append(f"| {n} | " + " | ".join("; ".join(bar_misses(n, res[pname, lab, n]["eval"])) or "none"
+                                                for lab in labels) + " |")
+        out.append(f"\n**{pname}, clean: templates the profile did not pin down** (model_io.Pinning: "
+                   "split-half cross-validation across launch groups, arguments no launch varied)\n")
+        out.append("| workload | kernel | class | precision | recall | pinned down |\n|---|---|---|---|---|---|")
+        for n in names:
+            r = res[pname, labels[0], n]
+            for k in r["eval"]["kernels"]:
+                km = r["model"].kernels.get(k["kernel"])
+                if km is None or km.pinned is None or km.pinned.pinned:
+                    continue
+                out.append(f"| {n} | `{short(k['kernel'])}` | {k['class']} | {pct(k['precision'])} "
+                           f"| {pct(k['recall'])} | {km.pinned.text()} |")
+    return out
+
+
+PROFILES_TEXT = """A user profiles a workload once (or twice, at the same size) and fits from that alone:
+one profile ({one}), two profiles ({two}); each model is scored on another run of the same
+workload at that size ({test}) against its truth table. Clean profiles, and profiles that lost
+1% of their fault and migration records, with the loss counted in the manifest's
+`dropped_records` and without it (the fit then estimates the loss from the trace's own lone
+records: docs/template-model.md, "Lost records"; the column says which rate each fit used).
+The bar: every argument-determined kernel ≥ {p} precision and ≥ {r} recall; every
+index-determined one `indexed` with ≥ {ip} precision and ≥ {r} recall.
+"""
 
 
 def loss_section(names: list[str], drops: list[float], cache: Path, clean: dict) -> list[str]:
@@ -359,8 +450,9 @@ it cannot correct over-prediction (precision), only under-prediction (recall).
 
 HEADER = """# Template accuracy
 
-Generated by `python benchmarks/accuracy.py` (do not edit by hand). For every workload
-model in `pagecast.datasets`, `fit_model` learns from two full-mode traces ({train})
+Generated by `python benchmarks/accuracy.py` (do not edit by hand). The first section fits
+each workload alone from its own profiles, as a user does. Below it, friendlier fits: for
+every workload model in `pagecast.datasets`, `fit_model` learns from two full-mode traces ({train})
 and `evaluate` scores the predictions on a third trace never seen ({test}) against
 its truth table. Precision and recall are byte-weighted, summed over launches
 before dividing (trace-format.md). "Argument-determined kernels" excludes the kernels

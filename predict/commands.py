@@ -86,6 +86,14 @@ class FitCommand(Command):
                          + (f"; {s['unexplained_launches']:,} launch footprints left unexplained"
                             if s["unexplained_launches"] else "")
                          + (f" (records dropped: {', '.join(lost)})" if lost else ""))
+            for t in (t for t in model.traces if 'loss' in t):   # the record-loss rate the fit used, and its source
+                console.info(f"{Path(t['path']).name}: record loss {100 * t['loss']:.2f}% ({t['loss_source']})")
+            loose = sorted(n for n, k in model.kernels.items() if k.pinned is not None and not k.pinned.pinned)
+            if loose:
+                console.info(f"{len(loose)} of {len(model.kernels)} kernels' templates are not pinned down by these "
+                             "profiles (cross-validation across launch groups, or arguments no launch varied): "
+                             + "; ".join(f"{n}: {model.kernels[n].pinned.text()}" for n in loose[:5])
+                             + ("; ... (pagecast report shows all)" if len(loose) > 5 else ""))
         console.wrote(out, "model", next_after_fit(out, traces))
         return 0
 

@@ -7,7 +7,9 @@ sizes are summed over launches before dividing (trace-format.md).
 Beside precision and recall, each kernel says how many launches its template leaves
 unexplained: in the traces it was fitted on (the model's fit statistics, where lost or odd
 records contradicted the template, `unexplained_in_fit`), and in this trace (launches with a
-fault record on a page the prediction does not hold, `launches_with_misses`).
+fault record on a page the prediction does not hold, `launches_with_misses`), and how well the
+fitting profile pinned its templates down (`pinned`: launch groups, split-half cross-validation,
+arguments no launch varied).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
         d["unexplained_in_fit"] = _unexplained(km)
         d["fit_launches"] = int(km.launches) if km is not None else 0
         d["launches_with_misses"] = int(missed[idx].sum())
+        # how well the fitting profile pinned its templates down (model_io.Pinning; None: not assessed)
+        d["pinned"] = km.pinned.to_json() if km is not None and km.pinned is not None else None
     kernels.sort(key=lambda d: -d["footprint_bytes"])
     overall = _stats(inter, pp, fp, ps, int(whole.sum()))
     # per class: a kernel counts under its summary class (its most demanding region)

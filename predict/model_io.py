@@ -119,6 +119,51 @@ def indexed_text(r: Region) -> str:
 
 
 @dataclass
+class Pinning:
+    """How well a kernel's profile pins its templates down (docs/template-model.md, "What the fit
+    does not know"): `groups` launch groups (distinct argument values) it was fitted from;
+    `unvaried`, the arguments its formulas use that no launch varied (the formula's dependence on
+    them is a guess: `128*p4` and `128*4096` agree wherever p4 is 4096); `cv`, the split-half
+    cross-validation across launch groups: "agree" (each half of the groups alone gives the same
+    templates), "differ" (`differ` names the regions whose half fits disagree, with the formulas
+    each half gave), "too few groups" (under 4) or "skipped" (over FitParams.cv_max_launches)."""
+
+    groups: int = 0
+    unvaried: list[str] = field(default_factory=list)
+    cv: str = "skipped"
+    differ: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pinned(self) -> bool:
+        """Both halves agree and no formula uses an argument that never varied; or nothing varied
+        at all and the templates are constants (they hold for runs with the same arguments)."""
+        return not self.unvaried and (self.cv == "agree" or self.groups == 1)
+
+    def text(self) -> str:
+        parts = [f"{self.groups} launch groups", f"cross-validation: {self.cv}"]
+        if self.differ:
+            parts.append("halves differ on " + ", ".join(self.differ))
+        if self.unvaried:
+            parts.append("never varied: " + ", ".join(self.unvaried))
+        return "; ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"groups": self.groups, "unvaried": list(self.unvaried), "cv": self.cv,
+                "differ": {k: list(v) for k, v in self.differ.items()}}
+
+    @classmethod
+    def from_json(cls, d, where: str) -> "Pinning":
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: pinned must be an object")
+        g, un, cv, df = d.get("groups", 0), d.get("unvaried", []), d.get("cv", "skipped"), d.get("differ", {})
+        if type(g) is not int or g < 0 or not isinstance(un, list) or not all(isinstance(x, str) for x in un) \
+                or not isinstance(cv, str) or not isinstance(df, dict) \
+                or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in df.values()):
+            raise ValueError(f"{where}: pinned must hold groups (int), unvaried (names), cv (text), differ (lists)")
+        return cls(g, list(un), cv, {str(k): list(v) for k, v in df.items()})
+
+
+@dataclass
 class KernelModel:
     name: str
     param_sizes: tuple
@@ -128,6 +173,7 @@ class KernelModel:
     traces: int = 0
     note: str = ""
     feedback: dict = field(default_factory=lambda: {"events": 0, "misses": 0, "missed_pages": 0})
+    pinned: Pinning | None = None   # how well the profile pins the templates (absent: not assessed)
 
     @property
     def cls(self) -> str:
@@ -145,6 +191,8 @@ class KernelModel:
              "regions": [r.to_json() for r in self.regions], "feedback": self.feedback}
         if self.note:
             d["note"] = self.note
+        if self.pinned is not None:
+            d["pinned"] = self.pinned.to_json()
         return d
 
 
@@ -254,6 +302,8 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
             raise ValueError(f"{kw}: param_sizes and param_offsets must be equal-length lists of integers >= 0")
         km = KernelModel(name, tuple(sizes), tuple(offs), launches=_int(kd, "launches", kw, 0),
                          traces=_int(kd, "traces", kw, 0), note=str(kd.get("note") or ""))
+        if kd.get("pinned") is not None:
+            km.pinned = Pinning.from_json(kd["pinned"], kw)
         fb = kd.get("feedback")
         if isinstance(fb, dict):
             km.feedback.update(fb)

@@ -301,6 +301,41 @@ def touched_big_pages(trace: T.Trace, index: AllocIndex, bigp: int):
     return certain, tuple(np.concatenate([m_[i] for m_ in maybe]) for i in range(3))
 
 
+def lone_records(trace: T.Trace, bigp: int) -> tuple[int, int, int, int]:
+    """The trace's own evidence of lost records: (faults, faults no coherence migration of their
+    launch holds, single-big-page coherence migrations, those no fault of their launch lies in).
+
+    On a complete record every fault's big page migrates (docs/uvm-facts.md): a fault whose
+    migration is missing lost that record, and a migration of one big page whose fault is
+    missing lost that one; each share estimates the loss rate (migrations over several big
+    pages are left out: they lose their evidence only when every fault inside is lost)."""
+    ps = trace.page_size
+    m, f = trace.migrations, trace.faults
+    if m.num_rows:
+        m = m.filter(pc.equal(m.column(T.CAUSE), "coherence"))
+    if f.num_rows:
+        f = f.filter(pc.not_equal(f.column(T.ACCESS), "prefetch"))
+    if not m.num_rows or not f.num_rows:
+        return int(f.num_rows), 0, int(m.num_rows), 0
+    m_lid = np.asarray(FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS)), np.int64)
+    ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    f_lid = np.asarray(FP.attribute_by_time(trace, f.column(T.LAUNCH_ID), f.column(T.TIME_NS)), np.int64)
+    f_page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(np.int64)
+    fo, mo = f_lid >= 0, m_lid >= 0
+    f_lid, f_page = f_lid[fo], f_page[fo]
+    m_lid, ms, me = m_lid[mo], np.asarray(ms, np.int64)[mo], np.asarray(me, np.int64)[mo]
+    if not len(f_page) or not len(ms):
+        return int(len(f_page)), 0, int(len(ms)), 0
+    lone_f = int((~_covered(m_lid, ms, me, f_lid, f_page)).sum())
+    one = (me - ms) <= bigp
+    lo = min(int(ms.min()), int(f_page.min()))
+    span = np.int64(max(int(me.max()), int(f_page.max())) - lo + 1)
+    fk = np.sort(f_lid * span + (f_page - lo))
+    a = np.searchsorted(fk, m_lid[one] * span + (ms[one] - lo), side="left")
+    b = np.searchsorted(fk, m_lid[one] * span + (me[one] - lo), side="left")
+    return int(len(f_page)), lone_f, int(one.sum()), int((b == a).sum())
+
+
 def _covered(m_lid, ms, me, lid, page) -> np.ndarray:
     """Is each (launch, page) inside a migrated range of that launch? (Ranges sorted by launch and
     start once; a launch's migrations do not overlap, each big page migrates once.)"""

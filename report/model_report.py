@@ -260,6 +260,13 @@ def footprint_picture(trace: T.Trace, truth: Footprints, pred: Footprints, launc
                   "pages would be moved for nothing (a template too large).")
 
 
+def _pinned(km) -> str:
+    """How well the fitting profile pinned the kernel's templates down (model_io.Pinning)."""
+    if km is None or km.pinned is None:
+        return "—"
+    return ("yes: " if km.pinned.pinned else "no: ") + km.pinned.text()
+
+
 def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
 
     model = load_model(model_path)
@@ -319,6 +326,14 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
         worst_sec.add_table(["kernel", "class", "launches", "precision", "recall", "missed", "over-fetched",
                              "formulas"], rows, numeric=[False, False, True, True, True, True, True, False],
                             code_cols=(0, 7))
+        loose = [(k[0], _pinned(model.kernels.get(k[0]))) for k in rows
+                 if model.kernels.get(k[0]) is not None and model.kernels[k[0]].pinned is not None
+                 and not model.kernels[k[0]].pinned.pinned]
+        if loose:
+            worst_sec.add_text("Of these, the profile did not pin down the templates of: "
+                               + "; ".join(f"{esc(n)} ({p})" for n, p in loose)
+                               + ". A profile whose launches vary those arguments, or another profile, pins them.",
+                               "note")
     else:
         worst_sec.add_text("Every kernel is predicted exactly: no missed and no over-fetched bytes.")
     all_rows = []
@@ -327,10 +342,12 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
         all_rows.append((k["kernel"], "/".join(k.get("templates") or []) or "—", f"{k.get('launches', 0):,}",
                          _pct(k.get("precision")), _pct(k.get("recall")),
                          format_size(k.get("footprint_bytes") or 0),
-                         "; ".join(r.text() for r in km.regions) if km is not None and km.regions else "—"))
+                         "; ".join(r.text() for r in km.regions) if km is not None and km.regions else "—",
+                         _pinned(km)))
     worst_sec.add_html(f"<details><summary>All {len(all_rows)} kernels</summary>")
-    worst_sec.add_table(["kernel", "class", "launches", "precision", "recall", "footprint", "formulas"], all_rows,
-                        numeric=[False, False, True, True, True, True, False], code_cols=(0, 6))
+    worst_sec.add_table(["kernel", "class", "launches", "precision", "recall", "footprint", "formulas",
+                         "pinned down"], all_rows,
+                        numeric=[False, False, True, True, True, True, False, False], code_cols=(0, 6))
     worst_sec.add_html("</details>")
 
     pic = Section("Predicted against observed", anchor="launches")

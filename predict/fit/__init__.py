@@ -9,6 +9,6 @@ the model).
 
 from .data import KernelData
 from .model import fit_kernel, fit_model
-from .params import FitParams, trace_loss
+from .params import FitParams, RecordLoss, record_loss, trace_loss
 
-__all__ = ["FitParams", "KernelData", "fit_kernel", "fit_model", "trace_loss"]
+__all__ = ["FitParams", "KernelData", "RecordLoss", "fit_kernel", "fit_model", "record_loss", "trace_loss"]

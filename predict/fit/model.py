@@ -29,10 +29,10 @@ import numpy as np
 from pagecast import PRODUCER
 from pagecast.errors import TraceError, UsageError
 
-from ..model_io import KernelModel, Model, Region
+from ..model_io import KernelModel, Model, Pinning, Region
 from ..observe import TraceObs
 from .data import DEFAULT, KernelData
-from .params import FitParams, trace_loss
+from .params import FitParams, record_loss
 from .region import fit_region, region_score
 from .shapes import RangeEvidence, shared_shape, vocabulary
 
@@ -51,15 +51,16 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
     if sum(t.n_launches for t in traces) == 0:
         raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
     obs = [TraceObs(t, params.big_page) for t in traces]
-    for o in obs:
-        o.loss = trace_loss(o.trace, params)
+    losses = [record_loss(t, params) for t in traces]
+    for o, lo in zip(obs, losses):
+        o.loss = lo.rate
     if sum(o.n_records for o in obs) == 0:
         raise TraceError("no faults or migrations in " + ", ".join(str(t.path) for t in traces)
                          + ": nothing to learn from (was unified-memory profiling on?)")
     model = Model(page_size=ps, big_page=params.big_page, fit_params=params.to_json(), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   producer=PRODUCER,
-                  traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches}
-                          for t in traces])
+                  traces=[{"path": str(t.path), "workload": t.name, "mode": t.mode, "launches": t.n_launches,
+                           **lo.to_json()} for t, lo in zip(traces, losses)])
     parts: dict[str, list] = defaultdict(list)
     for o in obs:
         whole = o.trace.whole_launches()   # a launch cut off while it ran shows part of its footprint
@@ -75,7 +76,9 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
     return model
 
 
-def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> KernelModel:
+def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, assess: bool = True) -> KernelModel:
+    """The kernel's templates from its launches `parts` [(TraceObs, launch ids)]; `assess`: also say
+    how well they are pinned down (`pinning`)."""
     kd = KernelData(name, parts, ps, params)
     km = KernelModel(name, kd.sizes, kd.offsets, launches=kd.n, traces=kd.traces)
     if kd.n == 0:
@@ -113,7 +116,39 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT) -> 
         km.note = "no faults observed in the allocations its parameters point into"
     if kd.skipped:
         km.note = (km.note + "; " if km.note else "") + f"{kd.skipped} launches with another parameter layout skipped"
+    if assess:
+        km.pinned = pinning(kd, km, params)
     return km
+
+
+def pinning(kd: KernelData, km: KernelModel, params: FitParams) -> Pinning:
+    """How well the launches pin the kernel's templates down (model_io.Pinning): the arguments its
+    formulas use that no launch varied, and split-half cross-validation across launch groups (the
+    groups alternately in two halves by their argument values, each half fitted alone, each
+    region's formulas compared with the full fit's)."""
+    used = {n for r in km.regions for f in r.formulas().values() for n in f.names()}
+    const = {n for n, v in zip(kd.sel_names, kd.sel_varying) if not v}
+    out = Pinning(groups=int(kd.U), unvaried=sorted(used & const))
+    if kd.U < 4:
+        out.cv = "too few groups"
+        return out
+    if kd.n > params.cv_max_launches:
+        return out
+    order = np.argsort(np.lexsort(kd.uniq.T[::-1])) if kd.uniq.shape[1] else np.arange(kd.U)
+    half_of_group = order % 2                        # neighbours in argument order go to different halves
+    half = half_of_group[kd.group]
+    starts = np.cumsum([0] + [len(p.idx) for p in kd.parts])
+    full = {r.base: r.text() for r in km.regions}
+    got = []
+    for h in (0, 1):
+        parts = [(p.obs, p.idx[half[a:b] == h]) for p, a, b in zip(kd.parts, starts[:-1], starts[1:])]
+        parts = [(o, idx) for o, idx in parts if len(idx)]
+        sub = fit_kernel(kd.name, parts, kd.ps, params, assess=False)
+        got.append({r.base: r.text() for r in sub.regions})
+    out.differ = {b: [got[0].get(b, "none"), got[1].get(b, "none")] for b, t in full.items()
+                  if got[0].get(b) != t or got[1].get(b) != t}
+    out.cv = "differ" if out.differ else "agree"
+    return out
 
 
 def _fences(kd: KernelData) -> list[list]:

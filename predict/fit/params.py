@@ -23,6 +23,8 @@ import numpy as np
 
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
+from ..observe import lone_records
+
 
 @dataclass(frozen=True)
 class FitParams:
@@ -49,8 +51,9 @@ class FitParams:
 
     # -- evidence, lost records and what a template may leave unexplained
     assumed_loss: float = 0.05
-    """record-loss rate assumed for a trace whose manifest does not count its dropped records:
-    'up to a few percent' (issue 14, from CUPTI buffer overflows)."""
+    """record-loss rate assumed for a trace whose manifest does not count its dropped records and
+    whose records give no estimate (no faults with coherence migrations to compare: `record_loss`):
+    'up to a few percent', from CUPTI buffer overflows."""
     floor_unexplained: float = 0.01
     """share of a region's launches a template may leave unexplained whatever the loss: records
     the driver drops without counting (its fault buffer, ~0.1% in the workload models), records
@@ -95,6 +98,9 @@ class FitParams:
     """coefficients whose odd part is at most this are 'simple' (element sizes times dimensions:
     4, 1024, 3*2^k, 15*2^k); an odd part above it on a region that always covers its whole
     allocation means `allocation`, not a formula."""
+    cv_max_launches: int = 20_000
+    """kernels of at most this many launches are cross-validated across launch groups (two more
+    fits, each of half the groups: `model.pinning`); larger ones keep the fit's cost at one fit."""
     history_intervals: int = 64
     """an irregular region stores at most this many page intervals of history (a model file
     stays small)."""
@@ -168,11 +174,40 @@ def poisson_quantile(mean: float, p: float) -> int:
     return k
 
 
-def trace_loss(trace, params: FitParams) -> float:
+@dataclass(frozen=True)
+class RecordLoss:
+    """A trace's record-loss rate and where it came from: "manifest" (its dropped_records count),
+    "estimated" (from its lone records, `observe.lone_records`) or "assumed"
+    (`FitParams.assumed_loss`: the trace holds no fault with migrations to compare)."""
+
+    rate: float
+    source: str
+    records: int = 0        # the records the rate was measured on
+
+    def to_json(self) -> dict:
+        return {"loss": round(self.rate, 6), "loss_source": self.source}
+
+
+def record_loss(trace, params: FitParams) -> RecordLoss:
     """The share of fault and migration records a trace lost: its manifest's dropped_records over
-    all the records it should hold, where counted; else params.assumed_loss."""
+    all the records it should hold, where counted; else estimated from the records themselves
+    (faults without their migration, single-big-page migrations without their fault: each share
+    estimates the rate, and the larger is taken, at its `confidence` upper bound); else (no
+    faults and migrations to compare) params.assumed_loss."""
     d = trace.manifest.get("dropped_records")
-    if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-        return params.assumed_loss
-    kept = trace.faults.num_rows + trace.migrations.num_rows
-    return d / (kept + d) if kept + d else 0.0
+    if not (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+        kept = trace.faults.num_rows + trace.migrations.num_rows
+        return RecordLoss(d / (kept + d) if kept + d else 0.0, "manifest", kept + d)
+    nf, lone_f, nm, lone_m = lone_records(trace, params.big_page)
+    rates = [(poisson_quantile(k, params.confidence) / n, n) for k, n in ((lone_f, nf), (lone_m, nm)) if n]
+    # a trace whose faults mostly lack migrations records no coherence migrations at all (a
+    # recorder that leaves them out): nothing to estimate from
+    if not rates or nm == 0 or lone_f > nf / 2:
+        return RecordLoss(params.assumed_loss, "assumed")
+    rate, n = max(rates)
+    return RecordLoss(min(rate, 1.0), "estimated", nf + nm)
+
+
+def trace_loss(trace, params: FitParams) -> float:
+    """`record_loss(trace, params).rate`."""
+    return record_loss(trace, params).rate

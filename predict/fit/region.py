@@ -25,7 +25,7 @@ from .index_values import fit_indexed
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
-from .strided import clean_runs, fit_strided, gather_pieces, holes_from_loss, verify_region
+from .strided import clean_runs, fault_loglik, fit_strided, gather_pieces, holes_from_loss, verify_region
 
 _UNTRIED = object()
 
@@ -71,18 +71,53 @@ def _try_strided(rf: RegionFit) -> Region | None:
     multi = multi[clean_runs(kd, cat, multi, bigp)]
     both = np.union1d(multi, sel[cat.npieces[sel] == 1])
     # a constant stride seen over a narrow range of sizes may really follow an argument; a
-    # start known to its big page only may lie where the first chunk's page faulted
+    # start known to its big page only may lie where the first chunk's page faulted. Of the
+    # variants that verify, the first (the simplest) stands unless the faults are far likelier
+    # under a later one (`_likelier`), as for ranges (docs/template-model.md, "Where the faults land")
+    best = None
+    start = dict(fit)
     for stride_terms, aligned in ((0, False), (1, False), (0, True), (1, True)):
-        r = fit_strided(kd, rf.w, cat, both, kd.group[both], bigp, fit, shape=np.isin(both, multi),
+        trial = dict(start)
+        r = fit_strided(kd, rf.w, cat, both, kd.group[both], bigp, trial, shape=np.isin(both, multi),
                         stride_terms=stride_terms, aligned=aligned)
         if r is not None:
             ok = verify_region(kd, r, cat, sel, bigp)
-            fit["exact"] = round(float(ok.mean()), 6)
-            fit["unexplained"] = int((~ok).sum())
-            if fit["unexplained"] <= kd.allowed(len(sel), 2 * cat.npieces[sel]):
-                return r
-        fit.pop("evidence", None)
-    return None
+            trial["exact"] = round(float(ok.mean()), 6)
+            trial["unexplained"] = int((~ok).sum())
+            if trial["unexplained"] <= kd.allowed(len(sel), 2 * cat.npieces[sel]) and \
+                    (best is None or _likelier(rf, r, best[0])):
+                best = (r, trial)
+                ll, held = fault_loglik(kd, r, cat, sel)
+                if held.all() and not ll.any():
+                    break   # every fault on the one page its big page holds: nothing is likelier
+                continue
+        if best is None:   # what a refused variant left in the statistics, as before
+            trial.pop("evidence", None)
+            fit.clear()
+            fit.update(trial)
+    if best is None:
+        return None
+    fit.clear()
+    fit.update(best[1])
+    return best[0]
+
+
+def _likelier(rf: RegionFit, new: Region, old: Region) -> bool:
+    """Do the launches' fault pages favour the strided template `new` over `old`, which also
+    verifies? Each touched big page faults at a touched page drawn at random, so a template that
+    puts fewer pages around each fault explains it better: `new` wins when it holds every fault
+    page `old` holds and the faults are `odds_per_term` times likelier under it (the odds a term
+    needs against a constant elsewhere) - a tighter template errs toward pages that fault
+    feedback can add back."""
+    terms = sum(f.n_terms for f in new.formulas().values())
+    if terms > sum(f.n_terms for f in old.formulas().values()) + 1:
+        return False
+    ll_new, held_new = fault_loglik(rf.kd, new, rf.cat, rf.sel)
+    ll_old, held_old = fault_loglik(rf.kd, old, rf.cat, rf.sel)
+    if (held_old & ~held_new).any():
+        return False
+    use = held_new & held_old
+    return float(ll_new[use].sum() - ll_old[use].sum()) >= np.log(rf.kd.params.odds_per_term)
 
 
 def _hull_ok(rf: RegionFit) -> bool:

@@ -239,6 +239,41 @@ def verify_region(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarra
     return verify_pages(kd, cat, sel, bigp, rep, sb // ps, -((-eb) // ps), chunked=region.cls == "strided")
 
 
+def chunk_pages(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray):
+    """A strided region's chunks at launches `sel`, as page intervals: (launch position, start, end)."""
+    ps = kd.ps
+    g = kd.group[sel]
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    one = np.ones(len(sel), np.int64)
+    st, cnt, ch, sd = (np.asarray(x, np.int64) * one for x in region_bytes(region, vals, cat.base[sel]))
+    cnt = np.clip(cnt, 0, 1 << 16)
+    rep = np.repeat(np.arange(len(sel)), cnt)
+    j = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    sb = st[rep] + j * sd[rep]
+    return rep, sb // ps, -((-(sb + ch[rep])) // ps)
+
+
+def fault_loglik(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray):
+    """Per launch of `sel`, how likely its first and last fault pages in the region are under a
+    strided template: each touched big page faults once, at a touched page drawn at random
+    (docs/template-model.md, "Where the faults land"), so a fault on one of the m pages the
+    template puts in its big page has probability 1/m. Returns (log-likelihood per launch, 0 where
+    the launch has no such fault; whether the template holds each fault page)."""
+    rep, sp, ep = chunk_pages(kd, region, cat, sel)
+    n = len(sel)
+    ll = np.zeros(n)
+    held = np.ones(n, bool)
+    for page in (cat.I_s[sel], cat.I_e[sel] - 1):
+        has = page >= 0
+        b = (page // kd.bigp) * kd.bigp
+        m = np.bincount(rep, weights=np.maximum(np.minimum(ep, b[rep] + kd.bigp) - np.maximum(sp, b[rep]), 0),
+                        minlength=n)
+        inside = np.bincount(rep, weights=((sp <= page[rep]) & (page[rep] < ep)).astype(np.float64), minlength=n) > 0
+        held &= ~has | inside
+        ll += np.where(has & inside, -np.log(np.maximum(m, 1)), 0.0)
+    return ll, held
+
+
 def verify_pages(kd: KernelData, cat: RegionObs, sel: np.ndarray, bigp: int, rep: np.ndarray, sp: np.ndarray,
                  ep: np.ndarray, chunked: bool = False) -> np.ndarray:
     """verify_region's test on predicted page intervals [sp, ep) of launches sel[rep]: rounded out to big
