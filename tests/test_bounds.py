@@ -316,7 +316,7 @@ def test_fitted_span_narrows_only_blocks_whose_widening_is_wasted(tmp_path):
 
 def test_transfers_are_left_to_faults_only_where_the_next_launch_waits():
     """A plan of two one-unit transfers for launch 0; the trial run has launch 1 wait 1 ms after launch 0
-    (the copy engines behind) or not at all."""
+    (the copy engines behind), 1.5 times one unit's faults, or not at all."""
     from pagecast.replay.plan.groups import Groups
     prof = load_profile("msched-rtx5080")
     z = np.zeros(3, I64)
@@ -330,7 +330,12 @@ def test_transfers_are_left_to_faults_only_where_the_next_launch_waits():
             self.end = np.array([1e-4, 2e-4 + wait])
     left = PF.leave_to_faults(g, needs, needs, Run(1e-3), prof, prof.granularity)
     assert left is not None and len(left.pf_unit) == 0 and left.faulted == 2 and left.need_now.tolist() == [0, 0]
-    one = PF.leave_to_faults(g, needs, needs, Run(1.5 * prof.fault_time_s), prof, prof.granularity)
+    # one unit left to fault (the needs name no pages: all 16 of its 4 KiB pages fault) costs its
+    # launch a fault-buffer entry per page, its block's service and a batch: a wait of 1.5 times
+    # that has room for one of the two transfers' faults, not both
+    unit_faults = 16 * prof.fault_time_s + prof.block_service_s + prof.batch_overhead_s
+    assert prof.granularity == 16 * 4096
+    one = PF.leave_to_faults(g, needs, needs, Run(1.5 * unit_faults), prof, prof.granularity)
     assert one is not None and len(one.pf_unit) == 1 and one.faulted == 1
     assert PF.leave_to_faults(g, needs, needs, Run(0.0), prof, prof.granularity) is None
 
