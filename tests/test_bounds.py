@@ -285,7 +285,9 @@ def test_within_a_replay_no_policy_is_faster_than_oracle(tmp_path):
 def test_fitted_span_narrows_only_blocks_whose_widening_is_wasted(tmp_path):
     """Launches sweep block A's first half, then read one unit of block B (a table row), then sweep
     A's second half: widened, A's launches bring the half a later launch uses (kept), B's bring
-    31 units nobody reads before they leave (narrowed back to the row)."""
+    31 units nobody reads before they leave (narrowed back to the row). Memory is taken in 2 MiB
+    chunks and holds 40 units, one chunk: each row of B evicts all of A, so the first sweep's
+    other half is gone before the second sweep (wasted, narrowed), as is the last sweep's."""
     upb = 32   # 64 KiB units per 2 MiB block
     pages_per_unit = 16
     a0, b0 = 0, 4 * upb * pages_per_unit
@@ -307,11 +309,14 @@ def test_fitted_span_narrows_only_blocks_whose_widening_is_wasted(tmp_path):
     fn = fitted_needs(g, bn, w.truth, w, prof)
     sizes = np.diff(fn.ptr)
     # the row launches are back to their own unit; the sweeps of A stay widened to the whole block,
-    # but for the last, whose other half no launch after it reads
+    # but for the first (B's row evicts A's chunk before its other half is read) and the last (no
+    # launch after it reads its other half)
     rows = np.arange(2, len(L) + 1, 3)
     assert (sizes[rows] == 1).all()
     sweeps = np.setdiff1d(np.arange(1, len(L) + 1), rows)
-    assert (sizes[sweeps[:-1]] == upb).all() and sizes[sweeps[-1]] == upb // 2
+    assert (w.universe.chunk_weight.max() == upb) and cap < 2 * upb
+    assert sizes[sweeps[0]] == upb // 2
+    assert (sizes[sweeps[1:-1]] == upb).all() and sizes[sweeps[-1]] == upb // 2
 
 
 def test_transfers_are_left_to_faults_only_where_the_next_launch_waits():
