@@ -368,3 +368,24 @@ def test_no_policy_is_ahead_of_oracle_on_any_row_of_the_results_doc():
         for p in ("alloc", "template", "swap"):
             assert x(r[p]) <= orc * 1.005, (r["workload"], r["oversub"], p)
         assert x(r["bound"]) >= orc and float(r["bound / oracle"].rstrip("%")) <= 100
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=7),
+       st.integers(1, 24))
+def test_max_resident_units_never_undercounts_the_best_chunk_choice(chunks, cap):
+    """The units the bound lets a residency hold are at least the most any choice of chunks whose
+    (capped) weights fit the capacity holds (brute force), and never more than the capacity."""
+    import itertools
+    n = np.array([min(u, w) for u, w in chunks], I64)   # a chunk holds at most its weight in units
+    wt = np.array([w for _, w in chunks], I64)
+    got = B.max_resident_units(n, wt, cap)
+    cw = np.minimum(wt, cap)
+    best = 0
+    for pick in itertools.product([0, 1], repeat=len(n)):
+        p = np.array(pick, bool)
+        if cw[p].sum() <= cap:
+            best = max(best, int(np.minimum(n[p], cw[p]).sum()))
+    assert best <= got <= cap
+    if len(set(wt.tolist())) == 1:
+        assert got == best   # one chunk size: exact
