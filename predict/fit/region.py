@@ -22,6 +22,7 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .index_values import fit_indexed
+from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
@@ -95,11 +96,42 @@ def _try_strided(rf: RegionFit) -> Region | None:
             trial.pop("evidence", None)
             fit.clear()
             fit.update(trial)
+    best = _layout_or(rf, best)
     if best is None:
         return None
     fit.clear()
     fit.update(best[1])
     return best[0]
+
+
+def _layout_or(rf: RegionFit, best):
+    """The layout the arguments describe (fit.layout) in place of the strided fit from the runs,
+    where it explains at least as many launches and the faults are likelier under it: it holds
+    every fault the runs' fit holds, with fewer pages around them (`odds_per_term` times likelier
+    when it uses more argument terms). Where the runs gave nothing, the layout that explains the
+    most launches."""
+    kd, cat, sel = rf.kd, rf.cat, rf.sel
+    ps, bigp = kd.ps, kd.bigp
+    O_s, base = cat.O_s[sel], cat.base[sel]
+    s_hi = (O_s // bigp * bigp + bigp) * ps - 1
+    s_hi = np.where(cat.I_s[sel] >= 0, np.minimum(s_hi, (cat.I_s[sel] + 1) * ps - 1), s_hi)
+    layouts = fit_layouts(kd, rf.w, cat, sel, (O_s * ps - base, s_hi - base))
+    if not layouts:
+        return best
+    if best is None:
+        r, fit = layouts[0]
+        return r, {**rf.fit, **fit}
+    ll_old, held_old, _ = fault_pages_loglik(kd, best[0], cat, sel)
+    terms_old = sum(f.n_terms for f in best[0].formulas().values())
+    for r, fit in layouts:
+        if fit["unexplained"] > best[1].get("unexplained", 0) or r.text() == best[0].text():
+            continue
+        ll, held, _ = fault_pages_loglik(kd, r, cat, sel)
+        terms = sum(f.n_terms for f in r.formulas().values())
+        need = np.log(kd.params.odds_per_term) * max(terms - terms_old, 0) + 1e-9
+        if (held or not held_old) and ll >= ll_old + need:
+            best, ll_old, held_old, terms_old = (r, {**rf.fit, **fit}), ll, held, terms
+    return best
 
 
 def _likelier(rf: RegionFit, new: Region, old: Region) -> bool:

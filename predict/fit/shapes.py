@@ -111,8 +111,11 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             ok = (y >= e_lo) & (y <= e_hi)
             # it holds wherever the end it would replace holds (lost records included)
             # a size: the region stays non-empty, growing with its arguments
+            # a size is an element size times dimensions: a constant below minus one element
+            # (`128*pos - 76416`) is a fit of this profile's bounds, empty at smaller arguments
             if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
-                    (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms):
+                    (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms) or \
+                    f.const < -max(c for c, _ in f.terms):
                 continue
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)

@@ -148,6 +148,8 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
             ok &= (y >= lo) & (y <= hi)
         else:
             bad = int(n - ok.sum())
+            if not strict and found and agreeing_discarded(kd, g, bounds, ok, edges):
+                continue   # the strict solution explains a group this one leaves whole
             if bad <= int(budget * n) + allowed:
                 found.append((tuple(map(sum, zip(*(f.score() for f in out)))), out, ok, strict))
                 if not strict:
@@ -157,6 +159,25 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
     # the simplest (fewest terms, then simplest coefficients); on a tie the strict solution
     _, out, ok, _ = min(found, key=lambda t: (t[0], not t[3]))
     return out, round(float(ok.mean()) if n else 1.0, 6), int(n - ok.sum())
+
+
+def agreeing_discarded(kd: KernelData, g, bounds, ok, edges=2) -> bool:
+    """Does a solution leave unexplained every launch of a feature group of several launches,
+    where lost records would hardly have contradicted them all? Lost records contradict
+    launches one by one, at random (each with the rate `FitParams.contradiction_rate` gives):
+    a whole group contradicted (launches with equal arguments, which touch the same pages) is
+    evidence against the solution, not loss (docs/template-model.md, "Lost records")."""
+    if ok.all():
+        return False
+    n_g = np.bincount(g, minlength=kd.U)
+    bad_g = np.bincount(g[~ok], minlength=kd.U)
+    cand = (bad_g == n_g) & (n_g >= 2)
+    if not cand.any():
+        return False
+    agree = cand
+    rate = np.broadcast_to(np.asarray(kd.params.contradiction_rate(kd.loss, edges), np.float64), (len(g),))
+    logp = np.bincount(g, weights=np.log(np.maximum(rate, 1e-300)), minlength=kd.U)
+    return bool((agree & (logp < np.log(1.0 - kd.params.confidence))).any())
 
 
 def group_evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
