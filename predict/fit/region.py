@@ -48,7 +48,15 @@ class RegionFit:
     maxp: int                         # most runs one launch shows
     fit: dict
     shape: RangeEvidence | None = None
+    region: Region | None = None      # what the cascade chose
     _indexed: object = field(default=_UNTRIED, repr=False)
+
+    def unexplained(self, r: Region) -> int | None:
+        """Launches the range or strided template `r` leaves unexplained on this evidence
+        (`verify_region`); None for other classes."""
+        if r.cls not in ("fixed", "linear", "strided"):
+            return None
+        return int((~verify_region(self.kd, r, self.cat, self.sel, self.kd.bigp)).sum())
 
     @property
     def g(self) -> np.ndarray:
@@ -284,7 +292,7 @@ def region_score(r: Region) -> tuple:
 
 def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     """Fit one base word's region: (region, signature, RangeEvidence of a range region's end or
-    None); (None, None, None) when it never points at observed pages."""
+    None, the evidence `RegionFit`); (None, None, None, None) when it never points at observed pages."""
     fences = fences or [None] * len(kd.parts)
     obs = [p.obs.region(p.idx, v, *(fe if fe is not None else (None, None, None, None)))
            for p, v, fe in zip(kd.parts, vals, fences)]
@@ -295,7 +303,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     nonempty = cat.valid & (cat.npieces > 0)
     n_valid, n_obs = int(cat.valid.sum()), int(nonempty.sum())
     if n_obs == 0:
-        return None, None, None
+        return None, None, None, None
     fit = {"launches": n_valid, "observed": n_obs,
            "traces": int((np.bincount(trace_no[nonempty], minlength=len(obs)) > 0).sum()),
            "groups": int((np.bincount(kd.group[nonempty], minlength=kd.U) > 0).sum())}
@@ -310,7 +318,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         if region is not None:
             break
     region.fit = fit
-    return region, sig, rf.shape
+    rf.region = region
+    return region, sig, rf.shape, rf
 
 
 def range_bounds(kd: KernelData, cat: RegionObs, sel: np.ndarray, nat: np.ndarray):

@@ -17,7 +17,7 @@ from .data import KernelData
 
 
 
-def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
+def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int, hard: str | None = None):
     """Per feature group, the interval most of its launches' bounds agree on:
     (groups present, lo, hi, launches).
 
@@ -26,7 +26,10 @@ def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     the region's edge), and one such launch would empty the intersection: observations are
     evidence, not constraints. Where the intersection is empty, the group takes the interval
     covered by the most launches' bounds (a sweep over their ends); the launches outside it
-    are the ones a template will leave unexplained."""
+    are the ones a template will leave unexplained. `hard` ("lo" or "hi"): the side of the
+    bounds that is positive evidence; of intervals covered by as many launches, the one furthest
+    toward it (lost records only hide pages: a launch whose end bound lies below another's
+    observed end lost the records of its last big page)."""
     lo_g = np.full(U, -FM.INF, np.int64)
     hi_g = np.full(U, FM.INF, np.int64)
     np.maximum.at(lo_g, g, lo)
@@ -46,8 +49,12 @@ def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
         best = np.zeros(U, np.int64)
         np.maximum.at(best, gg, cov)
         top = np.flatnonzero((cov == best[gg]) & (d > 0))
-        grp, first = np.unique(gg[top], return_index=True)
-        k = top[first]
+        if hard == "lo":   # the last of each group's best intervals
+            grp, last = np.unique(gg[top][::-1], return_index=True)
+            k = top[::-1][last]
+        else:
+            grp, first = np.unique(gg[top], return_index=True)
+            k = top[first]
         lo_g[grp] = pos[k]
         hi_g[grp] = pos[k + 1] - 1
     present = np.flatnonzero(cnt > 0)
@@ -133,7 +140,7 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
         for q, (lo, hi) in enumerate(bounds):
             # strict: one interval per feature group; robust: every launch's own bounds (equal ones
             # merged), so that the budget counts launches, not the groups one of them spoiled
-            groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
+            groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U, hard.get(q)) if strict else _launch_bounds(g, lo, hi)
             # a robust solution wins only by being simpler: no more terms than the strict one's
             mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
             # positive evidence may be contradicted (odd records: the floor) only where no formula
