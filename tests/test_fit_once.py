@@ -226,3 +226,35 @@ def test_a_group_of_agreeing_launches_is_not_traded_for_a_simpler_formula(tmp_pa
     (r,) = m.kernels["rows"].regions
     prec, rec = _pages_scores(m, test_tr)
     assert prec >= 0.99 and rec >= 0.99, (r.text(), prec, rec)
+
+
+def _kv_src_program(pos0: int, steps: int, heads: int, head_dim: int, max_seq: int) -> SynthTrace:
+    """`append(cache, src, pos, max_seq, heads, head_dim)`: `_kv_program`'s append, reading its
+    rows from `src`, `2*heads*head_dim` bytes at the start of a larger buffer (under a page)."""
+    stt = SynthTrace()
+    row = 2 * head_dim
+    cache = stt.malloc(heads * max_seq * row)
+    src = stt.malloc(1 << 20)
+    for pos in range(pos0, pos0 + steps):
+        stt.launch("append", [("Q", cache), ("Q", src), ("i", pos), ("i", max_seq), ("i", heads), ("i", head_dim)],
+                   [(cache + h * max_seq * row + pos * row, row) for h in range(heads)] + [(src, heads * row)])
+    return stt
+
+
+@settings(**{**SETTINGS, "max_examples": 3})
+@given(heads=st.sampled_from([2, 4, 8]), pos0=st.integers(64, 600), seed=st.integers(0, 100))
+def test_an_end_under_a_page_does_not_follow_a_position(tmp_path_factory, heads, pos0, seed):
+    """The source rows lie under one page at every launch: their end is constant. The position
+    varies and the faults cannot tell a constant end from one following it, but the kernel's
+    other region uses the position only as an offset (`2*head_dim*pos` into the cache), never as
+    a size: the end stays a constant, and another run far later in the sequence is predicted."""
+    d = tmp_path_factory.mktemp("kvsrc")
+    head_dim, max_seq = 128, 1 << 15
+    fit_tr = T.read_trace(_kv_src_program(pos0, 40, heads, head_dim, max_seq).write(d / "fit.pctrace", seed=seed))
+    test_tr = T.read_trace(_kv_src_program(pos0 + 20000, 12, heads, head_dim, max_seq).write(d / "test.pctrace",
+                                                                                               seed=seed + 1))
+    m = fit_model([fit_tr])
+    src = [r for r in m.kernels["append"].regions if r.base == "p1"]
+    assert len(src) == 1 and not src[0].end.terms, [r.text() for r in m.kernels["append"].regions]
+    prec, rec = _pages_scores(m, test_tr)
+    assert prec >= 0.99 and rec >= 0.99, ([r.text() for r in m.kernels["append"].regions], prec, rec)

@@ -34,7 +34,7 @@ from ..observe import TraceObs
 from .data import DEFAULT, KernelData
 from .params import FitParams, record_loss
 from .region import fit_region, region_score
-from .shapes import RangeEvidence, shared_shape, vocabulary
+from .shapes import RangeEvidence, position_ends, shared_shape, vocabulary
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
@@ -104,6 +104,7 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     tier1, tier2 = vocabulary(kd, shapes)
     for r, shape in shapes:
         shared_shape(kd, r, shape, tier1, tier2)
+    position_ends(kd, shapes)
     # two words that always point into the same allocation see the same pages: keep the simpler
     best: dict[tuple, Region] = {}
     order: list[tuple] = []
@@ -151,14 +152,15 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
     out.differ = {b: [got[0].get(b, "none"), got[1].get(b, "none")] for b, t in full.items()
                   if got[0].get(b) != t or got[1].get(b) != t}
     out.cv = "differ" if out.differ else "agree"
-    out.union = admitted_union(km, out.differ, halves, evidence or {})
+    out.union = admitted_union(km, out.differ, halves, evidence or {}, params)
     return out
 
 
-def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict) -> list[str]:
+def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, params: FitParams) -> list[str]:
     """Where the halves of the profile give other formulas than the whole (`differ`), the evidence
     admits several: each half's region that explains every launch of the whole profile the chosen
-    one explains (`RegionFit.unexplained`) is added to the kernel's regions, flagged
+    one explains (`RegionFit.unexplained`), holding every fault, under which the faults are not
+    `odds_per_term` times less likely (`RegionFit.fault_odds`) is added to the kernel's regions, flagged
     (`fit["union_of"]`), so that the prediction is their union and errs toward pages needed
     (docs/template-model.md, "What the fit does not know"). Returns the texts of those added."""
     added = []
@@ -178,6 +180,9 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict) 
                 seen.add(alt.text())
                 n = rf.unexplained(alt)
                 if n is None or n > n0:
+                    continue
+                odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
+                if odds is None or odds >= params.odds_per_term:
                     continue
                 alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
                 km.regions.append(alt)

@@ -58,6 +58,18 @@ class RegionFit:
             return None
         return int((~verify_region(self.kd, r, self.cat, self.sel, self.kd.bigp)).sum())
 
+    def fault_odds(self, r: Region, than: Region) -> float | None:
+        """How many times likelier every fault of this evidence is under `than` than under `r`
+        (`fault_pages_loglik`); inf where `r` leaves out a fault page `than` holds; None for
+        classes without pages to compare."""
+        if r.cls not in ("fixed", "linear", "strided") or than.cls not in ("fixed", "linear", "strided"):
+            return None
+        ll, held, _ = fault_pages_loglik(self.kd, r, self.cat, self.sel)
+        ll0, held0, _ = fault_pages_loglik(self.kd, than, self.cat, self.sel)
+        if held0 and not held:
+            return float("inf")
+        return float(np.exp(min(ll0 - ll, 700.0)))
+
     @property
     def g(self) -> np.ndarray:
         return self.kd.group[self.sel]

@@ -176,3 +176,37 @@ def _loglik(kd, ev, fs, fe) -> float:
     m = region_pages_in(kd, ev.g, fs, fe, ev.base, big0)
     use = ev.f2 & (m > 0)
     return -float(np.log(np.maximum(m[use], 1)).sum())
+
+
+def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]]) -> list[Region]:
+    """Ends guessed from an argument (`argument_backed`, or the kernel's vocabulary through
+    `shared_shape`, for a region under a page at every launch) that lean on a position, not a
+    size, go back to their constant: an argument the kernel's other
+    regions use only in start offsets (kv_append's `128*pos` into each head's cache) and never in a
+    size (an end, chunk or count) moves where they lie, and merely correlates with this region's
+    end within the profile (docs/template-model.md, "When faults cannot separate fixed from an
+    argument"). Returns the regions changed."""
+    starts: set[str] = set()
+    sizes: set[str] = set()
+    for r, ev in regions:
+        if r.cls not in ("fixed", "linear", "strided"):
+            continue
+        for name, f in r.formulas().items():
+            if name == "end" and ev is not None and ev.guessed:
+                continue   # a guess (under a page everywhere) is no evidence of a size
+            (starts if name in ("start", "stride") else sizes).update(f.names())
+    positions = starts - sizes
+    changed = []
+    for r, ev in regions:
+        if ev is None or not ev.guessed or r.cls != "linear" or r.start.terms \
+                or not r.end.terms or not r.end.names() <= positions:
+            continue
+        e = max(int(ev.e_lo.max()), int(r.start.const) + 1)
+        if e > int(ev.e_hi.min()):
+            continue
+        r.fit["position_end"] = r.end.text()      # the guess given up
+        r.fit.pop("shared_shape", None)
+        r.end = FM.Formula(e, ())
+        r.cls = "fixed"
+        changed.append(r)
+    return changed
