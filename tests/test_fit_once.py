@@ -261,3 +261,35 @@ def test_an_end_under_a_page_does_not_follow_a_position(tmp_path_factory, heads,
     assert len(src) == 1 and not src[0].end.terms, [r.text() for r in m.kernels["append"].regions]
     prec, rec = _pages_scores(m, test_tr)
     assert prec >= 0.99 and rec >= 0.99, ([r.text() for r in m.kernels["append"].regions], prec, rec)
+
+
+def test_the_union_admits_what_explains_as_much_and_is_not_far_less_likely():
+    """`admitted_union` adds a half's region where it explains as many launches as the chosen one
+    and the faults are not `odds_per_term` times likelier under the chosen one; flagged, and
+    `pinned.union` survives the model file."""
+    from pagecast.predict import formula as FM
+    from pagecast.predict.fit.model import admitted_union
+    from pagecast.predict.model_io import KernelModel, Pinning, Region
+
+    def rng(end):
+        return Region("p0", "linear", start=FM.Formula(0, ()), end=end)
+    chosen = rng(FM.Formula(0, ((128, ("p4",)),)))
+    ok, worse, unlikely = rng(FM.Formula(128, ((128, ("p4",)),))), rng(FM.Formula(4096, ())), \
+        rng(FM.Formula(0, ((256, ("p4",)),)))
+    unexplained = {chosen.text(): 0, ok.text(): 0, worse.text(): 3, unlikely.text(): 0}
+    odds = {ok.text(): 2.0, unlikely.text(): 1e6}
+
+    class Evidence:
+        def unexplained(self, r):
+            return unexplained[r.text()]
+
+        def fault_odds(self, r, than):
+            assert than is chosen
+            return odds.get(r.text(), 1.0)
+
+    km = KernelModel("k", (8, 4), (0, 8), regions=[chosen])
+    added = admitted_union(km, {"p0": ["a", "b"]}, [[ok], [worse, unlikely, ok]], {"p0": Evidence()}, FitParams())
+    assert added == [ok.text()] and [r.text() for r in km.regions] == [chosen.text(), ok.text()]
+    assert km.regions[1].fit["union_of"] == chosen.text() and km.regions[1].fit["union_unexplained"] == 0
+    p = Pinning(groups=8, cv="differ", differ={"p0": ["a", "b"]}, union=added)
+    assert Pinning.from_json(p.to_json(), "m") == p and "predicted as the union with" in p.text()
