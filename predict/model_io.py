@@ -132,6 +132,7 @@ class Pinning:
     unvaried: list[str] = field(default_factory=list)
     cv: str = "skipped"
     differ: dict[str, list[str]] = field(default_factory=dict)
+    union: list[str] = field(default_factory=list)   # regions the evidence also admits, predicted too
 
     @property
     def pinned(self) -> bool:
@@ -145,22 +146,30 @@ class Pinning:
             parts.append("halves differ on " + ", ".join(self.differ))
         if self.unvaried:
             parts.append("never varied: " + ", ".join(self.unvaried))
+        if self.union:
+            parts.append("predicted as the union with " + ", ".join(self.union))
         return "; ".join(parts)
 
     def to_json(self) -> dict:
-        return {"groups": self.groups, "unvaried": list(self.unvaried), "cv": self.cv,
-                "differ": {k: list(v) for k, v in self.differ.items()}}
+        d = {"groups": self.groups, "unvaried": list(self.unvaried), "cv": self.cv,
+             "differ": {k: list(v) for k, v in self.differ.items()}}
+        if self.union:
+            d["union"] = list(self.union)
+        return d
 
     @classmethod
     def from_json(cls, d, where: str) -> "Pinning":
         if not isinstance(d, dict):
             raise ValueError(f"{where}: pinned must be an object")
         g, un, cv, df = d.get("groups", 0), d.get("unvaried", []), d.get("cv", "skipped"), d.get("differ", {})
+        uu = d.get("union", [])
         if type(g) is not int or g < 0 or not isinstance(un, list) or not all(isinstance(x, str) for x in un) \
+                or not isinstance(uu, list) or not all(isinstance(x, str) for x in uu) \
                 or not isinstance(cv, str) or not isinstance(df, dict) \
                 or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in df.values()):
-            raise ValueError(f"{where}: pinned must hold groups (int), unvaried (names), cv (text), differ (lists)")
-        return cls(g, list(un), cv, {str(k): list(v) for k, v in df.items()})
+            raise ValueError(f"{where}: pinned must hold groups (int), unvaried (names), cv (text), differ (lists), "
+                             "union (texts)")
+        return cls(g, list(un), cv, {str(k): list(v) for k, v in df.items()}, list(uu))
 
 
 @dataclass

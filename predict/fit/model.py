@@ -34,7 +34,7 @@ from ..observe import TraceObs
 from .data import DEFAULT, KernelData
 from .params import FitParams, record_loss
 from .region import fit_region, region_score
-from .shapes import RangeEvidence, shared_shape, vocabulary
+from .shapes import RangeEvidence, position_ends, shared_shape, vocabulary
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
@@ -91,10 +91,12 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     shapes: list[tuple[Region, RangeEvidence | None]] = []
     any_obs = False
     fences = _fences(kd)
+    evidence = {}
     for (w, vals), fe in zip(kd.bases, fences):
-        r, sig, shape = fit_region(kd, w, vals, fe)
+        r, sig, shape, rf = fit_region(kd, w, vals, fe)
         if r is None:
             continue
+        evidence[w.name] = rf
         any_obs = True
         regions.append((sig, r))
         shapes.append((r, shape))
@@ -102,6 +104,7 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     tier1, tier2 = vocabulary(kd, shapes)
     for r, shape in shapes:
         shared_shape(kd, r, shape, tier1, tier2)
+    position_ends(kd, shapes)
     # two words that always point into the same allocation see the same pages: keep the simpler
     best: dict[tuple, Region] = {}
     order: list[tuple] = []
@@ -117,11 +120,11 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     if kd.skipped:
         km.note = (km.note + "; " if km.note else "") + f"{kd.skipped} launches with another parameter layout skipped"
     if assess:
-        km.pinned = pinning(kd, km, params)
+        km.pinned = pinning(kd, km, params, evidence)
     return km
 
 
-def pinning(kd: KernelData, km: KernelModel, params: FitParams) -> Pinning:
+def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict | None = None) -> Pinning:
     """How well the launches pin the kernel's templates down (model_io.Pinning): the arguments its
     formulas use that no launch varied, and split-half cross-validation across launch groups (the
     groups alternately in two halves by their argument values, each half fitted alone, each
@@ -139,16 +142,52 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams) -> Pinning:
     half = half_of_group[kd.group]
     starts = np.cumsum([0] + [len(p.idx) for p in kd.parts])
     full = {r.base: r.text() for r in km.regions}
-    got = []
+    got, halves = [], []
     for h in (0, 1):
         parts = [(p.obs, p.idx[half[a:b] == h]) for p, a, b in zip(kd.parts, starts[:-1], starts[1:])]
         parts = [(o, idx) for o, idx in parts if len(idx)]
         sub = fit_kernel(kd.name, parts, kd.ps, params, assess=False)
         got.append({r.base: r.text() for r in sub.regions})
+        halves.append(sub.regions)
     out.differ = {b: [got[0].get(b, "none"), got[1].get(b, "none")] for b, t in full.items()
                   if got[0].get(b) != t or got[1].get(b) != t}
     out.cv = "differ" if out.differ else "agree"
+    out.union = admitted_union(km, out.differ, halves, evidence or {}, params)
     return out
+
+
+def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, params: FitParams) -> list[str]:
+    """Where the halves of the profile give other formulas than the whole (`differ`), the evidence
+    admits several: each half's region that explains every launch of the whole profile the chosen
+    one explains (`RegionFit.unexplained`), holding every fault, under which the faults are not
+    `odds_per_term` times less likely (`RegionFit.fault_odds`) is added to the kernel's regions, flagged
+    (`fit["union_of"]`), so that the prediction is their union and errs toward pages needed
+    (docs/template-model.md, "What the fit does not know"). Returns the texts of those added."""
+    added = []
+    for base in differ:
+        rf = evidence.get(base)
+        chosen = next((r for r in km.regions if r.base == base), None)
+        if rf is None or chosen is None:
+            continue
+        n0 = rf.unexplained(chosen)
+        if n0 is None:
+            continue
+        seen = {chosen.text()}
+        for regs in halves:
+            for alt in regs:
+                if alt.base != base or alt.text() in seen:
+                    continue
+                seen.add(alt.text())
+                n = rf.unexplained(alt)
+                if n is None or n > n0:
+                    continue
+                odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
+                if odds is None or odds >= params.odds_per_term:
+                    continue
+                alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
+                km.regions.append(alt)
+                added.append(alt.text())
+    return added
 
 
 def _fences(kd: KernelData) -> list[list]:

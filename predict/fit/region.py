@@ -22,6 +22,7 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .index_values import fit_indexed
+from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
@@ -47,7 +48,27 @@ class RegionFit:
     maxp: int                         # most runs one launch shows
     fit: dict
     shape: RangeEvidence | None = None
+    region: Region | None = None      # what the cascade chose
     _indexed: object = field(default=_UNTRIED, repr=False)
+
+    def unexplained(self, r: Region) -> int | None:
+        """Launches the range or strided template `r` leaves unexplained on this evidence
+        (`verify_region`); None for other classes."""
+        if r.cls not in ("fixed", "linear", "strided"):
+            return None
+        return int((~verify_region(self.kd, r, self.cat, self.sel, self.kd.bigp)).sum())
+
+    def fault_odds(self, r: Region, than: Region) -> float | None:
+        """How many times likelier every fault of this evidence is under `than` than under `r`
+        (`fault_pages_loglik`); inf where `r` leaves out a fault page `than` holds; None for
+        classes without pages to compare."""
+        if r.cls not in ("fixed", "linear", "strided") or than.cls not in ("fixed", "linear", "strided"):
+            return None
+        ll, held, _ = fault_pages_loglik(self.kd, r, self.cat, self.sel)
+        ll0, held0, _ = fault_pages_loglik(self.kd, than, self.cat, self.sel)
+        if held0 and not held:
+            return float("inf")
+        return float(np.exp(min(ll0 - ll, 700.0)))
 
     @property
     def g(self) -> np.ndarray:
@@ -95,11 +116,42 @@ def _try_strided(rf: RegionFit) -> Region | None:
             trial.pop("evidence", None)
             fit.clear()
             fit.update(trial)
+    best = _layout_or(rf, best)
     if best is None:
         return None
     fit.clear()
     fit.update(best[1])
     return best[0]
+
+
+def _layout_or(rf: RegionFit, best):
+    """The layout the arguments describe (fit.layout) in place of the strided fit from the runs,
+    where it explains at least as many launches and the faults are likelier under it: it holds
+    every fault the runs' fit holds, with fewer pages around them (`odds_per_term` times likelier
+    when it uses more argument terms). Where the runs gave nothing, the layout that explains the
+    most launches."""
+    kd, cat, sel = rf.kd, rf.cat, rf.sel
+    ps, bigp = kd.ps, kd.bigp
+    O_s, base = cat.O_s[sel], cat.base[sel]
+    s_hi = (O_s // bigp * bigp + bigp) * ps - 1
+    s_hi = np.where(cat.I_s[sel] >= 0, np.minimum(s_hi, (cat.I_s[sel] + 1) * ps - 1), s_hi)
+    layouts = fit_layouts(kd, rf.w, cat, sel, (O_s * ps - base, s_hi - base))
+    if not layouts:
+        return best
+    if best is None:
+        r, fit = layouts[0]
+        return r, {**rf.fit, **fit}
+    ll_old, held_old, _ = fault_pages_loglik(kd, best[0], cat, sel)
+    terms_old = sum(f.n_terms for f in best[0].formulas().values())
+    for r, fit in layouts:
+        if fit["unexplained"] > best[1].get("unexplained", 0) or r.text() == best[0].text():
+            continue
+        ll, held, _ = fault_pages_loglik(kd, r, cat, sel)
+        terms = sum(f.n_terms for f in r.formulas().values())
+        need = np.log(kd.params.odds_per_term) * max(terms - terms_old, 0) + 1e-9
+        if (held or not held_old) and ll >= ll_old + need:
+            best, ll_old, held_old, terms_old = (r, {**rf.fit, **fit}), ll, held, terms
+    return best
 
 
 def _likelier(rf: RegionFit, new: Region, old: Region) -> bool:
@@ -252,7 +304,7 @@ def region_score(r: Region) -> tuple:
 
 def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     """Fit one base word's region: (region, signature, RangeEvidence of a range region's end or
-    None); (None, None, None) when it never points at observed pages."""
+    None, the evidence `RegionFit`); (None, None, None, None) when it never points at observed pages."""
     fences = fences or [None] * len(kd.parts)
     obs = [p.obs.region(p.idx, v, *(fe if fe is not None else (None, None, None, None)))
            for p, v, fe in zip(kd.parts, vals, fences)]
@@ -263,7 +315,7 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     nonempty = cat.valid & (cat.npieces > 0)
     n_valid, n_obs = int(cat.valid.sum()), int(nonempty.sum())
     if n_obs == 0:
-        return None, None, None
+        return None, None, None, None
     fit = {"launches": n_valid, "observed": n_obs,
            "traces": int((np.bincount(trace_no[nonempty], minlength=len(obs)) > 0).sum()),
            "groups": int((np.bincount(kd.group[nonempty], minlength=kd.U) > 0).sum())}
@@ -278,7 +330,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         if region is not None:
             break
     region.fit = fit
-    return region, sig, rf.shape
+    rf.region = region
+    return region, sig, rf.shape, rf
 
 
 def range_bounds(kd: KernelData, cat: RegionObs, sel: np.ndarray, nat: np.ndarray):

@@ -111,8 +111,11 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             ok = (y >= e_lo) & (y <= e_hi)
             # it holds wherever the end it would replace holds (lost records included)
             # a size: the region stays non-empty, growing with its arguments
+            # a size is an element size times dimensions: a constant below minus one element
+            # (`128*pos - 76416`) is a fit of this profile's bounds, empty at smaller arguments
             if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
-                    (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms):
+                    (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms) or \
+                    f.const < -max(c for c, _ in f.terms):
                 continue
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
@@ -173,3 +176,37 @@ def _loglik(kd, ev, fs, fe) -> float:
     m = region_pages_in(kd, ev.g, fs, fe, ev.base, big0)
     use = ev.f2 & (m > 0)
     return -float(np.log(np.maximum(m[use], 1)).sum())
+
+
+def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]]) -> list[Region]:
+    """Ends guessed from an argument (`argument_backed`, or the kernel's vocabulary through
+    `shared_shape`, for a region under a page at every launch) that lean on a position, not a
+    size, go back to their constant: an argument the kernel's other
+    regions use only in start offsets (kv_append's `128*pos` into each head's cache) and never in a
+    size (an end, chunk or count) moves where they lie, and merely correlates with this region's
+    end within the profile (docs/template-model.md, "When faults cannot separate fixed from an
+    argument"). Returns the regions changed."""
+    starts: set[str] = set()
+    sizes: set[str] = set()
+    for r, ev in regions:
+        if r.cls not in ("fixed", "linear", "strided"):
+            continue
+        for name, f in r.formulas().items():
+            if name == "end" and ev is not None and ev.guessed:
+                continue   # a guess (under a page everywhere) is no evidence of a size
+            (starts if name in ("start", "stride") else sizes).update(f.names())
+    positions = starts - sizes
+    changed = []
+    for r, ev in regions:
+        if ev is None or not ev.guessed or r.cls != "linear" or r.start.terms \
+                or not r.end.terms or not r.end.names() <= positions:
+            continue
+        e = max(int(ev.e_lo.max()), int(r.start.const) + 1)
+        if e > int(ev.e_hi.min()):
+            continue
+        r.fit["position_end"] = r.end.text()      # the guess given up
+        r.fit.pop("shared_shape", None)
+        r.end = FM.Formula(e, ())
+        r.cls = "fixed"
+        changed.append(r)
+    return changed

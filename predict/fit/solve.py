@@ -17,7 +17,7 @@ from .data import KernelData
 
 
 
-def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
+def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int, hard: str | None = None):
     """Per feature group, the interval most of its launches' bounds agree on:
     (groups present, lo, hi, launches).
 
@@ -26,7 +26,10 @@ def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
     the region's edge), and one such launch would empty the intersection: observations are
     evidence, not constraints. Where the intersection is empty, the group takes the interval
     covered by the most launches' bounds (a sweep over their ends); the launches outside it
-    are the ones a template will leave unexplained."""
+    are the ones a template will leave unexplained. `hard` ("lo" or "hi"): the side of the
+    bounds that is positive evidence; of intervals covered by as many launches, the one furthest
+    toward it (lost records only hide pages: a launch whose end bound lies below another's
+    observed end lost the records of its last big page)."""
     lo_g = np.full(U, -FM.INF, np.int64)
     hi_g = np.full(U, FM.INF, np.int64)
     np.maximum.at(lo_g, g, lo)
@@ -46,8 +49,12 @@ def group_bounds(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, U: int):
         best = np.zeros(U, np.int64)
         np.maximum.at(best, gg, cov)
         top = np.flatnonzero((cov == best[gg]) & (d > 0))
-        grp, first = np.unique(gg[top], return_index=True)
-        k = top[first]
+        if hard == "lo":   # the last of each group's best intervals
+            grp, last = np.unique(gg[top][::-1], return_index=True)
+            k = top[::-1][last]
+        else:
+            grp, first = np.unique(gg[top], return_index=True)
+            k = top[first]
         lo_g[grp] = pos[k]
         hi_g[grp] = pos[k + 1] - 1
     present = np.flatnonzero(cnt > 0)
@@ -133,7 +140,7 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
         for q, (lo, hi) in enumerate(bounds):
             # strict: one interval per feature group; robust: every launch's own bounds (equal ones
             # merged), so that the budget counts launches, not the groups one of them spoiled
-            groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U) if strict else _launch_bounds(g, lo, hi)
+            groups, lo_g, hi_g, w = group_bounds(g, lo, hi, kd.U, hard.get(q)) if strict else _launch_bounds(g, lo, hi)
             # a robust solution wins only by being simpler: no more terms than the strict one's
             mt = max_terms if strict or not found else min(max_terms, found[0][1][q].n_terms)
             # positive evidence may be contradicted (odd records: the floor) only where no formula
@@ -148,6 +155,8 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
             ok &= (y >= lo) & (y <= hi)
         else:
             bad = int(n - ok.sum())
+            if not strict and found and agreeing_discarded(kd, g, bounds, ok, edges):
+                continue   # the strict solution explains a group this one leaves whole
             if bad <= int(budget * n) + allowed:
                 found.append((tuple(map(sum, zip(*(f.score() for f in out)))), out, ok, strict))
                 if not strict:
@@ -157,6 +166,25 @@ def solve_pair(kd, g, bounds, modes=None, budgets=None, max_terms: int = 3, min_
     # the simplest (fewest terms, then simplest coefficients); on a tie the strict solution
     _, out, ok, _ = min(found, key=lambda t: (t[0], not t[3]))
     return out, round(float(ok.mean()) if n else 1.0, 6), int(n - ok.sum())
+
+
+def agreeing_discarded(kd: KernelData, g, bounds, ok, edges=2) -> bool:
+    """Does a solution leave unexplained every launch of a feature group of several launches,
+    where lost records would hardly have contradicted them all? Lost records contradict
+    launches one by one, at random (each with the rate `FitParams.contradiction_rate` gives):
+    a whole group contradicted (launches with equal arguments, which touch the same pages) is
+    evidence against the solution, not loss (docs/template-model.md, "Lost records")."""
+    if ok.all():
+        return False
+    n_g = np.bincount(g, minlength=kd.U)
+    bad_g = np.bincount(g[~ok], minlength=kd.U)
+    cand = (bad_g == n_g) & (n_g >= 2)
+    if not cand.any():
+        return False
+    agree = cand
+    rate = np.broadcast_to(np.asarray(kd.params.contradiction_rate(kd.loss, edges), np.float64), (len(g),))
+    logp = np.bincount(g, weights=np.log(np.maximum(rate, 1e-300)), minlength=kd.U)
+    return bool((agree & (logp < np.log(1.0 - kd.params.confidence))).any())
 
 
 def group_evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
