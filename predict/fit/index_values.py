@@ -15,7 +15,10 @@ class (never the truth table):
   allocation's end; a prefix of a persistent buffer), else a value read from another traced
   buffer at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's entry
   at the batch size ends the range of indices the batch reads, so an index chain indptr ->
-  indices -> rows; a padded token count), never exceeding the row (`_buffer_count_candidates`);
+  indices -> rows), never exceeding the row, or that value divided by a power of two and rounded
+  up (`ceil(v(p11)[0] / 16)`: a padded token count over the block size is the number of blocks,
+  each reading one expert id), the smallest divisor that keeps every count within its row first
+  (`_buffer_count_candidates`);
   negative values are sentinels that select nothing (v0 and v1 leave them out);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
@@ -188,11 +191,35 @@ def _position_names(kd: KernelData) -> list[str]:
     return [n for n in kd.sel_names if not n.startswith("block_")]
 
 
+MAX_COUNT_DIV = 1 << 12   # the largest divisor tried for a count read from another buffer
+DIVS_TRIED = 3            # divisors tried per value (powers of two from the smallest that fits)
+
+
+def _divisors(c: np.ndarray, row_len: np.ndarray):
+    """Divisors d for which ceil(c / d) is a count of at least one value and at most the row at
+    every launch, not the whole row everywhere: 1, then the smallest power of two that keeps
+    every count within its row and the next ones, DIVS_TRIED in all (a count of blocks: a tile's
+    size is a power of two, as `tl.arange` needs). Larger divisors read fewer values; verification
+    keeps the first whose chunks cover the faults and stay inside what may have been touched, so
+    the stale entries past a launch's blocks reject too small a divisor, and the faults of its
+    last blocks too large a one. Yields (d, counts)."""
+    if (c < 1).any():
+        return
+    tried, d = 0, 1
+    while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
+        k = -(-c // d)
+        if (k <= row_len).all() and not (k == row_len).all():
+            yield d, k
+            tried += 1
+        d *= 2
+
+
 def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
     """Counts read from another traced buffer (module doc): the value at position 0, or at an
     argument or grid dimension, of each other pointer's values row (an indptr's entry at the
-    batch size: the end of the range it selects; a padded token count), never longer than the
-    index row. Yields (position formula, count word, count elem, counts)."""
+    batch size: the end of the range it selects), never longer than the index row, or that
+    value over a power of two, rounded up (a padded token count over the block size). Yields
+    (position formula, count word, count elem, divisor, counts)."""
     positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in _position_names(kd)]
     for cw, cvals in kd.bases:
         if cw.name in (w.name, iw.name):
@@ -212,9 +239,8 @@ def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
                     x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
                     if len(x) == p + 1:
                         cu[j] = x[-1]
-                c = cu[inv.reshape(-1)]
-                if (c >= 1).all() and (c <= row_len).all() and not (c == row_len).all():
-                    yield pos, cw.name, ce, c
+                for d, k in _divisors(cu[inv.reshape(-1)], row_len):
+                    yield pos, cw.name, ce, d, k
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit) -> Region | None:
@@ -223,9 +249,9 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem for ti, r in zip(part[sv], rows[sv])],
                        np.int64)
     s_lo, s_hi, e_lo, e_hi = bounds
-    cands = ((c, None, 4, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
+    cands = ((c, None, 4, 1, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
              for c in _count_candidates(kd, g, row_len))
-    for count, cidx, celem, kc in itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid,
+    for count, cidx, celem, cdiv, kc in itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid,
                                                                                   row_len)):
         k = np.minimum(kc, row_len)
         if (k < 1).any():
@@ -258,7 +284,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         # every stride with whole chunks first (rows, experts, blocks are whole), then part chunks
         for r in (r for whole in (True, False) for stride in strides
                   for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
-            r.count_index, r.count_elem = cidx, celem
+            r.count_index, r.count_elem, r.count_div = cidx, celem, cdiv
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
