@@ -883,7 +883,34 @@ def serving_section(work: Path, costs: str) -> str:
 {SERVING_SCALE}, fitted on seeds 1 and 2, replayed on seed 3, speedups over demand; bar: template >= 90% of the
 router-read bound and >= 3x alloc.
 
-""" + "\n".join(rows) + "\n" + text
+""" + "\n".join(rows) + "\n" + serving_ceiling(by) + text
+
+
+def serving_ceiling(by: dict) -> str:
+    """What bounds template / alloc on the serving replay: per oversubscription, the capacity
+    against the footprint and the eviction unit, the launches larger than the capacity, the bytes
+    each policy moved in, oracle's speedup over alloc's (what a policy that plans as well as
+    oracle reaches over alloc) and demand's time over its compute time (the speedup of no stall
+    at all). `by`: (oversub, policy) -> run."""
+    from pagecast.demo import OVERSUB
+    mib = 1 << 20
+    d0 = by[(OVERSUB[0], "demand")]
+    rows = ["| oversub | capacity | launches over it | in: demand / alloc / template / oracle | oracle / alloc | "
+            "no-stall ceiling |", "|---:|---:|---:|---|---:|---:|"]
+    for o in OVERSUB:
+        r = {p: by[(o, p)] for p in ("demand", "alloc", "template", "oracle")}
+        ins = " / ".join(f"{r[p]['htod_bytes'] / mib:.1f}" for p in r)
+        comp = r["demand"].get("compute_s") or 0
+        rows.append(f"| {o:.0%} | {r['demand']['capacity_bytes'] / mib:.2f} MiB | "
+                    f"{r['demand']['thrashing_launches']} of {r['demand']['launches']} | {ins} MiB | "
+                    f"{r['oracle']['speedup_vs_demand'] / r['alloc']['speedup_vs_demand']:.2f}x | "
+                    f"{fmt(r['demand']['time_s'] / comp if comp else None)} |")
+    return f"""
+What bounds template / alloc here: the footprint (pages touched, all launches) is
+{d0['footprint_bytes'] / mib:.2f} MiB and the driver evicts in {d0['eviction_unit'] / mib:g} MiB units. Template is
+within a few percent of oracle, so template / alloc can exceed oracle / alloc only by that much:
+
+""" + "\n".join(rows) + "\n"
 
 
 def runner_section(work: Path, costs: str, names: list[str], template: dict, template_faults: dict) -> str:

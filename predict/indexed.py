@@ -36,7 +36,8 @@ CHUNK_VALUES = 1 << 20   # values decoded at once (memory: a few tens of bytes e
 def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
     """A count read from another buffer (`region.count_index`): per launch, the value at position
     `pos` of the row recorded for `cptr` (an indptr's entry at the batch size, a padded token
-    count). Returns (counts, the values rows, ok: the row holds that position)."""
+    count), divided by `region.count_div` and rounded up (blocks of a padded count; negative
+    values count as 0). Returns (counts, the values rows, ok: the row holds that position)."""
     n = len(launch)
     rows = im.find(launch, cptr)
     ce = region.count_elem
@@ -51,7 +52,13 @@ def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.
     if ok.any():
         at = (im.start[r[ok]] + pos[ok] * ce)[:, None] + np.arange(ce)
         cnt[ok] = np.ascontiguousarray(im._raw[at]).view("<i4" if ce == 4 else "<i8").reshape(-1)
-    return np.maximum(cnt, 0), rows, ok
+    return divide_count(region, np.maximum(cnt, 0)), rows, ok
+
+
+def divide_count(region: Region, value):
+    """The count a value read from another buffer gives: ceil(value / count_div) (value >= 0)."""
+    d = int(region.count_div)
+    return value if d == 1 else -(-value // d)
 
 
 def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray, launch: np.ndarray,
@@ -147,7 +154,8 @@ def decode_count(region: Region, data: bytes | None, nbytes: int) -> int | None:
     ce = region.count_elem
     if data is None or nbytes < ce or len(data) < nbytes:
         return None
-    return max(0, int(np.frombuffer(data[nbytes - ce:nbytes], "<i4" if ce == 4 else "<i8", count=1)[0]))
+    return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], "<i4" if ce == 4 else "<i8",
+                                                           count=1)[0])))
 
 
 def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: int, a_s: int, a_e: int,

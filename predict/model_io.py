@@ -53,6 +53,7 @@ class Region:
     elem: int = 4                    # indexed: bytes per value (int32 or int64)
     count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
     count_elem: int = 4              # indexed: bytes of that value
+    count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -87,6 +88,8 @@ class Region:
             if self.count_index is not None:
                 d["count_index"] = self.count_index
                 d["count_elem"] = int(self.count_elem)
+                if self.count_div != 1:
+                    d["count_div"] = int(self.count_div)
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -105,7 +108,9 @@ def _factor(f: Formula) -> str:
 def indexed_text(r: Region) -> str:
     """`[p0 + 4*p4*v(p1)[i], +4*p4) for i < p3`: chunk i starts at base + start + stride * v[i],
     v the `elem`-byte integers at the pointer `index` (`v64(...)` for 8-byte ones). A count read
-    from another buffer: `for i < v(p2)[grid_x]` (an indptr's entry at the batch size)."""
+    from another buffer: `for i < v(p2)[grid_x]` (an indptr's entry at the batch size), or that
+    value divided by a constant, rounded up: `for i < ceil(v(p11)[0] / 16)` (a padded token count
+    over the block size: the blocks a launch runs)."""
     v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[i]"
     st = r.stride
     if st.n_terms == 0 and st.const == 1:
@@ -115,6 +120,8 @@ def indexed_text(r: Region) -> str:
     head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
     n = r.count.text() if r.count_index is None else \
         f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
+    if r.count_index is not None and r.count_div != 1:
+        n = f"ceil({n} / {r.count_div})"
     return f"[{head} + {off}, +{r.chunk.text()}) for i < {n}".replace("+ -", "- ")
 
 
@@ -362,6 +369,11 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             if ce not in INDEX_ELEMS or isinstance(ce, bool):
                 raise ValueError(f"{where}: count_elem must be one of {', '.join(map(str, INDEX_ELEMS))}, found {ce!r}")
             r.count_index, r.count_elem = rd["count_index"], int(ce)
+            cd = rd.get("count_div", 1)
+            if not isinstance(cd, int) or isinstance(cd, bool) or not 1 <= cd <= 1 << 30:
+                raise ValueError(f"{where}: count_div must be an integer from 1 to 2**30 (the count is the value "
+                                 f"read, divided by it, rounded up), found {cd!r}")
+            r.count_div = cd
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

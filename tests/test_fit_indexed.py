@@ -366,3 +366,91 @@ def test_the_online_predictor_reads_the_chain_count_as_the_batch_one(tmp_path):
             return None if row < 0 else im.data(row)[:nb]
         s, e = batch.of(i)
         assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+
+
+K_BLOCKS = Kernel("expert_blocks", [("out", "float*"), ("weights", "const float*"), ("block_expert", "const int*"),
+                                    ("padded", "const int*"), ("dim", "int"), ("tokens", "int")],
+                  {"out": "linear", "weights": "indexed", "block_expert": "linear", "padded": "linear"})
+BLOCK = 16
+
+
+def _blocks(seed: int, tokens_hi: int, record_padded: bool = True) -> Builder:
+    """Experts chosen per block of BLOCK sorted tokens, as a fused MoE runs them: a fixed grid
+    (the largest block count); a block past the padded token count returns, so a launch reads
+    ceil(padded / BLOCK) expert ids, one per block, from a persistent buffer whose later entries
+    are stale ids from earlier launches. The padded count (every expert's tokens rounded up to
+    BLOCK) is a value in another buffer, never an argument."""
+    experts, dim, max_blocks = 32, 2048, 64
+    b = Builder("expert-blocks", seed=seed)
+    rng = b.rng
+    weights = b.malloc(4 * experts * dim, "weights")
+    block_expert = b.malloc(4 * max_blocks, "block_expert")
+    padded = b.malloc(4, "padded")
+    out = b.malloc(4 * 256 * dim, "out")
+    stale = rng.integers(0, experts, max_blocks).astype("<i4")
+    for _ in range(20):
+        ids = rng.integers(0, experts, int(rng.integers(1, tokens_hi + 1)))
+        used, counts = np.unique(ids, return_counts=True)
+        nblk = -(-counts // BLOCK)
+        blocks = np.repeat(used, nblk).astype("<i4")
+        stale[:len(blocks)] = blocks
+        pv = np.array([int(nblk.sum()) * BLOCK], "<i4")
+        i0 = b.reserve(1)
+        b.launch(K_BLOCKS, [i0], {"out": out.ptr(), "weights": weights.ptr(), "block_expert": block_expert.ptr(),
+                                  "padded": padded.ptr(), "dim": dim, "tokens": len(ids)}, grid=(max_blocks,),
+                 touches=[Range(padded, 0, 4), Range(block_expert, 0, 4 * len(blocks)),
+                          Range(out, 0, 4 * len(ids) * dim, WRITE),
+                          Ranges(weights, np.zeros(len(used), np.int64), used.astype(np.int64) * 4 * dim, 4 * dim)])
+        if record_padded:
+            b.values(K_BLOCKS, "padded", [i0], padded.ptr(), pv[None])
+        b.values(K_BLOCKS, "block_expert", [i0], block_expert.ptr(), stale.copy()[None])
+    return b
+
+
+def test_a_count_of_blocks_is_a_buffer_value_over_the_block_size(tmp_path, capsys):
+    """The expert ids read are one per block of a padded token count held in another buffer:
+    the count `ceil(v(p3)[0] / 16)` is fitted from faults (not 1, not the whole stale row),
+    written readably and kept through the model file; a run with more tokens is predicted exactly
+    by the batch and the online predictor alike; without the count's values the launch gets the
+    fallback, counted in one line; a model file with a bad divisor is refused in one line."""
+    from pagecast import values as V
+    from pagecast.cli import main
+    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
+    paths = [_blocks(s, hi).write(tmp_path / f"b{s}.pctrace") for s, hi in ((1, 40), (2, 80), (3, 160))]
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    km = next(km for n, km in model.kernels.items() if "expert_blocks" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.cls == "indexed" and r.index == "p2" and r.count_index == "p3" and r.count_div == BLOCK, r.text()
+    assert r.text().endswith("for i < ceil(v(p3)[0] / 16)"), r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.count_div == BLOCK and again.text() == r.text()
+    tr = T.read_trace(paths[2])
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "expert_blocks" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    im = V.image(tr)
+    batch = predict_footprints(model, tr, "none")
+    op = OnlinePredictor(model, "none")
+    for a in tr.allocations.to_pylist():
+        op.add_allocation(a[T.ADDRESS], a[T.BYTES], a[T.ALLOC_ID])
+    for i, row in enumerate(tr.launches.to_pylist()):
+        gb = [row[c] for c in T.GRID_COLUMNS]
+        args = (row[T.KERNEL], row[T.PARAM_DATA], row[T.PARAM_OFFSETS], row[T.PARAM_SIZES], tuple(gb[:3]), tuple(gb[3:]))
+
+        def values(addr, nb, i=i):
+            j = im.find([i], np.array([addr], np.uint64))[0]
+            return None if j < 0 else im.data(j)[:nb]
+        s, e = batch.of(i)
+        assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+    _blocks(4, 40, record_padded=False).write(tmp_path / "nv.pctrace")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "nv.pctrace")]) == 0
+    assert "without values (fallback)" in capsys.readouterr().out
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
+    assert reg["count_div"] == BLOCK
+    reg["count_div"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[2])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "count_div" in err[0], err

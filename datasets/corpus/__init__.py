@@ -23,7 +23,7 @@ from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
-REVISION = 1
+REVISION = 2   # 2: the serving corpus keeps its model fixed across scales
 CATEGORY = "triton"
 PKG = "pagecast.datasets.corpus"
 

@@ -1,6 +1,8 @@
 """A serving engine's decode loop over real engines' Triton kernels (sglang 0.5.23 and
 flashinfer-python 0.7.2.post1, loaded from the installed packages: engines.py), launched as
-their host code launches them, `--calls` scheduler steps long, sizes following `--scale`.
+their host code launches them, `--calls` scheduler steps long, the load following `--scale`
+(prompt and output lengths; the model's dimensions and the KV pool are fixed, as a deployed
+engine's are).
 
     pagecast collect --interpret -- python -m pagecast.datasets.corpus.serving --scale 1
 
@@ -76,9 +78,9 @@ class Engine:
         self.run, self.rng = run, run.rng
         g = self.gen = torch.Generator().manual_seed(run.seed)
         sz = run.size
-        self.vocab, self.hidden = sz(VOCAB, multiple=64), sz(HIDDEN, multiple=64)
-        self.pool_pages = sz(POOL_PAGES, multiple=16)
-        self.ffn = sz(FFN, multiple=64)
+        # the model and the pool are fixed, as one deployed engine serves one model on one GPU;
+        # --scale changes only the load (prompt and output lengths, so batch sizes and steps' work)
+        self.vocab, self.hidden, self.ffn, self.pool_pages = VOCAB, HIDDEN, FFN, POOL_PAGES
         self.prompt_mean, self.output_mean = sz(PROMPT, lo=8), sz(OUTPUT, lo=4)
         self.max_pages = max(MAX_PAGES_PER_REQ, -(-(2 * self.prompt_mean + 2 * self.output_mean) // PAGE))
         self.mods = {k: E.load(*v) for k, v in {

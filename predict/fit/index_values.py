@@ -15,7 +15,10 @@ class (never the truth table):
   allocation's end; a prefix of a persistent buffer), else a value read from another traced
   buffer at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's entry
   at the batch size ends the range of indices the batch reads, so an index chain indptr ->
-  indices -> rows; a padded token count), never exceeding the row (`_buffer_count_candidates`);
+  indices -> rows), never exceeding the row, or that value divided by a power of two and rounded
+  up (`ceil(v(p11)[0] / 16)`: a padded token count over the block size is the number of blocks,
+  each reading one expert id), the smallest divisor that keeps every count within its row first
+  (`_buffer_count_candidates`);
   negative values are sentinels that select nothing (v0 and v1 leave them out);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
@@ -37,6 +40,7 @@ show the chunks its values chose.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -150,6 +154,7 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
         return None
     part, lid = _positions(kd)
     s_lo, s_hi, e_lo, e_hi = bounds
+    words = []
     for iw, ivals in kd.bases:
         if iw.name == w.name:
             continue
@@ -161,12 +166,19 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
         use = have & ~nat
         if not use.any():
             continue
-        sv = sel[use]
-        for elem in _elems(kd, part[sv], rows[sv]):
-            r = _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr,
-                          (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit)
-            if r is not None:
-                return r
+        words.append((iw, iptr, rows, use))
+    # whole chunks (rows, experts, blocks) at every index word and count before part chunks at
+    # any: a part chunk as wide as a small table verifies with a wrong index word or count too
+    # (an expert table of a few big pages, most of them touched by most launches)
+    seen: dict = {}
+    for whole in (True, False):
+        for iw, iptr, rows, use in words:
+            sv = sel[use]
+            for elem in _elems(kd, part[sv], rows[sv]):
+                r = _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr,
+                              (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit, whole, seen)
+                if r is not None:
+                    return r
     return None
 
 
@@ -188,11 +200,35 @@ def _position_names(kd: KernelData) -> list[str]:
     return [n for n in kd.sel_names if not n.startswith("block_")]
 
 
+MAX_COUNT_DIV = 1 << 12   # the largest divisor tried for a count read from another buffer
+DIVS_TRIED = 3            # divisors tried per value (powers of two from the smallest that fits)
+
+
+def _divisors(c: np.ndarray, row_len: np.ndarray):
+    """Divisors d for which ceil(c / d) is a count of at least one value and at most the row at
+    every launch, not the whole row everywhere: 1, then the smallest power of two that keeps
+    every count within its row and the next ones, DIVS_TRIED in all (a count of blocks: a tile's
+    size is a power of two, as `tl.arange` needs). Larger divisors read fewer values; verification
+    keeps the first whose chunks cover the faults and stay inside what may have been touched, so
+    the stale entries past a launch's blocks reject too small a divisor, and the faults of its
+    last blocks too large a one. Yields (d, counts)."""
+    if (c < 1).any():
+        return
+    tried, d = 0, 1
+    while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
+        k = -(-c // d)
+        if (k <= row_len).all() and not (k == row_len).all():
+            yield d, k
+            tried += 1
+        d *= 2
+
+
 def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
     """Counts read from another traced buffer (module doc): the value at position 0, or at an
     argument or grid dimension, of each other pointer's values row (an indptr's entry at the
-    batch size: the end of the range it selects; a padded token count), never longer than the
-    index row. Yields (position formula, count word, count elem, counts)."""
+    batch size: the end of the range it selects), never longer than the index row, or that
+    value over a power of two, rounded up (a padded token count over the block size). Yields
+    (position formula, count word, count elem, divisor, counts)."""
     positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in _position_names(kd)]
     for cw, cvals in kd.bases:
         if cw.name in (w.name, iw.name):
@@ -212,61 +248,106 @@ def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
                     x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
                     if len(x) == p + 1:
                         cu[j] = x[-1]
-                c = cu[inv.reshape(-1)]
-                if (c >= 1).all() and (c <= row_len).all() and not (c == row_len).all():
-                    yield pos, cw.name, ce, c
+                for d, k in _divisors(cu[inv.reshape(-1)], row_len):
+                    yield pos, cw.name, ce, d, k
 
 
-def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit) -> Region | None:
+def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit, whole: bool,
+              seen: dict) -> Region | None:
+    """The region with index word `iw`, values of `elem` bytes, whole chunks or (not `whole`)
+    part ones, that verifies with the fewest values read: after the first count that verifies,
+    only counts that read no more values at any launch and fewer at some are tried (a whole
+    persistent row, stale entries and all, verifies where most of a small table is touched
+    anyway; the count the kernel reads is tighter). `seen` keeps each count's values and
+    strides for the other pass."""
+    key = (iw.name, elem)
     g = kd.group[sv]
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
-    row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem for ti, r in zip(part[sv], rows[sv])],
-                       np.int64)
-    s_lo, s_hi, e_lo, e_hi = bounds
-    cands = ((c, None, 4, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
-             for c in _count_candidates(kd, g, row_len))
-    for count, cidx, celem, kc in itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid,
-                                                                                  row_len)):
-        k = np.minimum(kc, row_len)
-        if (k < 1).any():
-            continue
-        v0, v1, ok = _extremes(kd, part[sv], rows[sv], k, elem)
-        if not ok.all():
-            continue
-        # the stride from whichever edge follows a value: a start within the first big page at every
-        # launch is a constant to the solver (the first chunk's offset shows in the end), and where
-        # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
-        # token ids reach the vocabulary's ends), edges made to follow a value still bound it
-        strides = []
-        for force in (False, True):
-            ex = _WithValues(kd, g, v0, v1, force)
-            res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
-                              min_terms={0: 1, 1: 1} if force else None)
-            for f in (res[0] if res is not None else ()):
-                sp_ = _split(f)
-                if sp_ is not None and sp_[0] not in strides:
-                    strides.append(sp_[0])
-        # whole chunks: the last one ends one stride past the largest value (`start + stride*(v1+1)`).
-        # Where the records leave the stride loose (a table of a few big pages read a row at a
-        # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
-        # which verification accepts; this solve pins the stride by where the last row ends
-        ex = _WithValues(kd, g, v0, v1 + 1, True)
-        res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
-        sp_ = _split(res[0][0]) if res is not None else None
-        if sp_ is not None and sp_[0] not in strides:
-            strides.append(sp_[0])
-        # every stride with whole chunks first (rows, experts, blocks are whole), then part chunks
-        for r in (r for whole in (True, False) for stride in strides
-                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
-            r.count_index, r.count_elem = cidx, celem
+    if key not in seen:
+        row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem
+                            for ti, r in zip(part[sv], rows[sv])], np.int64)
+        cands = ((c, None, 4, 1, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
+                 for c in _count_candidates(kd, g, row_len))
+        seen[key] = ([], itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid, row_len)),
+                     row_len)
+    kept, more, row_len = seen[key]
+    best = None
+
+    def candidates():
+        yield from kept
+        for count, cidx, celem, cdiv, kc in more:
+            k = np.minimum(kc, row_len)
+            if (k < 1).any():
+                continue
+            c = [count, cidx, celem, cdiv, k, None]
+            kept.append(c)
+            yield c
+    for c in candidates():
+        count, cidx, celem, cdiv, k, strides = c
+        if best is not None:
+            # a tighter count reads fewer of the same values: the verified region's start, stride
+            # and chunk with this count, verified again (no new solve)
+            if (k > best[4]).any() or (k == best[4]).all():
+                continue
+            r = dataclasses.replace(best[0], count=count, count_index=cidx, count_elem=celem, count_div=cdiv,
+                                    fit={})
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
-                fit["exact"] = round(float(okv.mean()), 6)
-                fit["unexplained"] = unexplained
-                fit["values"] = {"launches": int(len(sv)), "without_values": int(len(sel) - use.sum()), "elem": elem}
-                return r
-    return None
+                best = (r, okv, unexplained, None, k)
+            continue
+        if strides is None:
+            strides = c[5] = _strides(kd, g, part[sv], rows[sv], k, elem, bounds)
+        if not strides:
+            continue
+        v0, v1, strides = strides
+        for r in (r for stride in strides
+                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
+            r.count_index, r.count_elem, r.count_div = cidx, celem, cdiv
+            okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+            unexplained = int((~okv).sum())
+            if unexplained <= kd.allowed(len(sv)):
+                best = (r, okv, unexplained, None, k)
+                break
+    if best is None:
+        return None
+    r, okv, unexplained, _, _ = best
+    fit["exact"] = round(float(okv.mean()), 6)
+    fit["unexplained"] = unexplained
+    fit["values"] = {"launches": int(len(sv)), "without_values": int(len(sel) - use.sum()), "elem": elem}
+    return r
+
+
+def _strides(kd, g, part, rows, k, elem, bounds):
+    """(v0, v1, the strides to try) for a count reading `k` values per launch, or () where a
+    launch's first k values are all sentinels."""
+    s_lo, s_hi, e_lo, e_hi = bounds
+    v0, v1, ok = _extremes(kd, part, rows, k, elem)
+    if not ok.all():
+        return ()
+    # the stride from whichever edge follows a value: a start within the first big page at every
+    # launch is a constant to the solver (the first chunk's offset shows in the end), and where
+    # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
+    # token ids reach the vocabulary's ends), edges made to follow a value still bound it
+    strides = []
+    for force in (False, True):
+        ex = _WithValues(kd, g, v0, v1, force)
+        res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
+                          min_terms={0: 1, 1: 1} if force else None)
+        for f in (res[0] if res is not None else ()):
+            sp_ = _split(f)
+            if sp_ is not None and sp_[0] not in strides:
+                strides.append(sp_[0])
+    # whole chunks: the last one ends one stride past the largest value (`start + stride*(v1+1)`).
+    # Where the records leave the stride loose (a table of a few big pages read a row at a
+    # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
+    # which verification accepts; this solve pins the stride by where the last row ends
+    ex = _WithValues(kd, g, v0, v1 + 1, True)
+    res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
+    sp_ = _split(res[0][0]) if res is not None else None
+    if sp_ is not None and sp_[0] not in strides:
+        strides.append(sp_[0])
+    return v0, v1, strides
 
 
 def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool):
