@@ -347,9 +347,9 @@ def test_no_policy_is_ahead_of_oracle_on_any_row_of_the_results_doc():
         if not ln.startswith("|"):
             break
         rows.append(dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")))))
-    from pagecast.datasets.registry import MIXES, WORKLOADS
+    from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES
     from pagecast.demo import OVERSUB
-    assert len(rows) == (len(WORKLOADS) + len(MIXES)) * len(OVERSUB)   # every workload and mix, each level
+    assert len(rows) == (len(DEMO_WORKLOADS) + len(MIXES)) * len(OVERSUB)   # every demo workload and mix, each level
 
     def x(v):
         return float(v.rstrip("x"))

@@ -40,6 +40,14 @@ class Template(Planned):
     # docs/cost-model.md, "Left to faults"). The fitted span it chooses as oracle does.
     faults = False
 
+    requires = "model-or-plan"
+    reads_arguments = True
+    chooses_span = True
+
+    @classmethod
+    def for_replay(cls, setup):
+        return setup.template   # built by the replay: from the model, or following a fixed plan
+
     def __init__(self, model=None, plan_groups_fixed: Groups | None = None, fallback: str = "adaptive"):
         self.model = model
         self.fixed = plan_groups_fixed

@@ -99,12 +99,15 @@ def _rebuild(hk, hu, key):
 
 def unit_charges(profile, gran: int, units_per_block: int, tree: bool = True) -> tuple[float, float]:
     """(c_copy, c_fault): the least time one unit coming in costs the copy engines, and the least it
-    costs the launches' fault path: a fault (fault_time_s, and its share of a batch's overhead), or
+    costs the launches' fault path: a fault (fault_time_s, and its shares of a batch's overhead and
+    of its block's service, a block serving at most units_per_block faults of a batch), or
     with the tree prefetcher a share of one, each fault filling at most the region it finds more
     than `prefetch_threshold` resident (at most `fill` units of a block of `units_per_block`) at the
     bulk rate."""
     c_copy = gran / profile.htod_bandwidth
-    per_fault = profile.fault_time_s + profile.batch_overhead_s / profile.faults_per_batch
+    # a batch holds at most faults_per_batch faults, a block's service at most a block's units of them
+    per_fault = (profile.fault_time_s + profile.batch_overhead_s / profile.faults_per_batch
+                 + profile.block_service_s / max(min(int(units_per_block), int(profile.faults_per_batch)), 1))
     fill = tree_fill(int(units_per_block), float(profile.prefetch_threshold)) if tree else 0
     c_fault = min(per_fault, (per_fault + fill * c_copy) / (fill + 1))
     return c_copy, c_fault
