@@ -243,6 +243,8 @@ class ReplayCommand(Command):
         from pagecast.trace import LAZY_TABLES
         # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
         traces = [read_trace(t, lazy=LAZY_TABLES).require_launches("replay") for t in args.traces]
+        from .policies import POLICIES
+
         for p in sorted(q for q in args.policy if POLICIES[q].reads_arguments):   # they read pointer arguments
             for t in traces:
                 t.require_argument_bytes(f"policy {p}")
