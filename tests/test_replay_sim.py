@@ -347,4 +347,6 @@ def test_template_beats_demand_on_data_dependent_routing(tmp_path):
     assert any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions)
     for o, h in zip((1.5, 3.0), hist):
         assert by[("template", o)]["time_s"] * 2 < by[("demand", o)]["time_s"]
-        assert by[("template", o)]["prefetch_bytes"] <= h["prefetch_bytes"]
+        # what the fallback would add is measured in all bytes moved to the GPU: a plan that leaves a
+        # unit to fault moves the tree prefetcher's region on the fault path, outside prefetch_bytes
+        assert by[("template", o)]["htod_bytes"] <= h["htod_bytes"]
