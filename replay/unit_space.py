@@ -417,7 +417,15 @@ class Workload:
                 continue
             l, s, e = unit_intervals(fp, self.gran)
             csrs.append(self.universe.dense(t, l, s, e, n))
-        return gather_steps(csrs, self.step_task, self.step_launch)
+        needs = gather_steps(csrs, self.step_task, self.step_launch)
+        # per unit, the pages the footprint touches there: a missing unit's fault-buffer entries (a
+        # planner's trial run on predictions charges them as a run on the truth does)
+        pages = gather_steps([unit_page_counts(fp, self.gran) if fp is not None else
+                              (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
+                              for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
+        if len(pages) == len(needs.unit):
+            needs.pages = pages
+        return needs
 
     def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:
         """needs_from with `after` (see Needs): `per_task_gates[t]` the task's predicted pieces that
@@ -469,7 +477,9 @@ class Workload:
             q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
             gated &= pk[q] != nk
         out = np.where(gated, low[j], -1).astype(I64)
-        return Needs(needs.ptr, needs.unit, out, vb)
+        gated = Needs(needs.ptr, needs.unit, out, vb)
+        gated.pages = needs.pages
+        return gated
 
     def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:
         """As needs_from, in eviction-chunk ids (for plans that move whole chunks)."""
