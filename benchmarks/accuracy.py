@@ -134,9 +134,10 @@ def main() -> None:
     ap.add_argument("--only-profiles", action="store_true",
                     help="only the headline section (each workload fitted alone from its own profiles)")
     args = ap.parse_args()
-    from pagecast.datasets.registry import WORKLOADS
+    from pagecast.datasets.registry import DEMO_WORKLOADS, WORKLOADS
 
-    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    # by default the demo's models; the validation suites' (registry.SUITES) on request (--workloads)
+    names = args.workloads.split(",") if args.workloads else list(DEMO_WORKLOADS)
     names = [n for n in names if n in WORKLOADS]   # corpus names go to corpus_section below
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,10 @@ def run_one(name: str, scale: float, tmp: Path, mode: str = "full") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagecast.datasets.registry import WORKLOADS
+    from pagecast.datasets.registry import DEMO_WORKLOADS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scales", default="0.1,1,10")
-    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--workloads", default=",".join(DEMO_WORKLOADS))
     p.add_argument("--mode", default="full", choices=("full", "natural"))
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="markdown file whose section to replace")
     args = ap.parse_args(argv)
 
-    from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
+    from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES, reuse_or_make
     from pagecast.demo import FIT_SEEDS, OVERSUB, REPLAY_SEED, demo_timeslice_ms
     from pagecast.predict.fit import fit_model
     from pagecast.replay import policies as P
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         (work / "traces").mkdir(parents=True, exist_ok=True)
-        cases = [[n] for n in sorted(WORKLOADS)] + [v for v in MIXES.values() if v]
+        cases = [[n] for n in DEMO_WORKLOADS] + [v for v in MIXES.values() if v]
         used = sorted({n for c in cases for n in c})
 
         def path(n, s):
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             comp = R.step_compute(w)
             case = {k: 0.0 for k in tot}
             for o in OVERSUB:
-                (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+                (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
                 cu = cap // w.gran
                 rivals = []
                 for label, make, old in (("template before", lambda: P.Template(model=model), True),

@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagecast.replay.sim import kernels as C  # noqa: E402
-from pagecast.uvm import PREFETCH_THRESHOLD  # noqa: E402
+from pagecast.uvm import FAULT_BATCH, PREFETCH_THRESHOLD  # noqa: E402
+from pagecast.replay.sim import uvm_driver as D  # noqa: E402
 from pagecast.replay.plan import belady as PB  # noqa: E402
 from pagecast.replay.sim import stack as ST  # noqa: E402
 
@@ -101,10 +102,12 @@ class Geometry:
         self.block_hi = np.minimum((b + 1) * units_per_block, n_units)
         self.upb = units_per_block
         self.n_units = n_units
+        self.chunk_weight = np.full(nc, units_per_chunk, I64)   # a chunk takes its whole size (sim/uvm_driver.py)
 
 
-def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=None):
-    """Run the simulator core over every step; returns counters summed."""
+def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=None, pages_per_unit: int = 1):
+    """Run the simulator core over every step; returns counters summed (faults: fault-buffer entries,
+    `pages_per_unit` per missing unit). Victims in LRU order, else the driver's."""
     n = len(ptr) - 1
     resident = np.zeros(geo.n_units, np.uint8)
     planned = np.zeros(geo.n_units, np.uint8)
@@ -122,11 +125,12 @@ def engine(ptr, units, geo: Geometry, cap: int, *, lru: bool, tree: bool, plan=N
         has = False
     else:
         has = True
-    sp = C.Space(geo.unit_chunk, geo.chunk_lo, geo.chunk_hi, geo.key, geo.block_lo, geo.block_hi, int(geo.upb))
+    sp = C.Space(geo.unit_chunk, geo.chunk_lo, geo.chunk_hi, geo.key, geo.block_lo, geo.block_hi, int(geo.upb),
+                 geo.chunk_weight)
     mem = C.Mem(cap, st, resident, planned, cc, prev, nxt, uq, np.full(geo.n_units, -1, I64), np.zeros(geo.n_units, I64))
-    rules = C.Rules(lru, tree, PREFETCH_THRESHOLD, has, False, False)
-    C.run_engine(0, n, C.Steps(ptr, units, np.zeros(1, np.int64)), C.PlanArrays(*plan, 0), sp, mem, rules, missed,
-                 counters)
+    rules = C.Rules(D.VICTIM_LRU if lru else D.VICTIM_DRIVER, tree, PREFETCH_THRESHOLD, has, False, False, FAULT_BATCH)
+    C.run_engine(0, n, C.Steps(ptr, units, np.zeros(1, np.int64), np.full(len(units), pages_per_unit, I64)),
+                 C.PlanArrays(*plan, 0), sp, mem, rules, missed, counters)
     return counters.sum(axis=0)
 
 
@@ -203,12 +207,13 @@ def main(argv=None) -> int:
         assert m4[2] == int(c[C.C_FAULTS])
         rows.append(("pagecast LRU, 4 capacities in one pass (stack distances)", n_req, t,
                      " / ".join(f"{x:,}" for x in m4), rss_mib()))
-        # pagecast demand at its default geometry: 64 KiB units, 2 MiB FIFO chunks, tree prefetcher
+        # pagecast demand at its default geometry: 64 KiB units, 2 MiB chunks in the driver's order, the
+        # prefetcher at each batch's end
         p64, u64 = to_units(ptr, dense, 16)
         geo64 = Geometry(int(u64.max()) + 1, 32, 32)
-        c64, t = timed(engine, p64, u64, geo64, cap // 16, lru=False, tree=True)
-        rows.append(("pagecast demand, 64 KiB units, 2 MiB FIFO chunks, tree prefetch", n_req, t,
-                     f"{int(c64[C.C_FAULTS]):,} faults", rss_mib()))
+        c64, t = timed(engine, p64, u64, geo64, cap // 16, lru=False, tree=True, pages_per_unit=16)
+        rows.append(("pagecast demand, 64 KiB units, 2 MiB chunks (driver order, batches), tree prefetch", n_req, t,
+                     f"{int(c64[C.C_FAULTS]):,} fault entries", rss_mib()))
         del geo64, p64, u64
         # Belady: per request (a launch of one page each), libCacheSim vs the planner + engine
         nb = args.belady_requests or n_req
@@ -231,7 +236,7 @@ def main(argv=None) -> int:
 
         def plan():
             return PB.belady_plan(bptr, bseq, Ub, capb, 0, np.zeros(Ub, np.uint8), 1 << 20, capb)
-        (ev_ptr, ev, pf_ptr, pf, nn, _, _, _), t = timed(plan)
+        (ev_ptr, ev, pf_ptr, pf, nn, *_), t = timed(plan)
         assert len(pf) == lcs_b, (len(pf), lcs_b)
         rows.append(("pagecast Belady: the oracle's planner (belady_plan; misses = its fetches)", nb, t,
                      f"{len(pf):,}", rss_mib()))

@@ -240,8 +240,8 @@ def main(argv=None) -> int:
     text = f"""# Results: the simulator's comparison beside MSched's
 
 Written by `python benchmarks/results.py --scale {args.scale} --costs {args.costs}{f" --drop {args.drop:g}" if args.drop else ""}` in {elapsed:.0f} s
-(do not edit by hand: rerun it). Every workload model of `pagecast datasets list` and
-MSched's three multitask mixes (`scientific`, `multi-dnn`, `multi-llm`), generated at scale
+(do not edit by hand: rerun it). Every workload model of `pagecast datasets list` but the
+validation suites' (`SUITES` in datasets/registry.py: docs/driver-validation.md) and MSched's three multitask mixes (`scientific`, `multi-dnn`, `multi-llm`), generated at scale
 {args.scale}. The first table fits each workload alone from its own profiles, as a user does; the
 tables after it use one model fitted on seeds 1 and 2 of every workload at once (the pooled
 fit, a friendlier fit: a kernel borrows other workloads' launches of its name); replayed on seed 3 (a
@@ -264,10 +264,10 @@ docs/cost-model.md) and "bound / oracle" the lower bound as a share of oracle's 
 oracle is optimal); "MSched" is the speedup MSched reports over demand paging for that
 kind of mix at that oversubscription (RTX 5080; 11.05x / 9.35x / 7.52x on scientific and
 multi-DNN mixes, 57.88x / 44.79x / 33.60x on several Llama3-8B instances). MSched's
-oversubscription is managed memory allocated over GPU memory, not the touched footprint used
-here: its pressures are "total memory allocation = 150% of HBM capacity" (200%, 300%) for the
-mixes (arXiv 2512.24637 v2, sec. 7.2) and "allocated memory over 100%" in its micro-benchmark
-(sec. 7.1).
+oversubscription is managed memory allocated over GPU memory, not the touched footprint: its
+pressures are "total memory allocation = 150% of HBM capacity" (200%, 300%) for the mixes (arXiv
+2512.24637 v2, sec. 7.2) and "allocated memory over 100%" in its micro-benchmark (sec. 7.1), as in
+ARIADNE (HPCA 2026, sec. VII-A: memory footprint / GPU memory size, footprint = the allocation).
 {fit_modes}
 ## The pooled fit: one model of every workload (a labelled extra)
 
@@ -470,7 +470,7 @@ def before_after(work: Path, costs: str, runs) -> str:
                            timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=[pred])
         w.extra[("predicted", id(model), cfg.fallback)] = pg
         for o in OVERSUB:
-            (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+            (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
             d = by[(lab, o, "demand")]["time_s"]
             old = {}
             for name, pol in (("oracle", P.Oracle()), ("template", P.Template(model=model, fallback=cfg.fallback))):
@@ -627,19 +627,30 @@ Reading the misses and ties:
 
 Here `template` on the multi-LLM mix reaches {', '.join(f'{v:.1f}x' for v in vals) or '-'} over demand
 at 150/200/300%; MSched reports 57.88x / 44.79x / 33.60x. What the simulator's demand
-baseline charges, and why it is kinder than the real driver MSched measured:
+baseline charges (the driver model, docs/cost-model.md):
 
-- The per-fault cost (31.79 us) buys a 64 KiB big page, and the tree prefetcher turns a
-  sequential sweep of a 2 MiB block into 6 faults instead of 32; the simulated demand
-  paging of weight matrices, read in order, therefore moves data at roughly 2 MiB per
-  (6 x 31.79 us + 50 us) = 8 GB/s, not the 0.12 GB/s MSched measured for fault-driven
-  migration. With the prefetcher off (`--no-driver-prefetch`) every big page faults, the
-  fault path moves 64 KiB per 31.79 us (2 GB/s), and bulk transfers (63.5 GB/s pipelined)
-  are about 30 times faster per byte (measured below).
-- MSched measured 9,210 faults and a 78x slowdown per decode step of Llama3-8B under
-  UVM; the driver's thrashing mitigation (throttling, pinning after 10 throttles) and its
-  serialized eviction in the fault path, which the simulator does not model, account for
-  much of that.
+- A lone fault costs the profile's 31.79 us (MSched's measurement). Faults arrive in
+  batches: a launch's missing units bring one fault-buffer entry per page it touches there,
+  up to 256 entries a batch, each 2 MiB VA block serviced once per batch, charged per
+  entry, per block service and per batch (the split of the 31.79 us into those three is a
+  placeholder until measured). A weight matrix read in order therefore faults every page:
+  a 2 MiB block costs two batches of 256 entries, about 1 ms, some 2 GB/s against the bulk
+  transfers' 41.7 GB/s (63.5 GB/s pipelined).
+- GPU memory is spent in 2 MiB chunks: a block's first resident page takes the whole
+  chunk. The KV blocks and embedding rows a decoder reads sparsely cost whole chunks, so
+  demand paging evicts sooner than the touched bytes suggest, and the plans count the same
+  chunks.
+- `--oversub` now divides the managed memory the tasks allocate (the literature's
+  definition, and MSched's: a share of GPU memory against what the processes allocate),
+  not the union of the pages their launches touch.
+- MSched measured 9,210 faults and a 78x slowdown per decode step of Llama3-8B under UVM.
+  The driver's thrashing mitigation does not explain that: it tracks a page only when
+  consecutive migrations of it go to different processors within its lapse
+  (`thrashing_event_cb` in nvidia-uvm's uvm_perf_thrashing.c returns on eviction-caused
+  migrations), and a GPU-only oversubscribed workload, whose pages go back to the host
+  only by eviction, never triggers it. The serialized, synchronous eviction in the fault
+  path (the driver evicts a root chunk and copies its resident pages out before it retries
+  the fault) and the per-page fault entries are what the model now charges.
 - The demo-scale traces hold a few milliseconds of kernel time per task; the
   comparison rests on the transfer volume per switch, which scales, not on the absolute
   times.
@@ -794,7 +805,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
     worst, late_share, wait_cost, of_late, ahead = 1.0, [], 0.0, [], 0.0
     late_sp = {}
     for o in OVERSUB:
-        (cap, _), = capacities_for(w.footprint_bytes, None, [o])
+        (cap, _), = capacities_for(w.oversub_basis("managed"), None, [o])
         cu = cap // w.gran
         t = {p: times[(p, o)] for p in ("demand", "template", "oracle")}
         t["known"] = R.run_policy(w, Known(), cu, prof, P.Options()).end[-1]

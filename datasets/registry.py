@@ -16,11 +16,11 @@ from pathlib import Path
 from pagecast import trace as T
 from pagecast.errors import PagecastError, UsageError
 
-from . import corpus, dnn, llm, paged, scientific
+from . import corpus, dnn, llm, paged, polybench, scientific
 from .engine import Builder
 from .workload import Workload
 
-__all__ = ["WORKLOADS", "MIXES", "Workload", "make_trace", "reuse_or_make", "build", "get_workload", "MAX_SCALE",
+__all__ = ["WORKLOADS", "MIXES", "SUITES", "DEMO_WORKLOADS", "Workload", "make_trace", "reuse_or_make", "build", "get_workload", "MAX_SCALE",
            "check_drop"]
 
 # Bumped whenever a workload model changes what it generates (sizes, kernels, layouts), and
@@ -35,7 +35,7 @@ MAX_SCALE = 100.0   # ~10^6 launches; see docs/workloads.md for measured sizes a
 
 def _load() -> dict[str, Workload]:
     out: dict[str, Workload] = {}
-    for mod in (scientific, dnn, llm, paged):
+    for mod in (scientific, dnn, llm, paged, polybench):
         for w in mod.WORKLOADS:
             out[w.name] = w
     return out
@@ -50,6 +50,15 @@ MIXES: dict[str, list[str]] = {
     "multi-dnn": ["mlp-train", "cnn-infer", "mlp-train", "cnn-infer"],
     "multi-llm": ["llm-decode", "llm-decode", "llm-decode", "llm-paged-decode"],
 }
+
+# Benchmark sets of published oversubscription studies, modelled to check the simulator against
+# their measurements (benchmarks/driver_validation.py, docs/driver-validation.md): study -> workload names.
+SUITES: dict[str, list[str]] = {
+    "ariadne": list(polybench.ARIADNE.values()),
+}
+
+# The workloads the demo suite and docs/results.md run: every model but the validation suites'.
+DEMO_WORKLOADS: list[str] = sorted(n for n in WORKLOADS if not any(n in s for s in SUITES.values()))
 
 
 def get_workload(name: str) -> Workload:

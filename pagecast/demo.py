@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pagecast import console
-from pagecast.datasets.registry import MIXES, WORKLOADS, reuse_or_make
+from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES, reuse_or_make
 from pagecast.errors import OutputExistsError, UsageError
 from pagecast.footprints import footprints
 from pagecast.jsonfile import write_json_atomic
@@ -127,7 +127,7 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     at this rate (`pagecast datasets make --drop`). Returns (runs, timeline, info)."""
     tdir = out / "traces"
     tdir.mkdir(exist_ok=True)
-    names = sorted(WORKLOADS) if workloads is None else list(workloads)
+    names = list(DEMO_WORKLOADS) if workloads is None else list(workloads)
     mixes = {k: v for k, v in (MIXES if mixes is None else mixes).items() if v}
     used = sorted(set(names) | {n for v in mixes.values() for n in v})
     instances: dict[tuple[str, int], Path] = {}

@@ -11,8 +11,6 @@ from pathlib import Path
 from pagecast.command import Command
 from pagecast.errors import UsageError
 
-POLICY_NAMES = "demand, alloc, template, oracle, swap, runner"
-ARG_POLICIES = {"alloc", "template", "runner"}   # policies that read the launches' argument bytes
 
 
 def _size_list(text: str) -> list[int]:
@@ -46,9 +44,12 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="cost profile: msched-rtx5080 (default), pcie4, pcie3, none, or a JSON file")
     g.add_argument("--granularity", metavar="SIZE", help="migration unit of a fault (default: the profile's, 64KiB)")
     g.add_argument("--eviction-unit", metavar="SIZE", help="eviction unit (default: the profile's, 2MiB)")
-    g.add_argument("--eviction", default="fifo", choices=("fifo", "lru"),
-                   help="victim order of fault-path evictions: fifo = allocation order, the driver's (default)")
-    g.add_argument("--no-driver-prefetch", action="store_true", help="switch the driver's tree prefetcher off")
+    g.add_argument("--eviction", default="driver", choices=("driver", "fifo", "lru"),
+                   help="victim order of fault-path evictions: driver = a chunk goes to the list's tail on every"
+                        " migration into it, the driver's (default); fifo = first residency; lru = every touch")
+    g.add_argument("--no-driver-prefetch", action="store_true",
+                   help="switch the driver's prefetcher off (a fault then moves its 4 KiB page)")
+    _add_oversub_of(g)
     g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
                    help="round-robin time slice between tasks, ms of kernel time (default 10)")
     _add_span_flag(g)
@@ -65,6 +66,12 @@ def _add_span_flag(g) -> None:
                         "faults); a fixed span is Belady's plan at it")
 
 
+def _add_oversub_of(g) -> None:
+    g.add_argument("--oversub-of", default="managed", choices=("managed", "touched"),
+                   help="what --oversub divides: the managed bytes allocated (default; the literature's"
+                        " oversubscription) or the union of the launches' touched footprints")
+
+
 def _sim_config(args):
     from pagecast.units import parse_size
 
@@ -74,7 +81,7 @@ def _sim_config(args):
                      eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit),
                      eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
                      timeslice_ms=args.timeslice, feedback=bool(getattr(args, "feedback", False)),
-                     span=args.span)
+                     span=args.span, oversub_of=getattr(args, "oversub_of", "managed"))
 
 
 class PlanCommand(Command):
@@ -91,7 +98,8 @@ class PlanCommand(Command):
         p.add_argument("trace", metavar="TRACE")
         g = p.add_mutually_exclusive_group(required=True)
         g.add_argument("--capacity", metavar="SIZE", help="GPU memory for the workload, e.g. 8GiB")
-        g.add_argument("--oversub", type=float, metavar="R", help="capacity = the trace's footprint / R")
+        g.add_argument("--oversub", type=float, metavar="R",
+                       help="capacity = the managed memory the trace allocates / R (see --oversub-of)")
         p.add_argument("-o", "--output", required=True, metavar="PLAN", help="plan directory to write")
         p.add_argument("--force", action="store_true", help="overwrite an existing plan")
         p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE",
@@ -99,6 +107,7 @@ class PlanCommand(Command):
                             " (default msched-rtx5080)")
         p.add_argument("--granularity", metavar="SIZE", help="plan in units of SIZE (default: the profile's)")
         _add_span_flag(p)
+        _add_oversub_of(p)
         p.add_argument("--json", action="store_true", help="print the plan's manifest as JSON")
 
     def run(self, args):
@@ -121,7 +130,7 @@ class PlanCommand(Command):
         from pagecast.trace import LAZY_TABLES
         trace = read_trace(args.trace, lazy=LAZY_TABLES).require_launches("plan").require_argument_bytes("plan")
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
-                        span=args.span)
+                        span=args.span, oversub_of=args.oversub_of)
         with console.progress("planning", None):
             table, manifest = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg,
                                         model_path=str(args.model))
@@ -142,17 +151,20 @@ class ReplayCommand(Command):
     name = "replay"
     help = "replay traces under policies (simulator or GPU) and compare them"
     description = ("Replay launch sequences on a GPU of the given capacity under each policy and compare\n"
-                   f"time, stall, faults and bytes moved. Policies: {POLICY_NAMES}.\n"
+                   "time, stall, faults and bytes moved, under the registered policies (pagecast.replay.policies;\n"
+                   "an unknown name lists them).\n"
                    "Several traces are several tasks sharing one GPU (round-robin time slices).\n\n"
                    "  pagecast replay a.pctrace b.pctrace --policy demand,template,oracle --oversub 1.5,2,3 --model m.json\n"
                    "  pagecast replay --backend gpu --model m.json --policy demand,template -- python train.py")
 
     def add_arguments(self, p):
         p.add_argument("traces", nargs="*", metavar="TRACE", help="trace directories (simulator); none for a GPU workload")
-        p.add_argument("--policy", required=True, metavar="P,...", help=f"comma-separated: {POLICY_NAMES}")
+        p.add_argument("--policy", required=True, metavar="P,...",
+                       help="comma-separated registered policy names (an unknown one lists them)")
         g = p.add_mutually_exclusive_group()
         g.add_argument("--capacity", metavar="SIZE,...", help="GPU memory sizes, e.g. 1GiB,2GiB")
-        g.add_argument("--oversub", metavar="R,...", help="capacity = union of the traces' footprints / R")
+        g.add_argument("--oversub", metavar="R,...",
+                       help="capacity = the managed memory the traces allocate / R (see --oversub-of)")
         p.add_argument("--model", metavar="MODEL", help="model for the template policy (planned on the fly)")
         p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy")
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
@@ -174,7 +186,7 @@ class ReplayCommand(Command):
         from pagecast.outputs import check_output_file
         from pagecast.units import parse_float_list, parse_list
 
-        from .policies import check_policies
+        from .policies import POLICIES, check_policies
 
         args.policy = check_policies(parse_list(args.policy, "--policy"))
         args.capacity = None if args.capacity is None else _size_list(args.capacity)
@@ -193,8 +205,9 @@ class ReplayCommand(Command):
             raise UsageError(f"--repeat must be >= 1, not {args.repeat}")
         if args.backend == "sim":
             from pagecast import console
-            if "template" not in args.policy:
-                uses_model = "runner" in args.policy
+            needs = {POLICIES[p].requires for p in args.policy}
+            if "model-or-plan" not in needs:
+                uses_model = "model" in needs
                 for flag, val in (("--plan", args.plan), ("--model", None if uses_model else args.model),
                                   ("--feedback", args.feedback)):
                     if val:
@@ -207,7 +220,7 @@ class ReplayCommand(Command):
                              " model); --model is not used")
             if args.repeat != 1:
                 console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
-            if args.plan and "template" in args.policy and args.span != "auto":
+            if args.plan and "model-or-plan" in needs and args.span != "auto":
                 console.warn(f"--span {args.span} applies to oracle only: template follows the plan, made at the"
                              " span its manifest names")
         if args.backend == "gpu":
@@ -230,7 +243,9 @@ class ReplayCommand(Command):
         from pagecast.trace import LAZY_TABLES
         # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
         traces = [read_trace(t, lazy=LAZY_TABLES).require_launches("replay") for t in args.traces]
-        for p in sorted(ARG_POLICIES.intersection(args.policy)):   # they read pointer arguments
+        from .policies import POLICIES
+
+        for p in sorted(q for q in args.policy if POLICIES[q].reads_arguments):   # they read pointer arguments
             for t in traces:
                 t.require_argument_bytes(f"policy {p}")
         model = None

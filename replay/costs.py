@@ -35,7 +35,7 @@ class CostProfile:
     # -- demand paging (far faults) ------------------------------------------
     fault_time_s: float          # one GPU page fault, serviced, incl. moving its granularity unit
     faults_per_batch: int        # fault-buffer entries the driver fetches and services together
-    batch_overhead_s: float      # fixed cost per serviced batch on top of fault_time_s (0: amortised in fault_time_s)
+    batch_overhead_s: float      # fixed cost per serviced fault batch (fetch, preprocess, replay)
     # -- bulk transfers (cudaMemPrefetchAsync / planned migrations) -------------
     htod_bandwidth: float        # host to device, one copy engine
     dtoh_bandwidth: float        # device to host, one copy engine
@@ -51,6 +51,7 @@ class CostProfile:
     device_bandwidth: float      # HBM/GDDR bytes/s: kernel time = footprint / this (when the trace has no times)
     kernel_time: str = "auto"    # "auto" (trace times for synthetic traces, else model), "trace", "model"
     charges: bool = True         # False for `none`: count events, charge no time
+    block_service_s: float = 0.0  # per 2 MiB VA block serviced in a batch (a lone fault: the three charges)
     source: dict = field(default_factory=dict)  # where each number comes from
     version: int = VERSION
 
@@ -67,12 +68,21 @@ class CostProfile:
             t = h + d
         return t + transfers * self.transfer_latency_s
 
-    def fault_time(self, faults: int) -> float:
-        """Seconds to service `faults` far faults, in batches of faults_per_batch."""
+    def fault_time(self, faults: int, blocks: int | None = None, batches: int | None = None) -> float:
+        """Seconds to service `faults` far faults in `blocks` VA-block services and `batches` batches
+        (default: as few batches as hold them, one block per batch)."""
         if not self.charges or faults <= 0:
             return 0.0
-        batches = math.ceil(faults / self.faults_per_batch)
-        return faults * self.fault_time_s + batches * self.batch_overhead_s
+        if batches is None:
+            batches = math.ceil(faults / self.faults_per_batch)
+        if blocks is None:
+            blocks = batches
+        return faults * self.fault_time_s + blocks * self.block_service_s + batches * self.batch_overhead_s
+
+    @property
+    def lone_fault_s(self) -> float:
+        """What one fault alone costs: one fault, one block, one batch."""
+        return self.fault_time(1)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -85,11 +95,11 @@ _REQUIRED = [f.name for f in dataclasses.fields(CostProfile)
              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 _POSITIVE = ("htod_bandwidth", "dtoh_bandwidth", "pipelined_bandwidth", "device_bandwidth",
              "granularity", "eviction_unit", "faults_per_batch")
-_NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s")
+_NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s", "block_service_s")
 
 
 _RANGES = {   # what a profile may say: far beyond any GPU and link, short of overflowing a run
-    "fault_time_s": (0.0, 1.0), "batch_overhead_s": (0.0, 1.0), "transfer_latency_s": (0.0, 1.0),
+    "fault_time_s": (0.0, 1.0), "batch_overhead_s": (0.0, 1.0), "block_service_s": (0.0, 1.0), "transfer_latency_s": (0.0, 1.0),
     "launch_overhead_s": (0.0, 1.0),
     "htod_bandwidth": (1e3, 1e15), "dtoh_bandwidth": (1e3, 1e15), "pipelined_bandwidth": (1e3, 1e15),
     "device_bandwidth": (1e3, 1e16),

@@ -1,13 +1,19 @@
 """The simulator's view of one or more traces: tasks, their launch order on a
 shared GPU, and every footprint mapped to dense migration-unit ids.
 
+Long because the universe, its memory chunks, the schedule and the needs
+(with their gates and page counts) are one dense numbering that every stage
+shares; split, each part would re-derive the others' indexing.
+
 - Units: a unit is one migration granule (the profile's 64 KiB, or
   `--granularity`). Each task's units are numbered in its own address space
   (`address // granularity`); the *universe* is the union, per task, of the
   units that launches touch, that allocations cover and that predictions name,
   renumbered densely (task after task, ascending address) so the numba loops
-  index plain arrays. Eviction chunks (2 MiB) and tree-prefetch blocks (2 MiB)
-  are then runs of consecutive dense ids.
+  index plain arrays. Memory chunks (a 2 MiB chunk per VA block an allocation
+  covers whole, 64 KiB chunks in a block it covers in part: `chunk_starts`) and
+  tree-prefetch blocks (2 MiB) are then runs of consecutive dense ids; a chunk
+  takes its whole size of the capacity while any of its units is resident.
 - Schedule: several traces are several tasks on one GPU, run round-robin in
   time slices of `timeslice_s` *kernel* time, switching at launch boundaries
   (MSched's multitasking setting). Slices count execution time only, so every
@@ -26,7 +32,7 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as F
 from pagecast import trace as T
-from pagecast.uvm import VA_BLOCK
+from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 I64 = np.int64
 
@@ -125,6 +131,37 @@ def alloc_footprints(trace: T.Trace) -> F.Footprints:
     return F.Footprints.from_intervals(hl, s, e, n, ps, "predicted")
 
 
+def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per launch, its units (ascending) and how many pages it touches in each, as CSR
+    (indptr, pages): what its faults in a unit number (the driver counts a fault per page;
+    one per unit where a unit is no larger than a page)."""
+    ps = fp.page_size
+    n = fp.n_launches
+    lid = fp.launch_of_interval()
+    if gran <= ps or not len(lid):
+        l, s, e = unit_intervals(fp, gran)
+        cnt = e - s
+        indptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(np.repeat(l, cnt), minlength=n), out=indptr[1:])
+        return indptr, np.ones(int(cnt.sum()), I64)
+    r = gran // ps
+    su, eu = fp.start // r, (fp.end - 1) // r + 1
+    k = eu - su
+    u = F._ranges(su.astype(I64), k.astype(I64))
+    iv = np.repeat(np.arange(len(su), dtype=I64), k)
+    pages = np.minimum(fp.end[iv], (u + 1) * r) - np.maximum(fp.start[iv], u * r)
+    key = lid[iv].astype(I64)
+    order = np.lexsort((u, key))
+    key, u, pages = key[order], u[order], pages[order]
+    new = np.ones(len(u), bool)
+    new[1:] = (key[1:] != key[:-1]) | (u[1:] != u[:-1])
+    grp = np.cumsum(new) - 1
+    tot = np.bincount(grp, weights=pages).astype(I64)
+    indptr = np.zeros(n + 1, I64)
+    np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
+    return indptr, tot
+
+
 def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Page intervals -> merged unit intervals per launch: (launch, start_unit, end_unit)."""
     ps = fp.page_size
@@ -141,21 +178,54 @@ def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray,
     return l, s, e
 
 
-class Universe:
-    """Dense unit ids for each task's unit intervals (see module doc)."""
+def chunk_starts(keys: np.ndarray, gran: int, eviction_unit: int,
+                 allocs: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit key (address // gran): the byte address of the GPU memory chunk that backs it and that
+    chunk's size, as nvidia-uvm allocates them (docs/cost-model.md, "The driver model"): a 2 MiB VA
+    block that an allocation covers whole is backed by one chunk of `eviction_unit` (the 2 MiB root
+    chunk) as soon as any page of it is populated; a block allocations cover only in part (an
+    allocation's first or last block) by 64 KiB chunks (`BIG_PAGE`, at most `eviction_unit`, at least
+    `gran`). Decided per block, so every unit of a block has chunks of one size (allocations that
+    reuse an address count as any that cover it). `allocs`: the task's allocations (start, end) in
+    bytes; a block no allocation touches counts as whole."""
+    addr = keys.astype(I64) * gran
+    size = np.full(len(keys), max(int(eviction_unit), gran), I64)
+    if allocs is not None and len(allocs[0]) and len(keys):
+        a0, a1 = np.asarray(allocs[0], I64), np.asarray(allocs[1], I64)
+        blk = addr // VA_BLOCK
+        whole = _in_intervals(blk, -(-a0 // VA_BLOCK), a1 // VA_BLOCK)
+        touched = _in_intervals(blk, a0 // VA_BLOCK, -(-a1 // VA_BLOCK))
+        size[touched & ~whole] = max(min(BIG_PAGE, int(eviction_unit)), gran)
+    return addr - addr % size, size
 
-    def __init__(self, per_task: list[list[tuple[np.ndarray, np.ndarray]]], gran: int, eviction_unit: int):
+
+def _in_intervals(x: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Whether each x lies in the union of the intervals [s, e)."""
+    ok = e > s
+    _, ms, me = F.merge_intervals(np.zeros(int(ok.sum()), I64), s[ok], e[ok], 1)
+    if not len(ms):
+        return np.zeros(len(x), bool)
+    k = np.searchsorted(ms, x, side="right") - 1
+    return (k >= 0) & (x < me[np.maximum(k, 0)])
+
+
+class Universe:
+    """Dense unit ids for each task's unit intervals (see module doc). Chunks are the GPU memory
+    chunks that back the units (chunk_starts): `chunk_weight[c]` is chunk c's size in units, what it
+    takes of the capacity while any unit of it is resident."""
+
+    def __init__(self, per_task: list[list[tuple[np.ndarray, np.ndarray]]], gran: int, eviction_unit: int,
+                 allocs: list[tuple[np.ndarray, np.ndarray] | None] | None = None):
         self.gran = gran
         self.task_lo: list[int] = []
-        keys, chunk_ids, block_ids = [], [], []
+        keys, chunk_ids, block_ids, weights = [], [], [], []
         base = 0
         chunk_base = 0
         block_base = 0
-        upc = max(eviction_unit // gran, 1)
         upb = max(VA_BLOCK // gran, 1)
         self.upb = upb
         self.iv: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for ivs in per_task:
+        for t, ivs in enumerate(per_task):
             s = np.concatenate([a for a, _ in ivs]) if ivs else np.zeros(0, I64)
             e = np.concatenate([b for _, b in ivs]) if ivs else np.zeros(0, I64)
             _, us, ue = F.merge_intervals(np.zeros(len(s), I64), s, e, 1)
@@ -165,10 +235,11 @@ class Universe:
             self.iv.append((us, ue, off))
             k = F.expand_intervals(us, ue)
             keys.append(k)
-            ch = k // upc
+            ch, csz = chunk_starts(k, gran, eviction_unit, allocs[t] if allocs else None)
             bl = k // upb
             # renumber chunks/blocks densely, per task (tasks never share one)
-            _, chd = np.unique(ch, return_inverse=True)
+            first, chd = np.unique(ch, return_index=True, return_inverse=True)[1:]
+            weights.append(np.maximum(csz[first] // gran, 1).astype(I64))
             _, bld = np.unique(bl, return_inverse=True)
             chunk_ids.append(chd.astype(I64) + chunk_base)
             block_ids.append(bld.astype(I64) + block_base)
@@ -181,6 +252,9 @@ class Universe:
         self.unit_chunk = np.concatenate(chunk_ids) if chunk_ids else np.zeros(0, I64)
         ublock = np.concatenate(block_ids) if block_ids else np.zeros(0, I64)
         self.n_chunks = chunk_base
+        if len(self.unit_chunk) > 1 and (np.diff(self.unit_chunk) < 0).any():
+            raise AssertionError("units of one chunk must be consecutive ids (unit_space.chunk_starts)")
+        self.chunk_weight = np.concatenate(weights) if weights else np.zeros(0, I64)
         # consecutive ids per chunk / block
         self.chunk_lo = np.searchsorted(self.unit_chunk, np.arange(chunk_base), side="left").astype(I64)
         self.chunk_hi = np.searchsorted(self.unit_chunk, np.arange(chunk_base), side="right").astype(I64)
@@ -250,6 +324,7 @@ class Needs:
     unit: np.ndarray
     after: np.ndarray | None = None
     value_bytes: np.ndarray | None = None
+    pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
@@ -306,6 +381,15 @@ class Workload:
     truth: Needs                   # what each step touches
     footprint_bytes: int           # union of all launches' footprints (pages), all tasks
     extra: dict = field(default_factory=dict)
+    managed_bytes: int = 0         # managed memory allocated (peak live, summed over tasks; managed_bytes())
+
+    def oversub_basis(self, of: str) -> int:
+        """What `--oversub R` divides by R: the managed bytes allocated ("managed", the literature's
+        oversubscription; the touched footprint where a trace records no managed allocation) or the
+        union of the launches' footprints ("touched")."""
+        if of == "touched" or self.managed_bytes <= 0:
+            return self.footprint_bytes
+        return self.managed_bytes
 
     @property
     def n_steps(self) -> int:
@@ -333,7 +417,15 @@ class Workload:
                 continue
             l, s, e = unit_intervals(fp, self.gran)
             csrs.append(self.universe.dense(t, l, s, e, n))
-        return gather_steps(csrs, self.step_task, self.step_launch)
+        needs = gather_steps(csrs, self.step_task, self.step_launch)
+        # per unit, the pages the footprint touches there: a missing unit's fault-buffer entries (a
+        # planner's trial run on predictions charges them as a run on the truth does)
+        pages = gather_steps([unit_page_counts(fp, self.gran) if fp is not None else
+                              (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
+                              for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
+        if len(pages) == len(needs.unit):
+            needs.pages = pages
+        return needs
 
     def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:
         """needs_from with `after` (see Needs): `per_task_gates[t]` the task's predicted pieces that
@@ -385,7 +477,9 @@ class Workload:
             q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
             gated &= pk[q] != nk
         out = np.where(gated, low[j], -1).astype(I64)
-        return Needs(needs.ptr, needs.unit, out, vb)
+        gated = Needs(needs.ptr, needs.unit, out, vb)
+        gated.pages = needs.pages
+        return gated
 
     def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:
         """As needs_from, in eviction-chunk ids (for plans that move whole chunks)."""
@@ -447,6 +541,31 @@ def schedule(compute: list[np.ndarray], timeslice_s: float) -> tuple[np.ndarray,
     return tk[order], ln[order]
 
 
+def managed_bytes(trace: T.Trace) -> int:
+    """The most managed memory live at once over the trace's launches (an allocation is live from its
+    first to its last launch; one never freed, to the end)."""
+    A = trace.allocations
+    if A.num_rows == 0:
+        return 0
+    m = np.asarray(pc.equal(A.column(T.KIND), "managed").fill_null(False).to_numpy(zero_copy_only=False), bool)
+    if not m.any():
+        return 0
+    b = A.column(T.BYTES).to_numpy().astype(I64)[m]
+    first = A.column(T.FIRST_LAUNCH).to_numpy(zero_copy_only=False).astype(I64)[m]
+    last = pc.fill_null(A.column(T.LAST_LAUNCH), np.iinfo(I64).max - 1).to_numpy().astype(I64)[m]
+    t = np.concatenate([first, last + 1])
+    d = np.concatenate([b, -b])
+    o = np.lexsort((d, t))           # frees before allocations at the same launch
+    return int(max(np.cumsum(d[o]).max(), 0))
+
+
+def allocation_bounds(trace: T.Trace) -> tuple[np.ndarray, np.ndarray]:
+    """A trace's allocations as (start, end) byte addresses."""
+    A = trace.allocations
+    a = A.column(T.ADDRESS).to_numpy().astype(I64)
+    return a, a + A.column(T.BYTES).to_numpy().astype(I64)
+
+
 def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, profile,
                    timeslice_s: float = 0.010, need_alloc: bool = True,
                    extra_fps: list[list[F.Footprints]] | None = None) -> Workload:
@@ -466,10 +585,13 @@ def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, prof
             _, s, e = unit_intervals(fp, gran)
             ivs.append((s, e))
         per_task.append(ivs)
-    uni = Universe(per_task, gran, eviction_unit)
+    uni = Universe(per_task, gran, eviction_unit, [allocation_bounds(t.trace) for t in tasks])
     step_task, step_launch = schedule([t.compute_s for t in tasks], timeslice_s)
     fp_bytes = sum(t.truth.union_pages() * t.trace.page_size for t in tasks)
     w = Workload(tasks, gran, eviction_unit, uni, step_task, step_launch, Needs(np.zeros(1, I64), np.zeros(0, I64)),
-                 int(fp_bytes))
+                 int(fp_bytes), managed_bytes=sum(managed_bytes(t.trace) for t in tasks))
     w.truth = w.needs_from([t.truth for t in tasks])
+    pages = gather_steps([unit_page_counts(t.truth, gran) for t in tasks], step_task, step_launch).unit
+    if len(pages) == len(w.truth.unit):
+        w.truth.pages = pages
     return w

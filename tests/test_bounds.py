@@ -285,7 +285,9 @@ def test_within_a_replay_no_policy_is_faster_than_oracle(tmp_path):
 def test_fitted_span_narrows_only_blocks_whose_widening_is_wasted(tmp_path):
     """Launches sweep block A's first half, then read one unit of block B (a table row), then sweep
     A's second half: widened, A's launches bring the half a later launch uses (kept), B's bring
-    31 units nobody reads before they leave (narrowed back to the row)."""
+    31 units nobody reads before they leave (narrowed back to the row). Memory is taken in 2 MiB
+    chunks and holds 40 units, one chunk: each row of B evicts all of A, so the first sweep's
+    other half is gone before the second sweep (wasted, narrowed), as is the last sweep's."""
     upb = 32   # 64 KiB units per 2 MiB block
     pages_per_unit = 16
     a0, b0 = 0, 4 * upb * pages_per_unit
@@ -307,16 +309,19 @@ def test_fitted_span_narrows_only_blocks_whose_widening_is_wasted(tmp_path):
     fn = fitted_needs(g, bn, w.truth, w, prof)
     sizes = np.diff(fn.ptr)
     # the row launches are back to their own unit; the sweeps of A stay widened to the whole block,
-    # but for the last, whose other half no launch after it reads
+    # but for the first (B's row evicts A's chunk before its other half is read) and the last (no
+    # launch after it reads its other half)
     rows = np.arange(2, len(L) + 1, 3)
     assert (sizes[rows] == 1).all()
     sweeps = np.setdiff1d(np.arange(1, len(L) + 1), rows)
-    assert (sizes[sweeps[:-1]] == upb).all() and sizes[sweeps[-1]] == upb // 2
+    assert (w.universe.chunk_weight.max() == upb) and cap < 2 * upb
+    assert sizes[sweeps[0]] == upb // 2
+    assert (sizes[sweeps[1:-1]] == upb).all() and sizes[sweeps[-1]] == upb // 2
 
 
 def test_transfers_are_left_to_faults_only_where_the_next_launch_waits():
     """A plan of two one-unit transfers for launch 0; the trial run has launch 1 wait 1 ms after launch 0
-    (the copy engines behind) or not at all."""
+    (the copy engines behind), 1.5 times one unit's faults, or not at all."""
     from pagecast.replay.plan.groups import Groups
     prof = load_profile("msched-rtx5080")
     z = np.zeros(3, I64)
@@ -330,7 +335,12 @@ def test_transfers_are_left_to_faults_only_where_the_next_launch_waits():
             self.end = np.array([1e-4, 2e-4 + wait])
     left = PF.leave_to_faults(g, needs, needs, Run(1e-3), prof, prof.granularity)
     assert left is not None and len(left.pf_unit) == 0 and left.faulted == 2 and left.need_now.tolist() == [0, 0]
-    one = PF.leave_to_faults(g, needs, needs, Run(1.5 * prof.fault_time_s), prof, prof.granularity)
+    # one unit left to fault (the needs name no pages: all 16 of its 4 KiB pages fault) costs its
+    # launch a fault-buffer entry per page, its block's service and a batch: a wait of 1.5 times
+    # that has room for one of the two transfers' faults, not both
+    unit_faults = 16 * prof.fault_time_s + prof.block_service_s + prof.batch_overhead_s
+    assert prof.granularity == 16 * 4096
+    one = PF.leave_to_faults(g, needs, needs, Run(1.5 * unit_faults), prof, prof.granularity)
     assert one is not None and len(one.pf_unit) == 1 and one.faulted == 1
     assert PF.leave_to_faults(g, needs, needs, Run(0.0), prof, prof.granularity) is None
 
@@ -347,9 +357,9 @@ def test_no_policy_is_ahead_of_oracle_on_any_row_of_the_results_doc():
         if not ln.startswith("|"):
             break
         rows.append(dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")))))
-    from pagecast.datasets.registry import MIXES, WORKLOADS
+    from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES
     from pagecast.demo import OVERSUB
-    assert len(rows) == (len(WORKLOADS) + len(MIXES)) * len(OVERSUB)   # every workload and mix, each level
+    assert len(rows) == (len(DEMO_WORKLOADS) + len(MIXES)) * len(OVERSUB)   # every demo workload and mix, each level
 
     def x(v):
         return float(v.rstrip("x"))
@@ -358,3 +368,24 @@ def test_no_policy_is_ahead_of_oracle_on_any_row_of_the_results_doc():
         for p in ("alloc", "template", "swap"):
             assert x(r[p]) <= orc * 1.005, (r["workload"], r["oversub"], p)
         assert x(r["bound"]) >= orc and float(r["bound / oracle"].rstrip("%")) <= 100
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=7),
+       st.integers(1, 24))
+def test_max_resident_units_never_undercounts_the_best_chunk_choice(chunks, cap):
+    """The units the bound lets a residency hold are at least the most any choice of chunks whose
+    (capped) weights fit the capacity holds (brute force), and never more than the capacity."""
+    import itertools
+    n = np.array([min(u, w) for u, w in chunks], I64)   # a chunk holds at most its weight in units
+    wt = np.array([w for _, w in chunks], I64)
+    got = B.max_resident_units(n, wt, cap)
+    cw = np.minimum(wt, cap)
+    best = 0
+    for pick in itertools.product([0, 1], repeat=len(n)):
+        p = np.array(pick, bool)
+        if cw[p].sum() <= cap:
+            best = max(best, int(np.minimum(n[p], cw[p]).sum()))
+    assert best <= got <= cap
+    if len(set(wt.tolist())) == 1:
+        assert got == best   # one chunk size: exact

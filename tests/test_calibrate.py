@@ -31,9 +31,10 @@ class ClockedFake(FakeCuda):
     """FakeCuda with a virtual clock per stream: transfers and faults cost known times."""
 
     def __init__(self, *, fault_s=30e-6, htod=40e9, dtoh=50e9, latency=10e-6, launch=4e-6,
-                 device_bw=3e12, duplex=True, **kw):
+                 device_bw=3e12, duplex=True, block_s=0.0, batch_s=0.0, **kw):
         super().__init__(**kw)
         self.fault_s, self.htod_bw, self.dtoh_bw, self.latency = fault_s, htod, dtoh, latency
+        self.block_s, self.batch_s = block_s, batch_s   # the driver's per-block and per-batch service
         self.launch, self.device_bw, self.duplex_hw = launch, device_bw, duplex
         self.clock: dict[int, float] = {}
         self.stamps: dict[int, float] = {}
@@ -65,8 +66,14 @@ class ClockedFake(FakeCuda):
 
     def launch_touch(self, base, n, stride, stream=0):
         before = self.faults
+        was = set(self.on_gpu)
         super().launch_touch(base, n, stride, stream)
-        self.clock[stream] = self._t(stream) + self.launch + (self.faults - before) * self.fault_s
+        faults = self.faults - before
+        # the driver services a batch (up to 256 faults) once, each 2 MiB block of it once, each fault once
+        blocks = len({p * self.PAGE // (2 << 20) for p in self.on_gpu - was})
+        batches = -(-faults // 256)
+        self.clock[stream] = (self._t(stream) + self.launch + faults * self.fault_s + blocks * self.block_s
+                              + batches * self.batch_s)
 
     def launch_copy(self, dst, src, nbytes, stream=0):
         super().launch_copy(dst, src, nbytes, stream)
@@ -173,6 +180,9 @@ def test_plan_never_exceeds_a_quarter_of_free_memory(free):
     sz = C.plan_sizes(free)
     assert sz["fault_bytes"] + 2 * sz["bulk_bytes"] <= free * C.MAX_FRACTION_OF_FREE
     assert len(sz["fault_ns"]) >= 2 and len(set(sz["bulk_sizes"])) >= 2
+    # page runs stay inside one block, at most half of it; block runs fit in the fault buffer
+    assert max(sz["page_ns"]) * C.BIG_PAGE <= C.VA_BLOCK // 2
+    assert len(set(sz["block_ns"])) >= 2 and max(sz["block_ns"]) * C.VA_BLOCK <= sz["fault_bytes"]
 
 
 def test_plan_refuses_an_almost_full_gpu():
@@ -200,6 +210,35 @@ def test_measure_and_fit_recover_the_stand_ins_costs(duplex):
     assert prof.launch_overhead_s == pytest.approx(4e-6, rel=1e-6)
     assert prof.device_bandwidth == pytest.approx(3e12, rel=1e-3)
     assert prof.duplex is duplex
+
+
+def test_fit_fault_split_recovers_per_fault_block_and_batch_costs():
+    launch, fault, block, batch = 4e-6, 1.5e-6, 20e-6, 10e-6
+    pages = [[n, n, launch + batch + block + n * fault] for n in C.PAGE_NS]
+    blocks = [[n, n, launch + batch + n * (block + fault)] for n in C.BLOCK_NS]
+    sp = C.fit_fault_split(pages, blocks, launch)
+    assert sp.fault_s == pytest.approx(fault) and sp.block_s == pytest.approx(block)
+    assert sp.batch_s == pytest.approx(batch) and sp.lone_s == pytest.approx(batch + block + fault)
+    assert sp.counted
+    with pytest.raises(ProfileError, match="blocks"):   # no demand paging: flat in blocks
+        C.fit_fault_split(pages, [[n, n, 1e-3] for n in C.BLOCK_NS], launch)
+    with pytest.raises(ProfileError, match="lone"):
+        C.fit_fault_split([r for r in pages if r[0] != 1], blocks, launch)
+
+
+@pytest.mark.skipif(not C._HAS_BLOCK_FIELD, reason="this simulator's cost profile has no per-block charge")
+def test_measure_recovers_the_split_from_the_stand_in():
+    fake = ClockedFake(total=16 * GiB, free=8 * GiB, fault_s=1.5e-6, block_s=20e-6, batch_s=10e-6)
+    m = C.measure(fake, FakeMonitor(fake), repeats=2)
+    # a page run touches N big pages of one block (N faults), a block run one page of N blocks
+    assert all(f == n for n, f, _ in m.page_runs) and all(f == n for n, f, _ in m.block_runs)
+    prof = C.fit_profile(m, name="split")
+    assert prof.fault_time_s == pytest.approx(1.5e-6, rel=1e-6)
+    assert prof.block_service_s == pytest.approx(20e-6, rel=1e-6)
+    assert prof.batch_overhead_s == pytest.approx(10e-6, rel=1e-6)
+    assert "lone fault" in prof.source["batch_overhead_s"]
+    s = C.summary(prof)
+    assert s["lone_fault_us"] == pytest.approx(31.5, rel=1e-6)
 
 
 def test_measure_without_counters_fits_against_pages_touched():

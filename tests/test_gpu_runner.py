@@ -197,14 +197,15 @@ def test_residency_evicts_only_the_bytes_that_were_admitted():
     assert r.evicted_bytes == 8192 and r.resident_bytes == 10
 
 
-def test_residency_counts_bytes_not_units():
-    """Small ranges in many units fit a capacity smaller than their units' total size."""
-    r = RS.Residency(UNIT, UNIT, "fifo")
-    assert r.admit([(u * UNIT, 64 * 1024) for u in range(16)], 0) == []   # 1 MiB in 16 units
-    assert r.resident_units == 16 and r.resident_bytes == 16 * 64 * 1024
-    ev = r.admit([(100 * UNIT, UNIT // 2 + 64 * 1024)], 1)                # needs 64 KiB more than is free
-    assert ev == [(0, 64 * 1024)]                                          # the oldest unit, and only it
-    assert r.resident_bytes == UNIT
+def test_residency_counts_whole_units_as_the_driver_s_chunks():
+    """GPU memory is handed out in 2 MiB chunks: small ranges in many units take a whole unit each
+    of the capacity, however few bytes they hold."""
+    r = RS.Residency(4 * UNIT, UNIT, "fifo")
+    assert r.admit([(u * UNIT, 64 * 1024) for u in range(4)], 0) == []   # 256 KiB in 4 units: memory full
+    assert r.resident_units == 4 and r.resident_bytes == 4 * 64 * 1024
+    ev = r.admit([(100 * UNIT, 64 * 1024)], 1)                          # 64 KiB more: a fifth chunk
+    assert ev == [(0, 64 * 1024)]                                        # the oldest unit, and only it
+    assert r.resident_units == 4 and r.resident_bytes == 4 * 64 * 1024
 
 
 def test_residency_overflow_when_one_launch_exceeds_the_capacity():
@@ -224,12 +225,17 @@ def test_residency_keeps_a_guessed_footprint_larger_than_memory():
     assert r.overflows == 1 and set(r.resident) == {0, 1, 2}
 
 
-def test_residency_streams_on_the_launchs_own_bytes_not_its_units_others():
-    """A launch that fits, in units already partly resident for other launches, does not stream."""
+def test_residency_streams_on_the_launchs_own_units_not_its_bytes():
+    """A launch's size is the units (chunks) it touches: 12 KiB in three units fits three units of
+    memory, already partly resident for other launches, and streams through two."""
+    r = RS.Residency(3 * UNIT, UNIT, "fifo")
+    r.admit([U(0, 2)], 0)
+    r.admit([(0, 4096), (UNIT, 4096), (2 * UNIT, 4096)], 1)
+    assert set(r.resident) == {0, 1, 2} and r.overflows == 0
     r = RS.Residency(2 * UNIT, UNIT, "fifo")
-    r.admit([U(0, 2)], 0)                                    # memory full
-    r.admit([(0, 4096), (UNIT, 4096), (2 * UNIT, 4096)], 1)  # 12 KiB, in units holding 2 MiB each
-    assert set(r.resident) == {0, 1, 2}
+    r.admit([U(0, 2)], 0)
+    r.admit([(0, 4096), (UNIT, 4096), (2 * UNIT, 4096)], 1)
+    assert set(r.resident) == {1, 2} and r.overflows == 1   # only its last units, a capacity's worth
 
 
 @pytest.mark.parametrize("victim", ["fifo", "lru"])
@@ -456,8 +462,9 @@ def test_engine_refuses_impossible_policies():
 TB = 0x7F00_0000_0000  # trace-space base
 
 
-def oracle_trace(tmp_path, n_steps: int = 3):
-    """Two kernels alternating over two managed buffers, with truth."""
+def oracle_trace(tmp_path, n_steps: int = 3, nbytes: int = 3 * MiB):
+    """Two kernels alternating over two managed buffers of 4 MiB, each reading `nbytes` of its own,
+    with truth."""
     kernels, datas, truth = [], [], {T.LAUNCH_ID: [], T.ADDRESS: [], T.BYTES: [], T.ACCESS: []}
     for i in range(2 * n_steps):
         k = i % 2
@@ -465,7 +472,7 @@ def oracle_trace(tmp_path, n_steps: int = 3):
         datas.append(struct.pack("<QQ", TB + k * 8 * MiB, 4096))
         truth[T.LAUNCH_ID].append(i)
         truth[T.ADDRESS].append(TB + k * 8 * MiB)
-        truth[T.BYTES].append(3 * MiB)
+        truth[T.BYTES].append(nbytes)
         truth[T.ACCESS].append("read")
     n = len(kernels)
     launches = {T.LAUNCH_ID: list(range(n)), T.KERNEL: kernels, T.DEVICE: [0] * n, T.STREAM: [0] * n,
@@ -818,7 +825,9 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
 
     import pagecast.replay.gpu.driver as CI
 
-    tr = oracle_trace(tmp_path, n_steps=4)
+    # each launch reads its whole 4 MiB buffer, two 2 MiB chunks: memory is taken in chunks, so at
+    # 100% both buffers fit and at 200% they evict each other
+    tr = oracle_trace(tmp_path, n_steps=4, nbytes=4 * MiB)
     run = [BASE, BASE + 64 * MiB]
     mod = types.ModuleType("pagecast_test_oracle")
     state = {}
@@ -826,7 +835,7 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
     def launch(i):
         fake = state["fake"]
         FakeHook.current.on_launch(mk_launch(f"k{i % 2}", [run[i % 2], 4096]))
-        fake.touch(run[i % 2], 3 * MiB)
+        fake.touch(run[i % 2], 4 * MiB)
 
     mod.launch = launch
     monkeypatch.setitem(sys.modules, "pagecast_test_oracle", mod)
@@ -854,7 +863,7 @@ def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
         assert CLI_FIELDS <= set(r) and r["backend"] == "gpu" and r["repeats"] == 2
         assert r["stall_s"] is None and r["time_s"] > 0 and r["speedup_vs_demand"] > 0
     by = {(r["oversub"], r["policy"]): r for r in rows}
-    fp = 2 * 3 * MiB   # union of the truth: 3 MiB in each of the two buffers
+    fp = 2 * 4 * MiB   # union of the truth: 4 MiB in each of the two buffers
     assert by[(2.0, "demand")]["capacity_bytes"] == fp // 2
     # demand faults every page in; with its whole footprint prefetched the oracle takes no faults
     assert by[(1.0, "demand")]["faults"] > 0 and by[(1.0, "oracle")]["faults"] == 0

@@ -2,17 +2,22 @@
 property tests on small random traces: what every run must satisfy whatever the policy,
 capacity, eviction order, tree prefetcher or number of tasks.
 
-- memory: the resident count never exceeds the capacity, after every planned group and
-  every launch; the engine's bookkeeping (count, per-chunk counts, chunk list, planned
-  marks) agrees with the resident set;
+- memory: the capacity taken (each populated chunk its size, docs/cost-model.md) never
+  exceeds the capacity, after every planned group and every launch; the engine's
+  bookkeeping (capacity taken, per-chunk counts, chunk list, planned marks) agrees with the
+  resident set;
 - conservation: units moved in minus units moved out = units resident at the end (from
   empty); the summary's bytes are those units times the granularity;
-- faults: a launch faults at most once per unit it touches, and (without the tree
-  prefetcher) at least once per unit not resident when it starts; demand paging equals a
-  plain-Python model of the same rules (chunk FIFO/LRU, tree prefetcher) counter for counter;
+- faults: a launch faults a unit at most once, with one fault-buffer entry per page it
+  touches there, and (without the tree prefetcher) at least once per unit not resident when
+  it starts; batches and block services are bounded by the faults; demand paging equals a
+  plain-Python model of the driver's rules (2 MiB / 64 KiB chunks, batches of entries
+  serviced per block, the driver's/FIFO/LRU victim order, the tree prefetcher at the end of
+  each batch) counter for counter;
 - oracle: no faults when every launch fits (no tree prefetcher) but those of the transfers
-  its plan leaves to faults (which evict nothing), and, planned on units,
-  exactly the fetches of Belady on the launches' unit sets; the span it chooses is never
+  its plan leaves to faults (which evict nothing), and, planned on units, exactly the
+  fetches of Belady on the launches' unit sets where chunks are units (no fewer where
+  chunks are larger); the span it chooses is never
   slower than the unit span, nor than alloc; template with perfect predictions is oracle;
 - timing: launches run one after another, end >= start + compute, stall >= 0, time =
   compute + stall; demand's speedup_vs_demand is 1 and oracle's fraction_of_oracle is 1;
@@ -23,7 +28,7 @@ capacity, eviction order, tree prefetcher or number of tasks.
 from __future__ import annotations
 
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +50,7 @@ from pagecast.replay.costs import load_profile, replace
 from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import I64, build_workload
 
-from test_replay_sim import page_trace  # noqa: E402 - the same synthetic page traces
+from test_replay_sim import BASE, page_trace  # noqa: E402 - the same synthetic page traces
 
 PS = 4096
 PROF = load_profile("msched-rtx5080")
@@ -92,9 +97,13 @@ def check_memory(mem, w, cap, where):
     u = w.universe
     r = mem.resident
     n = int(r.sum())
-    assert mem.st[0] == n, (where, "resident count", int(mem.st[0]), n)
-    assert n <= cap, (where, "over capacity", n, cap)
-    assert (np.bincount(u.unit_chunk[r == 1], minlength=u.n_chunks) == mem.chunk_count).all(), (where, "chunks")
+    count = np.bincount(u.unit_chunk[r == 1], minlength=u.n_chunks)
+    assert (count == mem.chunk_count).all(), (where, "chunks")
+    # capacity is spent per chunk: a populated chunk takes its size (at most all of memory), and
+    # each unit beyond that one more (docs/cost-model.md, "Capacity in chunks")
+    taken = int(np.maximum(np.minimum(u.chunk_weight, cap), count)[count > 0].sum())
+    assert mem.st[0] == taken, (where, "capacity taken", int(mem.st[0]), taken)
+    assert n <= taken <= cap, (where, "over capacity", n, taken, cap)
     assert not (mem.planned.astype(bool) & ~r.astype(bool)).any(), (where, "planned but not resident")
     sent, seen, c = u.n_chunks, [], mem.nxt[u.n_chunks]
     while c != sent:
@@ -107,37 +116,44 @@ def check_memory(mem, w, cap, where):
 def run_checked(w, policy, cap, profile, options):
     """run_policy's loop (run_engine's body), checking memory after every group and launch.
     Returns the RunResult, the final Memory and, per step, how many of its units were not
-    resident when it started."""
+    resident when it started and how many pages the launch touches in those (their fault entries)."""
     ctx = R.new_context(w, cap, options, profile=profile)
     mem = R.Memory(w, cap)
     ctx.memory = mem
     groups = policy.prefetch(ctx)
+    ctx.state.pop("trial_run", None)   # run the plan here, checked, not the planner's trial
     n = w.n_steps
     has_plan = groups is not None
     if groups is None:
         groups = PG.Groups.empty(n)
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
-    lru = (policy.evict_order or options.eviction) == "lru"
-    tree = bool(options.driver_prefetch) and u.upb > 1
+    drv = R.driver_rules(policy, profile, options)
+    tree = drv.prefetch and u.upb > 1
+    pages = R.fault_entries(w)
+    sp = R.space_of(w, cap)
     missed = np.zeros(max(int(w.truth.sizes().max()) if n else 0, 1), I64)
     nu_for, next_use = None, np.zeros(1, I64)
     absent = np.zeros(n, I64)
+    absent_pages = np.zeros(n, I64)
+
+    def rules(stop):
+        return C.Rules(drv.victim_code, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, stop,
+                       int(drv.faults_per_batch))
     for i in range(n):
         pn = ctx.state.get("plan_needs")
         if pn is not None and pn is not nu_for:
             next_use, nu_for = R.next_use_of(w.truth, pn), pn
+        steps = C.Steps(w.truth.ptr, w.truth.unit, next_use, pages)
         if has_plan:
             plan = C.PlanArrays(groups.ev_ptr, groups.ev_unit, groups.pf_ptr, groups.pf_unit, groups.need_now, 0)
-            rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, False)
-            C.run_engine(i, i + 1, C.Steps(w.truth.ptr, w.truth.unit, next_use), plan, R.space_of(w), mem.state(),
-                         rules, missed, counters, C.GROUP)
+            C.run_engine(i, i + 1, steps, plan, sp, mem.state(), rules(False), missed, counters, C.GROUP)
             check_memory(mem, w, cap, ("group", i))
-        absent[i] = int((mem.resident[w.truth.of(i)] == 0).sum())
-        rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, True)
+        out = mem.resident[w.truth.of(i)] == 0
+        absent[i] = int(out.sum())
+        absent_pages[i] = int(pages[w.truth.ptr[i]:w.truth.ptr[i + 1]][out].sum())
         no_plan = C.PlanArrays(*[np.zeros(1, I64)] * 5, 0)
-        _, nm = C.run_engine(i, i + 1, C.Steps(w.truth.ptr, w.truth.unit, next_use), no_plan, R.space_of(w),
-                             mem.state(), rules, missed, counters, C.LAUNCH)
+        _, nm = C.run_engine(i, i + 1, steps, no_plan, sp, mem.state(), rules(True), missed, counters, C.LAUNCH)
         check_memory(mem, w, cap, ("launch", i))
         if policy.wants_misses and nm > 0 and i + 1 < n:
             new = policy.on_miss(ctx, i, missed[:nm])
@@ -145,27 +161,35 @@ def run_checked(w, policy, cap, profile, options):
                 groups = groups.splice(new, i + 1)
     start, end, stall = TM.run_timing(counters, R.step_compute(w), w.gran, groups, profile)
     return R.RunResult(policy.name, cap, counters, start, end, stall, R.step_compute(w),
-                       {"plan_faulted": groups.faulted}), mem, absent
+                       {"plan_faulted": groups.faulted}), mem, (absent, absent_pages)
 
 
 def check_run(w, r, mem, absent, cap, tree):
+    absent, absent_pages = absent
     c = r.counters.sum(axis=0)
     moved_in = c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]
     moved_out = c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]
     assert moved_in - moved_out == mem.resident.sum()
-    assert (r.counters[:, C.C_FAULT_IN] == r.counters[:, C.C_FAULTS]).all()
     s = R.summarize(r, w)
     assert s["htod_bytes"] == moved_in * w.gran and s["dtoh_bytes"] == moved_out * w.gran
     assert s["prefetch_bytes"] == c[C.C_PREFETCH_IN] * w.gran
+    assert (s["faults"], s["fault_batches"], s["blocks_serviced"]) == (c[C.C_FAULTS], c[C.C_BATCHES], c[C.C_BLOCKS])
     sizes = w.truth.sizes()
     assert s["thrashing_launches"] == int((sizes > cap).sum())
-    f = r.counters[:, C.C_FAULTS]
-    assert (f <= sizes).all()
+    # a launch faults a unit at most once, with one fault-buffer entry per page it touches there;
+    # every batch holds a fault, every serviced block a faulted unit, a batch at most 256 entries
+    f, fin = r.counters[:, C.C_FAULTS], r.counters[:, C.C_FAULT_IN]
+    b, blk = r.counters[:, C.C_BATCHES], r.counters[:, C.C_BLOCKS]
+    per_unit = max(w.gran // PS, 1)
+    assert (fin <= sizes).all() and (fin <= f).all() and (f <= fin * per_unit).all()
+    assert (b <= fin).all() and (b <= blk).all() and (blk <= fin).all() and (b * 256 >= f).all()
+    assert ((f > 0) == (b > 0)).all()
     if not tree:
-        # every unit not resident when its launch starts faults (the tree prefetcher may bring some in)
-        assert (f >= absent).all()
+        # every unit not resident when its launch starts faults (the tree prefetcher may bring some in),
+        # with an entry per page the launch touches in it
+        assert (fin >= absent).all() and (f >= absent_pages).all()
         quiet = r.counters[:, C.C_FAULT_DTOH] == 0
-        assert (f[quiet] == absent[quiet]).all()
+        assert (fin[quiet] == absent[quiet]).all() and (f[quiet] == absent_pages[quiet]).all()
     check_timing(r)
 
 
@@ -186,7 +210,7 @@ POLICIES = ["demand", "alloc", "oracle", "swap"]
 
 @settings(max_examples=30, **SETTINGS)
 @given(launch_lists(), GEOMETRY, st.floats(0.02, 1.0), st.integers(1, 3),
-       st.sampled_from(["fifo", "lru"]), st.booleans())
+       st.sampled_from(["driver", "fifo", "lru"]), st.booleans())
 def test_memory_conservation_faults_one_task(launches, geo, frac, n_allocs, eviction, tree):
     with tempfile.TemporaryDirectory() as d:
         tr = page_trace(Path(d) / "t.pctrace", launches, n_allocs=n_allocs)
@@ -202,7 +226,7 @@ def test_memory_conservation_faults_one_task(launches, geo, frac, n_allocs, evic
 
 @settings(max_examples=15, **SETTINGS)
 @given(st.lists(launch_lists(max_launches=14, max_span=600), min_size=2, max_size=3), GEOMETRY,
-       st.floats(0.05, 1.0), st.sampled_from([0.0, 0.012, 0.05]), st.sampled_from(["fifo", "lru"]), st.booleans())
+       st.floats(0.05, 1.0), st.sampled_from([0.0, 0.012, 0.05]), st.sampled_from(["driver", "fifo", "lru"]), st.booleans())
 def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms, eviction, tree):
     with tempfile.TemporaryDirectory() as d:
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
@@ -213,10 +237,10 @@ def test_memory_conservation_faults_several_tasks(tasks, geo, frac, timeslice_ms
         for p in POLICIES:
             r, mem, absent = run_checked(w, P.POLICIES[p](), cap, prof, opts)
             check_run(w, r, mem, absent, cap, tree and w.universe.upb > 1)
-            if p == "oracle" and not tree and (w.truth.sizes() <= cap).all():
-                # no faults but those of the transfers its plan leaves to faults, one each (it keeps
-                # their room, so they evict nothing)
-                assert r.counters[:, C.C_FAULTS].sum() <= r.extra["plan_faulted"]
+            if p == "oracle" and not tree and all(chunk_taken(w, w.truth.of(i)) <= cap for i in range(w.n_steps)):
+                # every launch fits (in chunks): no faults but those of the transfers its plan leaves
+                # to faults, one unit each (it keeps their room, so they evict nothing)
+                assert r.counters[:, C.C_FAULT_IN].sum() <= r.extra["plan_faulted"]
                 assert r.counters[:, C.C_FAULT_DTOH].sum() == 0
 
 
@@ -264,72 +288,185 @@ def test_memory_conservation_template_feedback_and_chunk_plans(tmp_path, monkeyp
 # ---- demand paging against a plain-Python model ----------------------------------------
 
 
-def reference_demand(w, cap, lru, tree, threshold):
-    """Demand paging as cost-model.md describes it, written plainly: per step, faults, units
-    faulted in, units the tree prefetcher brought in, units evicted (whole chunks, oldest
-    first: by becoming resident, or by last access under LRU -- a fault is an access)."""
-    u = w.universe
-    res, order, cnt = set(), OrderedDict(), {}
-    out = np.zeros((w.n_steps, 4), I64)
+VA_BLOCK, BIG_PAGE = 2 << 20, 64 << 10
 
-    def unit_in(v):
-        res.add(v)
-        c = int(u.unit_chunk[v])
-        if cnt.get(c, 0) == 0:
-            order[c] = None
+
+def reference_demand(launches, allocs, w, cap, order, tree, threshold, batch=256):
+    """Demand paging as docs/cost-model.md ("What is simulated", "The driver model") describes it,
+    written plainly on one task's unit keys (address // granularity), from the launches' pages and
+    the allocations (start, end) in bytes. Per step: fault entries, units faulted in, units the tree
+    prefetcher brought in, units evicted, fault batches, (batch, block) services.
+
+    - A 2 MiB VA block an allocation covers whole is one chunk of the eviction unit; one allocations
+      touch only in part is cut in 64 KiB chunks. A populated chunk takes its size of the capacity
+      (at most all of it), each unit beyond that one more.
+    - A launch visits its units in ascending order. A missing unit is a fault with one entry per
+      page the launch touches in it; entries fill batches of `batch`; a batch is serviced (each block
+      once, then the tree prefetcher around each of its faulted units still resident) when the next
+      fault does not fit, when it is full, or at the launch's end. A unit the service brought in is
+      a hit.
+    - A fault that finds no room evicts the chunk at the head of the list, whole, until it fits.
+      A chunk joins the tail when populated; `driver`: it moves to the tail on every unit brought
+      into it; `lru`: on every touch and fault; `fifo`: never.
+    - The tree prefetcher: the largest aligned power-of-two region of keys (within the 2 MiB block)
+      around the faulted unit more than `threshold` resident is filled, in ascending order, among
+      the simulated units, stopping at the first that does not fit (it never evicts)."""
+    gran = w.gran
+    ev = max(w.eviction_unit, gran)
+    upb = VA_BLOCK // gran
+    simulated = sorted(int(k) for k in w.universe.key)
+    allocs = [(int(a0), int(a1)) for a0, a1 in allocs]
+
+    def chunk_of(k):
+        blk = k * gran // VA_BLOCK * VA_BLOCK
+        whole = any(a0 <= blk and blk + VA_BLOCK <= a1 for a0, a1 in allocs)
+        part = any(a0 < blk + VA_BLOCK and blk < a1 for a0, a1 in allocs)
+        size = ev if whole or not part else max(min(BIG_PAGE, ev), gran)
+        return k * gran // size * size, size   # (the chunk's address, its size in bytes)
+
+    chunk = {k: chunk_of(k) for k in simulated}
+    block = {}
+    for k in simulated:
+        block.setdefault(k // upb, []).append(k)
+    res, lst, cnt = set(), OrderedDict(), {}
+    taken = [0]
+
+    def held(c):
+        return 0 if cnt.get(c, 0) == 0 else max(min(c[1] // gran, cap), cnt[c])
+
+    out = np.zeros((w.n_steps, 6), I64)
+
+    def fits(k):
+        c = chunk[k]
+        before = held(c)
         cnt[c] = cnt.get(c, 0) + 1
+        after = held(c)
+        cnt[c] -= 1
+        return taken[0] - before + after <= cap
 
-    for i in range(w.n_steps):
-        for x in w.truth.of(i).tolist():
-            if x in res:
-                if lru:
-                    order.move_to_end(int(u.unit_chunk[x]))
+    def bring(k):
+        c = chunk[k]
+        before = held(c)
+        if cnt.get(c, 0) == 0:
+            lst[c] = None
+        elif order == "driver":
+            lst.move_to_end(c)
+        cnt[c] = cnt.get(c, 0) + 1
+        res.add(k)
+        taken[0] += held(c) - before
+
+    def evict_head():
+        c = next(iter(lst))
+        gone = [k for k in res if chunk[k] == c]
+        res.difference_update(gone)
+        taken[0] -= held(c)
+        cnt[c] = 0
+        del lst[c]
+        return len(gone)
+
+    def service(i, faulted):
+        blocks = {k // upb for k in faulted}
+        out[i, 5] += len(blocks)
+        if not tree:
+            return
+        for x in faulted:
+            if x not in res:
                 continue
-            out[i, 0] += 1
-            while len(res) + 1 > cap and order:
-                c = next(iter(order))
-                gone = [v for v in range(u.chunk_lo[c], u.chunk_hi[c]) if v in res]
-                res.difference_update(gone)
-                del order[c]
-                cnt[c] = 0
-                out[i, 3] += len(gone)
-            unit_in(x)
+            best, size = None, 2
+            while size <= upb:
+                r0 = x - x % size
+                if sum(1 for v in block[x // upb] if r0 <= v < r0 + size and v in res) > threshold * size:
+                    best = (r0, r0 + size)
+                size *= 2
+            if best is None:
+                continue
+            for v in block[x // upb]:
+                if best[0] <= v < best[1] and v not in res:
+                    if not fits(v):
+                        break
+                    bring(v)
+                    out[i, 2] += 1
+
+    for i, pages in enumerate(launches):
+        entries = Counter((BASE + int(p) * PS) // gran for p in np.unique(pages))
+        faulted, nb = [], 0
+        for x in sorted(entries):
+            if x not in res:
+                e = entries[x]
+                assert e <= batch
+                if nb + e > batch:
+                    service(i, faulted)
+                    faulted, nb = [], 0
+            if x in res:
+                if order == "lru":
+                    lst.move_to_end(chunk[x])
+                continue
+            if nb == 0:
+                out[i, 4] += 1
+            out[i, 0] += e
+            faulted.append(x)
+            nb += e
+            while not fits(x):
+                out[i, 3] += evict_head()
+            bring(x)
+            if order == "lru":
+                lst.move_to_end(chunk[x])
             out[i, 1] += 1
-            if lru:
-                order.move_to_end(int(u.unit_chunk[x]))
-            if tree:
-                lo, hi, kx = u.block_lo[x], u.block_hi[x], int(u.key[x])
-                best, size = None, 2
-                while size <= u.upb:
-                    r0 = kx - kx % size
-                    if sum(1 for v in range(lo, hi) if r0 <= u.key[v] < r0 + size and v in res) > threshold * size:
-                        best = (r0, r0 + size)
-                    size *= 2
-                if best:
-                    for v in range(lo, hi):
-                        if best[0] <= u.key[v] < best[1] and v not in res:
-                            if len(res) + 1 > cap:
-                                break
-                            unit_in(v)
-                            out[i, 2] += 1
+            if nb >= batch:
+                service(i, faulted)
+                faulted, nb = [], 0
+        if faulted:
+            service(i, faulted)
     return out
 
 
 @settings(max_examples=40, **SETTINGS)
 @given(launch_lists(max_launches=20, max_span=900), GEOMETRY, st.floats(0.02, 1.0),
-       st.sampled_from(["fifo", "lru"]), st.booleans())
-def test_demand_equals_reference_model(launches, geo, frac, eviction, tree):
+       st.sampled_from(["driver", "fifo", "lru"]), st.booleans(), st.integers(1, 3))
+def test_demand_equals_reference_model(launches, geo, frac, eviction, tree, n_allocs):
     with tempfile.TemporaryDirectory() as d:
-        tr = page_trace(Path(d) / "t.pctrace", launches)
+        tr = page_trace(Path(d) / "t.pctrace", launches, n_allocs=n_allocs)
         w, prof = workload([tr], *geo)
         cap = capacity(w, frac)
         r = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction=eviction, driver_prefetch=tree))
-        got = r.counters[:, [C.C_FAULTS, C.C_FAULT_IN, C.C_TREE_IN, C.C_FAULT_DTOH]]
-        exp = reference_demand(w, cap, eviction == "lru", tree and w.universe.upb > 1, prof.prefetch_threshold)
+        got = r.counters[:, [C.C_FAULTS, C.C_FAULT_IN, C.C_TREE_IN, C.C_FAULT_DTOH, C.C_BATCHES, C.C_BLOCKS]]
+        A = tr.allocations
+        a0 = A.column(T.ADDRESS).to_numpy().astype(np.int64)
+        allocs = list(zip(a0.tolist(), (a0 + A.column(T.BYTES).to_numpy()).tolist()))
+        exp = reference_demand(launches, allocs, w, cap, eviction, tree, prof.prefetch_threshold,
+                               prof.faults_per_batch)
+        event(f"faulted in {int(got[:, 1].sum() > 0)}, evicted {int(got[:, 3].sum() > 0)}, "
+              f"tree {int(got[:, 2].sum() > 0)}, batches > launches {int(got[:, 4].sum() > len(launches))}")
         np.testing.assert_array_equal(got, exp)
 
 
+def test_demand_equals_reference_model_where_victim_orders_differ():
+    """Chunks of 8 pages, memory for two: launch 0 populates chunks A and B, launch 1 brings a
+    page into A, launch 2 needs a third chunk. The driver's order (A moved to the tail by the
+    migration) and LRU evict B, so launch 3 faults B's page again; FIFO evicts A."""
+    L = [np.array([0, 8]), np.array([1]), np.array([16]), np.array([8])]
+    with tempfile.TemporaryDirectory() as d:
+        tr = page_trace(Path(d) / "t.pctrace", L, top=4096)
+        w, prof = workload([tr], PS, 8 * PS)
+        allocs = [(BASE, BASE + 4096 * PS)]
+        want = {"driver": [2, 1, 1, 1], "fifo": [2, 1, 1, 0], "lru": [2, 1, 1, 1]}
+        for ev, faults in want.items():
+            r = R.run_policy(w, P.Demand(), 16, prof, P.Options(eviction=ev, driver_prefetch=False))
+            got = r.counters[:, [C.C_FAULTS, C.C_FAULT_IN, C.C_TREE_IN, C.C_FAULT_DTOH, C.C_BATCHES, C.C_BLOCKS]]
+            np.testing.assert_array_equal(got, reference_demand(L, allocs, w, 16, ev, False, 0.51))
+            assert got[:, 0].tolist() == faults, ev
+
+
 # ---- oracle and template ---------------------------------------------------------------
+
+
+def chunk_taken(w, units, cap=None):
+    """What a set of units takes of memory when resident together: each of their chunks its size
+    in units (at most `cap`), or the units of it when more (docs/cost-model.md, "Capacity in chunks")."""
+    u = w.universe
+    ch, n = np.unique(u.unit_chunk[np.asarray(units, I64)], return_counts=True)
+    wt = u.chunk_weight[ch] if cap is None else np.minimum(u.chunk_weight[ch], cap)
+    return int(np.maximum(wt, n).sum())
 
 
 def reference_belady(steps, cap):
@@ -452,32 +589,44 @@ def test_span_needs(tasks, geo, n_allocs):
 
 
 @settings(max_examples=40, **SETTINGS)
-@given(launch_lists(max_launches=30, max_span=900), GEOMETRY, st.floats(0.0, 1.0), st.sampled_from(["fifo", "lru"]))
+@given(launch_lists(max_launches=30, max_span=900), GEOMETRY, st.floats(0.0, 1.0), st.sampled_from(["driver", "fifo", "lru"]))
 def test_oracle_is_belady_when_every_launch_fits(launches, geo, frac, eviction):
     with tempfile.TemporaryDirectory() as d:
         tr = page_trace(Path(d) / "t.pctrace", launches)
         w, prof = workload([tr], *geo)
-        mx, U = int(w.truth.sizes().max()), w.universe.n_units
+        # every launch fits: what its chunks take of memory (chunk_taken), not its unit count
+        mx = max(chunk_taken(w, w.truth.of(i)) for i in range(w.n_steps))
+        U = chunk_taken(w, np.arange(w.universe.n_units))
         cap = mx + int(round(frac * (U - mx)))
         opts = P.Options(eviction=eviction, driver_prefetch=False)
         r = R.run_policy(w, unit_oracle(), cap, prof, opts)
         c = r.counters.sum(axis=0)
         assert c[C.C_FAULTS] == 0 and c[C.C_FAULT_DTOH] == 0 and c[C.C_TREE_IN] == 0
-        assert c[C.C_PREFETCH_IN] == reference_belady([w.truth.of(i).tolist() for i in range(w.n_steps)], cap)
+        steps = [w.truth.of(i).tolist() for i in range(w.n_steps)]
+        if (w.universe.chunk_weight == 1).all():
+            # chunks of one unit: exactly Belady's fetches
+            assert c[C.C_PREFETCH_IN] == reference_belady(steps, cap)
+        else:
+            # larger chunks: the plan never holds more than `cap` units, so it fetches at least what
+            # Belady does holding `cap` units (which of two dead units it evicts first now matters:
+            # only one of them may free a chunk, so there is no exact peer)
+            assert c[C.C_PREFETCH_IN] >= reference_belady(steps, cap)
+            event("chunks larger than a unit")
+            return
         if (w.truth.sizes() <= 1).all():
             # one unit per launch: Belady moves no more than any demand paging. Not in general: oracle
             # keeps each launch's whole set resident together, demand may evict a unit the launch has
             # already used (64 KiB units and chunks, capacity 4, FIFO, no tree prefetcher, launches
             # [1] [1,2] [4] [4] [0,1,2,3] [2,3] [2] [2,3] [0,2,3,4] [3,4] [2,3] [2,3]: demand moves 5
             # units, oracle 6 -- it keeps 1 through [0,1,2,3] and refetches 4)
-            for ev in ("fifo", "lru"):
+            for ev in ("driver", "fifo", "lru"):
                 dm = R.run_policy(w, P.Demand(), cap, prof, P.Options(eviction=ev, driver_prefetch=False))
                 assert c[C.C_PREFETCH_IN] <= dm.counters[:, C.C_FAULT_IN].sum()
 
 
 @settings(max_examples=20, **SETTINGS)
 @given(st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=1).map(np.array), min_size=1, max_size=150),
-       st.integers(1, 60), st.sampled_from(["fifo", "lru"]))
+       st.integers(1, 60), st.sampled_from(["driver", "fifo", "lru"]))
 def test_oracle_moves_no_more_than_demand_on_single_unit_launches(launches, cap, eviction):
     with tempfile.TemporaryDirectory() as d:
         tr = page_trace(Path(d) / "t.pctrace", launches)
@@ -503,7 +652,7 @@ class PerfectTemplate(P.Template):
 
 @settings(max_examples=15, **SETTINGS)
 @given(st.lists(launch_lists(max_launches=14, max_span=600), min_size=1, max_size=2), GEOMETRY,
-       st.floats(0.05, 1.0), st.sampled_from(["fifo", "lru"]), st.booleans(), st.booleans())
+       st.floats(0.05, 1.0), st.sampled_from(["driver", "fifo", "lru"]), st.booleans(), st.booleans())
 def test_template_with_perfect_predictions_is_oracle(tasks, geo, frac, eviction, tree, feedback):
     with tempfile.TemporaryDirectory() as d:
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
@@ -632,13 +781,18 @@ class OnlineTruth(P.Policy):
 
     def on_launch(self, ctx, step):
         self.launches.append(step)
-        need = ctx.w.truth.of(step)
-        res = ctx.memory.resident
-        held = np.flatnonzero(res)
-        over = len(held) + int((res[need] == 0).sum()) - ctx.cap_units
-        # room first: units this launch does not touch, lowest ids first
-        ev = held[~np.isin(held, need)][:max(over, 0)]
-        return ev, need
+        w, cap = ctx.w, ctx.cap_units
+        need = w.truth.of(step)
+        held = np.flatnonzero(ctx.memory.resident)
+        # room first: whole chunks this launch does not touch, lowest ids first, until its units fit
+        # (memory is handed out in chunks)
+        chunk = w.universe.unit_chunk
+        keep = held
+        for c in np.setdiff1d(chunk[held], chunk[need]):
+            if chunk_taken(w, np.union1d(keep, need), cap) <= cap:
+                break
+            keep = keep[chunk[keep] != c]
+        return np.setdiff1d(held, keep), need
 
     def on_evict(self, ctx, step, evicted):
         self.evicted.append((step, evicted.copy()))
@@ -663,7 +817,8 @@ def test_per_launch_hooks(tasks, geo, frac, tree):
     with tempfile.TemporaryDirectory() as d:
         trs = [page_trace(Path(d) / f"t{k}.pctrace", L, name=f"t{k}") for k, L in enumerate(tasks)]
         w, prof = workload(trs, *geo, timeslice_s=2e-5)
-        mx, U = int(w.truth.sizes().max()), w.universe.n_units
+        mx = max(chunk_taken(w, w.truth.of(i)) for i in range(w.n_steps))
+        U = chunk_taken(w, np.arange(w.universe.n_units))
         cap = max(mx + int(round(frac * (U - mx))), 1)
         opts = P.Options(driver_prefetch=tree)
         pol = OnlineTruth()
@@ -788,13 +943,14 @@ def test_a_sweep_larger_than_memory_leaves_the_tree_prefetcher_room_under_a_plan
     assert oracle.end[-1] < 0.75 * demand.end[-1]
 
 
-@pytest.mark.parametrize("name,scale,oversub,front_wins", [("stream", 0.05, 2.0, True), ("mlp-train", 0.2, 1.5, False)])
+@pytest.mark.parametrize("name,scale,oversub,front_wins", [("stream", 0.05, 2.0, True), ("mlp-train", 0.1, 1.5, False)])
 def test_the_planner_brings_a_large_launchs_front_in_first_only_where_that_runs_faster(tmp_path, name, scale,
                                                                                      oversub, front_wins):
     """Launches larger than memory: the plan can bring each one's first units in before it, in
     place of those it needs last (bulk transfers for the faults its sweep would take; STREAM's
-    triads gain), but that moves units Belady would not (mlp-train at 150% loses): the planner
-    runs both plans and keeps the faster, and oracle is that run."""
+    triads gain), but that moves units Belady would not (mlp-train at scale 0.1 and 150% loses:
+    0.0824 s against 0.0819 s with the driver model; at scale 0.2 it now gains): the planner runs
+    both plans and keeps the faster, and oracle is that run."""
     from pagecast.datasets.registry import make_trace
     from pagecast.replay.sim.sweep import capacities_for
     tr = T.read_trace(make_trace(name, tmp_path / "t.pctrace", scale=scale, seed=3))

@@ -11,7 +11,7 @@ import pytest
 from pagecast.replay.online import residency as RS
 from pagecast.replay.online import residency_kernels as RK
 from pagecast.replay.online.period import PeriodTracker
-from pagecast.replay.online.ranges import UNIT, front, merge_ranges, units_of
+from pagecast.replay.online.ranges import UNIT, front_units, merge_ranges, units_of
 from pagecast.replay.online.unit_residency import UnitResidency
 
 TINY = {RK.R_SLOTS: 2, RK.R_HASH: 4, RK.R_POOL: 2, RK.R_LOG: 4, RK.R_IO: 1, RK.R_SCR: 8}
@@ -41,8 +41,8 @@ class Belady:
 
 def reference_step(ref, seq, want, est, t, known, streams_front):
     """LaunchDecider's capacity branch on the reference objects."""
-    if known and streams_front and sum(n for _, n in merge_ranges(est)) > ref.capacity:
-        pf = ref.missing(front(want, ref.capacity))
+    if known and streams_front and len(units_of(est, UNIT)) > ref.capacity_units:   # memory in whole units
+        pf = ref.missing(front_units(want, ref.capacity_units, UNIT))
     else:
         pf = ref.missing(want)
     admitted = merge_ranges(list(est) + list(want))
@@ -187,8 +187,9 @@ def test_many_resident_units_few_outputs(victim):
     scorer = Far() if victim == "belady" else None
     det = RS.PeriodDetector(min_match=4, search_every=1)
     seq = RS.SequenceNextUse(det) if victim == "next-use" else None
-    ref = RS.Residency(300 * 4096, UNIT, victim, seq or scorer)
-    new = UnitResidency(300 * 4096, UNIT, victim, scorer).warm()
+    # a page in each unit, each unit taking its whole 2 MiB of the capacity (memory in chunks)
+    ref = RS.Residency(300 * UNIT, UNIT, victim, seq or scorer)
+    new = UnitResidency(300 * UNIT, UNIT, victim, scorer).warm()
     for t in range(1500):
         u = rng.randrange(400) if t % 3 else t % 350
         want = [(u * UNIT, 4096)]

@@ -10,10 +10,23 @@ Experiments (all sized from `cuMemGetInfo` free memory, never more than a
 quarter of it, so the GPU is never oversubscribed):
 - cost per fault: a kernel touching N pages, one word per 64 KiB (the driver's
   big page, so one fault each), on managed memory that was moved to the host
-  first, for several N; fault_time_s is the slope of kernel time against the
-  GPU page faults CUPTI counted (against N when the counters are unavailable).
-  The driver's tree prefetcher may bring in the rest of a 2 MiB block once half
-  of it is resident; counting faults rather than N keeps the slope per fault.
+  first, for several N; the slope of kernel time against the GPU page faults
+  CUPTI counted (against N when the counters are unavailable). The driver's tree
+  prefetcher may bring in the rest of a 2 MiB block once half of it is resident;
+  counting faults rather than N keeps the slope per fault. This is the whole
+  per-fault cost a profile without `block_service_s` charges.
+- the fault path split three ways (the driver services a batch of faults once,
+  then each 2 MiB VA block of it once, then each fault's pages; docs/cost-model.md):
+  * page runs: N big pages (64 KiB apart) of ONE 2 MiB block, N = 1, 2, 4, 8, 16
+    (at most half the block, so the tree prefetcher adds nothing); the slope of
+    time against faults is the marginal cost of one more fault in a block being
+    serviced (`fault_time_s`);
+  * block runs: one word in each of N different 2 MiB blocks; the slope against N
+    is one block's service plus its one fault (`block_service_s` + `fault_time_s`);
+  * the lone fault (the page run with N = 1) less the launch overhead is one batch,
+    one block and one fault; what is left after the two slopes is the per-batch
+    cost (`batch_overhead_s`). A block run's faults may reach the driver in more
+    than one batch; that share of batch cost lands in the block slope (documented).
 - bulk prefetch bandwidth, each way: `cuMemPrefetchAsync` of several sizes;
   bandwidth is 1 / slope of time against bytes, transfer latency the intercept.
 - overlap: one buffer evicted to the host on one stream while another is
@@ -34,11 +47,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pagecast.errors import ProfileError
-from pagecast.uvm import BIG_PAGE
+from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 from ..costs import CostProfile, load_profile, profile_from_dict
 
 FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
+PAGE_NS = (1, 2, 4, 8, 16)               # big pages of one 2 MiB block per page run (<= half the block)
+BLOCK_NS = (8, 32, 64, 128)              # 2 MiB blocks touched once each per block run
 REPEATS = 3
 DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
 MAX_FRACTION_OF_FREE = 0.25
@@ -52,6 +67,8 @@ class Measurements:
 
     device: dict = field(default_factory=dict)
     fault_runs: list = field(default_factory=list)   # [touched pages, faults counted or None, seconds]
+    page_runs: list = field(default_factory=list)    # [big pages of one block, faults counted or None, seconds]
+    block_runs: list = field(default_factory=list)   # [blocks touched once each, faults counted or None, seconds]
     htod: list = field(default_factory=list)         # [bytes, seconds]
     dtoh: list = field(default_factory=list)         # [bytes, seconds]
     duplex: list | None = None                       # [htod bytes, dtoh bytes, seconds] both at once
@@ -102,6 +119,45 @@ def fit_faults(runs: Sequence[Sequence]) -> tuple[float, float, float, str]:
         raise ProfileError(f"kernel time did not grow with the number of faults (slope {slope:.3g} s/fault);"
                            " demand paging may be off (is this memory really managed?)")
     return slope, icpt, r2, "GPU page faults counted by CUPTI" if counted else "pages touched (no CUPTI counts)"
+
+
+@dataclass(frozen=True)
+class FaultSplit:
+    """The fault path's three costs, in seconds (see the module doc)."""
+
+    fault_s: float         # one more fault in a block being serviced
+    block_s: float         # one more 2 MiB block serviced in a batch
+    batch_s: float         # one more batch (the lone fault less one block and one fault)
+    lone_s: float          # one lone fault: batch + block + fault
+    page_r2: float
+    block_r2: float
+    counted: bool          # x was CUPTI's fault count (else pages or blocks touched)
+
+
+def _runs_xy(runs: Sequence[Sequence], what: str) -> tuple[list[float], list[float], bool]:
+    if not runs:
+        raise ProfileError(f"no {what} measurements")
+    counted = all(r[1] is not None and r[1] > 0 for r in runs)
+    return [float(r[1] if counted else r[0]) for r in runs], [float(r[2]) for r in runs], counted
+
+
+def fit_fault_split(page_runs: Sequence[Sequence], block_runs: Sequence[Sequence], launch_s: float) -> FaultSplit:
+    """Per-fault, per-block and per-batch costs from page runs, block runs and the launch overhead."""
+    xs, ys, pc = _runs_xy(page_runs, "page-run")
+    fault_s, _icpt, page_r2 = linear_fit(xs, ys)
+    bx, by, bc = _runs_xy(block_runs, "block-run")
+    per_block, _bicpt, block_r2 = linear_fit(bx, by)
+    if not per_block > 0:
+        raise ProfileError(f"kernel time did not grow with the blocks touched (slope {per_block:.3g} s/block);"
+                           " demand paging may be off (is this memory really managed?)")
+    ones = [float(r[2]) for r in page_runs if int(r[0]) == 1]
+    if not ones:
+        raise ProfileError("no lone-fault measurement (a page run of one page)")
+    lone = max(0.0, statistics.median(ones) - launch_s)
+    fault_s = max(0.0, fault_s)
+    block_s = max(0.0, per_block - fault_s)
+    batch_s = max(0.0, lone - block_s - fault_s)
+    return FaultSplit(fault_s, block_s, batch_s, lone, page_r2, block_r2, pc and bc)
 
 
 def fit_bandwidth(points: Sequence[Sequence], what: str) -> tuple[float, float, float]:
@@ -169,9 +225,26 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
              htod_bandwidth=h_bw, dtoh_bandwidth=d_bw, duplex=bool(duplex), pipelined_bandwidth=pipelined,
              transfer_latency_s=latency, launch_overhead_s=max(0.0, launch), device_bandwidth=bw,
              charges=True, source=src)
+    if m.page_runs and m.block_runs and _HAS_BLOCK_FIELD:
+        sp = fit_fault_split(m.page_runs, m.block_runs, launch if m.launch_s else 0.0)
+        x = "GPU page faults counted by CUPTI" if sp.counted else "pages touched (no CUPTI counts)"
+        pn = sorted({int(r[0]) for r in m.page_runs})
+        bn = sorted({int(r[0]) for r in m.block_runs})
+        d.update(fault_time_s=sp.fault_s, block_service_s=sp.block_s, batch_overhead_s=sp.batch_s)
+        src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {x}, touching N = {pn} big pages of one"
+                               f" 2 MiB block of host-resident managed memory (r^2 = {sp.page_r2:.3f})")
+        src["block_service_s"] = (f"calibrate on {dev}: slope of kernel time vs {x} touching one word in each of"
+                                  f" N = {bn} 2 MiB blocks (r^2 = {sp.block_r2:.3f}), less fault_time_s")
+        src["batch_overhead_s"] = (f"calibrate on {dev}: one lone fault ({sp.lone_s * 1e6:.2f} us: a one-page kernel"
+                                   " less the launch overhead) less block_service_s and fault_time_s")
+        d["source"] = src
     prof = profile_from_dict(d, f"calibrated profile {name}")
     assert isinstance(prof, CostProfile)
     return prof
+
+
+# Whether this simulator's cost profile charges a per-block service (the driver model's field).
+_HAS_BLOCK_FIELD = "block_service_s" in CostProfile.__dataclass_fields__
 
 
 # ---------------------------------------------------------------------------
@@ -198,8 +271,14 @@ def plan_sizes(free: int, fault_ns: Sequence[int] = FAULT_NS) -> dict:
     # two bulk buffers (duplex needs both at once); each at most 1 GiB
     bulk = min(2**30, budget // 4)
     bulk -= bulk % (2 * 2**20)
-    return {"fault_ns": ns, "fault_bytes": max(ns) * BIG_PAGE, "bulk_bytes": bulk,
-            "bulk_sizes": sorted({bulk // 16, bulk // 4, bulk})}
+    fault_bytes = max(ns) * BIG_PAGE
+    # block runs touch one word per 2 MiB block of the same buffer
+    blocks = fault_bytes // VA_BLOCK
+    bns = [n for n in BLOCK_NS if n <= blocks] or [blocks]
+    if len(bns) < 2:
+        bns = sorted({max(1, bns[0] // 4), bns[0]})
+    return {"fault_ns": ns, "fault_bytes": fault_bytes, "bulk_bytes": bulk,
+            "bulk_sizes": sorted({bulk // 16, bulk // 4, bulk}), "page_ns": list(PAGE_NS), "block_ns": bns}
 
 
 def settled_faults(monitor, quiet_s: float | None = None, timeout_s: float | None = None,
@@ -274,6 +353,17 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
                     faults = after - before
                 m.fault_runs.append([n, faults, s])
                 step()
+        # -- the fault path split: pages of one block, one page of many blocks --------
+        for _ in range(repeats):
+            for kind, ns, stride in (("page", sz["page_ns"], BIG_PAGE), ("block", sz["block_ns"], VA_BLOCK)):
+                for n in ns:
+                    cuda.prefetch_to_host(fb, sz["fault_bytes"], stream)
+                    cuda.synchronize()
+                    before = monitor.poll().faults if monitor is not None else None
+                    s = timed(lambda: cuda.launch_touch(fb, n, stride, stream))
+                    faults = (monitor.poll().faults - before) if monitor is not None else None
+                    (m.page_runs if kind == "page" else m.block_runs).append([n, faults, s])
+            step()
         # -- launch overhead on resident memory ---------------------------------
         cuda.prefetch_to_gpu(fb, BIG_PAGE, stream)
         cuda.synchronize()
@@ -336,7 +426,7 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
 
 def steps(repeats: int = REPEATS, n_fault_sizes: int = len(FAULT_NS)) -> int:
     """How many progress steps measure() reports."""
-    return repeats * n_fault_sizes + 1 + repeats + 1 + 1
+    return repeats * n_fault_sizes + repeats + 1 + repeats + 1 + 1
 
 
 def summary(profile) -> dict:
@@ -344,6 +434,10 @@ def summary(profile) -> dict:
     return {
         "name": profile.name, "description": profile.description,
         "fault_time_us": profile.fault_time_s * 1e6,
+        "block_service_us": getattr(profile, "block_service_s", 0.0) * 1e6,
+        "batch_overhead_us": profile.batch_overhead_s * 1e6,
+        "lone_fault_us": (profile.fault_time_s + getattr(profile, "block_service_s", 0.0)
+                          + profile.batch_overhead_s) * 1e6,
         "htod_GBps": profile.htod_bandwidth / 1e9, "dtoh_GBps": profile.dtoh_bandwidth / 1e9,
         "duplex": profile.duplex, "pipelined_GBps": profile.pipelined_bandwidth / 1e9,
         "transfer_latency_us": profile.transfer_latency_s * 1e6,

@@ -12,7 +12,9 @@ class CalibrateCommand(Command):
     help = "measure fault cost and bulk bandwidth on the GPU, write a cost profile for the simulator"
     description = (
         "Measure, on this machine's GPU, the cost of one GPU page fault (a kernel touching N pages,\n"
-        "one per 64 KiB, under demand paging, for several N), the bulk prefetch bandwidth each way,\n"
+        "one per 64 KiB, under demand paging, for several N) split into its per-fault, per-2 MiB-block\n"
+        "and per-batch parts (N pages of one block; one page of each of N blocks; a lone fault),\n"
+        "the bulk prefetch bandwidth each way,\n"
         "whether eviction and population overlap (two streams), the launch overhead and the device\n"
         "bandwidth, and write a cost profile that 'pagecast replay --backend sim --costs PROFILE.json'\n"
         "loads. Takes well under a minute; never allocates more than a quarter of the free GPU memory.\n"
@@ -68,7 +70,10 @@ class CalibrateCommand(Command):
             t = Table(title=f"cost profile {name}: {profile.description}")
             t.add_column("quantity")
             t.add_column("value", justify="right")
-            t.add_row("GPU page fault", f"{s['fault_time_us']:.2f} us")
+            t.add_row("GPU page fault (lone)", f"{s['lone_fault_us']:.2f} us")
+            t.add_row("  one more fault in a block", f"{s['fault_time_us']:.2f} us")
+            t.add_row("  one more 2 MiB block in a batch", f"{s['block_service_us']:.2f} us")
+            t.add_row("  one more batch", f"{s['batch_overhead_us']:.2f} us")
             t.add_row("prefetch host -> device", f"{s['htod_GBps']:.1f} GB/s")
             t.add_row("prefetch device -> host", f"{s['dtoh_GBps']:.1f} GB/s")
             t.add_row("eviction and population overlap", "yes" if s["duplex"] else "no")

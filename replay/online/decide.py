@@ -25,14 +25,15 @@ Capacity emulation
 A capacity emulates a smaller GPU without oversubscribing the real one: the
 decider keeps a residency estimate (`unit_residency.UnitResidency`, in arrays,
 one compiled call per launch; `residency.Residency` is its Python reference: the
-bytes it believes are on the GPU, grouped in 2 MiB units) and, before a launch whose
-estimated footprint would not fit, names victim units to move to the host. A
+bytes it believes are on the GPU, grouped in 2 MiB units, each unit with a resident byte
+taking its whole size of the capacity, as the driver's 2 MiB chunks do) and, before a launch
+whose estimated footprint would not fit, names victim units to move to the host. A
 launch's estimated footprint is, in order of preference: the relocated
 footprint from a matching trace, the model's prediction, or the whole
 allocations its pointer arguments land in; what the policy prefetches is added
 to it. A launch whose known footprint is larger than the capacity streams
 through memory: a policy with `streams_front` (template, oracle) prefetches
-only its first capacity's worth (address order). Victims follow the policy's
+only its first capacity's worth of units (address order). Victims follow the policy's
 `victims` rule (residency.py).
 """
 
@@ -47,7 +48,7 @@ from pagecast.errors import UsageError
 import numpy as np
 
 from .period import PeriodTracker
-from .ranges import UNIT, AllocationMap, allocation_ranges, front, merge_ranges, units_of
+from .ranges import UNIT, AllocationMap, allocation_ranges, front_units, merge_ranges, units_of
 from . import residency_kernels as RK
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
@@ -203,12 +204,12 @@ class LaunchDecider:
             # already-resident part must be admitted too, or its units could be chosen as victims.
             want = prefetch
             estimate, known = self._estimate(view, want)
-            if known and self.policy.streams_front and sum(n for _, n in merge_ranges(estimate)) > res.capacity:
+            if known and self.policy.streams_front and len(units_of(estimate, self.unit)) > res.capacity_units:
                 # a launch larger than memory streams through it: bring in only its first capacity's
                 # worth (address order, as the residency estimate has it sweep), which it uses
                 # before faulting and which its faults then evict; prefetching all of it would
                 # leave only its last part resident, evicted by its first faults before use
-                prefetch = res.missing(front(want, res.capacity))
+                prefetch = res.missing(front_units(want, res.capacity_units, self.unit))
             else:
                 prefetch = res.missing(want)
             admitted = merge_ranges(list(estimate) + list(want))

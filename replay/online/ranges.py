@@ -59,6 +59,28 @@ def front(ranges: Iterable[tuple[int, int]], nbytes: int) -> list[tuple[int, int
     return out
 
 
+def front_units(ranges: Iterable[tuple[int, int]], n_units: int, unit: int = UNIT) -> list[tuple[int, int]]:
+    """The part of `ranges` (merged, address order) in their first `n_units` units: a launch's
+    first capacity's worth when memory is taken in whole units."""
+    out: list[tuple[int, int]] = []
+    seen, last = 0, -1
+    for a, n in merge_ranges(ranges):
+        e, x, cut = a + n, a, a + n
+        while x < e:
+            u = x // unit
+            if u != last:
+                if seen >= n_units:
+                    cut = x
+                    break
+                seen, last = seen + 1, u
+            x = (u + 1) * unit
+        if cut > a:
+            out.append((a, cut - a))
+        if cut < e:
+            break
+    return out
+
+
 def units_of(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> set[int]:
     s: set[int] = set()
     for a, n in ranges:

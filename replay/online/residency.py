@@ -177,9 +177,12 @@ class Residency:
 
     `admit(ranges, t)` makes room for a launch's ranges and records them as
     resident; it returns the byte ranges to evict first (to the host). The
-    capacity is counted in resident bytes (as `--oversub` divides a footprint
-    counted in pages); victims are whole units (the driver evicts 2 MiB
-    chunks). The launch's own units are never victims; when its own bytes
+    capacity is counted in whole units, as the driver hands GPU memory out in
+    2 MiB chunks (a VA block's first resident page takes its whole chunk; the
+    simulator's uvm_driver.room_for): a unit with any resident byte takes its
+    whole size. (An allocation's partial last block takes 64 KiB chunks in the
+    driver; the estimate counts it whole too, which can only leave room unused.)
+    `resident_bytes` still reports the bytes held. Victims are whole units. The launch's own units are never victims; when its own bytes
     alone exceed the capacity everything else is evicted, the launch counts
     as an overflow (the driver thrashes inside the kernel) and, when the ranges
     are a prediction rather than a guess, only its last units, a capacity's
@@ -198,6 +201,7 @@ class Residency:
         self.capacity = max(1, int(capacity_bytes))
         self.capacity_units = max(1, self.capacity // unit)
         self.unit = unit
+        self.charge = min(unit, self.capacity)   # what a resident unit takes (a chunk larger than memory: all)
         self.victim = victim
         self.next_use = next_use
         self.resident: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
@@ -260,9 +264,10 @@ class Residency:
                 m = merge_ranges((have or []) + rs)
                 b = sum(n for _, n in m)
             merged[u] = (m, b)
-            growth += b - self._bytes.get(u, 0)
-            own += b
-        over = self.resident_bytes + growth - self.capacity
+            # memory is taken in chunks: a unit takes its whole size while any byte of it is resident
+            growth += 0 if u in self.resident else self.charge
+            own += self.charge
+        over = len(self.resident) * self.charge + growth - self.capacity
         victims: list[int] = []
         if over > 0:
             victims = self._victims(set(parts), over, t)
@@ -272,7 +277,7 @@ class Residency:
         for u in victims:
             out.extend(self.resident.pop(u))
             self.resident_bytes -= self._bytes.pop(u)
-        launch = sum(mine.values())
+        launch = len(mine) * self.charge
         if launch > self.capacity and streams:
             # the launch streams through memory: the driver's fault path evicts as it goes, so
             # what stays is the launch's last units (in address order, as a sweep leaves them),
@@ -284,7 +289,7 @@ class Residency:
                 if u in self.resident:
                     self.resident_bytes -= self._bytes.pop(u)
                     del self.resident[u]
-                launch -= mine[u]
+                launch -= self.charge
         for u, (m, b) in merged.items():
             if u in self.resident:
                 self.resident[u] = m
@@ -300,7 +305,8 @@ class Residency:
         return out
 
     def _victims(self, need: set[int], over: int, t: int) -> list[int]:
-        """Units to evict, in victim order, until `over` bytes are freed (or nothing else is left)."""
+        """Units to evict, in victim order, until `over` bytes are freed, each unit its whole size
+        (or nothing else is left)."""
         cands: Iterable[int] = (u for u in self.resident if u not in need)
         out, freed = [], 0
         if self.victim not in ("fifo", "lru"):
@@ -311,11 +317,11 @@ class Residency:
             while scored and freed < over:
                 u = heapq.heappop(scored)[1]
                 out.append(u)
-                freed += self._bytes[u]
+                freed += self.charge
             return out
         for u in cands:
             out.append(u)
-            freed += self._bytes[u]
+            freed += self.charge
             if freed >= over:
                 break
         return out

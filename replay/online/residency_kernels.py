@@ -462,11 +462,26 @@ def _victims(rs, serial, over, t, p, scored, out):
     while n > 0 and freed < over:
         rs[out + m] = slot[0]
         m += 1
-        freed += rs[so + slot[0] * NF + F_BYTES]
+        freed += min(rs[sc + S_UNIT], rs[sc + S_CAP])   # a unit's chunk: its whole size (capped at memory)
         n -= 1
         score[0], unit[0], slot[0] = score[n], unit[n], slot[n]
         _sift(score, unit, slot, 0, n)
     return m
+
+
+@njit(cache=True)
+def _units_in(rs, at, n, unit):
+    """Distinct units the n merged (start, end) rows at rs[at:] touch."""
+    cnt = 0
+    lastu = -1
+    for i in range(n):
+        a, e = rs[at + 2 * i], rs[at + 2 * i + 1]
+        if e <= a:
+            continue
+        u0, u1 = a // unit, (e - 1) // unit
+        cnt += u1 - u0 + 1 - (1 if u0 == lastu else 0)
+        lastu = u1
+    return cnt
 
 
 # ---- one launch -------------------------------------------------------------------------------------
@@ -485,6 +500,9 @@ def step(rs, src, wspec, espec, t, flags):
     nbytes) at io, or ST_GROW / ST_SCORES (nothing changed)."""
     sc, so = rs[R_SCAL], rs[R_SLOTS]
     unit, cap = rs[sc + S_UNIT], rs[sc + S_CAP]
+    # memory is taken in chunks: a unit with any resident byte takes its whole size of the capacity
+    # (a chunk larger than memory all of it, as uvm_driver.chunk_weights caps it)
+    wu = min(unit, cap)
     p = (flags >> 8) - 1
     woff, nw = wspec >> 24, wspec & 0xFFFFFF
     same = espec < 0
@@ -508,21 +526,33 @@ def step(rs, src, wspec, espec, t, flags):
         cur = e_at + 2 * nem
     f_at, nf = w_at, nwm
     if flags & FL_KNOWN and flags & FL_FRONT:
-        total = 0
-        for i in range(nem):
-            total += rs[e_at + 2 * i + 1] - rs[e_at + 2 * i]
-        if total > cap:
+        # memory is taken in whole units (2 MiB chunks): the launch is larger than memory when its
+        # units are more than the capacity's, and its front is its first capacity's worth of units
+        cap_units = cap // wu
+        if _units_in(rs, e_at, nem, unit) > cap_units:
             f_at = cur
-            left = cap
             nf = 0
+            seen = 0
+            lastu = -1
             for i in range(nwm):
-                if left <= 0:
-                    break
                 a, e = rs[w_at + 2 * i], rs[w_at + 2 * i + 1]
-                rs[f_at + 2 * nf] = a
-                rs[f_at + 2 * nf + 1] = a + min(e - a, left)
-                left -= e - a
-                nf += 1
+                cut = e
+                x = a
+                while x < e:
+                    u = x // unit
+                    if u != lastu:
+                        if seen >= cap_units:
+                            cut = x
+                            break
+                        seen += 1
+                        lastu = u
+                    x = (u + 1) * unit
+                if cut > a:
+                    rs[f_at + 2 * nf] = a
+                    rs[f_at + 2 * nf + 1] = cut
+                    nf += 1
+                if cut < e:
+                    break
             cur = f_at + 2 * nf
     pf_at = cur
     npf = 0
@@ -612,7 +642,7 @@ def step(rs, src, wspec, espec, t, flags):
         mine = 0
         for i in range(i0, i1):
             mine += rs[parts + 2 * i + 1] - rs[parts + 2 * i]
-        launch += mine
+        launch += wu   # each unit's chunk takes its whole size (uvm_driver.room_for)
         n, b = _union(rs, s, parts + 2 * i0, i1 - i0, tmp)
         if s >= 0:
             x = so + s * NF
@@ -620,14 +650,12 @@ def step(rs, src, wspec, espec, t, flags):
             rs[x + F_MINE] = mine
             rs[x + F_NEWB] = b
             rs[x + F_NEWCNT] = n
-            if rs[x + F_RES] != 0:
-                growth += b - rs[x + F_BYTES]
-            else:
-                growth += b
+            if rs[x + F_RES] == 0:
+                growth += wu
         else:
-            growth += b
-        own += b
-    over = rs[sc + S_RBYTES] + growth - cap
+            growth += wu
+        own += wu
+    over = rs[sc + S_NRES] * wu + growth - cap
     vict = tmp + 2 * rows
     nv = 0
     overflow = 0
@@ -686,7 +714,7 @@ def step(rs, src, wspec, espec, t, flags):
             rs[so + s * NF + F_DROP] = serial
             if rs[so + s * NF + F_RES] != 0:
                 _drop_resident(rs, s)
-            launch -= rs[so + s * NF + F_MINE]
+            launch -= wu
     lru = rs[sc + S_RULE] == RULE_LRU
     for q in range(nu):
         s = rs[units + 2 * q]

@@ -38,6 +38,9 @@ InLaunch = namedtuple("InLaunch", "hk hu hst aside out cap_next")
 # `_belady_plan`'s knobs: how far the lookahead goes (steps, units), whether a launch larger than memory
 # runs as Belady within it (the simulator's rule), and whether such a launch's front comes in first.
 PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in front")
+# Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
+# Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
+PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -136,9 +139,36 @@ def _inlaunch_victims(units, nextuse, lo, hi, k, want, sc, resident, block_lo, b
     return n
 
 
+@njit(cache=True, inline="always")
+def _occ_in(u, unit_chunk, ccount, weight, occ):
+    """u planned resident: its chunk takes its weight of the capacity if it held nothing (the GPU's
+    memory is handed out in chunks; the weights capped at the capacity, each unit beyond the cap one
+    more: replay/sim/uvm_driver.py, as the simulator counts). Returns the capacity taken."""
+    occ += _room(u, unit_chunk, ccount, weight)
+    ccount[unit_chunk[u]] += 1
+    return occ
+
+
+@njit(cache=True, inline="always")
+def _occ_out(u, unit_chunk, ccount, weight, occ):
+    c = unit_chunk[u]
+    if ccount[c] > weight[c]:
+        occ -= 1
+    ccount[c] -= 1
+    return occ - weight[c] if ccount[c] == 0 else occ
+
+
+@njit(cache=True, inline="always")
+def _room(u, unit_chunk, ccount, weight):
+    c = unit_chunk[u]
+    if ccount[c] == 0:
+        return weight[c]
+    return 1 if ccount[c] >= weight[c] else 0
+
+
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, unit_block,
-                 need_after):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
+                 chunks):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -165,6 +195,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     goes no earlier than that group; the lookahead sets such a use aside while
     it is not known yet and tries it again at each later step, before going on.
 
+    Capacity is counted in chunks (`unit_chunk`, `chunk_weight`: a chunk takes its weight while
+    any unit of it is planned resident), as the simulator's memory counts it; a fetch into an
+    empty chunk evicts, furthest next use first, until a chunk's room is free.
+
     Returns CSR arrays over groups start_step..: ev_ptr, ev_unit, pf_ptr,
     pf_unit (each group's prefetches: those its own step needs first, then
     the early ones, each by address), need_now (how many of a group's
@@ -174,6 +208,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     """
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
+    unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
     step_of = np.empty(n_occ, np.int64)
@@ -193,10 +228,11 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     hk = np.empty(cap_heap, np.int64)
     hu = np.empty(cap_heap, np.int64)
     hsize = 0
-    n_res = 0
+    ccount = np.zeros(len(chunk_weight), np.int64)
+    occ = 0
     for u in range(n_units):
         if resident[u]:
-            n_res += 1
+            occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
             hsize = _heap_push(hk, hu, hsize, key[u], u)
     G = n_steps - start_step
     m0 = max(n_occ, 16)
@@ -278,7 +314,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 continue
             ok = True
             at = i
-            if n_res >= cap_i:
+            first = True
+            while occ + _room(u, unit_chunk, ccount, chunk_weight) > cap_i:
                 found = False
                 while hsize > 0:
                     kk = hk[0]
@@ -308,33 +345,37 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                         if resident[v] and key[v] == i:
                             found = True
                             break
-                if found:
-                    if mandatory:
-                        # issue the exchange once the victim is dead
-                        at = last_use[v] + 2
-                        if at < in_at[v] + 1:
-                            at = in_at[v] + 1
-                        if at < ev_at[u] + 1:
-                            at = ev_at[u] + 1
-                        if gated and at < need_after[kq] + 1:
-                            at = need_after[kq] + 1   # and once its values exist
-                        if at < start_step:
-                            at = start_step
-                        if at > i:
-                            at = i
-                        if at == i and last_use[v] == i - 1 and i > start_step:
-                            wait_prev[g] = 1
-                    resident[v] = 0
-                    n_res -= 1
-                    if n_ev >= len(ev_u):
-                        ev_u = _grow(ev_u)
-                        ev_g = _grow(ev_g)
-                    ev_g[n_ev] = at - start_step
-                    ev_u[n_ev] = v
-                    ev_at[v] = at
-                    n_ev += 1
-                else:
+                if not found:
                     ok = False
+                    break
+                at_v = i
+                if mandatory:
+                    # issue the exchange once the victim is dead
+                    at_v = last_use[v] + 2
+                    if at_v < in_at[v] + 1:
+                        at_v = in_at[v] + 1
+                    if at_v < ev_at[u] + 1:
+                        at_v = ev_at[u] + 1
+                    if gated and at_v < need_after[kq] + 1:
+                        at_v = need_after[kq] + 1   # and once its values exist
+                    if at_v < start_step:
+                        at_v = start_step
+                    if at_v > i:
+                        at_v = i
+                    if at_v == i and last_use[v] == i - 1 and i > start_step:
+                        wait_prev[g] = 1
+                # the fetch goes once every victim it needed is out
+                at = at_v if first or at_v > at else at
+                first = False
+                resident[v] = 0
+                occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
+                if n_ev >= len(ev_u):
+                    ev_u = _grow(ev_u)
+                    ev_g = _grow(ev_g)
+                ev_g[n_ev] = at_v - start_step
+                ev_u[n_ev] = v
+                ev_at[v] = at_v
+                n_ev += 1
             if not ok:
                 if mandatory:
                     thrash[g] = 1
@@ -342,7 +383,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     continue  # leave it to fault
                 break
             resident[u] = 1
-            n_res += 1
+            occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
             if gated and pend_step[u] < j:
                 j = pend_step[u]     # an earlier use of it is set aside: that is its next use
             key[u] = j
@@ -400,13 +441,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     u = need_unit[kk2]
                     if resident[u]:
                         continue
-                    if n_res >= cap:
+                    if occ + _room(u, unit_chunk, ccount, chunk_weight) > cap:
                         nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, unit_want[u], sc2, resident,
                                                unit_block, unit_block[u])
                         for a in range(nv):
                             v = vict2[a]
                             resident[v] = 0
-                            n_res -= 1
+                            occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
                             ev_at[v] = i
                         # as the run does: the units it needs last make up a chunk's worth
                         for kk3 in range(s0 + L - 1, kk2, -1):
@@ -415,13 +456,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                             v = need_unit[kk3]
                             if resident[v]:
                                 resident[v] = 0
-                                n_res -= 1
+                                occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
                                 ev_at[v] = i
                                 nv += 1
                         if nv == 0:
                             continue
                     resident[u] = 1
-                    n_res += 1
+                    occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
                     in_at[u] = i
             else:
                 tail = need_ptr[i + 1] - cap_i
@@ -430,12 +471,12 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     if kk2 < tail:
                         if resident[u]:
                             resident[u] = 0
-                            n_res -= 1
+                            occ = _occ_out(u, unit_chunk, ccount, chunk_weight, occ)
                             ev_at[u] = i
                     elif resident[u] == 0:
-                        if n_res < cap_i:
+                        if occ + _room(u, unit_chunk, ccount, chunk_weight) <= cap_i:
                             resident[u] = 1
-                            n_res += 1
+                            occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
                             in_at[u] = i
         # execute step i: its units' keys move to their next predicted use. A
         # unit the next step needs again is not pushed now: it cannot be a
@@ -481,7 +522,7 @@ def _own_counts(sorted_g, own, G):
 
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
                 lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False,
-                need_after=None, value_bytes=None):
+                need_after=None, value_bytes=None, unit_chunk=None, chunk_weight=None):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
     ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
     (per step, the latest earlier group that prefetches a unit it needs; -1: none),
@@ -497,8 +538,11 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64),
-        np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64))
+        np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64),
+        PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
+                   np.ones(n_units, np.int64) if chunk_weight is None
+                   else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
+                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
     G = len(need_ptr) - 1 - start_step
     oe = np.lexsort((ev_u, ev_g))
     own = pf_n == pf_g
@@ -544,11 +588,14 @@ LOOKAHEAD_STEPS = 1 << 20
 def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
                 init_resident: np.ndarray | None = None, lookahead_steps: int = LOOKAHEAD_STEPS,
                 lookahead_units: int | None = None, belady_in: bool = False, universe=None,
-                front: bool = False) -> Groups:
+                front: bool = False, unit_weight: np.ndarray | None = None) -> Groups:
     """Belady on (predicted) needs: see belady_plan. Full-length Groups.
     `belady_in`: the run gives a launch larger than memory the next uses of its
     units (`next_use_of`), so it ends holding those needed soonest. `front`: such
-    a launch's first units come in before it in place of those it needs last."""
+    a launch's first units come in before it in place of those it needs last. With `universe`,
+    capacity is counted in its chunks (a chunk takes its whole weight while any unit of it is
+    resident), as the simulator's memory counts it; with `unit_weight` (needs whose units are
+    chunks), each unit weighs that; else one each."""
     n = len(needs.ptr) - 1
     res = np.zeros(n_units, np.uint8) if init_resident is None else init_resident.astype(np.uint8)
     la_units = cap_units if lookahead_units is None else lookahead_units
@@ -560,7 +607,9 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
     after = needs.after if needs.after is not None and needs.gated else None
     ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng, gt, gb, pa_ = belady_plan(
         needs.ptr, needs.unit, n_units, cap_units, start_step, res, lookahead_steps, la_units, belady_in, want,
-        None if want is None else universe.block_lo, front, after, needs.value_bytes)
+        None if want is None else universe.block_lo, front, after, needs.value_bytes,
+        None if universe is None else universe.unit_chunk,
+        unit_weight if universe is None else universe.chunk_weight)
     pad = np.zeros(start_step, I64)
     ng = np.where(ng >= 0, ng + start_step, -1)
     gt = np.where(gt >= 0, gt, -1)   # steps of the whole timeline already

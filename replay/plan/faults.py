@@ -2,7 +2,8 @@
 
 A planned prefetch costs the copy engines its transfer's fixed charge and its
 bytes (`transfer_latency_s` + bytes at the bulk rate); leaving its units to
-fault costs the launch that touches them `fault_time_s` each instead. Which is
+fault costs the launch that touches them their faults instead (`fault_seconds`: an entry
+per page the launch touches in a unit, a block service per VA block, a batch's overhead). Which is
 cheaper depends on which of the two is on the run's critical path there: where
 the copy engines are behind (the launch after this one waits for its
 transfers), a launch's own faults are hidden in that wait, and every transfer
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from pagecast.uvm import PAGE
 
 from ..unit_space import I64, Needs
 from .groups import Groups, keep_prefetches, prefetch_steps
@@ -77,6 +80,35 @@ def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_uni
 
 
 HORIZON = 1
+BLOCK = 2 << 20   # a VA block: the driver services each once per fault batch
+
+
+def fault_seconds(profile, entries, blocks):
+    """What faults making `entries` fault-buffer entries in `blocks` VA blocks cost the launch, as
+    the simulator charges them (timing.fault_seconds): fault_time_s per entry, block_service_s per
+    block and batch_overhead_s per batch of up to faults_per_batch entries."""
+    e = np.asarray(entries, float)
+    b = np.where(e > 0, np.maximum(np.asarray(blocks, float), 1.0), 0.0)
+    return (e * profile.fault_time_s + b * profile.block_service_s
+            + np.ceil(e / max(int(profile.faults_per_batch), 1)) * profile.batch_overhead_s)
+
+
+def _entries(g: Groups, base: Needs, need: np.ndarray, gran: int) -> np.ndarray:
+    """Per prefetch entry of `g`, the fault-buffer entries its unit makes when it faults at the step
+    it is for: the pages that step touches in it (base.pages), else all of the unit's pages (as the
+    simulator counts a plan's needs, run.fault_entries)."""
+    whole = max(int(gran) // PAGE, 1)
+    out = np.full(len(g.pf_unit), whole, np.int64)
+    if base.pages is None or len(base.pages) != len(base.unit) or len(base.unit) == 0:
+        return out
+    n_units = int(max(base.unit.max(), g.pf_unit.max(initial=-1))) + 1
+    steps = np.repeat(np.arange(len(base.ptr) - 1, dtype=np.int64), np.diff(base.ptr))
+    keys = steps * n_units + base.unit.astype(np.int64)   # ascending: steps in order, units ascending
+    want = np.maximum(need, 0) * n_units + g.pf_unit.astype(np.int64)
+    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    hit = (keys[at] == want) & (need >= 0)
+    out[hit] = base.pages[at[hit]]
+    return out
 
 
 def _pick(order, t_need, cost, wait, cw, n, horizon):
@@ -114,7 +146,8 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
     has_useful = np.bincount(tid, weights=useful, minlength=nt) > 0
     t_need = need[new]
     save = profile.transfer_latency_s + size * unit_move_seconds(profile, gran)
-    cost = faults * profile.fault_time_s + np.ceil(faults / profile.faults_per_batch) * profile.batch_overhead_s
+    cost = fault_seconds(profile, np.bincount(tid, weights=own * _entries(g, base, need, gran), minlength=nt),
+                         np.ceil(faults / max(BLOCK // int(gran), 1)))
     # the time launch j + 1 waited after launch j ended: j's own faults fit in it
     wait = np.zeros(n)
     wait[:-1] = np.maximum(run.start[1:] - run.end[:-1], 0.0)

@@ -42,7 +42,8 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
         bn = span_needs(needs, "block", w)
         g = plan_groups(bn, w.universe.n_units, cap_units, start_step=start_step, init_resident=init_resident,
                         belady_in=True, universe=w.universe, front=front)
-        return fitted_needs(g, bn, needs, w, profile)
+        # the uses' index values carried over, as choose_span makes the span
+        return attach_after(fitted_needs(g, bn, needs, w, profile), needs, w.universe.block_lo)
     if span == "unit":
         return needs
     n = len(needs.ptr) - 1

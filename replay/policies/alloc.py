@@ -17,7 +17,7 @@ class Alloc(Planned):
     into one large allocation needs every unit of it at every launch): then
     planned on the driver's eviction chunks (2 MiB), whole chunks but for an
     allocation's first and last, at 1/32 of the work, a chunk counting as
-    the largest chunk's units of capacity."""
+    its size of capacity."""
 
     name = "alloc"
     description = "before each launch, whole allocations its pointer parameters point into (MSched's baseline)"
@@ -27,6 +27,7 @@ class Alloc(Planned):
     # runner looks them up in the driver); an emulated capacity evicts FIFO, as demand's
     online = True
     victims = "fifo"
+    reads_arguments = True
 
     def launch_prefetch(self, view):
         return view.allocation_ranges()
@@ -44,9 +45,7 @@ class Alloc(Planned):
         if occ <= CHUNK_PLAN_OCCURRENCES:
             return super().prefetch(ctx)
         u = ctx.w.universe
-        upc = max(int((u.chunk_hi - u.chunk_lo).max()), 1) if u.n_chunks else 1
-        cap_chunks = max(ctx.cap_units // upc, 1)
-        g = plan_groups(self.chunk_needs(ctx), u.n_chunks, cap_chunks)
+        g = plan_groups(self.chunk_needs(ctx), u.n_chunks, ctx.cap_units, unit_weight=u.chunk_weight)
         return chunk_groups_to_units(g, u.chunk_lo, u.chunk_hi)
 
 

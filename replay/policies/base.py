@@ -52,8 +52,19 @@ from ..plan.spans import PLAN_SPANS, choose_span
 from ..unit_space import Needs, Workload
 
 @dataclass
+class ReplaySetup:
+    """What a replay hands the policies it builds (`Policy.for_replay`): the model, the template
+    policy as the replay made it (from the model or a fixed plan), and for a policy that runs last
+    (`runs_last`) the runs made before it, per capacity in units: [(policy name, its run)]."""
+
+    model: Any = None
+    template: Any = None
+    rivals: dict = field(default_factory=dict)
+
+
+@dataclass
 class Options:
-    eviction: str = "fifo"             # fault-path victim order
+    eviction: str = "driver"           # fault-path victim order (sim/uvm_driver.py: driver, fifo, lru)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
 
@@ -84,6 +95,17 @@ class Policy:
     wants_misses = False      # on_miss after each launch that faulted
     wants_launches = False    # on_launch before every launch
     wants_evictions = False   # on_evict after every launch that evicted units
+    # -- how a replay builds and runs it (replay/sim/sweep.py reads these, never the names) ----
+    requires = ""             # "model": needs --model; "model-or-plan": --model or --plan
+    reads_arguments = False   # reads the launches' pointer arguments (the trace must hold their bytes)
+    runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
+    chooses_span = False      # plans at the replay's --span (or chooses it)
+    lru_one_pass = False      # its LRU runs at every capacity are one stack-distance pass (sim/stack.py)
+
+    @classmethod
+    def for_replay(cls, setup: ReplaySetup) -> Policy:
+        """The policy object a replay runs."""
+        return cls()
 
     def prefetch(self, ctx: Context) -> Groups | None:
         """The planned transfers before every step, at once (the whole timeline is known)."""

@@ -12,3 +12,4 @@ class Demand(Policy):
     # became resident, as the driver's victim list is ordered by allocation (docs/uvm-facts.md)
     online = True
     victims = "fifo"
+    lru_one_pass = True

@@ -33,6 +33,13 @@ class Oracle(Planned):
     needs_relocator = True
     prefetches_footprint = True
 
+    runs_last = True
+    chooses_span = True
+
+    @classmethod
+    def for_replay(cls, setup):
+        return cls(setup.rivals)
+
     def __init__(self, rivals: dict | None = None):
         # capacity in units -> [(policy name, its run)] of the other policies in the same replay
         self.rivals = rivals if rivals is not None else {}

@@ -70,6 +70,13 @@ class Runner(Policy):
                    "replayed in the simulator")
     wants_launches = True
 
+    requires = "model"
+    reads_arguments = True
+
+    @classmethod
+    def for_replay(cls, setup):
+        return cls(setup.model)
+
     def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
                  values: bool = True) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);

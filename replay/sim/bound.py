@@ -41,6 +41,7 @@ from numba import njit
 
 from ..plan.belady import _heap_pop, _heap_push
 from ..unit_space import I64, Workload
+from .run import fault_entries
 
 INF = np.iinfo(np.int64).max
 
@@ -97,14 +98,53 @@ def _rebuild(hk, hu, key):
     return size
 
 
-def unit_charges(profile, gran: int, units_per_block: int, tree: bool = True) -> tuple[float, float]:
+def max_resident_units(chunk_units: np.ndarray, chunk_weight: np.ndarray, cap_units: int) -> int:
+    """The most units any residency can hold at once when memory is taken in chunks (chunk c holds
+    up to chunk_units[c] units and takes chunk_weight[c] of the `cap_units` capacity while any of
+    them is resident; weights capped at the capacity, uvm_driver.chunk_weights): at most the best
+    choice of chunks whose weights fit. Exact over the chunks of the largest weight (each count of
+    them tried), the rest filled as a fractional knapsack (densest first), which can only
+    overestimate: the result never undercounts, so Belady's misses at it stay a lower bound."""
+    cap = int(cap_units)
+    n = np.asarray(chunk_units, np.int64)
+    wt = np.minimum(np.asarray(chunk_weight, np.int64), max(cap, 1))
+    keep = (n > 0) & (wt > 0)
+    n, wt = n[keep], wt[keep]
+    if len(n) == 0 or cap <= 0:
+        return max(cap, 0)
+    W = int(wt.max())
+    big = np.sort(n[wt == W])[::-1]
+    rn, rw = n[wt != W], wt[wt != W]
+    order = np.argsort(-(rn / rw), kind="stable")
+    rn, rw = rn[order].astype(float), rw[order].astype(float)
+    cu = np.concatenate([[0.0], np.cumsum(rn)])
+    cw = np.concatenate([[0.0], np.cumsum(rw)])
+    k = np.arange(min(len(big), cap // W) + 1)
+    held = np.concatenate([[0], np.cumsum(big)])[k]
+    rem = (cap - k * W).astype(float)
+    j = np.searchsorted(cw, rem, side="right") - 1          # whole chunks of the rest that fit
+    frac = np.zeros(len(k))
+    part = j < len(rn)
+    frac[part] = (rem[part] - cw[j[part]]) * (rn[j[part]] / rw[j[part]])
+    best = held + cu[j] + frac
+    return int(min(cap, np.floor(best.max() + 1e-9)))
+
+
+def unit_charges(profile, gran: int, units_per_block: int, tree: bool = True,
+                 pages: int = 1) -> tuple[float, float]:
     """(c_copy, c_fault): the least time one unit coming in costs the copy engines, and the least it
-    costs the launches' fault path: a fault (fault_time_s, and its share of a batch's overhead), or
-    with the tree prefetcher a share of one, each fault filling at most the region it finds more
-    than `prefetch_threshold` resident (at most `fill` units of a block of `units_per_block`) at the
-    bulk rate."""
+    costs the launches' fault path: a fault on a unit the launch touches in at least `pages` pages
+    (a fault-buffer entry per page, fault_time_s each, and their share of a batch's overhead: a
+    batch holds at most faults_per_batch entries; and its share of its block's service: a block
+    serves at most units_per_block faulted units of a batch, and at most faults_per_batch // pages
+    of them), or with the tree prefetcher a share of one, each fault filling at most the region it
+    finds more than `prefetch_threshold` resident (at most `fill` units of a block of
+    `units_per_block`) at the bulk rate."""
     c_copy = gran / profile.htod_bandwidth
-    per_fault = profile.fault_time_s + profile.batch_overhead_s / profile.faults_per_batch
+    e = max(int(pages), 1)
+    fpb = max(int(profile.faults_per_batch), 1)
+    per_block = max(min(int(units_per_block), fpb // e), 1)
+    per_fault = e * (profile.fault_time_s + profile.batch_overhead_s / fpb) + profile.block_service_s / per_block
     fill = tree_fill(int(units_per_block), float(profile.prefetch_threshold)) if tree else 0
     c_fault = min(per_fault, (per_fault + fill * c_copy) / (fill + 1))
     return c_copy, c_fault
@@ -143,16 +183,33 @@ def lower_bound(w: Workload, cap_units: int, profile, compute: np.ndarray, tree:
     n = w.n_steps
     if n == 0 or not profile.charges:
         return 0.0
-    misses = belady_misses(w.truth.ptr, w.truth.unit.astype(I64), int(w.universe.n_units), int(cap_units))
+    # memory is taken in chunks: no residency holds more units than the best chunks that fit
+    uni = w.universe
+    held = max_resident_units(uni.chunk_hi - uni.chunk_lo, uni.chunk_weight, int(cap_units))
+    misses = belady_misses(w.truth.ptr, w.truth.unit.astype(I64), int(uni.n_units), held)
     F = np.cumsum(misses)
     comp = np.asarray(compute, float)
     K = np.cumsum(comp)
     # a launch larger than memory starts with at most cap_units of its units resident: the rest come
     # in while it runs, which only the faults' path does (planned transfers run between launches)
-    over = np.maximum(np.diff(w.truth.ptr) - int(cap_units), 0)
+    over = np.maximum(np.diff(w.truth.ptr) - held, 0)
     M = np.cumsum(over)
-    c_copy, c_fault = unit_charges(profile, w.gran, w.universe.upb, tree)
-    ends = split_bound(F, K, c_copy, c_fault, M)
+    # a fault makes one entry per page its launch touches in the unit (run.fault_entries): any fetch
+    # on the faults' path costs at least the fewest entries of any use; an in-launch one, the fewest
+    # of its own launch's uses
+    pages = fault_entries(w)
+    p_all = int(pages.min()) if len(pages) else 1
+    c_copy, c_fault = unit_charges(profile, w.gran, w.universe.upb, tree, p_all)
+    sizes = np.diff(w.truth.ptr)
+    p_step = np.full(n, p_all, np.int64)
+    has = sizes > 0
+    if has.any():
+        p_step[has] = np.minimum.reduceat(pages, w.truth.ptr[:-1][has])
+    c_step = np.array([unit_charges(profile, w.gran, w.universe.upb, tree, int(p))[1] for p in np.unique(p_step)])
+    c_in = c_step[np.searchsorted(np.unique(p_step), p_step)]   # per launch, its in-launch fetch's least cost
+    M_cost = np.cumsum(over * c_in)
+    # the in-launch fetches cost c_in each, the rest at least c_fault: K carries the difference
+    ends = split_bound(F, K + (M_cost - M * c_fault), c_copy, c_fault, M)
     # after launch i, every later launch still takes its kernel time and its own in-launch fetches
-    rest = (K[-1] - K) + (M[-1] - M) * c_fault
-    return float(max((ends + rest).max(), K[-1] + M[-1] * c_fault))
+    rest = (K[-1] - K) + (M_cost[-1] - M_cost)
+    return float(max((ends + rest).max(), K[-1] + M_cost[-1]))

@@ -25,11 +25,13 @@ import numpy as np
 from numba import njit
 
 from ..plan.belady import INF, InLaunch, _inlaunch_victims
+from . import uvm_driver as D
 
 # The universe's geometry (read only): each unit's chunk and 2 MiB block, chunk ranges, address keys,
 # units per block.
-Space = namedtuple("Space", "unit_chunk chunk_lo chunk_hi key block_lo block_hi upb")
-# The residency state: capacity (units), st = [resident units, head and tail of uq], per unit
+Space = namedtuple("Space", "unit_chunk chunk_lo chunk_hi key block_lo block_hi upb chunk_weight")
+# The residency state: capacity (units), st = [units of capacity taken (populated chunks' weights,
+# driver.populate), head and tail of uq], per unit
 # resident/planned, per chunk its resident count and its place in the FIFO/LRU list (prev/nxt,
 # sentinel = n_chunks), uq, the queue of units brought in by faults (a ring, st[1] <= st[2]), and per
 # unit the planned group that last brought it in and its place among that group's transfers (src_group,
@@ -39,11 +41,13 @@ Mem = namedtuple("Mem", "cap st resident planned chunk_count prev nxt uq src_gro
 # A run's switches: LRU list order, the tree prefetcher and its threshold, whether the policy plans
 # (faults first evict what the plan does not count on), whether next uses are known (Belady within a
 # launch larger than memory), whether to stop after a step that faulted (feedback).
-Rules = namedtuple("Rules", "lru tree threshold track_unplanned has_next_use stop_on_miss")
+# `order`: the victim order (uvm_driver.VICTIM_*), `batch`: fault-buffer entries per batch (uvm_driver.py).
+Rules = namedtuple("Rules", "order tree threshold track_unplanned has_next_use stop_on_miss batch")
 # A plan's groups (plan.groups.Groups' arrays; step i's group is group i - base), and a launch sequence's
 # units in CSR form with, per occurrence, its next use (rules.has_next_use).
 PlanArrays = namedtuple("PlanArrays", "ev_ptr ev_unit pf_ptr pf_unit need_now base")
-Steps = namedtuple("Steps", "ptr unit next_use")
+# `pages`: per occurrence, the pages the launch touches in the unit (its fault-buffer entries there).
+Steps = namedtuple("Steps", "ptr unit next_use pages")
 GROUP, LAUNCH = 1, 2   # what run_engine runs of each step
 
 # Indices of the per-step counter vector returned by the access/apply kernels.
@@ -51,50 +55,8 @@ GROUP, LAUNCH = 1, 2   # what run_engine runs of each step
 # C_USED_POS: how many of that group's units came in up to the last one it touches; C_USED_OWN: the same
 # for its own group (the copy engines run groups in order, each in its order: these are the last arrivals).
 (C_FAULTS, C_FAULT_IN, C_TREE_IN, C_FAULT_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_GROUP_DTOH,
- C_USED_GROUP, C_USED_POS, C_USED_OWN) = range(11)
-N_COUNTERS = 11
-
-
-# ---- chunk list (FIFO / LRU order of eviction chunks) ------------------------
-# A doubly linked list over chunks with sentinel index C (prev/next sized C+1).
-
-@njit(cache=True)
-def _list_remove(prev, nxt, c):
-    p = prev[c]
-    n = nxt[c]
-    nxt[p] = n
-    prev[n] = p
-    prev[c] = -1
-    nxt[c] = -1
-
-
-@njit(cache=True)
-def _list_append(prev, nxt, c, sentinel):
-    t = prev[sentinel]
-    nxt[t] = c
-    prev[c] = t
-    nxt[c] = sentinel
-    prev[sentinel] = c
-
-
-@njit(cache=True)
-def _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned):
-    """Mark u non-resident; drop its chunk from the list when it empties."""
-    resident[u] = 0
-    planned[u] = 0
-    c = unit_chunk[u]
-    chunk_count[c] -= 1
-    if chunk_count[c] == 0:
-        _list_remove(prev, nxt, c)
-
-
-@njit(cache=True)
-def _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel):
-    resident[u] = 1
-    c = unit_chunk[u]
-    if chunk_count[c] == 0:
-        _list_append(prev, nxt, c, sentinel)
-    chunk_count[c] += 1
+ C_USED_GROUP, C_USED_POS, C_USED_OWN, C_BATCHES, C_BLOCKS) = range(13)
+N_COUNTERS = 13
 
 
 @njit(cache=True, inline="always")
@@ -110,44 +72,41 @@ def _evict_unplanned(sp, m, limit):
         st[1] += 1
         if resident[u] == 1 and planned[u] == 0:
             c = sp.unit_chunk[u]
-            _unit_out(u, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, m.planned)
+            _out(u, m, sp)
             n = 1
             for v in range(sp.chunk_lo[c], sp.chunk_hi[c]):
                 if n >= limit:
                     break
                 if resident[v] == 1 and planned[v] == 0:
-                    _unit_out(v, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, m.planned)
+                    _out(v, m, sp)
                     n += 1
-            m.st[0] -= n
             return n
     return 0
 
 
+@njit(cache=True, inline="always")
+def _out(u, m, sp):
+    D.depopulate(u, m.st, m.resident, m.planned, sp.unit_chunk, m.chunk_count, sp.chunk_weight, m.prev, m.nxt)
+
+
 @njit(cache=True)
-def _evict_one_chunk(st, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt, uq):
+def _evict_one_chunk(sp, m):
     """Evict room for one unit: first a resident unit the plan does not count on
     (brought in by a fault), else the whole chunk at the head of the list.
-    Returns units evicted (0 when nothing is resident). (The fault path's hot
-    call: arrays, not bundles, which would be unpacked at every call.)"""
-    sentinel = len(chunk_count)
+    Returns units evicted (0 when nothing is resident)."""
+    st, uq, resident, planned = m.st, m.uq, m.resident, m.planned
+    sentinel = len(m.chunk_count)
     # unplanned units first (planned policies only: st[2] > st[1])
     while st[1] < st[2]:
         u = uq[st[1] % len(uq)]
         st[1] += 1
         if resident[u] == 1 and planned[u] == 0:
-            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-            st[0] -= 1
+            _out(u, m, sp)
             return 1
-    c = nxt[sentinel]
-    if c == sentinel:
+    c = D.head_chunk(m.prev, m.nxt, sentinel)
+    if c < 0:
         return 0
-    n = 0
-    for u in range(chunk_lo[c], chunk_hi[c]):
-        if resident[u] == 1:
-            _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-            n += 1
-    st[0] -= n
-    return n
+    return D.evict_chunk(c, sp, m)
 
 
 @njit(cache=True)
@@ -177,15 +136,25 @@ def _tree_prefetch(u, sp, m, rules, counters, row):
         return
     for v in range(lo, hi):
         if key[v] >= best_lo and key[v] < best_hi and resident[v] == 0:
-            if m.st[0] + 1 > m.cap:
+            if m.st[0] + D.room_for(v, sp.unit_chunk, m.chunk_count, sp.chunk_weight) > m.cap:
                 return  # the prefetcher never evicts
-            _unit_in(v, m.resident, sp.unit_chunk, m.chunk_count, m.prev, m.nxt, len(m.chunk_count))
+            D.populate(v, m.st, m.resident, sp.unit_chunk, m.chunk_count, sp.chunk_weight, m.prev, m.nxt,
+                       len(m.chunk_count), rules.order)
             m.src_group[v] = -1
-            m.st[0] += 1
             counters[row, C_TREE_IN] += 1
             if rules.track_unplanned:
                 m.uq[m.st[2] % len(m.uq)] = v
                 m.st[2] += 1
+
+
+@njit(cache=True)
+def _batch_prefetch(missed, b0, b1, sp, m, rules, counters, row):
+    """The end of a fault batch: the tree prefetcher around each of its faulted units still resident,
+    its counts holding the resident units and the batch's faulted ones (uvm_driver.py)."""
+    for j in range(b0, b1):
+        u = missed[j]
+        if m.resident[u] == 1:
+            _tree_prefetch(u, sp, m, rules, counters, row)
 
 
 @njit(cache=True)
@@ -206,13 +175,14 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
     pays for unpacking them at every call (numba counts references to each
     array it takes out), which per launch cost the simulator about 20% on
     launches of 64 units."""
-    need_ptr, need_unit, next_use = steps.ptr, steps.unit, steps.next_use
+    need_ptr, need_unit, next_use, need_pages = steps.ptr, steps.unit, steps.next_use, steps.pages
     ev_ptr, evict, pf_ptr, prefetch, need_now_of, base = (plan.ev_ptr, plan.ev_unit, plan.pf_ptr, plan.pf_unit,
                                                           plan.need_now, plan.base)
     cap, st_i, resident, planned, prev, nxt = m.cap, m.st, m.resident, m.planned, m.prev, m.nxt
     unplanned_q, chunk_count, src_group, src_pos = m.uq, m.chunk_count, m.src_group, m.src_pos
     unit_chunk, chunk_lo, chunk_hi, block_lo = sp.unit_chunk, sp.chunk_lo, sp.chunk_hi, sp.block_lo
-    lru, tree, track_unplanned, has_next_use = rules.lru, rules.tree, rules.track_unplanned, rules.has_next_use
+    order, tree, track_unplanned, has_next_use = rules.order, rules.tree, rules.track_unplanned, rules.has_next_use
+    weight, batch = sp.chunk_weight, rules.batch
     sentinel = len(chunk_count)
     for i in range(s0, s1):
         row = i
@@ -223,8 +193,7 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
             for k in range(elo, ehi):
                 u = evict[k]
                 if resident[u] == 1:
-                    _unit_out(u, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                    st_i[0] -= 1
+                    D.depopulate(u, st_i, resident, planned, unit_chunk, chunk_count, weight, prev, nxt)
                     counters[row, C_GROUP_DTOH] += 1
                     if u != last + 1:
                         counters[row, C_TRANSFERS] += 1
@@ -238,17 +207,15 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                 if resident[u] == 1:
                     planned[u] = 1
                     continue
-                while st_i[0] + 1 > cap:
-                    ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev,
-                                          nxt, unplanned_q)
+                while st_i[0] + D.room_for(u, unit_chunk, chunk_count, weight) > cap:
+                    ev = _evict_one_chunk(sp, m)
                     if ev == 0:
                         break
                     counters[row, C_GROUP_DTOH] += ev
-                if st_i[0] + 1 > cap:
+                if st_i[0] + D.room_for(u, unit_chunk, chunk_count, weight) > cap:
                     break
-                _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+                D.populate(u, st_i, resident, unit_chunk, chunk_count, weight, prev, nxt, sentinel, order)
                 planned[u] = 1
-                st_i[0] += 1
                 counters[row, C_PREFETCH_IN] += 1
                 src_group[u] = i
                 src_pos[u] = counters[row, C_PREFETCH_IN]
@@ -277,6 +244,9 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
         used_group = -1
         used_pos = 0
         used_own = 0
+        nb = 0            # faults in the open batch
+        bstart = 0        # its first fault's place in `missed`
+        last_block = -1   # the block last serviced in it
         for k in range(lo, hi):
             u = units[k]
             if resident[u] == 1:
@@ -289,16 +259,31 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                     used_pos = src_pos[u]
                 elif sg == used_group and src_pos[u] > used_pos:
                     used_pos = src_pos[u]
-                if lru:
-                    c = unit_chunk[u]
-                    _list_remove(prev, nxt, c)
-                    _list_append(prev, nxt, c, sentinel)
+                D.on_touch(unit_chunk[u], prev, nxt, sentinel, order)
                 continue
-            # a fault
-            counters[row, C_FAULTS] += 1
+            # a fault: its pages are the next entries of the open batch, or of a new one when they
+            # do not fit (the batch is serviced first: its prefetches may bring this unit in); a
+            # batch's blocks are serviced once each (a launch's units ascend, so do their blocks)
+            e = need_pages[k]
+            if nb > 0 and nb + e > batch:
+                if tree:
+                    _batch_prefetch(missed, bstart, nmiss, sp, m, rules, counters, row)
+                nb = 0
+                if resident[u] == 1:
+                    D.on_touch(unit_chunk[u], prev, nxt, sentinel, order)
+                    continue
+            if nb == 0:
+                counters[row, C_BATCHES] += (e + batch - 1) // batch
+                last_block = -1
+                bstart = nmiss
+            counters[row, C_FAULTS] += e
+            if block_lo[u] != last_block:
+                counters[row, C_BLOCKS] += 1
+                last_block = block_lo[u]
             missed[nmiss] = u
             nmiss += 1
-            while st_i[0] + 1 > cap:
+            nb += e
+            while st_i[0] + D.room_for(u, unit_chunk, chunk_count, weight) > cap:
                 if track_unplanned:
                     # planned policies: a fault first displaces what the plan does not
                     # count on, then what this launch already used (it streams
@@ -315,8 +300,8 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                         if belady_in:
                             nv = _inlaunch_victims(units, next_use, lo, hi, k, want, sc, resident, block_lo, block_lo[u])
                             for a in range(nv):
-                                _unit_out(vict[a], resident, unit_chunk, chunk_count, prev, nxt, planned)
-                                st_i[0] -= 1
+                                D.depopulate(vict[a], st_i, resident, planned, unit_chunk, chunk_count, weight,
+                                             prev, nxt)
                                 ev += 1
                             used_ptr = k
                             # too few used units for a chunk's worth (the sweep has just begun): the
@@ -327,15 +312,15 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                                     break
                                 v = units[kk]
                                 if resident[v] == 1:
-                                    _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                                    st_i[0] -= 1
+                                    D.depopulate(v, st_i, resident, planned, unit_chunk, chunk_count, weight,
+                                                 prev, nxt)
                                     ev += 1
                         while used_ptr < k and ev < want:
                             v = units[used_ptr]
                             used_ptr += 1
                             if resident[v] == 1:
-                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                                st_i[0] -= 1
+                                D.depopulate(v, st_i, resident, planned, unit_chunk, chunk_count, weight,
+                                             prev, nxt)
                                 ev += 1
                     if ev == 0 and oversized:
                         ev = _evict_unplanned(sp, m, cap)
@@ -346,34 +331,32 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
                         for kk in range(hi - 1, k, -1):
                             v = units[kk]
                             if resident[v] == 1:
-                                _unit_out(v, resident, unit_chunk, chunk_count, prev, nxt, planned)
-                                st_i[0] -= 1
+                                D.depopulate(v, st_i, resident, planned, unit_chunk, chunk_count, weight,
+                                             prev, nxt)
                                 ev += 1
                                 if ev >= want:
                                     break
                     if ev > 0:
                         counters[row, C_FAULT_DTOH] += ev
                         continue
-                ev = _evict_one_chunk(st_i, resident, planned, unit_chunk, chunk_count, chunk_lo, chunk_hi, prev, nxt,
-                                      unplanned_q)
+                # synchronous eviction on the fault path (block_alloc_gpu_chunk -> evict, retry)
+                ev = _evict_one_chunk(sp, m)
                 if ev == 0:
                     break
                 counters[row, C_FAULT_DTOH] += ev
-            _unit_in(u, resident, unit_chunk, chunk_count, prev, nxt, sentinel)
+            D.populate(u, st_i, resident, unit_chunk, chunk_count, weight, prev, nxt, sentinel, order)
             src_group[u] = -1
-            if lru:
-                # a fault is an access: its chunk becomes the most recently used
-                # (_unit_in appends only a chunk that was not resident)
-                c = unit_chunk[u]
-                _list_remove(prev, nxt, c)
-                _list_append(prev, nxt, c, sentinel)
-            st_i[0] += 1
+            D.on_fault(unit_chunk[u], prev, nxt, sentinel, order)
             counters[row, C_FAULT_IN] += 1
             if track_unplanned:
                 unplanned_q[st_i[2] % len(unplanned_q)] = u
                 st_i[2] += 1
-            if tree:
-                _tree_prefetch(u, sp, m, rules, counters, row)
+            if nb >= batch:
+                if tree:
+                    _batch_prefetch(missed, bstart, nmiss, sp, m, rules, counters, row)
+                nb = 0
+        if nb > 0 and tree:
+            _batch_prefetch(missed, bstart, nmiss, sp, m, rules, counters, row)
         counters[row, C_USED_GROUP] = used_group + 1
         counters[row, C_USED_POS] = used_pos
         counters[row, C_USED_OWN] = used_own

@@ -16,12 +16,13 @@ import numpy as np
 from numba import njit
 
 from pagecast.errors import UsageError
-from pagecast.uvm import FAULT_BATCH
+from pagecast.uvm import FAULT_BATCH, PAGE
 
 from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
 from ..unit_space import I64, Needs, Workload
 from . import kernels as C
+from .uvm_driver import DriverRules, chunk_weights
 from .timing import run_timing
 
 class Memory:
@@ -37,7 +38,7 @@ class Memory:
         self.nxt = np.full(u.n_chunks + 1, -1, I64)
         self.prev[u.n_chunks] = u.n_chunks
         self.nxt[u.n_chunks] = u.n_chunks
-        self.st = np.zeros(3, I64)       # resident units; head and tail of uq
+        self.st = np.zeros(3, I64)       # units of capacity taken (populated chunks); head and tail of uq
         self.uq = np.zeros(max(u.n_units, 1), I64)   # units brought in by faults, oldest first (a ring)
         self.src_group = np.full(u.n_units, -1, I64)   # the planned group that brought each unit in (-1: none)
         self.src_pos = np.zeros(u.n_units, I64)
@@ -48,10 +49,11 @@ class Memory:
                      self.src_group, self.src_pos)
 
 
-def space_of(w: Workload) -> C.Space:
-    """The universe's geometry as the kernels take it."""
+def space_of(w: Workload, cap_units: int) -> C.Space:
+    """The universe's geometry as the kernels take it, its chunks weighed for a run at `cap_units`."""
     u = w.universe
-    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb))
+    return C.Space(u.unit_chunk, u.chunk_lo, u.chunk_hi, u.key, u.block_lo, u.block_hi, int(u.upb),
+                   chunk_weights(u.chunk_weight, cap_units))
 
 
 @dataclass
@@ -104,14 +106,14 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
         groups.gate, groups.gate_bytes = groups.gate.copy(), groups.gate_bytes.copy()
     counters = np.zeros((n, C.N_COUNTERS), I64)
     u = w.universe
-    order = policy.evict_order or options.eviction
-    lru = order == "lru"
-    tree = bool(options.driver_prefetch) and u.upb > 1
-    sp, m = space_of(w), mem.state()
+    rules_d = driver_rules(policy, profile, options)
+    tree = rules_d.prefetch and u.upb > 1
+    sp, m = space_of(w, cap_units), mem.state()
     maxstep = int(w.truth.sizes().max()) if n else 0
     missed = np.zeros(max(maxstep, 1), I64)
     s = 0
     stop = bool(policy.wants_misses)
+    pages = fault_entries(w)
     nu_for = None
     next_use = np.zeros(1, I64)
     while s < n:
@@ -122,8 +124,9 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
             nu_for = pn
         s0 = s
         before = mem.resident.copy() if on_evict else None
-        rules = C.Rules(lru, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None, stop)
-        truth = C.Steps(w.truth.ptr, w.truth.unit, next_use)
+        rules = C.Rules(rules_d.victim_code, tree, float(profile.prefetch_threshold), has_plan, nu_for is not None,
+                        stop, int(rules_d.faults_per_batch))
+        truth = C.Steps(w.truth.ptr, w.truth.unit, next_use, pages)
         if on_launch:
             mv = policy.on_launch(ctx, s0)
             if mv is not None:
@@ -146,6 +149,21 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
     comp = step_compute(w)
     start, end, stall = run_timing(counters, comp, w.gran, groups, profile)
     return RunResult(policy.name, cap_units, counters, start, end, stall, comp, _run_extra(ctx))
+
+
+def fault_entries(w: Workload) -> np.ndarray:
+    """Per occurrence of the launches' units, the faults it makes when missing: the pages the launch
+    touches in it (Needs.pages), or all of the unit's pages where the needs do not say (a plan's)."""
+    if w.truth.pages is not None and len(w.truth.pages) == len(w.truth.unit):
+        return w.truth.pages.astype(I64)
+    ps = w.tasks[0].trace.page_size if w.tasks else PAGE
+    return np.full(len(w.truth.unit), max(w.gran // ps, 1), I64)
+
+
+def driver_rules(policy: Policy, profile, options: Options) -> DriverRules:
+    """The fault path's rules for a run: the policy's victim order if it has one, else the run's."""
+    return DriverRules(policy.evict_order or options.eviction, bool(options.driver_prefetch),
+                       int(profile.faults_per_batch))
 
 
 def _run_extra(ctx: Context) -> dict:
@@ -219,7 +237,8 @@ def summarize(r: RunResult, w: Workload, batch: int = FAULT_BATCH) -> dict[str, 
         "htod_bytes": int((c[C.C_FAULT_IN] + c[C.C_TREE_IN] + c[C.C_PREFETCH_IN]) * gran),
         "dtoh_bytes": int((c[C.C_FAULT_DTOH] + c[C.C_GROUP_DTOH]) * gran),
         "prefetch_bytes": int(c[C.C_PREFETCH_IN] * gran),
-        "fault_batches": int(np.ceil(r.counters[:, C.C_FAULTS] / batch).sum()) if len(r.counters) else 0,
+        "fault_batches": int(c[C.C_BATCHES]),
+        "blocks_serviced": int(c[C.C_BLOCKS]),
         "thrashing_launches": int((sizes > r.cap_units).sum()),
         "launches": int(w.n_steps),
     }

@@ -25,12 +25,13 @@ from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
-from ..policies import POLICIES, Oracle, Runner, Template, check_policies
-from ..policies.base import Options, plan_trial
+from ..policies import POLICIES, Template, check_policies
+from ..policies.base import Options, ReplaySetup, plan_trial
 from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
+from .uvm_driver import DriverRules, service_granularity
 from .run import RunResult, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
@@ -39,12 +40,13 @@ class SimConfig:
     costs: str | Path | CostProfile = "msched-rtx5080"
     granularity: int | None = None
     eviction_unit: int | None = None
-    eviction: str = "fifo"
+    eviction: str = "driver"     # the fault path's victim order (uvm_driver.VICTIM_ORDERS)
     driver_prefetch: bool = True
     timeslice_ms: float = 10.0
     feedback: bool = False
     fallback: str = "adaptive"   # plan/adaptive.py: history only where it proved precise
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
+    oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
 
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
@@ -54,6 +56,9 @@ class SimConfig:
         ch = {}
         if self.granularity is not None:
             ch["granularity"] = int(self.granularity)
+        elif not self.driver_prefetch:
+            # with the prefetcher off a fault moves its own 4 KiB page (driver.service_granularity)
+            ch["granularity"] = service_granularity(p.granularity, False)
         if self.eviction_unit is not None:
             ch["eviction_unit"] = int(self.eviction_unit)
         elif self.granularity is not None and self.granularity > p.eviction_unit:
@@ -65,15 +70,17 @@ class SimConfig:
             if ch.get("eviction_unit", p.eviction_unit) < ch.get("granularity", p.granularity):
                 raise UsageError("--eviction-unit must not be smaller than --granularity")
             p = replace(p, **ch)
-        if self.eviction not in ("fifo", "lru"):
-            raise UsageError(f"--eviction must be fifo or lru, not {self.eviction!r}")
+        DriverRules(self.eviction)   # checks the victim order
         if self.span != "auto" and self.span not in PLAN_SPANS:
             raise UsageError(f"--span must be auto or one of {', '.join(PLAN_SPANS)}, not {self.span!r}")
+        if self.oversub_of not in OVERSUB_OF:
+            raise UsageError(f"--oversub-of must be one of {', '.join(OVERSUB_OF)}, not {self.oversub_of!r}")
         if not (self.timeslice_ms >= 0):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         return p
 
 
+OVERSUB_OF = ("managed", "touched")
 MAX_CAPACITY = 1 << 60  # 1 EiB: capacities stay far inside int64 arithmetic
 
 
@@ -122,13 +129,17 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if capacity is not None and any(c != plan.capacity_bytes for c in capacity):
             warn(f"{plan_path} was planned for a capacity of {plan.capacity_bytes} bytes; replaying it at"
                  " another capacity follows the same transfers (memory the plan overfills is evicted by faults)")
-    if "template" in policies and model is None and plan is None:
-        raise UsageError("policy template needs --model MODEL or --plan PLAN")
-    if "runner" in policies and model is None:
-        raise UsageError("policy runner needs --model MODEL (it predicts as the GPU runner does)")
+    # the policy that plans on the model's predictions (or follows a fixed plan): template
+    plans_on_model = any(POLICIES[p].requires == "model-or-plan" for p in policies)
+    for p in policies:
+        need = POLICIES[p].requires
+        if need == "model" and model is None:
+            raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
+        if need == "model-or-plan" and model is None and plan is None:
+            raise UsageError(f"policy {p} needs --model MODEL or --plan PLAN")
     extra = []
     predicted = None
-    if "template" in policies and model is not None and plan is None:
+    if plans_on_model and model is not None and plan is None:
         predicted = [predicted_gated(model, t, cfg.fallback) for t in traces]
         extra.append([fp for fp, _ in predicted])
     plan_pred = None
@@ -141,10 +152,11 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
-    caps = capacities_for(w.footprint_bytes, capacity, oversub)
+    basis = w.oversub_basis(cfg.oversub_of)
+    caps = capacities_for(basis, capacity, oversub)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
-    if "template" in policies:
+    if plans_on_model:
         if plan is not None:
             span = plan.manifest.get("span", "unit")
             pneeds = None if plan_pred is None else span_needs(w.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
@@ -158,26 +170,25 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             w.extra[("predicted", id(model), cfg.fallback)] = predicted
     results: dict[tuple[str, int], RunResult] = {}
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
-    # oracle runs last: its family includes every other policy's run at the same capacity (policies/oracle.py)
-    for p in sorted(policies, key=lambda p: p == "oracle"):
+    setup = ReplaySetup(model=model, template=tmpl)
+    # a policy that runs last (oracle) is handed every other policy's run at the same capacity
+    for p in sorted(policies, key=lambda p: POLICIES[p].runs_last):
+        cls = POLICIES[p]
         cap_units = [c // w.gran for c, _ in caps]
         for c, cu in zip(caps, cap_units):
             if cu < 1:
                 raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
-        if p == "demand" and one_pass and len(caps) > 1:
+        if cls.lru_one_pass and one_pass and len(caps) > 1:
             for (c, _), r in zip(caps, demand_lru_all(w, cap_units, prof)):
                 results[(p, c)] = r
                 if progress:
                     progress.advance()
             continue
-        if p == "runner":
-            pol = Runner(model)
-        elif p == "oracle":
-            pol = Oracle({cu: [(q, results[(q, c)]) for q in policies if q != "oracle"]
-                          for (c, _), cu in zip(caps, cap_units)})
-        else:
-            pol = tmpl if p == "template" else POLICIES[p]()
-        if p in ("template", "oracle"):
+        if cls.runs_last:
+            setup.rivals = {cu: [(q, results[(q, c)]) for q in policies if not POLICIES[q].runs_last]
+                            for (c, _), cu in zip(caps, cap_units)}
+        pol = cls.for_replay(setup)
+        if cls.chooses_span:
             pol.spans = cfg.spans()
         for (c, _), cu in zip(caps, cap_units):
             results[(p, c)] = run_policy(w, pol, cu, prof, opts)
@@ -196,14 +207,16 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             r = results[(p, c)]
             s = summarize(r, w, prof.faults_per_batch)
             run = {"policy": p, "backend": "sim", "capacity_bytes": int(c), "oversub": float(r_over), **s,
-                   "lower_bound_s": bounds[c]}
+                   "lower_bound_s": bounds[c],
+                   "oversub_of": "touched" if cfg.oversub_of == "touched" or w.managed_bytes <= 0 else "managed",
+                   "managed_bytes": int(w.managed_bytes)}
             run.update({
                 "footprint_bytes": int(w.footprint_bytes), "workload": wname, "tasks": names,
                 "traces": [str(t.path) for t in traces], "costs": prof.name, "granularity": int(prof.granularity),
                 "eviction_unit": int(prof.eviction_unit), "eviction": cfg.eviction,
                 "driver_prefetch": bool(cfg.driver_prefetch), "timeslice_ms": float(cfg.timeslice_ms),
                 "model": model_path, "plan": None if plan_path is None else str(plan_path),
-                "feedback": bool(cfg.feedback and p == "template"), "run": len(runs),
+                "feedback": bool(cfg.feedback and POLICIES[p].requires == "model-or-plan"), "run": len(runs),
             })
             if "feedback_changes" in r.extra:
                 run["feedback_changes"] = int(r.extra["feedback_changes"])
@@ -263,7 +276,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     predicted, gates = predicted_gated(model, trace, cfg.fallback)
     w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        need_alloc=True, extra_fps=[[predicted]])
-    (cap, r), = capacities_for(w.footprint_bytes, None if capacity is None else [capacity],
+    (cap, r), = capacities_for(w.oversub_basis(cfg.oversub_of), None if capacity is None else [capacity],
                                None if oversub is None else [oversub])
     cu = cap // w.gran
     if cu < 1:

@@ -9,12 +9,12 @@ import numpy as np
 from numba import njit
 
 from ..plan.groups import Groups
-from .kernels import (C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_TREE_IN,
+from .kernels import (C_BATCHES, C_BLOCKS, C_FAULT_DTOH, C_FAULTS, C_GROUP_DTOH, C_PREFETCH_IN, C_PREFETCH_NEED, C_TRANSFERS, C_TREE_IN,
                       C_USED_GROUP, C_USED_OWN, C_USED_POS)
 
 # What the clock charges, from a cost profile (replay/costs.py's fields of the same names).
 Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhead_s htod_bw dtoh_bw duplex "
-                            "pipelined_bw latency")
+                            "pipelined_bw latency block_service_s")
 # When a step's planned group may start and what its launch waits for (plan.groups.Groups' flags), and
 # the step whose end the group's index values wait for, with the seconds their copy to the host takes.
 # `gate_frac`: the share of the group's planned prefetches that wait for the gate, `own_plain`: the
@@ -24,11 +24,12 @@ Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac
 
 
 @njit(cache=True)
-def fault_seconds(faults, c):
+def fault_seconds(faults, blocks, batches, c):
+    """The fault path's charge for a launch's faults: per fault, per VA block serviced in a batch and
+    per batch (docs/cost-model.md, "Time"); a lone fault costs the three together."""
     if not c.charges or faults <= 0:
         return 0.0
-    batches = (faults + c.faults_per_batch - 1) // c.faults_per_batch
-    return faults * c.fault_time_s + batches * c.batch_overhead_s
+    return faults * c.fault_time_s + blocks * c.block_service_s + batches * c.batch_overhead_s
 
 
 @njit(cache=True)
@@ -118,7 +119,7 @@ def _timing(counters, compute, gran, order, c):
             # the last unit it touches of that group has arrived (groups run in order, each in its order)
             ready = max(ready, g_start[e] + g_time[e] * (min(k[C_USED_POS], counters[e, C_PREFETCH_IN])
                                                         / counters[e, C_PREFETCH_IN]))
-        f = fault_seconds(k[C_FAULTS], c)
+        f = fault_seconds(k[C_FAULTS], k[C_BLOCKS], k[C_BATCHES], c)
         f += bulk_seconds(k[C_TREE_IN] * gran, k[C_FAULT_DTOH] * gran, 0, c, False, 0.0)
         start[i] = ready
         end[i] = ready + compute[i] + f
@@ -133,7 +134,7 @@ def costs_of(profile) -> Costs:
     p = profile
     return Costs(bool(p.charges), float(p.fault_time_s), int(p.faults_per_batch), float(p.batch_overhead_s),
                  float(p.htod_bandwidth), float(p.dtoh_bandwidth), bool(p.duplex), float(p.pipelined_bandwidth),
-                 float(p.transfer_latency_s))
+                 float(p.transfer_latency_s), float(p.block_service_s))
 
 
 def gate_seconds(groups: Groups, profile) -> np.ndarray:
