@@ -221,7 +221,8 @@ def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
     policy knows of a unit's next use, for Belady within a launch larger than
     memory. One backward pass over the steps (numba)."""
     n_units = int(max(truth.unit.max(initial=-1), needs.unit.max(initial=-1))) + 1
-    return _next_use(truth.ptr, truth.unit.astype(I64), needs.ptr, needs.unit.astype(I64), n_units)
+    return _next_use(truth.ptr, truth.unit.astype(I64, copy=False), needs.ptr, needs.unit.astype(I64, copy=False),
+                     n_units)
 
 
 @njit(cache=True)
