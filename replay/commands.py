@@ -129,6 +129,8 @@ class PlanCommand(Command):
         model = load_model(args.model)
         from pagecast.trace import LAZY_TABLES
         trace = read_trace(args.trace, lazy=LAZY_TABLES).require_launches("plan").require_argument_bytes("plan")
+        from pagecast.memory import return_freed_arrays
+        return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span, oversub_of=args.oversub_of)
         with console.progress("planning", None):
@@ -236,6 +238,7 @@ class ReplayCommand(Command):
 
     def _sim(self, args):
         from pagecast import console
+        from pagecast.memory import return_freed_arrays
         from pagecast.trace import read_trace
 
         from .sim.sweep import replay_sim
@@ -243,6 +246,8 @@ class ReplayCommand(Command):
         from pagecast.trace import LAZY_TABLES
         # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
         traces = [read_trace(t, lazy=LAZY_TABLES).require_launches("replay") for t in args.traces]
+        # the runs make and free per-use arrays of many sizes: each freed one goes back (pagecast/memory.py)
+        return_freed_arrays()
         from .policies import POLICIES
 
         for p in sorted(q for q in args.policy if POLICIES[q].reads_arguments):   # they read pointer arguments

@@ -341,17 +341,41 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     """`derived` (needs made from `base`: widened to blocks, allocations added, narrowed back) with
     `after` carried over: a use `base` has keeps its own; a unit added beside it (the rest of a
     block) waits for the earliest of the uses `base` has in that step's block (-1 when one of them
-    is known from the arguments, or when `base` has none there: an allocation the arguments name)."""
+    is known from the arguments, or when `base` has none there: an allocation the arguments name).
+    Made a few steps at a time (`ATTACH_USES` uses of each at most, whole steps): every step's
+    `after` reads that step's uses only, and the keys, sorts and matches of all uses at once were
+    ten times the result's memory (the peak of a planned replay of 10^6 launches)."""
     if base.after is None:
         return derived
     n = len(base.ptr) - 1
     m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
-    bstep = np.repeat(np.arange(n, dtype=I64), np.diff(base.ptr))
-    dstep = np.repeat(np.arange(n, dtype=I64), np.diff(derived.ptr))
-    bk = bstep * m + base.unit
-    dk = dstep * m + derived.unit
+    after = np.full(len(derived.unit), -1, I64)
+    s0 = 0
+    while s0 < n:
+        # whole steps, at least one, while both needs' uses stay under ATTACH_USES
+        s1 = max(s0 + 1, min(int(np.searchsorted(base.ptr, base.ptr[s0] + ATTACH_USES, side="right")) - 1,
+                             int(np.searchsorted(derived.ptr, derived.ptr[s0] + ATTACH_USES, side="right")) - 1))
+        s1 = min(s1, n)
+        d0, d1 = int(derived.ptr[s0]), int(derived.ptr[s1])
+        after[d0:d1] = _after_of_steps(derived, base, block_lo, m, s0, s1)
+        s0 = s1
+    return Needs(derived.ptr, derived.unit, after, base.value_bytes)
+
+
+ATTACH_USES = 1 << 21   # uses per piece of attach_after (each piece's temporaries: ~100 bytes a use)
+
+
+def _after_of_steps(derived: Needs, base: Needs, block_lo: np.ndarray, m, s0: int, s1: int) -> np.ndarray:
+    """attach_after's `after` for `derived`'s uses in steps s0..s1-1 (see there)."""
+    b0, b1 = int(base.ptr[s0]), int(base.ptr[s1])
+    d0, d1 = int(derived.ptr[s0]), int(derived.ptr[s1])
+    b_unit, b_after, d_unit = base.unit[b0:b1], base.after[b0:b1], derived.unit[d0:d1]
+    bstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(base.ptr[s0:s1 + 1]))
+    dstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(derived.ptr[s0:s1 + 1]))
+    bk = bstep * m + b_unit
+    dk = dstep * m + d_unit
     order = np.argsort(bk, kind="stable")
-    bks, ba = bk[order], base.after[order]
+    bks, ba = bk[order], b_after[order]
     p = np.minimum(np.searchsorted(bks, dk), max(len(bks) - 1, 0))
     exact = (bks[p] == dk) if len(bks) else np.zeros(len(dk), bool)
     after = np.full(len(dk), -1, I64)
@@ -359,15 +383,15 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     rest = ~exact
     if rest.any() and len(bks):
         # per (step, block): the earliest values among base's uses there, -1 (none needed) winning
-        blk = bstep * m + block_lo[base.unit]
+        blk = bstep * m + block_lo[b_unit]
         ub, inv = np.unique(blk, return_inverse=True)
         low = np.full(len(ub), np.iinfo(I64).max, I64)
-        np.minimum.at(low, inv, base.after)
-        q = dstep[rest] * m + block_lo[derived.unit[rest]]
+        np.minimum.at(low, inv, b_after)
+        q = dstep[rest] * m + block_lo[d_unit[rest]]
         j = np.minimum(np.searchsorted(ub, q), len(ub) - 1)
         hit = ub[j] == q
         after[rest] = np.where(hit, low[j], -1)
-    return Needs(derived.ptr, derived.unit, after, base.value_bytes)
+    return after
 
 
 @dataclass

@@ -20,6 +20,7 @@ alone, as `spans.choose_span` judges spans.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from ..unit_space import Needs, Workload
@@ -39,16 +40,32 @@ def without_indexed(model, cls: str = "irregular"):
     return m
 
 
-def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> list[Needs]:
+def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> Alternatives:
     """The needs of the alternatives (module doc) for tasks `traces` whose (footprints, gates)
-    predictions are `pg`; empty when no indexed region predicted anything."""
+    predictions are `pg`; empty when no indexed region predicted anything. Each is made when it is
+    read (`Alternatives`), so that a planner going through them holds one at a time."""
     if not any(gt is not None and len(gt.launch) for _, gt in pg):
-        return []
-    plain = w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])
-    alts = [plain]
+        return Alternatives([])
+    makers = [lambda: w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])]
     for cls in ("irregular", "allocation"):
-        alts.append(w.needs_from(blind_predictions(w, model, cls, traces, fallback)))
-    return alts
+        makers.append(lambda cls=cls: w.needs_from(blind_predictions(w, model, cls, traces, fallback)))
+    return Alternatives(makers)
+
+
+class Alternatives(Sequence):
+    """The alternatives' needs, each made from its predictions when it is read and not kept: every
+    one is a per-use array as large as the predicted needs (10^6 launches: hundreds of MB each),
+    and `best_plan` reads them one after the other. The predictions they are made from are kept
+    (`blind_predictions`), so reading one twice gives equal needs."""
+
+    def __init__(self, makers: list[Callable[[], Needs]]):
+        self._makers = makers
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def __getitem__(self, i: int) -> Needs:
+        return self._makers[i]()
 
 
 def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> list:
@@ -70,8 +87,10 @@ def best_plan(w: Workload, first: tuple, alternatives: list[Needs], cap_units: i
         return first
     best = trial(first[2], first[1]).end[-1]
     out = first
-    for alt in alternatives:
-        span, sn, g, run = choose_span(w, alt, cap_units, spans, fronts, trial, profile=profile, faults=faults)
+    for i in range(len(alternatives)):
+        span, sn, g, run = choose_span(w, alternatives[i], cap_units, spans, fronts, trial, profile=profile,
+                                       faults=faults)
         if run is not None and run.end[-1] < best:
             best, out = run.end[-1], (span, sn, g)
+        del span, sn, g, run   # the losers' needs and plan go before the next alternative is made
     return out

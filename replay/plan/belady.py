@@ -544,16 +544,18 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
                    np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
     G = len(need_ptr) - 1 - start_step
+    # each transfer list is let go as soon as what is made from it exists (a plan of 10^6 launches
+    # has tens of millions of transfers: every list held to the end was ~8 bytes a use more)
     oe = np.lexsort((ev_u, ev_g))
-    own = pf_n == pf_g
-    op = np.lexsort((pf_u, ~own, pf_g))
     ev_ptr = _group_ptr(ev_g[oe], G)
-    pf_ptr = _group_ptr(pf_g[op], G)
-    need_now = _own_counts(pf_g[op], own[op], G)
+    ev_u = ev_u[oe]
+    del oe, ev_g
+    own = pf_n == pf_g
     # the latest earlier group holding a unit a step needs (its launch waits for that group)
     need_group = np.full(G, -1, np.int64)
     early = ~own
     np.maximum.at(need_group, pf_n[early], pf_g[early])
+    del early
     gate = np.full(G, -1, np.int64)
     gate_bytes = np.zeros(G, np.int64)
     ga = pf_a >= 0
@@ -563,7 +565,13 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             # one copy per launch whose values a group's prefetches wait for
             pair = np.unique(pf_g[ga] * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
-    return ev_ptr, ev_u[oe], pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
+    del ga, pf_n
+    op = np.lexsort((pf_u, ~own, pf_g))
+    pf_g = pf_g[op]
+    pf_ptr = _group_ptr(pf_g, G)
+    need_now = _own_counts(pf_g, own[op], G)
+    del pf_g, own
+    return ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
 
 
 @njit(cache=True)

@@ -48,8 +48,9 @@ def prefetch_uses(g: Groups, needs: Needs, base: Needs) -> tuple[np.ndarray, np.
     n = g.n_steps
     n_units = int(max(needs.unit.max(initial=-1), base.unit.max(initial=-1), g.pf_unit.max(initial=-1),
                       g.ev_unit.max(initial=-1))) + 1
-    return _prefetch_uses(g.pf_ptr, g.pf_unit.astype(I64), g.ev_ptr, g.ev_unit.astype(I64), needs.ptr,
-                          needs.unit.astype(I64), base.ptr, base.unit.astype(I64), n, n_units)
+    return _prefetch_uses(g.pf_ptr, g.pf_unit.astype(I64, copy=False), g.ev_ptr, g.ev_unit.astype(I64, copy=False), needs.ptr,
+                          needs.unit.astype(I64, copy=False), base.ptr, base.unit.astype(I64, copy=False),
+                          n, n_units)   # read only: no copies of every use
 
 
 @njit(cache=True)
@@ -134,7 +135,7 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
     if n < 2 or len(g.pf_unit) == 0 or not profile.charges:
         return None
     step = prefetch_steps(g)
-    u = g.pf_unit.astype(I64)
+    u = g.pf_unit.astype(I64, copy=False)
     need, own, useful = prefetch_uses(g, needs, base)
     # a transfer: consecutive units of one group for one step (what the copy engines count as one)
     new = np.ones(len(u), bool)

@@ -56,7 +56,7 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
         lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
-        return Needs(ptr, F.expand_intervals(s, e).astype(I64))
+        return Needs(ptr, F.expand_intervals(s, e).astype(I64, copy=False))
     if span == "allocation":
         a = alloc_needs(w)
         astep = np.repeat(np.arange(n, dtype=I64), np.diff(a.ptr))
@@ -66,7 +66,7 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
         key = key[np.concatenate([[True], key[1:] != key[:-1]])] if len(key) else key
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(key // m, minlength=n), out=ptr[1:])
-        return Needs(ptr, (key % m).astype(I64))
+        return Needs(ptr, (key % m).astype(I64, copy=False))
     raise ValueError(f"unknown plan span {span!r}; known: {', '.join(PLAN_SPANS)}")
 
 

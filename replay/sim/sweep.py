@@ -32,7 +32,7 @@ from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
 from .uvm_driver import DriverRules, service_granularity
-from .run import RunResult, run_policy, step_compute, summarize
+from .run import RunResult, compact, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
 @dataclass
@@ -171,6 +171,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     results: dict[tuple[str, int], RunResult] = {}
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
     setup = ReplaySetup(model=model, template=tmpl)
+    # without a timeline a finished run is kept as its summary reads it (run.compact)
+    keep = (lambda r: r) if timeline else compact
     # a policy that runs last (oracle) is handed every other policy's run at the same capacity
     for p in sorted(policies, key=lambda p: POLICIES[p].runs_last):
         cls = POLICIES[p]
@@ -180,7 +182,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
         if cls.lru_one_pass and one_pass and len(caps) > 1:
             for (c, _), r in zip(caps, demand_lru_all(w, cap_units, prof)):
-                results[(p, c)] = r
+                results[(p, c)] = keep(r)
                 if progress:
                     progress.advance()
             continue
@@ -191,7 +193,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if cls.chooses_span:
             pol.spans = cfg.spans()
         for (c, _), cu in zip(caps, cap_units):
-            results[(p, c)] = run_policy(w, pol, cu, prof, opts)
+            results[(p, c)] = keep(run_policy(w, pol, cu, prof, opts))
             if progress:
                 progress.advance()
     comp = step_compute(w)
