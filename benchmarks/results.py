@@ -305,7 +305,7 @@ def fit_mode_runs(work: Path, names: list[str], scale: float, costs: str) -> dic
     tdir.mkdir(parents=True, exist_ok=True)
     mdir.mkdir(parents=True, exist_ok=True)
     out = {}
-    for n in names:
+    for n in dict.fromkeys(names):       # each workload once, in the order given
         rp = reuse_or_make(n, tdir / f"{n}-s{REPLAY_SEED}.pctrace", scale=scale, seed=REPLAY_SEED)
         for mode, seeds in FIT_MODES.items():
             tr = [T.read_trace(reuse_or_make(n, tdir / f"{n}-s{s}.pctrace", scale=scale, seed=s)) for s in seeds]
