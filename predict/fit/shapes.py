@@ -182,7 +182,7 @@ def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | No
     """Ends guessed from an argument (`argument_backed`, or the kernel's vocabulary through
     `shared_shape`, for a region under a page at every launch) that lean on a position, not a
     size, go back to their constant: an argument the kernel's other
-    regions use only in start offsets (kv_append's `128*pos` into each head's cache) and never in a
+    regions use only in start offsets (a decode step's `128*pos` into each head's cache) and never in a
     size (an end, chunk or count) moves where they lie, and merely correlates with this region's
     end within the profile (docs/template-model.md, "When faults cannot separate fixed from an
     argument"). Returns the regions changed."""

@@ -35,11 +35,7 @@ class Template(Planned):
         return view.predicted or []
 
     # Leaving transfers to faults (plan/faults.py), tried on its predictions as oracle tries it on the
-    # truth. Under the old fault model (every fault charged a whole lone fault) it cost moe-decode at
-    # 300% (2.10x -> 2.06x: the trial on predictions misses the faults of what they do not predict);
-    # under the driver model it does not (moe-decode scale 0.2: 150% unchanged, 300% 14.901 -> 14.888 ms)
-    # and without it jacobi2d at 300% ran at 93.1% of oracle (99.9995% with it: oracle leaves 149
-    # transfers to faults, template 148; docs/cost-model.md, "Left to faults").
+    # truth; what it gains and costs, measured: docs/cost-model.md, "Left to faults".
     faults = True
 
     requires = "model-or-plan"
