@@ -614,8 +614,5 @@ def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, prof
     fp_bytes = sum(t.truth.union_pages() * t.trace.page_size for t in tasks)
     w = Workload(tasks, gran, eviction_unit, uni, step_task, step_launch, Needs(np.zeros(1, I64), np.zeros(0, I64)),
                  int(fp_bytes), managed_bytes=sum(managed_bytes(t.trace) for t in tasks))
-    w.truth = w.needs_from([t.truth for t in tasks])
-    pages = gather_steps([unit_page_counts(t.truth, gran) for t in tasks], step_task, step_launch).unit
-    if len(pages) == len(w.truth.unit):
-        w.truth.pages = pages
+    w.truth = w.needs_from([t.truth for t in tasks])   # with each use's page count (Needs.pages)
     return w
