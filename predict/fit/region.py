@@ -48,7 +48,6 @@ class RegionFit:
     maxp: int                         # most runs one launch shows
     fit: dict
     shape: RangeEvidence | None = None
-    region: Region | None = None      # what the cascade chose
     _indexed: object = field(default=_UNTRIED, repr=False)
 
     def unexplained(self, r: Region) -> int | None:
@@ -330,7 +329,6 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
         if region is not None:
             break
     region.fit = fit
-    rf.region = region
     return region, sig, rf.shape, rf
 
 

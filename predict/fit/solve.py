@@ -181,10 +181,9 @@ def agreeing_discarded(kd: KernelData, g, bounds, ok, edges=2) -> bool:
     cand = (bad_g == n_g) & (n_g >= 2)
     if not cand.any():
         return False
-    agree = cand
     rate = np.broadcast_to(np.asarray(kd.params.contradiction_rate(kd.loss, edges), np.float64), (len(g),))
     logp = np.bincount(g, weights=np.log(np.maximum(rate, 1e-300)), minlength=kd.U)
-    return bool((agree & (logp < np.log(1.0 - kd.params.confidence))).any())
+    return bool((cand & (logp < np.log(1.0 - kd.params.confidence))).any())
 
 
 def group_evidence(kd: KernelData, g, s_lo, s_hi, e_lo, e_hi, limit: int = 64) -> dict:
