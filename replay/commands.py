@@ -241,11 +241,12 @@ def replay_request(args):
     backend = args.backend
     model, plan, feedback = args.model, args.plan, args.feedback
     span = args.span
+    warns: list[str] = []   # said once the request stands (a bad flag is one line, no warnings before it)
     if backend == "gpu":
         if plan:
-            console.warn("the GPU backend makes its decisions online; --plan is ignored")
+            warns.append("the GPU backend makes its decisions online; --plan is ignored")
         if span != "auto":
-            console.warn("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
+            warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
         plan, span = None, "auto"
     else:
         needs = {POLICIES[p].requires for p in policies if p in POLICIES}
@@ -253,15 +254,15 @@ def replay_request(args):
             uses_model = "model" in needs
             for flag, val in (("--plan", plan), ("--model", None if uses_model else model), ("--feedback", feedback)):
                 if val:
-                    console.warn(f"{flag} is for the template policy, which is not among --policy; ignored")
+                    warns.append(f"{flag} is for the template policy, which is not among --policy; ignored")
             plan, model, feedback = None, model if uses_model else None, False
         elif plan and model:
-            console.warn("--plan and --model both given: template follows the plan (its manifest names its"
+            warns.append("--plan and --model both given: template follows the plan (its manifest names its"
                          " model); --model is not used")
         if args.repeat != 1:
-            console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
+            warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")
         if plan and "model-or-plan" in needs and span != "auto":
-            console.warn(f"--span {span} applies to oracle only: template follows the plan, made at the"
+            warns.append(f"--span {span} applies to oracle only: template follows the plan, made at the"
                          " span its manifest names")
     sim = {}
     if backend == "sim":
@@ -269,12 +270,15 @@ def replay_request(args):
                    timeslice_ms=args.timeslice,
                    granularity=None if args.granularity is None else parse_size(args.granularity),
                    eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
-    return ReplayRequest(
+    req = ReplayRequest(
         backend=backend, policies=tuple(policies), traces=tuple(str(t) for t in (args.traces or ())),
         capacity=None if capacity is None else tuple(capacity), oversub=None if oversub is None else tuple(oversub),
         oversub_of=args.oversub_of, model=model, plan=plan, feedback=feedback, repeat=args.repeat, span=span,
         workload=tuple(args.workload), allow_oversubscription=args.allow_oversubscription,
         **sim)
+    for w in warns:
+        console.warn(w)
+    return req
 
 
 COMMANDS: list[Command] = [PlanCommand(), ReplayCommand()]
