@@ -41,7 +41,7 @@ FORMAT = "pagecast.replay-request/1"
 def check_unit(flag: str, v: int) -> int:
     """A migration or eviction unit: a power of two of at least 512 bytes."""
     if v <= 0 or v & (v - 1) or v < MIN_UNIT:
-        raise UsageError(f"{flag} must be a power of two of at least {MIN_UNIT} bytes, not {v}")
+        raise UsageError(f"{flag} must be a power of two of at least {MIN_UNIT} bytes, not {shown(v)}")
     return v
 
 
@@ -49,7 +49,7 @@ def check_capacity(c: int) -> int:
     if c <= 0:
         raise UsageError(f"--capacity must be > 0, not {c}")
     if c > MAX_CAPACITY:
-        raise UsageError(f"--capacity {c} bytes is more than the simulator handles (1 EiB)")
+        raise UsageError(f"--capacity {shown(c)} bytes is more than the simulator handles (1 EiB)")
     return c
 
 
@@ -130,9 +130,12 @@ class ReplayRequest:
             if not _kind_ok(KINDS[f.name], v):
                 raise UsageError(f"replay request: {f.name} must be {_TYPE_WORDS[KINDS[f.name].rstrip('?')]}"
                                  f"{' or null' if KINDS[f.name].endswith('?') else ''}, not {shown(v)}")
-        if self.oversub is not None:
-            object.__setattr__(self, "oversub", tuple(float(r) for r in self.oversub))
-        object.__setattr__(self, "timeslice_ms", float(self.timeslice_ms))
+        try:
+            if self.oversub is not None:
+                object.__setattr__(self, "oversub", tuple(float(r) for r in self.oversub))
+            object.__setattr__(self, "timeslice_ms", float(self.timeslice_ms))
+        except OverflowError:   # an integer too large for a float
+            raise UsageError("--oversub and --timeslice must be numbers a float holds") from None
         self._validate()
 
     def _validate(self) -> None:
@@ -166,7 +169,7 @@ class ReplayRequest:
         if not (self.timeslice_ms >= 0) or not math.isfinite(self.timeslice_ms):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         if self.repeat < 1:
-            raise UsageError(f"--repeat must be >= 1, not {self.repeat}")
+            raise UsageError(f"--repeat must be >= 1, not {shown(self.repeat)}")
         if self.fallback is not None:
             _choice("fallback", self.fallback, GPU_FALLBACKS if gpu else SIM_FALLBACKS)
         if not self.costs:
