@@ -1,7 +1,8 @@
 """Subcommands of the plan and replay stages, registered in pagecast.cli: plan, replay.
 
-They translate their flags into the library's typed configs (SimConfig, GpuReplayConfig); heavy
-imports wait inside `run` so that the CLI starts fast."""
+`plan` translates its flags into the simulator's SimConfig; `replay` parses its flags into one
+ReplayRequest (replay/request.py, validated once), which the simulator and the GPU runner take
+alike. Heavy imports wait inside `run` so that the CLI starts fast."""
 
 from __future__ import annotations
 
@@ -70,18 +71,6 @@ def _add_oversub_of(g) -> None:
     g.add_argument("--oversub-of", default="managed", choices=("managed", "touched"),
                    help="what --oversub divides: the managed bytes allocated (default; the literature's"
                         " oversubscription) or the union of the launches' touched footprints")
-
-
-def _sim_config(args):
-    from pagecast.units import parse_size
-
-    from .sim.sweep import SimConfig
-    return SimConfig(costs=args.costs,
-                     granularity=None if args.granularity is None else parse_size(args.granularity),
-                     eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit),
-                     eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                     timeslice_ms=args.timeslice, feedback=bool(getattr(args, "feedback", False)),
-                     span=args.span, oversub_of=getattr(args, "oversub_of", "managed"))
 
 
 class PlanCommand(Command):
@@ -185,84 +174,22 @@ class ReplayCommand(Command):
         _split_at_double_dash(p)
 
     def run(self, args):
+        from pagecast import console
         from pagecast.outputs import check_output_file
-        from pagecast.units import parse_float_list, parse_list
 
-        from .policies import POLICIES, check_policies
-
-        args.policy = check_policies(parse_list(args.policy, "--policy"))
-        args.capacity = None if args.capacity is None else _size_list(args.capacity)
-        args.oversub = None if args.oversub is None else parse_float_list(args.oversub, "--oversub")
-        wl = list(args.workload or [])
-        args.workload = wl
-        if args.capacity is not None:
-            for c in args.capacity:
-                if c <= 0:
-                    raise UsageError(f"--capacity must be > 0, not {c}")
+        req = replay_request(args)   # every flag checked here, once
         if args.output:
             from .results_io import timeline_path
             for pth in (Path(args.output), timeline_path(args.output)):
                 check_output_file(pth, args.force, "results.parquet")
-        if args.repeat < 1:
-            raise UsageError(f"--repeat must be >= 1, not {args.repeat}")
-        if args.backend == "sim":
-            from pagecast import console
-            needs = {POLICIES[p].requires for p in args.policy}
-            if "model-or-plan" not in needs:
-                uses_model = "model" in needs
-                for flag, val in (("--plan", args.plan), ("--model", None if uses_model else args.model),
-                                  ("--feedback", args.feedback)):
-                    if val:
-                        console.warn(f"{flag} is for the template policy, which is not among --policy; ignored")
-                args.plan = None
-                args.model = args.model if uses_model else None
-                args.feedback = False
-            elif args.plan and args.model:
-                console.warn("--plan and --model both given: template follows the plan (its manifest names its"
-                             " model); --model is not used")
-            if args.repeat != 1:
-                console.warn("--repeat is for --backend gpu; the simulator is deterministic and runs once")
-            if args.plan and "model-or-plan" in needs and args.span != "auto":
-                console.warn(f"--span {args.span} applies to oracle only: template follows the plan, made at the"
-                             " span its manifest names")
-        if args.backend == "gpu":
+        if req.backend == "gpu":
             from .gpu.backend import run_gpu_replay
-            runs, timeline = run_gpu_replay(gpu_config(args))
+            runs, timeline = run_gpu_replay(req)
         else:
-            if wl:
-                raise UsageError("a workload command after -- needs --backend gpu")
-            if args.capacity is None and args.oversub is None:
-                raise UsageError("give --capacity SIZE,... or --oversub R,...")
-            runs, timeline = self._sim(args)
+            from .sim.sweep import simulate
+            with console.progress("replaying", len(req.policies) * len(req.levels)) as bar:
+                runs, timeline = simulate(req, progress=bar, timeline=bool(args.output))
         return _report(args, runs, timeline)
-
-    def _sim(self, args):
-        from pagecast import console
-        from pagecast.memory import return_freed_arrays
-        from pagecast.trace import read_trace
-
-        from .sim.sweep import replay_sim
-
-        from pagecast.trace import LAZY_TABLES
-        # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
-        traces = [read_trace(t, lazy=LAZY_TABLES).require_launches("replay") for t in args.traces]
-        # the runs make and free per-use arrays of many sizes: each freed one goes back (pagecast/memory.py)
-        return_freed_arrays()
-        from .policies import POLICIES
-
-        for p in sorted(q for q in args.policy if POLICIES[q].reads_arguments):   # they read pointer arguments
-            for t in traces:
-                t.require_argument_bytes(f"policy {p}")
-        model = None
-        if args.model:
-            from pagecast.predict.model_io import load_model
-            model = load_model(args.model)
-        cfg = _sim_config(args)
-        total = len(args.policy) * len(args.capacity or args.oversub)
-        with console.progress("replaying", total) as bar:
-            return replay_sim(traces, args.policy, capacity=args.capacity, oversub=args.oversub, config=cfg,
-                              model=model, model_path=args.model, plan_path=args.plan, progress=bar,
-                              timeline=bool(args.output))
 
 
 JSON_FIELDS = ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",
@@ -299,20 +226,59 @@ SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faste
               "allocation": "whole allocations (faster here than units or blocks)"}
 
 
-def gpu_config(args):
-    """The replay command's flags -> GpuReplayConfig (warning about the simulator's flags it ignores)."""
+def replay_request(args):
+    """The replay command's flags -> one ReplayRequest (validated as it is made), warning about the
+    flags the chosen backend or policies do not use (and leaving those out)."""
     from pagecast import console
+    from pagecast.units import parse_float_list, parse_list, parse_size
 
-    from .gpu.backend import GpuReplayConfig
-    if getattr(args, "plan", None):
-        console.warn("the GPU backend makes its decisions online; --plan is ignored")
-    if getattr(args, "span", "auto") not in (None, "auto"):
-        console.warn("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
-    return GpuReplayConfig(workload=list(args.workload or []), policies=list(args.policy or ["demand"]),
-                           traces=[str(t) for t in (args.traces or [])], capacity=args.capacity,
-                           oversub=args.oversub, model=args.model, feedback=bool(args.feedback),
-                           fallback=getattr(args, "fallback", None), repeat=args.repeat,
-                           allow_oversubscription=bool(args.allow_oversubscription))
+    from .policies import POLICIES
+    from .request import ReplayRequest
+
+    policies = parse_list(args.policy, "--policy")   # names checked by the request, against the registry
+    capacity = None if args.capacity is None else _size_list(args.capacity)
+    oversub = None if args.oversub is None else parse_float_list(args.oversub, "--oversub")
+    backend = args.backend
+    model, plan, feedback = args.model, args.plan, args.feedback
+    span = args.span
+    warns: list[str] = []   # said once the request stands (a bad flag is one line, no warnings before it)
+    if backend == "gpu":
+        if plan:
+            warns.append("the GPU backend makes its decisions online; --plan is ignored")
+        if span != "auto":
+            warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
+        plan, span = None, "auto"
+    else:
+        needs = {POLICIES[p].requires for p in policies if p in POLICIES}
+        if "model-or-plan" not in needs:
+            uses_model = "model" in needs
+            for flag, val in (("--plan", plan), ("--model", None if uses_model else model), ("--feedback", feedback)):
+                if val:
+                    warns.append(f"{flag} is for the template policy, which is not among --policy; ignored")
+            plan, model, feedback = None, model if uses_model else None, False
+        elif plan and model:
+            warns.append("--plan and --model both given: template follows the plan (its manifest names its"
+                         " model); --model is not used")
+        if args.repeat != 1:
+            warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")
+        if plan and "model-or-plan" in needs and span != "auto":
+            warns.append(f"--span {span} applies to oracle only: template follows the plan, made at the"
+                         " span its manifest names")
+    sim = {}
+    if backend == "sim":
+        sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
+                   timeslice_ms=args.timeslice,
+                   granularity=None if args.granularity is None else parse_size(args.granularity),
+                   eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
+    req = ReplayRequest(
+        backend=backend, policies=tuple(policies), traces=tuple(str(t) for t in (args.traces or ())),
+        capacity=None if capacity is None else tuple(capacity), oversub=None if oversub is None else tuple(oversub),
+        oversub_of=args.oversub_of, model=model, plan=plan, feedback=feedback, repeat=args.repeat, span=span,
+        workload=tuple(args.workload), allow_oversubscription=args.allow_oversubscription,
+        **sim)
+    for w in warns:
+        console.warn(w)
+    return req
 
 
 COMMANDS: list[Command] = [PlanCommand(), ReplayCommand()]

@@ -27,16 +27,17 @@ LAYERS: list[tuple[str, int, str]] = [
     ("pagecast.replay.plan", 4, "plan"),
     ("pagecast.replay.online", 4, "online"),
     ("pagecast.replay.policies", 5, "policies"),
-    ("pagecast.replay.sim", 6, "sim"),
-    ("pagecast.replay.gpu", 6, "gpu"),
-    ("pagecast.report", 7, "report"),
-    ("pagecast.demo", 8, "pipeline"),
-    ("pagecast.cli", 9, "cli"),
-    ("pagecast.core_commands", 9, "cli"),
+    ("pagecast.replay.request", 6, "request"),      # the replay request, validated against the policy registry
+    ("pagecast.replay.sim", 7, "sim"),
+    ("pagecast.replay.gpu", 7, "gpu"),
+    ("pagecast.report", 8, "report"),
+    ("pagecast.demo", 9, "pipeline"),
+    ("pagecast.cli", 10, "cli"),
+    ("pagecast.core_commands", 10, "cli"),
 ]
-CLI_LAYER = 9
+CLI_LAYER = 10
 LAYER_NAMES = {0: "core", 1: "datasets/collect", 2: "predict", 3: "replay files", 4: "plan/online", 5: "policies",
-               6: "sim/gpu", 7: "report", 8: "pipeline", 9: "CLI"}
+               6: "replay request", 7: "sim/gpu", 8: "report", 9: "pipeline", 10: "CLI"}
 
 # The source folders and the package each is installed as (pyproject's package-dir).
 FOLDERS = {"pagecast": "pagecast", "collect": "pagecast.collect", "datasets": "pagecast.datasets",

@@ -12,6 +12,7 @@ import pytest
 
 from pagecast.replay.gpu import child as C
 from pagecast.replay.gpu.cupti_monitor import MAX_KEPT, CuptiMonitor, UvmCounts, _add_record
+from pagecast.replay.request import ReplayRequest
 
 from cuda_standin import FakeCuda
 
@@ -80,7 +81,10 @@ def test_the_child_reports_every_lost_record(tmp_path, monkeypatch):
     script = tmp_path / "w.py"
     script.write_text("x = 1\n")
     res = tmp_path / "r.json"
-    code = C.child_main(["--policy", "demand", "--result", str(res), "--", "python", str(script)],
+    job = tmp_path / "job.json"
+    job.write_text(C.ChildJob(ReplayRequest(backend="gpu", policies=("demand",), workload=("python", str(script))),
+                              result=str(res)).to_json())
+    code = C.child_main([str(job)],
                         cuda=FakeCuda(), monitor=CuptiMonitor(0), hook_factory=_Hook)
     out = json.loads(res.read_text())
     assert code == 0, out

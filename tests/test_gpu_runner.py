@@ -26,9 +26,11 @@ from pagecast.replay.gpu import cuda_engine as E
 from pagecast.replay.online import relocate as O
 from pagecast.replay.online import ranges as R
 from pagecast.replay.online import residency as RS
-from pagecast.replay.commands import gpu_config
+from pagecast.replay.commands import replay_request
+from pagecast.replay.request import ReplayRequest
 from pagecast.replay.gpu import backend as G
 from pagecast.replay.gpu import prefetching as PF
+from pagecast.replay.policies import add_relative
 from cuda_standin import FakeCuda, FakeMonitor
 from pagecast.replay.gpu.driver import no_gpu_reason
 
@@ -620,7 +622,7 @@ def test_speedups_are_per_capacity():
             {"policy": "template", "capacity_bytes": 1, "time_s": 2.0},
             {"policy": "oracle", "capacity_bytes": 1, "time_s": 1.0},
             {"policy": "template", "capacity_bytes": 2, "time_s": 1.0}]
-    G.add_speedups(rows)
+    add_relative(rows)
     assert rows[1]["speedup_vs_demand"] == 5.0 and rows[1]["fraction_of_oracle"] == 0.5
     assert rows[3]["speedup_vs_demand"] is None
 
@@ -660,13 +662,22 @@ def fake_launch_module(monkeypatch):
     return mod
 
 
+def job_argv(tmp_path, policy, result, workload, capacity=None):
+    """The child's argv as the GPU runner makes it: one JSON file holding the job."""
+    req = ReplayRequest(backend="gpu", policies=(policy,), capacity=None if capacity is None else (capacity,),
+                        workload=tuple(workload))
+    path = tmp_path / f"job-{policy}.json"
+    path.write_text(C.ChildJob(request=req, result=str(result)).to_json())
+    return [str(path)]
+
+
 def test_child_run_writes_its_measurements(tmp_path, fake_launch_module):
     script = tmp_path / "work.py"
     script.write_text("import pagecast_test_launch as L\nfor _ in range(5):\n    for i in range(4):\n        L.launch(i)\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    code = C.child_main(["--policy", "demand", "--capacity", str(2 * UNIT), "--result", str(res),
-                         "--", "python", str(script)], cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
+    code = C.child_main(job_argv(tmp_path, "demand", res, ["python", str(script)], capacity=2 * UNIT),
+                        cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
     out = json.loads(res.read_text())
     assert code == 0 and "error" not in out
     assert out["launches"] == 20 and out["faults"] == fake.faults > 0
@@ -684,7 +695,7 @@ def test_child_run_warns_when_runtime_launches_are_seen_after_their_kernels(tmp_
     script.write_text("import pagecast_test_launch as L\nL.launch(0)\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    assert C.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
+    assert C.child_main(job_argv(tmp_path, "alloc", str(res), ["python", str(script)]),
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=RuntimeOnlyHook) == 0
     out = json.loads(res.read_text())
     assert out["runtime_reaches_driver"] is False
@@ -696,7 +707,7 @@ def test_child_run_reports_a_crashing_workload(tmp_path, fake_launch_module):
     script.write_text("raise ValueError('boom')\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    code = C.child_main(["--policy", "demand", "--result", str(res), "--", "python", str(script)],
+    code = C.child_main(job_argv(tmp_path, "demand", str(res), ["python", str(script)]),
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook)
     assert code == 1 and "boom" in json.loads(res.read_text())["error"]
 
@@ -706,7 +717,7 @@ def test_child_run_nonzero_exit(tmp_path, fake_launch_module):
     script.write_text("import sys\nsys.exit(3)\n")
     res = tmp_path / "r.json"
     fake = fake_launch_module.fake
-    assert C.child_main(["--policy", "alloc", "--result", str(res), "--", "python", str(script)],
+    assert C.child_main(job_argv(tmp_path, "alloc", str(res), ["python", str(script)]),
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=FakeHook) == 1
     assert "status 3" in json.loads(res.read_text())["error"]
 
@@ -714,12 +725,16 @@ def test_child_run_nonzero_exit(tmp_path, fake_launch_module):
 # ---- run_gpu_replay's argument handling ----------------------------------------------------------
 
 def ns(**kw):
-    """The replay command's flags, translated into a GpuReplayConfig as the command does."""
+    """The replay command's flags, parsed into a ReplayRequest as the command does (lists as the
+    comma-separated flags they are)."""
     d = dict(traces=[], policy=["demand"], capacity=None, oversub=None, model=None, plan=None, feedback=False,
              costs=None, repeat=1, allow_oversubscription=False, workload=["python", "w.py"], json=False,
-             output=None, force=False)
+             output=None, force=False, backend="gpu", span="auto", oversub_of="managed")
     d.update(kw)
-    return gpu_config(Namespace(**d))
+    for k in ("policy", "capacity", "oversub"):
+        if d[k] is not None:
+            d[k] = ",".join(str(x) for x in d[k])
+    return replay_request(Namespace(**d))
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -950,12 +965,13 @@ def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, mon
     seen = []
 
     def child(cmd):
-        seen.append(cmd)
-        res = Path(cmd[cmd.index("--result") + 1])
-        policy = cmd[cmd.index("--policy") + 1]
+        job = C.read_job(cmd[cmd.index("pagecast.replay.gpu.child") + 1:])
+        seen.append(job)
+        res = Path(job.result)
+        policy = job.policy
         out = {"policy": policy, "time_s": 2.0 if policy == "demand" else 1.0, "faults": 1, "htod_bytes": 0,
                "dtoh_bytes": 0, "launches": 2, "warnings": []}
-        if "--timeline" in cmd:
+        if job.timeline:
             out["timeline"] = {"launch_id": [0, 1], "kernel": ["a", "b"], "start_s": [0.0, 1.0],
                                "end_s": [0.5, 1.5], "stall_s": [None, None], "faults": [1, 0],
                                "htod_bytes": [0, 0], "dtoh_bytes": [0, 0]}
@@ -966,7 +982,7 @@ def test_run_gpu_replay_assembles_the_timeline_of_the_first_repeat(tmp_path, mon
     monkeypatch.setattr(G, "_run_child", child)
     rows, tl = G.run_gpu_replay(ns(policy=["demand", "alloc"], capacity=[64 * MiB], repeat=3,
                                    workload=["python", "-m", "pkg.work", "--scale", "1"]))
-    assert sum("--timeline" in c for c in seen) == 2 and len(seen) == 6     # only the first repeat
+    assert sum(j.timeline for j in seen) == 2 and len(seen) == 6     # only the first repeat
     assert tl.num_rows == 4
     assert tl.column("run").to_pylist() == [0, 0, 1, 1]
     assert tl.column("policy").to_pylist() == ["demand", "demand", "alloc", "alloc"]
@@ -1031,7 +1047,7 @@ def test_the_runner_watches_frees(tmp_path, fake_launch_module):
             super().__init__(*a, **k)
             made.append(self)
 
-    assert C.child_main(["--policy", "alloc", "--result", str(tmp_path / "r.json"), "--", "python", str(script)],
+    assert C.child_main(job_argv(tmp_path, "alloc", str(tmp_path / "r.json"), ["python", str(script)]),
                         cuda=fake, monitor=FakeMonitor(fake), hook_factory=Hook) == 0
     assert {(lh.DOMAIN_DRIVER, CB_cuMemFree_v2), (lh.DOMAIN_RUNTIME, CB_cudaFree)} <= set(made[0].api_callbacks)
 

@@ -94,11 +94,13 @@ cp.cuda.Device().synchronize()
 
 def test_run_gpu_replay_on_a_tiny_cupy_workload(tmp_path):
     pytest.importorskip("cupy")
-    from pagecast.replay.gpu.backend import GpuReplayConfig, run_gpu_replay
+    from pagecast.replay.gpu.backend import run_gpu_replay
+    from pagecast.replay.request import ReplayRequest
 
     script = tmp_path / "w.py"
     script.write_text(WORKLOAD)
-    cfg = GpuReplayConfig(workload=["python", str(script)], policies=["demand", "alloc"], capacity=[32 * MiB])
+    cfg = ReplayRequest(backend="gpu", workload=("python", str(script)), policies=("demand", "alloc"),
+                        capacity=(32 * MiB,))
     rows, timeline = run_gpu_replay(cfg)
     by = {r["policy"]: r for r in rows}
     assert set(by) == {"demand", "alloc"} and timeline is None

@@ -20,7 +20,7 @@ def _runs(workloads=("a", "b", "c"), oversub=(1.5, 2.0), policies=("demand", "al
             for p in policies:
                 runs.append({"workload": w, "oversub": o, "capacity_bytes": int(1e9 / o), "policy": p,
                              "time_s": times[p], "run": len(runs)})
-    for r in runs:   # as replay_sim's _relative computes them
+    for r in runs:   # as policies.add_relative computes them
         d = next(x for x in runs if x["policy"] == "demand" and x["capacity_bytes"] == r["capacity_bytes"]
                  and x["workload"] == r["workload"]) if "demand" in policies else None
         o = next(x for x in runs if x["policy"] == "oracle" and x["capacity_bytes"] == r["capacity_bytes"]

@@ -417,7 +417,7 @@ def test_template_with_feedback_runs(traces, model, capsys):
 
 
 def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
-    """--backend gpu hands its flags to gpu.backend.run_gpu_replay as a GpuReplayConfig and prints its rows."""
+    """--backend gpu hands its flags to gpu.backend.run_gpu_replay as a ReplayRequest and prints its rows."""
     import pagecast.replay.gpu.backend as G
     seen = {}
 
@@ -430,8 +430,8 @@ def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
                                 "--json", "--", "python", "train.py", "--epochs", "1")
     assert code == 0, err
     assert json.loads(stdout)[0]["backend"] == "gpu"
-    assert seen["workload"] == ["python", "train.py", "--epochs", "1"] and seen["traces"] == []
-    assert seen["policies"] == ["demand"] and seen["repeat"] == 3 and seen["capacity"] is None
+    assert seen["workload"] == ("python", "train.py", "--epochs", "1") and seen["traces"] == ()
+    assert seen["policies"] == ("demand",) and seen["repeat"] == 3 and seen["capacity"] is None
 
 
 def test_demo_refuses_non_empty_dir(tmp_path, capsys):

@@ -2,11 +2,13 @@
 
 How a GPU replay runs
 ---------------------
-`run_gpu_replay(config)` (called by the replay command with `--backend gpu`,
-which translates its flags into a `GpuReplayConfig`) runs the workload once
-per (capacity, policy, repeat), each time in a fresh subprocess: `python -m
-pagecast.replay.gpu.child --policy P ... -- python SCRIPT ARGS` (child.py: one
-measured run, its launch hook and CUPTI counters). The parent takes the median and the spread over repeats and
+`run_gpu_replay(request)` (called by the replay command with `--backend gpu`,
+which parses its flags into a `ReplayRequest`, replay/request.py) runs the
+workload once per (capacity, policy, repeat), each time in a fresh subprocess:
+`python -m pagecast.replay.gpu.child JOB.json` (child.py: one measured run,
+its launch hook and CUPTI counters), where JOB.json is a `ChildJob`: the
+request narrowed to that policy and capacity, and where to write the result
+(docs/replay-request.md). The parent takes the median and the spread over repeats and
 returns rows shaped as the simulator's (cli.md `replay --json`,
 `backend: "gpu"`).
 
@@ -36,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,26 +48,11 @@ from pagecast.footprints import footprints
 
 from ..online.prediction import load_model_file
 from ..online.ranges import UNIT
-from ..policies import POLICIES, online_names
+from ..policies import POLICIES, add_relative
+from ..request import ReplayRequest
 from ..results_io import timeline_table
 from . import driver
-from .child import parse_workload
-
-
-@dataclass
-class GpuReplayConfig:
-    """What a GPU replay runs (`pagecast replay --backend gpu` translates its flags into one)."""
-
-    workload: list[str]                    # the command after --: python SCRIPT [ARGS] or python -m MODULE [ARGS]
-    policies: list[str] = field(default_factory=lambda: ["demand"])
-    traces: list[str] = field(default_factory=list)   # at most one: a full-mode trace of the workload
-    capacity: list[int] | None = None      # emulated GPU memory sizes, bytes
-    oversub: list[float] | None = None     # or: capacity = the trace's footprint / R
-    model: str | None = None               # a model file (template; the footprint estimate)
-    feedback: bool = False                 # refine the model from the faults it missed
-    fallback: str | None = None            # the online fallback (default: online.prediction.default_fallback)
-    repeat: int = 1                        # runs per (policy, capacity): the median is reported
-    allow_oversubscription: bool = False   # let the workload allocate more than the GPU's free memory
+from .child import ChildJob, parse_workload
 
 
 class GpuRunError(PagecastError):
@@ -101,19 +87,6 @@ def aggregate(runs: list[dict]) -> dict:
     return out
 
 
-def add_speedups(rows: list[dict]) -> list[dict]:
-    """speedup_vs_demand and fraction_of_oracle within each capacity (null where absent)."""
-    by_cap: dict[Any, dict[str, dict]] = {}
-    for r in rows:
-        by_cap.setdefault(r.get("capacity_bytes"), {})[r["policy"]] = r
-    for r in rows:
-        peers = by_cap[r.get("capacity_bytes")]
-        d = peers.get("demand")
-        o = peers.get("oracle")
-        r["speedup_vs_demand"] = (d["time_s"] / r["time_s"]) if d and r["time_s"] else None
-        r["fraction_of_oracle"] = (o["time_s"] / r["time_s"]) if o and r["time_s"] else None
-    return rows
-
 # ---------------------------------------------------------------------------
 # The parent: run_gpu_replay
 # ---------------------------------------------------------------------------
@@ -126,79 +99,48 @@ def _footprint_bytes(trace) -> int:
 CHILD = "pagecast.replay.gpu.child"   # the module each measured run starts (python -m)
 
 
-def _child_cmd(policy: str, capacity: int | None, cfg: GpuReplayConfig, result: Path,
-               trace_path: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", CHILD, "--policy", policy, "--result", str(result)]
-    if capacity is not None:
-        cmd += ["--capacity", str(int(capacity))]
-    if cfg.model:
-        cmd += ["--model", str(cfg.model)]
-    if trace_path:
-        cmd += ["--trace", str(trace_path)]
-    if cfg.feedback:
-        cmd.append("--feedback")
-    if cfg.fallback:
-        cmd += ["--fallback", str(cfg.fallback)]
-    return cmd + ["--"] + list(cfg.workload)
+def _child_cmd(job: ChildJob, job_path: Path) -> list[str]:
+    """The command of one measured run: the child reads its job (a JSON file), not flags."""
+    job_path.write_text(job.to_json())
+    return [sys.executable, "-m", CHILD, str(job_path)]
 
 
-def run_gpu_replay(cfg: GpuReplayConfig) -> tuple[list[dict], Any]:
-    """Run the workload under each policy and capacity on the GPU; rows as the simulator's."""
-    policies = list(cfg.policies or ["demand"])
-    gpu_policies = online_names()
-    for p in policies:
-        if p not in gpu_policies:
-            raise UsageError(f"policy {p!r} is not available on the GPU backend (choose from {', '.join(gpu_policies)})")
-    workload = list(cfg.workload or [])
+def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
+    """Run the workload under each policy and capacity on the GPU; rows as the simulator's.
+
+    The request was validated when it was made; what is checked here needs its files (the workload
+    command's form, the model, the trace)."""
+    if req.backend != "gpu":
+        raise UsageError("run_gpu_replay runs a request for --backend gpu")
+    policies = list(req.policies)
+    workload = list(req.workload)
     parse_workload(workload)  # raises UsageError on a bad command
-    model = cfg.model
-    for p in policies:
-        if POLICIES[p].predicts and not model:
-            raise UsageError(f"policy {p} needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")
+    model = req.model
     if model:
         load_model_file(model)  # a bad model fails here, before any run
-    traces = [str(t) for t in (cfg.traces or [])]
-    if len(traces) > 1:
-        raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")
+    traces = list(req.traces)
     trace = T.read_trace(traces[0]).require_launches("replay") if traces else None
     for p in policies:
-        if POLICIES[p].needs_relocator:
-            if trace is None:
-                raise UsageError(f"policy {p} needs a full-mode trace of the same workload (pagecast collect --mode full)")
-            if trace.mode != "full":
-                console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
+        if POLICIES[p].needs_relocator and trace.mode != "full":
+            console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
     footprint = _footprint_bytes(trace) if trace is not None else None
 
-    capacity = cfg.capacity
-    oversub = cfg.oversub
-    if capacity and oversub:
-        raise UsageError("give --capacity or --oversub, not both")
-    if oversub:
-        if footprint is None:
-            raise UsageError("--oversub needs a trace of the workload to size its footprint; give one or use --capacity")
-        for r in oversub:
-            if r <= 0:
-                raise UsageError(f"--oversub must be > 0, found {r}")
-        caps: list[int | None] = [max(1, int(footprint / r)) for r in oversub]
-        levels = {c: float(r) for c, r in zip(caps, oversub)}
-    elif capacity:
-        caps = [int(c) for c in capacity]
-        for c in caps:
-            if c <= 0:
-                raise UsageError(f"--capacity must be > 0, found {c}")
+    if req.oversub:
+        caps: list[int | None] = [max(1, int(footprint / r)) for r in req.oversub]
+        levels = {c: float(r) for c, r in zip(caps, req.oversub)}
+    elif req.capacity:
+        caps = [int(c) for c in req.capacity]
         levels = {c: (footprint / c if footprint else None) for c in caps}
     else:
         caps = [None]
         levels = {None: None}
-    repeat = 1 if cfg.repeat is None else int(cfg.repeat)
-    if repeat < 1:
-        raise UsageError(f"--repeat must be >= 1, found {repeat}")
+    repeat = req.repeat
 
     # Needs a GPU from here on (NoGPUError: one line, exit 2).
     cuda = driver.open_cuda()
     free, total = cuda.mem_info()
     device = cuda.device_info()
-    if footprint is not None and footprint > free and not cfg.allow_oversubscription:
+    if footprint is not None and footprint > free and not req.allow_oversubscription:
         raise UsageError(f"the workload's footprint ({footprint} bytes) exceeds the GPU's free memory ({free} bytes);"
                          " that would oversubscribe the real GPU: pass --allow-oversubscription to do it anyway,"
                          " or run a smaller scale (capacity is emulated)")
@@ -218,9 +160,8 @@ def run_gpu_replay(cfg: GpuReplayConfig) -> tuple[list[dict], Any]:
                 for r in range(repeat):
                     k += 1
                     res = Path(tmp) / f"run-{k}.json"
-                    cmd = _child_cmd(policy, cap, cfg, res, traces[0] if trace is not None else None)
-                    if r == 0:
-                        cmd.insert(cmd.index("--"), "--timeline")
+                    job = ChildJob(request=req.one_run(policy, cap), result=str(res), timeline=r == 0)
+                    cmd = _child_cmd(job, Path(tmp) / f"job-{k}.json")
                     bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
                     # the workload's stdout goes to our stderr: stdout is kept for --json
                     proc = _run_child(cmd)
@@ -252,12 +193,12 @@ def run_gpu_replay(cfg: GpuReplayConfig) -> tuple[list[dict], Any]:
                     "oversub": levels[cap],
                     "stall_s": None, "footprint_bytes": footprint,
                     "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
-                    "feedback": bool(cfg.feedback), "costs": None,
+                    "feedback": bool(req.feedback), "costs": None,
                     "device": device.get("name"), "eviction_unit": UNIT,
                     "eviction": POLICIES[policy].victims if cap is not None else None,
                 })
                 rows.append(row)
-    add_speedups(rows)
+    add_relative(rows)
     for i, r in enumerate(rows):
         r["run"] = i
     timeline = None

@@ -1,22 +1,26 @@
-"""One measured GPU run: `python -m pagecast.replay.gpu.child --policy P ... -- python SCRIPT ARGS`.
+"""One measured GPU run: `python -m pagecast.replay.gpu.child JOB.json`.
 
-`backend.run_gpu_replay` starts this once per (capacity, policy, repeat).
+`backend.run_gpu_replay` starts this once per (capacity, policy, repeat). Its
+one argument is a JSON file holding a `ChildJob`: the replay request
+(replay/request.py) narrowed to one policy and at most one capacity, the file
+to write the result to and whether to report the timeline; `-` reads it from
+stdin (docs/replay-request.md).
 The child subscribes to kernel launches with the collector's
 `pagecast.collect.launch_hook.LaunchHook`, starts CUPTI's unified-memory
 counters (`cupti_monitor.CuptiMonitor`), runs the script in-process (runpy),
 waits for the GPU and writes its measurements as JSON to the file the parent
-names (`--result`); with `--timeline`, per-kernel rows too (`build_timeline`).
+names (`result`); with `timeline`, per-kernel rows too (`build_timeline`).
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import os
 import runpy
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,11 +28,12 @@ from pagecast import procs
 from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchHook
 from pagecast.collect.managed import free_callbacks
-from pagecast.errors import NoGPUError, PagecastError, UsageError
+from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from ..online.relocate import Relocator
-from ..policies import POLICIES, online_names
+from ..policies import POLICIES
+from ..request import ReplayRequest
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
 from .feedback_loop import FeedbackLoop
@@ -146,21 +151,62 @@ def build_timeline(counts, corr_launch: dict[int, int], limit: int = TIMELINE_MA
 # The child: one measured run
 # ---------------------------------------------------------------------------
 
-def _child_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pagecast.replay.gpu.child",
-                                description="One measured GPU run of a workload under a policy (used by "
-                                            "'pagecast replay --backend gpu').")
-    p.add_argument("--policy", required=True, choices=online_names())
-    p.add_argument("--capacity", type=int, default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--trace", default=None)
-    p.add_argument("--feedback", action="store_true")
-    p.add_argument("--fallback", default=None, help="default: online.prediction.default_fallback(--feedback)")
-    p.add_argument("--result", required=True)
-    p.add_argument("--feedback-every", type=int, default=256, help="launches between feedback rounds")
-    p.add_argument("--timeline", action="store_true", help="report per-kernel rows too")
-    p.add_argument("workload", nargs=argparse.REMAINDER)
-    return p
+@dataclass(frozen=True)
+class ChildJob:
+    """One measured run, as the GPU runner hands it to the child (a JSON file, not flags)."""
+
+    request: ReplayRequest      # narrowed to one policy and at most one capacity (none: the whole GPU)
+    result: str                 # the JSON file the child writes its measurements to
+    timeline: bool = False      # report per-kernel rows too
+    feedback_every: int = 256   # launches between feedback rounds
+
+    def __post_init__(self) -> None:
+        r = self.request
+        if r.backend != "gpu" or len(r.policies) != 1 or r.oversub is not None or len(r.capacity or ()) > 1:
+            raise UsageError("child job: the request must be for --backend gpu, one policy and at most one capacity")
+        if not self.result:
+            raise UsageError("child job: result names no file")
+        if isinstance(self.feedback_every, bool) or not isinstance(self.feedback_every, int) \
+                or self.feedback_every < 1:
+            raise UsageError(f"child job: feedback_every must be an integer >= 1, not {shown(self.feedback_every)}")
+
+    @property
+    def policy(self) -> str:
+        return self.request.policies[0]
+
+    @property
+    def capacity(self) -> int | None:
+        return self.request.capacity[0] if self.request.capacity else None
+
+    def to_json(self) -> str:
+        return json.dumps({"request": self.request.to_dict(), "result": self.result, "timeline": self.timeline,
+                           "feedback_every": self.feedback_every}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "child job") -> ChildJob:
+        try:
+            d = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"{where}: not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        if not isinstance(d, dict) or set(d) - {"request", "result", "timeline", "feedback_every"} \
+                or "request" not in d or not isinstance(d.get("result"), str) \
+                or not isinstance(d.get("timeline", False), bool):
+            raise UsageError(f"{where}: not a child job (request, result, timeline, feedback_every)")
+        return cls(request=ReplayRequest.from_dict(d["request"], f"{where}: request"), result=d["result"],
+                   timeline=d.get("timeline", False), feedback_every=d.get("feedback_every", 256))
+
+
+def read_job(argv: list[str]) -> ChildJob:
+    """The child's one argument: its job's JSON file, or `-` for stdin."""
+    if len(argv) != 1:
+        raise UsageError("usage: python -m pagecast.replay.gpu.child JOB.json (a child job, see"
+                         " docs/replay-request.md; '-' reads it from stdin)")
+    where = argv[0]
+    try:
+        text = sys.stdin.read() if where == "-" else Path(where).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where}: cannot read the child job: {e}") from None
+    return ChildJob.from_json(text, where)
 
 
 class _Warnings:
@@ -175,37 +221,45 @@ class _Warnings:
 def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_factory=None) -> int:
     """One run: set up the policy, run the workload in-process, write the measurements as JSON.
 
-    `cuda`, `monitor` and `hook_factory` default to the real ones; tests pass stand-ins.
+    `argv` is the job's file (`[JOB.json]`, or `["-"]`: stdin). A job that cannot be read is one
+    line on stderr and exit 2 (there is no result file to write it to). `cuda`, `monitor` and
+    `hook_factory` default to the real ones; tests pass stand-ins.
     """
-    ns = _child_parser().parse_args(argv)
-    result = Path(ns.result)
+    try:
+        job = read_job(sys.argv[1:] if argv is None else list(argv))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    req = job.request
+    policy, capacity, fallback = job.policy, job.capacity, req.fallback
+    result = Path(job.result)
     warns = _Warnings()
-    out: dict[str, Any] = {"policy": ns.policy, "capacity_bytes": ns.capacity}
+    out: dict[str, Any] = {"policy": policy, "capacity_bytes": capacity}
 
     def finish(code: int) -> int:
         out["warnings"] = warns.items
         result.write_text(json.dumps(out, default=str))
         return code
 
-    predicts = POLICIES[ns.policy].predicts   # the model predicts every launch (template)
-    keep_records = bool(ns.feedback and predicts)
+    predicts = POLICIES[policy].predicts   # the model predicts every launch (template)
+    keep_records = bool(req.feedback and predicts)
     try:
-        kind, target, wargs = parse_workload(ns.workload)
+        kind, target, wargs = parse_workload(req.workload)
         if monitor is None:
             monitor = cupti_monitor.CuptiMonitor(0)
         # unified-memory counters are configured and enabled before the CUDA context exists
         monitor.start(keep_records=True, live=keep_records)
         if cuda is None:
             cuda = driver.open_cuda()
-        model = load_model_file(ns.model) if ns.model else None
-        if ns.fallback is None:
-            ns.fallback = default_fallback(ns.feedback)
-        predict = make_online_predict(model, ns.fallback) if model is not None else None
+        model = load_model_file(req.model) if req.model else None
+        if fallback is None:
+            fallback = default_fallback(req.feedback)
+        predict = make_online_predict(model, fallback) if model is not None else None
         relocator = None
-        if ns.trace:
-            relocator = Relocator(T.read_trace(ns.trace))
-        engine = Engine(cuda, ns.policy, capacity=ns.capacity,
-                        predict=predict if (predicts or ns.capacity is not None) else None,
+        if req.traces:
+            relocator = Relocator(T.read_trace(req.traces[0]))
+        engine = Engine(cuda, policy, capacity=capacity,
+                        predict=predict if (predicts or capacity is not None) else None,
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
                         warn=warns)
     except PagecastError as e:
@@ -215,8 +269,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         return finish(e.exit_code)
 
     feedback = None
-    if ns.feedback and predicts:
-        feedback = FeedbackLoop(engine, monitor, model, ns.fallback, predict, every=ns.feedback_every)
+    if req.feedback and predicts:
+        feedback = FeedbackLoop(engine, monitor, model, fallback, predict, every=job.feedback_every)
 
     on_launch = engine.on_launch if feedback is None else feedback.on_launch
     first_launch: list[float] = []
@@ -300,7 +354,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "records_not_kept": counts.not_kept,          # counted, but past the raw-record lists' cap
         "incomplete_records": counts.incomplete,
         "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
-        "timeline": build_timeline(counts, engine.corr_launch) if ns.timeline else None,
+        "timeline": build_timeline(counts, engine.corr_launch) if job.timeline else None,
     })
     return finish(0)
 

@@ -26,7 +26,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 }
 
 __all__ = ["POLICIES", "Alloc", "Context", "Demand", "Given", "Options", "Oracle", "Planned", "Policy", "Runner",
-           "Swap", "Template", "check_policies", "online_names", "online_policy"]
+           "Swap", "Template", "add_relative", "check_policies", "online_names", "online_policy"]
 
 
 def check_policies(names: list[str]) -> list[str]:
@@ -48,3 +48,16 @@ def online_policy(policy: str | Policy) -> Policy:
     if policy not in online_names():
         raise UsageError(f"unknown policy {policy!r} for the GPU backend (choose from {', '.join(online_names())})")
     return POLICIES[policy]()
+
+
+def add_relative(rows: list[dict]) -> list[dict]:
+    """Each run's time relative to the reference policies' at the same capacity (`Policy.compared_as`:
+    speedup_vs_demand, fraction_of_oracle): the reference's time over the run's, null where the
+    reference was not run (or the run took no time)."""
+    refs = {name: cls.compared_as for name, cls in POLICIES.items() if cls.compared_as}
+    by = {(r["policy"], r.get("capacity_bytes")): r for r in rows}
+    for r in rows:
+        for name, key in refs.items():
+            ref = by.get((name, r.get("capacity_bytes")))
+            r[key] = (ref["time_s"] / r["time_s"]) if ref and r["time_s"] else None
+    return rows

@@ -62,9 +62,13 @@ class ReplaySetup:
     rivals: dict = field(default_factory=dict)
 
 
+# the fault path's victim orders, as --eviction names them (sim/uvm_driver.py carries each out)
+VICTIM_ORDERS = ("driver", "fifo", "lru")
+
+
 @dataclass
 class Options:
-    eviction: str = "driver"           # fault-path victim order (sim/uvm_driver.py: driver, fifo, lru)
+    eviction: str = "driver"           # fault-path victim order (VICTIM_ORDERS)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
 
@@ -97,6 +101,7 @@ class Policy:
     wants_evictions = False   # on_evict after every launch that evicted units
     # -- how a replay builds and runs it (replay/sim/sweep.py reads these, never the names) ----
     requires = ""             # "model": needs --model; "model-or-plan": --model or --plan
+    compared_as: str | None = None   # every run row's field for its time relative to this policy's (add_relative)
     reads_arguments = False   # reads the launches' pointer arguments (the trace must hold their bytes)
     runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
     chooses_span = False      # plans at the replay's --span (or chooses it)

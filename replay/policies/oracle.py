@@ -24,6 +24,7 @@ from .base import Given, Planned
 
 class Oracle(Planned):
     name = "oracle"
+    compared_as = "fraction_of_oracle"   # the reference time of every run at the same capacity
     description = "the fastest of its plans on the true footprints and of the other policies' runs (the bound)"
     # one launch at a time: the launch's footprint from a matching trace, relocated; victims by
     # Belady's next use, read from the same trace

@@ -1,9 +1,11 @@
 """Sweeps: policies x capacities on one or more traces, in the simulator, and `pagecast plan`.
 
-`replay_sim(...)` is what `pagecast replay --backend sim` and the demo call:
-it builds the workload once, runs every (policy, capacity) pair, and returns
-the run rows (cli.md's `replay --json` fields and more) and the per-launch
-timeline table. `make_plan(...)` is `pagecast plan`: the template policy's
+`simulate(request)` is what `pagecast replay --backend sim` runs: it reads the
+request's traces and model (request.ReplayRequest, validated when it was made)
+and hands them to `replay_sim(...)`, the library's form that the demo and the
+benchmarks call with traces and a model already loaded. It builds the workload
+once, runs every (policy, capacity) pair, and returns the run rows (cli.md's
+`replay --json` fields and more) and the per-launch timeline table. `make_plan(...)` is `pagecast plan`: the template policy's
 plan for one trace, its span chosen by trial runs of this simulator.
 """
 
@@ -18,6 +20,8 @@ import pyarrow as pa
 from pagecast import trace as T
 from pagecast.console import warn
 from pagecast.errors import UsageError
+from pagecast.memory import return_freed_arrays
+from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
 from ..plan import plan_io
@@ -25,8 +29,9 @@ from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
-from ..policies import POLICIES, Template, check_policies
+from ..policies import POLICIES, Template, add_relative, check_policies
 from ..policies.base import Options, ReplaySetup, plan_trial
+from ..request import OVERSUB_OF, SPANS, ReplayRequest, check_capacity, check_oversub, check_unit
 from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
@@ -48,6 +53,14 @@ class SimConfig:
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
 
+    @classmethod
+    def of(cls, req: ReplayRequest) -> SimConfig:
+        """The simulator's settings in a replay request."""
+        return cls(costs=req.costs, granularity=req.granularity, eviction_unit=req.eviction_unit,
+                   eviction=req.eviction, driver_prefetch=req.driver_prefetch, timeslice_ms=req.timeslice_ms,
+                   feedback=req.feedback, fallback=req.fallback or cls.fallback, span=req.span,
+                   oversub_of=req.oversub_of)
+
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
 
@@ -65,23 +78,18 @@ class SimConfig:
             ch["eviction_unit"] = int(self.granularity)
         if ch:
             for k, v in ch.items():
-                if v <= 0 or v & (v - 1) or v < 512:
-                    raise UsageError(f"--{k.replace('_', '-')} must be a power of two of at least 512 bytes, not {v}")
+                check_unit(f"--{k.replace('_', '-')}", v)
             if ch.get("eviction_unit", p.eviction_unit) < ch.get("granularity", p.granularity):
                 raise UsageError("--eviction-unit must not be smaller than --granularity")
             p = replace(p, **ch)
         DriverRules(self.eviction)   # checks the victim order
-        if self.span != "auto" and self.span not in PLAN_SPANS:
-            raise UsageError(f"--span must be auto or one of {', '.join(PLAN_SPANS)}, not {self.span!r}")
+        if self.span not in SPANS:
+            raise UsageError(f"--span must be one of {', '.join(SPANS)}, not {self.span!r}")
         if self.oversub_of not in OVERSUB_OF:
             raise UsageError(f"--oversub-of must be one of {', '.join(OVERSUB_OF)}, not {self.oversub_of!r}")
         if not (self.timeslice_ms >= 0):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         return p
-
-
-OVERSUB_OF = ("managed", "touched")
-MAX_CAPACITY = 1 << 60  # 1 EiB: capacities stay far inside int64 arithmetic
 
 
 def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: list[float] | None
@@ -92,22 +100,34 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
     out = []
     if capacity is not None:
         for c in capacity:
-            if c <= 0:
-                raise UsageError(f"--capacity must be > 0, not {c}")
-            if c > MAX_CAPACITY:
-                raise UsageError(f"--capacity {c} bytes is more than the simulator handles (1 EiB)")
-            out.append((int(c), footprint_bytes / c))
+            out.append((int(check_capacity(c)), footprint_bytes / c))
     else:
         for r in oversub:
-            if not (r > 0) or not np.isfinite(r):
-                raise UsageError(f"--oversub must be a positive number, not {r}")
-            c = int(footprint_bytes / r)
+            c = int(footprint_bytes / check_oversub(r))
             if c <= 0:
                 raise UsageError(f"--oversub {r} leaves no capacity (footprint {footprint_bytes} bytes)")
-            if c > MAX_CAPACITY:
-                raise UsageError(f"--oversub {r} gives a capacity of {c} bytes, more than the simulator handles (1 EiB)")
+            try:
+                check_capacity(c)
+            except UsageError:
+                raise UsageError(f"--oversub {r} gives a capacity of {c} bytes, more than the simulator handles"
+                                 " (1 EiB)") from None
             out.append((c, float(r)))
     return out
+
+
+def simulate(req: ReplayRequest, *, progress=None, timeline: bool = True) -> tuple[list[dict], pa.Table | None]:
+    """`pagecast replay --backend sim`: the request's traces and model read, then replay_sim."""
+    # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
+    traces = [T.read_trace(t, lazy=T.LAZY_TABLES).require_launches("replay") for t in req.traces]
+    # the runs make and free per-use arrays of many sizes: each freed one goes back (pagecast/memory.py)
+    return_freed_arrays()
+    for p in sorted(q for q in set(req.policies) if POLICIES[q].reads_arguments):   # they read pointer arguments
+        for t in traces:
+            t.require_argument_bytes(f"policy {p}")
+    model = load_model(req.model) if req.model else None
+    return replay_sim(traces, list(req.policies), capacity=None if req.capacity is None else list(req.capacity),
+                      oversub=None if req.oversub is None else list(req.oversub), config=SimConfig.of(req),
+                      model=model, model_path=req.model, plan_path=req.plan, progress=progress, timeline=timeline)
 
 
 def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int] | None = None,
@@ -228,22 +248,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             runs.append(run)
             if timeline:
                 tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
-    _relative(runs)
+    add_relative(runs)
     if not timeline:
         return runs, None
     return runs, (pa.concat_tables(tl_parts) if tl_parts else timeline_table({}))
-
-
-def _relative(runs: list[dict]) -> None:
-    """speedup_vs_demand and fraction_of_oracle per capacity (None where the reference is absent)."""
-    by = {}
-    for r in runs:
-        by[(r["policy"], r["capacity_bytes"])] = r
-    for r in runs:
-        d = by.get(("demand", r["capacity_bytes"]))
-        o = by.get(("oracle", r["capacity_bytes"]))
-        r["speedup_vs_demand"] = (d["time_s"] / r["time_s"]) if d and r["time_s"] > 0 else None
-        r["fraction_of_oracle"] = (o["time_s"] / r["time_s"]) if o and r["time_s"] > 0 else None
 
 
 def _step_kernels(w: Workload) -> pa.Array:

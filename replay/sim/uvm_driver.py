@@ -34,8 +34,11 @@ from numba import njit
 from pagecast.errors import UsageError
 from pagecast.uvm import PAGE
 
+from ..policies.base import VICTIM_ORDERS as ORDER_NAMES
+
 VICTIM_FIFO, VICTIM_LRU, VICTIM_DRIVER = 0, 1, 2
-VICTIM_ORDERS = {"driver": VICTIM_DRIVER, "fifo": VICTIM_FIFO, "lru": VICTIM_LRU}
+CODES = {"driver": VICTIM_DRIVER, "fifo": VICTIM_FIFO, "lru": VICTIM_LRU}
+VICTIM_ORDERS = {name: CODES[name] for name in ORDER_NAMES}   # every order --eviction names, coded
 
 
 @dataclass(frozen=True)
