@@ -835,6 +835,31 @@ CLI_FIELDS = {"policy", "backend", "capacity_bytes", "oversub", "time_s", "stall
               "dtoh_bytes", "speedup_vs_demand"}
 
 
+@pytest.mark.parametrize("of, expected", [("managed", 4 * MiB), ("touched", 1 * MiB)])
+def test_the_gpu_runner_sizes_oversub_as_the_request_says(tmp_path, monkeypatch, of, expected):
+    """--oversub R divides the managed bytes allocated (two 4 MiB buffers) by default and the touched
+    footprint (1 MiB read of each) with --oversub-of touched, as the simulator sizes it."""
+    import subprocess
+
+    import pagecast.replay.gpu.driver as CI
+
+    tr = oracle_trace(tmp_path, n_steps=2, nbytes=1 * MiB)
+    caps = []
+
+    def fake_child(cmd):
+        job = json.loads(Path(cmd[-1]).read_text())
+        caps.append(job["request"]["capacity"])
+        Path(job["result"]).write_text(json.dumps({"time_s": 1.0, "faults": 0}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(CI, "open_cuda", lambda device=0: FakeCuda())
+    monkeypatch.setattr(G, "_run_child", fake_child)
+    rows, _ = G.run_gpu_replay(ns(traces=[str(tr.path)], policy=["demand"], oversub=[2.0], oversub_of=of,
+                                  workload=["python", "w.py"]))
+    assert [r["capacity_bytes"] for r in rows] == [expected] and caps == [[expected]]
+    assert rows[0]["oversub"] == 2.0
+
+
 def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):
     import subprocess
 

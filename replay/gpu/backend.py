@@ -51,6 +51,7 @@ from ..online.ranges import UNIT
 from ..policies import POLICIES, add_relative
 from ..request import ReplayRequest
 from ..results_io import timeline_table
+from ..unit_space import managed_bytes
 from . import driver
 from .child import ChildJob, parse_workload
 
@@ -124,13 +125,17 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
         if POLICIES[p].needs_relocator and trace.mode != "full":
             console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
     footprint = _footprint_bytes(trace) if trace is not None else None
+    # what --oversub R divides, as the simulator sizes it (Workload.oversub_basis): the managed bytes
+    # live at once, or the touched footprint (--oversub-of touched, or no managed allocation recorded)
+    managed = managed_bytes(trace) if trace is not None else 0
+    basis = footprint if req.oversub_of == "touched" or managed <= 0 else managed
 
     if req.oversub:
-        caps: list[int | None] = [max(1, int(footprint / r)) for r in req.oversub]
+        caps: list[int | None] = [max(1, int(basis / r)) for r in req.oversub]
         levels = {c: float(r) for c, r in zip(caps, req.oversub)}
     elif req.capacity:
         caps = [int(c) for c in req.capacity]
-        levels = {c: (footprint / c if footprint else None) for c in caps}
+        levels = {c: (basis / c if basis else None) for c in caps}
     else:
         caps = [None]
         levels = {None: None}
