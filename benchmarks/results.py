@@ -356,9 +356,10 @@ validation suites' (`SUITES` in datasets/registry.py: docs/driver-validation.md)
 tables after it use one model fitted on seeds 1 and 2 of every workload at once (the pooled
 fit, a friendlier fit: a kernel borrows other workloads' launches of its name); replayed on seed 3 (a
 mix's second and third instance of a workload: seeds 13 and 23) at 150%, 200% and 300%
-oversubscription (capacity = union of the launches' footprints / ratio), cost profile
-`{args.costs}` (docs/cost-model.md), the driver's defaults (64 KiB faults, 2 MiB FIFO
-eviction, tree prefetcher on). Mixes switch tasks round-robin every 1/20 of the shortest
+oversubscription (capacity = the managed memory the tasks allocate / ratio: `--oversub`, below), cost
+profile `{args.costs}` (docs/cost-model.md), the driver model's defaults (a fault-buffer entry per 4 KiB
+page, serviced in batches of up to 256, each 2 MiB VA block once per batch; 64 KiB units as the tree
+prefetcher widens them, the prefetcher on; capacity in 2 MiB chunks; the driver's victim order). Mixes switch tasks round-robin every 1/20 of the shortest
 task's kernel time (the traces hold milliseconds of kernel time, not MSched's seconds).
 
 Speedups are over `demand` (UVM demand paging) at the same capacity; "template / oracle"
@@ -641,7 +642,9 @@ def before_after(work: Path, costs: str, runs) -> str:
 
 Before, oracle was Belady on the true footprints at the span (units, whole blocks, whole
 allocations) its trial runs found fastest, and template ran ahead of it on llm-decode,
-spmv-cg and the multi-LLM mix by 0.7-2.4%. Measured causes (docs/cost-model.md, "Why
+spmv-cg and the multi-LLM mix by 0.7-2.4% (the figures in this paragraph were measured under
+the fault model before the driver model: 64 KiB units, each fault charged a whole lone fault; the
+table below is measured now). Measured causes (docs/cost-model.md, "Why
 template ran ahead of oracle"): the block span widened every launch's units to whole 2 MiB
 blocks, so an embedding row chosen by data brought its whole block of the table (template
 predicts no such row, so it widened none); and where the copy engines are the bottleneck, a
@@ -714,7 +717,7 @@ Reading the misses and ties:
   policy plans on: true footprints for oracle, predictions for template, allocations for
   alloc) is furthest leave first, the faulting unit's own 2 MiB block last (evicting behind
   the sweep there would stop the tree prefetcher: mlp-train fell from 3.4x to 1.8x at 150%
-  when it did). The planner walks the launch with the same rule (plan/belady.py's _inlaunch_victims), so
+  under the fault model before the driver model, when it did). The planner walks the launch with the same rule (plan/belady.py's _inlaunch_victims), so
   the plan counts on what the launch really leaves. Before, the fault path gave up the
   launch's *first* units whatever their next use and the planner assumed the launch kept its
   last units, so oracle kept the wrong half of jacobi2d's sweeps and counted on units that
@@ -728,12 +731,11 @@ Reading the misses and ties:
   fewer than a chunk's worth of units (the last sweep's tail is what is resident), the units
   it needs last make up the chunk's worth: evicting only its used units made each of those
   faults evict the unit faulted just before, the tree prefetcher never had room, and oracle
-  planned on units faulted more than demand on jacobi2d at 300% (oracle went from 1.36x to
-  1.81x there when this changed). And a plan may bring such a launch's first units in before
-  it, in place of the units it needs last, which its first faults would evict before it got
-  to them: bulk transfers instead of faults, but not Belady's exchanges, so template and
-  oracle plan both ways at each span and keep the faster (STREAM at 150%: 7.45x to 11.88x;
-  mlp-train at 150% keeps the plan without). `alloc`, MSched's baseline, plans one way only.
+  planned on units faulted more than demand on jacobi2d at 300%. And a plan may bring such a
+  launch's first units in before it, in place of the units it needs last, which its first
+  faults would evict before it got to them: bulk transfers instead of faults, but not
+  Belady's exchanges, so template and oracle plan both ways at each span and keep the
+  faster. `alloc`, MSched's baseline, plans one way only.
 - *Ties with alloc.* Where kernels touch whole allocations (STREAM's arrays), `alloc`'s
   prediction is the footprint; where oracle's fastest plan is on whole allocations (or on
   whole 2 MiB blocks that cover them), it is `alloc`'s plan, unless bringing large launches'
@@ -746,18 +748,20 @@ Reading the misses and ties:
   41.7 GB/s is a batched rate, and the nearest published figure is 5-7 us per
   cudaMemcpyAsync call, DualPath, arXiv 2602.21548), marked as such in docs/cost-model.md.
   Planned on units only, oracle and template fell behind `alloc` on the scientific mix at
-  150% (revision-1 models: 3.90x and 3.76x against 4.40x); with the plan's span chosen they
+  150% (revision-1 models, under the fault model before the driver model: 3.90x and 3.76x
+  against 4.40x); with the plan's span chosen they
   plan on whatever span runs fastest and reach it. With the latency set to 0, alloc,
   template and oracle reach {lat0} on the scientific mix at 150%.
 - *The plan's span elsewhere.* Whole blocks also win on the LLM decoders (a GEMV's weight
   slice is a run of 64 KiB units inside one allocation, fetched as a few long ranges instead
-  of many short ones: llm-decode 9.07x to 10.29x at 150%) and the DNN mix at 200-300%. Both
-  template and oracle choose on their own footprints; where template's plan runs faster on
-  the truth than oracle's own plans, oracle takes template's run (above), so template is
-  never ahead of it.
+  of many short ones) and the DNN mix at 200-300%. Both template and oracle choose on their
+  own footprints; where a template's plan (the pooled fit's or a workload's own) runs faster
+  on the truth than oracle's own plans, oracle takes that run (above), so template is never
+  ahead of it.
 - *LLM decode and prefill.* With the history fallback dropped for the embedding lookups
   (precision under 1%: 390 pages predicted per launch for 3 used) the LLM rows pass the
-  bar; the few faults left are embedding rows, charged 31.79 us each. Where the copy
+  bar; the few faults left are embedding rows, charged as the driver model charges faults
+  (a lone one 31.79 us; docs/cost-model.md). Where the copy
   engines are the bottleneck those faults cost nothing (the launch would wait anyway), and
   oracle now leaves such rows to faults too (above).
 """)
@@ -776,8 +780,9 @@ baseline charges (the driver model, docs/cost-model.md):
   batches: a launch's missing units bring one fault-buffer entry per page it touches there,
   up to 256 entries a batch, each 2 MiB VA block serviced once per batch, charged per
   entry, per block service and per batch (the split of the 31.79 us into those three is a
-  placeholder until measured). A weight matrix read in order therefore faults every page:
-  a 2 MiB block costs two batches of 256 entries, about 1 ms, some 2 GB/s against the bulk
+  placeholder until measured). With the prefetcher off, a weight matrix read in order
+  therefore faults every 4 KiB page: a 2 MiB block costs two batches of 256 entries, 2 x
+  (256 x 1.35 + 20 + 10.44) us = 0.75 ms under `msched-rtx5080`, 2.8 GB/s against the bulk
   transfers' 41.7 GB/s (63.5 GB/s pipelined).
 - GPU memory is spent in 2 MiB chunks: a block's first resident page takes the whole
   chunk. The KV blocks and embedding rows a decoder reads sparsely cost whole chunks, so
@@ -1164,10 +1169,11 @@ Where launches are larger than memory the runner's residency estimate keeps, aft
 launch, only its last units, a capacity's worth: the driver evicts whole 2 MiB chunks as the
 launch faults, and the runner sees those evictions only through fault feedback. Counting all
 of the launch's units resident, as the runner did before, left it at 1.73x on stream at 150%
-(20,157 faults; 250 launches larger than memory). Before such a launch the runner prefetches
-only its first capacity's worth, which the launch uses before its faults evict it; prefetching
-all of it, as it did before, left only the launch's end resident, which its first faults
-evicted before the kernel got there (jacobi2d at 300% ran at 0.83x of demand). The runner is
+(20,157 faults; 250 launches larger than memory; under the fault model before the driver model).
+Before such a launch the runner prefetches only its first capacity's worth, which the launch uses
+before its faults evict it; prefetching all of it, as it did before, left only the launch's end
+resident, which its first faults evicted before the kernel got there (jacobi2d at 300% ran at
+0.83x of demand, under the same earlier model). The runner is
 ahead of template on {', '.join(ahead) or 'no row with launches larger than memory'}: there it
 brings in bulk what the plan leaves to fault, the overflow of launches larger than memory
 (Belady minimises units moved, not faults). It is also ahead on
