@@ -390,7 +390,7 @@ Geometric means over all rows:
 {n_pass} of {len(rows) - 2} rows pass the bar; {n_tie} more tie `alloc` where `alloc` is already at
 oracle's bound ("tie: alloc at the bound": `alloc`'s plan is the fastest one oracle finds,
 whole-allocation transfers being the fastest span there); {len(failures)} miss it.
-""" + check + changes + explain(failures, ties, thrashing, llm, variants, lat0_text, moe_text) + runner_text + serving_text + \
+""" + check + changes + explain(failures, ties, thrashing, llm, variants, lat0_text, moe_text, runs=runs) + runner_text + serving_text + \
         lossy_text + perf_section()
     Path(args.out).write_text(text)
     print(text)
@@ -680,12 +680,32 @@ def verdict(ok, tie, why, late: bool = False) -> str:
     return "pass" if ok else "tie: alloc at the bound" if tie else "miss: " + ", ".join(why)
 
 
-def explain(failures, ties, thrashing, llm, variants, *variants_dir) -> str:
+def elsewhere(runs) -> str:
+    """A paragraph on the rows where oracle's fastest member is a run that is not template's of the
+    same replay (another fit's, the runner's): which, its speedup and oracle's own plans'."""
+    rows = [r for r in runs if r["policy"] == "oracle" and (r.get("oracle_plan") or "own") not in ("own", "template")]
+    if not rows:
+        return ""
+    items = "; ".join(f"{r['workload']} at {r['oversub']:.0%}: {r['oracle_plan']}'s run, {r['speedup_vs_demand']:.2f}x "
+                      f"against {demand_s(r) / r['oracle_own_s']:.2f}x for oracle's own best plan"
+                      for r in rows if r.get("oracle_own_s"))
+    return f"""
+- *Oracle as another replay's run.* Oracle is the fastest run of each row's trace and
+  capacity in this document ("Oracle, and the lower bound"); on these rows that is a run
+  of another replay, so template's share of oracle there is its share of that run: {items}.
+  Where the runner's run is the fastest, the GPU runner's own online decisions (one launch
+  at a time, no lookahead: "The GPU runner's decisions" below) ran faster than every plan
+  oracle makes on the truth and template on its predictions; why is not analysed here.
+"""
+
+
+def explain(failures, ties, thrashing, llm, variants, *variants_dir, runs=()) -> str:
     out = ["\n## Where the bar is missed, and why\n"]
     if not failures:
         out.append("Nowhere.\n")
     for lab, o, why in failures:
         out.append(f"- {lab} at {o:.0%}: {why}.")
+    out.append(elsewhere(runs))
     lat0 = variants_dir[0] if variants_dir else "-"
     moe = variants_dir[1] if len(variants_dir) > 1 else ""
     thrash = ", ".join(thrashing) or "none here"

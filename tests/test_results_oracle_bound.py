@@ -93,3 +93,19 @@ def test_a_schedule_joins_the_family_with_its_time_only():
     r = pool.oracle("w", 1.5)
     assert r["time_s"] == 0.08 and r["speedup_vs_demand"] == pytest.approx(25.0)
     assert r["oracle_plan"] == "the router-read bound" and r["htod_bytes"] is None and r["faults"] is None
+
+
+def test_rows_won_by_another_replays_run_are_explained():
+    """A runner run faster than every member of the pooled replay becomes oracle's row, and the
+    misses section names it with oracle's own plans' speedup; template's own replay is not listed."""
+    pooled = _pooled()
+    pool = R.RunPool().add(pooled)
+    pool.add([_run("demand", DEMAND_S, 1.5), _run("runner", 0.08, 1.5)], label="w")
+    widened = pool.widen(pooled)
+    orc = {r["oversub"]: r for r in widened if r["policy"] == "oracle"}
+    assert orc[1.5]["oracle_plan"] == "runner" and orc[1.5]["speedup_vs_demand"] == pytest.approx(25.0)
+    assert orc[2.0]["oracle_plan"] == "own"
+    text = R.elsewhere(widened)
+    assert "w at 150%: runner's run, 25.00x against 20.00x for oracle's own best plan" in text
+    assert "200%" not in text
+    assert R.elsewhere(pooled) == ""
