@@ -132,9 +132,11 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             # a size: the region stays non-empty, growing with its arguments
             # a size is an element size times dimensions: a constant below minus one element
             # (`128*pos - 76416`) is a fit of this profile's bounds, empty at smaller arguments
+            # and a constant above what the terms add at every launch makes the size that constant
+            # with an argument's crumbs (`4*M + 1536000` for a 1536000-byte weight matrix)
             if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
                     (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms) or \
-                    f.const < -max(c for c, _ in f.terms):
+                    f.const < -max(c for c, _ in f.terms) or (f.const > 0 and (y - f.const < f.const).all()):
                 continue
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
