@@ -533,3 +533,19 @@ def test_blocks_of_a_small_pool_are_indexed_though_their_hull_explains_every_lau
             return None if vr < 0 else im.data(vr)[:nb]
         s, e = batch.of(i)
         assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+
+
+def test_a_gathers_output_takes_the_rows_it_reads_as_its_size(tmp_path):
+    """One profile of a row gather whose output (inside one big page) is written one 2 KiB row per
+    index read: the faults there cannot pin the end (one fault per launch), and a constant holds
+    at every launch; the gather's rows x chunk (`2048*n`) is the kernel's own size, so a run
+    with fewer and more rows is predicted exactly."""
+    fit = _gather(5, 4096, [512], list(range(8, 16)), 0.0, None, 4, steps=30).write(tmp_path / "f.pctrace")
+    test = _gather(6, 4096, [512], list(range(1, 17)), 0.0, None, 4, steps=30).write(tmp_path / "t.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "gather_cols" in n)
+    out = next(x for x in km.regions if x.base == "p0")
+    assert out.text() == "[p0, p0 + 2048*p3)", out.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "gather_cols" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
