@@ -549,3 +549,4 @@ def test_a_gathers_output_takes_the_rows_it_reads_as_its_size(tmp_path):
     ev = evaluate(model, T.read_trace(test), "none")
     k = next(x for x in ev["kernels"] if "gather_cols" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+
