@@ -62,10 +62,12 @@ V0, V1 = "v0", "v1"   # the smallest and largest index value a launch reads, as 
 
 class _WithValues:
     """A KernelData's launches `sel` with v0 and v1 added to their features (for the solver).
-    `force`: only products with v0 or v1 in them (an edge that must follow a value)."""
+    `force`: only products with v0 or v1 in them (an edge that must follow a value); `pure`: v0
+    and v1 alone."""
 
-    def __init__(self, kd: KernelData, g: np.ndarray, v0: np.ndarray, v1: np.ndarray, force: bool = False) -> None:
-        self.kd, self.params, self.loss, self.force = kd, kd.params, kd.loss, force
+    def __init__(self, kd: KernelData, g: np.ndarray, v0: np.ndarray, v1: np.ndarray, force: bool = False,
+                 pure: bool = False) -> None:
+        self.kd, self.params, self.loss, self.force, self.pure = kd, kd.params, kd.loss, force, pure
         self.uniq, self.group = factorize_rows(np.column_stack([kd.uniq[g], v0, v1]))
         self.U = len(self.uniq)
         self.sel_names = list(kd.sel_names) + [V0, V1]
@@ -76,6 +78,8 @@ class _WithValues:
 
     def mono(self, groups: np.ndarray) -> FM.Monomials:
         u = self.uniq[groups]
+        if self.pure:   # v0 and v1 alone (a constant stride times the value)
+            return FM.Monomials([(V0,), (V1,)], np.ascontiguousarray(u[:, -2:]), np.ones(2, np.int64))
         on = np.array([len(np.unique(u[:, k])) > 1 for k in range(u.shape[1])], bool) if len(u) \
             else np.zeros(u.shape[1], bool)
         m = FM.monomials(self.sel_names, u, on | self.sel_varying)
@@ -147,9 +151,11 @@ def _split(f: FM.Formula):
     return stride, rest
 
 
-def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds) -> Region | None:
+def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds,
+                max_terms: int = 3) -> Region | None:
     """An indexed region for base word `w` at its observed launches `sel` (positions in kd; `nat`:
-    which are natural mode; `bounds`: region.range_bounds at sel), or None (module doc). Fills `fit`."""
+    which are natural mode; `bounds`: region.range_bounds at sel), or None (module doc). Fills `fit`.
+    `max_terms`: terms the edges' formulas (the value's term among them) may have."""
     if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
         return None
     part, lid = _positions(kd)
@@ -176,7 +182,7 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
             sv = sel[use]
             for elem in _elems(kd, part[sv], rows[sv]):
                 r = _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr,
-                              (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit, whole, seen)
+                              (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit, whole, seen, max_terms)
                 if r is not None:
                     return r
     return None
@@ -253,7 +259,7 @@ def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit, whole: bool,
-              seen: dict) -> Region | None:
+              seen: dict, max_terms: int = 3) -> Region | None:
     """The region with index word `iw`, values of `elem` bytes, whole chunks or (not `whole`)
     part ones, that verifies with the fewest values read: after the first count that verifies,
     only counts that read no more values at any launch and fewer at some are tried (a whole
@@ -297,7 +303,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 best = (r, okv, unexplained, None, k)
             continue
         if strides is None:
-            strides = c[5] = _strides(kd, g, part[sv], rows[sv], k, elem, bounds)
+            strides = c[5] = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms)
         if not strides:
             continue
         v0, v1, strides = strides
@@ -318,7 +324,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     return r
 
 
-def _strides(kd, g, part, rows, k, elem, bounds):
+def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3):
     """(v0, v1, the strides to try) for a count reading `k` values per launch, or () where a
     launch's first k values are all sentinels."""
     s_lo, s_hi, e_lo, e_hi = bounds
@@ -330,9 +336,11 @@ def _strides(kd, g, part, rows, k, elem, bounds):
     # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
     # token ids reach the vocabulary's ends), edges made to follow a value still bound it
     strides = []
-    for force in (False, True):
-        ex = _WithValues(kd, g, v0, v1, force)
-        res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"},
+    # max_terms 1: a constant stride only (the value's own term; a range's rival, region._indexed_likelier)
+    pure = max_terms == 1
+    for force in (False, True)[pure:]:
+        ex = _WithValues(kd, g, v0, v1, force, pure)
+        res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"}, max_terms=max_terms,
                           min_terms={0: 1, 1: 1} if force else None)
         for f in (res[0] if res is not None else ()):
             sp_ = _split(f)
@@ -342,8 +350,8 @@ def _strides(kd, g, part, rows, k, elem, bounds):
     # Where the records leave the stride loose (a table of a few big pages read a row at a
     # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
     # which verification accepts; this solve pins the stride by where the last row ends
-    ex = _WithValues(kd, g, v0, v1 + 1, True)
-    res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1})
+    ex = _WithValues(kd, g, v0, v1 + 1, True, pure)
+    res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1}, max_terms=max_terms)
     sp_ = _split(res[0][0]) if res is not None else None
     if sp_ is not None and sp_[0] not in strides:
         strides.append(sp_[0])
@@ -382,8 +390,16 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
 
 def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
     """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?"""
-    ps = kd.ps
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
+    rep, sp, ep = _pieces(kd, region, cat, sv, part, lid, iptr)
+    ok = verify_pages(kd, cat, sel, kd.bigp, pos[rep], sp, ep)
+    return ok[pos]
+
+
+def _pieces(kd, region: Region, cat, sv, part, lid, iptr):
+    """The pages an indexed region predicts at launches `sv` (positions in kd): (which launch,
+    as a position in sv; start page; end page), merged per launch."""
+    ps = kd.ps
     cptr = None if region.count_index is None else \
         np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
     reps, sps, eps = [], [], []
@@ -396,9 +412,20 @@ def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
         res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
                               cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p])
-        reps.append(pos[m][res["l"]]), sps.append(res["s"]), eps.append(res["e"])
-    rep = np.concatenate(reps) if reps else np.zeros(0, np.int64)
-    sp = np.concatenate(sps) if sps else np.zeros(0, np.int64)
-    ep = np.concatenate(eps) if eps else np.zeros(0, np.int64)
-    ok = verify_pages(kd, cat, sel, kd.bigp, rep, sp, ep)
-    return ok[pos]
+        reps.append(m[res["l"]]), sps.append(res["s"]), eps.append(res["e"])
+    z = np.zeros(0, np.int64)
+    return (np.concatenate(reps) if reps else z, np.concatenate(sps) if sps else z,
+            np.concatenate(eps) if eps else z)
+
+
+def indexed_pages(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray):
+    """An indexed region's pages at launches `sel` (positions in kd) and which of them have
+    their values recorded: ((launch as a position in sel, start page, end page), has values)."""
+    part, lid = _positions(kd)
+    iptr = np.concatenate(next(v for iw, v in kd.bases if iw.name == region.index)).astype(np.int64)
+    rep, sp, ep = _pieces(kd, region, cat, sel, part, lid, iptr)
+    have = _rows(kd, part[sel], lid[sel], iptr[sel]) >= 0
+    if region.count_index is not None:
+        cptr = np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
+        have &= _rows(kd, part[sel], lid[sel], cptr[sel]) >= 0
+    return (rep, sp, ep), have

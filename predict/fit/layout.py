@@ -234,16 +234,20 @@ def _argument_chunk(kd: KernelData, cat: RegionObs, sel: np.ndarray, region: Reg
     return best
 
 
-def fault_pages_loglik(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray):
+def fault_pages_loglik(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarray, pages=None):
     """How likely every fault the records hold in the region is under a strided or range template:
     each touched big page faults once, at a touched page drawn at random, so a fault on one of
     the m pages the template puts in its big page has probability 1/m; a fault on a page the
     template leaves out has none. Read on an even spread of at most LOGLIK_LAUNCHES launches.
+    `pages`, for other classes: a function of the launches read that gives their template pages
+    (launch as a position among them, start page, end page; fit.index_values.indexed_pages).
     Returns (summed log-likelihood of the faults it holds, whether it holds them all, faults read)."""
     if len(sel) > LOGLIK_LAUNCHES:
         sel = sel[np.unique(np.linspace(0, len(sel) - 1, LOGLIK_LAUNCHES).round().astype(np.int64))]
     n, bigp = len(sel), kd.bigp
-    if region.cls == "strided":
+    if pages is not None:
+        rep, sp, ep = pages(sel)
+    elif region.cls == "strided":
         rep, sp, ep = chunk_pages(kd, region, cat, sel)
     else:
         g = kd.group[sel]

@@ -114,6 +114,10 @@ def argument_backed(kd: KernelData, g, res, e_lo, e_hi, base):
     (fs, fe), exact, unexplained = res
     if fe.terms or fs.terms:
         return res
+    # the premise: under a page at every launch (a region over many pages whose end lies where
+    # its last page faulted is pinned by its size: `4*M + 1536000` for a weight matrix is not a shape)
+    if ((base + int(fs.const)) // kd.ps != (base + max(int(fe.const), int(fs.const) + 1) - 1) // kd.ps).any():
+        return res
     groups, lo_g, hi_g, w = group_bounds(g, e_lo, e_hi, kd.U)
     mono = kd.mono(groups)
     E = int(fe.const)

@@ -21,15 +21,12 @@ from ..features import Word
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_values import fit_indexed
+from .index_values import fit_indexed, indexed_pages
 from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
 from .strided import clean_runs, fault_loglik, fit_strided, gather_pieces, holes_from_loss, verify_region
-
-_UNTRIED = object()
-
 
 @dataclass
 class RegionFit:
@@ -48,7 +45,7 @@ class RegionFit:
     maxp: int                         # most runs one launch shows
     fit: dict
     shape: RangeEvidence | None = None
-    _indexed: object = field(default=_UNTRIED, repr=False)
+    _indexed: dict = field(default_factory=dict, repr=False)   # max_terms -> (region, statistics)
 
     def unexplained(self, r: Region) -> int | None:
         """Launches the range or strided template `r` leaves unexplained on this evidence
@@ -73,12 +70,23 @@ class RegionFit:
     def g(self) -> np.ndarray:
         return self.kd.group[self.sel]
 
-    def indexed(self) -> Region | None:
-        """The indexed fit, tried once (the range attempt may ask first)."""
-        if self._indexed is _UNTRIED:
-            self._indexed = fit_indexed(self.kd, self.w, self.cat, self.sel, self.nat, self.fit,
-                                        range_bounds(self.kd, self.cat, self.sel, self.nat))
-        return self._indexed
+    def indexed(self, max_terms: int = 3) -> Region | None:
+        """The indexed fit with edges of at most `max_terms` terms, tried once (the range attempt
+        may ask first); its statistics go into `fit` when it is taken (`take_indexed`)."""
+        if max_terms not in self._indexed:
+            f = dict(self.fit)
+            r = fit_indexed(self.kd, self.w, self.cat, self.sel, self.nat, f,
+                            range_bounds(self.kd, self.cat, self.sel, self.nat), max_terms=max_terms)
+            self._indexed[max_terms] = (r, f)
+        return self._indexed[max_terms][0]
+
+    def take_indexed(self, max_terms: int = 3) -> Region | None:
+        """The indexed fit as this word's region, its statistics recorded."""
+        r = self.indexed(max_terms)
+        if r is not None:
+            self.fit.clear()
+            self.fit.update(self._indexed[max_terms][1])
+        return r
 
 
 def _try_strided(rf: RegionFit) -> Region | None:
@@ -236,12 +244,14 @@ def _try_range(rf: RegionFit) -> Region | None:
         # a coefficient no element size times dimensions gives (FitParams.simple_odd) is a
         # formula bent through lost records; where index values explain the launches, the
         # indexed template is the better-founded one (docs/template-model.md, "indexed")
-        region = rf.indexed()
+        region = rf.take_indexed()
         if region is not None:
             return region
         if _mostly(kd, whole):
             return None
     region = Region(w.name, cls, start=fs, end=fe)
+    if _indexed_likelier(rf, region):
+        return rf.take_indexed(COMPARE_TERMS)
     fit["exact"] = exact
     fit["unexplained"] = unexplained
     fit["evidence"] = group_evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
@@ -253,11 +263,42 @@ def _try_range(rf: RegionFit) -> Region | None:
     return region
 
 
+COMPARE_TERMS = 1   # an indexed rival of a range: the value's own term (a constant stride) only
+
+
+def _indexed_likelier(rf: RegionFit, rng: Region) -> bool:
+    """Does an indexed template explain this word's faults far better than the range `rng`, which
+    also explains the launches? A range is the hull of what the launches touched; where index
+    values choose the pages (a sequence's KV blocks, a position's rows of a small table), the
+    hull holds every chunk and the gaps between, and a pool or table a few big pages wide shows
+    few gaps a big page wide, so the range verifies. Each touched big page faults once, at a
+    touched page drawn at random (`fault_pages_loglik`): the indexed template wins when, on the
+    launches whose values were recorded, it holds every fault page the range holds and the faults
+    are `odds_per_term` times likelier under it (the odds an added term needs). Tried only where
+    the traces hold values. The indexed fit here is a cheaper search (`COMPARE_TERMS`: edges that
+    add a constant stride times the value, no other term), as it runs for every range of a kernel
+    with values; a stride that follows an argument varies within the profile, which a range
+    rarely explains."""
+    kd, cat, sel = rf.kd, rf.cat, rf.sel
+    if not any(p.obs.trace.values is not None for p in kd.parts):
+        return False
+    alt = rf.indexed(COMPARE_TERMS)
+    if alt is None:
+        return False
+    _, have = indexed_pages(kd, alt, cat, sel)
+    use = sel[have & ~rf.nat]
+    if not len(use):
+        return False
+    ll_i, held_i, n = fault_pages_loglik(kd, alt, cat, use, pages=lambda s: indexed_pages(kd, alt, cat, s)[0])
+    ll_r, held_r, _ = fault_pages_loglik(kd, rng, cat, use)
+    return n > 0 and (held_i or not held_r) and ll_i >= ll_r + np.log(kd.params.odds_per_term)
+
+
 def _try_indexed(rf: RegionFit) -> Region | None:
     """Pages chosen by index values another pointer's buffer holds (the trace's values table):
     tried before `allocation`, which the fitting runs' values may happen to cover whole (a gather
     over a small vector) while a larger run's do not."""
-    return rf.indexed()
+    return rf.take_indexed()
 
 
 def _try_allocation(rf: RegionFit) -> Region | None:

@@ -67,6 +67,13 @@ def vocabulary(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]
     points, for a region of `p2*p3` bytes) is as likely a fit of big-page bounds as a shape."""
     sizes: dict[FM.Formula, None] = {}
     terms: dict[tuple[int, tuple[str, ...]], None] = {}
+    for r, _ in regions:
+        # an indexed region reads `count` chunks of `chunk` bytes: a gather writes (or a scatter
+        # reads) that many bytes, one row per index read (`2048*rows` from 2048-byte rows, `rows` ids)
+        t = _gathered(r)
+        if t is not None:
+            sizes[FM.Formula(0, (t,))] = None
+            terms[t] = None
     for r, ev in regions:
         if r.cls not in ("fixed", "linear", "strided") or any(f.n_terms > 1 for f in r.formulas().values()):
             continue
@@ -87,6 +94,18 @@ def vocabulary(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]
                     tier1[FM.Formula(0, ((c, sub),))] = None
                     factors[sub] = None
     return list(tier1), list(factors)
+
+
+def _gathered(r: Region) -> tuple[int, tuple[str, ...]] | None:
+    """The one term `chunk * count` of an indexed region whose count is an argument formula and
+    whose chunk and count have at most one term and no constant beside it, or None."""
+    if r.cls != "indexed" or r.count_index is not None or r.count is None or r.chunk is None:
+        return None
+    ch, cn = r.chunk, r.count
+    if ch.n_terms + cn.n_terms != 1 or (ch.terms and ch.const) or (cn.terms and cn.const):
+        return None
+    (c, fac), k = (ch.terms[0], cn.const) if ch.terms else (cn.terms[0], ch.const)
+    return (int(c) * int(k), tuple(fac)) if c * k > 0 else None
 
 
 def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list, tier2: list) -> bool:
@@ -113,9 +132,11 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             # a size: the region stays non-empty, growing with its arguments
             # a size is an element size times dimensions: a constant below minus one element
             # (`128*pos - 76416`) is a fit of this profile's bounds, empty at smaller arguments
+            # and a constant above what the terms add at every launch makes the size that constant
+            # with an argument's crumbs (`4*M + 1536000` for a 1536000-byte weight matrix)
             if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
                     (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms) or \
-                    f.const < -max(c for c, _ in f.terms):
+                    f.const < -max(c for c, _ in f.terms) or (f.const > 0 and (y - f.const < f.const).all()):
                 continue
             # a size equal to the allocation's at every launch (sizes that vary) is the tensor's
             alloc = bool(ev.whole.all() and (y == ev.to_alloc).all() and len(np.unique(ev.to_alloc)) > 1)
