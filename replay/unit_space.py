@@ -35,6 +35,24 @@ from pagecast import trace as T
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 I64 = np.int64
+ID = np.int32   # what a per-use array holds (unit ids, steps, page counts) where every value fits: `narrow`
+
+
+def narrow(a: np.ndarray | None) -> np.ndarray | None:
+    """A per-use integer array (unit ids, steps, page counts: Needs, Groups) as int32 where every
+    value fits, else as it is. Those arrays are most of a replay's memory (10^6 launches: tens of
+    millions of uses, each in several of them) and their values stay far below 2^31 (units and
+    steps of a workload); a value that does not fit keeps the array int64, so nothing wraps. Every
+    reader takes either width (the numba kernels compile for each; numpy widens where it meets
+    int64), so results do not depend on it."""
+    if a is None or a.dtype == ID or a.dtype.kind not in "iu":
+        return a
+    if len(a) == 0:
+        return a.astype(ID)
+    info = np.iinfo(ID)
+    if int(a.min()) >= info.min and int(a.max()) <= info.max:
+        return a.astype(ID)
+    return a
 
 
 @dataclass
@@ -302,7 +320,7 @@ class Universe:
             units, lid = units[o], lid[o]
         indptr = np.zeros(n_launches + 1, I64)
         np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
-        return indptr, units.astype(I64)
+        return indptr, narrow(units.astype(I64, copy=False))
 
     def address_ranges(self, task: int, dense_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dense unit ids -> (byte address, unit key) for plans."""
@@ -325,6 +343,10 @@ class Needs:
     after: np.ndarray | None = None
     value_bytes: np.ndarray | None = None
     pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
+
+    def __post_init__(self) -> None:
+        # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
+        self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow(self.pages)
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
@@ -349,7 +371,7 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
         return derived
     n = len(base.ptr) - 1
     m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
-    after = np.full(len(derived.unit), -1, I64)
+    after = np.full(len(derived.unit), -1, ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
     s0 = 0
     while s0 < n:
         # whole steps, at least one, while both needs' uses stay under ATTACH_USES
@@ -448,7 +470,7 @@ class Workload:
                               (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
                               for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
         if len(pages) == len(needs.unit):
-            needs.pages = pages
+            needs.pages = narrow(pages)
         return needs
 
     def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:
