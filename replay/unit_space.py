@@ -384,7 +384,7 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     return Needs(derived.ptr, derived.unit, after, base.value_bytes)
 
 
-ATTACH_USES = 1 << 21   # uses per piece of attach_after (each piece's temporaries: ~100 bytes a use)
+ATTACH_USES = 1 << 19   # uses per piece of attach_after (each piece's temporaries: ~140 bytes a use, ~70 MB)
 
 
 def _after_of_steps(derived: Needs, base: Needs, block_lo: np.ndarray, m, s0: int, s1: int) -> np.ndarray:

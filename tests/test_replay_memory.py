@@ -238,3 +238,70 @@ def test_the_pages_a_plan_faults_match_the_search_over_every_use():
         want = np.full(len(g.pf_unit), 16, I64)
         want[hit] = nd.pages[at[hit]]
         np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), pieces=st.integers(1, 5), ordered=st.booleans())
+def test_observed_pieces_merged_in_place_equal_from_intervals(seed, n, pieces, ordered):
+    """footprints._merge_pieces (in place where the pieces' launches come in order, a launch spanning
+    pieces) against Footprints.from_intervals of every interval at once."""
+    from pagecast import footprints as FP
+    rng = np.random.default_rng(seed)
+    ls, ss, es = [], [], []
+    lo = 0
+    for _ in range(pieces):
+        k = int(rng.integers(0, 15))
+        hi = min(n - 1, lo + int(rng.integers(0, 4))) if ordered else n - 1
+        lid = rng.integers(lo if ordered else 0, hi + 1, k)
+        s = rng.integers(0, 40, k)
+        p = FP.Footprints.from_intervals(lid, s, s + rng.integers(1, 6, k), n, 4096)
+        ls.append(p.launch_of_interval())
+        ss.append(p.start)
+        es.append(p.end)
+        lo = hi
+    want = FP.Footprints.from_intervals(np.concatenate(ls), np.concatenate(ss), np.concatenate(es), n, 4096)
+    got = FP._merge_pieces(ls, ss, es, n, 4096)
+    assert not ls and not ss and not es
+    for f in ("indptr", "start", "end"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f))
+        assert getattr(got, f).dtype == I64
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 8), k=st.integers(0, 30), m=st.integers(0, 40))
+def test_covered_matches_a_search_of_every_interval(seed, n, k, m):
+    """footprints._covered (a fault's interval inside a merged migration of its launch) against a
+    brute-force search."""
+    from pagecast import footprints as FP
+    rng = np.random.default_rng(seed)
+    l, s = rng.integers(0, n, k), rng.integers(0, 50, k)
+    cov = FP.Footprints.from_intervals(l, s, s + rng.integers(1, 10, k), n, 4096)
+    ql, qs = rng.integers(-1, n + 1, m), rng.integers(0, 60, m)
+    qe = qs + rng.integers(1, 4, m)
+    got = FP._covered(cov, ql, qs, qe)
+    cl = cov.launch_of_interval()
+    want = [bool(((cl == ql[j]) & (cov.start <= qs[j]) & (qe[j] <= cov.end)).any()) for j in range(m)]
+    assert got.tolist() == want
+
+
+def test_observed_footprints_equal_every_record_merged_at_once(gathered):
+    """The observed footprints (migrations first, the faults they cover dropped, piece by piece)
+    are those of every record merged at once, as they were made before."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pagecast import footprints as FP
+    from pagecast import trace as T
+    tr, _ = gathered
+    ps, n = tr.page_size, tr.n_launches
+    clock = FP.LaunchClock(tr)
+    f = tr.faults
+    page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(I64)
+    m = tr.migrations.filter(pc.is_in(tr.migrations.column(T.CAUSE), value_set=pa.array(["coherence"])))
+    ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    lid = np.concatenate([clock.attribute(f.column(T.LAUNCH_ID), f.column(T.TIME_NS)),
+                          clock.attribute(m.column(T.LAUNCH_ID), m.column(T.START_NS))])
+    want = FP.Footprints.from_intervals(lid, np.concatenate([page, ms]), np.concatenate([page + 1, me]), n, ps)
+    got = FP._observed(T.read_trace(tr.path, lazy=("faults", "migrations")), False)
+    assert len(f) and len(want.start)
+    for k in ("indptr", "start", "end"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(want, k))
