@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.compute as pc
+from numba import njit
 
 from pagecast import footprints as F
 from pagecast import trace as T
@@ -163,6 +164,13 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
         np.cumsum(np.bincount(np.repeat(l, cnt), minlength=n), out=indptr[1:])
         return indptr, np.ones(int(cnt.sum()), I64)
     r = gran // ps
+    if len(fp.start) and int(fp.end.max()) < np.iinfo(I64).max // 2:
+        # a launch's intervals in order (a merged footprint's are): one pass, memory for the result
+        # only (the sort below keeps eight arrays of every use: what needs_from peaked on)
+        indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
+                                           fp.end.astype(I64, copy=False), int(r), int(n))
+        if indptr[0] == 0:
+            return indptr, tot
     su, eu = fp.start // r, (fp.end - 1) // r + 1
     k = eu - su
     u = F._ranges(su.astype(I64), k.astype(I64))
@@ -178,6 +186,42 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     indptr = np.zeros(n + 1, I64)
     np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
     return indptr, tot
+
+
+@njit(cache=True)
+def _unit_pages_in_order(lid, start, end, r, n):
+    """unit_page_counts' (indptr, pages) where every launch's units come ascending in interval order
+    (launches ascending too): then its sort keeps them where they are and each (launch, unit) is a
+    run of consecutive entries, summed here in two passes (count, then fill). indptr[0] = -1 where
+    they do not come so (the caller sorts)."""
+    cnt = np.zeros(n + 1, np.int64)
+    pl = -1
+    pu = -1
+    for i in range(len(start)):
+        la = lid[i]
+        for u in range(start[i] // r, (end[i] - 1) // r + 1):
+            if la < pl or (la == pl and u < pu):
+                cnt[0] = -1
+                return cnt, np.zeros(0, np.int64)
+            if la != pl or u != pu:
+                cnt[la + 1] += 1
+            pl = la
+            pu = u
+    for j in range(n):
+        cnt[j + 1] += cnt[j]
+    tot = np.zeros(cnt[n], np.int64)
+    j = -1
+    pl = -1
+    pu = -1
+    for i in range(len(start)):
+        la = lid[i]
+        for u in range(start[i] // r, (end[i] - 1) // r + 1):
+            if la != pl or u != pu:
+                j += 1
+                pl = la
+                pu = u
+            tot[j] += min(end[i], (u + 1) * r) - max(start[i], u * r)
+    return cnt, tot
 
 
 def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
