@@ -240,33 +240,6 @@ def test_the_pages_a_plan_faults_match_the_search_over_every_use():
         np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), pieces=st.integers(1, 5), ordered=st.booleans())
-def test_observed_pieces_merged_in_place_equal_from_intervals(seed, n, pieces, ordered):
-    """footprints._merge_pieces (in place where the pieces' launches come in order, a launch spanning
-    pieces) against Footprints.from_intervals of every interval at once."""
-    from pagecast import footprints as FP
-    rng = np.random.default_rng(seed)
-    ls, ss, es = [], [], []
-    lo = 0
-    for _ in range(pieces):
-        k = int(rng.integers(0, 15))
-        hi = min(n - 1, lo + int(rng.integers(0, 4))) if ordered else n - 1
-        lid = rng.integers(lo if ordered else 0, hi + 1, k)
-        s = rng.integers(0, 40, k)
-        p = FP.Footprints.from_intervals(lid, s, s + rng.integers(1, 6, k), n, 4096)
-        ls.append(p.launch_of_interval())
-        ss.append(p.start)
-        es.append(p.end)
-        lo = hi
-    want = FP.Footprints.from_intervals(np.concatenate(ls), np.concatenate(ss), np.concatenate(es), n, 4096)
-    got = FP._merge_pieces(ls, ss, es, n, 4096)
-    assert not ls and not ss and not es
-    for f in ("indptr", "start", "end"):
-        np.testing.assert_array_equal(getattr(got, f), getattr(want, f))
-        assert getattr(got, f).dtype == I64
-
-
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 8), k=st.integers(0, 30), m=st.integers(0, 40))
 def test_covered_matches_a_search_of_every_interval(seed, n, k, m):
