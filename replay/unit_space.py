@@ -29,12 +29,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.compute as pc
+from numba import njit
 
 from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 I64 = np.int64
+ID = np.int32   # what a per-use array holds (unit ids, steps, page counts) where every value fits: `narrow`
+
+
+def narrow(a: np.ndarray | None) -> np.ndarray | None:
+    """A per-use integer array (unit ids, steps, page counts: Needs, Groups) as int32 where every
+    value fits, else as it is. Those arrays are most of a replay's memory (10^6 launches: tens of
+    millions of uses, each in several of them) and their values stay far below 2^31 (units and
+    steps of a workload); a value that does not fit keeps the array int64, so nothing wraps. Every
+    reader takes either width (the numba kernels compile for each; numpy widens where it meets
+    int64), so results do not depend on it."""
+    if a is None or a.dtype == ID or a.dtype.kind not in "iu":
+        return a
+    if len(a) == 0:
+        return a.astype(ID)
+    info = np.iinfo(ID)
+    if int(a.min()) >= info.min and int(a.max()) <= info.max:
+        return a.astype(ID)
+    return a
 
 
 @dataclass
@@ -145,6 +164,13 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
         np.cumsum(np.bincount(np.repeat(l, cnt), minlength=n), out=indptr[1:])
         return indptr, np.ones(int(cnt.sum()), I64)
     r = gran // ps
+    if len(fp.start) and int(fp.end.max()) < np.iinfo(I64).max // 2:
+        # a launch's intervals in order (a merged footprint's are): one pass, memory for the result
+        # only (the sort below keeps eight arrays of every use: what needs_from peaked on)
+        indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
+                                           fp.end.astype(I64, copy=False), int(r), int(n))
+        if indptr[0] == 0:
+            return indptr, tot
     su, eu = fp.start // r, (fp.end - 1) // r + 1
     k = eu - su
     u = F._ranges(su.astype(I64), k.astype(I64))
@@ -160,6 +186,42 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     indptr = np.zeros(n + 1, I64)
     np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
     return indptr, tot
+
+
+@njit(cache=True)
+def _unit_pages_in_order(lid, start, end, r, n):
+    """unit_page_counts' (indptr, pages) where every launch's units come ascending in interval order
+    (launches ascending too): then its sort keeps them where they are and each (launch, unit) is a
+    run of consecutive entries, summed here in two passes (count, then fill). indptr[0] = -1 where
+    they do not come so (the caller sorts)."""
+    cnt = np.zeros(n + 1, np.int64)
+    pl = -1
+    pu = -1
+    for i in range(len(start)):
+        la = lid[i]
+        for u in range(start[i] // r, (end[i] - 1) // r + 1):
+            if la < pl or (la == pl and u < pu):
+                cnt[0] = -1
+                return cnt, np.zeros(0, np.int64)
+            if la != pl or u != pu:
+                cnt[la + 1] += 1
+            pl = la
+            pu = u
+    for j in range(n):
+        cnt[j + 1] += cnt[j]
+    tot = np.zeros(cnt[n], np.int64)
+    j = -1
+    pl = -1
+    pu = -1
+    for i in range(len(start)):
+        la = lid[i]
+        for u in range(start[i] // r, (end[i] - 1) // r + 1):
+            if la != pl or u != pu:
+                j += 1
+                pl = la
+                pu = u
+            tot[j] += min(end[i], (u + 1) * r) - max(start[i], u * r)
+    return cnt, tot
 
 
 def unit_intervals(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -302,7 +364,7 @@ class Universe:
             units, lid = units[o], lid[o]
         indptr = np.zeros(n_launches + 1, I64)
         np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
-        return indptr, units.astype(I64)
+        return indptr, narrow(units.astype(I64, copy=False))
 
     def address_ranges(self, task: int, dense_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dense unit ids -> (byte address, unit key) for plans."""
@@ -325,6 +387,10 @@ class Needs:
     after: np.ndarray | None = None
     value_bytes: np.ndarray | None = None
     pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
+
+    def __post_init__(self) -> None:
+        # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
+        self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow(self.pages)
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
@@ -349,7 +415,7 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
         return derived
     n = len(base.ptr) - 1
     m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
-    after = np.full(len(derived.unit), -1, I64)
+    after = np.full(len(derived.unit), -1, ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
     s0 = 0
     while s0 < n:
         # whole steps, at least one, while both needs' uses stay under ATTACH_USES
@@ -362,7 +428,7 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     return Needs(derived.ptr, derived.unit, after, base.value_bytes)
 
 
-ATTACH_USES = 1 << 21   # uses per piece of attach_after (each piece's temporaries: ~100 bytes a use)
+ATTACH_USES = 1 << 19   # uses per piece of attach_after (each piece's temporaries: ~140 bytes a use, ~70 MB)
 
 
 def _after_of_steps(derived: Needs, base: Needs, block_lo: np.ndarray, m, s0: int, s1: int) -> np.ndarray:
@@ -448,7 +514,7 @@ class Workload:
                               (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
                               for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
         if len(pages) == len(needs.unit):
-            needs.pages = pages
+            needs.pages = narrow(pages)
         return needs
 
     def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:

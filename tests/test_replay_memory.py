@@ -1,6 +1,7 @@
 """What a replay keeps smaller to bound its memory, against the full-size computation it replaces:
 `attach_after` made a few steps at a time, a finished run kept as its summary (`run.compact`), the
-value alternatives made one at a time, the glibc threshold that returns freed arrays."""
+value alternatives made one at a time, the glibc threshold that returns freed arrays, the per-use
+arrays held as int32 (`unit_space.narrow`) against the same replay all in int64."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_attach_after_in_pieces_equals_all_at_once(seed, steps, units, piece):
         parts = U.attach_after(derived, base, block_lo)
     finally:
         U.ATTACH_USES = old
-    assert parts.after.dtype == whole.after.dtype == I64
+    assert parts.after.dtype == whole.after.dtype == U.ID   # steps fit in int32 (unit_space.narrow)
     np.testing.assert_array_equal(parts.after, whole.after)
     assert parts.value_bytes is base.value_bytes and parts.unit is derived.unit
     # and the rule itself, use by use: an exact use keeps its own, else the earliest in its block
@@ -124,3 +125,185 @@ def test_the_threshold_is_set_on_glibc():
         assert got
     else:
         assert got is False
+
+
+def test_narrow_keeps_int32_only_where_every_value_fits():
+    a = np.array([-1, 0, 5, 2**31 - 1], I64)
+    n = U.narrow(a)
+    assert n.dtype == U.ID
+    np.testing.assert_array_equal(n, a)
+    big = np.array([0, 2**31], I64)
+    assert U.narrow(big) is big   # would wrap: kept int64
+    assert U.narrow(np.array([-2**31 - 1], I64)).dtype == I64
+    assert U.narrow(None) is None
+    assert U.narrow(np.zeros(0, I64)).dtype == U.ID
+    f = np.zeros(3)
+    assert U.narrow(f) is f
+    nd = Needs(np.array([0, 2], I64), np.array([3, 4], I64), np.array([-1, 0], I64), None, np.array([1, 16], I64))
+    assert nd.unit.dtype == nd.after.dtype == nd.pages.dtype == U.ID and nd.ptr.dtype == I64
+
+
+def _wide(monkeypatch):
+    """Every Needs and Groups kept in int64, as before `narrow` (the reference the int32 replay must equal)."""
+    from pagecast.replay.plan import groups as G
+    monkeypatch.setattr(U, "narrow", lambda a: a)
+    monkeypatch.setattr(G, "narrow", lambda a: a)
+
+
+def test_a_replay_in_int32_equals_the_same_replay_in_int64(gathered, monkeypatch):
+    """The whole planned replay (template's spans, alternatives and faults left out; oracle; the
+    bound) gives the same rows, timeline included, with its per-use arrays in int32 as in int64."""
+    tr, model = gathered
+    pols = ["demand", "template", "oracle"]
+    runs32, tl32 = SW.replay_sim([tr], pols, oversub=[1.5, 2, 3], model=model)
+    prof = load_profile("msched-rtx5080")
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    assert w.truth.unit.dtype == w.truth.pages.dtype == U.ID   # what the replay above ran on
+    with monkeypatch.context() as m:
+        _wide(m)
+        w64 = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+        assert w64.truth.unit.dtype == I64
+        runs64, tl64 = SW.replay_sim([tr], pols, oversub=[1.5, 2, 3], model=model)
+    assert runs32 == runs64
+    assert tl32.equals(tl64)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), steps=st.integers(2, 25), units=st.integers(2, 48),
+       cap=st.integers(1, 30), front=st.booleans(), gated=st.booleans())
+def test_the_planner_kernels_agree_in_int32_and_int64(seed, steps, units, cap, front, gated):
+    """Belady's plan, the block span, the uses of a plan's prefetches, the pages they fault and the
+    next uses: equal whether the per-use arrays come in int32 or int64 (numba compiles each)."""
+    from pagecast.replay.plan import faults as FL
+    from pagecast.replay.plan.belady import plan_groups
+    from pagecast.replay.plan.spans import widen_to_blocks
+    from pagecast.replay.sim.run import next_use_of
+    rng = np.random.default_rng(seed)
+    ptr, unit = _needs(rng, steps, units, 0.35)
+    after = (np.where(rng.random(len(unit)) < 0.5, -1, rng.integers(0, steps, len(unit))).astype(I64)
+             if gated else None)
+    pages = rng.integers(1, 17, len(unit)).astype(I64)
+    block_lo = (np.arange(units, dtype=I64) // 4) * 4
+    block_hi = np.minimum(block_lo + 4, units)
+
+    def build(dtype):
+        nd = Needs(ptr, unit, after, np.ones(steps, I64), pages)
+        for f in ("unit", "after", "pages"):   # set after construction: Needs narrows what it is given
+            if getattr(nd, f) is not None:
+                setattr(nd, f, getattr(nd, f).astype(dtype))
+        return nd
+
+    out = {}
+    for dtype in (U.ID, I64):
+        nd = build(dtype)
+        g = plan_groups(nd, units, cap, front=front)
+        for f in ("ev_unit", "pf_unit", "pf_after"):
+            setattr(g, f, getattr(g, f).astype(dtype))
+        bp, bu = widen_to_blocks(nd.ptr, nd.unit, block_lo, block_hi)
+        wide = Needs(bp, bu)
+        wide.unit = wide.unit.astype(dtype)
+        uses = FL.prefetch_uses(g, wide, nd)
+        ent = FL._entries(g, nd, uses[0], 65536)
+        out[dtype] = (g, bp, bu, uses, ent, next_use_of(nd, wide))
+    a, b = out[U.ID], out[I64]
+    assert a[0].pf_unit.dtype == U.ID and b[0].pf_unit.dtype == I64
+    for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "thrash", "need_group", "gate",
+              "gate_bytes", "pf_after"):
+        np.testing.assert_array_equal(getattr(a[0], f), getattr(b[0], f))
+    for x, y in zip(a[1:], b[1:]):
+        for xx, yy in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
+            np.testing.assert_array_equal(xx, yy)
+
+
+def test_the_pages_a_plan_faults_match_the_search_over_every_use():
+    """faults._entries (a binary search in the step's own uses) against the search it replaced (a
+    key for every use of every step)."""
+    from pagecast.replay.plan import faults as FL
+    from pagecast.replay.plan.belady import plan_groups
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        steps, units = int(rng.integers(2, 30)), int(rng.integers(2, 60))
+        ptr, unit = _needs(rng, steps, units, 0.3)
+        nd = Needs(ptr, unit, None, None, rng.integers(1, 17, len(unit)))
+        if len(unit) == 0:
+            continue
+        g = plan_groups(nd, units, int(rng.integers(1, units + 1)))
+        need = FL.prefetch_uses(g, nd, nd)[0]
+        got = FL._entries(g, nd, need, 65536)
+        n_units = int(max(unit.max(), g.pf_unit.max(initial=-1))) + 1
+        keys = np.repeat(np.arange(steps, dtype=I64), np.diff(ptr)) * n_units + unit
+        want_k = np.maximum(need, 0) * n_units + g.pf_unit.astype(I64)
+        at = np.minimum(np.searchsorted(keys, want_k), len(keys) - 1)
+        hit = (keys[at] == want_k) & (need >= 0)
+        want = np.full(len(g.pf_unit), 16, I64)
+        want[hit] = nd.pages[at[hit]]
+        np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 8), k=st.integers(0, 30), m=st.integers(0, 40))
+def test_covered_matches_a_search_of_every_interval(seed, n, k, m):
+    """footprints._covered (a fault's interval inside a merged migration of its launch) against a
+    brute-force search."""
+    from pagecast import footprints as FP
+    rng = np.random.default_rng(seed)
+    l, s = rng.integers(0, n, k), rng.integers(0, 50, k)
+    cov = FP.Footprints.from_intervals(l, s, s + rng.integers(1, 10, k), n, 4096)
+    ql, qs = rng.integers(-1, n + 1, m), rng.integers(0, 60, m)
+    qe = qs + rng.integers(1, 4, m)
+    got = FP._covered(cov, ql, qs, qe)
+    cl = cov.launch_of_interval()
+    want = [bool(((cl == ql[j]) & (cov.start <= qs[j]) & (qe[j] <= cov.end)).any()) for j in range(m)]
+    assert got.tolist() == want
+
+
+def test_observed_footprints_equal_every_record_merged_at_once(gathered):
+    """The observed footprints (migrations first, the faults they cover dropped, piece by piece)
+    are those of every record merged at once, as they were made before."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pagecast import footprints as FP
+    from pagecast import trace as T
+    tr, _ = gathered
+    ps, n = tr.page_size, tr.n_launches
+    clock = FP.LaunchClock(tr)
+    f = tr.faults
+    page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(I64)
+    m = tr.migrations.filter(pc.is_in(tr.migrations.column(T.CAUSE), value_set=pa.array(["coherence"])))
+    ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
+    lid = np.concatenate([clock.attribute(f.column(T.LAUNCH_ID), f.column(T.TIME_NS)),
+                          clock.attribute(m.column(T.LAUNCH_ID), m.column(T.START_NS))])
+    want = FP.Footprints.from_intervals(lid, np.concatenate([page, ms]), np.concatenate([page + 1, me]), n, ps)
+    got = FP._observed(T.read_trace(tr.path, lazy=("faults", "migrations")), False)
+    assert len(f) and len(want.start)
+    for k in ("indptr", "start", "end"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(want, k))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 8), k=st.integers(0, 40), merged=st.booleans(),
+       gran=st.sampled_from([4096, 16384, 65536, 1 << 21]))
+def test_unit_page_counts_in_one_pass_equal_the_sort(seed, n, k, merged, gran):
+    """unit_page_counts' pass over launches whose intervals come in order (merged footprints)
+    against its sort of every use (what it does where they do not come in order)."""
+    from pagecast import footprints as FP
+    rng = np.random.default_rng(seed)
+    lid, s = rng.integers(0, n, k), rng.integers(0, 200, k)
+    e = s + rng.integers(1, 40, k)
+    if merged:
+        fp = FP.Footprints.from_intervals(lid, s, e, n, 4096)
+    else:   # overlapping, unsorted within a launch
+        o = np.argsort(lid, kind="stable")
+        ip = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(lid, minlength=n), out=ip[1:])
+        fp = FP.Footprints(ip, s[o].astype(I64), e[o].astype(I64), 4096, "predicted")
+    got = U.unit_page_counts(fp, gran)
+    one_pass = U._unit_pages_in_order
+    U._unit_pages_in_order = lambda *a: (np.array([-1], I64), None)   # "not in order": the sort
+    try:
+        want = U.unit_page_counts(fp, gran)
+    finally:
+        U._unit_pages_in_order = one_pass
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
+        assert x.dtype == y.dtype

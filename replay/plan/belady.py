@@ -237,10 +237,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     G = n_steps - start_step
     m0 = max(n_occ, 16)
     ev_g = np.empty(m0, np.int64)
-    ev_u = np.empty(m0, np.int64)
+    ev_u = np.empty(m0, need_unit.dtype)   # unit ids: the width the needs have them in
     pf_g = np.empty(m0, np.int64)
     pf_n = np.empty(m0, np.int64)
-    pf_u = np.empty(m0, np.int64)
+    pf_u = np.empty(m0, need_unit.dtype)
     pf_a = np.empty(m0, np.int64)
     n_ev = 0
     n_pf = 0
@@ -538,7 +538,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(0, np.int64) if need_after is None else np.asarray(need_after, np.int64),
+        np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),

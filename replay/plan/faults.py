@@ -48,9 +48,8 @@ def prefetch_uses(g: Groups, needs: Needs, base: Needs) -> tuple[np.ndarray, np.
     n = g.n_steps
     n_units = int(max(needs.unit.max(initial=-1), base.unit.max(initial=-1), g.pf_unit.max(initial=-1),
                       g.ev_unit.max(initial=-1))) + 1
-    return _prefetch_uses(g.pf_ptr, g.pf_unit.astype(I64, copy=False), g.ev_ptr, g.ev_unit.astype(I64, copy=False), needs.ptr,
-                          needs.unit.astype(I64, copy=False), base.ptr, base.unit.astype(I64, copy=False),
-                          n, n_units)   # read only: no copies of every use
+    return _prefetch_uses(g.pf_ptr, g.pf_unit, g.ev_ptr, g.ev_unit, needs.ptr, needs.unit, base.ptr, base.unit,
+                          n, n_units)   # read only, either width (unit_space.narrow): no copies of every use
 
 
 @njit(cache=True)
@@ -102,14 +101,29 @@ def _entries(g: Groups, base: Needs, need: np.ndarray, gran: int) -> np.ndarray:
     out = np.full(len(g.pf_unit), whole, np.int64)
     if base.pages is None or len(base.pages) != len(base.unit) or len(base.unit) == 0:
         return out
-    n_units = int(max(base.unit.max(), g.pf_unit.max(initial=-1))) + 1
-    steps = np.repeat(np.arange(len(base.ptr) - 1, dtype=np.int64), np.diff(base.ptr))
-    keys = steps * n_units + base.unit.astype(np.int64)   # ascending: steps in order, units ascending
-    want = np.maximum(need, 0) * n_units + g.pf_unit.astype(np.int64)
-    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-    hit = (keys[at] == want) & (need >= 0)
-    out[hit] = base.pages[at[hit]]
+    _pages_at(base.ptr, base.unit, base.pages, need, g.pf_unit, out)
     return out
+
+
+@njit(cache=True)
+def _pages_at(ptr, unit, pages, need, pf_unit, out):
+    """out[i] = the pages step need[i] touches in unit pf_unit[i], where that step holds it (its
+    units ascend: a binary search in the step's own uses; nothing the size of every use is made)."""
+    for i in range(len(need)):
+        s = need[i]
+        if s < 0:
+            continue
+        lo = ptr[s]
+        hi = ptr[s + 1]
+        u = pf_unit[i]
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if unit[mid] < u:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < ptr[s + 1] and unit[lo] == u:
+            out[i] = pages[lo]
 
 
 def _pick(order, t_need, cost, wait, cw, n, horizon):
@@ -135,7 +149,7 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
     if n < 2 or len(g.pf_unit) == 0 or not profile.charges:
         return None
     step = prefetch_steps(g)
-    u = g.pf_unit.astype(I64, copy=False)
+    u = g.pf_unit.astype(I64)   # per transfer (u + 1 below in int64 whatever the ids' width)
     need, own, useful = prefetch_uses(g, needs, base)
     # a transfer: consecutive units of one group for one step (what the copy engines count as one)
     new = np.ones(len(u), bool)

@@ -41,16 +41,14 @@ def fitted_needs(block_plan: Groups, block_needs: Needs, base: Needs, w: Workloa
     if not cand.any():
         return block_needs
     # the transfers widening merged: the footprint's runs of consecutive units in the pair, less one
-    bkeys, bruns = _pair_runs(base.ptr, base.unit.astype(I64, copy=False), u.block_lo, m)
+    bkeys, bruns = _pair_runs(base.ptr, base.unit, u.block_lo, m)
     where = np.minimum(np.searchsorted(bkeys, keys[cand]), max(len(bkeys) - 1, 0))
     runs = np.where(bkeys[where] == keys[cand], bruns[where], 1) if len(bkeys) else np.ones(int(cand.sum()))
     narrow = keys[cand][wasted[cand] * unit_move_seconds(profile, w.gran)
                         > np.maximum(runs - 1, 0) * profile.transfer_latency_s]
     if len(narrow) == 0:
         return block_needs
-    ptr, unit = _narrowed(block_needs.ptr, block_needs.unit.astype(I64, copy=False), base.ptr,
-                          base.unit.astype(I64, copy=False),
-                          u.block_lo, np.sort(narrow), m)
+    ptr, unit = _narrowed(block_needs.ptr, block_needs.unit, base.ptr, base.unit, u.block_lo, np.sort(narrow), m)
     return Needs(ptr, unit)
 
 

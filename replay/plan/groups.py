@@ -16,7 +16,7 @@ import numpy as np
 
 from pagecast import footprints as F
 
-from ..unit_space import I64
+from ..unit_space import I64, narrow
 
 @dataclass
 class Groups:
@@ -44,6 +44,8 @@ class Groups:
             self.need_group = np.full(len(self.need_now), -1, I64)
         if self.pf_after is None:
             self.pf_after = np.full(len(self.pf_unit), -1, I64)
+        # the per-transfer arrays as int32 where they fit (unit_space.narrow); the per-step ones as given
+        self.ev_unit, self.pf_unit, self.pf_after = narrow(self.ev_unit), narrow(self.pf_unit), narrow(self.pf_after)
         if self.gate is None:
             self.gate = gate_of(self.pf_ptr, self.pf_after)
         if self.gate_bytes is None:
@@ -56,7 +58,7 @@ class Groups:
     def prefetch_after(self) -> np.ndarray:
         """pf_after, or -1 for every prefetch where a caller set pf_unit without it."""
         if len(self.pf_after) != len(self.pf_unit):
-            self.pf_after = np.full(len(self.pf_unit), -1, I64)
+            self.pf_after = narrow(np.full(len(self.pf_unit), -1, I64))
         return self.pf_after
 
     @classmethod

@@ -77,10 +77,10 @@ def widen_to_blocks(ptr: np.ndarray, unit: np.ndarray, block_lo: np.ndarray, blo
     blocks in order and a step's blocks are written as met: two passes over the units (count,
     then write), memory for the result only (the interval merge sorted copies of every use:
     what the block span of 10^6 launches peaked on)."""
-    out_ptr = _blocks_count(ptr, unit.astype(I64, copy=False), block_lo, block_hi)
+    out_ptr = _blocks_count(ptr, unit, block_lo, block_hi)   # either width (unit_space.narrow): no copy
     if out_ptr[0] < 0:
         return None, None
-    return out_ptr, _blocks_fill(ptr, unit.astype(I64, copy=False), block_lo, block_hi, out_ptr)
+    return out_ptr, _blocks_fill(ptr, unit, block_lo, block_hi, out_ptr)
 
 
 @njit(cache=True)
@@ -107,7 +107,7 @@ def _blocks_count(ptr, unit, block_lo, block_hi):
 @njit(cache=True)
 def _blocks_fill(ptr, unit, block_lo, block_hi, out_ptr):
     n = len(ptr) - 1
-    out = np.empty(out_ptr[n], np.int64)
+    out = np.empty(out_ptr[n], unit.dtype)   # ids of the same universe: the width of `unit`
     for s in range(n):
         j = out_ptr[s]
         hi = -1

@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from ..plan.belady import _heap_pop, _heap_push
-from ..unit_space import I64, Workload
+from ..unit_space import Workload
 from .run import fault_entries
 
 INF = np.iinfo(np.int64).max
@@ -186,7 +186,7 @@ def lower_bound(w: Workload, cap_units: int, profile, compute: np.ndarray, tree:
     # memory is taken in chunks: no residency holds more units than the best chunks that fit
     uni = w.universe
     held = max_resident_units(uni.chunk_hi - uni.chunk_lo, uni.chunk_weight, int(cap_units))
-    misses = belady_misses(w.truth.ptr, w.truth.unit.astype(I64, copy=False), int(uni.n_units), held)
+    misses = belady_misses(w.truth.ptr, w.truth.unit, int(uni.n_units), held)
     F = np.cumsum(misses)
     comp = np.asarray(compute, float)
     K = np.cumsum(comp)

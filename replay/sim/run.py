@@ -167,7 +167,7 @@ def fault_entries(w: Workload) -> np.ndarray:
     """Per occurrence of the launches' units, the faults it makes when missing: the pages the launch
     touches in it (Needs.pages), or all of the unit's pages where the needs do not say (a plan's)."""
     if w.truth.pages is not None and len(w.truth.pages) == len(w.truth.unit):
-        return w.truth.pages.astype(I64, copy=False)   # read only: no copy of every use per run
+        return w.truth.pages   # read only, either width (unit_space.narrow): no copy of every use per run
     ps = w.tasks[0].trace.page_size if w.tasks else PAGE
     return np.full(len(w.truth.unit), max(w.gran // ps, 1), I64)
 
@@ -221,8 +221,7 @@ def next_use_of(truth: Needs, needs: Needs) -> np.ndarray:
     policy knows of a unit's next use, for Belady within a launch larger than
     memory. One backward pass over the steps (numba)."""
     n_units = int(max(truth.unit.max(initial=-1), needs.unit.max(initial=-1))) + 1
-    return _next_use(truth.ptr, truth.unit.astype(I64, copy=False), needs.ptr, needs.unit.astype(I64, copy=False),
-                     n_units)
+    return _next_use(truth.ptr, truth.unit, needs.ptr, needs.unit, n_units)
 
 
 @njit(cache=True)
