@@ -881,29 +881,42 @@ def test_cost_model_policy_example_runs():
 
 
 def test_on_launch_group_waits_for_the_launch_whose_units_it_evicts():
-    """An on_launch group evicting units the launch before touches starts once that launch ends
-    (as the planner's groups do); one evicting nothing of it overlaps it; `wait` overrides."""
+    """An on_launch group that takes from memory units the launch before touches starts once that
+    launch ends (as the planner's groups do), whether it names them (`evict`) or leaves them to its
+    prefetches finding memory full (the driver then evicts them), and whatever `wait` says: no
+    transfer moves a running launch's pages out. A group taking nothing of it overlaps it unless
+    `wait`. (The runner policy left its evictions to its prefetches and so ran every group of a
+    STREAM sweep under the launch before: 3.675 s against 3.876 s charged as it runs, at 300%.)"""
     class Swapper(P.Policy):
         wants_launches = True
 
-        def __init__(self, wait=None):
-            self.wait = wait
+        def __init__(self, wait=None, name_victims=True):
+            self.wait, self.name_victims = wait, name_victims
 
         def on_launch(self, ctx, step):
             if step == 0:
                 return [], ctx.w.truth.of(0)
-            mv = (ctx.w.truth.of(step - 1), ctx.w.truth.of(step))
+            mv = (ctx.w.truth.of(step - 1) if self.name_victims else [], ctx.w.truth.of(step))
             return mv if self.wait is None else (*mv, self.wait)
     with tempfile.TemporaryDirectory() as d:
-        tr = page_trace(Path(d) / "t.pctrace", [np.arange(0, 32), np.arange(32, 64)], compute_ns=10_000)
+        tr = page_trace(Path(d) / "t.pctrace", [np.arange(0, 32), np.arange(32, 64), np.arange(64, 80)],
+                        compute_ns=10_000)
         w, prof = workload([tr], PS, PS)
         starts = {}
-        for label, wait in (("default", None), ("no", False), ("yes", True)):
-            r = R.run_policy(w, Swapper(wait), 32, prof, P.Options(driver_prefetch=False))
+        for label, wait, named, cap in (("default", None, True, 32), ("no", False, True, 32), ("yes", True, True, 32),
+                                        ("implicit", None, False, 32), ("implicit-no", False, False, 32),
+                                        ("room", None, False, 64), ("room-yes", True, False, 64)):
+            r = R.run_policy(w, Swapper(wait, named), cap, prof, P.Options(driver_prefetch=False))
             assert r.counters[:, C.C_FAULTS].sum() == 0
+            assert r.counters[1, C.C_GROUP_DTOH] == (32 if cap == 32 else 0)
             starts[label] = r.start[1]
             assert r.start[1] >= r.end[0] - 1e-15
-        assert starts["default"] == starts["yes"] > starts["no"]
+        # taking launch 0's units: after it ends, named or not (one transfer fewer when not named)
+        assert starts["default"] == starts["no"] == starts["yes"] > starts["room"]
+        assert starts["implicit"] == starts["implicit-no"] > starts["room"]
+        assert starts["implicit"] == pytest.approx(starts["default"] - PROF.transfer_latency_s, rel=1e-9)
+        # room to spare: the group overlaps launch 0 unless told to wait
+        assert starts["room-yes"] > starts["room"] == pytest.approx(r.end[0])
 
 
 def test_oracle_is_not_behind_demand_on_launches_larger_than_memory(tmp_path):
