@@ -257,8 +257,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         n_aside = 0
         # a step larger than memory streams through it: keep one unit free for
         # its faults, as the simulator runs it (so plan and memory agree after)
-        cap_i = cap - 1 if (need_ptr[i + 1] - need_ptr[i] > cap and cap > 1) else cap
         big_i = front and need_ptr[i + 1] - need_ptr[i] > cap
+        # (with its front first it takes all of memory: the room its first fault needs is made by
+        # the fault path's eviction of a chunk's worth of the units it used, as the simulator runs it)
+        cap_i = cap - 1 if (need_ptr[i + 1] - need_ptr[i] > cap and cap > 1 and not big_i) else cap
         front_end = need_ptr[i] + cap_i     # its first cap_i units, in need order
         tail_k = need_ptr[i + 1] - 1        # where the search for its last resident units goes on
         in_flight = 0

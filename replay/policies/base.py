@@ -119,8 +119,8 @@ class Policy:
     def on_launch(self, ctx: Context, step: int) -> tuple | None:
         """Before step `step` (before its planned group, if any): (units to evict, units to
         prefetch in need order[, wait]), issued like a planned group; the launch waits for the
-        prefetches. The group overlaps the launch before unless `wait` (default: it evicts a
-        unit that launch touches)."""
+        prefetches. The group overlaps the launch before unless `wait`, or it takes from memory
+        a unit that launch touches (named, or evicted by its prefetches finding memory full)."""
         return None
 
     def on_miss(self, ctx: Context, step: int, missed: np.ndarray) -> Groups | None:

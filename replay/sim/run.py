@@ -188,18 +188,21 @@ def _run_extra(ctx: Context) -> dict:
 def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_units: int, counters: np.ndarray,
                step: int, prev_units) -> bool:
     """An on_launch hook's (evict, prefetch[, wait]) units, carried out as a planned group of
-    `step`. Returns whether the group waits for the launch before to end: `wait` if given,
-    else whether it evicts a unit that launch touches (as the planner decides)."""
+    `step`. Returns whether the group waits for the launch before to end: `wait` if given and
+    true, and in any case when the group took from memory a unit that launch touches -- named
+    in `evict`, or evicted by a prefetch that found memory full (a transfer cannot overlap the
+    launch whose pages it moves out; charged as overlapping, an online policy that left its
+    evictions to its prefetches ran ahead of the launch before it)."""
     ev, pf = (np.asarray(x, I64).ravel() for x in mv[:2])
     bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= n_units)]
     if bad:
         raise ValueError(f"on_launch named units outside 0..{n_units - 1}")
     one = C.PlanArrays(np.array([0, len(ev)], I64), ev, np.array([0, len(pf)], I64), pf, np.array([len(pf)], I64),
                        step)   # one group, for this step
+    held = None if prev_units is None else m.resident[prev_units] == 1   # the launch before's units held now
     C.run_engine(step, step + 1, truth, one, sp, m, rules, np.zeros(1, I64), counters, C.GROUP)
-    if len(mv) > 2:
-        return bool(mv[2])
-    return prev_units is not None and len(ev) > 0 and bool(np.isin(ev, prev_units).any())
+    took = held is not None and bool((held & (m.resident[prev_units] == 0)).any())
+    return took or (len(mv) > 2 and bool(mv[2]))
 
 
 def _next_use_cached(w: Workload, needs: Needs) -> np.ndarray:
