@@ -26,6 +26,28 @@ SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
+
+def assert_online_is_batch(model, tr):
+    """The online predictor, fed each launch's arguments and recorded values, predicts what the
+    batch path predicts, launch by launch."""
+    from pagecast import values as V
+    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
+    im = V.image(tr)
+    batch = predict_footprints(model, tr, "none")
+    op = OnlinePredictor(model, "none")
+    for a in tr.allocations.to_pylist():
+        op.add_allocation(a[T.ADDRESS], a[T.BYTES], a[T.ALLOC_ID])
+    for i, row in enumerate(tr.launches.to_pylist()):
+        gb = [row[c] for c in T.GRID_COLUMNS]
+        args = (row[T.KERNEL], row[T.PARAM_DATA], row[T.PARAM_OFFSETS], row[T.PARAM_SIZES], tuple(gb[:3]),
+                tuple(gb[3:]))
+
+        def values(addr, nb, i=i):
+            j = im.find([i], np.array([addr], np.uint64))[0]
+            return None if j < 0 else im.data(j)[:nb]
+        s, e = batch.of(i)
+        assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+
 def _kernel(id_type: str) -> Kernel:
     return Kernel("gather_cols", [("out", "float*"), ("table", "const float*"), ("ids", f"const {id_type}*"),
                                   ("n", "int"), ("dim", "int"), ("col", "int"), ("width", "int")],
@@ -413,9 +435,7 @@ def test_a_count_of_blocks_is_a_buffer_value_over_the_block_size(tmp_path, capsy
     written readably and kept through the model file; a run with more tokens is predicted exactly
     by the batch and the online predictor alike; without the count's values the launch gets the
     fallback, counted in one line; a model file with a bad divisor is refused in one line."""
-    from pagecast import values as V
     from pagecast.cli import main
-    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
     paths = [_blocks(s, hi).write(tmp_path / f"b{s}.pctrace") for s, hi in ((1, 40), (2, 80), (3, 160))]
     model = fit_model([T.read_trace(p) for p in paths[:2]])
     km = next(km for n, km in model.kernels.items() if "expert_blocks" in n)
@@ -429,20 +449,7 @@ def test_a_count_of_blocks_is_a_buffer_value_over_the_block_size(tmp_path, capsy
     ev = evaluate(model, tr, "none")
     k = next(x for x in ev["kernels"] if "expert_blocks" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
-    im = V.image(tr)
-    batch = predict_footprints(model, tr, "none")
-    op = OnlinePredictor(model, "none")
-    for a in tr.allocations.to_pylist():
-        op.add_allocation(a[T.ADDRESS], a[T.BYTES], a[T.ALLOC_ID])
-    for i, row in enumerate(tr.launches.to_pylist()):
-        gb = [row[c] for c in T.GRID_COLUMNS]
-        args = (row[T.KERNEL], row[T.PARAM_DATA], row[T.PARAM_OFFSETS], row[T.PARAM_SIZES], tuple(gb[:3]), tuple(gb[3:]))
-
-        def values(addr, nb, i=i):
-            j = im.find([i], np.array([addr], np.uint64))[0]
-            return None if j < 0 else im.data(j)[:nb]
-        s, e = batch.of(i)
-        assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+    assert_online_is_batch(model, tr)
     _blocks(4, 40, record_padded=False).write(tmp_path / "nv.pctrace")
     assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "nv.pctrace")]) == 0
     assert "without values (fallback)" in capsys.readouterr().out
@@ -500,8 +507,6 @@ def test_blocks_of_a_small_pool_are_indexed_though_their_hull_explains_every_lau
     name, so the region is indexed; the output, whose pages the arguments determine, stays a range.
     A longer unseen run with more blocks per launch is predicted exactly, the online predictor
     agrees with the batch one at every launch, and the model file keeps the region."""
-    from pagecast import values as V
-    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
     d = tmp_path_factory.mktemp("pool")
     fit_path = _pool(seed, n_pool, (n_pool // 3, n_pool // 2), 60).write(d / "fit.pctrace", drop=drop)
     test_path = _pool(seed + 1, n_pool, (n_pool // 4, n_pool - 1), 40).write(d / "test.pctrace")
@@ -518,21 +523,7 @@ def test_blocks_of_a_small_pool_are_indexed_though_their_hull_explains_every_lau
     ev = evaluate(model, tr, "none")
     k = next(x for x in ev["kernels"] if "pool_blocks" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
-    im = V.image(tr)
-    batch = predict_footprints(model, tr, "none")
-    op = OnlinePredictor(model, "none")
-    for a in tr.allocations.to_pylist():
-        op.add_allocation(a[T.ADDRESS], a[T.BYTES], a[T.ALLOC_ID])
-    for i, row in enumerate(tr.launches.to_pylist()):
-        gb = [row[c] for c in T.GRID_COLUMNS]
-        args = (row[T.KERNEL], row[T.PARAM_DATA], row[T.PARAM_OFFSETS], row[T.PARAM_SIZES], tuple(gb[:3]),
-                tuple(gb[3:]))
-
-        def values(addr, nb, i=i):
-            vr = im.find([i], np.array([addr], np.uint64))[0]
-            return None if vr < 0 else im.data(vr)[:nb]
-        s, e = batch.of(i)
-        assert op.predict(*args, values=values) == list(zip(s.tolist(), e.tolist())), i
+    assert_online_is_batch(model, tr)
 
 
 def test_a_gathers_output_takes_the_rows_it_reads_as_its_size(tmp_path):
