@@ -700,7 +700,7 @@ def elsewhere(runs) -> str:
   of another replay, so template's share of oracle there is its share of that run: {items}.
   Where the runner's run is the fastest, the GPU runner's own online decisions (one launch
   at a time, no lookahead: "The GPU runner's decisions" below) ran faster than every plan
-  oracle makes on the truth and template on its predictions; why is not analysed here.
+  oracle makes on the truth and template on its predictions: docs/cost-model.md, "Why the runner runs ahead of oracle's own plans", says what is measured of why.
 """
 
 
@@ -1203,7 +1203,7 @@ ahead of template on {', '.join(ahead) or 'no row with launches larger than memo
 brings in bulk what the plan leaves to fault, the overflow of launches larger than memory
 (Belady minimises units moved, not faults). It is also ahead on
 {', '.join(ahead_other) or 'no other row'}, rows with no launch larger than memory (its faults against
-template's); why is not analysed here. The runner is a policy like the others, so its runs join
+template's). Where measured (llm-decode at 200%), the runner's evictions share a transfer group with the fetches they make room for, where Belady's plans group each eviction apart (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
 oracle's family: oracle takes the runner's run where that is the fastest run of the row
 ({', '.join(adopted) or 'nowhere'}), and the tables above measure template against it there.
 These are the numbers the GPU validation (docs/gpu-validation.md) should be read against.
