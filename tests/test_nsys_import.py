@@ -107,9 +107,15 @@ def test_replay_runs_and_fit_refuses(imported, tmp_path, capsys):
     code, _, err = run_cli(capsys, "fit", out, "-o", tmp_path / "m.json")
     one_line_error(code, err, "argument bytes", "pagecast collect")
     assert not (tmp_path / "m.json").exists()
-    for pol in ("alloc", "template"):
-        code, _, err = run_cli(capsys, "replay", out, "--policy", f"demand,{pol}", "--oversub", "2")
+    # template with a model (of no kernel: this trace cannot be fitted) still needs the pointer
+    # arguments to place its predictions; without one, the missing model is said first
+    from pagecast.predict.model_io import Model, save_model
+    model = save_model(Model(), tmp_path / "empty.json")
+    for pol, extra in (("alloc", ()), ("template", ("--model", str(model)))):
+        code, _, err = run_cli(capsys, "replay", out, "--policy", f"demand,{pol}", "--oversub", "2", *extra)
         one_line_error(code, err, f"policy {pol}", "pagecast collect")
+    code, _, err = run_cli(capsys, "replay", out, "--policy", "demand,template", "--oversub", "2")
+    one_line_error(code, err, "policy template", "--model")
 
 
 def test_allocations_are_inferred_without_memory_usage_events(tmp_path, capsys):
