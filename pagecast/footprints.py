@@ -209,7 +209,8 @@ def observed_footprints(trace: T.Trace, *, include_prefetch: bool = False) -> Fo
 
     The records are read piece by piece (`Trace.batches`: a row group at a time when the trace
     was read lazily), each piece merged into intervals before the next is read, so memory follows
-    the intervals, not the records (10^6 launches of llm-decode: 38 M fault records). Made once
+    the intervals, not the records (a trace of 10^6 launches can hold tens of millions of fault
+    records: docs/performance.md). Made once
     per Trace object (kept in its __dict__, as pagecast.values keeps its writes): the simulator's
     planners ask for it at every capacity and for every model they predict with.
     """
@@ -231,9 +232,9 @@ def _observed(trace: T.Trace, include_prefetch: bool) -> Footprints:
     def add(lid, s, e):
         # each piece merged on its own; a fault's page inside a migration of the same launch is
         # dropped first (the union is the same): faults are most records, and few of them touch
-        # (10^6 launches of llm-decode: 38 M, 11 times the intervals left once the migrations
-        # that cover them are merged in), so merging them all at the end sorted tens of millions
-        # of intervals at once (some 5 GB)
+        # (many times the intervals left once the migrations that cover them are merged in:
+        # docs/performance.md has the figures), so merging them all at the end sorted tens of
+        # millions of intervals at once (some 5 GB)
         if cover is not None and len(s):
             keep = ~_covered(cover, lid, s, e)
             lid, s, e = lid[keep], s[keep], e[keep]
