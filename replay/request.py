@@ -31,6 +31,8 @@ from .policies.base import VICTIM_ORDERS
 
 BACKENDS = ("sim", "gpu")
 OVERSUB_OF = ("managed", "touched")   # what --oversub R divides: managed bytes allocated, or the touched footprint
+NO_WORKLOAD = ("the GPU backend needs the workload after '--', e.g. '-- python train.py' or"
+               " '-- python -m mypackage.train --epochs 1'")
 SPANS = ("auto",) + tuple(PLAN_SPANS)
 GPU_FALLBACKS = ("allocation", "history", "none")   # the online predictor's (predict/model_io.FALLBACKS)
 MAX_CAPACITY = 1 << 60   # 1 EiB: capacities stay far inside int64 arithmetic
@@ -197,8 +199,7 @@ class ReplayRequest:
 
     def _validate_gpu(self) -> None:
         if not self.workload:
-            raise UsageError("the GPU backend needs the workload after '--', e.g. "
-                             "'-- python train.py' or '-- python -m pagecast.datasets.gpu.jacobi2d --scale 1'")
+            raise UsageError(NO_WORKLOAD)
         for p in self.policies:
             if POLICIES[p].predicts and not self.model:
                 raise UsageError(f"policy {p} needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")

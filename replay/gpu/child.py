@@ -33,7 +33,7 @@ from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from ..online.relocate import Relocator
 from ..policies import POLICIES
-from ..request import ReplayRequest
+from ..request import NO_WORKLOAD, ReplayRequest
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
 from .feedback_loop import FeedbackLoop
@@ -53,8 +53,7 @@ def parse_workload(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        raise UsageError("the GPU backend needs the workload after '--', e.g. "
-                         "'-- python train.py' or '-- python -m pagecast.datasets.gpu.jacobi2d --scale 1'")
+        raise UsageError(NO_WORKLOAD)
     if argv[0] == "-m":
         argv = ["python"] + argv
     first = os.path.basename(argv[0])
