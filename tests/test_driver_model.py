@@ -163,3 +163,34 @@ def test_planner_counts_chunks(tmp_path):
         assert w.universe.chunk_weight[chunks].sum() <= cap
     oracle, _ = _one(tr, 64 * MiB, policies=("demand", "oracle"), costs="msched-rtx5080")
     assert oracle["oracle"]["time_s"] <= oracle["demand"]["time_s"]
+
+
+def test_a_chunk_comes_in_with_the_evictions_that_made_its_room(tmp_path):
+    """Streaming launches, each a whole 2 MiB block never used again, at 3 chunks of memory and no
+    lookahead. Every victim is dead for good (the same next use), so Belady may take any; it takes
+    the units dead the longest, which leave whole chunks and can go earliest: the group after the
+    launch that used them last, one before the launch that needs the room. Only the chunk's first
+    unit needs victims; the rest of the chunk needs no room and comes in with it, in that group,
+    so in and out share the copy engines. The plan never holds more chunks than fit, and its run
+    faults nothing."""
+    n = 8
+    tr = page_trace(tmp_path / "t.pctrace", [np.arange(BLOCK) + k * BLOCK for k in range(n)], top=n * BLOCK)
+    prof = load_profile("none")
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    u = w.universe
+    cap = (6 * MiB) // w.gran
+    g = plan_groups(w.truth, u.n_units, cap, universe=u, lookahead_steps=0)
+    pf_group = np.repeat(np.arange(w.n_steps), np.diff(g.pf_ptr))
+    ev_group = np.repeat(np.arange(w.n_steps), np.diff(g.ev_ptr))
+    for c in range(3, n):          # launch c's chunk needs room: memory holds 3
+        groups = np.unique(pf_group[u.unit_chunk[g.pf_unit] == c])
+        assert groups.tolist() == [c - 1], f"chunk {c} comes in over groups {groups.tolist()}"
+        out = u.unit_chunk[g.ev_unit[ev_group == c - 1]]
+        assert out.tolist() == [c - 3] * 32      # the chunk dead the longest leaves whole, in the same group
+    res = np.zeros(u.n_units, bool)
+    for i in range(w.n_steps):
+        res[g.ev_unit[g.ev_ptr[i]:g.ev_ptr[i + 1]]] = False
+        res[g.pf_unit[g.pf_ptr[i]:g.pf_ptr[i + 1]]] = True
+        assert u.chunk_weight[np.unique(u.unit_chunk[res])].sum() <= cap
+    runs, _ = replay_sim([tr], ["oracle"], capacity=[6 * MiB], config=SimConfig(costs="msched-rtx5080"))
+    assert runs[0]["faults"] == 0

@@ -166,6 +166,38 @@ def _room(u, unit_chunk, ccount, weight):
     return 1 if ccount[c] >= weight[c] else 0
 
 
+@njit(cache=True, inline="always")
+def _hkey(nxt, last, n_steps):
+    """A resident unit's key in Belady's heap (the largest is the victim): its next use (INF: past
+    every step), then, among units of the same next use, the one whose last use is earliest -- the
+    choice is Belady's either way, and that victim is dead the longest, so the exchange can be issued
+    earliest, and units used together leave together (their chunk is freed whole)."""
+    nu = nxt if nxt < n_steps else n_steps
+    return nu * (n_steps + 2) + (n_steps - last)
+
+
+@njit(cache=True, inline="always")
+def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, after, start_step):
+    """The group of a fetch that needs no victim because its chunk `c` is resident: that of the fetch
+    that found the chunk empty (and made its room), where it is sure to hold the chunk then -- so
+    the chunk's units come in with the evictions that made room for it, on both copy engines at
+    once, instead of one group after the other. Not before u's own last eviction nor before its
+    values exist (`after`); `at` (its own step's group) where no such group is known."""
+    f = c_fill[c]
+    a = c_fill_at[c]
+    if f < 0 or resident[f] == 0 or in_at[f] != a:
+        return at
+    # f stays from group a until its eviction, which goes at last_use[f] + 2 at the earliest
+    lim = last_use[f] + 1 if last_use[f] + 1 > a else a
+    if a < ev_at[u] + 1:
+        a = ev_at[u] + 1
+    if a < after + 1:
+        a = after + 1
+    if a < start_step:
+        a = start_step
+    return a if a <= lim and a < at else at
+
+
 @njit(cache=True)
 def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
                  chunks):
@@ -224,6 +256,9 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     last_use = np.full(n_units, -1, np.int64)
     ev_at = np.full(n_units, -1, np.int64)   # group of the unit's last eviction
     in_at = np.full(n_units, -1, np.int64)   # group of the unit's last fetch
+    # per chunk: the unit whose fetch last found it empty (-1: none yet), and that fetch's group
+    c_fill = np.full(len(chunk_weight), -1, np.int64)
+    c_fill_at = np.full(len(chunk_weight), -1, np.int64)
     cap_heap = n_occ + 2 * n_units + 16
     hk = np.empty(cap_heap, np.int64)
     hu = np.empty(cap_heap, np.int64)
@@ -233,7 +268,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     for u in range(n_units):
         if resident[u]:
             occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
-            hsize = _heap_push(hk, hu, hsize, key[u], u)
+            hsize = _heap_push(hk, hu, hsize, _hkey(key[u], last_use[u], n_steps), u)
     G = n_steps - start_step
     m0 = max(n_occ, 16)
     ev_g = np.empty(m0, np.int64)
@@ -320,11 +355,11 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             while occ + _room(u, unit_chunk, ccount, chunk_weight) > cap_i:
                 found = False
                 while hsize > 0:
-                    kk = hk[0]
                     v = hu[0]
-                    if resident[v] == 0 or key[v] != kk:
+                    if resident[v] == 0 or _hkey(key[v], last_use[v], n_steps) != hk[0]:
                         hsize = _heap_pop(hk, hu, hsize)  # stale
                         continue
+                    kk = key[v]
                     # the lookahead takes only free space or units never needed
                     # again: it then never costs a fetch that Belady would not make
                     if kk <= i or (not mandatory and kk != INF):
@@ -384,13 +419,20 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     k += 1
                     continue  # leave it to fault
                 break
+            c = unit_chunk[u]
+            if mandatory and first and ccount[c] > 0:
+                at = _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at,
+                                  need_after[kq] if gated else -1, start_step)
+            elif ccount[c] == 0:
+                c_fill[c] = u
+                c_fill_at[c] = at
             resident[u] = 1
             occ = _occ_in(u, unit_chunk, ccount, chunk_weight, occ)
             if gated and pend_step[u] < j:
                 j = pend_step[u]     # an earlier use of it is set aside: that is its next use
             key[u] = j
             in_at[u] = at
-            hsize = _heap_push(hk, hu, hsize, j, u)
+            hsize = _heap_push(hk, hu, hsize, _hkey(j, last_use[u], n_steps), u)
             if n_pf >= len(pf_u):
                 pf_u = _grow(pf_u)
                 pf_g = _grow(pf_g)
@@ -421,7 +463,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         for a in range(n_aside):
             v = aside_u[a]
             if resident[v]:
-                hsize = _heap_push(hk, hu, hsize, key[v], v)
+                hsize = _heap_push(hk, hu, hsize, _hkey(key[v], last_use[v], n_steps), v)
         if need_ptr[i + 1] - need_ptr[i] > cap_i:
             # a step larger than memory streams through it: units it used are
             # evicted to fault in the rest; follow what it ends holding (as the
@@ -492,11 +534,11 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             if gated and pend_step[u] <= i:
                 pend_step[u] = INF
             if resident[u] and nocc[kk2] != i + 1:
-                hsize = _heap_push(hk, hu, hsize, key[u], u)
+                hsize = _heap_push(hk, hu, hsize, _hkey(key[u], last_use[u], n_steps), u)
         # drop stale entries once they outnumber the units 3 to 1: a small heap
         # stays in cache (a unit is pushed at every use, each push goes stale)
         if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
-            hsize = _heap_rebuild(hk, hu, resident, key, n_units)
+            hsize = _heap_rebuild(hk, hu, resident, key, last_use, n_units, n_steps)
     return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf]
 
 
@@ -584,11 +626,11 @@ def _grow(a):
 
 
 @njit(cache=True)
-def _heap_rebuild(hk, hu, resident, key, n_units):
+def _heap_rebuild(hk, hu, resident, key, last_use, n_units, n_steps):
     size = 0
     for u in range(n_units):
         if resident[u]:
-            size = _heap_push(hk, hu, size, key[u], u)
+            size = _heap_push(hk, hu, size, _hkey(key[u], last_use[u], n_steps), u)
     return size
 
 
