@@ -194,3 +194,36 @@ def test_a_chunk_comes_in_with_the_evictions_that_made_its_room(tmp_path):
         assert u.chunk_weight[np.unique(u.unit_chunk[res])].sum() <= cap
     runs, _ = replay_sim([tr], ["oracle"], capacity=[6 * MiB], config=SimConfig(costs="msched-rtx5080"))
     assert runs[0]["faults"] == 0
+
+
+def test_after_a_launch_larger_than_memory_the_next_one_lists_its_whole_front(tmp_path):
+    """Launches larger than memory, one after another (STREAM's shape: arrays of 4 MiB and 3 pages,
+    memory for half of them). What such a launch leaves behind is the run's, not the plan's (the
+    tree prefetcher refills as it streams), so the next one's group lists its whole front -- the
+    first units it needs, as many as memory holds -- even those the planner counts resident: the
+    run then brings whatever of it is gone, and a prefetch of a resident unit moves nothing."""
+    a = 2 * BLOCK + 3
+
+    def arr(k):
+        return np.arange(a) + k * a
+    pat = [np.concatenate([arr(0), arr(2)]), np.concatenate([arr(1), arr(2)]),
+           np.concatenate([arr(0), arr(1), arr(2)])] * 3
+    tr = page_trace(tmp_path / "t.pctrace", pat, top=3 * a, n_allocs=3)
+    prof = load_profile("msched-rtx5080")
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    u = w.universe
+    cap = (3 * a * 4096 // 2) // w.gran
+    g = plan_groups(w.truth, u.n_units, cap, universe=u, front=True)
+    for i in range(1, w.n_steps):
+        need = w.truth.unit[w.truth.ptr[i]:w.truth.ptr[i + 1]]
+        assert len(need) > cap
+        own = g.pf_unit[g.pf_ptr[i]:g.pf_ptr[i] + g.need_now[i]]
+        # its front: its first units in need order, as many as memory holds in chunks
+        front, held = [], set()
+        for x in need:
+            c = u.unit_chunk[x]
+            if c not in held and u.chunk_weight[list(held | {c})].sum() > cap:
+                break
+            held.add(c)
+            front.append(x)
+        assert set(front) <= set(own.tolist()), f"launch {i} lists {len(set(front) & set(own.tolist()))} of its front"

@@ -347,6 +347,20 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     continue
             u = need_unit[kq]
             if resident[u]:
+                if big_i and phase == 0 and kq < front_end and i > start_step and need_ptr[i] - need_ptr[i - 1] > cap:
+                    # after a launch larger than memory, what it left behind is the run's (the tree
+                    # prefetcher refills as it streams): its front is listed whole, so that the run
+                    # brings whatever of it is gone (a prefetch of a resident unit moves nothing)
+                    if n_pf >= len(pf_u):
+                        pf_u = _grow(pf_u)
+                        pf_g = _grow(pf_g)
+                        pf_n = _grow(pf_n)
+                        pf_a = _grow(pf_a)
+                    pf_g[n_pf] = g
+                    pf_n[n_pf] = g
+                    pf_u[n_pf] = u
+                    pf_a[n_pf] = -1
+                    n_pf += 1
                 k += 1
                 continue
             ok = True
