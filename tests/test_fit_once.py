@@ -85,15 +85,18 @@ def test_sizes_that_vary_are_cross_validated_and_pinned(tmp_path_factory, elem, 
     assert km.pinned.cv == "agree" and km.pinned.pinned, km.pinned.text()
 
 
-def test_one_size_gives_constants_and_few_sizes_are_not_cross_validated(tmp_path):
-    """Nothing varied: constant templates, pinned for runs with the same arguments; two sizes:
-    too few launch groups to cross-validate, and the model says so (and keeps saying so on load)."""
+def test_one_size_gives_its_layout_and_few_sizes_are_not_cross_validated(tmp_path):
+    """Nothing varied: each size is the layout the one argument describes (`4*n`: 200,000 bytes,
+    the same page at every launch), and the model says n never varied, so the templates are not
+    pinned for runs with other arguments; a size no argument carries would stay a constant
+    (test_fit_shapes). Two sizes: too few launch groups to cross-validate, and the model says so
+    (and keeps saying so on load)."""
     from pagecast.predict.model_io import load_model, save_model
     rng = np.random.default_rng(3)
     one = T.read_trace(_rows_program([50_000], 8, 4, rng).write(tmp_path / "one.pctrace"))
     km = fit_model([one]).kernels["k"]
-    assert km.pinned.groups == 1 and all(not f.terms for r in km.regions for f in r.formulas().values())
-    assert km.pinned.pinned and km.pinned.unvaried == []
+    assert km.pinned.groups == 1 and [r.end.text() for r in km.regions] == ["4*p2", "4*p2"]
+    assert not km.pinned.pinned and km.pinned.unvaried == ["p2"]
     two = T.read_trace(_rows_program([50_000, 90_000], 8, 4, rng).write(tmp_path / "two.pctrace"))
     m = fit_model([two])
     assert m.kernels["k"].pinned.cv == "too few groups" and not m.kernels["k"].pinned.pinned

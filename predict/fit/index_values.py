@@ -53,6 +53,7 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
+from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
 
@@ -299,7 +300,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                                     fit={})
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
-            if unexplained <= kd.allowed(len(sv)):
+            if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
                 best = (r, okv, unexplained, None, k)
             continue
         if strides is None:
@@ -322,6 +323,19 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     fit["unexplained"] = unexplained
     fit["values"] = {"launches": int(len(sv)), "without_values": int(len(sel) - use.sum()), "elem": elem}
     return r
+
+
+def _holds_faults_of(kd: KernelData, tight: Region, loose: Region, cat: RegionObs, sv: np.ndarray) -> bool:
+    """Does the `tight` count's region hold every fault page the `loose` one holds, page by page?
+    Verification rounds chunks out to big pages, so where the values a launch reads reach every
+    big page of a small buffer (a gather of a vector of a few big pages, its entries spread over
+    all of them) a count that reads a fraction of them verifies as well as the count the kernel
+    reads. A fault record's page was certainly touched, and lost records only hide pages: a
+    fault page the tighter count leaves out is evidence against it that no loss explains."""
+    held_t = fault_pages_loglik(kd, tight, cat, sv, pages=lambda s: indexed_pages(kd, tight, cat, s)[0])[1]
+    if held_t:
+        return True
+    return not fault_pages_loglik(kd, loose, cat, sv, pages=lambda s: indexed_pages(kd, loose, cat, s)[0])[1]
 
 
 def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3):

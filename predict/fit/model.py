@@ -34,7 +34,7 @@ from ..observe import TraceObs
 from .data import DEFAULT, KernelData
 from .params import FitParams, record_loss
 from .region import fit_region, region_score
-from .shapes import RangeEvidence, position_ends, shared_shape, vocabulary
+from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
@@ -105,6 +105,8 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     for r, shape in shapes:
         shared_shape(kd, r, shape, tier1, tier2)
     position_ends(kd, shapes)
+    for r, shape in shapes:
+        layout_size(kd, r, shape)
     # two words that always point into the same allocation see the same pages: keep the simpler
     best: dict[tuple, Region] = {}
     order: list[tuple] = []

@@ -231,3 +231,53 @@ def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | No
         r.cls = "fixed"
         changed.append(r)
     return changed
+
+
+ELEMENT_SIZES = (1, 2, 4, 8)   # bytes per element: the coefficients a layout's size may have
+LAYOUT_FACTORS = 3             # dimensions a layout's size multiplies, at most (as in the features' products)
+
+
+def layout_size(kd: KernelData, region: Region, ev: RangeEvidence | None) -> bool:
+    """Read a constant size as the layout the launch's own arguments describe, where it is one;
+    True if changed (docs/template-model.md, "A constant size the arguments describe").
+
+    A range region whose size is the same at every launch of the profile gets a constant end: the
+    records cannot tell a constant from a product of arguments no launch varied (a weight matrix of
+    `K*N` floats, K and N fixed). Where an element size times a product of those arguments is that
+    size at every launch, exactly as far as the records tell (inside the end's bounds wherever the
+    constant is, ending in the same page at every launch), the size is that layout: the profile's
+    predictions do not change, and a run whose arguments describe another layout (another network's
+    K) is predicted from them. Only where the records pin the size (the region spans a big page:
+    an end under a page is any size to them), from arguments, never grid or block dimensions
+    (thread counts only round sizes), and only where one size fits: products of different
+    values that both fit leave the constant (the records cannot say which layout it is). A size no
+    argument carries stays a constant."""
+    if ev is None or ev.guessed or region.cls not in ("fixed", "linear") or region.start.terms or region.end.terms:
+        return False
+    s0, e0 = int(region.start.const), int(region.end.const)
+    if e0 - s0 < kd.bigp * kd.ps:
+        return False
+    const = [(n, int(kd.uniq[0, k])) for k, n in enumerate(kd.sel_names) if not kd.sel_varying[k]] if kd.U else []
+    if not const:
+        return False
+    ps = kd.ps
+    ok0 = (e0 >= ev.e_lo) & (e0 <= ev.e_hi)
+    page0 = -(-(ev.base + e0) // ps)
+    hits: dict[int, list[FM.Formula]] = {}
+    for k in range(1, LAYOUT_FACTORS + 1):
+        for combo in itertools.combinations_with_replacement(const, k):
+            prod = int(np.prod([v for _, v in combo], dtype=object))
+            for c in ELEMENT_SIZES:
+                y = s0 + c * prod
+                ok = (y >= ev.e_lo) & (y <= ev.e_hi)
+                if (ok0 & ~ok).any() or (-(-(ev.base + y) // ps) != page0).any():
+                    continue
+                hits.setdefault(y, []).append(FM.Formula(s0, ((c, tuple(n for n, _ in combo)),)))
+    if len(hits) != 1:
+        return False
+    (f,) = [min(fs, key=lambda f: (len(f.terms[0][1]), f.score())) for fs in hits.values()]
+    region.fit["layout_size"] = f.text()
+    region.fit["constant_size"] = region.end.text()
+    region.end = f
+    region.cls = "linear"
+    return True
