@@ -1203,7 +1203,7 @@ ahead of template on {', '.join(ahead) or 'no row with launches larger than memo
 brings in bulk what the plan leaves to fault, the overflow of launches larger than memory
 (Belady minimises units moved, not faults). It is also ahead on
 {', '.join(ahead_other) or 'no other row'}, rows with no launch larger than memory (its faults against
-template's). Where measured (llm-decode at 200%), the runner's evictions share a transfer group with the fetches they make room for, where Belady's plans group each eviction apart (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
+template's). Belady's plans issue a chunk's units with the evictions that made its room, in and out on the copy engines at once, as the runner's groups do, and after a launch larger than memory they list the next one's whole front, as the runner prefetches it (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
 oracle's family: oracle takes the runner's run where that is the fastest run of the row
 ({', '.join(adopted) or 'nowhere'}), and the tables above measure template against it there.
 These are the numbers the GPU validation (docs/gpu-validation.md) should be read against.

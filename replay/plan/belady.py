@@ -177,12 +177,13 @@ def _hkey(nxt, last, n_steps):
 
 
 @njit(cache=True, inline="always")
-def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, after, start_step):
+def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, floor):
     """The group of a fetch that needs no victim because its chunk `c` is resident: that of the fetch
     that found the chunk empty (and made its room), where it is sure to hold the chunk then -- so
     the chunk's units come in with the evictions that made room for it, on both copy engines at
-    once, instead of one group after the other. Not before u's own last eviction nor before its
-    values exist (`after`); `at` (its own step's group) where no such group is known."""
+    once, instead of one group after the other. Not before u's own last eviction nor before `floor`
+    (its values exist, the plan's first group); `at` (its own step's group) where no such group is
+    known."""
     f = c_fill[c]
     a = c_fill_at[c]
     if f < 0 or resident[f] == 0 or in_at[f] != a:
@@ -191,10 +192,8 @@ def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, 
     lim = last_use[f] + 1 if last_use[f] + 1 > a else a
     if a < ev_at[u] + 1:
         a = ev_at[u] + 1
-    if a < after + 1:
-        a = after + 1
-    if a < start_step:
-        a = start_step
+    if a < floor:
+        a = floor
     return a if a <= lim and a < at else at
 
 
@@ -436,7 +435,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             c = unit_chunk[u]
             if mandatory and first and ccount[c] > 0:
                 at = _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at,
-                                  need_after[kq] if gated else -1, start_step)
+                                  max(need_after[kq] + 1 if gated else 0, start_step))
             elif ccount[c] == 0:
                 c_fill[c] = u
                 c_fill_at[c] = at
