@@ -1170,6 +1170,15 @@ def runner_section(runner: dict, main: list[dict]) -> str:
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
     check_bound("the runner's table", checked)
     geo = ", ".join(f"{statistics.geometric_mean(v):.0%} at {o:.0%}" for o, v in ratio.items())
+    if ahead or ahead_other:
+        runner_ahead = f"""The runner is
+ahead of template on {', '.join(ahead) or 'no row with launches larger than memory'}: there it
+brings in bulk what the plan leaves to fault, the overflow of launches larger than memory
+(Belady minimises units moved, not faults). It is also ahead on
+{', '.join(ahead_other) or 'no other row'}, rows with no launch larger than memory (its faults against
+template's)."""
+    else:
+        runner_ahead = "The runner is ahead of template (by more than 0.5%) on no row."
     return f"""
 ## The GPU runner's decisions, in the simulator
 
@@ -1198,12 +1207,7 @@ of the launch's units resident, as the runner did before, left it at 1.73x on st
 Before such a launch the runner prefetches only its first capacity's worth, which the launch uses
 before its faults evict it; prefetching all of it, as it did before, left only the launch's end
 resident, which its first faults evicted before the kernel got there (jacobi2d at 300% ran at
-0.83x of demand, under the same earlier model). The runner is
-ahead of template on {', '.join(ahead) or 'no row with launches larger than memory'}: there it
-brings in bulk what the plan leaves to fault, the overflow of launches larger than memory
-(Belady minimises units moved, not faults). It is also ahead on
-{', '.join(ahead_other) or 'no other row'}, rows with no launch larger than memory (its faults against
-template's). Belady's plans issue a chunk's units with the evictions that made its room, in and out on the copy engines at once, as the runner's groups do, and after a launch larger than memory they list the next one's whole front, as the runner prefetches it (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
+0.83x of demand, under the same earlier model). {runner_ahead} Belady's plans issue a chunk's units with the evictions that made its room, in and out on the copy engines at once, as the runner's groups do, and after a launch larger than memory they list the next one's whole front, as the runner prefetches it (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
 oracle's family: oracle takes the runner's run where that is the fastest run of the row
 ({', '.join(adopted) or 'nowhere'}), and the tables above measure template against it there.
 These are the numbers the GPU validation (docs/gpu-validation.md) should be read against.
