@@ -146,10 +146,14 @@ def needs_fingerprint(n: Needs) -> tuple:
     nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
     h = hashlib.blake2b(digest_size=16)
     for a in (n.ptr, n.unit):
-        h.update(np.ascontiguousarray(a, dtype=I64))
+        # hashed as int64 whatever the width they are held in (unit_space.narrow), a piece at a time
+        # (an int64 copy of every use was the needs' size again)
+        for i in range(0, len(a), FINGERPRINT_PIECE):
+            h.update(np.ascontiguousarray(a[i:i + FINGERPRINT_PIECE], dtype=I64))
     return len(n.ptr), len(n.unit), h.hexdigest()
 
 
+FINGERPRINT_PIECE = 1 << 20   # values hashed at a time
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
 
 
