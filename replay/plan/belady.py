@@ -27,7 +27,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from ..unit_space import I64, Needs
+from ..unit_space import I64, ID, Needs
 from .groups import Groups
 
 INF = np.iinfo(np.int64).max
@@ -80,11 +80,12 @@ def _heap_pop(hk, hu, size):
 
 
 @njit(cache=True)
-def next_occurrence(step_of, unit_of, n_units):
-    """For occurrence k (unit u at step s), the step of u's next occurrence, INF if none."""
+def next_occurrence(step_of, unit_of, n_units, none):
+    """For occurrence k (unit u at step s), the step of u's next occurrence, `none` if none; in the
+    width of `step_of`."""
     n = len(unit_of)
-    out = np.full(n, INF, np.int64)
-    nxt = np.full(n_units, INF, np.int64)
+    out = np.full(n, none, step_of.dtype)
+    nxt = np.full(n_units, none, step_of.dtype)
     for k in range(n - 1, -1, -1):
         u = unit_of[k]
         out[k] = nxt[u]
@@ -168,7 +169,7 @@ def _room(u, unit_chunk, ccount, weight):
 
 @njit(cache=True)
 def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
-                 chunks):
+                 chunks, step_of, step_none):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -211,11 +212,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
-    step_of = np.empty(n_occ, np.int64)
+    # step_of (filled here), the next occurrences, the uses set aside and the transfer lists' steps are
+    # held in step_of's width (the wrapper's choice: int32 where steps and uses fit), `step_none` its
+    # "no next use" (INF in int64): per-use arrays of the needs planned, several bytes a use each
     for s in range(n_steps):
         for k in range(need_ptr[s], need_ptr[s + 1]):
             step_of[k] = s
-    nocc = next_occurrence(step_of, need_unit, n_units)
+    nocc = next_occurrence(step_of, need_unit, n_units, step_none)
     # key[u]: next predicted use at or after the current step
     key = np.full(n_units, INF, np.int64)
     for k in range(n_occ - 1, need_ptr[start_step] - 1, -1):
@@ -236,16 +239,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             hsize = _heap_push(hk, hu, hsize, key[u], u)
     G = n_steps - start_step
     m0 = max(n_occ, 16)
-    ev_g = np.empty(m0, np.int64)
+    ev_g = np.empty(m0, step_of.dtype)
     ev_u = np.empty(m0, need_unit.dtype)   # unit ids: the width the needs have them in
-    pf_g = np.empty(m0, np.int64)
-    pf_n = np.empty(m0, np.int64)
+    pf_g = np.empty(m0, step_of.dtype)
+    pf_n = np.empty(m0, step_of.dtype)
     pf_u = np.empty(m0, need_unit.dtype)
-    pf_a = np.empty(m0, np.int64)
+    pf_a = np.empty(m0, step_of.dtype)
     n_ev = 0
     n_pf = 0
     gated = len(need_after) == n_occ
-    pend = np.empty(n_occ if gated else 1, np.int64)   # lookahead uses set aside until their values exist
+    pend = np.empty(n_occ if gated else 1, step_of.dtype)   # lookahead uses set aside until their values exist
     npend = 0
     pend_step = np.full(n_units if gated else 1, INF, np.int64)   # per unit, its earliest use set aside
     wait_prev = np.zeros(G, np.uint8)
@@ -488,7 +491,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]
             last_use[u] = i
-            key[u] = nocc[kk2]
+            key[u] = INF if nocc[kk2] == step_none else nocc[kk2]
             if gated and pend_step[u] <= i:
                 pend_step[u] = INF
             if resident[u] and nocc[kk2] != i + 1:
@@ -536,6 +539,8 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
     transfer); need_now counts the first kind."""
+    # the core's per-use arrays of steps and positions: int32 where every step and use fits (see there)
+    steps = ID if max(len(need_ptr), len(need_unit)) < np.iinfo(ID).max else np.int64
     ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash, pf_a = _belady_plan(
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
@@ -544,7 +549,8 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
-                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
+                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)),
+        np.empty(len(need_unit), steps), np.iinfo(steps).max)
     G = len(need_ptr) - 1 - start_step
     # each transfer list is let go as soon as what is made from it exists (a plan of 10^6 launches
     # has tens of millions of transfers: every list held to the end was ~8 bytes a use more)
@@ -565,7 +571,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         np.maximum.at(gate, pf_g[ga], pf_a[ga])
         if value_bytes is not None:
             # one copy per launch whose values a group's prefetches wait for
-            pair = np.unique(pf_g[ga] * (G + 1) + pf_n[ga])
+            pair = np.unique(pf_g[ga].astype(np.int64) * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
     del ga, pf_n
     op = np.lexsort((pf_u, ~own, pf_g))
