@@ -41,6 +41,10 @@ PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in f
 # Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
 # Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
 PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
+# Per use: the step after which its values exist (-1: none; empty: no use waits), and where
+# `_belady_plan` writes each use's step (an empty array of the width its per-use arrays of steps and
+# positions take: int32 where every step and use fits), with that width's "no next use".
+PlanUses = namedtuple("PlanUses", "after step_of none")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -168,8 +172,7 @@ def _room(u, unit_chunk, ccount, weight):
 
 
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
-                 chunks, step_of, step_none):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, uses, chunks):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -210,6 +213,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
     unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
+    need_after, step_of, step_none = uses.after, uses.step_of, uses.none
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
     # step_of (filled here), the next occurrences, the uses set aside and the transfer lists' steps are
@@ -545,12 +549,12 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
+        PlanUses(np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
+                 np.empty(len(need_unit), steps), np.iinfo(steps).max),
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
-                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)),
-        np.empty(len(need_unit), steps), np.iinfo(steps).max)
+                   np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
     G = len(need_ptr) - 1 - start_step
     # each transfer list is let go as soon as what is made from it exists (a plan of 10^6 launches
     # has tens of millions of transfers: every list held to the end was ~8 bytes a use more)
