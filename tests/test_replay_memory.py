@@ -355,3 +355,18 @@ def test_gated_needs_in_pieces_equal_all_at_once(gathered):
     for f in ("ptr", "unit", "after", "value_bytes", "pages"):
         np.testing.assert_array_equal(getattr(parts, f), getattr(whole, f))
     assert parts.after.dtype == U.ID
+
+
+def test_the_span_fingerprint_hashed_in_pieces_is_the_whole_arrays_digest(monkeypatch):
+    import hashlib
+
+    from pagecast.replay.plan import spans as S
+    rng = np.random.default_rng(5)
+    ptr, unit = _needs(rng, 12, 30, 0.4)
+    nd = Needs(ptr, unit)
+    assert nd.unit.dtype == U.ID
+    h = hashlib.blake2b(digest_size=16)
+    h.update(ptr.astype(I64))
+    h.update(unit.astype(I64))
+    monkeypatch.setattr(S, "FINGERPRINT_PIECE", 7)
+    assert S.needs_fingerprint(nd) == (len(ptr), len(unit), h.hexdigest())

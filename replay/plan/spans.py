@@ -141,6 +141,9 @@ def unit_touches(fp: F.Footprints, gran: int) -> int:
     return int((e - s).sum())
 
 
+FINGERPRINT_PIECE = 1 << 20   # values hashed at a time
+
+
 def needs_fingerprint(n: Needs) -> tuple:
     """Sizes and a 128-bit hash of a Needs' steps and units: choose_span's test that a wider span named
     nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
@@ -153,7 +156,6 @@ def needs_fingerprint(n: Needs) -> tuple:
     return len(n.ptr), len(n.unit), h.hexdigest()
 
 
-FINGERPRINT_PIECE = 1 << 20   # values hashed at a time
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
 
 
