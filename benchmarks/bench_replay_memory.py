@@ -10,7 +10,9 @@ of the installed package through PYTHONPATH). Peak RSS is the child's own high-w
 (`os.wait4`'s ru_maxrss), so each figure is that one command's, interpreter and libraries included.
 The two runs' JSON must agree run for run (the script exits 1 where they do not).
 
-`--old-max-scale S` skips the earlier code above scale S (it needed 16 GB at scale 100); the new
+`--sample S` logs each replay's RSS and high-water mark every S seconds (Linux /proc). Scale 100
+was measured under `prlimit --as=14000000000` (address space runs ahead of RSS) with
+`--sample 10`. `--old-max-scale S` skips the earlier code above scale S (it needed 16 GB at scale 100); the new
 code still runs there. Both runs of a scale are sequential, never at once, so they do not compete
 for memory.
 """
@@ -51,8 +53,20 @@ def base_tree(commit: str, work: Path) -> Path:
     return shim
 
 
-def run_cli(argv: list[str], pythonpath: Path | None) -> tuple[float, int, str, str]:
-    """(wall s, peak RSS bytes, stdout, stderr) of `pagecast ARGV` in a child process."""
+def proc_status(pid: int) -> str:
+    """The child's VmRSS and VmHWM from /proc (Linux), or "" where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(" ".join(line.split()) for line in f if line.startswith(("VmRSS", "VmHWM")))
+    except OSError:
+        return ""
+
+
+def run_cli(argv: list[str], pythonpath: Path | None, sample_s: float = 0.0,
+            log=None) -> tuple[float, int, str, str]:
+    """(wall s, peak RSS bytes, stdout, stderr) of `pagecast ARGV` in a child process. With
+    `sample_s`, the child's RSS and high-water mark are written to `log` every `sample_s` seconds
+    (a long run's progress; a run stopped by a memory cap still says how far it got)."""
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
@@ -62,7 +76,12 @@ def run_cli(argv: list[str], pythonpath: Path | None) -> tuple[float, int, str, 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=out, stderr=err, env=env, cwd="/")
-        _, status, ru = os.wait4(p.pid, 0)
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG if sample_s > 0 else 0)
+            if pid:
+                break
+            print(f"{time.perf_counter() - t0:8.0f} s  {proc_status(p.pid)}", file=log or sys.stderr, flush=True)
+            time.sleep(sample_s)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -88,6 +107,8 @@ def main() -> int:
     ap.add_argument("--old-max-scale", type=float, default=25.0, help="run the base code only up to this scale")
     ap.add_argument("--markdown", default=None, help="write the table here")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sample", type=float, default=0.0, metavar="S",
+                    help="log each replay's RSS and high-water mark every S seconds (to stderr)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="pagecast-bench-mem-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -110,7 +131,7 @@ def main() -> int:
         for name, pp in (("this tree", None), (f"base {args.base}", shim)):
             if pp is not None and scale > args.old_max_scale:
                 continue
-            wall, peak, out, _ = run_cli(argv, pp)
+            wall, peak, out, _ = run_cli(argv, pp, args.sample)
             res[name] = json.loads(out)
             manifest = json.loads((tr / "manifest.json").read_text())
             rows.append({"scale": scale, "code": name, "launches": res[name][0]["launches"], "trace_bytes": size,

@@ -416,19 +416,27 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     n = len(base.ptr) - 1
     m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
     after = np.full(len(derived.unit), -1, ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
-    s0 = 0
-    while s0 < n:
-        # whole steps, at least one, while both needs' uses stay under ATTACH_USES
-        s1 = max(s0 + 1, min(int(np.searchsorted(base.ptr, base.ptr[s0] + ATTACH_USES, side="right")) - 1,
-                             int(np.searchsorted(derived.ptr, derived.ptr[s0] + ATTACH_USES, side="right")) - 1))
-        s1 = min(s1, n)
+    for s0, s1 in step_pieces(base.ptr, derived.ptr):
         d0, d1 = int(derived.ptr[s0]), int(derived.ptr[s1])
         after[d0:d1] = _after_of_steps(derived, base, block_lo, m, s0, s1)
-        s0 = s1
     return Needs(derived.ptr, derived.unit, after, base.value_bytes)
 
 
 ATTACH_USES = 1 << 19   # uses per piece of attach_after (each piece's temporaries: ~140 bytes a use, ~70 MB)
+
+
+def step_pieces(*ptrs: np.ndarray, uses: int | None = None):
+    """(s0, s1) ranges of whole steps, in order, covering every step of the CSR row pointers `ptrs`
+    (one step count): each piece at least one step, and as many more as keep every `ptrs`' uses
+    under `uses` (ATTACH_USES). Per-use work made piece by piece holds one piece's temporaries."""
+    uses = ATTACH_USES if uses is None else uses
+    n = len(ptrs[0]) - 1
+    s0 = 0
+    while s0 < n:
+        s1 = min(int(np.searchsorted(p, p[s0] + uses, side="right")) - 1 for p in ptrs)
+        s1 = min(max(s0 + 1, s1), n)
+        yield s0, s1
+        s0 = s1
 
 
 def _after_of_steps(derived: Needs, base: Needs, block_lo: np.ndarray, m, s0: int, s1: int) -> np.ndarray:
@@ -497,8 +505,9 @@ class Workload:
             inv[self.step_launch[sel]] = sel
             self._inv.append(inv)
 
-    def needs_from(self, per_task_fp: list[F.Footprints | None]) -> Needs:
-        """Footprints per task (None: empty) -> step needs in the global order."""
+    def needs_from(self, per_task_fp: list[F.Footprints | None], with_pages: bool = True) -> Needs:
+        """Footprints per task (None: empty) -> step needs in the global order; with `with_pages`, each
+        use's page count (Needs.pages) too."""
         csrs = []
         for t, fp in enumerate(per_task_fp):
             n = self.tasks[t].trace.n_launches
@@ -508,6 +517,9 @@ class Workload:
             l, s, e = unit_intervals(fp, self.gran)
             csrs.append(self.universe.dense(t, l, s, e, n))
         needs = gather_steps(csrs, self.step_task, self.step_launch)
+        del csrs
+        if not with_pages:
+            return needs
         # per unit, the pages the footprint touches there: a missing unit's fault-buffer entries (a
         # planner's trial run on predictions charges them as a run on the truth does)
         pages = gather_steps([unit_page_counts(fp, self.gran) if fp is not None else
@@ -554,19 +566,28 @@ class Workload:
         uk, inv = np.unique(key, return_inverse=True)
         low = np.full(len(uk), np.iinfo(I64).max, I64)
         np.minimum.at(low, inv.reshape(-1), after)
-        # the ungated uses: needs from the pieces without a gate
+        del keys, aft, key, after, inv
+        # the ungated uses: needs from the pieces without a gate (their units only)
         plain = self.needs_from([g.plain if g is not None and len(g.launch) else fp
-                                 for fp, g in zip(per_task_fp, per_task_gates)])
-        nstep = np.repeat(np.arange(self.n_steps, dtype=I64), np.diff(needs.ptr))
-        nk = nstep * m + needs.unit
-        pstep_ = np.repeat(np.arange(self.n_steps, dtype=I64), np.diff(plain.ptr))
-        pk = np.sort(pstep_ * m + plain.unit)
-        j = np.minimum(np.searchsorted(uk, nk), max(len(uk) - 1, 0))
-        gated = (uk[j] == nk) if len(uk) else np.zeros(len(nk), bool)
-        if len(pk):
-            q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
-            gated &= pk[q] != nk
-        out = np.where(gated, low[j], -1).astype(I64)
+                                 for fp, g in zip(per_task_fp, per_task_gates)], with_pages=False)
+        # per use, the step its values wait for: made a few steps at a time (`step_pieces`), as
+        # attach_after is (the keys and matches of every use at once: ten arrays of every use)
+        out = np.full(len(needs.unit), -1, ID if self.n_steps < np.iinfo(ID).max else I64)   # as `narrow` keeps steps
+        for s0, s1 in step_pieces(needs.ptr, plain.ptr):
+            a, b = int(needs.ptr[s0]), int(needs.ptr[s1])
+            nstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(needs.ptr[s0:s1 + 1]))
+            nk = nstep * m + needs.unit[a:b]
+            del nstep
+            pa_, pb = int(plain.ptr[s0]), int(plain.ptr[s1])
+            pstep_ = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(plain.ptr[s0:s1 + 1]))
+            pk = np.sort(pstep_ * m + plain.unit[pa_:pb])
+            del pstep_
+            j = np.minimum(np.searchsorted(uk, nk), max(len(uk) - 1, 0))
+            gated = (uk[j] == nk) if len(uk) else np.zeros(len(nk), bool)
+            if len(pk):
+                q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
+                gated &= pk[q] != nk
+            out[a:b] = np.where(gated, low[j], -1)
         gated = Needs(needs.ptr, needs.unit, out, vb)
         gated.pages = needs.pages
         return gated

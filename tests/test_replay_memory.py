@@ -145,9 +145,12 @@ def test_narrow_keeps_int32_only_where_every_value_fits():
 
 def _wide(monkeypatch):
     """Every Needs and Groups kept in int64, as before `narrow` (the reference the int32 replay must equal)."""
+    from pagecast.replay.plan import belady as B
     from pagecast.replay.plan import groups as G
     monkeypatch.setattr(U, "narrow", lambda a: a)
     monkeypatch.setattr(G, "narrow", lambda a: a)
+    monkeypatch.setattr(U, "ID", I64)   # the steps attach_after and gated_needs_from write
+    monkeypatch.setattr(B, "ID", I64)   # the Belady core's steps and positions
 
 
 def test_a_replay_in_int32_equals_the_same_replay_in_int64(gathered, monkeypatch):
@@ -175,6 +178,7 @@ def test_the_planner_kernels_agree_in_int32_and_int64(seed, steps, units, cap, f
     """Belady's plan, the block span, the uses of a plan's prefetches, the pages they fault and the
     next uses: equal whether the per-use arrays come in int32 or int64 (numba compiles each)."""
     from pagecast.replay.plan import faults as FL
+    from pagecast.replay.plan import belady as B
     from pagecast.replay.plan.belady import plan_groups
     from pagecast.replay.plan.spans import widen_to_blocks
     from pagecast.replay.sim.run import next_use_of
@@ -196,7 +200,12 @@ def test_the_planner_kernels_agree_in_int32_and_int64(seed, steps, units, cap, f
     out = {}
     for dtype in (U.ID, I64):
         nd = build(dtype)
-        g = plan_groups(nd, units, cap, front=front)
+        old = B.ID
+        try:
+            B.ID = dtype   # the Belady core's steps and positions in that width too (belady_plan's choice)
+            g = plan_groups(nd, units, cap, front=front)
+        finally:
+            B.ID = old
         for f in ("ev_unit", "pf_unit", "pf_after"):
             setattr(g, f, getattr(g, f).astype(dtype))
         bp, bu = widen_to_blocks(nd.ptr, nd.unit, block_lo, block_hi)
@@ -307,3 +316,57 @@ def test_unit_page_counts_in_one_pass_equal_the_sort(seed, n, k, merged, gran):
     for x, y in zip(got, want):
         np.testing.assert_array_equal(x, y)
         assert x.dtype == y.dtype
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=30), other=st.integers(0, 10_000),
+       uses=st.integers(1, 20))
+def test_step_pieces_cover_every_step_in_whole_pieces_under_the_limit(sizes, other, uses):
+    rng = np.random.default_rng(other)
+    a = np.concatenate([[0], np.cumsum(sizes)]).astype(I64)
+    b = np.concatenate([[0], np.cumsum(rng.integers(0, 9, len(sizes)))]).astype(I64)
+    pieces = list(U.step_pieces(a, b, uses=uses))
+    assert pieces[0][0] == 0 and pieces[-1][1] == len(sizes)
+    for (s0, s1), nxt in zip(pieces, pieces[1:] + [(len(sizes), None)]):
+        assert s1 > s0 and nxt[0] == s1   # in order, whole steps, nothing left out
+        if s1 - s0 > 1:   # more than one step only while both stay under the limit
+            assert a[s1] - a[s0] <= uses and b[s1] - b[s0] <= uses
+
+
+def test_gated_needs_in_pieces_equal_all_at_once(gathered):
+    """gated_needs_from matches uses to their gates a few steps at a time (step_pieces): the same
+    needs, gates and page counts as with every use at once."""
+    from pagecast.replay.plan.adaptive import predicted_gated
+    tr, model = gathered
+    prof = load_profile("msched-rtx5080")
+    fp, gates = predicted_gated(model, tr)
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
+                         extra_fps=[[fp]])
+    old = U.ATTACH_USES
+    try:
+        U.ATTACH_USES = 1 << 40
+        whole = w.gated_needs_from([fp], [gates])
+        U.ATTACH_USES = 5
+        parts = w.gated_needs_from([fp], [gates])
+    finally:
+        U.ATTACH_USES = old
+    assert whole.gated and (whole.after >= 0).sum() > 0 and (whole.after < 0).sum() > 0   # both kinds there
+    assert len(list(U.step_pieces(whole.ptr, uses=5))) > 10   # many pieces
+    for f in ("ptr", "unit", "after", "value_bytes", "pages"):
+        np.testing.assert_array_equal(getattr(parts, f), getattr(whole, f))
+    assert parts.after.dtype == U.ID
+
+
+def test_the_span_fingerprint_hashed_in_pieces_is_the_whole_arrays_digest(monkeypatch):
+    import hashlib
+
+    from pagecast.replay.plan import spans as S
+    rng = np.random.default_rng(5)
+    ptr, unit = _needs(rng, 12, 30, 0.4)
+    nd = Needs(ptr, unit)
+    assert nd.unit.dtype == U.ID
+    h = hashlib.blake2b(digest_size=16)
+    h.update(ptr.astype(I64))
+    h.update(unit.astype(I64))
+    monkeypatch.setattr(S, "FINGERPRINT_PIECE", 7)
+    assert S.needs_fingerprint(nd) == (len(ptr), len(unit), h.hexdigest())

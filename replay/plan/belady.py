@@ -27,7 +27,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from ..unit_space import I64, Needs
+from ..unit_space import I64, ID, Needs
 from .groups import Groups
 
 INF = np.iinfo(np.int64).max
@@ -41,6 +41,10 @@ PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in f
 # Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
 # Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
 PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
+# Per use: the step after which its values exist (-1: none; empty: no use waits), and where
+# `_belady_plan` writes each use's step (an empty array of the width its per-use arrays of steps and
+# positions take: int32 where every step and use fits), with that width's "no next use".
+PlanUses = namedtuple("PlanUses", "after step_of none")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -80,11 +84,12 @@ def _heap_pop(hk, hu, size):
 
 
 @njit(cache=True)
-def next_occurrence(step_of, unit_of, n_units):
-    """For occurrence k (unit u at step s), the step of u's next occurrence, INF if none."""
+def next_occurrence(step_of, unit_of, n_units, none):
+    """For occurrence k (unit u at step s), the step of u's next occurrence, `none` if none; in the
+    width of `step_of`."""
     n = len(unit_of)
-    out = np.full(n, INF, np.int64)
-    nxt = np.full(n_units, INF, np.int64)
+    out = np.full(n, none, step_of.dtype)
+    nxt = np.full(n_units, none, step_of.dtype)
     for k in range(n - 1, -1, -1):
         u = unit_of[k]
         out[k] = nxt[u]
@@ -198,8 +203,7 @@ def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, 
 
 
 @njit(cache=True)
-def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, need_after,
-                 chunks):
+def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, uses, chunks):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
     need_ptr/need_unit: CSR of each step's predicted units (ascending).
@@ -240,13 +244,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
     unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
+    need_after, step_of, step_none = uses.after, uses.step_of, uses.none
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
-    step_of = np.empty(n_occ, np.int64)
+    # step_of (filled here), the next occurrences, the uses set aside and the transfer lists' steps are
+    # held in step_of's width (the wrapper's choice: int32 where steps and uses fit), `step_none` its
+    # "no next use" (INF in int64): per-use arrays of the needs planned, several bytes a use each
     for s in range(n_steps):
         for k in range(need_ptr[s], need_ptr[s + 1]):
             step_of[k] = s
-    nocc = next_occurrence(step_of, need_unit, n_units)
+    nocc = next_occurrence(step_of, need_unit, n_units, step_none)
     # key[u]: next predicted use at or after the current step
     key = np.full(n_units, INF, np.int64)
     for k in range(n_occ - 1, need_ptr[start_step] - 1, -1):
@@ -270,16 +277,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             hsize = _heap_push(hk, hu, hsize, _hkey(key[u], last_use[u], n_steps), u)
     G = n_steps - start_step
     m0 = max(n_occ, 16)
-    ev_g = np.empty(m0, np.int64)
+    ev_g = np.empty(m0, step_of.dtype)
     ev_u = np.empty(m0, need_unit.dtype)   # unit ids: the width the needs have them in
-    pf_g = np.empty(m0, np.int64)
-    pf_n = np.empty(m0, np.int64)
+    pf_g = np.empty(m0, step_of.dtype)
+    pf_n = np.empty(m0, step_of.dtype)
     pf_u = np.empty(m0, need_unit.dtype)
-    pf_a = np.empty(m0, np.int64)
+    pf_a = np.empty(m0, step_of.dtype)
     n_ev = 0
     n_pf = 0
     gated = len(need_after) == n_occ
-    pend = np.empty(n_occ if gated else 1, np.int64)   # lookahead uses set aside until their values exist
+    pend = np.empty(n_occ if gated else 1, step_of.dtype)   # lookahead uses set aside until their values exist
     npend = 0
     pend_step = np.full(n_units if gated else 1, INF, np.int64)   # per unit, its earliest use set aside
     wait_prev = np.zeros(G, np.uint8)
@@ -543,7 +550,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]
             last_use[u] = i
-            key[u] = nocc[kk2]
+            key[u] = INF if nocc[kk2] == step_none else nocc[kk2]
             if gated and pend_step[u] <= i:
                 pend_step[u] = INF
             if resident[u] and nocc[kk2] != i + 1:
@@ -591,11 +598,14 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
     transfer); need_now counts the first kind."""
+    # the core's per-use arrays of steps and positions: int32 where every step and use fits (see there)
+    steps = ID if max(len(need_ptr), len(need_unit)) < np.iinfo(ID).max else np.int64
     ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash, pf_a = _belady_plan(
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
+        PlanUses(np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
+                 np.empty(len(need_unit), steps), np.iinfo(steps).max),
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),
@@ -620,7 +630,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         np.maximum.at(gate, pf_g[ga], pf_a[ga])
         if value_bytes is not None:
             # one copy per launch whose values a group's prefetches wait for
-            pair = np.unique(pf_g[ga] * (G + 1) + pf_n[ga])
+            pair = np.unique(pf_g[ga].astype(np.int64) * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
     del ga, pf_n
     op = np.lexsort((pf_u, ~own, pf_g))

@@ -77,7 +77,7 @@ def _narrowed(s_ptr, s_unit, b_ptr, b_unit, block_lo, narrow, m):
     """The needs `s` (widened) with the (step, block) pairs in `narrow` (sorted keys) replaced by
     the units `b` (the footprint) holds there; units stay ascending within a step."""
     n = len(s_ptr) - 1
-    out = np.empty(len(s_unit) + len(b_unit), np.int64)
+    out = np.empty(len(s_unit) + len(b_unit), s_unit.dtype)   # units of s's universe: s's width (unit_space.narrow)
     ptr = np.zeros(n + 1, np.int64)
     o = 0
     q = 0

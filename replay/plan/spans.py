@@ -141,12 +141,18 @@ def unit_touches(fp: F.Footprints, gran: int) -> int:
     return int((e - s).sum())
 
 
+FINGERPRINT_PIECE = 1 << 20   # values hashed at a time
+
+
 def needs_fingerprint(n: Needs) -> tuple:
     """Sizes and a 128-bit hash of a Needs' steps and units: choose_span's test that a wider span named
     nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
     h = hashlib.blake2b(digest_size=16)
     for a in (n.ptr, n.unit):
-        h.update(np.ascontiguousarray(a, dtype=I64))
+        # hashed as int64 whatever the width they are held in (unit_space.narrow), a piece at a time
+        # (an int64 copy of every use was the needs' size again)
+        for i in range(0, len(a), FINGERPRINT_PIECE):
+            h.update(np.ascontiguousarray(a[i:i + FINGERPRINT_PIECE], dtype=I64))
     return len(n.ptr), len(n.unit), h.hexdigest()
 
 
