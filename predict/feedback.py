@@ -177,7 +177,7 @@ def _merge_hist(hist, s, e):
 
 def _demote(region: Region, s_, e_, alloc_page) -> None:
     region.cls = "irregular"
-    region.start = region.end = region.count = region.chunk = region.stride = None
+    region.start = region.end = region.count = region.chunk = region.stride = region.row_stride = None
     region.index = None
     region.history = _merge_hist(region.history, s_ - alloc_page, e_ - alloc_page)
     region.fit["demoted_by_feedback"] = True

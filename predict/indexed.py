@@ -9,6 +9,12 @@ were clipped at the trace's limit). Chunks are clipped to the base's allocation,
 region's pages are; values whose chunk lies wholly outside it name nothing and are counted.
 Negative values are sentinels: they select nothing (a -1-padded slot mapping, an expert id of a
 filtered token, a stale or unused entry) and are counted apart (`sentinel`), as kernels skip them.
+
+A two-dimensional table (`region.row_stride` set): the values are rows of `row_stride` entries
+(a block table, a row per request), `count` rows are read, and row r is read up to its own count,
+ceil(v(count_index)[r] / count_div) entries (a sequence length over the block size); the entries
+past it are stale ids that select nothing. A row's count larger than the row is clipped to the
+row and counted with the values its row lacks (`short`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ def chunk_bytes(region: Region, values) -> tuple:
 CHUNK_VALUES = 1 << 20   # values decoded at once (memory: a few tens of bytes each)
 
 
+def ints_at(im: V.ValueImage, at: np.ndarray, e: int) -> np.ndarray:
+    """The `e`-byte little-endian integers at byte offsets `at` of the values image, as int64."""
+    pos = np.asarray(at, I64)[:, None] + np.arange(e)
+    return np.ascontiguousarray(im._raw[pos]).view("<i4" if e == 4 else "<i8").reshape(-1).astype(I64)
+
+
 def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
     """A count read from another buffer (`region.count_index`): per launch, the value at position
     `pos` of the row recorded for `cptr` (an indptr's entry at the batch size, a padded token
@@ -50,8 +62,7 @@ def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.
         ok[:] = False
     cnt = np.zeros(n, I64)
     if ok.any():
-        at = (im.start[r[ok]] + pos[ok] * ce)[:, None] + np.arange(ce)
-        cnt[ok] = np.ascontiguousarray(im._raw[at]).view("<i4" if ce == 4 else "<i8").reshape(-1)
+        cnt[ok] = ints_at(im, im.start[r[ok]] + pos[ok] * ce, ce)
     return divide_count(region, np.maximum(cnt, 0)), rows, ok
 
 
@@ -75,6 +86,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
     n = len(launch)
+    if region.row_stride is not None:
+        return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
     rows = im.find(launch, iptr)
@@ -112,14 +125,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         rep = np.repeat(g, kk)
         j = np.arange(len(rep), dtype=I64) - np.repeat(np.cumsum(kk) - kk, kk)
         # the bytes of value j of each row, gathered at once, read as little-endian integers
-        pos = (im.start[uk[rep, 0]] + j * e)[:, None] + np.arange(e)
-        v = np.ascontiguousarray(im._raw[pos]).view("<i4" if e == 4 else "<i8").reshape(-1).astype(I64)
-        b0 = uk[rep, 5] + uk[rep, 1] + uk[rep, 2] * v
-        # pages of [b0, b0 + chunk), clipped to the allocation (floor division: b0 may lie below the base)
-        sp = np.maximum(np.floor_divide(b0, ps), uk[rep, 6])
-        ep = np.minimum(-np.floor_divide(-(b0 + uk[rep, 3]), ps), uk[rep, 7])
-        neg = v < 0
-        ok = (ep > sp) & ~neg
+        v = ints_at(im, im.start[uk[rep, 0]] + j * e, e)
+        sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7])
         sentinel += int(mult[rep[neg]].sum())
         outside += int(mult[rep[~ok & ~neg]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
@@ -135,27 +142,134 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     return out
 
 
-def reads(region: Region, values: dict, iptr: int, count: int | None = None) -> tuple[int, int]:
+def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e):
+    """Pages [sp, ep) of the chunks [first + stride*v, +chunk), clipped to the allocation's pages
+    [a_s, a_e) (floor division: a chunk may start below the base); `ok`: the chunk names a page
+    and its value is not a sentinel; `neg`: the value is a sentinel."""
+    b0 = first + stride * v
+    sp = np.maximum(np.floor_divide(b0, ps), a_s)
+    ep = np.minimum(-np.floor_divide(-(b0 + chunk), ps), a_e)
+    neg = v < 0
+    return sp, ep, (ep > sp) & ~neg, neg
+
+
+MAX_ROWS = 1 << 20   # rows of a table read per launch at most
+
+
+def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
+    """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
+    rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
+    the row. Returns (the launch of each row, the row's first entry, entries read, the count
+    buffer's values rows, ok per launch: its count values were recorded, rows or entries asked
+    for that are not there)."""
+    n = len(launch)
+    ce = region.count_elem
+    crows = im.find(launch, cptr)
+    ok = crows >= 0
+    cr = np.maximum(crows, 0)
+    avail = np.where(ok, im.nbytes[cr] // ce, 0) if len(im.nbytes) else np.zeros(n, I64)
+    want = np.where(ok, np.clip(np.asarray(nrows, I64) * np.ones(n, I64), 0, MAX_ROWS), 0)
+    R = np.minimum(want, avail)
+    rl = np.repeat(np.arange(n), R)
+    r = np.arange(len(rl), dtype=I64) - np.repeat(np.cumsum(R) - R, R)
+    c = ints_at(im, im.start[cr[rl]] + r * ce, ce) if len(rl) else np.zeros(0, I64)
+    k = divide_count(region, np.maximum(c, 0))
+    rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
+    kk = np.minimum(k, np.maximum(rsl, 0))
+    missing = int((want - R).sum()) + int((k - kk).sum())
+    return rl, r * rsl, kk, crows, ok, missing
+
+
+def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
+    """batch_pieces for a two-dimensional table (`region.row_stride`; module doc)."""
+    n = len(launch)
+    one = np.ones(n, I64)
+    st, sd, ch, nrows = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
+    rs = np.asarray(region.row_stride.evaluate(vals), I64) * one
+    rows = im.find(launch, iptr)
+    have = rows >= 0
+    cptr = np.asarray(cptr, I64) * one
+    rl, first, k, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im)
+    have &= okc
+    e = region.elem
+    r = np.maximum(rows, 0)
+    avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
+    k2 = np.where(have[rl], np.clip(np.minimum(k, avail[rl] - first), 0, None), 0)
+    short += int(np.where(have[rl], k - k2, 0).sum())
+    span = np.zeros(n, I64)
+    if len(rl):
+        np.maximum.at(span, rl, np.where(k2 > 0, first + k2, 0))
+    z = np.zeros(0, I64)
+    out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
+           "short": short, "bytes": span * e}
+    per = np.bincount(rl, weights=k2, minlength=n).astype(I64) if len(rl) else np.zeros(n, I64)
+    cum = np.cumsum(per)
+    ls, ss, es = [], [], []
+    outside = sentinel = 0
+    lo = 0
+    while lo < n:   # launches a few million values at a time
+        hi = max(lo + 1, int(np.searchsorted(cum, (cum[lo - 1] if lo else 0) + CHUNK_VALUES, side="right")))
+        m = slice(*np.searchsorted(rl, [lo, hi]))   # rl ascends
+        kr = k2[m]
+        vl = np.repeat(rl[m], kr)
+        pos = np.repeat(first[m], kr) + np.arange(len(vl), dtype=I64) - np.repeat(np.cumsum(kr) - kr, kr)
+        if len(vl):
+            v = ints_at(im, im.start[r[vl]] + pos * e, e)
+            sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], ch[vl], ps, a_s[vl], a_e[vl])
+            sentinel += int(neg.sum())
+            outside += int((~ok & ~neg).sum())
+            gg, s2, e2 = FP.merge_intervals(vl[ok] - lo, sp[ok], ep[ok], hi - lo)
+            ls.append(gg + lo), ss.append(s2), es.append(e2)
+        lo = hi
+    if ls:
+        out.update(l=np.concatenate(ls), s=np.concatenate(ss), e=np.concatenate(es))
+    out.update(outside=outside, sentinel=sentinel)
+    return out
+
+
+def _row_reads(region: Region, values: dict, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A table's rows one launch reads (online): (each row's first entry, entries read), from the
+    per-row counts decode_count gave, clipped to the row."""
+    rs = max(0, int(region.row_stride.evaluate(values)))
+    k = np.minimum(np.asarray(counts, I64), rs)
+    return np.arange(len(k), dtype=I64) * rs, k
+
+
+def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int]:
     """(address, bytes) of the values one launch's indexed region reads (online); `count`: the
-    count read from another buffer (count_read), where the region's count is one."""
+    count read from another buffer (count_read), where the region's count is one. A table's rows
+    are read as one span, from the first row to the last entry any row reads."""
+    if region.row_stride is not None:
+        first, k = _row_reads(region, values, count)
+        span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
+        return int(iptr), min(span, MAX_INDEXED) * region.elem
     cnt = int(region.count.evaluate(values)) if count is None else int(count)
     return int(iptr), max(0, min(cnt, MAX_INDEXED)) * region.elem
 
 
 def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     """(address, bytes) a region reads from another buffer for its count (online): that buffer's
-    values up to the count's position (a read from the buffer's pointer, as values are recorded)."""
+    values up to the count's position (a read from the buffer's pointer, as values are recorded);
+    for a table, one value per row read."""
     pos = int(region.count.evaluate(values))
-    return int(cptr), max(0, min(pos + 1, MAX_INDEXED)) * region.count_elem
+    n = min(pos, MAX_ROWS) if region.row_stride is not None else min(pos + 1, MAX_INDEXED)
+    return int(cptr), max(0, n) * region.count_elem
 
 
-def decode_count(region: Region, data: bytes | None, nbytes: int) -> int | None:
-    """The count: the last value of count_read's `nbytes` bytes (None: not known)."""
+def decode_count(region: Region, data: bytes | None, nbytes: int):
+    """The count: the last value of count_read's `nbytes` bytes (None: not known); for a table,
+    each row's count (an array; empty where no row is read)."""
     ce = region.count_elem
+    fmt = "<i4" if ce == 4 else "<i8"
+    if region.row_stride is not None:
+        if nbytes <= 0:
+            return np.zeros(0, I64)
+        if data is None or len(data) < nbytes:
+            return None
+        return divide_count(region, np.maximum(np.frombuffer(data, fmt, count=nbytes // ce).astype(I64), 0))
     if data is None or nbytes < ce or len(data) < nbytes:
         return None
-    return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], "<i4" if ce == 4 else "<i8",
-                                                           count=1)[0])))
+    return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], fmt, count=1)[0])))
 
 
 def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: int, a_s: int, a_e: int,
@@ -164,9 +278,21 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     region's compiled (start, stride, chunk, count) functions, `data` the values' bytes; `count`
     the count read from another buffer (decode_count), where the region's count is one."""
     st, sd, ch, cnt = (f(values) for f in fns)
+    e = region.elem
+    if region.row_stride is not None:
+        if count is None:
+            return
+        first, k = _row_reads(region, values, count)
+        pos = np.repeat(first, k) + np.arange(int(k.sum()), dtype=I64) - np.repeat(np.cumsum(k) - k, k)
+        pos = pos[pos < len(data) // e]
+        v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=len(data) // e).astype(I64)[pos]
+        sp, ep, keep, _ = _value_pages(v, base + st, sd, ch, ps, a_s, a_e)
+        if keep.any():
+            _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
+            out.extend(zip(ms.tolist(), me.tolist()))
+        return
     if region.count_index is not None:
         cnt = 0 if count is None else count
-    e = region.elem
     k = max(0, min(int(cnt), len(data) // e, MAX_INDEXED))
     if k == 0:
         return

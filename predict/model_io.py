@@ -54,11 +54,13 @@ class Region:
     count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
     count_elem: int = 4              # indexed: bytes of that value
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
+    row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
+                                       # ceil(v(count_index)[r] / count_div) entries
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
     def formulas(self) -> dict[str, Formula]:
-        return {k: getattr(self, k) for k in ("start", "end", "count", "chunk", "stride")
+        return {k: getattr(self, k) for k in ("start", "end", "count", "chunk", "stride", "row_stride")
                 if getattr(self, k) is not None}
 
     def feature_names(self) -> set[str]:
@@ -110,8 +112,12 @@ def indexed_text(r: Region) -> str:
     v the `elem`-byte integers at the pointer `index` (`v64(...)` for 8-byte ones). A count read
     from another buffer: `for i < v(p2)[grid_x]` (an indptr's entry at the batch size), or that
     value divided by a constant, rounded up: `for i < ceil(v(p11)[0] / 16)` (a padded token count
-    over the block size: the blocks a launch runs)."""
-    v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[i]"
+    over the block size: the blocks a launch runs). A two-dimensional table, row r of `row_stride`
+    entries read up to its own count: `v(p7)[r*p20 + j] ... for r < p30, j < ceil(v(p8)[r] / 16)`
+    (a block table read up to each sequence's length over the block size)."""
+    table = r.row_stride is not None and r.count_index is not None
+    at = f"r*{_factor(r.row_stride)} + j" if table else "i"
+    v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
     st = r.stride
     if st.n_terms == 0 and st.const == 1:
         off = v
@@ -119,10 +125,11 @@ def indexed_text(r: Region) -> str:
         off = f"{_factor(st)}*{v}"
     head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
     n = r.count.text() if r.count_index is None else \
-        f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
+        f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{'r' if table else r.count.text()}]"
     if r.count_index is not None and r.count_div != 1:
         n = f"ceil({n} / {r.count_div})"
-    return f"[{head} + {off}, +{r.chunk.text()}) for i < {n}".replace("+ -", "- ")
+    loop = f"r < {r.count.text()}, j < {n}" if table else f"i < {n}"
+    return f"[{head} + {off}, +{r.chunk.text()}) for {loop}".replace("+ -", "- ")
 
 
 @dataclass
@@ -374,6 +381,16 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
                 raise ValueError(f"{where}: count_div must be an integer from 1 to 2**30 (the count is the value "
                                  f"read, divided by it, rounded up), found {cd!r}")
             r.count_div = cd
+        if rd.get("row_stride") is not None:
+            if r.count_index is None:
+                raise ValueError(f"{where}: a row_stride (a two-dimensional table) needs a count_index (the buffer"
+                                 f" that holds each row's count)")
+            try:
+                r.row_stride = Formula.from_json(rd["row_stride"])
+            except ValueError as e:
+                raise ValueError(f"{where}: row_stride: {e}") from None
+            for n in r.row_stride.names():
+                _check_word(n, f"{where}: row_stride", sizes, offs)
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

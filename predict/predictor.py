@@ -551,7 +551,9 @@ class OnlinePredictor:
             if self._alloc_of(struct.unpack_from("<Q", param_data, offs[p] + within)[0]) is None:
                 continue
             if len(ix) > 2:   # the count is read first; the values it asks for are known only then
-                out.append(IX.count_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0]))
+                addr, nb = IX.count_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
+                if nb > 0:
+                    out.append((addr, nb))
                 continue
             addr, nb = IX.reads(r, values, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
             if nb > 0:

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import index_workload as IW
@@ -461,6 +461,126 @@ def test_a_count_of_blocks_is_a_buffer_value_over_the_block_size(tmp_path, capsy
     assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[2])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "count_div" in err[0], err
+
+
+K_TABLE = Kernel("paged_table", [("out", "float*"), ("kv", "const float*"), ("table", "const int*"),
+                                 ("seq_lens", "const int*"), ("num_seqs", "int"), ("table_stride", "int")],
+                 {"out": "linear", "kv": "indexed", "table": "linear", "seq_lens": "linear"})
+KV_TOKENS, KV_BLOCK = 16, 16384   # tokens per KV block, bytes per block
+
+
+def _table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, record_lens: bool = True,
+           pool: int = 512, stride: int = 32, bad: bool = False) -> Builder:
+    """A paged KV cache read through a block table, as a paged attention kernel reads it: row r of
+    the table (`stride` entries, persistent) holds the blocks of the batch's r-th sequence, read up
+    to ceil(seq_lens[r] / 16) entries; entries past it are stale ids of the row's earlier
+    sequences. Sequences arrive, grow by a token per step, finish and hand their blocks back; the
+    batch is kept dense, so a finished sequence's rows move up. `num_seqs` rows are read; the
+    sequence lengths are a persistent buffer too (entries past the batch stale). `bad`: the
+    values recorded say row 0 runs past its row (a length of 10^6 tokens), and the entry past
+    row 1's blocks names a block far outside the cache, and is read (row 1 one token longer
+    than its blocks): values a damaged or foreign profile may hold."""
+    b = Builder("paged-table", seed=seed)
+    rng = b.rng
+    kv = b.malloc(KV_BLOCK * pool, "kv")
+    table = b.malloc(4 * 32 * stride, "table")
+    lens = b.malloc(4 * 32, "seq_lens")
+    out = b.malloc(65536 * 32, "out")   # a big page per sequence: the faults pin its size
+    tab = rng.integers(0, pool, (32, stride)).astype("<i4")
+    lens_v = np.zeros(32, "<i4")
+    free = [int(x) for x in rng.permutation(pool)]
+    running: list[list] = []   # [tokens, outputs left, blocks]
+    for _ in range(steps):
+        while len(running) < max_seqs and (not running or rng.random() < 0.4):
+            running.append([int(rng.integers(1, len_hi)), int(rng.integers(1, 12)), []])
+        for q in running:
+            q[0] += 1
+            while len(q[2]) < -(-q[0] // KV_TOKENS):
+                q[2].append(free.pop())
+        for i, q in enumerate(running):
+            tab[i, :len(q[2])] = q[2]
+            lens_v[i] = q[0]
+        n = len(running)
+        blocks = np.concatenate([q[2] for q in running]).astype(np.int64)
+        i0 = b.reserve(1)
+        b.launch(K_TABLE, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
+                                 "num_seqs": n, "table_stride": stride}, grid=(n, 2),
+                 touches=[Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
+                          Ranges(table, np.zeros(n, np.int64), [4 * i * stride for i in range(n)],
+                                 [4 * len(q[2]) for q in running]),
+                          Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, KV_BLOCK)])
+        tv, lv = tab.copy(), lens_v.copy()
+        if bad and n > 1:
+            lv[0] = 10 ** 6
+            tv[1, len(running[1][2])] = 1 << 24
+            lv[1] = len(running[1][2]) * KV_TOKENS + 1
+        b.values(K_TABLE, "table", [i0], table.ptr(), tv.reshape(-1)[None])
+        if record_lens:
+            b.values(K_TABLE, "seq_lens", [i0], lens.ptr(), lv[None])
+        for q in running:
+            q[1] -= 1
+        for q in [q for q in running if q[1] <= 0]:
+            free.extend(q[2])
+        running = [q for q in running if q[1] > 0]
+    return b
+
+
+def test_a_block_table_is_read_row_by_row_up_to_each_sequences_length(tmp_path, capsys):
+    """A two-dimensional block table with per-row counts from another buffer: fitted from faults
+    as `num_seqs` rows of `table_stride` entries, row r read to ceil(seq_lens[r] / 16), no
+    argument or single value counting the concatenated form; written readably and kept through
+    the model file; a run with twice the sequences, longer ones and a wider table is predicted
+    exactly by the batch and the online predictor alike; without the lengths' values the launch
+    gets the fallback; a model file whose row stride names no parameter is refused in one line."""
+    from pagecast.cli import main
+    paths = [_table(1, 6, 40).write(tmp_path / "t1.pctrace"), _table(2, 8, 80).write(tmp_path / "t2.pctrace"),
+             _table(3, 16, 200, stride=64).write(tmp_path / "t3.pctrace")]
+    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.text() == f"[p1 + {KV_BLOCK}*v(p2)[r*p5 + j], +{KV_BLOCK}) for r < p4, j < ceil(v(p3)[r] / 16)", \
+        r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.text() == r.text() and again.row_stride == r.row_stride
+    tr = T.read_trace(paths[2])
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+    _table(4, 8, 60, record_lens=False).write(tmp_path / "nv.pctrace")
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "nv.pctrace")]) == 0
+    assert "without values (fallback)" in capsys.readouterr().out
+    bad = T.read_trace(_table(5, 8, 60, bad=True).write(tmp_path / "bad.pctrace"))
+    assert_online_is_batch(model, bad)
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "bad.pctrace")]) == 0
+    out = capsys.readouterr().out
+    assert "values past their row" in out and "values outside the allocation" in out, out
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
+    reg["row_stride"] = {"const": 0, "terms": [[1, ["p9"]]]}
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[2])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row_stride" in err[0], err
+
+
+@settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), stride=st.sampled_from([16, 32]))
+@example(drop=0.01, seed=169, stride=16)
+def test_one_profile_of_a_block_table_predicts_a_larger_run(tmp_path_factory, drop, seed, stride):
+    """One profile of a block-table kernel, 1% of its records lost or none: the table template
+    predicts a run with more and longer sequences, and a wider table, exactly."""
+    d = tmp_path_factory.mktemp("table")
+    fit = _table(seed, 6, 12 * stride // 4, stride=stride).write(d / "fit.pctrace", drop=drop)
+    test = _table(seed + 1, 12, 24 * stride // 4, stride=2 * stride).write(d / "test.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.row_stride is not None and r.count_div == KV_TOKENS, r.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
 K_POOL = Kernel("pool_blocks", [("out", "float*"), ("pool", "const float*"), ("block_ids", "const int*"),

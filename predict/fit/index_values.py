@@ -18,7 +18,10 @@ class (never the truth table):
   indices -> rows), never exceeding the row, or that value divided by a power of two and rounded
   up (`ceil(v(p11)[0] / 16)`: a padded token count over the block size is the number of blocks,
   each reading one expert id), the smallest divisor that keeps every count within its row first
-  (`_buffer_count_candidates`);
+  (`_buffer_count_candidates`), else a two-dimensional table: R rows of rs entries (each an
+  argument or grid dimension), row r read up to another buffer's value at position r over a
+  divisor (a block table read to each sequence's length over the block size; entries past it
+  are stale: `_table_candidates`);
   negative values are sentinels that select nothing (v0 and v1 leave them out);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
@@ -45,6 +48,7 @@ import itertools
 
 import numpy as np
 
+from pagecast import footprints as FP
 from pagecast import values as V
 
 from .. import formula as FM
@@ -256,7 +260,145 @@ def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
                     if len(x) == p + 1:
                         cu[j] = x[-1]
                 for d, k in _divisors(cu[inv.reshape(-1)], row_len):
-                    yield pos, cw.name, ce, d, k
+                    yield _Count(pos, cw.name, ce, d, k)
+
+
+@dataclasses.dataclass
+class _Count:
+    """A count to try: the count formula (a position or a number of rows where read from another
+    buffer `cidx` of `celem`-byte values, over `cdiv`), `k` the values each launch reads, `rs` a
+    table's row stride (None: a prefix), `ext` (v0, v1, ok) where the values are not a prefix,
+    and the strides found for it (filled once)."""
+
+    count: FM.Formula
+    cidx: str | None
+    celem: int
+    cdiv: int
+    k: np.ndarray
+    rs: FM.Formula | None = None
+    ext: tuple | None = None
+    strides: tuple | None = None
+
+    def extremes(self):
+        """(v0, v1, ok) where the values are not a prefix (None: a prefix of k values)."""
+        return self.ext
+
+    def fields(self) -> dict:
+        return dict(count=self.count, count_index=self.cidx, count_elem=self.celem, count_div=self.cdiv,
+                    row_stride=self.rs)
+
+
+MAX_TABLES = 48   # table candidates tried per index word at most (each may need a solve)
+
+
+def _table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
+    """Two-dimensional tables (predict/indexed.py): the index row read as `R` rows of `rs`
+    entries, row r up to ceil(c[r] / d) entries, c another traced buffer's values (a block table
+    read up to each sequence's length over the block size; stale ids past it). R and rs are each
+    an argument or grid dimension (the number of sequences, the table's row stride); R is more
+    than one at some launch, reads no more values than the count buffer holds, and the last row
+    starts inside the index row; d is 1 or a power of two that keeps every row's count within
+    its row (`_divisors`' rule, per row). Yields _Count, its values' extremes (`ext`) made when
+    a solve needs them (`_TableCount`)."""
+    names = _position_names(kd)
+    n = len(sv)
+    cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
+    made = 0
+    for cw, cvals in kd.bases:
+        if cw.name in (w.name, iw.name):
+            continue
+        cptr = np.concatenate(cvals)[sv]
+        crow = _rows(kd, part[sv], lid[sv], cptr)
+        if (crow < 0).any():
+            continue
+        for ce in _elems(kd, part[sv], crow):
+            clen = _row_bytes(kd, part[sv], crow) // ce
+            for rn in names:
+                R = cols[rn]
+                if (R < 1).any() or (R > clen).any() or not (R > 1).any():
+                    continue
+                sns = [sn for sn in names if sn != rn and (cols[sn] >= 1).all()
+                       and ((R - 1) * cols[sn] < row_len).all()]
+                if not sns:
+                    continue
+                c = np.maximum(_prefix_values(kd, part[sv], crow, R, ce), 0)
+                rl = np.repeat(np.arange(n), R)
+                ri = np.arange(len(rl), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
+                for sn in sns:
+                    rs = cols[sn][rl]
+                    for d in _row_divisors(c, rs):
+                        kr = -(-c // d)
+                        k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
+                        if (k < 1).any():
+                            continue
+                        yield _TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d, k,
+                                          FM.Formula(0, ((1, (sn,)),)), rows=(kd, part[sv], irows, rl, ri * rs, kr, elem))
+                        made += 1
+                        if made >= MAX_TABLES:
+                            return
+
+
+@dataclasses.dataclass
+class _TableCount(_Count):
+    """A table's count (_table_candidates): `rows` what its values' extremes are made from."""
+
+    rows: tuple | None = None
+
+    def extremes(self):
+        if self.ext is None:
+            self.ext = _table_extremes(*self.rows, n=len(self.k))
+        return self.ext
+
+
+def _row_bytes(kd: KernelData, part, rows) -> np.ndarray:
+    """Each launch's values row's length in bytes (rows >= 0)."""
+    out = np.zeros(len(rows), np.int64)
+    for ti in np.unique(part):
+        m = part == ti
+        out[m] = V.image(kd.parts[int(ti)][0].trace).nbytes[rows[m]]
+    return out
+
+
+def _prefix_values(kd: KernelData, part, crow, n, ce: int) -> np.ndarray:
+    """The first n[l] `ce`-byte values of each launch's row, concatenated (rows shared by
+    launches read once; rows holding fewer than n[l] values are not passed here)."""
+    key = np.stack([part, crow, n], axis=1)
+    uk, inv = np.unique(key, axis=0, return_inverse=True)
+    vals = [V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(m), ce) for ti, r, m in uk]
+    lens = np.array([len(v) for v in vals], np.int64)
+    flat = np.concatenate(vals) if vals else np.zeros(0, np.int64)
+    return flat[FP._ranges((np.cumsum(lens) - lens)[inv.reshape(-1)], np.asarray(n, np.int64))]
+
+
+def _row_divisors(c: np.ndarray, rs: np.ndarray):
+    """Divisors for per-row counts: 1, then the smallest power of two keeping every row's count
+    ceil(c / d) within its row of `rs` entries, and the next ones (DIVS_TRIED in all)."""
+    tried, d = 0, 1
+    while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
+        if (-(-c // d) <= rs).all():
+            yield d
+            tried += 1
+        d *= 2
+
+
+def _table_extremes(kd: KernelData, part, irows, rl, first, kr, elem: int, n: int):
+    """(v0, v1, ok) per launch over the entries a table candidate reads: row entries
+    [first, first + kr) of each launch's index row, sentinels left out."""
+    v0 = np.full(n, np.iinfo(np.int64).max)
+    v1 = np.full(n, -1, np.int64)
+    vl = np.repeat(rl, kr)
+    pos = FP._ranges(first, kr)
+    for ti in np.unique(part):
+        im = V.image(kd.parts[int(ti)][0].trace)
+        m = part[vl] == ti
+        if not m.any():
+            continue
+        v = IX.ints_at(im, im.start[irows[vl[m]]] + pos[m] * elem, elem)
+        keep = v >= 0
+        np.minimum.at(v0, vl[m][keep], v[keep])
+        np.maximum.at(v1, vl[m][keep], v[keep])
+    ok = v1 >= 0
+    return np.where(ok, v0, 0), np.where(ok, v1, 0), ok
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit, whole: bool,
@@ -273,44 +415,48 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     if key not in seen:
         row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem
                             for ti, r in zip(part[sv], rows[sv])], np.int64)
-        cands = ((c, None, 4, 1, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
+        cands = (_Count(c, None, 4, 1, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
                  for c in _count_candidates(kd, g, row_len))
-        seen[key] = ([], itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid, row_len)),
-                     row_len)
-    kept, more, row_len = seen[key]
+        seen[key] = ([], itertools.chain(cands, _buffer_count_candidates(kd, w, iw, g, sv, part, lid, row_len),
+                                         _table_candidates(kd, w, iw, elem, g, sv, part, lid, rows[sv], row_len)),
+                     row_len, {})
+    kept, more, row_len, solved = seen[key]
     best = None
 
     def candidates():
         yield from kept
-        for count, cidx, celem, cdiv, kc in more:
-            k = np.minimum(kc, row_len)
-            if (k < 1).any():
+        for c in more:
+            if c.rs is None:
+                c.k = np.minimum(c.k, row_len)
+            if (c.k < 1).any():
                 continue
-            c = [count, cidx, celem, cdiv, k, None]
             kept.append(c)
             yield c
     for c in candidates():
-        count, cidx, celem, cdiv, k, strides = c
+        k = c.k
         if best is not None:
             # a tighter count reads fewer of the same values: the verified region's start, stride
             # and chunk with this count, verified again (no new solve)
             if (k > best[4]).any() or (k == best[4]).all():
                 continue
-            r = dataclasses.replace(best[0], count=count, count_index=cidx, count_elem=celem, count_div=cdiv,
-                                    fit={})
+            r = dataclasses.replace(best[0], **c.fields(), fit={})
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
                 best = (r, okv, unexplained, None, k)
             continue
-        if strides is None:
-            strides = c[5] = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms)
-        if not strides:
+        if c.strides is None:
+            # a table's stride is a constant (the value's own term): its candidates are many, and
+            # the constant solve is what keeps trying them cheap
+            c.strides = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms if c.rs is None else 1,
+                                 c.extremes(), solved)
+        if not c.strides:
             continue
-        v0, v1, strides = strides
+        v0, v1, strides = c.strides
         for r in (r for stride in strides
-                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, count, v0, v1, bounds, whole)):
-            r.count_index, r.count_elem, r.count_div = cidx, celem, cdiv
+                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole)):
+            for f, x in c.fields().items():
+                setattr(r, f, x)
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
@@ -338,13 +484,25 @@ def _holds_faults_of(kd: KernelData, tight: Region, loose: Region, cat: RegionOb
     return not fault_pages_loglik(kd, loose, cat, sv, pages=lambda s: indexed_pages(kd, loose, cat, s)[0])[1]
 
 
-def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3):
-    """(v0, v1, the strides to try) for a count reading `k` values per launch, or () where a
-    launch's first k values are all sentinels."""
-    s_lo, s_hi, e_lo, e_hi = bounds
-    v0, v1, ok = _extremes(kd, part, rows, k, elem)
+def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3, ext=None, solved: dict | None = None):
+    """(v0, v1, the strides to try) for a count reading `k` values per launch (or whose values'
+    extremes are `ext`), or () where a launch's values are all sentinels. `solved` keeps the
+    strides per (v0, v1): counts that read other values with the same extremes share them."""
+    v0, v1, ok = _extremes(kd, part, rows, k, elem) if ext is None else ext
     if not ok.all():
         return ()
+    key = (v0.tobytes(), v1.tobytes(), max_terms)
+    if solved is not None and key in solved:
+        return v0, v1, solved[key]
+    strides = _solve_strides(kd, g, v0, v1, bounds, max_terms)
+    if solved is not None:
+        solved[key] = strides
+    return v0, v1, strides
+
+
+def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3) -> list:
+    """The strides to try for values whose extremes per launch are v0 and v1 (_strides)."""
+    s_lo, s_hi, e_lo, e_hi = bounds
     # the stride from whichever edge follows a value: a start within the first big page at every
     # launch is a constant to the solver (the first chunk's offset shows in the end), and where
     # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
@@ -369,7 +527,7 @@ def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3):
     sp_ = _split(res[0][0]) if res is not None else None
     if sp_ is not None and sp_[0] not in strides:
         strides.append(sp_[0])
-    return v0, v1, strides
+    return strides
 
 
 def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool):

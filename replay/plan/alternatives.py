@@ -36,7 +36,7 @@ def without_indexed(model, cls: str = "irregular"):
         for r in km.regions:
             if r.cls == "indexed":
                 r.cls, r.index = cls, None
-                r.start = r.end = r.count = r.chunk = r.stride = None
+                r.start = r.end = r.count = r.chunk = r.stride = r.row_stride = None
     return m
 
 
