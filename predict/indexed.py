@@ -14,7 +14,10 @@ A two-dimensional table (`region.row_stride` set): the values are rows of `row_s
 (a block table, a row per request), `count` rows are read, and row r is read up to its own count,
 ceil(v(count_index)[r] / count_div) entries (a sequence length over the block size); the entries
 past it are stale ids that select nothing. A row's count larger than the row is clipped to the
-row and counted with the values its row lacks (`short`).
+row and counted with the values its row lacks (`short`). A table whose rows' counts are over
+a divisor may read a part of each row's last chunk (`region.part_last`): a row of c units
+(tokens) in blocks of d reads c - d*(k-1) of its last block's d units, the chunk's bytes in
+proportion (a sequence's last KV block, filled up to its length), rounded up.
 """
 
 from __future__ import annotations
@@ -159,9 +162,9 @@ MAX_ROWS = 1 << 20   # rows of a table read per launch at most
 def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
     """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
     rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
-    the row. Returns (the launch of each row, the row's first entry, entries read, the count
-    buffer's values rows, ok per launch: its count values were recorded, rows or entries asked
-    for that are not there)."""
+    the row. Returns (the launch of each row, the row's first entry, entries read, the units of
+    the last one read (row_entries), the count buffer's values rows, ok per launch: its count
+    values were recorded, rows or entries asked for that are not there)."""
     n = len(launch)
     ce = region.count_elem
     crows = im.find(launch, cptr)
@@ -173,11 +176,38 @@ def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, 
     rl = np.repeat(np.arange(n), R)
     r = np.arange(len(rl), dtype=I64) - np.repeat(np.cumsum(R) - R, R)
     c = ints_at(im, im.start[cr[rl]] + r * ce, ce) if len(rl) else np.zeros(0, I64)
-    k = divide_count(region, np.maximum(c, 0))
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
-    kk = np.minimum(k, np.maximum(rsl, 0))
+    k, kk, last = row_entries(region, c, rsl)
     missing = int((want - R).sum()) + int((k - kk).sum())
-    return rl, r * rsl, kk, crows, ok, missing
+    return rl, r * rsl, kk, last, crows, ok, missing
+
+
+def row_entries(region: Region, c: np.ndarray, rs: np.ndarray):
+    """Per row of a table, from its count value c: (entries asked for, ceil(c / count_div);
+    entries read, clipped to the row's rs; the units of the last entry read, of count_div: all
+    of them unless the region reads a part of its last chunk and the row was not clipped)."""
+    c = np.maximum(np.asarray(c, I64), 0)
+    d = int(region.count_div)
+    k = divide_count(region, c)
+    kk = np.minimum(k, np.maximum(rs, 0))
+    last = np.full(len(kk), d, I64)
+    if region.part_last and d > 1:
+        whole = (kk == k) & (k > 0)
+        last[whole] = c[whole] - d * (k[whole] - 1)
+    return k, kk, last
+
+
+def _last_chunks(region: Region, ch, kr, last):
+    """Each value's chunk bytes: `ch` (per value), the last value of each row (kr values, its
+    units `last` of count_div) in proportion, rounded up."""
+    d = int(region.count_div)
+    if not region.part_last or d == 1 or not len(kr):
+        return ch
+    ch = np.array(ch, I64, copy=True)
+    end = np.cumsum(kr) - 1
+    has = kr > 0
+    ch[end[has]] = -(-ch[end[has]] * last[has] // d)
+    return ch
 
 
 def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
@@ -189,13 +219,14 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     rows = im.find(launch, iptr)
     have = rows >= 0
     cptr = np.asarray(cptr, I64) * one
-    rl, first, k, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im)
+    rl, first, k, last, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im)
     have &= okc
     e = region.elem
     r = np.maximum(rows, 0)
     avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
     k2 = np.where(have[rl], np.clip(np.minimum(k, avail[rl] - first), 0, None), 0)
     short += int(np.where(have[rl], k - k2, 0).sum())
+    last = np.where(k2 == k, last, region.count_div)   # a row the values' end cut reads whole chunks
     span = np.zeros(n, I64)
     if len(rl):
         np.maximum.at(span, rl, np.where(k2 > 0, first + k2, 0))
@@ -215,7 +246,8 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
         pos = np.repeat(first[m], kr) + np.arange(len(vl), dtype=I64) - np.repeat(np.cumsum(kr) - kr, kr)
         if len(vl):
             v = ints_at(im, im.start[r[vl]] + pos * e, e)
-            sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], ch[vl], ps, a_s[vl], a_e[vl])
+            chv = _last_chunks(region, ch[vl], kr, last[m])
+            sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl])
             sentinel += int(neg.sum())
             outside += int((~ok & ~neg).sum())
             gg, s2, e2 = FP.merge_intervals(vl[ok] - lo, sp[ok], ep[ok], hi - lo)
@@ -227,12 +259,12 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     return out
 
 
-def _row_reads(region: Region, values: dict, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A table's rows one launch reads (online): (each row's first entry, entries read), from the
-    per-row counts decode_count gave, clipped to the row."""
+def _row_reads(region: Region, values: dict, counts: np.ndarray) -> tuple:
+    """A table's rows one launch reads (online): (each row's first entry, entries read, the
+    units of the last one: row_entries), from the per-row count values decode_count gave."""
     rs = max(0, int(region.row_stride.evaluate(values)))
-    k = np.minimum(np.asarray(counts, I64), rs)
-    return np.arange(len(k), dtype=I64) * rs, k
+    _, k, last = row_entries(region, counts, np.full(len(counts), rs, I64))
+    return np.arange(len(k), dtype=I64) * rs, k, last
 
 
 def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int]:
@@ -240,7 +272,7 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
     count read from another buffer (count_read), where the region's count is one. A table's rows
     are read as one span, from the first row to the last entry any row reads."""
     if region.row_stride is not None:
-        first, k = _row_reads(region, values, count)
+        first, k, _ = _row_reads(region, values, count)
         span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
         return int(iptr), min(span, MAX_INDEXED) * region.elem
     cnt = int(region.count.evaluate(values)) if count is None else int(count)
@@ -258,7 +290,7 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
 
 def decode_count(region: Region, data: bytes | None, nbytes: int):
     """The count: the last value of count_read's `nbytes` bytes (None: not known); for a table,
-    each row's count (an array; empty where no row is read)."""
+    each row's count value, undivided (an array; empty where no row is read)."""
     ce = region.count_elem
     fmt = "<i4" if ce == 4 else "<i8"
     if region.row_stride is not None:
@@ -266,7 +298,7 @@ def decode_count(region: Region, data: bytes | None, nbytes: int):
             return np.zeros(0, I64)
         if data is None or len(data) < nbytes:
             return None
-        return divide_count(region, np.maximum(np.frombuffer(data, fmt, count=nbytes // ce).astype(I64), 0))
+        return np.maximum(np.frombuffer(data, fmt, count=nbytes // ce).astype(I64), 0)
     if data is None or nbytes < ce or len(data) < nbytes:
         return None
     return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], fmt, count=1)[0])))
@@ -282,11 +314,14 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     if region.row_stride is not None:
         if count is None:
             return
-        first, k = _row_reads(region, values, count)
-        pos = np.repeat(first, k) + np.arange(int(k.sum()), dtype=I64) - np.repeat(np.cumsum(k) - k, k)
-        pos = pos[pos < len(data) // e]
-        v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=len(data) // e).astype(I64)[pos]
-        sp, ep, keep, _ = _value_pages(v, base + st, sd, ch, ps, a_s, a_e)
+        first, k, last = _row_reads(region, values, count)
+        have = len(data) // e
+        k2 = np.clip(np.minimum(k, have - first), 0, None)   # the values' end, as the batch path cuts rows
+        last = np.where(k2 == k, last, region.count_div)
+        pos = FP._ranges(first, k2)
+        v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=have).astype(I64)[pos]
+        chv = _last_chunks(region, np.full(len(v), ch, I64), k2, last)
+        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
         if keep.any():
             _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
             out.extend(zip(ms.tolist(), me.tolist()))

@@ -56,6 +56,8 @@ class Region:
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
     row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
                                        # ceil(v(count_index)[r] / count_div) entries
+    part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
+                                     # the count's units in its last block (v - count_div*(k-1) of count_div)
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -92,6 +94,8 @@ class Region:
                 d["count_elem"] = int(self.count_elem)
                 if self.count_div != 1:
                     d["count_div"] = int(self.count_div)
+                if self.part_last:
+                    d["part_last"] = True
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -129,6 +133,9 @@ def indexed_text(r: Region) -> str:
     if r.count_index is not None and r.count_div != 1:
         n = f"ceil({n} / {r.count_div})"
     loop = f"r < {r.count.text()}, j < {n}" if table else f"i < {n}"
+    if table and r.part_last:
+        loop += f", the last in part: {'v' if r.count_elem == 4 else 'v64'}({r.count_index})[r] - {r.count_div}*j" \
+                f" of {r.count_div}"
     return f"[{head} + {off}, +{r.chunk.text()}) for {loop}".replace("+ -", "- ")
 
 
@@ -391,6 +398,10 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
                 raise ValueError(f"{where}: row_stride: {e}") from None
             for n in r.row_stride.names():
                 _check_word(n, f"{where}: row_stride", sizes, offs)
+            pl = rd.get("part_last", False)
+            if not isinstance(pl, bool):
+                raise ValueError(f"{where}: part_last must be true or false, found {pl!r}")
+            r.part_last = pl
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

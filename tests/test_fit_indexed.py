@@ -470,7 +470,7 @@ KV_TOKENS, KV_BLOCK = 16, 16384   # tokens per KV block, bytes per block
 
 
 def _table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, record_lens: bool = True,
-           pool: int = 512, stride: int = 32, bad: bool = False) -> Builder:
+           pool: int = 512, stride: int = 32, bad: bool = False, partial: bool = False) -> Builder:
     """A paged KV cache read through a block table, as a paged attention kernel reads it: row r of
     the table (`stride` entries, persistent) holds the blocks of the batch's r-th sequence, read up
     to ceil(seq_lens[r] / 16) entries; entries past it are stale ids of the row's earlier
@@ -479,7 +479,8 @@ def _table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, record_lens: 
     sequence lengths are a persistent buffer too (entries past the batch stale). `bad`: the
     values recorded say row 0 runs past its row (a length of 10^6 tokens), and the entry past
     row 1's blocks names a block far outside the cache, and is read (row 1 one token longer
-    than its blocks): values a damaged or foreign profile may hold."""
+    than its blocks): values a damaged or foreign profile may hold. `partial`: a sequence's last
+    block is read up to its length (1 KiB a token, token-major), not whole."""
     b = Builder("paged-table", seed=seed)
     rng = b.rng
     kv = b.malloc(KV_BLOCK * pool, "kv")
@@ -502,13 +503,17 @@ def _table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, record_lens: 
             lens_v[i] = q[0]
         n = len(running)
         blocks = np.concatenate([q[2] for q in running]).astype(np.int64)
+        nbytes = np.full(len(blocks), KV_BLOCK, np.int64)
+        if partial:
+            ends = np.cumsum([len(q[2]) for q in running]) - 1
+            nbytes[ends] = [(q[0] - KV_TOKENS * (len(q[2]) - 1)) * (KV_BLOCK // KV_TOKENS) for q in running]
         i0 = b.reserve(1)
         b.launch(K_TABLE, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
                                  "num_seqs": n, "table_stride": stride}, grid=(n, 2),
                  touches=[Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
                           Ranges(table, np.zeros(n, np.int64), [4 * i * stride for i in range(n)],
                                  [4 * len(q[2]) for q in running]),
-                          Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, KV_BLOCK)])
+                          Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, nbytes)])
         tv, lv = tab.copy(), lens_v.copy()
         if bad and n > 1:
             lv[0] = 10 ** 6
@@ -563,6 +568,26 @@ def test_a_block_table_is_read_row_by_row_up_to_each_sequences_length(tmp_path, 
     assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[2])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "row_stride" in err[0], err
+
+
+def test_a_sequences_last_block_is_read_up_to_its_length(tmp_path):
+    """A paged cache whose last block per sequence is read only up to the sequence's length (a
+    token-major block): the table template reads that block in part, in proportion to the
+    length's remainder over the block size, written readably and kept through the model file;
+    a larger run is predicted exactly, batch == online. Whole blocks stay whole (the test above)."""
+    paths = [_table(s, m, h, partial=True).write(tmp_path / f"p{s}.pctrace") for s, m, h in ((1, 6, 40), (2, 8, 80))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.part_last and r.text().endswith("the last in part: v(p3)[r] - 16*j of 16"), r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.part_last and again.text() == r.text()
+    tr = T.read_trace(_table(3, 16, 200, stride=64, partial=True).write(tmp_path / "p3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
 
 
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)

@@ -464,6 +464,14 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 break
     if best is None:
         return None
+    if best[0].row_stride is not None and best[0].count_div > 1:
+        # a row's last block read up to its count (a sequence's last KV block, filled to its
+        # length): kept where it verifies and holds every fault page the whole block holds
+        r = dataclasses.replace(best[0], part_last=True, fit={})
+        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+        unexplained = int((~okv).sum())
+        if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
+            best = (r, okv, unexplained, None, best[4])
     r, okv, unexplained, _, _ = best
     fit["exact"] = round(float(okv.mean()), 6)
     fit["unexplained"] = unexplained
