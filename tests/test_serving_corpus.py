@@ -91,6 +91,29 @@ class Checked(S.Engine):
             torch.testing.assert_close(self.att_o[r], torch.einsum("hn,nhd->hd", att, v), atol=1e-4, rtol=1e-4)
         self.checked.add("attention")
 
+    def extend_attention(self, q, nd, ne):
+        super().extend_attention(q, nd, ne)
+        qo = self.ext_qo_indptr[: ne + 1].tolist()
+        kb = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+        vb = self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+        g = S.HEADS // S.KV_HEADS
+        for r in range(ne):
+            n = int(self.seq_lens[nd + r])
+            row = self.req_to_page[int(self.req_pool_indices[nd + r])]
+            npg = -(-n // S.PAGE)
+            assert torch.equal(self.page_table[r, :npg], row[:npg])     # the block table's row
+            pos = torch.arange(n)
+            idx = row[pos // S.PAGE].long() * S.PAGE + pos % S.PAGE
+            k = kb[idx].repeat_interleave(g, dim=1)
+            v = vb[idx].repeat_interleave(g, dim=1)
+            ql = qo[r + 1] - qo[r]
+            for t in range(ql):   # causal: query token t of the chunk sees the prefix and itself
+                see = n - ql + t + 1
+                att = torch.softmax(torch.einsum("hd,nhd->hn", q[qo[r] + t], k[:see]) * S.HEAD_DIM ** -0.5, -1)
+                torch.testing.assert_close(self.ext_out[qo[r] + t, :, 0], torch.einsum("hn,nhd->hd", att, v[:see]),
+                                           atol=1e-4, rtol=1e-4)
+        self.checked.add("extend")
+
     def moe(self, x):
         super().moe(x)
         ntok = x.shape[0]
@@ -114,7 +137,7 @@ def test_engine_kernels_match_torch_over_a_serving_loop():
     eng.checked = set()
     for _ in range(run.calls):
         eng.step()
-    assert eng.checked == {"embedding", "positions", "cache", "kv_indices", "attention", "moe"}
+    assert eng.checked == {"embedding", "positions", "cache", "kv_indices", "attention", "extend", "moe"}
     assert eng.next_rid > 3        # requests arrived, finished, and their pages went back
     assert len(eng.free_pages) + sum(len(r.pages) for r in eng.running + eng.waiting) == eng.pool_pages
 

@@ -23,7 +23,7 @@ from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
-REVISION = 2   # 2: the serving corpus keeps its model fixed across scales
+REVISION = 3   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention
 CATEGORY = "triton"
 PKG = "pagecast.datasets.corpus"
 
@@ -58,6 +58,7 @@ _SERVING = ("A serving engine's decode loop over sglang's and flashinfer's Trito
             "and fused MoE; requests arrive and finish, chunked prefill, pages freed and reused")
 SERVING_KERNELS = ("_vocab_parallel_embedding_kernel", "get_batch_indices_positions_kernel", "reshape_and_cache_flash",
                    "create_flashinfer_kv_indices_triton", "_fwd_kernel_stage1", "_fwd_kernel_stage2",
+                   "scatter_ragged_to_page_table_kernel", "unified_attention_3d_mtp_kernel",
                    "_moe_align_small_numel_kernel", "fused_moe_kernel")
 _DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "
        "drawn per call")

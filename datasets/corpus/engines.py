@@ -21,6 +21,12 @@ Fixes (each changes how a kernel is launched on the CPU, never what it reads or 
    programs leave False, as the engines do on GPUs without programmatic dependent launch.
 2. Kernels that take an optional tensor as `None` (a constexpr in the compiled kernel) get
    `None`, as the engines' host code passes it.
+3. `@triton.jit(repr=...)` names a module-level helper that builds the kernel's name for
+   profilers from its constexprs (sglang's unified attention); the helper comes from a library
+   the engine imports and this loader leaves out, so the `repr` keyword is dropped (the kernel
+   keeps its function's name). A `@triton.jit` function whose definition still names something
+   left out (a parameter's default taken from such a library: an fp8 type's range) is not
+   loaded; the file's other kernels are.
 """
 
 from __future__ import annotations
@@ -68,6 +74,13 @@ def _is_jit(node: ast.AST) -> bool:
     return False
 
 
+def _drop_repr(node: ast.FunctionDef) -> None:
+    """Fix 3 (module doc): a `@triton.jit(repr=...)` decorator loses its `repr` keyword."""
+    for d in node.decorator_list:
+        if isinstance(d, ast.Call):
+            d.keywords = [k for k in d.keywords if k.arg != "repr"]
+
+
 def _constant(node: ast.AST) -> bool:
     """A module-level assignment of a literal, or of tl.constexpr(literal / another such name)."""
     if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
@@ -97,13 +110,18 @@ def load(package: str, relpath: str) -> SimpleNamespace:
     for node in tree.body:
         imp = (isinstance(node, ast.Import) and all(a.name in _ALLOWED_IMPORTS for a in node.names)) or \
             (isinstance(node, ast.ImportFrom) and node.module in _ALLOWED_IMPORTS)
-        if not (imp or _is_jit(node) or _constant(node)):
+        jit = _is_jit(node)
+        if not (imp or jit or _constant(node)):
             continue
+        if jit:
+            _drop_repr(node)
         code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
         try:
             exec(code, ns)  # noqa: S102 - the installed engine's own code, line for line
         except NameError:
-            if not _constant(node):   # a constant built from a value this loader left out: not a kernel's
+            # a constant built from a value this loader left out, or a kernel whose defaults
+            # name one (fix 3): left out; the other kernels load
+            if not (_constant(node) or jit):
                 raise
     out = SimpleNamespace(**{k: v for k, v in ns.items() if not k.startswith("__")})
     _CACHE[key] = out

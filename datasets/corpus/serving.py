@@ -6,8 +6,8 @@ engine's are).
 
     pagecast collect --interpret -- python -m pagecast.datasets.corpus.serving --scale 1
 
-Each step runs one batch: the running requests decode one token each, and a waiting request,
-if any, adds a chunk of its prompt (chunked prefill). Requests arrive with drawn prompt and
+Each step runs one batch: the running requests decode one token each, and the waiting
+requests, up to two, add chunks of their prompts within a token budget (chunked prefill). Requests arrive with drawn prompt and
 output lengths, and finish when their output is done; their KV pages go back to a free list
 and are handed to later requests (reused, in an order the frees set), and their row of the
 request-to-page table keeps the stale page ids until a new request overwrites it. Buffers are
@@ -27,6 +27,13 @@ Kernels per step, in order:
   kv_indices at kv_indptr;
 - `_fwd_kernel_stage1`, `_fwd_kernel_stage2` (sglang): decode attention over the K/V rows
   kv_indptr and kv_indices select, split along the sequence;
+- the prefill chunks' attention on another backend, as an engine with separate prefill and
+  decode attention backends runs it: `create_flashinfer_kv_indices_triton` for the chunks'
+  requests, `scatter_ragged_to_page_table_kernel` (sglang) turning those kv_indices into a
+  block table of a row per request (a persistent table: entries past a row's pages are stale),
+  and `unified_attention_3d_mtp_kernel` (sglang, in one segment per sequence: its output
+  needs no reduction), each program reading its request's row of the table up to
+  ceil(seq_len / page) entries, the query tokens found through the chunks' query indptr;
 - `_moe_align_small_numel_kernel` (sglang): the router's top-k expert ids sorted into blocks
   of BLOCK_M tokens per expert, padded;
 - `fused_moe_kernel` (sglang): each block's expert weights times the tokens the sorted ids
@@ -48,7 +55,7 @@ from .corpus_run import parse
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 8192, 128, 4, 2, 64
 EXPERTS, TOP_K, FFN = 16, 2, 128
 PAGE, POOL_PAGES, MAX_REQS, MAX_PAGES_PER_REQ = 16, 512, 16, 64
-MAX_BATCH, CHUNK = 8, 32
+MAX_BATCH, CHUNK, MAX_EXTEND = 8, 32, 2
 PROMPT, OUTPUT = 96, 24
 BLOCK_M, MIN_BLOCK_KV, MAX_KV_SPLITS = 16, 32, 4
 
@@ -89,6 +96,8 @@ class Engine:
             "cache": ("sglang", "kernels/ops/kvcache/cache_ops.py"),
             "kvi": ("sglang", "kernels/ops/attention/kv_indices.py"),
             "dec": ("sglang", "kernels/ops/attention/decode_attention.py"),
+            "table": ("sglang", "kernels/ops/attention/aiter_unified_page_table.py"),
+            "unified": ("sglang", "kernels/ops/attention/unified_attention_3d_mtp.py"),
             "align": ("sglang", "kernels/ops/moe/moe_align_small_numel.py"),
             "moe": ("sglang", "kernels/ops/moe/fused_moe_triton_kernels.py"),
         }.items()}
@@ -101,14 +110,23 @@ class Engine:
         self.w13 = torch.randn(EXPERTS, 2 * self.ffn, self.hidden, generator=g) * 0.05
         # persistent, padded host-side buffers (CUDA-graph style): prefixes are passed per step
         maxtok = MAX_BATCH + CHUNK
+        maxreq = MAX_BATCH + MAX_EXTEND
         self.padded_tokens = maxtok
         self.input_ids = torch.zeros(maxtok, dtype=torch.int64)
         self.slot_mapping = torch.full((maxtok,), -1, dtype=torch.int64)
         self.req_to_page = torch.zeros(MAX_REQS, self.max_pages, dtype=torch.int32)
-        self.req_pool_indices = torch.zeros(MAX_BATCH + 1, dtype=torch.int64)
-        self.seq_lens = torch.zeros(MAX_BATCH + 1, dtype=torch.int32)
+        self.req_pool_indices = torch.zeros(maxreq + 1, dtype=torch.int64)
+        self.seq_lens = torch.zeros(maxreq + 1, dtype=torch.int32)
         self.kv_indptr = torch.zeros(MAX_BATCH + 2, dtype=torch.int32)
-        self.append_indptr = torch.zeros(MAX_BATCH + 2, dtype=torch.int32)
+        self.append_indptr = torch.zeros(maxreq + 2, dtype=torch.int32)
+        # the prefill backend's: its requests' kv_indices and indptr, query indptr, block table
+        self.ext_kv_indptr = torch.zeros(MAX_EXTEND + 2, dtype=torch.int32)
+        self.ext_kv_indices = torch.zeros(MAX_EXTEND * self.max_pages * PAGE, dtype=torch.int32)
+        self.ext_qo_indptr = torch.zeros(MAX_EXTEND + 2, dtype=torch.int32)
+        self.page_table = torch.zeros(MAX_EXTEND, self.max_pages, dtype=torch.int32)
+        self.ext_out = torch.zeros(CHUNK, HEADS, 1, HEAD_DIM)
+        self.ext_m = torch.zeros(CHUNK, HEADS, 1)
+        self.ext_l = torch.zeros(CHUNK, HEADS, 1)
         self.kv_indices = torch.zeros(MAX_BATCH * self.max_pages * PAGE, dtype=torch.int32)
         self.batch_indices = torch.zeros(maxtok, dtype=torch.int32)
         self.positions = torch.zeros(maxtok, dtype=torch.int32)
@@ -157,16 +175,24 @@ class Engine:
         self.arrive()
         decode = [r for r in self.running if r.prefilled][:MAX_BATCH]
         pages_needed = len(decode) + CHUNK // PAGE + 2
-        chunk_req, chunk = None, 0
-        if self.waiting and self.free_slots and len(self.free_pages) > pages_needed + MAX_PAGES_PER_REQ // 4:
-            chunk_req = self.waiting[0]
-            if chunk_req.slot < 0:
-                chunk_req.slot = self.free_slots.pop(0)
-            chunk = min(CHUNK, chunk_req.prompt - chunk_req.done)
-        batch = decode + ([chunk_req] if chunk_req is not None else [])
+        ext: list[Request] = []
+        chunks: list[int] = []
+        budget = CHUNK
+        for r in self.waiting[:MAX_EXTEND]:
+            if budget <= 0 or len(self.free_pages) <= pages_needed + MAX_PAGES_PER_REQ // 4:
+                break
+            if r.slot < 0:
+                if not self.free_slots:
+                    break
+                r.slot = self.free_slots.pop(0)
+            c = min(budget, r.prompt - r.done)
+            ext.append(r), chunks.append(c)
+            budget -= c
+            pages_needed += -(-c // PAGE)
+        batch = decode + ext
         if not batch:
             return
-        counts = [1] * len(decode) + ([chunk] if chunk_req is not None else [])
+        counts = [1] * len(decode) + chunks
         slots: list[int] = []
         for r, c in zip(batch, counts):
             slots += self.grow(r, c)
@@ -189,18 +215,22 @@ class Engine:
         k = qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM].reshape(ntok, KV_HEADS, HEAD_DIM).contiguous()
         v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].reshape(ntok, KV_HEADS, HEAD_DIM).contiguous()
         self.cache_write(k, v)
+        nd = len(decode)
         if decode:
-            nd = len(decode)
             self.kv_indptr[: nd + 1] = torch.tensor([0, *torch.tensor(lens[:nd]).cumsum(0).tolist()],
                                                     dtype=torch.int32)
             self.kv_indices_from_table(nd)
             self.decode_attention(q[:nd].contiguous(), nd)
+        if ext:
+            self.ext_kv_indptr[: len(ext) + 1] = torch.tensor([0, *torch.tensor(lens[nd:]).cumsum(0).tolist()],
+                                                              dtype=torch.int32)
+            self.ext_qo_indptr[: len(ext) + 1] = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()],
+                                                              dtype=torch.int32)
+            self.extend_attention(q[nd:].contiguous(), nd, len(ext))
         self.moe(x)
-        self.running = [r for r in self.running if r is not chunk_req]
-        if chunk_req is not None:
-            if chunk_req.prefilled:
-                self.waiting.pop(0)
-            self.running.append(chunk_req)
+        done = {id(r) for r in ext if r.prefilled}
+        self.waiting = [r for r in self.waiting if id(r) not in done]
+        self.running += [r for r in ext if id(r) in done]
         for r in decode:
             if r.done >= r.prompt + r.output:
                 self.finish(r)
@@ -257,6 +287,33 @@ class Engine:
             self.att_out.stride(0), self.att_out.stride(1), self.att_out.stride(2), self.att_o.stride(0),
             self.att_o.stride(1), MAX_KV_SPLITS=MAX_KV_SPLITS, MIN_BLOCK_KV=MIN_BLOCK_KV, BLOCK_DV=HEAD_DIM,
             Lv=HEAD_DIM, HAS_SINK=False)
+
+    def extend_attention(self, q, nd: int, ne: int) -> None:
+        """The prefill chunks' attention (rows nd.. of the batch), on the unified-attention backend:
+        kv_indices for their requests, the block table built from them, then the attention."""
+        self.mods["kvi"].create_flashinfer_kv_indices_triton[(ne,)](
+            self.req_to_page, self.req_pool_indices[nd:], self.seq_lens[nd:], self.ext_kv_indptr, None,
+            self.ext_kv_indices, self.req_to_page.stride(0), ENTRY_PAGE_SIZE=PAGE)
+        bs = 32
+        self.mods["table"].scatter_ragged_to_page_table_kernel[(ne, triton.cdiv(self.max_pages, bs))](
+            self.ext_kv_indices, self.ext_kv_indptr, self.page_table, self.page_table.stride(0), None, None,
+            PAGE_SIZE=PAGE, BLOCK_SIZE=bs, HAS_SWA=False)
+        ntok = q.shape[0]
+        nqpkv = HEADS // KV_HEADS
+        block_m = 16
+        block_q = block_m // nqpkv
+        kc, vc = self.k_cache, self.v_cache
+        self.mods["unified"].unified_attention_3d_mtp_kernel[(ntok // block_q + ne, KV_HEADS, 1)](
+            self.ext_out, self.ext_m, self.ext_l, q, kc, vc, None, self.page_table, self.seq_lens[nd:], None, None,
+            HEAD_DIM ** -0.5, None, None, None, None, 0.0, num_query_heads=HEADS, num_queries_per_kv=nqpkv,
+            block_table_stride=self.page_table.stride(0), query_stride_0=q.stride(0), query_stride_1=q.stride(1),
+            qq_bias_stride_0=0, BLOCK_SIZE=PAGE, TILE_SIZE=32, HEAD_SIZE=HEAD_DIM, HEAD_SIZE_PADDED=HEAD_DIM,
+            USE_ALIBI_SLOPES=False, USE_QQ_BIAS=False, USE_SOFTCAP=False, USE_SINKS=False, SLIDING_WINDOW=0,
+            stride_k_cache_0=kc.stride(0), stride_k_cache_1=kc.stride(1), stride_k_cache_2=kc.stride(2),
+            stride_k_cache_3=kc.stride(3), stride_v_cache_0=vc.stride(0), stride_v_cache_1=vc.stride(1),
+            stride_v_cache_2=vc.stride(2), stride_v_cache_3=vc.stride(3), query_start_len_ptr=self.ext_qo_indptr,
+            BLOCK_Q=block_q, num_seqs=ne, BLOCK_M=block_m, num_warps=4, waves_per_eu=1, num_stages=1,
+            NUM_SEGMENTS_PER_SEQ=1)
 
     def moe(self, x) -> None:
         ntok = x.shape[0]
