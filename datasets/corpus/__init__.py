@@ -54,8 +54,9 @@ _TUT = ("Kernels after Triton's tutorials (vector add, fused softmax, tiled matm
         "forward and backward, fused attention), shapes drawn per call")
 _SERVING = ("A serving engine's decode loop over sglang's and flashinfer's Triton kernels: vocab-parallel embedding, "
             "batch indices and positions from an append indptr, KV-cache writes through a -1-padded slot mapping, "
-            "kv_indices from a request-to-page table, split-KV decode attention over indptr/indices, MoE alignment "
-            "and fused MoE; requests arrive and finish, chunked prefill, pages freed and reused")
+            "kv_indices from a request-to-page table, split-KV decode attention over indptr/indices, the prefill "
+            "chunks' attention over a block table (unified attention), MoE alignment and fused MoE; requests arrive "
+            "and finish, chunked prefill, pages freed and reused")
 SERVING_KERNELS = ("_vocab_parallel_embedding_kernel", "get_batch_indices_positions_kernel", "reshape_and_cache_flash",
                    "create_flashinfer_kv_indices_triton", "_fwd_kernel_stage1", "_fwd_kernel_stage2",
                    "scatter_ragged_to_page_table_kernel", "unified_attention_3d_mtp_kernel",

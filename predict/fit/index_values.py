@@ -371,8 +371,9 @@ def _prefix_values(kd: KernelData, part, crow, n, ce: int) -> np.ndarray:
 
 
 def _row_divisors(c: np.ndarray, rs: np.ndarray):
-    """Divisors for per-row counts: 1, then the smallest power of two keeping every row's count
-    ceil(c / d) within its row of `rs` entries, and the next ones (DIVS_TRIED in all)."""
+    """Divisors for per-row counts: the smallest power of two (1 included) that keeps every
+    row's count ceil(c / d) within its row of `rs` entries, and the next ones (DIVS_TRIED in
+    all)."""
     tried, d = 0, 1
     while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
         if (-(-c // d) <= rs).all():
