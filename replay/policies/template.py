@@ -117,7 +117,7 @@ class Template(Planned):
 
         def first():
             return choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
-                               profile=ctx.profile, faults=faults)
+                               profile=ctx.profile, faults=faults, whole_run=False)   # best_plan reads its time
 
         span, sn, g = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
                                 lambda: span_trial(ctx, needs), ctx.profile, faults)

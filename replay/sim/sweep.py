@@ -302,7 +302,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     # as template plans (policies/template.py): or a plan leaving the indexed pieces out
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
     span, needs, g = best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
-                                                      faults=faults),
+                                                      faults=faults, whole_run=False),
                                alts, cu, spans, Template.fronts, trial, prof, faults)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
