@@ -349,9 +349,18 @@ class Universe:
         # map the interval, not every unit
         d0, d1, inside = self.dense_intervals(task, s, e)
         counts = d1 - d0
+        rest = np.flatnonzero(~inside & (e > s))
+        if not len(rest):
+            # every interval inside the universe: the ids written once, in the width `narrow` keeps
+            # them in, and the launches' sizes counted per interval (F._ranges and a launch id per
+            # use were three int64 arrays of every use beside the result)
+            units = ranges(d0, counts, ID if self.n_units <= np.iinfo(ID).max else I64)
+            nz = counts > 0
+            indptr = np.zeros(n_launches + 1, I64)
+            np.cumsum(np.bincount(launch[nz], weights=counts[nz], minlength=n_launches).astype(I64), out=indptr[1:])
+            return indptr, narrow(units)
         units = F._ranges(d0, counts)
         lid = np.repeat(launch, counts)
-        rest = np.flatnonzero(~inside & (e > s))
         if len(rest):
             ru = F.expand_intervals(s[rest], e[rest])
             rl = np.repeat(launch[rest], (e - s)[rest])
@@ -622,13 +631,45 @@ def gather_steps(csrs, step_task, step_launch) -> Needs:
         ubase += len(u)
     starts = np.concatenate(ptr_all) if ptr_all else np.zeros(0, I64)
     sizes = np.concatenate([np.diff(p) for p, _ in csrs]) if csrs else np.zeros(0, I64)
-    units = np.concatenate(unit_all) if unit_all else np.zeros(0, I64)
+    # one task's units as they are (a concatenation copies every use)
+    units = unit_all[0] if len(unit_all) == 1 else np.concatenate(unit_all) if unit_all else np.zeros(0, I64)
     g = bases[step_task] + step_launch
     st, sz = starts[g], sizes[g]
-    idx = F._ranges(st, sz)
     ptr = np.zeros(len(g) + 1, I64)
     np.cumsum(sz, out=ptr[1:])
-    return Needs(ptr, units[idx])
+    # each step's run of units copied in step order (an index of every use, made by F._ranges, was
+    # three int64 arrays of every use beside the result)
+    out = np.empty(int(ptr[-1]), units.dtype)
+    _gather_into(st, sz, units, out)
+    return Needs(ptr, out)
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray, dtype=I64) -> np.ndarray:
+    """F._ranges (arange(s, s + c) for each pair, concatenated) in `dtype`, with no array but the
+    result (F._ranges makes two more of its size)."""
+    out = np.empty(int(counts.sum()), dtype)
+    _ranges_into(np.asarray(starts, I64), np.asarray(counts, I64), out)
+    return out
+
+
+@njit(cache=True)
+def _ranges_into(starts, counts, out):
+    j = 0
+    for i in range(len(starts)):
+        s = starts[i]
+        for c in range(counts[i]):
+            out[j] = s + c
+            j += 1
+
+
+@njit(cache=True)
+def _gather_into(starts, sizes, units, out):
+    j = 0
+    for i in range(len(starts)):
+        s = starts[i]
+        for c in range(sizes[i]):
+            out[j] = units[s + c]
+            j += 1
 
 
 def schedule(compute: list[np.ndarray], timeslice_s: float) -> tuple[np.ndarray, np.ndarray]:

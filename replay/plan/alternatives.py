@@ -79,17 +79,30 @@ def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> li
     return w.extra[key][1]
 
 
-def best_plan(w: Workload, first: tuple, alternatives: list[Needs], cap_units: int, spans, fronts,
-              trial: Callable[[Any, Needs], Any] | None, profile, faults: bool) -> tuple:
-    """`first` = (span, span needs, groups) or the fastest alternative's, by `trial` (the full
-    predicted needs' trial run); `first` itself without alternatives or without a trial."""
-    if not alternatives or trial is None:
-        return first
-    best = trial(first[2], first[1]).end[-1]
-    out = first
+def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs], cap_units: int, spans, fronts,
+              trial: Callable[[], Callable[[Any, Needs], Any] | None], profile, faults: bool) -> tuple:
+    """The plan on every prediction, made by `first()` (choose_span's (span, span needs, plan, its
+    trial run or None)), or the fastest alternative's: (span, span needs, plan). Each is judged by its
+    trial run on the full predicted needs (`trial()` makes a trial function: one per plan, so that
+    nothing a trial caches outlives its plan); `first`'s own plan without alternatives or trials.
+
+    Only the fastest plan so far is held while the next alternative is planned: each plan at the
+    block span of 10^6 launches is hundreds of MB (its needs, 1.7 uses a use, and its transfer
+    lists), and the one on every prediction was held through all of them. The planner is
+    deterministic, so what is kept is the plan that would have been kept."""
+    if not alternatives:
+        return first()[:3]
+    t = trial()
+    if t is None:
+        return first()[:3]
+    span, sn, g, run = first()
+    if run is None:
+        run = t(g, sn)
+    best, out = run.end[-1], (span, sn, g)
+    del span, sn, g, run, t
     for i in range(len(alternatives)):
-        span, sn, g, run = choose_span(w, alternatives[i], cap_units, spans, fronts, trial, profile=profile,
-                                       faults=faults)
+        span, sn, g, run = choose_span(w, alternatives[i], cap_units, spans, fronts, trial(), profile=profile,
+                                       faults=faults, whole_run=False)   # only its time is read
         if run is not None and run.end[-1] < best:
             best, out = run.end[-1], (span, sn, g)
         del span, sn, g, run   # the losers' needs and plan go before the next alternative is made

@@ -41,10 +41,10 @@ PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in f
 # Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
 # Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
 PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
-# Per use: the step after which its values exist (-1: none; empty: no use waits), and where
-# `_belady_plan` writes each use's step (an empty array of the width its per-use arrays of steps and
-# positions take: int32 where every step and use fits), with that width's "no next use".
-PlanUses = namedtuple("PlanUses", "after step_of none")
+# Per use: the step after which its values exist (-1: none; empty: no use waits); an empty array of
+# the width `_belady_plan`'s per-use arrays of steps and positions take (int32 where every step and
+# use fits), with that width's "no next use".
+PlanUses = namedtuple("PlanUses", "after width none")
 
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
@@ -84,16 +84,18 @@ def _heap_pop(hk, hu, size):
 
 
 @njit(cache=True)
-def next_occurrence(step_of, unit_of, n_units, none):
-    """For occurrence k (unit u at step s), the step of u's next occurrence, `none` if none; in the
-    width of `step_of`."""
+def next_occurrence(ptr, unit_of, n_units, none, width):
+    """For occurrence k (unit u at step s: CSR `ptr` over steps), the step of u's next occurrence,
+    `none` if none; in the width of `width` (an array). Walks the steps, so no per-use array of
+    steps is made."""
     n = len(unit_of)
-    out = np.full(n, none, step_of.dtype)
-    nxt = np.full(n_units, none, step_of.dtype)
-    for k in range(n - 1, -1, -1):
-        u = unit_of[k]
-        out[k] = nxt[u]
-        nxt[u] = step_of[k]
+    out = np.full(n, none, width.dtype)
+    nxt = np.full(n_units, none, width.dtype)
+    for s in range(len(ptr) - 2, -1, -1):
+        for k in range(ptr[s + 1] - 1, ptr[s] - 1, -1):
+            u = unit_of[k]
+            out[k] = nxt[u]
+            nxt[u] = s
     return out
 
 
@@ -244,20 +246,19 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
     unit_chunk, chunk_weight, unit_block = chunks.unit_chunk, chunks.weight, chunks.unit_block
-    need_after, step_of, step_none = uses.after, uses.step_of, uses.none
+    need_after, width, step_none = uses.after, uses.width, uses.none
     n_steps = len(need_ptr) - 1
     n_occ = len(need_unit)
-    # step_of (filled here), the next occurrences, the uses set aside and the transfer lists' steps are
-    # held in step_of's width (the wrapper's choice: int32 where steps and uses fit), `step_none` its
-    # "no next use" (INF in int64): per-use arrays of the needs planned, several bytes a use each
-    for s in range(n_steps):
-        for k in range(need_ptr[s], need_ptr[s + 1]):
-            step_of[k] = s
-    nocc = next_occurrence(step_of, need_unit, n_units, step_none)
+    # the next occurrences, the uses set aside and the transfer lists' steps are held in `width`'s
+    # width (the wrapper's choice: int32 where steps and uses fit), `step_none` its "no next use" (INF
+    # in int64): per-use arrays of the needs planned, several bytes a use each. A use's own step is
+    # not held per use (it was 4 bytes a planned use more): the walk knows it (see `j` below)
+    nocc = next_occurrence(need_ptr, need_unit, n_units, step_none, width)
     # key[u]: next predicted use at or after the current step
     key = np.full(n_units, INF, np.int64)
-    for k in range(n_occ - 1, need_ptr[start_step] - 1, -1):
-        key[need_unit[k]] = step_of[k]
+    for s in range(n_steps - 1, start_step - 1, -1):
+        for k in range(need_ptr[s + 1] - 1, need_ptr[s] - 1, -1):
+            key[need_unit[k]] = s
     resident = init_resident.copy()
     last_use = np.full(n_units, -1, np.int64)
     ev_at = np.full(n_units, -1, np.int64)   # group of the unit's last eviction
@@ -277,22 +278,24 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             hsize = _heap_push(hk, hu, hsize, _hkey(key[u], last_use[u], n_steps), u)
     G = n_steps - start_step
     m0 = max(n_occ, 16)
-    ev_g = np.empty(m0, step_of.dtype)
+    ev_g = np.empty(m0, width.dtype)
     ev_u = np.empty(m0, need_unit.dtype)   # unit ids: the width the needs have them in
-    pf_g = np.empty(m0, step_of.dtype)
-    pf_n = np.empty(m0, step_of.dtype)
+    pf_g = np.empty(m0, width.dtype)
+    pf_n = np.empty(m0, width.dtype)
     pf_u = np.empty(m0, need_unit.dtype)
-    pf_a = np.empty(m0, step_of.dtype)
+    pf_a = np.empty(m0, width.dtype)
     n_ev = 0
     n_pf = 0
     gated = len(need_after) == n_occ
-    pend = np.empty(n_occ if gated else 1, step_of.dtype)   # lookahead uses set aside until their values exist
+    pend = np.empty(n_occ if gated else 1, width.dtype)   # lookahead uses set aside until their values exist
+    pend_j = np.empty(n_occ if gated else 1, width.dtype)   # and their steps
     npend = 0
     pend_step = np.full(n_units if gated else 1, INF, np.int64)   # per unit, its earliest use set aside
     wait_prev = np.zeros(G, np.uint8)
     thrash = np.zeros(G, np.uint8)
     aside_u = np.empty(n_units + 1, np.int64)
     ahead = need_ptr[start_step]
+    js = start_step   # the lookahead's step: need_ptr[js] <= k < need_ptr[js + 1] (k only grows there)
     for i in range(start_step, n_steps):
         g = i - start_step
         n_aside = 0
@@ -319,6 +322,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     phase = 1
                     continue
                 kq = k
+                j = i
             elif phase == 1:
                 if pi >= npend:
                     npend = keep_p
@@ -326,11 +330,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     k = ahead if ahead > end_m else end_m
                     continue
                 kq = pend[pi]
+                j = pend_j[pi]
             else:
                 if k >= n_occ:
                     break
                 kq = k
-            j = step_of[kq]
+                while need_ptr[js + 1] <= kq:
+                    js += 1
+                while need_ptr[js] > kq:
+                    js -= 1
+                j = js
             mandatory = j <= i
             if phase == 1 and (mandatory or resident[need_unit[kq]]):
                 pi += 1           # its own step fetches it (or it is there): no longer set aside
@@ -342,10 +351,12 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     # not known before step need_after + 1: set aside, tried again then
                     if phase == 1:
                         pend[keep_p] = kq
+                        pend_j[keep_p] = j
                         keep_p += 1
                         pi += 1
                     else:
                         pend[npend] = kq
+                        pend_j[npend] = j
                         npend += 1
                         if j < pend_step[need_unit[kq]]:
                             pend_step[need_unit[kq]] = j
@@ -473,6 +484,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             # stopped among the uses set aside: keep the rest of them
             while pi < npend:
                 pend[keep_p] = pend[pi]
+                pend_j[keep_p] = pend_j[pi]
                 keep_p += 1
                 pi += 1
             npend = keep_p
@@ -605,7 +617,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
         PlanUses(np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
-                 np.empty(len(need_unit), steps), np.iinfo(steps).max),
+                 np.empty(0, steps), np.iinfo(steps).max),
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
                    else np.minimum(np.asarray(chunk_weight, np.int64), max(int(cap), 1)),

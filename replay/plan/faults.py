@@ -30,8 +30,8 @@ from numba import njit
 
 from pagecast.uvm import PAGE
 
-from ..unit_space import I64, Needs
-from .groups import Groups, keep_prefetches, prefetch_steps
+from ..unit_space import I64, ID, Needs
+from .groups import Groups, keep_prefetches
 
 
 def unit_move_seconds(profile, gran: int) -> float:
@@ -148,21 +148,30 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
     n = g.n_steps
     if n < 2 or len(g.pf_unit) == 0 or not profile.charges:
         return None
-    step = prefetch_steps(g)
-    u = g.pf_unit.astype(I64)   # per transfer (u + 1 below in int64 whatever the ids' width)
     need, own, useful = prefetch_uses(g, needs, base)
-    # a transfer: consecutive units of one group for one step (what the copy engines count as one)
-    new = np.ones(len(u), bool)
-    new[1:] = (step[1:] != step[:-1]) | (u[1:] != u[:-1] + 1) | (need[1:] != need[:-1])
-    tid = np.cumsum(new) - 1
+    # a transfer: consecutive units of one group for one step (what the copy engines count as one).
+    # Per prefetch entry (a plan of 10^6 launches has tens of millions) only what the rule reads is
+    # made, in the narrowest width that holds it, and let go before the plan is made again: a group
+    # starts a transfer where it starts (no step per entry), ids are compared by their difference in
+    # their own width (no int64 copy), counts are counted on the entries that have them
+    new = np.ones(len(need), bool)
+    new[1:] = (np.diff(g.pf_unit) != 1) | (need[1:] != need[:-1])
+    first = g.pf_ptr[:-1]
+    new[first[first < len(new)]] = True
+    tid = np.cumsum(new, dtype=ID if len(new) < np.iinfo(ID).max else I64)
+    tid -= 1
     nt = int(tid[-1]) + 1
     size = np.bincount(tid, minlength=nt)
-    faults = np.bincount(tid, weights=own, minlength=nt)
-    has_useful = np.bincount(tid, weights=useful, minlength=nt) > 0
+    faults = np.bincount(tid[own], minlength=nt)
+    has_useful = np.bincount(tid[useful], minlength=nt) > 0
+    del useful
     t_need = need[new]
+    del new
     save = profile.transfer_latency_s + size * unit_move_seconds(profile, gran)
-    cost = fault_seconds(profile, np.bincount(tid, weights=own * _entries(g, base, need, gran), minlength=nt),
+    ent = _entries(g, base, need, gran)[own]
+    cost = fault_seconds(profile, np.bincount(tid[own], weights=ent, minlength=nt),
                          np.ceil(faults / max(BLOCK // int(gran), 1)))
+    del ent, own
     # the time launch j + 1 waited after launch j ended: j's own faults fit in it
     wait = np.zeros(n)
     wait[:-1] = np.maximum(run.start[1:] - run.end[:-1], 0.0)
@@ -180,4 +189,6 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
         return None
     keep = np.ones(nt, bool)
     keep[drop] = False
-    return keep_prefetches(g, keep[tid], need)
+    keep = keep[tid]
+    del tid
+    return keep_prefetches(g, keep, need)

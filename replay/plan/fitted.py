@@ -34,9 +34,17 @@ def fitted_needs(block_plan: Groups, block_needs: Needs, base: Needs, w: Workloa
     need, own, useful = prefetch_uses(block_plan, block_needs, base)
     fetched = need >= 0
     pair = need[fetched] * m + u.block_lo[block_plan.pf_unit[fetched]]
-    keys, inv = np.unique(pair, return_inverse=True)
-    wasted = np.bincount(inv, weights=~own[fetched] & ~useful[fetched], minlength=len(keys))
-    n_useful = np.bincount(inv, weights=useful[fetched], minlength=len(keys))
+    del need
+    # the pairs' keys and each entry's key (np.unique's inverse made by its argsort: five arrays of
+    # every prefetch entry; a sort and a search are two), counted on the entries that count
+    keys = np.sort(pair)
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys
+    inv = np.searchsorted(keys, pair)
+    del pair
+    own, useful = own[fetched], useful[fetched]
+    wasted = np.bincount(inv[~own & ~useful], minlength=len(keys))
+    n_useful = np.bincount(inv[useful], minlength=len(keys))
+    del inv, own, useful, fetched
     cand = (n_useful == 0) & (wasted > 0)
     if not cand.any():
         return block_needs

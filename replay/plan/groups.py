@@ -129,13 +129,17 @@ def keep_prefetches(g: Groups, keep: np.ndarray, need: np.ndarray) -> Groups:
     ptr = np.zeros(n + 1, I64)
     np.cumsum(np.bincount(step[keep], minlength=n), out=ptr[1:])
     own = keep & (need == step)
+    need_now = np.bincount(step[own], minlength=n).astype(I64)
+    del own
     need_group = np.full(n, -1, I64)
     early = keep & (need > step)
     np.maximum.at(need_group, need[early], step[early])
+    del early, step
     pa_ = g.prefetch_after()[keep]
-    return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], np.bincount(step[own], minlength=n).astype(I64),
+    gate = gate_of(ptr, pa_)
+    return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], need_now,
                   g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()),
-                  gate_of(ptr, pa_), np.where(gate_of(ptr, pa_) >= 0, g.gate_bytes, 0), pa_)
+                  gate, np.where(gate >= 0, g.gate_bytes, 0), pa_)
 
 
 def same_plan(a: Groups, b: Groups) -> bool:

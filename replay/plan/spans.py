@@ -9,6 +9,7 @@ from a simulator function), or None to plan at the first span without trials.
 from __future__ import annotations
 
 import hashlib
+from collections import namedtuple
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +23,11 @@ from .belady import plan_groups
 from .faults import leave_to_faults
 from .fitted import fitted_needs
 from .groups import Groups, same_plan
+
+# What choose_span keeps of a trial run when its caller wants only the times (`whole_run=False`): the
+# launches' starts and ends, what leave_to_faults and best_plan read (a whole run also holds its
+# counters, 13 int64 a launch: ~0.1 GB at 10^6 launches).
+TrialTimes = namedtuple("TrialTimes", "start end")
 
 PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "fitted", "allocation"): a plan file names the one chosen
 
@@ -162,7 +168,7 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
                 fronts: tuple[bool, ...] = (False, True),
                 trial: Callable[[Groups, Needs], Any] | None = None, profile=None,
-                faults: bool = True) -> tuple[str, Needs, Groups, Any]:
+                faults: bool = True, whole_run: bool = True) -> tuple[str, Needs, Groups, Any]:
     """Plan `needs` at each span and keep the plan that runs fastest when `needs`
     are what the launches touch: the planner's own view of the future (predictions
     for template, the truth for oracle), never anything it could not know.
@@ -176,7 +182,9 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     transfers its trial run has time to fault left to faults (plan/faults.py), kept
     if faster. Returns (span, needs at that span, plan, the winning trial run or None);
     the plan's `front` and `faulted` say which. When `needs` are the truth, the
-    winning trial run is the run itself (the simulator then does not run it again)."""
+    winning trial run is the run itself (the simulator then does not run it again). Without
+    `whole_run`, only the winning run's times are kept and returned (TrialTimes), and a losing
+    run goes before the next trial."""
     best = None
     tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
@@ -217,12 +225,14 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             r = trial(g, sn)
             t = float(r.end[-1]) if len(r.end) else 0.0
             if best is None or t < best[3]:
-                best = (span, sn, g, t, r)
+                best = (span, sn, g, t, r if whole_run else TrialTimes(r.start, r.end))
+            del r   # a loser's run goes before the next trial
     if faults and profile is not None and best is not None:
         g = leave_to_faults(best[2], best[1], needs, best[4], profile, w.gran)
         if g is not None:
             r = trial(g, best[1])
             t = float(r.end[-1]) if len(r.end) else 0.0
             if t < best[3]:
-                best = (best[0], best[1], g, t, r)
+                best = (best[0], best[1], g, t, r if whole_run else TrialTimes(r.start, r.end))
+            del r
     return best[0], best[1], best[2], best[4]

@@ -14,7 +14,7 @@ from ..plan.adaptive import predicted_gated
 from ..plan.belady import plan_groups
 from ..plan.groups import Groups
 from ..plan.alternatives import best_plan, value_alternatives
-from ..plan.spans import PLAN_SPANS, span_needs
+from ..plan.spans import PLAN_SPANS, choose_span, span_needs
 from ..unit_space import I64
 from .base import Context, Planned, span_trial
 
@@ -99,25 +99,30 @@ class Template(Planned):
             ctx.state["gates"] = [g for _, g in self.predicted_gates(ctx)]
             ctx.state["needs"] = self.needs(ctx)
             ctx.state["feedback_changes"] = 0
-        return self._or_values_left_to_faults(ctx, super().prefetch(ctx))
+        return self._or_values_left_to_faults(ctx)
 
-    def _or_values_left_to_faults(self, ctx, g: Groups) -> Groups:
+    def _or_values_left_to_faults(self, ctx) -> Groups:
         """The plan on every prediction, or one leaving the indexed pieces out, whichever the
-        trial on the predicted needs finds faster (plan/alternatives.py)."""
+        trial on the predicted needs finds faster (plan/alternatives.py). The plan on every
+        prediction is made by best_plan, which holds only the fastest plan so far."""
         if self._feedback:
-            return g
+            return super().prefetch(ctx)
         pg = self.predicted_gates(ctx)
         alts = value_alternatives(ctx.w, self.model, [t.trace for t in ctx.w.tasks], self.fallback, pg)
         if not alts:
-            return g
+            return super().prefetch(ctx)
         spans = self.spans or PLAN_SPANS
-        st = ctx.state
-        span, sn, g2 = best_plan(ctx.w, (st["plan_span"], st["plan_needs"], g), alts, ctx.cap_units, spans,
-                                 self.fronts, span_trial(ctx, self.needs(ctx)), ctx.profile,
-                                 self.faults and len(spans) > 1)
-        if g2 is not g:
-            st.update(plan_needs=sn, plan_span=span, plan_front=g2.front, plan_faulted=g2.faulted)
-        return g2
+        needs = self.needs(ctx)
+        faults = self.faults and len(spans) > 1
+
+        def first():
+            return choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
+                               profile=ctx.profile, faults=faults, whole_run=False)   # best_plan reads its time
+
+        span, sn, g = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
+                                lambda: span_trial(ctx, needs), ctx.profile, faults)
+        ctx.state.update(plan_needs=sn, plan_span=span, plan_front=g.front, plan_faulted=g.faulted)
+        return g
 
     def on_miss(self, ctx, step, missed):
         w = ctx.w

@@ -292,14 +292,18 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
-    needs = w.gated_needs_from([predicted], [gates])
+    pneeds = w.gated_needs_from([predicted], [gates])
     spans = cfg.spans()
-    trial = plan_trial(w, needs, cu, prof, opts, run_policy)
     faults = Template.faults and len(spans) > 1
-    span, sn, g, _ = choose_span(w, needs, cu, spans, trial=trial, profile=prof, faults=faults)
+
+    def trial():
+        return plan_trial(w, pneeds, cu, prof, opts, run_policy)
+
     # as template plans (policies/template.py): or a plan leaving the indexed pieces out
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
-    span, needs, g = best_plan(w, (span, sn, g), alts, cu, spans, Template.fronts, trial, prof, faults)
+    span, needs, g = best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
+                                                      faults=faults, whole_run=False),
+                               alts, cu, spans, Template.fronts, trial, prof, faults)
     table = groups_to_table(g, needs, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
