@@ -234,33 +234,39 @@ def _divisors(c: np.ndarray, row_len: np.ndarray):
         d *= 2
 
 
+def _count_buffers(kd: KernelData, w, iw, sv, part, lid):
+    """The other pointers whose values rows were recorded at every launch `sv`, as (word, each
+    launch's values row, value width), each width `_elems` finds."""
+    for cw, cvals in kd.bases:
+        if cw.name in (w.name, iw.name):
+            continue
+        crow = _rows(kd, part[sv], lid[sv], np.concatenate(cvals)[sv])
+        if (crow < 0).any():
+            continue
+        for ce in _elems(kd, part[sv], crow):
+            yield cw, crow, ce
+
+
 def _buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
     """Counts read from another traced buffer (module doc): the value at position 0, or at an
     argument or grid dimension, of each other pointer's values row (an indptr's entry at the
     batch size: the end of the range it selects), never longer than the index row, or that
     value over a power of two, rounded up (a padded token count over the block size). Yields
-    (position formula, count word, count elem, divisor, counts)."""
+    _Count (the count formula is the position read)."""
     positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in _position_names(kd)]
-    for cw, cvals in kd.bases:
-        if cw.name in (w.name, iw.name):
-            continue
-        cptr = np.concatenate(cvals)[sv]
-        crow = _rows(kd, part[sv], lid[sv], cptr)
-        if (crow < 0).any():
-            continue
-        for ce in _elems(kd, part[sv], crow):
-            for pos in positions:
-                pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
-                    * np.ones(len(sv), np.int64)
-                key = np.stack([part[sv], crow, pv], axis=1)
-                uk, inv = np.unique(key, axis=0, return_inverse=True)
-                cu = np.full(len(uk), -1, np.int64)
-                for j, (ti, r, p) in enumerate(uk):
-                    x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
-                    if len(x) == p + 1:
-                        cu[j] = x[-1]
-                for d, k in _divisors(cu[inv.reshape(-1)], row_len):
-                    yield _Count(pos, cw.name, ce, d, k)
+    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+        for pos in positions:
+            pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
+                * np.ones(len(sv), np.int64)
+            key = np.stack([part[sv], crow, pv], axis=1)
+            uk, inv = np.unique(key, axis=0, return_inverse=True)
+            cu = np.full(len(uk), -1, np.int64)
+            for j, (ti, r, p) in enumerate(uk):
+                x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p) + 1, ce)
+                if len(x) == p + 1:
+                    cu[j] = x[-1]
+            for d, k in _divisors(cu[inv.reshape(-1)], row_len):
+                yield _Count(pos, cw.name, ce, d, k)
 
 
 @dataclasses.dataclass
@@ -304,38 +310,31 @@ def _table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows,
     n = len(sv)
     cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
     made = 0
-    for cw, cvals in kd.bases:
-        if cw.name in (w.name, iw.name):
-            continue
-        cptr = np.concatenate(cvals)[sv]
-        crow = _rows(kd, part[sv], lid[sv], cptr)
-        if (crow < 0).any():
-            continue
-        for ce in _elems(kd, part[sv], crow):
-            clen = _row_bytes(kd, part[sv], crow) // ce
-            for rn in names:
-                R = cols[rn]
-                if (R < 1).any() or (R > clen).any() or not (R > 1).any():
-                    continue
-                sns = [sn for sn in names if sn != rn and (cols[sn] >= 1).all()
-                       and ((R - 1) * cols[sn] < row_len).all()]
-                if not sns:
-                    continue
-                c = np.maximum(_prefix_values(kd, part[sv], crow, R, ce), 0)
-                rl = np.repeat(np.arange(n), R)
-                ri = np.arange(len(rl), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
-                for sn in sns:
-                    rs = cols[sn][rl]
-                    for d in _row_divisors(c, rs):
-                        kr = -(-c // d)
-                        k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
-                        if (k < 1).any():
-                            continue
-                        yield _TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d, k,
-                                          FM.Formula(0, ((1, (sn,)),)), rows=(kd, part[sv], irows, rl, ri * rs, kr, elem))
-                        made += 1
-                        if made >= MAX_TABLES:
-                            return
+    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+        clen = _row_bytes(kd, part[sv], crow) // ce
+        for rn in names:
+            R = cols[rn]
+            if (R < 1).any() or (R > clen).any() or not (R > 1).any():
+                continue
+            sns = [sn for sn in names if sn != rn and (cols[sn] >= 1).all()
+                   and ((R - 1) * cols[sn] < row_len).all()]
+            if not sns:
+                continue
+            c = np.maximum(_prefix_values(kd, part[sv], crow, R, ce), 0)
+            rl = np.repeat(np.arange(n), R)
+            ri = np.arange(len(rl), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
+            for sn in sns:
+                rs = cols[sn][rl]
+                for d in _row_divisors(c, rs):
+                    kr = -(-c // d)
+                    k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
+                    if (k < 1).any():
+                        continue
+                    yield _TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d, k,
+                                      FM.Formula(0, ((1, (sn,)),)), rows=(kd, part[sv], irows, rl, ri * rs, kr, elem))
+                    made += 1
+                    if made >= MAX_TABLES:
+                        return
 
 
 @dataclasses.dataclass
