@@ -2,8 +2,8 @@
 
 Modules, lowest first: `params` (every threshold, `FitParams`), `data` (a kernel's launches,
 `KernelData`: the data every step shares), `solve` and `likelihood` (formulas from bounds, and
-the likeliest of those that hold), `shapes`, `strided`, `index_values` (one template class each, or a
-second look), `region` (one base word: the ordered cascade of classes), `model` (kernels and
+the likeliest of those that hold), `shapes`, `strided`, `index_counts` and `index_values` (one
+template class each, or a second look; `index_counts` the indexed class's counts), `region` (one base word: the ordered cascade of classes), `model` (kernels and
 the model).
 """
 
