@@ -11,7 +11,7 @@ reads and which, as candidates to verify, from the simplest on:
 Each is a `Count`: the fields a Region takes (count, count_index, count_elem, count_div,
 row_stride), the values each launch reads, and, where they are not a prefix of the row, the
 smallest and largest of them (`TableCount.extremes`). Also the values rows and widths those
-searches and the fit share (`value_rows`, `value_elems`, `launch_positions`).
+searches and the fit share (`value_rows`, `value_elems`, `launch_positions`, `row_bytes`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
     cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
     made = 0
     for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
-        clen = _row_bytes(kd, part[sv], crow) // ce
+        clen = row_bytes(kd, part[sv], crow) // ce
         for rn in names:
             R = cols[rn]
             if (R < 1).any() or (R > clen).any() or not (R > 1).any():
@@ -218,7 +218,7 @@ class TableCount(Count):
         return self.ext
 
 
-def _row_bytes(kd: KernelData, part, rows) -> np.ndarray:
+def row_bytes(kd: KernelData, part, rows) -> np.ndarray:
     """Each launch's values row's length in bytes (rows >= 0)."""
     out = np.zeros(len(rows), np.int64)
     for ti in np.unique(part):

@@ -56,8 +56,8 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import (Count, buffer_count_candidates, count_candidates, launch_positions, table_candidates,
-                           value_elems, value_rows)
+from .index_counts import (Count, buffer_count_candidates, count_candidates, launch_positions, row_bytes,
+                           table_candidates, value_elems, value_rows)
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -173,8 +173,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     g = kd.group[sv]
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
     if key not in seen:
-        row_len = np.array([int(V.image(kd.parts[ti][0].trace).nbytes[r]) // elem
-                            for ti, r in zip(part[sv], rows[sv])], np.int64)
+        row_len = row_bytes(kd, part[sv], rows[sv]) // elem
         cands = (Count(c, None, 4, 1, np.asarray(c.evaluate(vals), np.int64) * np.ones(len(sv), np.int64))
                  for c in count_candidates(kd, g, row_len))
         seen[key] = ([], itertools.chain(cands, buffer_count_candidates(kd, w, iw, g, sv, part, lid, row_len),
