@@ -608,6 +608,23 @@ def test_one_profile_of_a_block_table_predicts_a_larger_run(tmp_path_factory, dr
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
+def test_a_block_table_far_wider_than_its_sequences_is_read_up_to_their_blocks(tmp_path):
+    """A block table allocated for the longest context (256 entries a row) while the sequences
+    hold a few blocks: every power of two from 1 keeps the rows' counts within their rows, so the
+    block size (16) is not among the first few divisors that fit; the fit still finds it, and a
+    run with more and longer sequences is predicted exactly (the table's width stays: no fitting
+    run varies it, so the table's own read is fitted for this width)."""
+    paths = [_table(s, m, h, stride=256).write(tmp_path / f"w{s}.pctrace") for s, m, h in ((1, 6, 40), (2, 8, 80))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.row_stride is not None and r.count_div == KV_TOKENS, r.text()
+    tr = T.read_trace(_table(3, 16, 200, stride=256).write(tmp_path / "w3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+
+
 K_POOL = Kernel("pool_blocks", [("out", "float*"), ("pool", "const float*"), ("block_ids", "const int*"),
                                 ("n_blocks", "int"), ("n_seqs", "int")],
                 {"out": "linear", "pool": "indexed", "block_ids": "linear"})

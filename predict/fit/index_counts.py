@@ -81,25 +81,35 @@ def position_names(kd: KernelData) -> list[str]:
 
 
 MAX_COUNT_DIV = 1 << 12   # the largest divisor tried for a count read from another buffer
-DIVS_TRIED = 3            # divisors tried per value (powers of two from the smallest that fits)
 
 
 def _divisors(c: np.ndarray, row_len: np.ndarray):
     """Divisors d for which ceil(c / d) is a count of at least one value and at most the row at
-    every launch, not the whole row everywhere: 1, then the smallest power of two that keeps
-    every count within its row and the next ones, DIVS_TRIED in all (a count of blocks: a tile's
-    size is a power of two, as `tl.arange` needs). Larger divisors read fewer values; verification
-    keeps the first whose chunks cover the faults and stay inside what may have been touched, so
-    the stale entries past a launch's blocks reject too small a divisor, and the faults of its
-    last blocks too large a one. Yields (d, counts)."""
+    every launch, not the whole row everywhere: 1, then every power of two from the smallest that
+    keeps every count within its row up to the first that makes every count one (a count of
+    blocks: a tile's size is a power of two, as `tl.arange` needs; past that one, larger divisors
+    read the same values). Larger divisors read fewer values; verification keeps the first whose
+    chunks cover the faults and stay inside what may have been touched, so the stale entries past
+    a launch's blocks reject too small a divisor, and the faults of its last blocks too large a
+    one. The smallest divisor that fits says little of the block size: where the rows are much
+    longer than the counts need (a buffer allocated for the longest sequence), it is 1 whatever
+    the block. Yields (d, counts)."""
     if (c < 1).any():
         return
-    tried, d = 0, 1
-    while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
+    for d in _pow2_divisors(c):
         k = -(-c // d)
         if (k <= row_len).all() and not (k == row_len).all():
             yield d, k
-            tried += 1
+
+
+def _pow2_divisors(c: np.ndarray):
+    """1, 2, 4, ... up to the first power of two that makes every ceil(c / d) at most one, or
+    MAX_COUNT_DIV."""
+    d = 1
+    while d <= MAX_COUNT_DIV:
+        yield d
+        if (c <= d).all():
+            return
         d *= 2
 
 
@@ -239,15 +249,13 @@ def _prefix_values(kd: KernelData, part, crow, n, ce: int) -> np.ndarray:
 
 
 def _row_divisors(c: np.ndarray, rs: np.ndarray):
-    """Divisors for per-row counts: the smallest power of two (1 included) that keeps every
-    row's count ceil(c / d) within its row of `rs` entries, and the next ones (DIVS_TRIED in
-    all)."""
-    tried, d = 0, 1
-    while d <= MAX_COUNT_DIV and tried < DIVS_TRIED:
+    """Divisors for per-row counts: every power of two (1 included) that keeps each row's count
+    ceil(c / d) within its row of `rs` entries, up to the first that makes every count one
+    (`_divisors`: a block table sized for the longest sequence fits its rows' counts at
+    divisors far below the block size)."""
+    for d in _pow2_divisors(c):
         if (-(-c // d) <= rs).all():
             yield d
-            tried += 1
-        d *= 2
 
 
 def _table_extremes(kd: KernelData, part, irows, rl, first, kr, elem: int, n: int):
