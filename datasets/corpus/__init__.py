@@ -23,7 +23,8 @@ from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
-REVISION = 3   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention
+REVISION = 4   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention;
+# 4: its KV pool sized as a deployed engine's (4096 pages)
 CATEGORY = "triton"
 PKG = "pagecast.datasets.corpus"
 

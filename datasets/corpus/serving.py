@@ -2,15 +2,17 @@
 flashinfer-python 0.7.2.post1, loaded from the installed packages: engines.py), launched as
 their host code launches them, `--calls` scheduler steps long, the load following `--scale`
 (prompt and output lengths; the model's dimensions and the KV pool are fixed, as a deployed
-engine's are).
+engine's are). The pool is sized as a deployed engine sizes it, to the memory the weights leave
+(about 90% of what the run allocates), and its free list is in no order, as a pool's is once it has
+served a while, so the pages a step's requests hold lie scattered over it.
 
     pagecast collect --interpret -- python -m pagecast.datasets.corpus.serving --scale 1
 
 Each step runs one batch: the running requests decode one token each, and the waiting
-requests, up to two, add chunks of their prompts within a token budget (chunked prefill). Requests arrive with drawn prompt and
-output lengths, and finish when their output is done; their KV pages go back to a free list
-and are handed to later requests (reused, in an order the frees set), and their row of the
-request-to-page table keeps the stale page ids until a new request overwrites it. Buffers are
+requests, up to two, add chunks of their prompts within a token budget (chunked prefill).
+Requests arrive with drawn prompt and output lengths, and finish when their output is done;
+their KV pages go back to the end of the free list and are handed to later requests (reused, in
+an order the frees set), and their row of the request-to-page table keeps the stale page ids until a new request overwrites it. Buffers are
 persistent and padded as a CUDA-graph engine keeps them: ids, slot mapping, request indices,
 sequence lengths and indptrs are prefixes of buffers allocated once at the largest batch, the
 slot mapping padded with -1 to the padded token count (the cache write skips those).
@@ -54,7 +56,7 @@ from .corpus_run import parse
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 8192, 128, 4, 2, 64
 EXPERTS, TOP_K, FFN = 16, 2, 128
-PAGE, POOL_PAGES, MAX_REQS, MAX_PAGES_PER_REQ = 16, 512, 16, 64
+PAGE, POOL_PAGES, MAX_REQS, MAX_PAGES_PER_REQ = 16, 4096, 16, 64
 MAX_BATCH, CHUNK, MAX_EXTEND = 8, 32, 2
 PROMPT, OUTPUT = 96, 24
 BLOCK_M, MIN_BLOCK_KV, MAX_KV_SPLITS = 16, 32, 4
