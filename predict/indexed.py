@@ -18,6 +18,12 @@ row and counted with the values its row lacks (`short`). A table whose rows' cou
 a divisor may read a part of each row's last chunk (`region.part_last`): a row of c units
 (tokens) in blocks of d reads c - d*(k-1) of its last block's d units, the chunk's bytes in
 proportion (a sequence's last KV block, filled up to its length), rounded up.
+
+Chunks of their own lengths (`region.lengths`): value i's chunk is `chunk` bytes times
+ceil(v(count_index)[i] / count_div), another buffer's value at the same position (a request's
+row of a page table, chosen through the request's index and read up to the request's length
+over the page size). Values whose length was not recorded are counted with those the row lacks
+(`short`) and read nothing.
 """
 
 from __future__ import annotations
@@ -91,6 +97,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     n = len(launch)
     if region.row_stride is not None:
         return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
+    if region.lengths and region.count_index is not None:
+        return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
     rows = im.find(launch, iptr)
@@ -159,6 +167,25 @@ def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e):
 MAX_ROWS = 1 << 20   # rows of a table read per launch at most
 
 
+def count_values(region: Region, want, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
+    """The first `want` values (per launch, at most MAX_ROWS) of the count buffer
+    (`region.count_index`) each launch reads: (the launch of each value, its position, the value,
+    the count buffer's values rows, ok per launch: its values were recorded, values asked for
+    that the row lacks)."""
+    n = len(launch)
+    ce = region.count_elem
+    crows = im.find(launch, cptr)
+    ok = crows >= 0
+    cr = np.maximum(crows, 0)
+    avail = np.where(ok, im.nbytes[cr] // ce, 0) if len(im.nbytes) else np.zeros(n, I64)
+    want = np.where(ok, np.clip(np.asarray(want, I64) * np.ones(n, I64), 0, MAX_ROWS), 0)
+    R = np.minimum(want, avail)
+    rl = np.repeat(np.arange(n), R)
+    r = np.arange(len(rl), dtype=I64) - np.repeat(np.cumsum(R) - R, R)
+    c = ints_at(im, im.start[cr[rl]] + r * ce, ce) if len(rl) else np.zeros(0, I64)
+    return rl, r, c, crows, ok, int((want - R).sum())
+
+
 def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
     """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
     rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
@@ -166,20 +193,10 @@ def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, 
     the last one read (row_entries), the count buffer's values rows, ok per launch: its count
     values were recorded, rows or entries asked for that are not there)."""
     n = len(launch)
-    ce = region.count_elem
-    crows = im.find(launch, cptr)
-    ok = crows >= 0
-    cr = np.maximum(crows, 0)
-    avail = np.where(ok, im.nbytes[cr] // ce, 0) if len(im.nbytes) else np.zeros(n, I64)
-    want = np.where(ok, np.clip(np.asarray(nrows, I64) * np.ones(n, I64), 0, MAX_ROWS), 0)
-    R = np.minimum(want, avail)
-    rl = np.repeat(np.arange(n), R)
-    r = np.arange(len(rl), dtype=I64) - np.repeat(np.cumsum(R) - R, R)
-    c = ints_at(im, im.start[cr[rl]] + r * ce, ce) if len(rl) else np.zeros(0, I64)
+    rl, r, c, crows, ok, missing = count_values(region, nrows, launch, cptr, im)
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
     k, kk, last = row_entries(region, c, rsl)
-    missing = int((want - R).sum()) + int((k - kk).sum())
-    return rl, r * rsl, kk, last, crows, ok, missing
+    return rl, r * rsl, kk, last, crows, ok, missing + int((k - kk).sum())
 
 
 def row_entries(region: Region, c: np.ndarray, rs: np.ndarray):
@@ -259,6 +276,39 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     return out
 
 
+def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
+    """batch_pieces for chunks of their own lengths (`region.lengths`; module doc): value i of
+    each launch's first `count` selects `chunk` bytes times ceil(v(count_index)[i] / count_div)."""
+    n = len(launch)
+    one = np.ones(n, I64)
+    st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
+    rows = im.find(launch, iptr)
+    have = rows >= 0
+    r = np.maximum(rows, 0)
+    e = region.elem
+    avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
+    want = np.where(have, np.clip(cnt, 0, MAX_INDEXED), 0)
+    # the lengths of the values the index row holds; a value without its length reads nothing
+    vl, pos, c, crows, okc, short = count_values(region, np.minimum(want, avail), launch,
+                                                 np.asarray(cptr, I64) * one, im)
+    have &= okc
+    keep = have[vl]
+    vl, pos, c = vl[keep], pos[keep], c[keep]
+    k = np.bincount(vl, minlength=n).astype(I64) if len(vl) else np.zeros(n, I64)
+    short = int(np.where(have, want - k, 0).sum())
+    z = np.zeros(0, I64)
+    out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
+           "short": short, "bytes": k * e}
+    if not len(vl):
+        return out
+    v = ints_at(im, im.start[r[vl]] + pos * e, e)
+    chv = ch[vl] * divide_count(region, np.maximum(c, 0))
+    sp, ep, ok, neg = _value_pages(v, np.asarray(base, I64)[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl])
+    gg, s2, e2 = FP.merge_intervals(vl[ok], sp[ok], ep[ok], n)
+    out.update(l=gg, s=s2, e=e2, sentinel=int(neg.sum()), outside=int((~ok & ~neg & (chv > 0)).sum()))
+    return out
+
+
 def _row_reads(region: Region, values: dict, counts: np.ndarray) -> tuple:
     """A table's rows one launch reads (online): (each row's first entry, entries read, the
     units of the last one: row_entries), from the per-row count values decode_count gave."""
@@ -275,7 +325,11 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
         first, k, _ = _row_reads(region, values, count)
         span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
         return int(iptr), min(span, MAX_INDEXED) * region.elem
-    cnt = int(region.count.evaluate(values)) if count is None else int(count)
+    if region.lengths and region.count_index is not None:
+        # the values whose lengths were read (count_read reads the count's worth of lengths)
+        cnt = min(int(region.count.evaluate(values)), 0 if count is None else len(count))
+    else:
+        cnt = int(region.count.evaluate(values)) if count is None else int(count)
     return int(iptr), max(0, min(cnt, MAX_INDEXED)) * region.elem
 
 
@@ -284,7 +338,7 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     values up to the count's position (a read from the buffer's pointer, as values are recorded);
     for a table, one value per row read."""
     pos = int(region.count.evaluate(values))
-    n = min(pos, MAX_ROWS) if region.row_stride is not None else min(pos + 1, MAX_INDEXED)
+    n = min(pos, MAX_ROWS) if region.row_stride is not None or region.lengths else min(pos + 1, MAX_INDEXED)
     return int(cptr), max(0, n) * region.count_elem
 
 
@@ -293,7 +347,7 @@ def decode_count(region: Region, data: bytes | None, nbytes: int):
     each row's count value, undivided (an array; empty where no row is read)."""
     ce = region.count_elem
     fmt = "<i4" if ce == 4 else "<i8"
-    if region.row_stride is not None:
+    if region.row_stride is not None or region.lengths:
         if nbytes <= 0:
             return np.zeros(0, I64)
         if data is None or len(data) < nbytes:
@@ -321,6 +375,17 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         pos = FP._ranges(first, k2)
         v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=have).astype(I64)[pos]
         chv = _last_chunks(region, np.full(len(v), ch, I64), k2, last)
+        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
+        if keep.any():
+            _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
+            out.extend(zip(ms.tolist(), me.tolist()))
+        return
+    if region.lengths and region.count_index is not None:
+        if count is None:
+            return
+        k = max(0, min(int(cnt), len(data) // e, len(count), MAX_INDEXED))
+        v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k).astype(I64)
+        chv = ch * divide_count(region, np.asarray(count[:k], I64))
         sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
         if keep.any():
             _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)

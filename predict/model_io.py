@@ -58,6 +58,8 @@ class Region:
                                        # ceil(v(count_index)[r] / count_div) entries
     part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
                                      # the count's units in its last block (v - count_div*(k-1) of count_div)
+    lengths: bool = False            # indexed, not a table: count_index holds each value's length: chunk i
+                                     # is `chunk` bytes times ceil(v(count_index)[i] / count_div), i < count
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -96,6 +98,8 @@ class Region:
                     d["count_div"] = int(self.count_div)
                 if self.part_last:
                     d["part_last"] = True
+                if self.lengths:
+                    d["lengths"] = True
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -118,7 +122,10 @@ def indexed_text(r: Region) -> str:
     value divided by a constant, rounded up: `for i < ceil(v(p11)[0] / 16)` (a padded token count
     over the block size: the blocks a launch runs). A two-dimensional table, row r of `row_stride`
     entries read up to its own count: `v(p7)[r*p20 + j] ... for r < p30, j < ceil(v(p8)[r] / 16)`
-    (a block table read up to each sequence's length over the block size)."""
+    (a block table read up to each sequence's length over the block size). Each value's chunk as
+    long as another buffer's value at the same position says (`lengths`): `+4*ceil(v(p2)[i] / 16))`
+    (a request's row of a page table, chosen through the request's index, read up to its length
+    over the page size)."""
     table = r.row_stride is not None and r.count_index is not None
     at = f"r*{_factor(r.row_stride)} + j" if table else "i"
     v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
@@ -128,15 +135,21 @@ def indexed_text(r: Region) -> str:
     else:
         off = f"{_factor(st)}*{v}"
     head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
-    n = r.count.text() if r.count_index is None else \
+    lengths = r.lengths and r.count_index is not None and not table
+    n = r.count.text() if r.count_index is None or lengths else \
         f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{'r' if table else r.count.text()}]"
-    if r.count_index is not None and r.count_div != 1:
+    if r.count_index is not None and r.count_div != 1 and not lengths:
         n = f"ceil({n} / {r.count_div})"
     loop = f"r < {r.count.text()}, j < {n}" if table else f"i < {n}"
     if table and r.part_last:
         loop += f", the last in part: {'v' if r.count_elem == 4 else 'v64'}({r.count_index})[r] - {r.count_div}*j" \
                 f" of {r.count_div}"
-    return f"[{head} + {off}, +{r.chunk.text()}) for {loop}".replace("+ -", "- ")
+    chunk = r.chunk.text()
+    if lengths:
+        ln = f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[i]"
+        ln = ln if r.count_div == 1 else f"ceil({ln} / {r.count_div})"
+        chunk = ln if r.chunk.n_terms == 0 and r.chunk.const == 1 else f"{_factor(r.chunk)}*{ln}"
+    return f"[{head} + {off}, +{chunk}) for {loop}".replace("+ -", "- ")
 
 
 @dataclass
@@ -388,6 +401,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
                 raise ValueError(f"{where}: count_div must be an integer from 1 to 2**30 (the count is the value "
                                  f"read, divided by it, rounded up), found {cd!r}")
             r.count_div = cd
+        ln = rd.get("lengths", False)
+        if not isinstance(ln, bool):
+            raise ValueError(f"{where}: lengths must be true or false, found {ln!r}")
+        if ln and (r.count_index is None or rd.get("row_stride") is not None):
+            raise ValueError(f"{where}: lengths (each value's chunk length read from another buffer) needs a "
+                             f"count_index (the buffer that holds them) and no row_stride")
+        r.lengths = ln
         if rd.get("row_stride") is not None:
             if r.count_index is None:
                 raise ValueError(f"{where}: a row_stride (a two-dimensional table) needs a count_index (the buffer"

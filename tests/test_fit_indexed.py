@@ -625,6 +625,81 @@ def test_a_block_table_far_wider_than_its_sequences_is_read_up_to_their_blocks(t
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
+K_ROWS = Kernel("kv_indices_from_rows", [("out", "int*"), ("req_to_token", "const int*"), ("req_idx", "const int*"),
+                                         ("seq_lens", "const int*"), ("row_stride", "int")],
+                {"out": "linear", "req_to_token": "indexed", "req_idx": "linear", "seq_lens": "linear"})
+ROW_ENTRIES, SLOTS = 1 << 16, 16   # a request slot's row: an entry per block of the longest context (256 KiB)
+
+
+def _slot_rows(seed: int, max_batch: int, len_hi: int, steps: int = 20, bad: bool = False) -> Builder:
+    """A request-to-block table of a row per request slot (65536 int32 entries, 256 KiB), read as a
+    serving engine builds its attention's block indices: program i reads the row of slot
+    req_idx[i] up to ceil(seq_lens[i] / 16) entries (up to the whole row at 2^20 tokens). The
+    table's own values are recorded (an integer buffer). `bad`: one length of 10^8 tokens (past
+    its row and the table), one negative."""
+    b = Builder("slot-rows", seed=seed)
+    rng = b.rng
+    table = b.malloc(4 * SLOTS * ROW_ENTRIES, "req_to_token")
+    idx = b.malloc(4 * max_batch, "req_idx")
+    lens = b.malloc(4 * max_batch, "seq_lens")
+    out = b.malloc(4 * max_batch, "out")   # a value per request (what it writes is not this test's)
+    tab = rng.integers(0, 1 << 20, (SLOTS, ROW_ENTRIES)).astype("<i4")
+    for _ in range(steps):
+        n = int(rng.integers(1, max_batch + 1))
+        slots = rng.choice(SLOTS, n, replace=False).astype("<i4")
+        lv = rng.integers(1, len_hi, n).astype("<i4")
+        k = -(-lv.astype(np.int64) // KV_TOKENS)
+        i0 = b.reserve(1)
+        b.launch(K_ROWS, [i0], {"out": out.ptr(), "req_to_token": table.ptr(), "req_idx": idx.ptr(),
+                                "seq_lens": lens.ptr(), "row_stride": ROW_ENTRIES}, grid=(n,),
+                 touches=[Range(idx, 0, 4 * n), Range(lens, 0, 4 * n), Range(out, 0, 4 * n, WRITE),
+                          Ranges(table, np.zeros(n, np.int64), slots.astype(np.int64) * 4 * ROW_ENTRIES, 4 * k)])
+        if bad and n > 1:
+            lv = lv.copy()
+            lv[0], lv[1] = 10 ** 8, -5
+        b.values(K_ROWS, "req_idx", [i0], idx.ptr(), slots[None])
+        b.values(K_ROWS, "seq_lens", [i0], lens.ptr(), lv[None])
+        b.values(K_ROWS, "req_to_token", [i0], table.ptr(), tab.reshape(-1)[None, :1024])
+    return b
+
+
+def test_rows_chosen_through_an_index_are_read_up_to_their_lengths(tmp_path, capsys):
+    """Rows of a request-to-block table chosen through the requests' slot indices, each read up to
+    its request's length over the block size: fitted from faults as whole rows selected by the
+    index values, each chunk as long as the length buffer says (`lengths`), written readably and
+    kept through the model file; a run with larger batches and longer requests is predicted
+    exactly, batch == online; bad lengths are clipped to the allocation or read nothing; a model
+    file whose `lengths` is not a boolean is refused in one line. The rows span several big pages,
+    so the pages a length reaches show in the faults and pin the divisor (docs/template-model.md:
+    within one big page they cannot, and the fit takes the loosest the faults allow)."""
+    from pagecast.cli import main
+    paths = [_slot_rows(s, m, h).write(tmp_path / f"r{s}.pctrace") for s, m, h in ((1, 4, 400_000), (2, 6, 700_000))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "kv_indices_from_rows" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.text() == f"[p1 + {4 * ROW_ENTRIES}*v(p2)[i], +4*ceil(v(p3)[i] / 16)) for i < grid_x", r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.lengths and again.text() == r.text()
+    tr = T.read_trace(_slot_rows(3, 12, 1 << 20).write(tmp_path / "r3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "kv_indices_from_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+    bad = T.read_trace(_slot_rows(4, 6, 700_000, bad=True).write(tmp_path / "bad.pctrace"))
+    assert_online_is_batch(model, bad)
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "bad.pctrace")]) == 0
+    capsys.readouterr()
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
+    assert reg["lengths"] is True
+    reg["lengths"] = "yes"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lengths" in err[0], err
+
+
 K_POOL = Kernel("pool_blocks", [("out", "float*"), ("pool", "const float*"), ("block_ids", "const int*"),
                                 ("n_blocks", "int"), ("n_seqs", "int")],
                 {"out": "linear", "pool": "indexed", "block_ids": "linear"})

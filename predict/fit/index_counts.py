@@ -6,12 +6,15 @@ reads and which, as candidates to verify, from the simplest on:
 - a value read from another traced buffer at position 0 or at an argument or grid dimension,
   or that value over a power of two, rounded up (`buffer_count_candidates`);
 - a two-dimensional table: R rows of rs entries, row r read up to another buffer's value at
-  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them).
+  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them);
+- for values that select whole chunks, each chunk read up to another buffer's value at the same
+  position (`length_candidates`).
 
 Each is a `Count`: the fields a Region takes (count, count_index, count_elem, count_div,
 row_stride), the values each launch reads, and, where they are not a prefix of the row, the
 smallest and largest of them (`TableCount.extremes`). Also the values rows and widths those
-searches and the fit share (`value_rows`, `value_elems`, `launch_positions`, `row_bytes`).
+searches and the fit share (`value_rows`, `value_elems`, `launch_positions`, `row_bytes`,
+`prefix_values`).
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
                    and ((R - 1) * cols[sn] < row_len).all()]
             if not sns:
                 continue
-            c = np.maximum(_prefix_values(kd, part[sv], crow, R, ce), 0)
+            c = np.maximum(prefix_values(kd, part[sv], crow, R, ce), 0)
             rl = np.repeat(np.arange(n), R)
             ri = np.arange(len(rl), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
             for sn in sns:
@@ -214,6 +217,32 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
                     made += 1
                     if made >= MAX_TABLES:
                         return
+
+
+def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
+    """Chunks of their own lengths (predict/indexed.py, `lengths`), for a region whose values
+    select whole chunks: each other traced buffer holding at least k[l] values at every launch,
+    its first k values as the values' lengths, over every power-of-two divisor, 1 first (the
+    most a length may read), in units of the width of the region's own values (an integer table
+    read up to a length counts its entries: a request's row of a page table, read to the
+    request's length over the page size). None where the region's own buffer has no values
+    recorded: nothing then says what a unit of length is. Yields (the Region fields, each value's
+    chunk bytes, concatenated over the launches as `prefix_values` gives them)."""
+    own = next((v for cw, v in kd.bases if cw.name == w.name), None)
+    if own is None:
+        return
+    orow = value_rows(kd, part[sv], lid[sv], np.concatenate(own)[sv])
+    if (orow < 0).any():
+        return
+    units = value_elems(kd, part[sv], orow)
+    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+        if (row_bytes(kd, part[sv], crow) // ce < k).any():
+            continue
+        c = np.maximum(prefix_values(kd, part[sv], crow, k, ce), 0)
+        for d in _pow2_divisors(c):
+            for u in units:
+                yield dict(count_index=cw.name, count_elem=ce, count_div=d, lengths=True, chunk=FM.Formula(u, ())), \
+                    u * (-(-c // d))
 
 
 @dataclasses.dataclass
@@ -237,7 +266,7 @@ def row_bytes(kd: KernelData, part, rows) -> np.ndarray:
     return out
 
 
-def _prefix_values(kd: KernelData, part, crow, n, ce: int) -> np.ndarray:
+def prefix_values(kd: KernelData, part, crow, n, ce: int) -> np.ndarray:
     """The first n[l] `ce`-byte values of each launch's row, concatenated (rows shared by
     launches read once; rows holding fewer than n[l] values are not passed here)."""
     key = np.stack([part, crow, n], axis=1)

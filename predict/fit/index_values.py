@@ -22,7 +22,10 @@ class (never the truth table):
   argument or grid dimension), row r read up to another buffer's value at position r over a
   divisor (a block table read to each sequence's length over the block size; entries past it
   are stale: `index_counts.table_candidates`);
-  negative values are sentinels that select nothing (v0 and v1 leave them out);
+  negative values are sentinels that select nothing (v0 and v1 leave them out); where the
+  values select whole chunks, each chunk may be read only up to another buffer's value at the
+  same position (`_length_regions`, `_with_lengths`: a request's row of a page table, chosen
+  through its slot index, read to its length over the page size);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
   features, the robust solver (`solve.solve_pair`) finds the simplest formulas for the first
@@ -56,8 +59,8 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import (Count, buffer_count_candidates, count_candidates, launch_positions, row_bytes,
-                           table_candidates, value_elems, value_rows)
+from .index_counts import (Count, buffer_count_candidates, count_candidates, launch_positions, length_candidates,
+                           prefix_values, row_bytes, table_candidates, value_elems, value_rows)
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -221,6 +224,14 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             if unexplained <= kd.allowed(len(sv)):
                 best = (r, okv, unexplained, None, k)
                 break
+        if best is None and whole and c.rs is None and c.cidx is None:
+            # rows longer than a big page, read in part: each up to another buffer's value
+            for r in _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows):
+                okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+                unexplained = int((~okv).sum())
+                if unexplained <= kd.allowed(len(sv)):
+                    best = (r, okv, unexplained, None, k)
+                    break
     if best is None:
         return None
     if best[0].row_stride is not None and best[0].count_div > 1:
@@ -231,11 +242,77 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         unexplained = int((~okv).sum())
         if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
             best = (r, okv, unexplained, None, best[4])
+    if whole and best[0].row_stride is None and best[0].count_index is None:
+        best = _with_lengths(kd, w, iw, best, cat, sel, sv, part, lid, iptr)
     r, okv, unexplained, _, _ = best
     fit["exact"] = round(float(okv.mean()), 6)
     fit["unexplained"] = unexplained
     fit["values"] = {"launches": int(len(sv)), "without_values": int(len(sel) - use.sum()), "elem": elem}
     return r
+
+
+def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows):
+    """Regions for count `c` whose chunk i is as long as another buffer's value at position i says
+    (index_counts.length_candidates), at each of c's strides: the start solved from where the
+    first chunks begin, and kept where the chunk of the largest value (the one that ends last:
+    chunks lie a stride apart and none is longer) ends where the launches' last pages allow."""
+    s_lo, s_hi, e_lo, e_hi = bounds
+    n = len(g)
+    v0, v1, strides = c.strides
+    if not strides:
+        # no stride follows both edges (the last chunk's end follows its length too): from the start
+        ex = _WithValues(kd, g, v0, v1, True, False)
+        res = solve_pair(ex, ex.group, [(s_lo, s_hi)], hard={0: "hi"}, min_terms={0: 1})
+        sp_ = _split(res[0][0]) if res is not None else None
+        strides = [] if sp_ is None else [sp_[0]]
+    k = c.k
+    v = prefix_values(kd, part[sv], rows[sv], k, elem)
+    lv = np.repeat(np.arange(n), k)
+    at_max = v == v1[lv]
+    made = 0
+    for fields, ch in length_candidates(kd, w, iw, sv, part, lid, k):
+        last = np.zeros(n, np.int64)
+        np.maximum.at(last, lv[at_max], ch[at_max])
+        for stride in strides:
+            sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
+            if (sd <= 0).any():
+                continue
+            res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
+            if res is None:
+                continue
+            start = res[0][0]
+            c0 = np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
+            if int(((last < e_lo - sd * v1 - c0) | (last > e_hi - sd * v1 - c0)).sum()) > kd.allowed(n):
+                continue
+            yield Region(w.name, "indexed", start=start, stride=stride, count=c.count, index=iw.name, elem=elem,
+                         **fields)
+            made += 1
+            if made >= MAX_LENGTHS:
+                return
+
+
+MAX_LENGTHS = 16   # length regions verified per count at most (each end check passed: usually one)
+
+
+def _with_lengths(kd: KernelData, w, iw, best: tuple, cat, sel, sv, part, lid, iptr) -> tuple:
+    """`best` (whole chunks, a count of arguments) with each chunk read up to another buffer's value
+    at its position (index_counts.length_candidates), where one verifies, holds every fault page
+    the whole chunks hold and predicts fewer pages at the fitting launches: the first such, the
+    one reading the most (a row of a page table read up to its request's length). Else `best`."""
+    whole_pages = None
+    for f, _ in length_candidates(kd, w, iw, sv, part, lid, best[4]):
+        r = dataclasses.replace(best[0], **f, fit={})
+        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+        unexplained = int((~okv).sum())
+        if unexplained > kd.allowed(len(sv)):
+            continue
+        if whole_pages is None:
+            (_, s0, e0), _ = indexed_pages(kd, best[0], cat, sv)
+            whole_pages = int((e0 - s0).sum())
+        (_, s1, e1), _ = indexed_pages(kd, r, cat, sv)
+        if int((e1 - s1).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
+            return (r, okv, unexplained, None, best[4])
+    return best
 
 
 def _holds_faults_of(kd: KernelData, tight: Region, loose: Region, cat: RegionObs, sv: np.ndarray) -> bool:
