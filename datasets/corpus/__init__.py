@@ -23,8 +23,8 @@ from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
-REVISION = 4   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention;
-# 4: its KV pool sized as a deployed engine's (4096 pages)
+REVISION = 5   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention;
+# 4: its KV pool sized as a deployed engine's (4096 pages); 5: its page tables as wide as the longest context
 CATEGORY = "triton"
 PKG = "pagecast.datasets.corpus"
 

@@ -4,7 +4,9 @@ their host code launches them, `--calls` scheduler steps long, the load followin
 (prompt and output lengths; the model's dimensions and the KV pool are fixed, as a deployed
 engine's are). The pool is sized as a deployed engine sizes it, to the memory the weights leave
 (about 90% of what the run allocates), and its free list is in no order, as a pool's is once it has
-served a while, so the pages a step's requests hold lie scattered over it.
+served a while, so the pages a step's requests hold lie scattered over it. The page tables have
+a row per request slot and an entry per page of the longest context (32k tokens), as an
+engine's are, so a request's row is read only up to its length.
 
     pagecast collect --interpret -- python -m pagecast.datasets.corpus.serving --scale 1
 
@@ -57,6 +59,7 @@ from .corpus_run import parse
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 8192, 128, 4, 2, 64
 EXPERTS, TOP_K, FFN = 16, 2, 128
 PAGE, POOL_PAGES, MAX_REQS, MAX_PAGES_PER_REQ = 16, 4096, 16, 64
+CONTEXT_PAGES = 2048   # the longest context (32k tokens) in pages: the width of the page tables' rows
 MAX_BATCH, CHUNK, MAX_EXTEND = 8, 32, 2
 PROMPT, OUTPUT = 96, 24
 BLOCK_M, MIN_BLOCK_KV, MAX_KV_SPLITS = 16, 32, 4
@@ -91,7 +94,7 @@ class Engine:
         # --scale changes only the load (prompt and output lengths, so batch sizes and steps' work)
         self.vocab, self.hidden, self.ffn, self.pool_pages = VOCAB, HIDDEN, FFN, POOL_PAGES
         self.prompt_mean, self.output_mean = sz(PROMPT, lo=8), sz(OUTPUT, lo=4)
-        self.max_pages = max(MAX_PAGES_PER_REQ, -(-(2 * self.prompt_mean + 2 * self.output_mean) // PAGE))
+        self.max_pages = max(CONTEXT_PAGES, -(-(2 * self.prompt_mean + 2 * self.output_mean) // PAGE))
         self.mods = {k: E.load(*v) for k, v in {
             "emb": ("sglang", "kernels/ops/embeddings/vocab_parallel_embedding.py"),
             "page": ("flashinfer", "triton/page.py"),
