@@ -270,18 +270,11 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
     lv = np.repeat(np.arange(n), k)
     at_max = v == v1[lv]
     made = 0
-    for fields, ch in length_candidates(kd, w, iw, sv, part, lid, k):
+    starts = [(stride, x) for stride in strides if (x := _start_for(kd, g, vals, stride, v0, s_lo, s_hi)) is not None]
+    for fields, ch in length_candidates(kd, w, iw, sv, part, lid, k) if starts else ():
         last = np.zeros(n, np.int64)
         np.maximum.at(last, lv[at_max], ch[at_max])
-        for stride in strides:
-            sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
-            if (sd <= 0).any():
-                continue
-            res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
-            if res is None:
-                continue
-            start = res[0][0]
-            c0 = np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
+        for stride, (sd, start, c0) in starts:
             if int(((last < e_lo - sd * v1 - c0) | (last > e_hi - sd * v1 - c0)).sum()) > kd.allowed(n):
                 continue
             yield Region(w.name, "indexed", start=start, stride=stride, count=c.count, index=iw.name, elem=elem,
@@ -374,6 +367,21 @@ def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3) -> list:
     return strides
 
 
+def _start_for(kd, g, vals, stride: FM.Formula, v0, s_lo, s_hi):
+    """(the stride per launch, the start formula, the start per launch) that puts the chunk of
+    each launch's smallest value v0 where its first pages begin, or None (a stride not positive
+    everywhere, or no start the bounds allow)."""
+    n = len(g)
+    sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
+    if (sd <= 0).any():
+        return None
+    res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
+    if res is None:
+        return None
+    start = res[0][0]
+    return sd, start, np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
+
+
 def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool):
     """The region with this stride to verify: its start from where the first chunks begin, its
     chunk (`whole`) the stride itself where the last ones' ends allow it (rows, blocks, experts
@@ -381,14 +389,10 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     each row: a column range)."""
     s_lo, s_hi, e_lo, e_hi = bounds
     n = len(g)
-    sd = np.asarray(stride.evaluate(vals), np.int64) * np.ones(n, np.int64)
-    if (sd <= 0).any():
+    found = _start_for(kd, g, vals, stride, v0, s_lo, s_hi)
+    if found is None:
         return
-    res = solve_pair(kd, g, [(s_lo - sd * v0, s_hi - sd * v0)], hard={0: "hi"})
-    if res is None:
-        return
-    start = res[0][0]
-    c = np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
+    sd, start, c = found
     ch_lo, ch_hi = e_lo - sd * v1 - c, e_hi - sd * v1 - c
     chunks = []
     if whole:
