@@ -344,7 +344,8 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
 
 def decode_count(region: Region, data: bytes | None, nbytes: int):
     """The count: the last value of count_read's `nbytes` bytes (None: not known); for a table,
-    each row's count value, undivided (an array; empty where no row is read)."""
+    each row's count value, undivided, and for chunks of their own lengths each value's length
+    value, undivided (an array; empty where nothing is read)."""
     ce = region.count_elem
     fmt = "<i4" if ce == 4 else "<i8"
     if region.row_stride is not None or region.lengths:
