@@ -700,6 +700,24 @@ def test_rows_chosen_through_an_index_are_read_up_to_their_lengths(tmp_path, cap
     assert len(err) == 1 and "lengths" in err[0], err
 
 
+@settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
+def test_one_profile_of_rows_read_to_their_lengths_predicts_a_larger_run(tmp_path_factory, drop, seed):
+    """One profile of rows chosen through slot indices and read to their lengths, 1% of its
+    records lost or none: the lengths template predicts a run with larger batches and longer
+    requests exactly."""
+    d = tmp_path_factory.mktemp("rows")
+    fit = _slot_rows(seed, 6, 700_000, steps=30).write(d / "fit.pctrace", drop=drop)
+    test = _slot_rows(seed + 1, 12, 1 << 20).write(d / "test.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "kv_indices_from_rows" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.lengths and r.count_div == KV_TOKENS, r.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "kv_indices_from_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+
+
 K_POOL = Kernel("pool_blocks", [("out", "float*"), ("pool", "const float*"), ("block_ids", "const int*"),
                                 ("n_blocks", "int"), ("n_seqs", "int")],
                 {"out": "linear", "pool": "indexed", "block_ids": "linear"})
