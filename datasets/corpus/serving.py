@@ -14,10 +14,11 @@ Each step runs one batch: the running requests decode one token each, and the wa
 requests, up to two, add chunks of their prompts within a token budget (chunked prefill).
 Requests arrive with drawn prompt and output lengths, and finish when their output is done;
 their KV pages go back to the end of the free list and are handed to later requests (reused, in
-an order the frees set), and their row of the request-to-page table keeps the stale page ids until a new request overwrites it. Buffers are
-persistent and padded as a CUDA-graph engine keeps them: ids, slot mapping, request indices,
-sequence lengths and indptrs are prefixes of buffers allocated once at the largest batch, the
-slot mapping padded with -1 to the padded token count (the cache write skips those).
+an order the frees set), and their row of the request-to-page table keeps the stale page ids
+until a new request overwrites it. Buffers are persistent and padded as a CUDA-graph engine
+keeps them: ids, slot mapping, request indices, sequence lengths and indptrs are prefixes of
+buffers allocated once at the largest batch, the slot mapping padded with -1 to the padded
+token count (the cache write skips those).
 
 Kernels per step, in order:
 - `_vocab_parallel_embedding_kernel` (sglang): the batch's token embeddings, one program per
