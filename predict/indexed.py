@@ -289,8 +289,8 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
     avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
     want = np.where(have, np.clip(cnt, 0, MAX_INDEXED), 0)
     # the lengths of the values the index row holds; a value without its length reads nothing
-    vl, pos, c, crows, okc, short = count_values(region, np.minimum(want, avail), launch,
-                                                 np.asarray(cptr, I64) * one, im)
+    vl, pos, c, crows, okc, _ = count_values(region, np.minimum(want, avail), launch,
+                                             np.asarray(cptr, I64) * one, im)
     have &= okc
     keep = have[vl]
     vl, pos, c = vl[keep], pos[keep], c[keep]
@@ -377,9 +377,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=have).astype(I64)[pos]
         chv = _last_chunks(region, np.full(len(v), ch, I64), k2, last)
         sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
-        if keep.any():
-            _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
-            out.extend(zip(ms.tolist(), me.tolist()))
+        _append_merged(out, sp, ep, keep)
         return
     if region.lengths and region.count_index is not None:
         if count is None:
@@ -388,9 +386,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k).astype(I64)
         chv = ch * divide_count(region, np.asarray(count[:k], I64))
         sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
-        if keep.any():
-            _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
-            out.extend(zip(ms.tolist(), me.tolist()))
+        _append_merged(out, sp, ep, keep)
         return
     if region.count_index is not None:
         cnt = 0 if count is None else count
@@ -407,10 +403,12 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
             if ep > sp:
                 out.append((sp, ep))
         return
-    b0 = base + st + sd * v.astype(I64)
-    sp = np.maximum(b0 // ps, a_s)
-    ep = np.minimum(-((-(b0 + ch)) // ps), a_e)
-    keep = (ep > sp) & (v >= 0)
+    sp, ep, keep, _ = _value_pages(v.astype(I64), base + st, sd, ch, ps, a_s, a_e)
+    _append_merged(out, sp, ep, keep)
+
+
+def _append_merged(out: list, sp, ep, keep) -> None:
+    """The kept page intervals [sp, ep) of one launch, merged, appended to `out` (online)."""
     if keep.any():
         _, ms, me = FP.merge_intervals(np.zeros(int(keep.sum()), I64), sp[keep], ep[keep], 1)
         out.extend(zip(ms.tolist(), me.tolist()))

@@ -215,23 +215,23 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         if not c.strides:
             continue
         v0, v1, strides = c.strides
-        for r in (r for stride in strides
-                  for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole)):
-            for f, x in c.fields().items():
-                setattr(r, f, x)
+
+        def with_count(regions):
+            for r in regions:
+                for f, x in c.fields().items():
+                    setattr(r, f, x)
+                yield r
+        tries = with_count(r for stride in strides
+                           for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole))
+        if whole and c.rs is None and c.cidx is None:
+            # then rows longer than a big page, read in part: each up to another buffer's value
+            tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows))
+        for r in tries:
             okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
                 best = (r, okv, unexplained, None, k)
                 break
-        if best is None and whole and c.rs is None and c.cidx is None:
-            # rows longer than a big page, read in part: each up to another buffer's value
-            for r in _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows):
-                okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
-                unexplained = int((~okv).sum())
-                if unexplained <= kd.allowed(len(sv)):
-                    best = (r, okv, unexplained, None, k)
-                    break
     if best is None:
         return None
     if best[0].row_stride is not None and best[0].count_div > 1:
@@ -295,15 +295,15 @@ def _with_lengths(kd: KernelData, w, iw, best: tuple, cat, sel, sv, part, lid, i
     whole_pages = None
     for f, _ in length_candidates(kd, w, iw, sv, part, lid, best[4]):
         r = dataclasses.replace(best[0], **f, fit={})
-        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+        pieces = _pieces(kd, r, cat, sv, part, lid, iptr)
+        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr, pieces)
         unexplained = int((~okv).sum())
         if unexplained > kd.allowed(len(sv)):
             continue
         if whole_pages is None:
-            (_, s0, e0), _ = indexed_pages(kd, best[0], cat, sv)
+            _, s0, e0 = _pieces(kd, best[0], cat, sv, part, lid, iptr)
             whole_pages = int((e0 - s0).sum())
-        (_, s1, e1), _ = indexed_pages(kd, r, cat, sv)
-        if int((e1 - s1).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
+        if int((pieces[2] - pieces[1]).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
             return (r, okv, unexplained, None, best[4])
     return best
 
@@ -408,10 +408,11 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
                      elem=elem)
 
 
-def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr) -> np.ndarray:
-    """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?"""
+def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr, pieces=None) -> np.ndarray:
+    """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?
+    `pieces`: the region's _pieces at `sv`, where the caller has them already."""
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
-    rep, sp, ep = _pieces(kd, region, cat, sv, part, lid, iptr)
+    rep, sp, ep = _pieces(kd, region, cat, sv, part, lid, iptr) if pieces is None else pieces
     ok = verify_pages(kd, cat, sel, kd.bigp, pos[rep], sp, ep)
     return ok[pos]
 
