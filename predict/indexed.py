@@ -23,7 +23,11 @@ Chunks of their own lengths (`region.lengths`): value i's chunk is `chunk` bytes
 ceil(v(count_index)[i] / count_div), another buffer's value at the same position (a request's
 row of a page table, chosen through the request's index and read up to the request's length
 over the page size). Values whose length was not recorded are counted with those the row lacks
-(`short`) and read nothing.
+(`short`) and read nothing. A length may be the difference of the buffer's consecutive values
+(`region.length_diff`: an indptr, v[i+1] - v[i], the entries of request i). Rows may be chosen
+by their position rather than through an index (`region.index` None: value i is i itself, a
+block table's own row i read up to the i-th sequence's length); such a row's read stops at the
+row's end, the next row's start (`stride` bytes on), and a length past it is counted as `short`.
 """
 
 from __future__ import annotations
@@ -186,6 +190,20 @@ def count_values(region: Region, want, launch: np.ndarray, cptr: np.ndarray, im:
     return rl, r, c, crows, ok, int((want - R).sum())
 
 
+def length_values(region: Region, want, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
+    """The lengths of the first `want` values of each launch (`region.lengths`): the count
+    buffer's values, or with `region.length_diff` the differences of its consecutive values
+    (want + 1 of them read); negative lengths read nothing. Returns count_values' (launch, position,
+    length, the count buffer's values rows, ok) without the missing count."""
+    if not region.length_diff:
+        rl, r, c, crows, ok, _ = count_values(region, want, launch, cptr, im)
+        return rl, r, np.maximum(c, 0), crows, ok
+    want = np.asarray(want, I64)
+    rl, r, c, crows, ok, _ = count_values(region, np.where(want > 0, want + 1, 0), launch, cptr, im)
+    nxt = rl[1:] == rl[:-1]
+    return rl[:-1][nxt], r[:-1][nxt], np.maximum(c[1:] - c[:-1], 0)[nxt], crows, ok
+
+
 def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
     """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
     rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
@@ -278,31 +296,42 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
 
 def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
     """batch_pieces for chunks of their own lengths (`region.lengths`; module doc): value i of
-    each launch's first `count` selects `chunk` bytes times ceil(v(count_index)[i] / count_div)."""
+    each launch's first `count` selects `chunk` bytes times its length over count_div, rounded up;
+    by position (`region.index` None), row i of `stride` bytes, the read clipped to it."""
     n = len(launch)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
-    rows = im.find(launch, iptr)
-    have = rows >= 0
-    r = np.maximum(rows, 0)
     e = region.elem
-    avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
-    want = np.where(have, np.clip(cnt, 0, MAX_INDEXED), 0)
+    want = np.clip(cnt, 0, MAX_INDEXED)
+    by_pos = region.index is None
+    if by_pos:   # as many rows as lengths were recorded
+        rows, have, avail = None, np.ones(n, bool), want
+    else:
+        rows = im.find(launch, iptr)
+        have = rows >= 0
+        r = np.maximum(rows, 0)
+        avail = np.where(have, im.nbytes[r] // e, 0) if len(im.nbytes) else np.zeros(n, I64)
+    want = np.where(have, want, 0)
     # the lengths of the values the index row holds; a value without its length reads nothing
-    vl, pos, c, crows, okc, _ = count_values(region, np.minimum(want, avail), launch,
-                                             np.asarray(cptr, I64) * one, im)
+    vl, pos, c, crows, okc = length_values(region, np.minimum(want, avail), launch, np.asarray(cptr, I64) * one, im)
     have &= okc
     keep = have[vl]
     vl, pos, c = vl[keep], pos[keep], c[keep]
     k = np.bincount(vl, minlength=n).astype(I64) if len(vl) else np.zeros(n, I64)
     short = int(np.where(have, want - k, 0).sum())
     z = np.zeros(0, I64)
-    out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
-           "short": short, "bytes": k * e}
+    out = {"have": have, "rows": crows if by_pos else rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0,
+           "sentinel": 0, "short": short, "bytes": k * (0 if by_pos else e)}
     if not len(vl):
         return out
-    v = ints_at(im, im.start[r[vl]] + pos * e, e)
-    chv = ch[vl] * divide_count(region, np.maximum(c, 0))
+    chv = ch[vl] * divide_count(region, c)
+    if by_pos:
+        v = pos
+        row = np.maximum(sd[vl], 0)
+        out["short"] += int((chv > row).sum())
+        chv = np.minimum(chv, row)
+    else:
+        v = ints_at(im, im.start[r[vl]] + pos * e, e)
     sp, ep, ok, neg = _value_pages(v, np.asarray(base, I64)[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl])
     gg, s2, e2 = FP.merge_intervals(vl[ok], sp[ok], ep[ok], n)
     out.update(l=gg, s=s2, e=e2, sentinel=int(neg.sum()), outside=int((~ok & ~neg & (chv > 0)).sum()))
@@ -326,6 +355,8 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
         span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
         return int(iptr), min(span, MAX_INDEXED) * region.elem
     if region.lengths and region.count_index is not None:
+        if region.index is None:   # rows by position: no index values
+            return int(iptr), 0
         # the values whose lengths were read (count_read reads the count's worth of lengths)
         cnt = min(int(region.count.evaluate(values)), 0 if count is None else len(count))
     else:
@@ -336,16 +367,20 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
 def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     """(address, bytes) a region reads from another buffer for its count (online): that buffer's
     values up to the count's position (a read from the buffer's pointer, as values are recorded);
-    for a table, one value per row read."""
+    for a table, one value per row read; for lengths, one per value (one more for their differences)."""
     pos = int(region.count.evaluate(values))
-    n = min(pos, MAX_ROWS) if region.row_stride is not None or region.lengths else min(pos + 1, MAX_INDEXED)
+    if region.row_stride is not None or region.lengths:
+        n = min(pos + (1 if region.length_diff and pos > 0 else 0), MAX_ROWS)   # as count_values clips
+    else:
+        n = min(pos + 1, MAX_INDEXED)
     return int(cptr), max(0, n) * region.count_elem
 
 
 def decode_count(region: Region, data: bytes | None, nbytes: int):
     """The count: the last value of count_read's `nbytes` bytes (None: not known); for a table,
     each row's count value, undivided, and for chunks of their own lengths each value's length
-    value, undivided (an array; empty where nothing is read)."""
+    value (or the differences of consecutive ones: `length_diff`), undivided (an array; empty
+    where nothing is read)."""
     ce = region.count_elem
     fmt = "<i4" if ce == 4 else "<i8"
     if region.row_stride is not None or region.lengths:
@@ -353,7 +388,8 @@ def decode_count(region: Region, data: bytes | None, nbytes: int):
             return np.zeros(0, I64)
         if data is None or len(data) < nbytes:
             return None
-        return np.maximum(np.frombuffer(data, fmt, count=nbytes // ce).astype(I64), 0)
+        c = np.frombuffer(data, fmt, count=nbytes // ce).astype(I64)
+        return np.maximum(np.diff(c) if region.length_diff else c, 0)
     if data is None or nbytes < ce or len(data) < nbytes:
         return None
     return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], fmt, count=1)[0])))
@@ -382,9 +418,12 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     if region.lengths and region.count_index is not None:
         if count is None:
             return
-        k = max(0, min(int(cnt), len(data) // e, len(count), MAX_INDEXED))
-        v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k).astype(I64)
+        by_pos = region.index is None
+        k = max(0, min(int(cnt), len(count) if by_pos else len(data) // e, len(count), MAX_INDEXED))
+        v = np.arange(k, dtype=I64) if by_pos else np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k).astype(I64)
         chv = ch * divide_count(region, np.asarray(count[:k], I64))
+        if by_pos:   # a row's read stops at the row's end
+            chv = np.minimum(chv, max(int(sd), 0))
         sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
         _append_merged(out, sp, ep, keep)
         return

@@ -49,7 +49,8 @@ class Region:
     count: Formula | None = None     # strided, indexed
     chunk: Formula | None = None     # strided, indexed
     stride: Formula | None = None    # strided, indexed (bytes per unit of the index value)
-    index: str | None = None         # indexed: the pointer word whose buffer holds the values v
+    index: str | None = None         # indexed: the pointer word whose buffer holds the values v (None, with
+                                     # `lengths`: the value is the position i itself, rows read in order)
     elem: int = 4                    # indexed: bytes per value (int32 or int64)
     count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
     count_elem: int = 4              # indexed: bytes of that value
@@ -60,6 +61,8 @@ class Region:
                                      # the count's units in its last block (v - count_div*(k-1) of count_div)
     lengths: bool = False            # indexed, not a table: count_index holds each value's length: chunk i
                                      # is `chunk` bytes times ceil(v(count_index)[i] / count_div), i < count
+    length_diff: bool = False        # lengths: value i's length is v(count_index)[i+1] - v(count_index)[i]
+                                     # (an indptr's consecutive entries)
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
@@ -100,6 +103,8 @@ class Region:
                     d["part_last"] = True
                 if self.lengths:
                     d["lengths"] = True
+                if self.length_diff:
+                    d["length_diff"] = True
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -125,10 +130,13 @@ def indexed_text(r: Region) -> str:
     (a block table read up to each sequence's length over the block size). Each value's chunk as
     long as another buffer's value at the same position says (`lengths`): `+4*ceil(v(p2)[i] / 16))`
     (a request's row of a page table, chosen through the request's index, read up to its length
-    over the page size)."""
+    over the page size), or as the difference of its consecutive values (`length_diff`:
+    `+4*(v(p1)[i+1] - v(p1)[i]))`, an indptr); rows chosen by their position, not through an
+    index (`index` None): `[p6 + 4*p10*i, +4*ceil(v(p7)[i] / 16)) for i < p21` (a block table's own
+    row i, read up to the i-th sequence's length over the block size)."""
     table = r.row_stride is not None and r.count_index is not None
     at = f"r*{_factor(r.row_stride)} + j" if table else "i"
-    v = f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
+    v = "i" if r.index is None else f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
     st = r.stride
     if st.n_terms == 0 and st.const == 1:
         off = v
@@ -146,7 +154,10 @@ def indexed_text(r: Region) -> str:
                 f" of {r.count_div}"
     chunk = r.chunk.text()
     if lengths:
-        ln = f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[i]"
+        cv = 'v' if r.count_elem == 4 else 'v64'
+        ln = f"{cv}({r.count_index})[i]"
+        if r.length_diff:
+            ln = f"({cv}({r.count_index})[i+1] - {ln})"
         ln = ln if r.count_div == 1 else f"ceil({ln} / {r.count_div})"
         chunk = ln if r.chunk.n_terms == 0 and r.chunk.const == 1 else f"{_factor(r.chunk)}*{ln}"
     return f"[{head} + {off}, +{chunk}) for {loop}".replace("+ -", "- ")
@@ -384,12 +395,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
     if cls == "fixed" and (r.start.terms or r.end.terms):
         raise ValueError(f"{where}: a fixed region's start and end must be constants")
     if cls == "indexed":
-        _check_word(rd.get("index"), f"{where}: index", sizes, offs, pointer=True)
+        if rd.get("index") is not None or rd.get("lengths") is not True:
+            _check_word(rd.get("index"), f"{where}: index", sizes, offs, pointer=True)
         elem = rd.get("elem", 4)
         if elem not in INDEX_ELEMS or isinstance(elem, bool):
             raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))} (bytes per index"
                              f" value), found {elem!r}")
-        r.index, r.elem = rd["index"], int(elem)
+        r.index, r.elem = rd.get("index"), int(elem)
         if rd.get("count_index") is not None:
             _check_word(rd["count_index"], f"{where}: count_index", sizes, offs, pointer=True)
             ce = rd.get("count_elem", 4)
@@ -408,6 +420,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             raise ValueError(f"{where}: lengths (each value's chunk length read from another buffer) needs a "
                              f"count_index (the buffer that holds them) and no row_stride")
         r.lengths = ln
+        ld = rd.get("length_diff", False)
+        if not isinstance(ld, bool):
+            raise ValueError(f"{where}: length_diff must be true or false, found {ld!r}")
+        if ld and not ln:
+            raise ValueError(f"{where}: length_diff (each length the difference of consecutive values) needs "
+                             f"lengths")
+        r.length_diff = ld
         if rd.get("row_stride") is not None:
             if r.count_index is None:
                 raise ValueError(f"{where}: a row_stride (a two-dimensional table) needs a count_index (the buffer"

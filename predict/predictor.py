@@ -84,7 +84,9 @@ def _compile(km: KernelModel) -> _Compiled:
     counts = []
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
-        indexes.append(Word.parse(r.index).resolve(km.param_sizes) if r.cls == "indexed" else None)
+        # rows by position (no index word) take the count buffer's pointer in its place
+        indexes.append(Word.parse(r.index if r.index is not None else r.count_index).resolve(km.param_sizes)
+                       if r.cls == "indexed" else None)
         counts.append(Word.parse(r.count_index).resolve(km.param_sizes)
                       if r.cls == "indexed" and r.count_index is not None else None)
         for n in sorted(r.feature_names()):

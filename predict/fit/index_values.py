@@ -443,7 +443,8 @@ def indexed_pages(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarra
     """An indexed region's pages at launches `sel` (positions in kd) and which of them have
     their values recorded: ((launch as a position in sel, start page, end page), has values)."""
     part, lid = launch_positions(kd)
-    iptr = np.concatenate(next(v for iw, v in kd.bases if iw.name == region.index)).astype(np.int64)
+    iname = region.index if region.index is not None else region.count_index   # rows by position: no index
+    iptr = np.concatenate(next(v for iw, v in kd.bases if iw.name == iname)).astype(np.int64)
     rep, sp, ep = _pieces(kd, region, cat, sel, part, lid, iptr)
     have = value_rows(kd, part[sel], lid[sel], iptr[sel]) >= 0
     if region.count_index is not None:
