@@ -847,3 +847,102 @@ def test_a_count_reading_a_prefix_must_hold_the_fault_pages_not_only_the_big_pag
     ev = evaluate(model, T.read_trace(_csr(seed + 1).write(d / "test.pctrace")), "none")
     k = next(x for x in ev["kernels"] if "csr_gather" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+
+
+K_POS = Kernel("rows_by_position", [("table", "int*"), ("lens", "const int*"), ("row_stride", "int")],
+               {"table": "indexed", "lens": "linear"})
+
+
+def _pos_rows(seed: int, max_batch: int, len_hi: int, steps: int = 20, diff: bool = False,
+              bad: bool = False, record_table: bool = True) -> Builder:
+    """A table of a row per batch position (65536 int32 entries, 256 KiB a row), program i writing
+    row i up to its request's blocks, ceil(len_i / 16) entries, as a serving engine builds the
+    page table its attention reads: len_i another buffer's i-th value (a sequence length) or,
+    `diff`, the difference of its consecutive values (an indptr: request i's entries run from
+    v[i] to v[i+1]). The table's own values are recorded (an integer buffer) unless not
+    `record_table`. `bad`: one length of 10^8 tokens (past its row), one negative."""
+    b = Builder("pos-rows", seed=seed)
+    rng = b.rng
+    table = b.malloc(4 * SLOTS * ROW_ENTRIES, "table")
+    lens = b.malloc(4 * (max_batch + 1), "lens")
+    tab = rng.integers(0, 1 << 20, (SLOTS, ROW_ENTRIES)).astype("<i4")
+    for _ in range(steps):
+        n = int(rng.integers(1, max_batch + 1))
+        lv = rng.integers(1, len_hi, n).astype(np.int64)
+        k = -(-lv // KV_TOKENS)
+        i0 = b.reserve(1)
+        rec = np.r_[0, np.cumsum(lv)] if diff else lv
+        b.launch(K_POS, [i0], {"table": table.ptr(), "lens": lens.ptr(), "row_stride": ROW_ENTRIES}, grid=(n,),
+                 touches=[Range(lens, 0, 4 * len(rec)),
+                          Ranges(table, np.zeros(n, np.int64), np.arange(n) * 4 * ROW_ENTRIES, 4 * k, WRITE)])
+        if bad and n > 1:
+            rec = rec.copy()
+            if diff:
+                rec[1:] += 10 ** 8
+                rec[2:] -= 10 ** 8 + 5 + lv[1]
+            else:
+                rec[0], rec[1] = 10 ** 8, -5
+        b.values(K_POS, "lens", [i0], lens.ptr(), rec.astype("<i4")[None])
+        if record_table:
+            b.values(K_POS, "table", [i0], table.ptr(), tab.reshape(-1)[None, :1024])
+    return b
+
+
+@pytest.mark.parametrize("diff,record_table", [(False, True), (True, True), (False, False)])
+def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, diff, record_table):
+    """A table's own row i, written up to the i-th request's blocks (a length, or an indptr's
+    difference): fitted from faults as rows by position (no index word), each as long as the
+    length buffer says (in entries of the table's recorded width, or where the table's values
+    were not recorded, of the width its rows' stride pins), written readably and kept through
+    the model file; a run with larger
+    batches and longer requests is predicted exactly, batch == online; bad lengths stop at the
+    row's end or read nothing; a model file whose `length_diff` is not a boolean, or whose
+    indexed region names no index without lengths, is refused in one line."""
+    from pagecast.cli import main
+    paths = [_pos_rows(s, m, h, diff=diff, record_table=record_table).write(tmp_path / f"r{s}.pctrace")
+             for s, m, h in ((1, 4, 400_000), (2, 6, 700_000))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "rows_by_position" in n)
+    r = next(x for x in km.regions if x.base == "p0")
+    ln = "(v(p1)[i+1] - v(p1)[i])" if diff else "v(p1)[i]"
+    assert r.text() == f"[p0 + 4*p2*i, +4*ceil({ln} / 16)) for i < grid_x", r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p0")]
+    assert again.index is None and again.length_diff == diff and again.text() == r.text()
+    tr = T.read_trace(_pos_rows(3, 12, 1 << 20, diff=diff).write(tmp_path / "r3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "rows_by_position" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+    bad = T.read_trace(_pos_rows(4, 6, 700_000, diff=diff, bad=True).write(tmp_path / "bad.pctrace"))
+    assert_online_is_batch(model, bad)
+    assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "bad.pctrace")]) == 0
+    capsys.readouterr()
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p0")
+    assert "index" not in reg or reg["index"] is None
+    for key, val in (("length_diff", "yes"), ("lengths", False)):
+        d2 = json.loads(json.dumps(d))
+        next(x for x in d2["kernels"][km.name]["regions"] if x["base"] == "p0")[key] = val
+        (tmp_path / "bad.json").write_text(json.dumps(d2))
+        assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("length_diff" in err[0] or "index" in err[0]), err
+
+
+@settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), diff=st.booleans())
+def test_one_profile_of_rows_by_position_predicts_a_larger_run(tmp_path_factory, drop, seed, diff):
+    """One profile of a table's rows chosen by position and written to their requests' lengths (or
+    an indptr's differences), 1% of its records lost or none: rows by position predict a run with
+    larger batches and longer requests exactly."""
+    d = tmp_path_factory.mktemp("posrows")
+    fit = _pos_rows(seed, 6, 700_000, steps=30, diff=diff).write(d / "fit.pctrace", drop=drop)
+    test = _pos_rows(seed + 1, 12, 1 << 20, diff=diff).write(d / "test.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "rows_by_position" in n)
+    r = next(x for x in km.regions if x.base == "p0")
+    assert r.index is None and r.lengths and r.length_diff == diff and r.count_div == KV_TOKENS, r.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "rows_by_position" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())

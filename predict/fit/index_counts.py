@@ -8,7 +8,8 @@ reads and which, as candidates to verify, from the simplest on:
 - a two-dimensional table: R rows of rs entries, row r read up to another buffer's value at
   position r over a power of two (`table_candidates`; predict/indexed.py evaluates them);
 - for values that select whole chunks, each chunk read up to another buffer's value at the same
-  position (`length_candidates`).
+  position, or the difference of its consecutive values (`length_candidates`, `length_sets`;
+  fit.index_rows reads rows chosen by position with them).
 
 Each is a `Count`: the fields a Region takes (count, count_index, count_elem, count_div,
 row_stride), the values each launch reads, and, where they are not a prefix of the row, the
@@ -120,7 +121,7 @@ def _count_buffers(kd: KernelData, w, iw, sv, part, lid):
     """The other pointers whose values rows were recorded at every launch `sv`, as (word, each
     launch's values row, value width), each width `_elems` finds."""
     for cw, cvals in kd.bases:
-        if cw.name in (w.name, iw.name):
+        if cw.name == w.name or (iw is not None and cw.name == iw.name):
             continue
         crow = value_rows(kd, part[sv], lid[sv], np.concatenate(cvals)[sv])
         if (crow < 0).any():
@@ -221,28 +222,51 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
 
 def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
     """Chunks of their own lengths (predict/indexed.py, `lengths`), for a region whose values
-    select whole chunks: each other traced buffer holding at least k[l] values at every launch,
-    its first k values as the values' lengths, over every power-of-two divisor, 1 first (the
-    most a length may read), in units of the width of the region's own values (an integer table
-    read up to a length counts its entries: a request's row of a page table, read to the
-    request's length over the page size). None where the region's own buffer has no values
-    recorded: nothing then says what a unit of length is. Yields (the Region fields, each value's
-    chunk bytes, concatenated over the launches as `prefix_values` gives them)."""
-    own = next((v for cw, v in kd.bases if cw.name == w.name), None)
-    if own is None:
-        return
-    orow = value_rows(kd, part[sv], lid[sv], np.concatenate(own)[sv])
-    if (orow < 0).any():
-        return
-    units = value_elems(kd, part[sv], orow)
-    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
-        if (row_bytes(kd, part[sv], crow) // ce < k).any():
-            continue
-        c = np.maximum(prefix_values(kd, part[sv], crow, k, ce), 0)
+    select whole chunks: each of `length_sets`' lengths over every power-of-two divisor, 1 first
+    (the most a length may read), in units of the width of the region's own values (an integer
+    table read up to a length counts its entries: a request's row of a page table, read to the
+    request's length over the page size). Yields (the Region fields, each value's chunk bytes,
+    concatenated over the launches as `prefix_values` gives them)."""
+    units = own_units(kd, w, sv, part, lid)
+    for cname, ce, diff, c, _ in length_sets(kd, w, iw, sv, part, lid, k) if units else ():
         for d in _pow2_divisors(c):
             for u in units:
-                yield dict(count_index=cw.name, count_elem=ce, count_div=d, lengths=True, chunk=FM.Formula(u, ())), \
-                    u * (-(-c // d))
+                yield dict(count_index=cname, count_elem=ce, count_div=d, lengths=True, length_diff=diff,
+                           chunk=FM.Formula(u, ())), u * (-(-c // d))
+
+
+def own_units(kd: KernelData, w, sv, part, lid) -> list[int]:
+    """The widths the region's own buffer's values read as (value_elems), where they were recorded
+    at every launch `sv`; [] where not: nothing then says what a unit of length is."""
+    own = next((v for cw, v in kd.bases if cw.name == w.name), None)
+    if own is None:
+        return []
+    orow = value_rows(kd, part[sv], lid[sv], np.concatenate(own)[sv])
+    if (orow < 0).any():
+        return []
+    return value_elems(kd, part[sv], orow)
+
+
+def length_sets(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
+    """Lengths for k[l] values at each launch `sv`, from each other traced buffer holding enough
+    values at every launch: its first k values, or the differences of its first k + 1 where they
+    never fall (an indptr: value i's entries run from v[i] to v[i+1]). Yields (the buffer's word
+    name, its value width, differences or not, the lengths concatenated over the launches,
+    negative ones as 0, the values the buffer holds past those read, summed over the launches)."""
+    n = len(sv)
+    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+        held = row_bytes(kd, part[sv], crow) // ce
+        for diff in (False, True):
+            if (held < k + diff).any():
+                continue
+            c = prefix_values(kd, part[sv], crow, k + diff, ce)
+            if diff:
+                lv = np.repeat(np.arange(n), k + 1)
+                nxt = lv[1:] == lv[:-1]
+                c = (c[1:] - c[:-1])[nxt]
+                if (c < 0).any():
+                    continue
+            yield cw.name, ce, diff, np.maximum(c, 0), int((held - k - diff).sum())
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ from ..features import Word
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
+from .index_rows import fit_by_position
 from .index_values import fit_indexed, indexed_pages
 from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
@@ -80,13 +81,28 @@ class RegionFit:
             self._indexed[max_terms] = (r, f)
         return self._indexed[max_terms][0]
 
-    def take_indexed(self, max_terms: int = 3) -> Region | None:
-        """The indexed fit as this word's region, its statistics recorded."""
-        r = self.indexed(max_terms)
+    def by_position(self) -> Region | None:
+        """Rows chosen by their position, read to their lengths (fit.index_rows), tried once."""
+        if BY_POSITION not in self._indexed:
+            f = dict(self.fit)
+            r = fit_by_position(self.kd, self.w, self.cat, self.sel, self.nat, f,
+                                range_bounds(self.kd, self.cat, self.sel, self.nat))
+            self._indexed[BY_POSITION] = (r, f)
+        return self._indexed[BY_POSITION][0]
+
+    def take_indexed(self, max_terms: int | str = 3) -> Region | None:
+        """The indexed fit (`max_terms`, or BY_POSITION: rows by position) as this word's region, its
+        statistics recorded; the rows by position where no index word explains the launches."""
+        r = self.by_position() if max_terms == BY_POSITION else self.indexed(max_terms)
+        if r is None and max_terms != BY_POSITION:
+            return self.take_indexed(BY_POSITION)
         if r is not None:
             self.fit.clear()
             self.fit.update(self._indexed[max_terms][1])
         return r
+
+
+BY_POSITION = "by_position"   # RegionFit's key for the rows-by-position fit
 
 
 def _try_strided(rf: RegionFit) -> Region | None:
@@ -250,8 +266,9 @@ def _try_range(rf: RegionFit) -> Region | None:
         if _mostly(kd, whole):
             return None
     region = Region(w.name, cls, start=fs, end=fe)
-    if _indexed_likelier(rf, region):
-        return rf.take_indexed(COMPARE_TERMS)
+    alt = _indexed_likelier(rf, region)
+    if alt is not None:
+        return rf.take_indexed(alt)
     fit["exact"] = exact
     fit["unexplained"] = unexplained
     fit["evidence"] = group_evidence(kd, g, s_lo, s_hi, e_lo, e_hi)
@@ -266,7 +283,7 @@ def _try_range(rf: RegionFit) -> Region | None:
 COMPARE_TERMS = 1   # an indexed rival of a range: the value's own term (a constant stride) only
 
 
-def _indexed_likelier(rf: RegionFit, rng: Region) -> bool:
+def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
     """Does an indexed template explain this word's faults far better than the range `rng`, which
     also explains the launches? A range is the hull of what the launches touched; where index
     values choose the pages (a sequence's KV blocks, a position's rows of a small table), the
@@ -278,20 +295,28 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> bool:
     the traces hold values. The indexed fit here is a cheaper search (`COMPARE_TERMS`: edges that
     add a constant stride times the value, no other term), as it runs for every range of a kernel
     with values; a stride that follows an argument varies within the profile, which a range
-    rarely explains."""
+    rarely explains. Rows chosen by their position (`BY_POSITION`: a block table's own rows, each
+    read to its sequence's length) are the other rival; an index word that verifies may still
+    explain the faults worse. Returns the key (`take_indexed`) of the likelier rival that wins,
+    or None."""
     kd, cat, sel = rf.kd, rf.cat, rf.sel
     if not any(p.obs.trace.values is not None for p in kd.parts):
-        return False
-    alt = rf.indexed(COMPARE_TERMS)
-    if alt is None:
-        return False
-    _, have = indexed_pages(kd, alt, cat, sel)
-    use = sel[have & ~rf.nat]
-    if not len(use):
-        return False
-    ll_i, held_i, n = fault_pages_loglik(kd, alt, cat, use, pages=lambda s: indexed_pages(kd, alt, cat, s)[0])
-    ll_r, held_r, _ = fault_pages_loglik(kd, rng, cat, use)
-    return n > 0 and (held_i or not held_r) and ll_i >= ll_r + np.log(kd.params.odds_per_term)
+        return None
+    won, best = None, -np.inf
+    for key in (COMPARE_TERMS, BY_POSITION):
+        alt = rf.by_position() if key == BY_POSITION else rf.indexed(key)
+        if alt is None:
+            continue
+        _, have = indexed_pages(kd, alt, cat, sel)
+        use = sel[have & ~rf.nat]
+        if not len(use):
+            continue
+        ll_i, held_i, n = fault_pages_loglik(kd, alt, cat, use, pages=lambda s, a=alt: indexed_pages(kd, a, cat, s)[0])
+        ll_r, held_r, _ = fault_pages_loglik(kd, rng, cat, use)
+        gain = ll_i - ll_r
+        if n > 0 and (held_i or not held_r) and gain >= np.log(kd.params.odds_per_term) and gain > best:
+            won, best = key, gain
+    return won
 
 
 def _try_indexed(rf: RegionFit) -> Region | None:

@@ -1,0 +1,146 @@
+"""Fitting rows chosen by their position, each read up to a length another buffer holds: an
+`indexed` region without an index word (predict/indexed.py, `region.index` None).
+
+A block table has a row per sequence of the batch. The attention kernel reads row i, at
+`i * row_stride` entries, only up to the i-th sequence's length over the block size; the kernel
+that builds the table writes row i only up to the i-th request's entries, an indptr's
+difference. The row is chosen by the program's position, not through an index value, so no index
+word explains it, and a range over the rows holds every row whole (a row of 2048 entries for a
+sequence of a few hundred tokens reads one page of two). Here chunk i is at
+`base + start + stride * i`, `chunk` bytes times ceil(length_i / count_div), for i < count,
+clipped to its row (`stride` bytes). Fitted from the same fault evidence as every class:
+
+- the rows: an argument or grid dimension R, more than one at some launch (the number of
+  sequences, the grid's first dimension);
+- the row's bytes: the width of the region's entries times an argument or grid dimension (the
+  row stride in entries), the last row starting inside the allocation; the width is that of the
+  region's own recorded values, or 4 and 8 bytes where they were not recorded (a table a kernel
+  writes, which a recorder may not record before it is read), the rows' stride then pinning it;
+- the lengths: another traced buffer's first R values, or the differences of its first R + 1
+  (`index_counts.length_sets`), over each power-of-two divisor, each within its row at every
+  fitting launch (a length that runs past the row is not the row's length);
+- the start: solved from where the first row begins (`index_values._start_for`).
+
+A candidate must end where the launches' last pages allow (its last row that reads anything),
+verify (`index_values._verify`) and hold every fault page the records show. They are tried with
+the smallest divisor first (1: the length read as it is, the simplest formula and the most a
+length may read; faults inside a big page cannot tell divisors apart), a value before a
+difference of two, and of those alike the length buffer holding the fewest values past the
+lengths first (a row's length is a value a row; a buffer of far more, a token's page ids, holds
+something else), and a later one replaces
+the one standing only where it makes the faults `odds_per_term` times likelier: it puts fewer
+pages around them (rows of two pages of which the kernel reads the first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formula as FM
+from ..model_io import Region
+from ..observe import RegionObs
+from .data import KernelData
+from .index_counts import _pow2_divisors, launch_positions, length_sets, own_units, position_names
+from .index_values import _pieces, _start_for, _verify, indexed_pages
+from .layout import fault_pages_loglik
+
+MAX_VERIFIED = 48   # candidates verified per region at most (each passed the end check)
+UNITS = (4, 8)      # entry widths tried where the region's own values were not recorded (int32, int64)
+
+
+def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict,
+                    bounds) -> Region | None:
+    """Rows by position for base word `w` at its observed launches `sel` (module doc), or None.
+    Fills `fit` as fit_indexed does."""
+    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+        return None
+    part, lid = launch_positions(kd)
+    sv = sel[~nat]
+    if not len(sv):
+        return None
+    # the entries' width: the region's own values where they were recorded, else int32 or int64,
+    # which the rows' stride in bytes then pins
+    units = own_units(kd, w, sv, part, lid) or list(UNITS)
+    g = kd.group[sv]
+    n = len(sv)
+    s_lo, s_hi, e_lo, e_hi = (b[~nat] for b in bounds)
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    names = position_names(kd)
+    cols = {nm: np.asarray(vals[nm], np.int64) * np.ones(n, np.int64) for nm in names}
+    room = cat.alloc_eb[sv] - cat.base[sv]   # bytes from the base to its allocation's end
+    starts = {}   # (entries a row, width) -> _start_for's (row bytes, start, start bytes), or None
+    cands = []
+    for rn in names:
+        R = cols[rn]
+        if (R < 1).any() or not (R > 1).any():
+            continue
+        lv = i = None
+        for cname, ce, diff, c, spare in length_sets(kd, w, None, sv, part, lid, R):
+            if lv is None:   # each row's launch and position (once a buffer holds R lengths)
+                lv = np.repeat(np.arange(n), R)
+                i = np.arange(len(lv), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
+            entries = [(d, -(-c // d)) for d in _pow2_divisors(c)]   # each row's entries read, per divisor
+            for sn in names:
+                per_row = cols[sn]
+                if sn == rn or (per_row < 1).any() or ((R - 1) * per_row * min(units) >= room).any():
+                    continue
+                # a row read past its end: not its length
+                fits = [(d, k) for d, k in entries if not (k > per_row[lv]).any()]
+                for u in units if fits else ():
+                    if (sn, u) not in starts:
+                        starts[sn, u] = _start_for(kd, g, vals, FM.Formula(0, ((u, (sn,)),)), np.zeros(n, np.int64),
+                                                   s_lo, s_hi)
+                    found = starts[sn, u]
+                    if found is None or ((R - 1) * found[0] >= room).any():
+                        continue
+                    sd, start, c0 = found
+                    for d, k in fits:
+                        ch = u * k
+                        if _ends_within(kd, lv, c0[lv] + sd[lv] * i + ch, ch > 0, e_lo, e_hi, n):
+                            cands.append((d, diff, spare, Region(
+                                w.name, "indexed", start=start, stride=FM.Formula(0, ((u, (sn,)),)),
+                                chunk=FM.Formula(u, ()), count=FM.Formula(0, ((1, (rn,)),)), index=None, elem=u,
+                                count_index=cname, count_elem=ce, count_div=d, lengths=True, length_diff=diff)))
+    # the simplest first (a length read as it is, then over 2, 4, ...: faults inside a big page
+    # cannot tell them apart; a value before a difference of two), and of those alike the buffer
+    # that holds the fewest values past the lengths (a row's length is one value a row: a buffer
+    # of far more, page ids or tokens, holds something else); a later one stands only where the
+    # faults are far likelier under it
+    cands.sort(key=lambda x: x[:3])
+    best = None
+    for *_, r in cands[:MAX_VERIFIED]:
+        taken = _take(kd, r, cat, sel, sv, part, lid, best)
+        if taken is not None:
+            best = taken
+    if best is None:
+        return None
+    r, okv, _ = best
+    fit["exact"] = round(float(okv.mean()), 6)
+    fit["unexplained"] = int((~okv).sum())
+    fit["values"] = {"launches": n, "without_values": int(len(sel) - n), "elem": r.elem, "by_position": True}
+    return r
+
+
+def _ends_within(kd: KernelData, lv, ends, reads, e_lo, e_hi, n: int) -> bool:
+    """Does each launch's last row that reads anything end where its last pages allow, but for the
+    launches lost records may leave unexplained?"""
+    last = np.zeros(n, np.int64)
+    np.maximum.at(last, lv[reads], ends[reads])
+    return int(((last < e_lo) | (last > e_hi)).sum()) <= kd.allowed(n)
+
+
+def _take(kd: KernelData, r: Region, cat, sel, sv, part, lid, best):
+    """(r, its verification, its faults' log-likelihood) where r verifies, holds every fault page
+    and, against `best` (a smaller divisor that does), makes the faults `odds_per_term` times
+    likelier; else None."""
+    cptr = np.concatenate(next(v for cw, v in kd.bases if cw.name == r.count_index)).astype(np.int64)
+    pieces = _pieces(kd, r, cat, sv, part, lid, cptr)
+    okv = _verify(kd, r, cat, sel, sv, part, lid, cptr, pieces)
+    if int((~okv).sum()) > kd.allowed(len(sv)):
+        return None
+    ll, held, _ = fault_pages_loglik(kd, r, cat, sv, pages=lambda s: indexed_pages(kd, r, cat, s)[0])
+    if not held:
+        return None
+    if best is not None and ll < best[2] + np.log(kd.params.odds_per_term):
+        return None
+    return r, okv, ll
