@@ -100,13 +100,13 @@ def _divisors(c: np.ndarray, row_len: np.ndarray):
     the block. Yields (d, counts)."""
     if (c < 1).any():
         return
-    for d in _pow2_divisors(c):
+    for d in pow2_divisors(c):
         k = -(-c // d)
         if (k <= row_len).all() and not (k == row_len).all():
             yield d, k
 
 
-def _pow2_divisors(c: np.ndarray):
+def pow2_divisors(c: np.ndarray):
     """1, 2, 4, ... up to the first power of two that makes every ceil(c / d) at most one, or
     MAX_COUNT_DIV."""
     d = 1
@@ -229,7 +229,7 @@ def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
     concatenated over the launches as `prefix_values` gives them)."""
     units = own_units(kd, w, sv, part, lid)
     for cname, ce, diff, c, _ in length_sets(kd, w, iw, sv, part, lid, k) if units else ():
-        for d in _pow2_divisors(c):
+        for d in pow2_divisors(c):
             for u in units:
                 yield dict(count_index=cname, count_elem=ce, count_div=d, lengths=True, length_diff=diff,
                            chunk=FM.Formula(u, ())), u * (-(-c // d))
@@ -306,7 +306,7 @@ def _row_divisors(c: np.ndarray, rs: np.ndarray):
     ceil(c / d) within its row of `rs` entries, up to the first that makes every count one
     (`_divisors`: a block table sized for the longest sequence fits its rows' counts at
     divisors far below the block size)."""
-    for d in _pow2_divisors(c):
+    for d in pow2_divisors(c):
         if (-(-c // d) <= rs).all():
             yield d
 

@@ -19,10 +19,10 @@ clipped to its row (`stride` bytes). Fitted from the same fault evidence as ever
 - the lengths: another traced buffer's first R values, or the differences of its first R + 1
   (`index_counts.length_sets`), over each power-of-two divisor, each within its row at every
   fitting launch (a length that runs past the row is not the row's length);
-- the start: solved from where the first row begins (`index_values._start_for`).
+- the start: solved from where the first row begins (`index_values.start_for`).
 
 A candidate must end where the launches' last pages allow (its last row that reads anything),
-verify (`index_values._verify`) and hold every fault page the records show. They are tried with
+verify (`index_values.verify_indexed`) and hold every fault page the records show. They are tried with
 the smallest divisor first (1: the length read as it is, the simplest formula and the most a
 length may read; faults inside a big page cannot tell divisors apart), a value before a
 difference of two, and of those alike the length buffer holding the fewest values past the
@@ -40,8 +40,8 @@ from .. import formula as FM
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import _pow2_divisors, launch_positions, length_sets, own_units, position_names
-from .index_values import _pieces, _start_for, _verify, indexed_pages
+from .index_counts import pow2_divisors, launch_positions, length_sets, own_units, position_names
+from .index_values import indexed_pieces, start_for, verify_indexed, indexed_pages
 from .layout import fault_pages_loglik
 
 MAX_VERIFIED = 48   # candidates verified per region at most (each passed the end check)
@@ -68,7 +68,7 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
     names = position_names(kd)
     cols = {nm: np.asarray(vals[nm], np.int64) * np.ones(n, np.int64) for nm in names}
     room = cat.alloc_eb[sv] - cat.base[sv]   # bytes from the base to its allocation's end
-    starts = {}   # (entries a row, width) -> _start_for's (row bytes, start, start bytes), or None
+    starts = {}   # (entries a row, width) -> start_for's (row bytes, start, start bytes), or None
     cands = []
     for rn in names:
         R = cols[rn]
@@ -79,7 +79,7 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
             if lv is None:   # each row's launch and position (once a buffer holds R lengths)
                 lv = np.repeat(np.arange(n), R)
                 i = np.arange(len(lv), dtype=np.int64) - np.repeat(np.cumsum(R) - R, R)
-            entries = [(d, -(-c // d)) for d in _pow2_divisors(c)]   # each row's entries read, per divisor
+            entries = [(d, -(-c // d)) for d in pow2_divisors(c)]   # each row's entries read, per divisor
             for sn in names:
                 per_row = cols[sn]
                 if sn == rn or (per_row < 1).any() or ((R - 1) * per_row * min(units) >= room).any():
@@ -88,7 +88,7 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
                 fits = [(d, k) for d, k in entries if not (k > per_row[lv]).any()]
                 for u in units if fits else ():
                     if (sn, u) not in starts:
-                        starts[sn, u] = _start_for(kd, g, vals, FM.Formula(0, ((u, (sn,)),)), np.zeros(n, np.int64),
+                        starts[sn, u] = start_for(kd, g, vals, FM.Formula(0, ((u, (sn,)),)), np.zeros(n, np.int64),
                                                    s_lo, s_hi)
                     found = starts[sn, u]
                     if found is None or ((R - 1) * found[0] >= room).any():
@@ -134,8 +134,8 @@ def _take(kd: KernelData, r: Region, cat, sel, sv, part, lid, best):
     and, against `best` (a smaller divisor that does), makes the faults `odds_per_term` times
     likelier; else None."""
     cptr = np.concatenate(next(v for cw, v in kd.bases if cw.name == r.count_index)).astype(np.int64)
-    pieces = _pieces(kd, r, cat, sv, part, lid, cptr)
-    okv = _verify(kd, r, cat, sel, sv, part, lid, cptr, pieces)
+    pieces = indexed_pieces(kd, r, cat, sv, part, lid, cptr)
+    okv = verify_indexed(kd, r, cat, sel, sv, part, lid, cptr, pieces)
     if int((~okv).sum()) > kd.allowed(len(sv)):
         return None
     ll, held, _ = fault_pages_loglik(kd, r, cat, sv, pages=lambda s: indexed_pages(kd, r, cat, s)[0])

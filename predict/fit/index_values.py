@@ -202,7 +202,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             if (k > best[4]).any() or (k == best[4]).all():
                 continue
             r = dataclasses.replace(best[0], **c.fields(), fit={})
-            okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+            okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
                 best = (r, okv, unexplained, None, k)
@@ -227,7 +227,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             # then rows longer than a big page, read in part: each up to another buffer's value
             tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows))
         for r in tries:
-            okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+            okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
                 best = (r, okv, unexplained, None, k)
@@ -238,7 +238,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
         # a row's last block read up to its count (a sequence's last KV block, filled to its
         # length): kept where it verifies and holds every fault page the whole block holds
         r = dataclasses.replace(best[0], part_last=True, fit={})
-        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr)
+        okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
         unexplained = int((~okv).sum())
         if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
             best = (r, okv, unexplained, None, best[4])
@@ -270,7 +270,7 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
     lv = np.repeat(np.arange(n), k)
     at_max = v == v1[lv]
     made = 0
-    starts = [(stride, x) for stride in strides if (x := _start_for(kd, g, vals, stride, v0, s_lo, s_hi)) is not None]
+    starts = [(stride, x) for stride in strides if (x := start_for(kd, g, vals, stride, v0, s_lo, s_hi)) is not None]
     for fields, ch in length_candidates(kd, w, iw, sv, part, lid, k) if starts else ():
         last = np.zeros(n, np.int64)
         np.maximum.at(last, lv[at_max], ch[at_max])
@@ -295,13 +295,13 @@ def _with_lengths(kd: KernelData, w, iw, best: tuple, cat, sel, sv, part, lid, i
     whole_pages = None
     for f, _ in length_candidates(kd, w, iw, sv, part, lid, best[4]):
         r = dataclasses.replace(best[0], **f, fit={})
-        pieces = _pieces(kd, r, cat, sv, part, lid, iptr)
-        okv = _verify(kd, r, cat, sel, sv, part, lid, iptr, pieces)
+        pieces = indexed_pieces(kd, r, cat, sv, part, lid, iptr)
+        okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr, pieces)
         unexplained = int((~okv).sum())
         if unexplained > kd.allowed(len(sv)):
             continue
         if whole_pages is None:
-            _, s0, e0 = _pieces(kd, best[0], cat, sv, part, lid, iptr)
+            _, s0, e0 = indexed_pieces(kd, best[0], cat, sv, part, lid, iptr)
             whole_pages = int((e0 - s0).sum())
         if int((pieces[2] - pieces[1]).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
             return (r, okv, unexplained, None, best[4])
@@ -367,7 +367,7 @@ def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3) -> list:
     return strides
 
 
-def _start_for(kd, g, vals, stride: FM.Formula, v0, s_lo, s_hi):
+def start_for(kd, g, vals, stride: FM.Formula, v0, s_lo, s_hi):
     """(the stride per launch, the start formula, the start per launch) that puts the chunk of
     each launch's smallest value v0 where its first pages begin, or None (a stride not positive
     everywhere, or no start the bounds allow)."""
@@ -389,7 +389,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     each row: a column range)."""
     s_lo, s_hi, e_lo, e_hi = bounds
     n = len(g)
-    found = _start_for(kd, g, vals, stride, v0, s_lo, s_hi)
+    found = start_for(kd, g, vals, stride, v0, s_lo, s_hi)
     if found is None:
         return
     sd, start, c = found
@@ -408,16 +408,16 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
                      elem=elem)
 
 
-def _verify(kd, region: Region, cat, sel, sv, part, lid, iptr, pieces=None) -> np.ndarray:
+def verify_indexed(kd, region: Region, cat, sel, sv, part, lid, iptr, pieces=None) -> np.ndarray:
     """Per launch of `sv`: do its predicted chunks cover what its records show (strided.verify_pages)?
-    `pieces`: the region's _pieces at `sv`, where the caller has them already."""
+    `pieces`: the region's indexed_pieces at `sv`, where the caller has them already."""
     pos = np.searchsorted(sel, sv)            # sv is a subset of sel, both ascending
-    rep, sp, ep = _pieces(kd, region, cat, sv, part, lid, iptr) if pieces is None else pieces
+    rep, sp, ep = indexed_pieces(kd, region, cat, sv, part, lid, iptr) if pieces is None else pieces
     ok = verify_pages(kd, cat, sel, kd.bigp, pos[rep], sp, ep)
     return ok[pos]
 
 
-def _pieces(kd, region: Region, cat, sv, part, lid, iptr):
+def indexed_pieces(kd, region: Region, cat, sv, part, lid, iptr):
     """The pages an indexed region predicts at launches `sv` (positions in kd): (which launch,
     as a position in sv; start page; end page), merged per launch."""
     ps = kd.ps
@@ -445,7 +445,7 @@ def indexed_pages(kd: KernelData, region: Region, cat: RegionObs, sel: np.ndarra
     part, lid = launch_positions(kd)
     iname = region.index if region.index is not None else region.count_index   # rows by position: no index
     iptr = np.concatenate(next(v for iw, v in kd.bases if iw.name == iname)).astype(np.int64)
-    rep, sp, ep = _pieces(kd, region, cat, sel, part, lid, iptr)
+    rep, sp, ep = indexed_pieces(kd, region, cat, sel, part, lid, iptr)
     have = value_rows(kd, part[sel], lid[sel], iptr[sel]) >= 0
     if region.count_index is not None:
         cptr = np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
