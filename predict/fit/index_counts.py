@@ -247,13 +247,20 @@ def own_units(kd: KernelData, w, sv, part, lid) -> list[int]:
     return value_elems(kd, part[sv], orow)
 
 
+MAX_LENGTH_VALUES = 1 << 22   # values given lengths over the fitting launches at most (held at once)
+
+
 def length_sets(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
     """Lengths for k[l] values at each launch `sv`, from each other traced buffer holding enough
     values at every launch: its first k values, or the differences of its first k + 1 where they
     never fall (an indptr: value i's entries run from v[i] to v[i+1]). Yields (the buffer's word
     name, its value width, differences or not, the lengths concatenated over the launches,
-    negative ones as 0, the values the buffer holds past those read, summed over the launches)."""
+    negative ones as 0, the values the buffer holds past those read, summed over the launches).
+    Nothing where the launches read more than MAX_LENGTH_VALUES values in all (a static matrix's
+    column indices read at every iteration: no per-value lengths, and too many to hold)."""
     n = len(sv)
+    if int(np.sum(k)) + n > MAX_LENGTH_VALUES:
+        return
     for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
         held = row_bytes(kd, part[sv], crow) // ce
         for diff in (False, True):

@@ -11,9 +11,9 @@ sequence of a few hundred tokens reads one page of two). Here chunk i is at
 clipped to its row (`stride` bytes). Fitted from the same fault evidence as every class:
 
 - the rows: an argument or grid dimension R, more than one at some launch (the number of
-  sequences, the grid's first dimension), at most `MAX_ROWS` at a launch and `MAX_ALL_ROWS` over
-  the fitting launches (an argument of millions, a vector's length, is no batch of rows, and
-  its rows' arrays would not fit in memory);
+  sequences, the grid's first dimension), at most `MAX_ROWS` at a launch and
+  `index_counts.MAX_LENGTH_VALUES` over the fitting launches (an argument of millions, a
+  vector's length, is no batch of rows, and its rows' arrays would not fit in memory);
 - the row's bytes: the width of the region's entries times an argument or grid dimension (the
   row stride in entries), the last row starting inside the allocation; the width is that of the
   region's own recorded values, or 4 and 8 bytes where they were not recorded (a table a kernel
@@ -42,14 +42,13 @@ from .. import formula as FM
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import pow2_divisors, launch_positions, length_sets, own_units, position_names
+from .index_counts import MAX_LENGTH_VALUES, launch_positions, length_sets, own_units, position_names, pow2_divisors
 from .index_values import indexed_pieces, start_for, verify_indexed, indexed_pages
 from .layout import fault_pages_loglik
 
 MAX_VERIFIED = 48   # candidates verified per region at most (each passed the end check)
 UNITS = (4, 8)      # entry widths tried where the region's own values were not recorded (int32, int64)
-MAX_ROWS = 1 << 16       # rows one launch may read by position (a batch's sequences), at most
-MAX_ALL_ROWS = 1 << 22   # rows over the fitting launches at most (each row's arrays are held at once)
+MAX_ROWS = 1 << 16   # rows one launch may read by position (a batch's sequences), at most
 
 
 def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict,
@@ -76,7 +75,7 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
     cands = []
     for rn in names:
         R = cols[rn]
-        if (R < 1).any() or not (R > 1).any() or (R > MAX_ROWS).any() or R.sum() > MAX_ALL_ROWS:
+        if (R < 1).any() or not (R > 1).any() or (R > MAX_ROWS).any() or R.sum() > MAX_LENGTH_VALUES:
             continue
         lv = i = None
         for cname, ce, diff, c, spare in length_sets(kd, w, None, sv, part, lid, R):

@@ -59,8 +59,8 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import (Count, buffer_count_candidates, count_candidates, launch_positions, length_candidates,
-                           prefix_values, row_bytes, table_candidates, value_elems, value_rows)
+from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates, launch_positions,
+                           length_candidates, prefix_values, row_bytes, table_candidates, value_elems, value_rows)
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -266,6 +266,8 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
         sp_ = _split(res[0][0]) if res is not None else None
         strides = [] if sp_ is None else [sp_[0]]
     k = c.k
+    if int(k.sum()) > MAX_LENGTH_VALUES:   # as length_sets: nothing to try, and too many to hold
+        return
     v = prefix_values(kd, part[sv], rows[sv], k, elem)
     lv = np.repeat(np.arange(n), k)
     at_max = v == v1[lv]
