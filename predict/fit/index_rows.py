@@ -18,7 +18,8 @@ clipped to its row (`stride` bytes). Fitted from the same fault evidence as ever
   row stride in entries), the last row starting inside the allocation; the width is that of the
   region's own recorded values, or 4 and 8 bytes where they were not recorded (a table a kernel
   writes, which a recorder may not record before it is read), the rows' stride then pinning it;
-- the lengths: another traced buffer's first R values, or the differences of its first R + 1
+- the lengths: another traced buffer's first R values (recorded at every fitting launch but the
+  natural-mode ones, which do not take part), or the differences of its first R + 1
   (`index_counts.length_sets`), over each power-of-two divisor, each within its row at every
   fitting launch (a length that runs past the row is not the row's length);
 - the start: solved from where the first row begins (`index_values.start_for`).
@@ -134,8 +135,8 @@ def _ends_within(kd: KernelData, lv, ends, reads, e_lo, e_hi, n: int) -> bool:
 
 def _take(kd: KernelData, r: Region, cat, sel, sv, part, lid, best):
     """(r, its verification, its faults' log-likelihood) where r verifies, holds every fault page
-    and, against `best` (a smaller divisor that does), makes the faults `odds_per_term` times
-    likelier; else None."""
+    and, against `best` (the candidate standing, tried before it), makes the faults
+    `odds_per_term` times likelier; else None."""
     cptr = np.concatenate(next(v for cw, v in kd.bases if cw.name == r.count_index)).astype(np.int64)
     pieces = indexed_pieces(kd, r, cat, sv, part, lid, cptr)
     okv = verify_indexed(kd, r, cat, sel, sv, part, lid, cptr, pieces)
