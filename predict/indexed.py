@@ -380,15 +380,16 @@ def decode_count(region: Region, data: bytes | None, nbytes: int):
     """The count: the last value of count_read's `nbytes` bytes (None: not known); for a table,
     each row's count value, undivided, and for chunks of their own lengths each value's length
     value (or the differences of consecutive ones: `length_diff`), undivided (an array; empty
-    where nothing is read)."""
+    where nothing is read; where `data` holds fewer values than asked, those it holds)."""
     ce = region.count_elem
     fmt = "<i4" if ce == 4 else "<i8"
     if region.row_stride is not None or region.lengths:
         if nbytes <= 0:
             return np.zeros(0, I64)
-        if data is None or len(data) < nbytes:
+        if data is None or len(data) < ce:
             return None
-        c = np.frombuffer(data, fmt, count=nbytes // ce).astype(I64)
+        # fewer values than asked (a trace's clipped row): the rows they give, as the batch path reads them
+        c = np.frombuffer(data, fmt, count=min(len(data), nbytes) // ce).astype(I64)
         return np.maximum(np.diff(c) if region.length_diff else c, 0)
     if data is None or nbytes < ce or len(data) < nbytes:
         return None

@@ -854,13 +854,14 @@ K_POS = Kernel("rows_by_position", [("table", "int*"), ("lens", "const int*"), (
 
 
 def _pos_rows(seed: int, max_batch: int, len_hi: int, steps: int = 20, diff: bool = False,
-              bad: bool = False, record_table: bool = True) -> Builder:
+              bad: bool = False, record_table: bool = True, clip: int = 0) -> Builder:
     """A table of a row per batch position (65536 int32 entries, 256 KiB a row), program i writing
     row i up to its request's blocks, ceil(len_i / 16) entries, as a serving engine builds the
     page table its attention reads: len_i another buffer's i-th value (a sequence length) or,
     `diff`, the difference of its consecutive values (an indptr: request i's entries run from
     v[i] to v[i+1]). The table's own values are recorded (an integer buffer) unless not
-    `record_table`. `bad`: one length of 10^8 tokens (past its row), one negative."""
+    `record_table`. `bad`: one length of 10^8 tokens (past its row), one negative. `clip`: the
+    lengths recorded without their last `clip` values (a writer's clipped row)."""
     b = Builder("pos-rows", seed=seed)
     rng = b.rng
     table = b.malloc(4 * SLOTS * ROW_ENTRIES, "table")
@@ -882,6 +883,8 @@ def _pos_rows(seed: int, max_batch: int, len_hi: int, steps: int = 20, diff: boo
                 rec[2:] -= 10 ** 8 + 5 + lv[1]
             else:
                 rec[0], rec[1] = 10 ** 8, -5
+        if clip and len(rec) > clip:
+            rec = rec[:-clip]
         b.values(K_POS, "lens", [i0], lens.ptr(), rec.astype("<i4")[None])
         if record_table:
             b.values(K_POS, "table", [i0], table.ptr(), tab.reshape(-1)[None, :1024])
@@ -894,7 +897,8 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
     difference): fitted from faults as rows by position (no index word), each as long as the
     length buffer says (in entries of the table's recorded width, or where the table's values
     were not recorded, of the width its rows' stride pins), written readably and kept through
-    the model file; a run with larger
+    the model file; lengths recorded in part give the rows they reach, online as in batch; a run
+    with larger
     batches and longer requests is predicted exactly, batch == online; bad lengths stop at the
     row's end or read nothing; a model file whose `length_diff` is not a boolean, or whose
     indexed region names no index without lengths, is refused in one line."""
@@ -916,6 +920,8 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
     assert_online_is_batch(model, tr)
     bad = T.read_trace(_pos_rows(4, 6, 700_000, diff=diff, bad=True).write(tmp_path / "bad.pctrace"))
     assert_online_is_batch(model, bad)
+    clipped = T.read_trace(_pos_rows(5, 6, 700_000, diff=diff, clip=2).write(tmp_path / "clip.pctrace"))
+    assert_online_is_batch(model, clipped)   # the rows whose lengths were recorded, online as in batch
     assert main(["evaluate", str(tmp_path / "m.json"), str(tmp_path / "bad.pctrace")]) == 0
     capsys.readouterr()
     d = json.loads((tmp_path / "m.json").read_text())
