@@ -897,11 +897,10 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
     difference): fitted from faults as rows by position (no index word), each as long as the
     length buffer says (in entries of the table's recorded width, or where the table's values
     were not recorded, of the width its rows' stride pins), written readably and kept through
-    the model file; lengths recorded in part give the rows they reach, online as in batch; a run
-    with larger
-    batches and longer requests is predicted exactly, batch == online; bad lengths stop at the
-    row's end or read nothing; a model file whose `length_diff` is not a boolean, or whose
-    indexed region names no index without lengths, is refused in one line."""
+    the model file; a run with larger batches and longer requests is predicted exactly, batch ==
+    online; bad lengths stop at the row's end or read nothing; lengths recorded in part give the
+    rows they reach, online as in batch; a model file whose `length_diff` is not a boolean, or
+    whose indexed region names no index without lengths, is refused in one line."""
     from pagecast.cli import main
     paths = [_pos_rows(s, m, h, diff=diff, record_table=record_table).write(tmp_path / f"r{s}.pctrace")
              for s, m, h in ((1, 4, 400_000), (2, 6, 700_000))]
