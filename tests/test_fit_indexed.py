@@ -951,3 +951,23 @@ def test_one_profile_of_rows_by_position_predicts_a_larger_run(tmp_path_factory,
     ev = evaluate(model, T.read_trace(test), "none")
     k = next(x for x in ev["kernels"] if "rows_by_position" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+
+
+def test_a_block_tables_own_rows_are_read_as_far_as_its_table_region_reads_them(tmp_path):
+    """A block table of 8 KiB rows, read by a paged attention up to ceil(seq_len / 16) entries a
+    row: its own faults, inside the first page of each row, cannot tell the divisor, but the K/V
+    region's table template (pinned by the KV blocks' faults) says how far each row is read, and
+    the table's rows by position take its count buffer and divisor; a run with sequences of up to
+    30,000 tokens (rows read past their first page) is predicted exactly."""
+    paths = [_table(s, m, h, stride=2048, pool=8192).write(tmp_path / f"w{s}.pctrace")
+             for s, m, h in ((1, 4, 100), (2, 8, 150))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    own = next(x for x in km.regions if x.base == "p2")
+    assert own.text() == "[p2 + 4*p5*i, +4*ceil(v(p3)[i] / 16)) for i < p4", own.text()
+    assert own.fit.get("lengths_from") == "p1"
+    tr = T.read_trace(_table(3, 16, 30000, stride=2048, pool=8192).write(tmp_path / "w3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)

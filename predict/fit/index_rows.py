@@ -32,10 +32,14 @@ difference of two, and of those alike the length buffer holding the fewest value
 lengths first (a row's length is a value a row; a buffer of far more, a token's page ids, holds
 something else), and a later one replaces
 the one standing only where it makes the faults `odds_per_term` times likelier: it puts fewer
-pages around them (rows of two pages of which the kernel reads the first).
+pages around them (rows of two pages of which the kernel reads the first). Once the kernel's
+regions are fitted, rows whose buffer a table region reads as its index take that table's
+lengths (`rows_of_tables`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -148,3 +152,34 @@ def _take(kd: KernelData, r: Region, cat, sel, sv, part, lid, best):
     if best is not None and ll < best[2] + np.log(kd.params.odds_per_term):
         return None
     return r, okv, ll
+
+
+def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
+    """Rows by position whose buffer a table region of the same kernel reads as its index (the
+    block table whose values choose the K/V blocks an attention reads): that table's template
+    says how far the kernel reads each row, pinned by the faults of the blocks its values choose,
+    where the table's own faults, inside a page of each row, cannot tell one divisor from another.
+    The rows take its count buffer and divisor where they have the same rows (count, row stride
+    and width) and the result verifies and holds every fault page on the rows' own evidence
+    (`evidence`: base word -> its RegionFit). Changes `regions` in place."""
+    part, lid = launch_positions(kd)
+    for r in regions:
+        if r.cls != "indexed" or r.index is not None or not r.lengths or r.start.n_terms or r.start.const:
+            continue
+        for t in regions:
+            if t.cls != "indexed" or t.index != r.base or t.row_stride is None or t.count_index is None \
+                    or t.count != r.count or t.elem != r.elem or t.row_stride.const or t.row_stride.n_terms != 1 \
+                    or r.stride != FM.Formula(0, ((r.elem * t.row_stride.terms[0][0], t.row_stride.terms[0][1]),)):
+                continue
+            same = dict(count_index=t.count_index, count_elem=t.count_elem, count_div=t.count_div, length_diff=False)
+            if all(getattr(r, k) == v for k, v in same.items()):
+                break
+            rf = evidence.get(r.base)
+            if rf is None:
+                break
+            cand = dataclasses.replace(r, **same, fit={})
+            if _take(kd, cand, rf.cat, rf.sel, rf.sel[~rf.nat], part, lid, None) is not None:
+                for k, v in same.items():
+                    setattr(r, k, v)
+                r.fit["lengths_from"] = t.base
+            break

@@ -32,6 +32,7 @@ from pagecast.errors import TraceError, UsageError
 from ..model_io import KernelModel, Model, Pinning, Region
 from ..observe import TraceObs
 from .data import DEFAULT, KernelData
+from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
 from .region import fit_region, region_score
 from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
@@ -100,6 +101,8 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
         any_obs = True
         regions.append((sig, r))
         shapes.append((r, shape))
+    # rows by position read as far as a table region of the kernel reads them for its index values
+    rows_of_tables(kd, [r for _, r in regions], evidence)
     # ends the records leave open take the sizes the kernel's other regions are proven to have
     tier1, tier2 = vocabulary(kd, shapes)
     for r, shape in shapes:
