@@ -420,7 +420,8 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         if count is None:
             return
         by_pos = region.index is None
-        k = max(0, min(int(cnt), len(count) if by_pos else len(data) // e, len(count), MAX_INDEXED))
+        held = len(count) if by_pos else min(len(data) // e, len(count))   # the values with their lengths
+        k = max(0, min(int(cnt), held, MAX_INDEXED))
         v = np.arange(k, dtype=I64) if by_pos else np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k).astype(I64)
         chv = ch * divide_count(region, np.asarray(count[:k], I64))
         if by_pos:   # a row's read stops at the row's end
