@@ -173,8 +173,9 @@ data-dependent ones), those fitted as argument-determined with recall >= {r} and
 precision >= {p} on the unseen scale (issue 14's bar): an argument-determined kernel
 fitted `irregular` misses it; "data-dependent kernels at the bar" counts the data-dependent
 ones predicted with recall >= 99.75% and precision >= 99% (issue 28's bar), whatever their class. The data-dependent kernels are fitted `indexed` where the
-traces record the index values (`collect --interpret` does; issue 15), from faults; `fit
---from truth` does not find them yet (they stay `irregular` there).
+traces record the index values (`collect --interpret` does; issue 15), from faults and from
+truth (`fit --from truth` takes its records as exact to the page, where a driver's are exact
+to its 64 KiB big page: docs/template-model.md).
 """
 
 

@@ -11,7 +11,9 @@ from the truth, so that no fitting code changes:
 - a fault record at the first and at the last page of every interval (the fitter takes
   fault pages as certainly touched, so each interval's ends are known to the page, not
   just to the 64 KiB big page a driver migrates);
-- no prefetch migrations, and `driver_prefetch: false` (nothing was touched unseen).
+- no prefetch migrations, and `driver_prefetch: false` (nothing was touched unseen);
+- the manifest's `observations` is `truth`: `fit_model` then takes the records as exact to the
+  page (its `big_page` the page size), where a driver's are exact to its 64 KiB big page.
 
 The fitter still never reads the truth table itself.
 """
@@ -26,6 +28,9 @@ import pyarrow as pa
 from pagecast import footprints as FP
 from pagecast import trace as T
 from pagecast.errors import TraceError
+
+TRUTH_OBSERVATIONS = "truth"   # the manifest's "observations" of a trace made here
+
 
 
 def truth_observations(trace: T.Trace) -> T.Trace:
@@ -55,5 +60,5 @@ def truth_observations(trace: T.Trace) -> T.Trace:
         T.START_NS: t0, T.END_NS: t1, T.ADDRESS: (s * ps).astype(np.uint64), T.BYTES: (e - s) * ps,
         T.DIRECTION: pa.array(["htod"] * n_m, pa.string()), T.CAUSE: pa.array(["coherence"] * n_m, pa.string()),
         T.LAUNCH_ID: lid})
-    manifest = {**trace.manifest, "mode": "full", "driver_prefetch": False, "observations": "truth"}
+    manifest = {**trace.manifest, "mode": "full", "driver_prefetch": False, "observations": TRUTH_OBSERVATIONS}
     return dataclasses.replace(trace, manifest=manifest, faults=faults, migrations=migrations, truth=None)

@@ -971,3 +971,31 @@ def test_a_block_tables_own_rows_are_read_as_far_as_its_table_region_reads_them(
     k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
     assert_online_is_batch(model, tr)
+
+
+def test_fit_from_truth_reads_block_tables_and_last_blocks_to_the_page(tmp_path):
+    """`fit --from truth`: records exact to the page, where a driver's are exact to its 64 KiB big
+    page. A paged cache whose sequences' last blocks are read in part, through a block table of
+    8 KiB rows: the K/V region is the table template, its last block in part (no whole-block
+    template holds pages the truth shows untouched, and the stride is solved from where the
+    first blocks begin), and the table's own rows, one page each at the fitting runs, are read
+    as far as the K/V region reads them; a run with sequences of up to 30,000 tokens is
+    predicted exactly, batch == online."""
+    from pagecast.predict.truth_obs import truth_observations
+    paths = [_table(s, m, h, stride=2048, pool=8192, partial=True).write(tmp_path / f"w{s}.pctrace")
+             for s, m, h in ((1, 4, 100), (2, 8, 150))]
+    truth = [truth_observations(T.read_trace(p)) for p in paths]
+    model = fit_model(truth)
+    assert model.big_page == 4096
+    km = next(km for n, km in model.kernels.items() if "paged_table" in n)
+    kv = next(x for x in km.regions if x.base == "p1")
+    assert kv.part_last and kv.text() == (f"[p1 + {KV_BLOCK}*v(p2)[r*p5 + j], +{KV_BLOCK}) for r < p4, "
+                                          "j < ceil(v(p3)[r] / 16), the last in part: v(p3)[r] - 16*j of 16"), kv.text()
+    own = next(x for x in km.regions if x.base == "p2")
+    assert own.text() == "[p2 + 4*p5*i, +4*ceil(v(p3)[i] / 16)) for i < p4", own.text()
+    assert own.fit.get("lengths_from") == "p1"
+    tr = T.read_trace(_table(3, 16, 30000, stride=2048, pool=8192, partial=True).write(tmp_path / "w3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)

@@ -155,31 +155,46 @@ def _take(kd: KernelData, r: Region, cat, sel, sv, part, lid, best):
 
 
 def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
-    """Rows by position whose buffer a table region of the same kernel reads as its index (the
-    block table whose values choose the K/V blocks an attention reads): that table's template
-    says how far the kernel reads each row, pinned by the faults of the blocks its values choose,
-    where the table's own faults, inside a page of each row, cannot tell one divisor from another.
-    The rows take its count buffer and divisor where they have the same rows (count, row stride
-    and width) and the result verifies and holds every fault page on the rows' own evidence
-    (`evidence`: base word -> its RegionFit). Changes `regions` in place."""
+    """Rows of a buffer a table region of the same kernel reads as its index (the block table
+    whose values choose the K/V blocks an attention reads): that table's template says how far
+    the kernel reads each row, pinned by the faults of the blocks its values choose, where the
+    rows' own records, inside a page of each row, cannot tell one divisor from another. Rows by
+    position, and a strided region of the same rows (a chunk a row, records exact to the page
+    showing one page a row: `fit --from truth`), take its count buffer and divisor where they
+    have the same rows (count, row stride in bytes, start at the base) and the result verifies
+    and holds every fault page on the rows' own evidence (`evidence`: base word -> its
+    RegionFit). Changes `regions` in place."""
     part, lid = launch_positions(kd)
     for r in regions:
-        if r.cls != "indexed" or r.index is not None or not r.lengths or r.start.n_terms or r.start.const:
+        by_pos = r.cls == "indexed" and r.index is None and r.lengths
+        if not (by_pos or r.cls == "strided") or r.start.n_terms or r.start.const:
             continue
+        rf = evidence.get(r.base)
         for t in regions:
             if t.cls != "indexed" or t.index != r.base or t.row_stride is None or t.count_index is None \
-                    or t.count != r.count or t.elem != r.elem or t.row_stride.const or t.row_stride.n_terms != 1 \
-                    or r.stride != FM.Formula(0, ((r.elem * t.row_stride.terms[0][0], t.row_stride.terms[0][1]),)):
+                    or t.count != r.count or (by_pos and t.elem != r.elem) or t.row_stride.const \
+                    or t.row_stride.n_terms != 1:
                 continue
+            stride = FM.Formula(0, ((t.elem * t.row_stride.terms[0][0], t.row_stride.terms[0][1]),))
             same = dict(count_index=t.count_index, count_elem=t.count_elem, count_div=t.count_div, length_diff=False)
-            if all(getattr(r, k) == v for k, v in same.items()):
+            if by_pos and all(getattr(r, k) == v for k, v in same.items()):
                 break
-            rf = evidence.get(r.base)
-            if rf is None:
+            if rf is None or not _same_rows(kd, r.stride, stride, rf.sel):
                 break
-            cand = dataclasses.replace(r, **same, fit={})
+            cand = Region(r.base, "indexed", start=r.start, stride=stride, chunk=FM.Formula(t.elem, ()),
+                          count=r.count, index=None, elem=t.elem, lengths=True, **same)
             if _take(kd, cand, rf.cat, rf.sel, rf.sel[~rf.nat], part, lid, None) is not None:
-                for k, v in same.items():
-                    setattr(r, k, v)
-                r.fit["lengths_from"] = t.base
+                fit = {**r.fit, "lengths_from": t.base}
+                for f in dataclasses.fields(Region):
+                    setattr(r, f.name, getattr(cand, f.name))
+                r.fit = fit
             break
+
+
+def _same_rows(kd: KernelData, a: FM.Formula, b: FM.Formula, sel: np.ndarray) -> bool:
+    """Do strides `a` and `b` give the same bytes at every launch `sel` (positions in kd)?"""
+    g = kd.group[sel]
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    n = len(sel)
+    return bool(np.array_equal(np.asarray(a.evaluate(vals), np.int64) * np.ones(n, np.int64),
+                               np.asarray(b.evaluate(vals), np.int64) * np.ones(n, np.int64)))

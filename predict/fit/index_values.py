@@ -211,7 +211,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             # a table's stride is a constant (the value's own term): its candidates are many, and
             # the constant solve is what keeps trying them cheap
             c.strides = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms if c.rs is None else 1,
-                                 c.extremes(), solved)
+                                 c.extremes(), solved, part_last=_may_part(c))
         if not c.strides:
             continue
         v0, v1, strides = c.strides
@@ -222,19 +222,25 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                     setattr(r, f, x)
                 yield r
         tries = with_count(r for stride in strides
-                           for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole))
+                           for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole,
+                                                 _may_part(c)))
         if whole and c.rs is None and c.cidx is None:
             # then rows longer than a big page, read in part: each up to another buffer's value
             tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows))
         for r in tries:
             okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
+            if unexplained > kd.allowed(len(sv)) and r.row_stride is not None and r.count_div > 1:
+                # page-exact records (fit --from truth) show a row's last block read in part
+                r = dataclasses.replace(r, part_last=True)
+                okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+                unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)):
                 best = (r, okv, unexplained, None, k)
                 break
     if best is None:
         return None
-    if best[0].row_stride is not None and best[0].count_div > 1:
+    if best[0].row_stride is not None and best[0].count_div > 1 and not best[0].part_last:
         # a row's last block read up to its count (a sequence's last KV block, filled to its
         # length): kept where it verifies and holds every fault page the whole block holds
         r = dataclasses.replace(best[0], part_last=True, fit={})
@@ -323,24 +329,35 @@ def _holds_faults_of(kd: KernelData, tight: Region, loose: Region, cat: RegionOb
     return not fault_pages_loglik(kd, loose, cat, sv, pages=lambda s: indexed_pages(kd, loose, cat, s)[0])[1]
 
 
-def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3, ext=None, solved: dict | None = None):
+def _may_part(c: Count) -> bool:
+    """May count `c`'s rows end in a chunk read in part (`region.part_last`: a table's rows read
+    up to a length over a divisor)?"""
+    return c.rs is not None and c.cdiv > 1
+
+
+def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3, ext=None, solved: dict | None = None,
+             part_last: bool = False):
     """(v0, v1, the strides to try) for a count reading `k` values per launch (or whose values'
     extremes are `ext`), or () where a launch's values are all sentinels. `solved` keeps the
-    strides per (v0, v1): counts that read other values with the same extremes share them."""
+    strides per (v0, v1): counts that read other values with the same extremes share them.
+    `part_last`: the largest value's chunk may be read in part (_solve_strides)."""
     v0, v1, ok = _extremes(kd, part, rows, k, elem) if ext is None else ext
     if not ok.all():
         return ()
-    key = (v0.tobytes(), v1.tobytes(), max_terms)
+    key = (v0.tobytes(), v1.tobytes(), max_terms, part_last)
     if solved is not None and key in solved:
         return v0, v1, solved[key]
-    strides = _solve_strides(kd, g, v0, v1, bounds, max_terms)
+    strides = _solve_strides(kd, g, v0, v1, bounds, max_terms, part_last)
     if solved is not None:
         solved[key] = strides
     return v0, v1, strides
 
 
-def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3) -> list:
-    """The strides to try for values whose extremes per launch are v0 and v1 (_strides)."""
+def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3, part_last: bool = False) -> list:
+    """The strides to try for values whose extremes per launch are v0 and v1 (_strides).
+    `part_last`: the largest value's chunk may be read in part, so that where the records are
+    exact to the page (fit --from truth) no edge solve through where the last chunk ends holds;
+    then also the stride that puts the smallest value's chunk where the first pages begin."""
     s_lo, s_hi, e_lo, e_hi = bounds
     # the stride from whichever edge follows a value: a start within the first big page at every
     # launch is a constant to the solver (the first chunk's offset shows in the end), and where
@@ -366,6 +383,12 @@ def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3) -> list:
     sp_ = _split(res[0][0]) if res is not None else None
     if sp_ is not None and sp_[0] not in strides:
         strides.append(sp_[0])
+    if part_last:
+        ex = _WithValues(kd, g, v0, v1, True, pure)
+        res = solve_pair(ex, ex.group, [(s_lo, s_hi)], hard={0: "hi"}, min_terms={0: 1}, max_terms=max_terms)
+        sp_ = _split(res[0][0]) if res is not None else None
+        if sp_ is not None and sp_[0] not in strides:
+            strides.append(sp_[0])
     return strides
 
 
@@ -384,11 +407,12 @@ def start_for(kd, g, vals, stride: FM.Formula, v0, s_lo, s_hi):
     return sd, start, np.asarray(start.evaluate(vals), np.int64) * np.ones(n, np.int64)
 
 
-def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool):
+def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula, v0, v1, bounds, whole: bool,
+                 part_last: bool = False):
     """The region with this stride to verify: its start from where the first chunks begin, its
     chunk (`whole`) the stride itself where the last ones' ends allow it (rows, blocks, experts
-    are whole), or (not `whole`) the simplest chunk formula that ends where they end (a part of
-    each row: a column range)."""
+    are whole; with `part_last`, a last chunk read in part may end short of it), or (not `whole`)
+    the simplest chunk formula that ends where they end (a part of each row: a column range)."""
     s_lo, s_hi, e_lo, e_hi = bounds
     n = len(g)
     found = start_for(kd, g, vals, stride, v0, s_lo, s_hi)
@@ -398,7 +422,7 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     ch_lo, ch_hi = e_lo - sd * v1 - c, e_hi - sd * v1 - c
     chunks = []
     if whole:
-        if int(((sd < ch_lo) | (sd > ch_hi)).sum()) <= kd.allowed(n):
+        if int(((sd < ch_lo) | (sd > ch_hi if not part_last else ch_hi < 1)).sum()) <= kd.allowed(n):
             chunks.append(stride)
     else:
         res = solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})

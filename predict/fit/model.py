@@ -21,6 +21,7 @@ pooled: a template must hold in all of them. docs/template-model.md explains it 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 
@@ -31,6 +32,7 @@ from pagecast.errors import TraceError, UsageError
 
 from ..model_io import KernelModel, Model, Pinning, Region
 from ..observe import TraceObs
+from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
 from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
@@ -49,6 +51,10 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
     if len(ps) != 1:
         raise TraceError("traces have different page sizes: " + ", ".join(f"{t.path}: {t.page_size}" for t in traces))
     ps = ps.pop()
+    if params.big_page > ps and all(t.manifest.get("observations") == TRUTH_OBSERVATIONS for t in traces):
+        # records rebuilt from exact footprints (fit --from truth) are exact to the page: no driver
+        # widened a fault to a big page, so a prediction rounded out to one reaches untouched pages
+        params = dataclasses.replace(params, big_page=ps)
     if sum(t.n_launches for t in traces) == 0:
         raise TraceError("no launches in " + ", ".join(str(t.path) for t in traces) + ": nothing to learn from")
     obs = [TraceObs(t, params.big_page) for t in traces]
