@@ -171,7 +171,8 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
     """Where the halves of the profile give other formulas than the whole (`differ`), the evidence
     admits several: each half's region that explains every launch of the whole profile the chosen
     one explains (`RegionFit.unexplained`), holding every fault, under which the faults are not
-    `odds_per_term` times less likely (`RegionFit.fault_odds`) is added to the kernel's regions, flagged
+    `odds_per_term` times less likely (`RegionFit.fault_odds`), and `odds_per_term` times likelier
+    for each term it has past the chosen one's, is added to the kernel's regions, flagged
     (`fit["union_of"]`), so that the prediction is their union and errs toward pages needed
     (docs/template-model.md, "What the fit does not know"). Returns the texts of those added."""
     added = []
@@ -193,12 +194,20 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
                 if n is None or n > n0:
                     continue
                 odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
-                if odds is None or odds >= params.odds_per_term:
+                # each term more than the chosen one has must buy its likelihood, as in the fit's
+                # own choice: a formula bent through lost records fits them with extra terms
+                extra = max(_terms(alt) - _terms(chosen), 0)
+                if odds is None or odds * params.odds_per_term ** extra >= params.odds_per_term:
                     continue
                 alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
                 km.regions.append(alt)
                 added.append(alt.text())
     return added
+
+
+def _terms(r: Region) -> int:
+    """The terms of a region's formulas, all edges together."""
+    return sum(f.n_terms for f in r.formulas().values())
 
 
 def _fences(kd: KernelData) -> list[list]:
