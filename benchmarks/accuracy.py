@@ -6,11 +6,11 @@ profiles and from profiles that lost 1% of their records, counted in the manifes
 Then, for every workload in pagecast.datasets: make three traces (two scales and seeds to fit
 on, a third scale and seed never seen), fit on the first two, evaluate on the third
 against truth. The same again from natural-mode traces, and from traces that lost 1% and 5%
-of their fault and migration records (`pagecast datasets make --drop`), on both splits.
-Writes docs/accuracy.md.
+of their fault and migration records (`pagecast datasets make --drop`), on both splits, and
+from the fitting traces' truth (`fit --from truth`). Writes docs/accuracy.md.
 
     python benchmarks/accuracy.py [--out docs/accuracy.md] [--workloads a,b] [--no-natural] [--drop 0,0.01,0.05]
-                                  [--only-profiles]
+                                  [--only-profiles] [--no-truth]
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def pct(x) -> str:
 
 
 def run(workload: str, mode: str, cache: Path, train=None, test=None, drop: float = 0.0,
-        counted: bool = True) -> dict:
+        counted: bool = True, from_truth: bool = False) -> dict:
     """Fit on the `train` traces (scale, seed), evaluate on `test`; `drop`: the share of records the
-    traces lost, counted in the fitting traces' manifests unless `counted` is False."""
+    traces lost, counted in the fitting traces' manifests unless `counted` is False; `from_truth`:
+    fitted from the fitting traces' truth (`fit --from truth`)."""
     from pagecast import trace as T
     from pagecast.datasets.registry import reuse_or_make
     from pagecast.predict.evaluate import evaluate
@@ -68,6 +69,9 @@ def run(workload: str, mode: str, cache: Path, train=None, test=None, drop: floa
         for t in fit_on:
             t.manifest.pop("dropped_records", None)
     t0 = time.perf_counter()
+    if from_truth:
+        from pagecast.predict.truth_obs import truth_observations
+        fit_on = [truth_observations(t) for t in fit_on]
     model = fit_model(fit_on)
     t_fit = time.perf_counter() - t0
     ev = evaluate(model, test_on, "history")
@@ -127,6 +131,7 @@ def main() -> None:
     ap.add_argument("--no-natural", action="store_true")
     ap.add_argument("--no-extrapolation", action="store_true")
     ap.add_argument("--no-feedback", action="store_true")
+    ap.add_argument("--no-truth", action="store_true", help="skip the fits from truth (fit --from truth)")
     ap.add_argument("--no-corpus", action="store_true", help="skip the real-kernel corpus (corpus_accuracy.py)")
     ap.add_argument("--drop", default="0,0.01,0.05",
                     help="record-loss rates of the loss tables (0 is the clean run of the splits above)")
@@ -141,13 +146,16 @@ def main() -> None:
     names = [n for n in names if n in WORKLOADS]   # corpus names go to corpus_section below
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    modes = ["full"] + ([] if args.no_natural else ["natural"]) + ([] if args.no_extrapolation else ["extrapolation"])
+    modes = ["full"] + ([] if args.no_natural else ["natural"]) + ([] if args.no_extrapolation else ["extrapolation"]) \
+        + ([] if args.no_truth else ["truth"])
     results = {m: {} for m in modes}
     for mode in modes if not args.only_profiles else ():
         for n in names:
             t = time.perf_counter()
             if mode == "extrapolation":
                 results[mode][n] = run(n, "full", cache, TRAIN_X, TEST_X)
+            elif mode == "truth":
+                results[mode][n] = run(n, "full", cache, from_truth=True)
             else:
                 results[mode][n] = run(n, mode, cache)
             d = results[mode][n]["eval"]["determined"]
@@ -162,6 +170,7 @@ def main() -> None:
         return
     out.append("\n# Friendlier fits: two scales of each workload\n")
     titles = {"full": "full mode", "natural": "natural mode",
+              "truth": "full mode, learned from truth (`fit --from truth`: records exact to the page)",
               "extrapolation": (f"full mode, extrapolating: fit on {', '.join(f'scale {a} seed {b}' for a, b in TRAIN_X)},"
                                 f" test on scale {TEST_X[0]} seed {TEST_X[1]}")}
     for mode in modes:
