@@ -32,7 +32,6 @@ from pagecast.errors import TraceError
 TRUTH_OBSERVATIONS = "truth"   # the manifest's "observations" of a trace made here
 
 
-
 def truth_observations(trace: T.Trace) -> T.Trace:
     """`trace` with faults and migrations rebuilt from its truth (TraceError when it has none)."""
     if trace.truth is None:
