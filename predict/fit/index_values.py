@@ -207,11 +207,12 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
                 best = (r, okv, unexplained, None, k)
             continue
+        in_part = _may_part(c)   # may a row's last chunk be read in part
         if c.strides is None:
             # a table's stride is a constant (the value's own term): its candidates are many, and
             # the constant solve is what keeps trying them cheap
             c.strides = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms if c.rs is None else 1,
-                                 c.extremes(), solved, part_last=_may_part(c))
+                                 c.extremes(), solved, part_last=in_part)
         if not c.strides:
             continue
         v0, v1, strides = c.strides
@@ -223,14 +224,14 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 yield r
         tries = with_count(r for stride in strides
                            for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0, v1, bounds, whole,
-                                                 _may_part(c)))
+                                                 in_part))
         if whole and c.rs is None and c.cidx is None:
             # then rows longer than a big page, read in part: each up to another buffer's value
             tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows))
         for r in tries:
             okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
-            if unexplained > kd.allowed(len(sv)) and r.row_stride is not None and r.count_div > 1:
+            if unexplained > kd.allowed(len(sv)) and in_part:
                 # page-exact records (fit --from truth) show a row's last block read in part
                 r = dataclasses.replace(r, part_last=True)
                 okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
@@ -267,10 +268,8 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
     v0, v1, strides = c.strides
     if not strides:
         # no stride follows both edges (the last chunk's end follows its length too): from the start
-        ex = _WithValues(kd, g, v0, v1, True, False)
-        res = solve_pair(ex, ex.group, [(s_lo, s_hi)], hard={0: "hi"}, min_terms={0: 1})
-        sp_ = _split(res[0][0]) if res is not None else None
-        strides = [] if sp_ is None else [sp_[0]]
+        sd = _edge_stride(kd, g, v0, v1, (s_lo, s_hi), "hi")
+        strides = [] if sd is None else [sd]
     k = c.k
     if int(k.sum()) > MAX_LENGTH_VALUES:   # as length_sets: nothing to try, and too many to hold
         return
@@ -378,18 +377,24 @@ def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3, part_last: bool = 
     # Where the records leave the stride loose (a table of a few big pages read a row at a
     # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
     # which verification accepts; this solve pins the stride by where the last row ends
-    ex = _WithValues(kd, g, v0, v1 + 1, True, pure)
-    res = solve_pair(ex, ex.group, [(e_lo, e_hi)], hard={0: "lo"}, min_terms={0: 1}, max_terms=max_terms)
-    sp_ = _split(res[0][0]) if res is not None else None
-    if sp_ is not None and sp_[0] not in strides:
-        strides.append(sp_[0])
-    if part_last:
-        ex = _WithValues(kd, g, v0, v1, True, pure)
-        res = solve_pair(ex, ex.group, [(s_lo, s_hi)], hard={0: "hi"}, min_terms={0: 1}, max_terms=max_terms)
-        sp_ = _split(res[0][0]) if res is not None else None
-        if sp_ is not None and sp_[0] not in strides:
-            strides.append(sp_[0])
+    one_edge = [(v1 + 1, (e_lo, e_hi), "lo")]
+    if part_last:   # the first chunk's start alone
+        one_edge.append((v1, (s_lo, s_hi), "hi"))
+    for top, edge, side in one_edge:
+        sd = _edge_stride(kd, g, v0, top, edge, side, pure, max_terms)
+        if sd is not None and sd not in strides:
+            strides.append(sd)
     return strides
+
+
+def _edge_stride(kd, g, v0, v1, edge, side: str, pure: bool = False, max_terms: int = 3) -> FM.Formula | None:
+    """The stride of the simplest formula, with a value's term, for one edge within `edge` (lo, hi),
+    `side` its hard bound (solve_pair): the first chunk's start (v0) or the last one's end (v1 one
+    past the largest value); None where none holds or no single term multiplies a value."""
+    ex = _WithValues(kd, g, v0, v1, True, pure)
+    res = solve_pair(ex, ex.group, [edge], hard={0: side}, min_terms={0: 1}, max_terms=max_terms)
+    sp_ = _split(res[0][0]) if res is not None else None
+    return None if sp_ is None else sp_[0]
 
 
 def start_for(kd, g, vals, stride: FM.Formula, v0, s_lo, s_hi):

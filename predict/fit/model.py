@@ -36,7 +36,7 @@ from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
 from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
-from .region import fit_region, region_score
+from .region import fit_region, region_score, region_terms
 from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
 
 
@@ -107,7 +107,8 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
         any_obs = True
         regions.append((sig, r))
         shapes.append((r, shape))
-    # rows by position read as far as a table region of the kernel reads them for its index values
+    # rows by position, or strided rows, read as far as a table region of the kernel reads them
+    # for its index values
     rows_of_tables(kd, [r for _, r in regions], evidence)
     # ends the records leave open take the sizes the kernel's other regions are proven to have
     tier1, tier2 = vocabulary(kd, shapes)
@@ -196,18 +197,13 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
                 odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
                 # each term more than the chosen one has must buy its likelihood, as in the fit's
                 # own choice: a formula bent through lost records fits them with extra terms
-                extra = max(_terms(alt) - _terms(chosen), 0)
+                extra = max(region_terms(alt) - region_terms(chosen), 0)
                 if odds is None or odds * params.odds_per_term ** extra >= params.odds_per_term:
                     continue
                 alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
                 km.regions.append(alt)
                 added.append(alt.text())
     return added
-
-
-def _terms(r: Region) -> int:
-    """The terms of a region's formulas, all edges together."""
-    return sum(f.n_terms for f in r.formulas().values())
 
 
 def _fences(kd: KernelData) -> list[list]:

@@ -165,12 +165,12 @@ def _layout_or(rf: RegionFit, best):
         r, fit = layouts[0]
         return r, {**rf.fit, **fit}
     ll_old, held_old, _ = fault_pages_loglik(kd, best[0], cat, sel)
-    terms_old = sum(f.n_terms for f in best[0].formulas().values())
+    terms_old = region_terms(best[0])
     for r, fit in layouts:
         if fit["unexplained"] > best[1].get("unexplained", 0) or r.text() == best[0].text():
             continue
         ll, held, _ = fault_pages_loglik(kd, r, cat, sel)
-        terms = sum(f.n_terms for f in r.formulas().values())
+        terms = region_terms(r)
         need = np.log(kd.params.odds_per_term) * max(terms - terms_old, 0) + 1e-9
         if (held or not held_old) and ll >= ll_old + need:
             best, ll_old, held_old, terms_old = (r, {**rf.fit, **fit}), ll, held, terms
@@ -184,8 +184,7 @@ def _likelier(rf: RegionFit, new: Region, old: Region) -> bool:
     page `old` holds and the faults are `odds_per_term` times likelier under it (the odds a term
     needs against a constant elsewhere) - a tighter template errs toward pages that fault
     feedback can add back."""
-    terms = sum(f.n_terms for f in new.formulas().values())
-    if terms > sum(f.n_terms for f in old.formulas().values()) + 1:
+    if region_terms(new) > region_terms(old) + 1:
         return False
     ll_new, held_new = fault_loglik(rf.kd, new, rf.cat, rf.sel)
     ll_old, held_old = fault_loglik(rf.kd, old, rf.cat, rf.sel)
@@ -359,6 +358,11 @@ CASCADE: list[Attempt] = [
     Attempt({"irregular": 5}, _try_irregular),
 ]
 CLASS_RANK: dict[str, int] = {c: r for a in CASCADE for c, r in a.ranks.items()}
+
+
+def region_terms(r: Region) -> int:
+    """The terms of a region's formulas, all edges together (each must buy `odds_per_term`)."""
+    return sum(f.n_terms for f in r.formulas().values())
 
 
 def region_score(r: Region) -> tuple:
