@@ -159,7 +159,7 @@ def corpus_section(cache: Path, train, test, names=None) -> list[str]:
 
 
 TEXT = """Real Triton kernels (Liger-Kernel, kernels after Triton's tutorials, data-dependent
-gathers and scatters, sglang's and flashinfer's serving kernels; docs/workloads-triton.md) run under Triton's interpreter and recorded
+gathers and scatters, sglang's, flashinfer's and vLLM's serving kernels; docs/workloads-triton.md) run under Triton's interpreter and recorded
 by `pagecast collect --interpret`: exact truth, faults and migrations from the workload
 models' full-mode driver emulation.
 Fitted on {train};

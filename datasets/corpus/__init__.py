@@ -62,6 +62,12 @@ SERVING_KERNELS = ("_vocab_parallel_embedding_kernel", "get_batch_indices_positi
                    "create_flashinfer_kv_indices_triton", "_fwd_kernel_stage1", "_fwd_kernel_stage2",
                    "scatter_ragged_to_page_table_kernel", "unified_attention_3d_mtp_kernel",
                    "_moe_align_small_numel_kernel", "fused_moe_kernel")
+_SERVING_VLLM = ("A serving engine's step loop over vLLM's Triton kernels: positions and sequence lengths through "
+                 "a request-state mapping, KV-cache writes through a -1-padded slot mapping, unified attention over "
+                 "a persistent block table in batch order, fused MoE through a sorted token order or, for sparse "
+                 "batches, straight from the router's top-k; the same scheduler as serving")
+SERVING_VLLM_KERNELS = ("_prepare_pos_seq_lens_kernel", "reshape_and_cache_kernel_flash", "kernel_unified_attention",
+                        "fused_moe_kernel")
 _DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "
        "drawn per call")
 
@@ -79,12 +85,15 @@ CORPUS: dict[str, CorpusWorkload] = {w.name: w for w in (
                    irregular=("embedding_gather_kernel", "scatter_add_kernel")),
     CorpusWorkload("serving", f"{PKG}.serving", "preallocated", f"{_SERVING}.", irregular=SERVING_KERNELS,
                    needs=("torch", "triton", "sglang", "flashinfer")),
+    CorpusWorkload("serving-vllm", f"{PKG}.serving_vllm", "preallocated", f"{_SERVING_VLLM}.",
+                   irregular=SERVING_VLLM_KERNELS, needs=("torch", "triton", "vllm")),
 )}
 
 # what `needs` lacks, as pip would install it (the engines --no-deps: their requirements pull CUDA builds)
 INSTALL_HINTS = {"liger_kernel": "pip install --no-deps liger-kernel==0.8.5 packaging",
                  "sglang": "pip install --no-deps sglang==0.5.23",
-                 "flashinfer": "pip install --no-deps flashinfer-python==0.7.2.post1"}
+                 "flashinfer": "pip install --no-deps flashinfer-python==0.7.2.post1",
+                 "vllm": "pip install --no-deps vllm==0.34.0"}
 
 
 def get(name: str) -> CorpusWorkload:

@@ -1,0 +1,136 @@
+"""The vLLM serving program (datasets/corpus/serving_vllm.py): vLLM's Triton kernels, loaded from
+the installed package with the Triton functions their files import from the package's other
+files (datasets/corpus/engines.py), compute under the interpreter what their torch peers
+compute, step after step, and `datasets make serving-vllm` records them with their index values."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit
+
+import numpy as np
+import torch
+
+from pagecast import trace as T
+from pagecast.collect import interpret_compat
+from pagecast.datasets import corpus
+from pagecast.datasets.corpus import engines as E
+from pagecast.datasets.corpus import serving as S
+from pagecast.datasets.corpus import serving_vllm as SV
+from pagecast.datasets.corpus.corpus_run import parse
+
+interpret_compat.apply_all()
+
+
+def test_the_loader_binds_what_kernels_import_from_the_package_and_leaves_library_values_out():
+    attn = E.load("vllm", "v1/attention/ops/triton_unified_attention.py")
+    helpers = E.load("vllm", "v1/attention/ops/triton_attention_helpers.py")
+    # `from vllm.triton_utils import tl, triton`: Triton's own
+    import triton
+    assert attn.triton is triton
+    # `from vllm.v1.attention.ops.triton_attention_helpers import find_seq_idx, ...`: the same jit functions
+    assert attn.find_seq_idx is helpers.find_seq_idx
+    assert attn.find_seq_idx.fn.__code__.co_filename.endswith("triton_attention_helpers.py")
+    # a default taken from the engine's platform layer (an fp8 type's range) names a stand-in
+    fn = attn.kernel_unified_attention.fn
+    assert isinstance(fn.__globals__["float8_info"], E.LeftOut)
+    assert "left out: float8_info.min" in repr(fn.__globals__["float8_info"].min)
+    # a relative import (`from .prefix_prefill import context_attention_fwd`) names no kernel: left out
+    paged = E.load("vllm", "v1/attention/ops/chunked_prefill_paged_decode.py")
+    assert "kernel_paged_attention_2d" in vars(paged) and "context_attention_fwd" not in vars(paged)
+    import ast
+    here = "v1/attention/ops/chunked_prefill_paged_decode.py"
+    rel = ast.parse("from .prefix_prefill import context_attention_fwd").body[0]
+    assert E._package_file("vllm", here, rel) == "v1/attention/ops/prefix_prefill.py"
+    up = ast.parse("from ..backends.utils import x").body[0]
+    assert E._package_file("vllm", here, up) == "v1/attention/backends/utils.py"
+    assert E._package_file("vllm", here, ast.parse("from vllm.platforms import p").body[0]) is None   # a package
+    assert "vllm" not in sys.modules
+
+
+class Checked(SV.Engine):
+    """The vLLM engine, each launch compared with its torch peer right after it ran."""
+
+    def prepare(self, b):
+        super().prepare(b)
+        qs = self.query_start_loc[: b + 1].tolist()
+        for r in range(b):
+            done = int(self.num_computed[int(self.idx_mapping[r])])
+            assert int(self.seq_lens[r]) == done + qs[r + 1] - qs[r]
+            assert self.positions[qs[r]:qs[r + 1]].tolist() == list(range(done, done + qs[r + 1] - qs[r]))
+        assert (self.seq_lens[b:] == 0).all()      # the padded requests' lengths zeroed
+        self.checked.add("prepare")
+
+    def cache_write(self, k, v, ntok):
+        before = self.k_cache.clone()
+        super().cache_write(k, v, ntok)
+        slots = self.slot_mapping[:ntok]
+        kc = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+        assert torch.equal(kc[slots], k) and torch.equal(self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)[slots], v)
+        untouched = torch.ones(kc.shape[0], dtype=torch.bool)
+        untouched[slots] = False
+        assert torch.equal(kc[untouched], before.view(-1, S.KV_HEADS, S.HEAD_DIM)[untouched])   # -1 wrote nothing
+        self.checked.add("cache")
+
+    def attention(self, q, b, max_q):
+        super().attention(q, b, max_q)
+        qs = self.query_start_loc[: b + 1].tolist()
+        kb = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+        vb = self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+        g = S.HEADS // S.KV_HEADS
+        for r in range(b):
+            n = int(self.seq_lens[r])
+            pos = torch.arange(n)
+            idx = self.input_table[r][pos // S.PAGE].long() * S.PAGE + pos % S.PAGE
+            k = kb[idx].repeat_interleave(g, dim=1)
+            v = vb[idx].repeat_interleave(g, dim=1)
+            ql = qs[r + 1] - qs[r]
+            for t in range(ql):   # causal: query token t sees the prefix and itself
+                see = n - ql + t + 1
+                att = torch.softmax(torch.einsum("hd,nhd->hn", q[qs[r] + t], k[:see]) * S.HEAD_DIM ** -0.5, -1)
+                torch.testing.assert_close(self.att_out[qs[r] + t], torch.einsum("hn,nhd->hd", att, v[:see]),
+                                           atol=1e-4, rtol=1e-4)
+        self.checked.add("attention")
+
+    def moe(self, x):
+        self.moe_out.zero_()
+        super().moe(x)
+        ntok = x.shape[0]
+        ids = self.topk_ids[: ntok * 2].long()
+        self.checked.add("moe naive" if ntok * 2 * 4 <= SV.EXPERTS_VLLM else "moe aligned")
+        for p in range(ntok * 2):   # the gate/up projection of each (token, slot) by its expert
+            torch.testing.assert_close(self.moe_out[p // 2, p % 2], self.w13[ids[p]] @ x[p // 2],
+                                       atol=1e-3, rtol=1e-3)
+
+
+def test_vllm_kernels_match_torch_over_a_serving_loop():
+    run = parse(["--scale", "0.25", "--seed", "3"], "t", calls=20)
+    eng = Checked(run, run.scale)
+    eng.checked = set()
+    for _ in range(run.calls):
+        eng.step()
+    # both MoE paths ran: one (token, expert) pair a block for the sparse decode batches, the
+    # sorted, padded order for the batches with prefill chunks
+    assert eng.checked == {"prepare", "cache", "attention", "moe naive", "moe aligned"}
+    assert eng.next_rid > 3 and len(eng.free_slots) > S.MAX_REQS - eng.next_rid   # some finished
+    assert len(eng.free_pages) + sum(len(r.pages) for r in eng.running + eng.waiting) == eng.pool_pages
+
+
+def test_datasets_make_records_the_vllm_loop_with_its_index_values(tmp_path):
+    from pagecast.datasets.registry import make_trace
+    out = make_trace("serving-vllm", tmp_path / "v.pctrace", scale=0.25, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", T.TraceWarning)
+        tr = T.read_trace(out)
+    assert set(tr.launches.column(T.KERNEL).to_pylist()) == set(corpus.SERVING_VLLM_KERNELS)
+    assert tr.values is not None and tr.values.num_rows > 0
+    # the slot mapping's row holds the -1 padding the cache write skips
+    kern = np.array(tr.launches.column(T.KERNEL).to_pylist())
+    lid = tr.launches.column(T.LAUNCH_ID).to_numpy()
+    cw = set(lid[kern == "reshape_and_cache_kernel_flash"].tolist())
+    vl = tr.values.column(T.LAUNCH_ID).to_numpy()
+    rows = [bytes(b) for b, launch in zip(tr.values.column(T.DATA).to_pylist(), vl) if launch in cw]
+    assert any((np.frombuffer(b[: len(b) // 8 * 8], "<i8") == -1).any() for b in rows)
