@@ -266,6 +266,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     # per chunk: the unit whose fetch last found it empty (-1: none yet), and that fetch's group
     c_fill = np.full(len(chunk_weight), -1, np.int64)
     c_fill_at = np.full(len(chunk_weight), -1, np.int64)
+    # per chunk: the latest step an eviction of one of its units is issued before. A chunk that
+    # empties frees its room only once all of them are out, which the steps of other fetches'
+    # victims (issued once each is dead) may put after a fetch's own
+    c_out_at = np.full(len(chunk_weight), -1, np.int64)
     cap_heap = n_occ + 2 * n_units + 16
     hk = np.empty(cap_heap, np.int64)
     hu = np.empty(cap_heap, np.int64)
@@ -437,6 +441,12 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 first = False
                 resident[v] = 0
                 occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
+                cv = unit_chunk[v]
+                if at_v > c_out_at[cv]:
+                    c_out_at[cv] = at_v
+                if ccount[cv] == 0 and c_out_at[cv] > at:
+                    # the room this victim makes is its chunk's, free once every unit of it is out
+                    at = c_out_at[cv]
                 if n_ev >= len(ev_u):
                     ev_u = _grow(ev_u)
                     ev_g = _grow(ev_g)
@@ -525,6 +535,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                             resident[v] = 0
                             occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
                             ev_at[v] = i
+                            c_out_at[unit_chunk[v]] = i
                         # as the run does: the units it needs last make up a chunk's worth
                         for kk3 in range(s0 + L - 1, kk2, -1):
                             if nv >= unit_want[u]:
@@ -534,6 +545,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                                 resident[v] = 0
                                 occ = _occ_out(v, unit_chunk, ccount, chunk_weight, occ)
                                 ev_at[v] = i
+                                c_out_at[unit_chunk[v]] = i
                                 nv += 1
                         if nv == 0:
                             continue
@@ -549,6 +561,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                             resident[u] = 0
                             occ = _occ_out(u, unit_chunk, ccount, chunk_weight, occ)
                             ev_at[u] = i
+                            c_out_at[unit_chunk[u]] = i
                     elif resident[u] == 0:
                         if occ + _room(u, unit_chunk, ccount, chunk_weight) <= cap_i:
                             resident[u] = 1
