@@ -18,7 +18,9 @@ themselves are compiled, or loaded from numba's cache, by `warm()`, which the ru
 it makes the predictor, never inside a launch.
 
 A launch whose layout differs from the model's (other offsets, same sizes) gets a program row of
-its own, made the first time that layout is seen. A pointer in no allocation the predictor knows
+its own, made the first time that layout is seen; a launch with a variant's parameter sizes
+(`KernelModel.variants`: the kernel specialized on an argument passed as None) is predicted by
+the reference path. A pointer in no allocation the predictor knows
 is handed to `resolve` once (the runner looks it up in the driver); pointers that land in no
 managed allocation are remembered until `invalidate_misses()` (the runner calls it when its
 allocation cache changes). The one case the compiled step does not decide, a resolver answering
@@ -245,7 +247,8 @@ class CompiledPredictor(OnlinePredictor):
         """The program of the model as it is now (and of the layouts seen so far)."""
         b = _Program()
         self._entries.clear()
-        self._indexed = {name for name, km in self.model.kernels.items() if any(r.cls == "indexed" for r in km.regions)}
+        self._indexed = {name for name, km in self.model.kernels.items()
+                         if any(r.cls == "indexed" for kv in (km, *km.variants) for r in kv.regions)}
         for i, (name, km) in enumerate(self.model.kernels.items()):
             b.kernel(km, km.param_offsets)
             grid = any(Word.parse(n).param < 0 for r in km.regions for n in r.feature_names())
@@ -347,6 +350,10 @@ class CompiledPredictor(OnlinePredictor):
         row, hid = e[4], e[5]
         if row >= 0:
             if param_sizes is not None and param_sizes != e[1] and tuple(param_sizes) != e[1]:
+                km = self.model.kernels.get(kernel)
+                if km is not None and km.for_layout(param_sizes) is not None:
+                    # a variant's layout (KernelModel.variants): the reference path predicts it
+                    return self._reference(kernel, data, param_offsets, param_sizes, grid, block, mode)
                 row = -1   # another layout than the model's: the fallback, as for a kernel it never saw
             elif param_offsets is not None and param_offsets != e[2] and tuple(param_offsets) != e[2]:
                 try:

@@ -177,6 +177,22 @@ def kernel_groups(launches: pa.Table) -> tuple[list[str], np.ndarray, list[np.nd
     return names, codes, [order[bounds[k]:bounds[k + 1]] for k in range(len(names))]
 
 
+def layout_groups(launches: pa.Table, idx: np.ndarray, most: int = 8) -> list[tuple[tuple, tuple, np.ndarray]]:
+    """The parameter layouts of these launches, most common first: (sizes, offsets, mask over
+    `idx`), at most `most` of them (launches of rarer ones in none). One kernel name may have
+    several: a Triton kernel is specialized on an argument passed as None, which then leaves
+    the parameter buffer."""
+    out = []
+    rest = np.arange(len(idx))
+    while len(rest) and len(out) < most:
+        sizes, offsets, m = layouts(launches, idx[rest])
+        mask = np.zeros(len(idx), bool)
+        mask[rest[m]] = True
+        out.append((sizes, offsets, mask))
+        rest = rest[~m]
+    return out
+
+
 def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarray]:
     """The most common (sizes, offsets) of these launches and a mask of launches that have it."""
     n = len(idx)

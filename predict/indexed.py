@@ -28,6 +28,16 @@ over the page size). Values whose length was not recorded are counted with those
 by their position rather than through an index (`region.index` None: value i is i itself, a
 block table's own row i read up to the i-th sequence's length); such a row's read stops at the
 row's end, the next row's start (`stride` bytes on), and a length past it is counted as `short`.
+
+Rows by position with a count read from another buffer and no lengths (`region.index` None,
+`region.lengths` False, `region.count_index` set): chunk i at `start + stride * i`, `chunk` bytes,
+for i < ceil(v(count_index)[count] / count_div): the first rows of a persistent buffer, as many
+as another buffer's value says (a query or output buffer's rows up to the batch's token count,
+the last entry of its query start offsets, which no argument gives). Nothing is read from an
+index; the count is read as every count from another buffer is.
+
+Long because each form's batch path (numpy over every launch at once) and online path (one
+launch, Python ints) sit side by side: they must agree launch for launch (the tests compare them).
 """
 
 from __future__ import annotations
@@ -99,6 +109,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
     n = len(launch)
+    if position_range(region):
+        return _position_pieces(region, vals, base, launch, im, ps, a_s, a_e, cptr)
     if region.row_stride is not None:
         return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
     if region.lengths and region.count_index is not None:
@@ -155,6 +167,44 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     idx = FP._ranges(ptr[inv], c)
     out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside, sentinel=sentinel)
     return out
+
+
+def position_range(region: Region) -> bool:
+    """Rows by position up to a count read from another buffer, without lengths (module doc)."""
+    return region.index is None and not region.lengths and region.count_index is not None
+
+
+def _position_chunks(k, first, stride, chunk):
+    """(owner, byte start, byte end) of chunks [first + stride*i, +chunk) for i < k, per owner:
+    one span where the chunks touch (chunk >= stride: rows read whole, a range), else each chunk
+    (k at most MAX_INDEXED each)."""
+    k = np.clip(np.asarray(k, I64), 0, MAX_INDEXED)
+    first, stride, chunk = (np.asarray(x, I64) * np.ones(len(k), I64) for x in (first, stride, chunk))
+    span = (chunk >= stride) & (stride > 0)
+    own = np.flatnonzero(span & (k > 0))
+    o, b0, b1 = [own], [first[own]], [first[own] + stride[own] * (k[own] - 1) + chunk[own]]
+    rest = np.flatnonzero(~span & (k > 0))
+    if len(rest):
+        rep = np.repeat(rest, k[rest])
+        i = np.arange(len(rep), dtype=I64) - np.repeat(np.cumsum(k[rest]) - k[rest], k[rest])
+        o.append(rep), b0.append(first[rep] + stride[rep] * i), b1.append(first[rep] + stride[rep] * i + chunk[rep])
+    return np.concatenate(o), np.concatenate(b0), np.concatenate(b1)
+
+
+def _position_pieces(region: Region, vals: dict, base, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
+    """batch_pieces for rows by position up to a count read from another buffer (position_range)."""
+    n = len(launch)
+    one = np.ones(n, I64)
+    st, sd, ch, pos = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
+    cnt, crows, have = buffer_counts(region, pos, launch, np.asarray(cptr, I64) * one, im)
+    k = np.where(have, cnt, 0)
+    own, b0, b1 = _position_chunks(k, np.asarray(base, I64) * one + st, sd, ch)
+    sp = np.maximum(np.floor_divide(b0, ps), a_s[own])
+    ep = np.minimum(-np.floor_divide(-b1, ps), a_e[own])
+    ok = ep > sp
+    gg, s2, e2 = FP.merge_intervals(own[ok], sp[ok], ep[ok], n)
+    return {"have": have, "rows": crows, "crows": crows, "l": gg, "s": s2, "e": e2, "outside": int((~ok).sum()),
+            "sentinel": 0, "short": 0, "bytes": np.zeros(n, I64)}
 
 
 def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e):
@@ -354,6 +404,8 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
         first, k, _ = _row_reads(region, values, count)
         span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
         return int(iptr), min(span, MAX_INDEXED) * region.elem
+    if position_range(region):   # no index values
+        return int(iptr), 0
     if region.lengths and region.count_index is not None:
         if region.index is None:   # rows by position: no index values
             return int(iptr), 0
@@ -403,6 +455,13 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     the count read from another buffer (decode_count), where the region's count is one."""
     st, sd, ch, cnt = (f(values) for f in fns)
     e = region.elem
+    if position_range(region):
+        if count is None:
+            return
+        _, b0, b1 = _position_chunks(np.array([count], I64), base + st, sd, ch)
+        sp, ep = np.maximum(b0 // ps, a_s), np.minimum(-(-b1 // ps), a_e)
+        _append_merged(out, sp, ep, ep > sp)
+        return
     if region.row_stride is not None:
         if count is None:
             return

@@ -12,6 +12,9 @@
                                    "fit": {"launches": 120, "traces": 2, "groups": 3, "exact": 1.0}}],
                       "feedback": {"events": 0, "misses": 0}}}}
 ```
+
+Long because the model file's whole schema is here, in one place: the typed records, their
+readable text and every check the loader makes on a file written or edited by hand.
 """
 
 from __future__ import annotations
@@ -133,8 +136,17 @@ def indexed_text(r: Region) -> str:
     over the page size), or as the difference of its consecutive values (`length_diff`:
     `+4*(v(p1)[i+1] - v(p1)[i]))`, an indptr); rows chosen by their position, not through an
     index (`index` None): `[p6 + 4*p10*i, +4*ceil(v(p7)[i] / 16)) for i < p21` (a block table's own
-    row i, read up to the i-th sequence's length over the block size)."""
+    row i, read up to the i-th sequence's length over the block size); without lengths, a
+    buffer's first rows up to a count another buffer holds, read whole: `[p0, p0 +
+    1024*v(p24)[p25])` (an output buffer's rows up to the query start offsets' last entry)."""
     table = r.row_stride is not None and r.count_index is not None
+    if r.index is None and not r.lengths and r.count_index is not None and r.chunk == r.stride:
+        # rows by position up to a count read from another buffer, read whole: one range
+        n = f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
+        n = n if r.count_div == 1 else f"ceil({n} / {r.count_div})"
+        head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
+        rows = n if r.stride.n_terms == 0 and r.stride.const == 1 else f"{_factor(r.stride)}*{n}"
+        return f"[{head}, {head} + {rows})".replace("+ -", "- ")
     at = f"r*{_factor(r.row_stride)} + j" if table else "i"
     v = "i" if r.index is None else f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
     st = r.stride
@@ -228,6 +240,17 @@ class KernelModel:
     note: str = ""
     feedback: dict = field(default_factory=lambda: {"events": 0, "misses": 0, "missed_pages": 0})
     pinned: Pinning | None = None   # how well the profile pins the templates (absent: not assessed)
+    # the same kernel with other parameter layouts (a Triton kernel specialized on an argument
+    # passed as None, which leaves the parameter buffer), each fitted from its own launches
+    variants: list["KernelModel"] = field(default_factory=list)
+
+    def for_layout(self, sizes, offsets=None) -> "KernelModel | None":
+        """This model or the variant whose parameter layout is `sizes` (and `offsets`, where
+        given); None where none is."""
+        for km in (self, *self.variants):
+            if tuple(sizes) == tuple(km.param_sizes) and (offsets is None or tuple(offsets) == tuple(km.param_offsets)):
+                return km
+        return None
 
     @property
     def cls(self) -> str:
@@ -247,6 +270,8 @@ class KernelModel:
             d["note"] = self.note
         if self.pinned is not None:
             d["pinned"] = self.pinned.to_json()
+        if self.variants:
+            d["variants"] = [v.to_json() for v in self.variants]
         return d
 
 
@@ -346,28 +371,40 @@ def model_from_json(doc: Any, path: Path | None = None) -> Model:
               created=str(doc.get("created") or ""), producer=str(doc.get("producer") or ""), path=path,
               fit_params=fp)
     for name, kd in kernels_doc.items():
-        kw = f"kernel {name!r}"
-        if not isinstance(kd, dict):
-            raise ValueError(f"{kw}: expected an object")
-        sizes = kd.get("param_sizes")
-        offs = kd.get("param_offsets")
-        if (not isinstance(sizes, list) or not isinstance(offs, list) or len(sizes) != len(offs)
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes + offs)):
-            raise ValueError(f"{kw}: param_sizes and param_offsets must be equal-length lists of integers >= 0")
-        km = KernelModel(name, tuple(sizes), tuple(offs), launches=_int(kd, "launches", kw, 0),
-                         traces=_int(kd, "traces", kw, 0), note=str(kd.get("note") or ""))
-        if kd.get("pinned") is not None:
-            km.pinned = Pinning.from_json(kd["pinned"], kw)
-        fb = kd.get("feedback")
-        if isinstance(fb, dict):
-            km.feedback.update(fb)
-        regs = kd.get("regions")
-        if not isinstance(regs, list):
-            raise ValueError(f"{kw}: regions must be a list")
-        for i, rd in enumerate(regs):
-            km.regions.append(_region_from_json(rd, f"{kw} region {i}", sizes, offs))
-        m.kernels[name] = km
+        m.kernels[name] = _kernel_from_json(name, kd, f"kernel {name!r}")
     return m
+
+
+def _kernel_from_json(name: str, kd: Any, kw: str, variant: bool = False) -> KernelModel:
+    if not isinstance(kd, dict):
+        raise ValueError(f"{kw}: expected an object")
+    sizes = kd.get("param_sizes")
+    offs = kd.get("param_offsets")
+    if (not isinstance(sizes, list) or not isinstance(offs, list) or len(sizes) != len(offs)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes + offs)):
+        raise ValueError(f"{kw}: param_sizes and param_offsets must be equal-length lists of integers >= 0")
+    km = KernelModel(name, tuple(sizes), tuple(offs), launches=_int(kd, "launches", kw, 0),
+                     traces=_int(kd, "traces", kw, 0), note=str(kd.get("note") or ""))
+    if kd.get("pinned") is not None:
+        km.pinned = Pinning.from_json(kd["pinned"], kw)
+    fb = kd.get("feedback")
+    if isinstance(fb, dict):
+        km.feedback.update(fb)
+    regs = kd.get("regions")
+    if not isinstance(regs, list):
+        raise ValueError(f"{kw}: regions must be a list")
+    for i, rd in enumerate(regs):
+        km.regions.append(_region_from_json(rd, f"{kw} region {i}", sizes, offs))
+    vs = kd.get("variants", [])
+    if not isinstance(vs, list) or (vs and variant):
+        raise ValueError(f"{kw}: variants must be a list of kernel objects (other parameter layouts), "
+                         "themselves without variants")
+    for i, vd in enumerate(vs):
+        v = _kernel_from_json(name, vd, f"{kw} variant {i}", variant=True)
+        if any(v.param_sizes == k.param_sizes and v.param_offsets == k.param_offsets for k in (km, *km.variants)):
+            raise ValueError(f"{kw} variant {i}: its parameter layout is the kernel's or another variant's")
+        km.variants.append(v)
+    return km
 
 
 def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
@@ -395,7 +432,11 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
     if cls == "fixed" and (r.start.terms or r.end.terms):
         raise ValueError(f"{where}: a fixed region's start and end must be constants")
     if cls == "indexed":
-        if rd.get("index") is not None or rd.get("lengths") is not True:
+        # rows by position (no index word): read up to their lengths, or up to a count read from
+        # another buffer (predict/indexed.py)
+        by_pos = rd.get("index") is None and (rd.get("lengths") is True or (
+            rd.get("count_index") is not None and rd.get("row_stride") is None))
+        if not by_pos:
             _check_word(rd.get("index"), f"{where}: index", sizes, offs, pointer=True)
         elem = rd.get("elem", 4)
         if elem not in INDEX_ELEMS or isinstance(elem, bool):

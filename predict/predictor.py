@@ -31,7 +31,7 @@ from pagecast import values as V
 from pagecast.errors import UsageError
 
 from . import indexed as IX
-from .features import AllocIndex, Word, grid_matrix, kernel_groups, layouts, param_matrix
+from .features import AllocIndex, Word, grid_matrix, kernel_groups, layout_groups, layouts, param_matrix
 from .model_io import FALLBACKS, KernelModel, Model, Region
 from .observe import split_by_alloc
 
@@ -164,31 +164,8 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
             if ok.any():
                 yield idx[ok], a[ok]
 
-    for k, (name, idx) in enumerate(zip(names, groups)):
-        km = None if baseline else model.kernels.get(name)
-        if km is None or (not km.regions and km.note):
-            if km is None and not baseline:
-                unseen[idx] = True
-            for l, a in scan_pointers(k, idx):
-                if baseline or fallback == "allocation":
-                    acc.add(l, a_s[a], a_e[a], "allocation" if baseline else "fallback:allocation")
-                elif fallback == "history":
-                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
-            continue
-        sizes, offsets, mask = layouts(L, idx)
-        if (sizes, offsets) != (tuple(km.param_sizes), tuple(km.param_offsets)):
-            mask = np.zeros(len(idx), bool)
-        other = idx[~mask]
-        if len(other):
-            unseen[other] = True
-            for l, a in scan_pointers(k, other):
-                if fallback == "allocation":
-                    acc.add(l, a_s[a], a_e[a], "fallback:allocation")
-                elif fallback == "history":
-                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
-        idx = idx[mask]
-        if len(idx) == 0:
-            continue
+    def predict_kernel(km, idx, k):
+        """The pieces of launches `idx` of kernel code `k`, all of `km`'s parameter layout."""
         comp = _compile(km)
         width = max([s + o for s, o in zip(km.param_sizes, km.param_offsets)] or [0])
         mat = param_matrix(L, idx, width)
@@ -253,6 +230,36 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                     acc.add(l, a_s[ac], a_e[ac], "fallback:allocation")
                 elif fallback == "history":
                     fb_l.append(l), fb_a.append(ac), fb_k.append(np.full(len(l), k)), fb_h.append(r.history)
+    for k, (name, idx) in enumerate(zip(names, groups)):
+        km = None if baseline else model.kernels.get(name)
+        if km is None or (not km.regions and km.note):
+            if km is None and not baseline:
+                unseen[idx] = True
+            for l, a in scan_pointers(k, idx):
+                if baseline or fallback == "allocation":
+                    acc.add(l, a_s[a], a_e[a], "allocation" if baseline else "fallback:allocation")
+                elif fallback == "history":
+                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
+            continue
+        # each parameter layout by the model fitted for it (the kernel's, or a variant's)
+        known = np.zeros(len(idx), bool)
+        mine = []
+        for sizes, offsets, mask in layout_groups(L, idx):
+            kv = km.for_layout(sizes, offsets)
+            if kv is not None and (kv.regions or not kv.note):
+                known |= mask
+                mine.append((kv, idx[mask]))
+        other = idx[~known]
+        if len(other):
+            unseen[other] = True
+            for l, a in scan_pointers(k, other):
+                if fallback == "allocation":
+                    acc.add(l, a_s[a], a_e[a], "fallback:allocation")
+                elif fallback == "history":
+                    fb_l.append(l), fb_a.append(a), fb_k.append(np.full(len(l), k)), fb_h.append(None)
+        for kv, vidx in mine:
+            predict_kernel(kv, vidx, k)
+
     if fb_l:
         _history_fallback(trace, index, a_s, a_e, fb_l, fb_a, fb_k, fb_h, acc)
     return acc, unseen
@@ -497,17 +504,22 @@ class OnlinePredictor:
     def warm(self) -> "OnlinePredictor":
         """Compile every kernel of the model now, so that no launch pays for it (the first launch
         of a kernel otherwise compiles its formulas: milliseconds, inside a launch callback)."""
-        for name in list(self.model.kernels):
+        for name, km in list(self.model.kernels.items()):
             self._kernel(name, None)
+            for kv in (km, *km.variants):
+                self._kernel(name, kv.param_sizes)
         return self
 
     def _kernel(self, name: str, sizes):
         if self.model.version_counter != self._model_version:
             self._compiled.clear()
             self._model_version = self.model.version_counter
-        c = self._compiled.get(name)
+        key = (name, None if sizes is None else tuple(sizes))
+        c = self._compiled.get(key)
         if c is None:
             km = self.model.kernels.get(name)
+            if km is not None and sizes is not None:
+                km = km.for_layout(sizes)   # the kernel's or a variant's layout; None: neither
             if km is None:
                 c = (None, None, None)
             else:
@@ -523,10 +535,7 @@ class OnlinePredictor:
                     ix = None if iw is None else (iw.param, iw.within) + (() if cw is None else (cw.param, cw.within))
                     bases.append((r, b.param, b.within, r.cls, fns, ix))
                 c = (km, words, bases)
-            self._compiled[name] = c
-        km = c[0]
-        if km is not None and sizes is not None and tuple(sizes) != tuple(km.param_sizes):
-            return (None, None, None)
+            self._compiled[key] = c
         return c
 
     def _arguments(self, km, words, param_data: bytes, param_offsets, grid, block):

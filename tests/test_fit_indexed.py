@@ -900,7 +900,8 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
     the model file; a run with larger batches and longer requests is predicted exactly, batch ==
     online; bad lengths stop at the row's end or read nothing; lengths recorded in part give the
     rows they reach, online as in batch; a model file whose `length_diff` is not a boolean, or
-    whose indexed region names no index without lengths, is refused in one line."""
+    whose indexed region names no index with neither lengths nor a count buffer, is refused in
+    one line."""
     from pagecast.cli import main
     paths = [_pos_rows(s, m, h, diff=diff, record_table=record_table).write(tmp_path / f"r{s}.pctrace")
              for s, m, h in ((1, 4, 400_000), (2, 6, 700_000))]
@@ -928,7 +929,10 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
     assert "index" not in reg or reg["index"] is None
     for key, val in (("length_diff", "yes"), ("lengths", False)):
         d2 = json.loads(json.dumps(d))
-        next(x for x in d2["kernels"][km.name]["regions"] if x["base"] == "p0")[key] = val
+        reg2 = next(x for x in d2["kernels"][km.name]["regions"] if x["base"] == "p0")
+        reg2[key] = val
+        if key == "lengths":   # rows by position without lengths need a count buffer
+            reg2.pop("count_index")
         (tmp_path / "bad.json").write_text(json.dumps(d2))
         assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -999,3 +1003,83 @@ def test_fit_from_truth_reads_block_tables_and_last_blocks_to_the_page(tmp_path)
     k = next(x for x in ev["kernels"] if "paged_table" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, k
     assert_online_is_batch(model, tr)
+
+
+K_QROWS = Kernel("query_rows", [("out", "float*"), ("q", "const float*"), ("qsl", "const int*"), ("num_seqs", "int"),
+                                ("row_floats", "int")],
+                 {"out": "indexed", "q": "indexed", "qsl": "linear"})
+QROW_FLOATS, QROWS_MAX = 4096, 2048   # 16 KiB rows; persistent buffers of 2048 rows (32 MiB)
+
+
+def _query_rows(seed: int, max_seqs: int, q_hi: int, steps: int = 30) -> Builder:
+    """A unified attention's query and output buffers: persistent, 2048 rows of 16 KiB, of which
+    a launch reads and writes the batch's tokens, the last of `num_seqs + 1` query start offsets
+    (recorded), which no argument gives (the grid is over sequences and blocks of queries)."""
+    b = Builder("query-rows", seed=seed)
+    rng = b.rng
+    out = b.malloc(4 * QROW_FLOATS * QROWS_MAX, "out")
+    q = b.malloc(4 * QROW_FLOATS * QROWS_MAX, "q")
+    qsl = b.malloc(4 * 64, "qsl")
+    for _ in range(steps):
+        n = int(rng.integers(1, max_seqs + 1))
+        ql = rng.integers(1, q_hi, n)
+        offs = np.r_[0, np.cumsum(ql)].astype("<i4")
+        ntok = int(offs[-1])
+        i0 = b.reserve(1)
+        b.launch(K_QROWS, [i0], {"out": out.ptr(), "q": q.ptr(), "qsl": qsl.ptr(), "num_seqs": n,
+                                 "row_floats": QROW_FLOATS}, grid=(n + ntok // 8, 2),
+                 touches=[Range(qsl, 0, 4 * (n + 1)), Range(q, 0, 4 * QROW_FLOATS * ntok),
+                          Range(out, 0, 4 * QROW_FLOATS * ntok, WRITE)])
+        b.values(K_QROWS, "qsl", [i0], qsl.ptr(), offs[None])
+    return b
+
+
+@pytest.mark.parametrize("from_truth", [False, True])
+def test_rows_up_to_a_count_another_buffer_holds(tmp_path, capsys, from_truth):
+    """Persistent query and output buffers read and written up to the batch's token count, the
+    query start offsets' entry at the number of sequences: no argument gives it, so no range fits,
+    and the buffers are never whole. Fitted from faults and from truth as the buffers' first rows
+    up to that value, written readably and kept through the model file; a run with more and
+    longer sequences is predicted exactly, batch == online; a region with no index, no lengths and
+    no count buffer is refused in one line."""
+    from pagecast.cli import main
+    from pagecast.predict.truth_obs import truth_observations
+    paths = [_query_rows(s, m, h).write(tmp_path / f"q{s}.pctrace") for s, m, h in ((1, 4, 40), (2, 6, 60))]
+    traces = [T.read_trace(p) for p in paths]
+    model = fit_model([truth_observations(t) for t in traces] if from_truth else traces)
+    km = next(km for n, km in model.kernels.items() if "query_rows" in n)
+    texts = {x.base: x.text() for x in km.regions}
+    assert texts["p0"] == "[p0, p0 + 16384*v(p2)[p3])", texts
+    assert texts["p1"] == "[p1, p1 + 16384*v(p2)[p3])", texts
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name]
+    assert {x.base: x.text() for x in again.regions} == texts
+    tr = T.read_trace(_query_rows(3, 12, 150).write(tmp_path / "q3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "query_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p0")
+    reg.pop("count_index")
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "index" in err[0], err
+
+
+@settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
+def test_one_profile_of_rows_up_to_a_count_predicts_a_larger_run(tmp_path_factory, drop, seed):
+    """One profile of the persistent query and output buffers, 1% of its records lost or none:
+    rows up to the query start offsets' last entry predict a run of more and longer sequences."""
+    d = tmp_path_factory.mktemp("qrows")
+    fit = _query_rows(seed, 6, 60, steps=40).write(d / "fit.pctrace", drop=drop)
+    test = _query_rows(seed + 1, 12, 150).write(d / "test.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "query_rows" in n)
+    r = next(x for x in km.regions if x.base == "p0")
+    assert r.index is None and not r.lengths and r.count_index == "p2", r.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "query_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())

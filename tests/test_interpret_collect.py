@@ -434,3 +434,67 @@ def test_emulation_in_chunks_is_the_emulation(monkeypatch):
     fl = lambda c: set(zip(c[T.LAUNCH_ID].tolist(), (c[T.ADDRESS] >> 16).tolist()))  # noqa: E731
     a, b = fl(whole[0]), fl(parts[0])
     assert len(a ^ b) <= 0.01 * len(a) and len(a) > 1000
+
+
+ROWS = textwrap.dedent("""
+    import sys, torch, triton, triton.language as tl
+
+    @triton.jit
+    def take_rows(out_ptr, x_ptr, idx_ptr, ROW: tl.constexpr, HAS_IDX: tl.constexpr):
+        i = tl.program_id(0)
+        if HAS_IDX:
+            r = tl.load(idx_ptr + i)
+        else:
+            r = i
+        offs = tl.arange(0, ROW)
+        tl.store(out_ptr + i * ROW + offs, tl.load(x_ptr + r * ROW + offs))
+
+    ROW = 16384   # 64 KiB rows: a row a big page
+    x = torch.randn(256, ROW)
+    g = torch.Generator().manual_seed(int(sys.argv[1]))
+    for n in [int(a) for a in sys.argv[2:]]:
+        out = torch.empty(n, ROW)
+        take_rows[(n,)](out, x, None, ROW=ROW, HAS_IDX=False)           # the first n rows
+        assert torch.equal(out, x[:n])
+        idx = torch.randint(0, 256, (n,), generator=g)
+        take_rows[(n,)](out, x, idx, ROW=ROW, HAS_IDX=True)             # rows the indices choose
+        assert torch.equal(out, x[idx])
+""")
+
+
+def test_a_kernel_specialized_on_a_none_argument_is_fitted_per_parameter_layout(tmp_path):
+    """Triton drops an argument passed as None from the parameter buffer (it is a constant of
+    that specialization), so one kernel name launches with two layouts (vLLM's fused MoE takes its
+    sorted token ids as None for sparse batches). Each layout is fitted from its own launches
+    (`KernelModel.variants`) and predicted by its own templates: a larger run at 100% / 100%,
+    online as in batch, through the model file. Fitted from the majority layout alone, the
+    other's launches were unseen (the fallback)."""
+    from pagecast.predict.evaluate import evaluate
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.model_io import load_model, save_model
+    from test_fit_indexed import assert_online_is_batch
+    _script(tmp_path, ROWS, "rows.py")
+    for name, args in (("a", ["1", "3", "9", "5"]), ("b", ["2", "12", "4", "20", "7"]), ("c", ["3", "40", "33"])):
+        p = _collect(["-o", f"{name}.pctrace", "--seed", args[0], "--", "python", "rows.py", *args], tmp_path)
+        assert p.returncode == 0, p.stderr
+    model = fit_model([_read(tmp_path / "a.pctrace"), _read(tmp_path / "b.pctrace")])
+    km = model.kernels["take_rows"]
+    assert len(km.variants) == 1 and len(km.variants[0].param_sizes) != len(km.param_sizes)
+    assert {r.cls for kv in (km, *km.variants) for r in kv.regions} >= {"indexed", "linear"}
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json")
+    kv = again.kernels["take_rows"].variants[0]
+    assert [r.text() for r in kv.regions] == [r.text() for r in km.variants[0].regions]
+    test = _read(tmp_path / "c.pctrace")
+    k = next(x for x in evaluate(again, test, "none")["kernels"] if x["kernel"] == "take_rows")
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(again, test)
+    # a variants entry that is no list of kernels, or repeats the kernel's layout: one line, exit 2
+    doc = json.loads((tmp_path / "m.json").read_text())
+    for bad in ("x", [doc["kernels"]["take_rows"] | {"variants": []}]):
+        d = json.loads(json.dumps(doc))
+        d["kernels"]["take_rows"]["variants"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(d))
+        p = subprocess.run([sys.executable, "-m", "pagecast.cli", "evaluate", "bad.json", "c.pctrace"], cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "variant" in p.stderr, p.stderr

@@ -47,8 +47,9 @@ from .. import formula as FM
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import MAX_LENGTH_VALUES, launch_positions, length_sets, own_units, position_names, pow2_divisors
-from .index_values import indexed_pieces, start_for, verify_indexed, indexed_pages
+from .index_counts import (MAX_LENGTH_VALUES, buffer_count_candidates, launch_positions, length_sets, own_units,
+                           position_names, pow2_divisors)
+from .index_values import edge_stride, indexed_pieces, indexed_pages, start_for, verify_indexed
 from .layout import fault_pages_loglik
 
 MAX_VERIFIED = 48   # candidates verified per region at most (each passed the end check)
@@ -117,6 +118,55 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
     cands.sort(key=lambda x: x[:3])
     best = None
     for *_, r in cands[:MAX_VERIFIED]:
+        taken = _take(kd, r, cat, sel, sv, part, lid, best)
+        if taken is not None:
+            best = taken
+    if best is None:
+        return None
+    r, okv, _ = best
+    fit["exact"] = round(float(okv.mean()), 6)
+    fit["unexplained"] = int((~okv).sum())
+    fit["values"] = {"launches": n, "without_values": int(len(sel) - n), "elem": r.elem, "by_position": True}
+    return r
+
+
+def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict,
+                       bounds) -> Region | None:
+    """The first rows of base word `w`'s buffer, as many as another traced buffer's value says
+    (predict/indexed.py, `position_range`): `[base + start, + stride * count)`, the count the
+    value at position 0, or at an argument or grid dimension, of another pointer's values row,
+    or that over a power of two, rounded up (`index_counts.buffer_count_candidates`: a query or
+    output buffer's rows up to the batch's token count, its query start offsets' last entry).
+    The stride is solved from where the last row ends (one term times the count), the start
+    from where the first begins; a candidate must verify and hold every fault page, and of those
+    that do, one tried later replaces the one standing only where the faults are
+    `odds_per_term` times likelier under it. Or None. Fills `fit` as fit_indexed does."""
+    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+        return None
+    part, lid = launch_positions(kd)
+    sv = sel[~nat]
+    if not len(sv):
+        return None
+    g = kd.group[sv]
+    n = len(sv)
+    s_lo, s_hi, e_lo, e_hi = (b[~nat] for b in bounds)
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    room = cat.alloc_eb[sv] - cat.base[sv]
+    zero = np.zeros(n, np.int64)
+    best, tried = None, 0
+    for c in buffer_count_candidates(kd, w, None, g, sv, part, lid, room):
+        if (c.k < 1).all() or tried >= MAX_VERIFIED:
+            continue
+        sd = edge_stride(kd, g, zero, c.k, (e_lo, e_hi), "lo", max_terms=2)
+        found = None if sd is None else start_for(kd, g, vals, sd, zero, s_lo, s_hi)
+        if found is None:
+            continue
+        sdv, start, c0 = found
+        if not _ends_within(kd, np.arange(n), c0 + sdv * c.k, c.k > 0, e_lo, e_hi, n):
+            continue
+        tried += 1
+        r = Region(w.name, "indexed", start=start, stride=sd, chunk=sd, count=c.count, index=None, elem=4,
+                   count_index=c.cidx, count_elem=c.celem, count_div=c.cdiv)
         taken = _take(kd, r, cat, sel, sv, part, lid, best)
         if taken is not None:
             best = taken

@@ -268,7 +268,7 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
     v0, v1, strides = c.strides
     if not strides:
         # no stride follows both edges (the last chunk's end follows its length too): from the start
-        sd = _edge_stride(kd, g, v0, v1, (s_lo, s_hi), "hi")
+        sd = edge_stride(kd, g, v0, v1, (s_lo, s_hi), "hi")
         strides = [] if sd is None else [sd]
     k = c.k
     if int(k.sum()) > MAX_LENGTH_VALUES:   # as length_sets: nothing to try, and too many to hold
@@ -381,13 +381,13 @@ def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3, part_last: bool = 
     if part_last:   # the first chunk's start alone
         one_edge.append((v1, (s_lo, s_hi), "hi"))
     for top, edge, side in one_edge:
-        sd = _edge_stride(kd, g, v0, top, edge, side, pure, max_terms)
+        sd = edge_stride(kd, g, v0, top, edge, side, pure, max_terms)
         if sd is not None and sd not in strides:
             strides.append(sd)
     return strides
 
 
-def _edge_stride(kd, g, v0, v1, edge, side: str, pure: bool = False, max_terms: int = 3) -> FM.Formula | None:
+def edge_stride(kd, g, v0, v1, edge, side: str, pure: bool = False, max_terms: int = 3) -> FM.Formula | None:
     """The stride of the simplest formula, with a value's term, for one edge within `edge` (lo, hi),
     `side` its hard bound (solve_pair): the first chunk's start (v0) or the last one's end (v1 one
     past the largest value); None where none holds or no single term multiplies a value."""

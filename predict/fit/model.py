@@ -31,6 +31,7 @@ from pagecast import PRODUCER
 from pagecast.errors import TraceError, UsageError
 
 from ..model_io import KernelModel, Model, Pinning, Region
+from ..features import layout_groups
 from ..observe import TraceObs
 from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
@@ -77,10 +78,28 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
                 parts[name].append((o, idx))
     names = sorted(parts)
     for name in names:
-        model.kernels[name] = fit_kernel(name, parts[name], ps, params)
+        km = model.kernels[name] = fit_kernel(name, parts[name], ps, params)
+        for vparts in other_layouts(parts[name], km):
+            km.variants.append(fit_kernel(name, vparts, ps, params))
         if progress is not None:
             progress.advance(1) if hasattr(progress, "advance") else progress(1)
     return model
+
+
+MIN_VARIANT_LAUNCHES = 2   # launches of another parameter layout a variant is fitted from, at least
+
+
+def other_layouts(parts: list, km: KernelModel) -> list[list]:
+    """The kernel's launches `parts` [(TraceObs, launch ids)] by parameter layout, for each layout
+    other than `km`'s with at least MIN_VARIANT_LAUNCHES launches: the parts to fit its variant
+    from (KernelModel.variants), the most launches first."""
+    by: dict[tuple, list] = {}
+    for o, idx in parts:
+        for sizes, offsets, mask in layout_groups(o.trace.launches, idx):
+            if (sizes, offsets) != (tuple(km.param_sizes), tuple(km.param_offsets)):
+                by.setdefault((sizes, offsets), []).append((o, idx[mask]))
+    out = [ps for ps in by.values() if sum(len(i) for _, i in ps) >= MIN_VARIANT_LAUNCHES]
+    return sorted(out, key=lambda ps: -sum(len(i) for _, i in ps))
 
 
 def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, assess: bool = True) -> KernelModel:

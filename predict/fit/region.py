@@ -5,6 +5,9 @@
 region wins. Each attempt is one function of the `RegionFit`; adding a template class is one
 more `Attempt` in the list (and its fitter module), with its rank among duplicates
 (`region_score`). docs/template-model.md explains each class.
+
+Long because the cascade's attempts and the evidence they share (`RegionFit`, its cached indexed
+fits, the range bounds and fault statistics every attempt reads) are one step of the fit.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from ..features import Word
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_rows import fit_by_position
+from .index_rows import fit_by_position, fit_position_range
 from .index_values import fit_indexed, indexed_pages
 from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
@@ -90,11 +93,24 @@ class RegionFit:
             self._indexed[BY_POSITION] = (r, f)
         return self._indexed[BY_POSITION][0]
 
+    def position_range(self) -> Region | None:
+        """The buffer's first rows up to a count another buffer holds (fit.index_rows), tried once."""
+        if POSITION_RANGE not in self._indexed:
+            f = dict(self.fit)
+            r = fit_position_range(self.kd, self.w, self.cat, self.sel, self.nat, f,
+                                   range_bounds(self.kd, self.cat, self.sel, self.nat))
+            self._indexed[POSITION_RANGE] = (r, f)
+        return self._indexed[POSITION_RANGE][0]
+
     def take_indexed(self, max_terms: int | str = 3) -> Region | None:
-        """The indexed fit (`max_terms`, or BY_POSITION: rows by position) as this word's region, its
-        statistics recorded; the rows by position where no index word explains the launches."""
-        r = self.by_position() if max_terms == BY_POSITION else self.indexed(max_terms)
-        if r is None and max_terms != BY_POSITION:
+        """The indexed fit (`max_terms`, BY_POSITION: rows by position, or POSITION_RANGE) as this
+        word's region, its statistics recorded; the rows by position where no index word explains
+        the launches."""
+        if max_terms == POSITION_RANGE:
+            r = self.position_range()
+        else:
+            r = self.by_position() if max_terms == BY_POSITION else self.indexed(max_terms)
+        if r is None and max_terms not in (BY_POSITION, POSITION_RANGE):
             return self.take_indexed(BY_POSITION)
         if r is not None:
             self.fit.clear()
@@ -103,6 +119,7 @@ class RegionFit:
 
 
 BY_POSITION = "by_position"   # RegionFit's key for the rows-by-position fit
+POSITION_RANGE = "position_range"   # and for the first rows up to a count another buffer holds
 
 
 def _try_strided(rf: RegionFit) -> Region | None:
@@ -295,15 +312,16 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
     add a constant stride times the value, no other term), as it runs for every range of a kernel
     with values; a stride that follows an argument varies within the profile, which a range
     rarely explains. Rows chosen by their position (`BY_POSITION`: a block table's own rows, each
-    read to its sequence's length) are the other rival; an index word that verifies may still
-    explain the faults worse. Returns the key (`take_indexed`) of the likelier rival that wins,
+    read to its sequence's length) are another rival, and the buffer's first rows up to a count
+    another buffer holds (`POSITION_RANGE`: an output buffer's rows up to the batch's token count)
+    the third; an index word that verifies may still explain the faults worse. Returns the key (`take_indexed`) of the likelier rival that wins,
     or None."""
     kd, cat, sel = rf.kd, rf.cat, rf.sel
     if not any(p.obs.trace.values is not None for p in kd.parts):
         return None
     won, best = None, -np.inf
-    for key in (COMPARE_TERMS, BY_POSITION):
-        alt = rf.by_position() if key == BY_POSITION else rf.indexed(key)
+    for key in (COMPARE_TERMS, BY_POSITION, POSITION_RANGE):
+        alt = {BY_POSITION: rf.by_position, POSITION_RANGE: rf.position_range}.get(key, lambda: rf.indexed(key))()
         if alt is None:
             continue
         _, have = indexed_pages(kd, alt, cat, sel)
@@ -334,6 +352,13 @@ def _try_allocation(rf: RegionFit) -> Region | None:
     return Region(rf.w.name, "allocation")
 
 
+def _try_position_range(rf: RegionFit) -> Region | None:
+    """The buffer's first rows, as many as another buffer's value says (fit.index_rows,
+    `fit_position_range`): tried after the whole allocation, so that a fresh buffer a kernel
+    reads whole stays `allocation` whatever value happens to match its rows."""
+    return rf.take_indexed(POSITION_RANGE)
+
+
 def _try_irregular(rf: RegionFit) -> Region:
     """What nothing else explains: the pages it touched, as history."""
     rf.fit["exact"] = 0.0
@@ -355,6 +380,7 @@ CASCADE: list[Attempt] = [
     Attempt({"fixed": 0, "linear": 1}, _try_range),
     Attempt({"indexed": 4}, _try_indexed),
     Attempt({"allocation": 3}, _try_allocation),
+    Attempt({"indexed": 4}, _try_position_range),
     Attempt({"irregular": 5}, _try_irregular),
 ]
 CLASS_RANK: dict[str, int] = {c: r for a in CASCADE for c, r in a.ranks.items()}
