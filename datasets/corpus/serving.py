@@ -156,10 +156,14 @@ class Engine:
     # ---- the scheduler ---------------------------------------------------------------------
     def arrive(self) -> None:
         while len(self.waiting) < 2:
-            p = int(self.rng.integers(self.prompt_mean // 2, self.prompt_mean * 3 // 2 + 1))
-            o = int(self.rng.integers(self.output_mean // 2, self.output_mean * 3 // 2 + 1))
-            self.waiting.append(Request(self.next_rid, p, o))
-            self.next_rid += 1
+            self.new_request()
+
+    def new_request(self) -> None:
+        """A request with drawn prompt and output lengths joins the waiting ones."""
+        p = int(self.rng.integers(self.prompt_mean // 2, self.prompt_mean * 3 // 2 + 1))
+        o = int(self.rng.integers(self.output_mean // 2, self.output_mean * 3 // 2 + 1))
+        self.waiting.append(Request(self.next_rid, p, o))
+        self.next_rid += 1
 
     def grow(self, r: Request, tokens: int) -> list[int]:
         """Cache slots for the next `tokens` tokens of r, taking pages from the free list."""
@@ -177,8 +181,10 @@ class Engine:
         self.free_pages.extend(self.rng.permutation(r.pages).tolist())
         self.free_slots.append(r.slot)
 
-    def step(self) -> None:
-        self.arrive()
+    def schedule(self) -> tuple[list[Request], list[Request], list[int]]:
+        """The step's batch: the running requests that decode (at most MAX_BATCH), then up to
+        MAX_EXTEND waiting ones with their prompt chunks within the token budget, while the free
+        list keeps room (each takes a request slot on its first chunk)."""
         decode = [r for r in self.running if r.prefilled][:MAX_BATCH]
         pages_needed = len(decode) + CHUNK // PAGE + 2
         ext: list[Request] = []
@@ -195,13 +201,37 @@ class Engine:
             ext.append(r), chunks.append(c)
             budget -= c
             pages_needed += -(-c // PAGE)
-        batch = decode + ext
-        if not batch:
-            return
+        return decode, ext, chunks
+
+    def retire(self, decode: list[Request], ext: list[Request]) -> None:
+        """After the step: prefilled requests start decoding, finished ones give their pages back."""
+        done = {id(r) for r in ext if r.prefilled}
+        self.waiting = [r for r in self.waiting if id(r) not in done]
+        self.running += [r for r in ext if id(r) in done]
+        for r in decode:
+            if r.done >= r.prompt + r.output:
+                self.finish(r)
+        self.running = [r for r in self.running if r.done < r.prompt + r.output]
+
+    def begin_step(self):
+        """Arrivals, the batch, and its tokens' cache slots (pages taken as needed): (decode, ext,
+        each request's token count, the slots), or None for an empty batch."""
+        self.arrive()
+        decode, ext, chunks = self.schedule()
+        if not decode and not ext:
+            return None
         counts = [1] * len(decode) + chunks
         slots: list[int] = []
-        for r, c in zip(batch, counts):
+        for r, c in zip(decode + ext, counts):
             slots += self.grow(r, c)
+        return decode, ext, counts, slots
+
+    def step(self) -> None:
+        begun = self.begin_step()
+        if begun is None:
+            return
+        decode, ext, counts, slots = begun
+        batch = decode + ext
         for r, c in zip(batch, counts):
             r.done += c
         ntok = len(slots)
@@ -230,17 +260,11 @@ class Engine:
         if ext:
             self.ext_kv_indptr[: len(ext) + 1] = torch.tensor([0, *torch.tensor(lens[nd:]).cumsum(0).tolist()],
                                                               dtype=torch.int32)
-            self.ext_qo_indptr[: len(ext) + 1] = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()],
+            self.ext_qo_indptr[: len(ext) + 1] = torch.tensor([0, *torch.tensor(counts[nd:]).cumsum(0).tolist()],
                                                               dtype=torch.int32)
             self.extend_attention(q[nd:].contiguous(), nd, len(ext))
         self.moe(x)
-        done = {id(r) for r in ext if r.prefilled}
-        self.waiting = [r for r in self.waiting if id(r) not in done]
-        self.running += [r for r in ext if id(r) in done]
-        for r in decode:
-            if r.done >= r.prompt + r.output:
-                self.finish(r)
-        self.running = [r for r in self.running if r.done < r.prompt + r.output]
+        self.retire(decode, ext)
 
     # ---- the launches, as the engines' host code makes them ----------------------------------
     def embedding(self, ntok: int):

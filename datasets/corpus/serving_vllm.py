@@ -40,9 +40,8 @@ import triton.language as tl
 from . import engines as E
 from .corpus_run import parse
 from .serving import (BLOCK_M, CHUNK, CONTEXT_PAGES, FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, MAX_BATCH,
-                      MAX_EXTEND, MAX_PAGES_PER_REQ, MAX_REQS, OUTPUT, PAGE, POOL_PAGES, PROMPT, VOCAB)
+                      MAX_EXTEND, MAX_REQS, OUTPUT, PAGE, POOL_PAGES, PROMPT, VOCAB)
 from .serving import Engine as SchedulerEngine
-from .serving import Request
 
 EXPERTS_VLLM = 64        # enough experts that a decode batch's top-k is sparse (vLLM's naive assignment)
 ARRIVALS = 0.4           # requests arriving per step, on average
@@ -106,36 +105,17 @@ class Engine(SchedulerEngine):
         for _ in range(int(self.rng.poisson(ARRIVALS))):
             if len(self.waiting) >= 2:
                 break
-            p = int(self.rng.integers(self.prompt_mean // 2, self.prompt_mean * 3 // 2 + 1))
-            o = int(self.rng.integers(self.output_mean // 2, self.output_mean * 3 // 2 + 1))
-            self.waiting.append(Request(self.next_rid, p, o))
-            self.next_rid += 1
+            self.new_request()
 
     def step(self) -> None:
-        self.arrive()
-        decode = [r for r in self.running if r.prefilled][:MAX_BATCH]
-        ext, chunks, budget = [], [], CHUNK
-        pages_needed = len(decode) + CHUNK // PAGE + 2
-        for r in self.waiting[:MAX_EXTEND]:
-            if budget <= 0 or len(self.free_pages) <= pages_needed + MAX_PAGES_PER_REQ // 4:
-                break
-            if r.slot < 0:
-                if not self.free_slots:
-                    break
-                r.slot = self.free_slots.pop(0)
-                self.num_computed[r.slot] = 0
-            c = min(budget, r.prompt - r.done)
-            ext.append(r), chunks.append(c)
-            budget -= c
-            pages_needed += -(-c // PAGE)
-        batch = decode + ext
-        if not batch:
+        begun = self.begin_step()
+        if begun is None:
             return
-        counts = [1] * len(decode) + chunks
-        slots: list[int] = []
-        for r, c in zip(batch, counts):
-            slots += self.grow(r, c)
+        decode, ext, counts, slots = begun
+        batch = decode + ext
         b, ntok = len(batch), sum(counts)
+        for r in batch:   # a slot's count restarts with its request (a reused slot holds its last one's)
+            self.num_computed[r.slot] = r.done
         # the input batch's host side: rows in batch order (whole rows: their tails stale), slots
         self.input_table[:b] = self.req_to_page[[r.slot for r in batch]]
         self.slot_mapping.fill_(-1)
@@ -154,13 +134,7 @@ class Engine(SchedulerEngine):
         self.cache_write(k, v, ntok)
         self.attention(q, b, max(counts))
         self.moe(x)
-        done = {id(r) for r in ext if r.prefilled}
-        self.waiting = [r for r in self.waiting if id(r) not in done]
-        self.running += [r for r in ext if id(r) in done]
-        for r in decode:
-            if r.done >= r.prompt + r.output:
-                self.finish(r)
-        self.running = [r for r in self.running if r.done < r.prompt + r.output]
+        self.retire(decode, ext)
 
     # ---- the launches, as vLLM's runner and backends make them -------------------------------
     def prepare(self, b: int) -> None:

@@ -61,12 +61,10 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
                     bounds) -> Region | None:
     """Rows by position for base word `w` at its observed launches `sel` (module doc), or None.
     Fills `fit` as fit_indexed does."""
-    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+    got = _with_values(kd, sel, nat)
+    if got is None:
         return None
-    part, lid = launch_positions(kd)
-    sv = sel[~nat]
-    if not len(sv):
-        return None
+    part, lid, sv = got
     # the entries' width: the region's own values where they were recorded, else int32 or int64,
     # which the rows' stride in bytes then pins
     units = own_units(kd, w, sv, part, lid) or list(UNITS)
@@ -121,13 +119,7 @@ def fit_by_position(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.
         taken = _take(kd, r, cat, sel, sv, part, lid, best)
         if taken is not None:
             best = taken
-    if best is None:
-        return None
-    r, okv, _ = best
-    fit["exact"] = round(float(okv.mean()), 6)
-    fit["unexplained"] = int((~okv).sum())
-    fit["values"] = {"launches": n, "without_values": int(len(sel) - n), "elem": r.elem, "by_position": True}
-    return r
+    return _taken(best, fit, n, len(sel))
 
 
 def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict,
@@ -141,12 +133,10 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
     from where the first begins; a candidate must verify and hold every fault page, and of those
     that do, one tried later replaces the one standing only where the faults are
     `odds_per_term` times likelier under it. Or None. Fills `fit` as fit_indexed does."""
-    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+    got = _with_values(kd, sel, nat)
+    if got is None:
         return None
-    part, lid = launch_positions(kd)
-    sv = sel[~nat]
-    if not len(sv):
-        return None
+    part, lid, sv = got
     g = kd.group[sv]
     n = len(sv)
     s_lo, s_hi, e_lo, e_hi = (b[~nat] for b in bounds)
@@ -170,12 +160,28 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
         taken = _take(kd, r, cat, sel, sv, part, lid, best)
         if taken is not None:
             best = taken
+    return _taken(best, fit, n, len(sel))
+
+
+def _with_values(kd: KernelData, sel: np.ndarray, nat: np.ndarray):
+    """(each launch's trace, its id there, the launches of `sel` that take part: not natural
+    mode), or None where no trace holds values or no launch takes part."""
+    if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
+        return None
+    part, lid = launch_positions(kd)
+    sv = sel[~nat]
+    return (part, lid, sv) if len(sv) else None
+
+
+def _taken(best, fit: dict, n: int, n_sel: int) -> Region | None:
+    """The region `_take` kept last (None: none), its statistics in `fit` (`n` launches with values
+    of `n_sel` observed), as fit_indexed fills them."""
     if best is None:
         return None
     r, okv, _ = best
     fit["exact"] = round(float(okv.mean()), 6)
     fit["unexplained"] = int((~okv).sum())
-    fit["values"] = {"launches": n, "without_values": int(len(sel) - n), "elem": r.elem, "by_position": True}
+    fit["values"] = {"launches": n, "without_values": int(n_sel - n), "elem": r.elem, "by_position": True}
     return r
 
 
