@@ -102,6 +102,7 @@ def apply_feedback(model: Model, trace: T.Trace, launch_id: int, missed_start, m
                          note="added by fault feedback (never fitted)")
         model.kernels[kernel] = km
         changed = True
+    km = km.for_layout(sizes, offsets) or km   # the model of this launch's layout (a variant's)
     km.feedback["events"] = int(km.feedback.get("events", 0)) + 1
     km.feedback["missed_pages"] = int(km.feedback.get("missed_pages", 0)) + int((me - ms).sum())
     same_layout = tuple(km.param_sizes) == sizes and tuple(km.param_offsets) == offsets
