@@ -145,7 +145,9 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
     zero = np.zeros(n, np.int64)
     best, tried = None, 0
     for c in buffer_count_candidates(kd, w, None, g, sv, part, lid, room):
-        if (c.k < 1).all() or tried >= MAX_VERIFIED:
+        if tried >= MAX_VERIFIED:
+            break
+        if (c.k < 1).all():
             continue
         sd = edge_stride(kd, g, zero, c.k, (e_lo, e_hi), "lo", max_terms=2)
         found = None if sd is None else start_for(kd, g, vals, sd, zero, s_lo, s_hi)
