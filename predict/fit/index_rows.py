@@ -129,8 +129,8 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
     value at position 0, or at an argument or grid dimension, of another pointer's values row,
     or that over a power of two, rounded up (`index_counts.buffer_count_candidates`: a query or
     output buffer's rows up to the batch's token count, its query start offsets' last entry).
-    The stride is solved from where the last row ends (one term times the count), the start
-    from where the first begins; a candidate must verify and hold every fault page, and of those
+    The stride, a constant (rows of the same bytes at every launch), is solved from where the
+    last row ends, the start from where the first begins; a candidate must verify and hold every fault page, and of those
     that do, one tried later replaces the one standing only where the faults are
     `odds_per_term` times likelier under it. Or None. Fills `fit` as fit_indexed does."""
     got = _with_values(kd, sel, nat)
@@ -144,12 +144,18 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
     room = cat.alloc_eb[sv] - cat.base[sv]
     zero = np.zeros(n, np.int64)
     best, tried = None, 0
+    strides: dict[bytes, FM.Formula | None] = {}   # counts alike (other buffers, positions) share a solve
     for c in buffer_count_candidates(kd, w, None, g, sv, part, lid, room):
         if tried >= MAX_VERIFIED:
             break
         if (c.k < 1).all():
             continue
-        sd = edge_stride(kd, g, zero, c.k, (e_lo, e_hi), "lo", max_terms=2)
+        key = c.k.tobytes()
+        if key not in strides:
+            # a constant row (its bytes the same at every launch: a model's hidden size), the
+            # cheap solve this rival of every range of a kernel with values can afford
+            strides[key] = edge_stride(kd, g, zero, c.k, (e_lo, e_hi), "lo", pure=True, max_terms=1)
+        sd = strides[key]
         found = None if sd is None else start_for(kd, g, vals, sd, zero, s_lo, s_hi)
         if found is None:
             continue
