@@ -109,7 +109,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     Launches that read the same row with the same formulas' values from the same base (a static
     CSR matrix's column indices, read at every iteration) are evaluated once."""
     n = len(launch)
-    if position_range(region):
+    if region.position_range:
         return _position_pieces(region, vals, base, launch, im, ps, a_s, a_e, cptr)
     if region.row_stride is not None:
         return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
@@ -167,11 +167,6 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     idx = FP._ranges(ptr[inv], c)
     out.update(l=np.repeat(todo, c), s=us[idx], e=ue[idx], outside=outside, sentinel=sentinel)
     return out
-
-
-def position_range(region: Region) -> bool:
-    """Rows by position up to a count read from another buffer, without lengths (module doc)."""
-    return region.index is None and not region.lengths and region.count_index is not None
 
 
 def _position_chunks(k, first, stride, chunk):
@@ -404,7 +399,7 @@ def reads(region: Region, values: dict, iptr: int, count=None) -> tuple[int, int
         first, k, _ = _row_reads(region, values, count)
         span = int((first + k)[k > 0].max()) if (k > 0).any() else 0
         return int(iptr), min(span, MAX_INDEXED) * region.elem
-    if position_range(region):   # no index values
+    if region.position_range:   # no index values
         return int(iptr), 0
     if region.lengths and region.count_index is not None:
         if region.index is None:   # rows by position: no index values
@@ -455,7 +450,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     the count read from another buffer (decode_count), where the region's count is one."""
     st, sd, ch, cnt = (f(values) for f in fns)
     e = region.elem
-    if position_range(region):
+    if region.position_range:
         if count is None:
             return
         _, b0, b1 = _position_chunks(np.array([count], I64), base + st, sd, ch)

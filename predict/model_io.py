@@ -69,6 +69,12 @@ class Region:
     history: list[list[int]] = field(default_factory=list)  # irregular: pages relative to the allocation
     fit: dict = field(default_factory=dict)
 
+    @property
+    def position_range(self) -> bool:
+        """Indexed rows by position, not by index values: `count` rows of `stride` bytes from
+        `start`, the count read from count_index, with no lengths (predict/indexed.py)."""
+        return self.index is None and not self.lengths and self.count_index is not None
+
     def formulas(self) -> dict[str, Formula]:
         return {k: getattr(self, k) for k in ("start", "end", "count", "chunk", "stride", "row_stride")
                 if getattr(self, k) is not None}
@@ -140,7 +146,7 @@ def indexed_text(r: Region) -> str:
     buffer's first rows up to a count another buffer holds, read whole: `[p0, p0 +
     1024*v(p24)[p25])` (an output buffer's rows up to the query start offsets' last entry)."""
     table = r.row_stride is not None and r.count_index is not None
-    if r.index is None and not r.lengths and r.count_index is not None and r.chunk == r.stride:
+    if r.position_range and r.chunk == r.stride:
         # rows by position up to a count read from another buffer, read whole: one range
         n = f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
         n = n if r.count_div == 1 else f"ceil({n} / {r.count_div})"

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit
 
-import numpy as np
 import pytest
 import torch
 
-from pagecast import trace as T
 from pagecast.collect import interpret_compat
 from pagecast.datasets import corpus
 from pagecast.datasets.corpus import engines as E
 from pagecast.datasets.corpus import serving as S
 from pagecast.datasets.corpus.corpus_run import parse
+from serving_checks import assert_recorded_padding, check_cache_write, read_recording
 
 interpret_compat.apply_all()
 
@@ -57,13 +55,7 @@ class Checked(S.Engine):
     def cache_write(self, k, v):
         before = self.k_cache.clone()
         super().cache_write(k, v)
-        slots = self.slot_mapping[: k.shape[0]]
-        assert (slots >= 0).all() and (self.slot_mapping[k.shape[0]:] == -1).all()
-        kc = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
-        assert torch.equal(kc[slots], k) and torch.equal(self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)[slots], v)
-        untouched = torch.ones(kc.shape[0], dtype=torch.bool)
-        untouched[slots] = False
-        assert torch.equal(kc[untouched], before.view(-1, S.KV_HEADS, S.HEAD_DIM)[untouched])   # -1 wrote nothing
+        check_cache_write(self, before, k, v)
         self.checked.add("cache")
 
     def kv_indices_from_table(self, nd):
@@ -145,16 +137,6 @@ def test_engine_kernels_match_torch_over_a_serving_loop():
 def test_datasets_make_records_the_serving_loop_with_its_index_values(tmp_path):
     from pagecast.datasets.registry import make_trace
     out = make_trace("serving", tmp_path / "s.pctrace", scale=0.25, seed=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", T.TraceWarning)
-        tr = T.read_trace(out)
-    assert set(tr.launches.column(T.KERNEL).to_pylist()) == set(corpus.SERVING_KERNELS)
+    tr = read_recording(out, corpus.SERVING_KERNELS)
     assert corpus.CORPUS["serving"].irregular == corpus.SERVING_KERNELS
-    assert tr.values is not None and tr.values.num_rows > 0
-    # the slot mapping's row holds the -1 padding the cache write skips
-    kern = np.array(tr.launches.column(T.KERNEL).to_pylist())
-    lid = tr.launches.column(T.LAUNCH_ID).to_numpy()
-    cw = set(lid[kern == "reshape_and_cache_flash"].tolist())
-    vl = tr.values.column(T.LAUNCH_ID).to_numpy()
-    rows = [bytes(b) for b, launch in zip(tr.values.column(T.DATA).to_pylist(), vl) if launch in cw]
-    assert any((np.frombuffer(b[: len(b) // 8 * 8], "<i8") == -1).any() for b in rows)
+    assert_recorded_padding(tr, "reshape_and_cache_flash")

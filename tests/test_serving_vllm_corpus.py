@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit
 
-import numpy as np
 import torch
 
-from pagecast import trace as T
 from pagecast.collect import interpret_compat
 from pagecast.datasets import corpus
 from pagecast.datasets.corpus import engines as E
 from pagecast.datasets.corpus import serving as S
 from pagecast.datasets.corpus import serving_vllm as SV
 from pagecast.datasets.corpus.corpus_run import parse
+from serving_checks import assert_recorded_padding, check_cache_write, read_recording
 
 interpret_compat.apply_all()
 
@@ -67,12 +65,7 @@ class Checked(SV.Engine):
     def cache_write(self, k, v, ntok):
         before = self.k_cache.clone()
         super().cache_write(k, v, ntok)
-        slots = self.slot_mapping[:ntok]
-        kc = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
-        assert torch.equal(kc[slots], k) and torch.equal(self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)[slots], v)
-        untouched = torch.ones(kc.shape[0], dtype=torch.bool)
-        untouched[slots] = False
-        assert torch.equal(kc[untouched], before.view(-1, S.KV_HEADS, S.HEAD_DIM)[untouched])   # -1 wrote nothing
+        check_cache_write(self, before, k, v)
         self.checked.add("cache")
 
     def attention(self, q, b, max_q):
@@ -122,15 +115,5 @@ def test_vllm_kernels_match_torch_over_a_serving_loop():
 def test_datasets_make_records_the_vllm_loop_with_its_index_values(tmp_path):
     from pagecast.datasets.registry import make_trace
     out = make_trace("serving-vllm", tmp_path / "v.pctrace", scale=0.25, seed=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", T.TraceWarning)
-        tr = T.read_trace(out)
-    assert set(tr.launches.column(T.KERNEL).to_pylist()) == set(corpus.SERVING_VLLM_KERNELS)
-    assert tr.values is not None and tr.values.num_rows > 0
-    # the slot mapping's row holds the -1 padding the cache write skips
-    kern = np.array(tr.launches.column(T.KERNEL).to_pylist())
-    lid = tr.launches.column(T.LAUNCH_ID).to_numpy()
-    cw = set(lid[kern == "reshape_and_cache_kernel_flash"].tolist())
-    vl = tr.values.column(T.LAUNCH_ID).to_numpy()
-    rows = [bytes(b) for b, launch in zip(tr.values.column(T.DATA).to_pylist(), vl) if launch in cw]
-    assert any((np.frombuffer(b[: len(b) // 8 * 8], "<i8") == -1).any() for b in rows)
+    tr = read_recording(out, corpus.SERVING_VLLM_KERNELS)
+    assert_recorded_padding(tr, "reshape_and_cache_kernel_flash")

@@ -80,6 +80,20 @@ class Request:
         return self.done >= self.prompt
 
 
+@dataclass
+class Step:
+    """One scheduler step's batch: the decoding requests, then the prefill chunks' ones, each
+    request's new token count, and their total."""
+    decode: list[Request]
+    ext: list[Request]
+    counts: list[int]
+    tokens: int
+
+    @property
+    def batch(self) -> list[Request]:
+        return self.decode + self.ext
+
+
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 2))
 
@@ -213,9 +227,9 @@ class Engine:
                 self.finish(r)
         self.running = [r for r in self.running if r.done < r.prompt + r.output]
 
-    def begin_step(self):
-        """Arrivals, the batch, and its tokens' cache slots (pages taken as needed): (decode, ext,
-        each request's token count, the slots), or None for an empty batch."""
+    def begin_step(self) -> Step | None:
+        """Arrivals, the batch, its tokens' cache slots (pages taken as needed) written into the
+        slot mapping, padded with -1; None for an empty batch."""
         self.arrive()
         decode, ext, chunks = self.schedule()
         if not decode and not ext:
@@ -224,20 +238,19 @@ class Engine:
         slots: list[int] = []
         for r, c in zip(decode + ext, counts):
             slots += self.grow(r, c)
-        return decode, ext, counts, slots
+        self.slot_mapping.fill_(-1)
+        self.slot_mapping[: len(slots)] = torch.tensor(slots, dtype=torch.int64)
+        return Step(decode, ext, counts, len(slots))
 
     def step(self) -> None:
-        begun = self.begin_step()
-        if begun is None:
+        st = self.begin_step()
+        if st is None:
             return
-        decode, ext, counts, slots = begun
-        batch = decode + ext
+        decode, ext, counts, ntok = st.decode, st.ext, st.counts, st.tokens
+        batch = st.batch
         for r, c in zip(batch, counts):
             r.done += c
-        ntok = len(slots)
         self.input_ids[:ntok] = torch.randint(0, self.vocab, (ntok,), generator=self.gen)
-        self.slot_mapping.fill_(-1)
-        self.slot_mapping[:ntok] = torch.tensor(slots, dtype=torch.int64)
         b = len(batch)
         lens = [r.done for r in batch]
         self.seq_lens[:b] = torch.tensor(lens, dtype=torch.int32)
@@ -371,12 +384,17 @@ class Engine:
             ROUTER_TOPK=TOP_K)
 
 
-def main(argv=None) -> int:
-    run = parse(argv, __doc__.splitlines()[0], calls=24)
-    eng = Engine(run, run.scale)
+def run_engine(engine: type[Engine], argv, doc: str) -> int:
+    """A serving program's main: its options, then `--calls` steps of `engine`."""
+    run = parse(argv, doc.splitlines()[0], calls=24)
+    eng = engine(run, run.scale)
     for _ in range(run.calls):
         eng.step()
     return 0
+
+
+def main(argv=None) -> int:
+    return run_engine(Engine, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,10 @@ import triton
 import triton.language as tl
 
 from . import engines as E
-from .corpus_run import parse
 from .serving import (BLOCK_M, CHUNK, CONTEXT_PAGES, FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, MAX_BATCH,
                       MAX_EXTEND, MAX_REQS, OUTPUT, PAGE, POOL_PAGES, PROMPT, VOCAB)
 from .serving import Engine as SchedulerEngine
+from .serving import run_engine
 
 EXPERTS_VLLM = 64        # enough experts that a decode batch's top-k is sparse (vLLM's naive assignment)
 ARRIVALS = 0.4           # requests arriving per step, on average
@@ -108,18 +108,15 @@ class Engine(SchedulerEngine):
             self.new_request()
 
     def step(self) -> None:
-        begun = self.begin_step()
-        if begun is None:
+        st = self.begin_step()
+        if st is None:
             return
-        decode, ext, counts, slots = begun
-        batch = decode + ext
-        b, ntok = len(batch), sum(counts)
+        batch, counts, ntok = st.batch, st.counts, st.tokens
+        b = len(batch)
         for r in batch:   # a slot's count restarts with its request (a reused slot holds its last one's)
             self.num_computed[r.slot] = r.done
-        # the input batch's host side: rows in batch order (whole rows: their tails stale), slots
+        # the input batch's host side: rows in batch order (whole rows: their tails stale)
         self.input_table[:b] = self.req_to_page[[r.slot for r in batch]]
-        self.slot_mapping.fill_(-1)
-        self.slot_mapping[:ntok] = torch.tensor(slots, dtype=torch.int64)
         self.idx_mapping[:b] = torch.tensor([r.slot for r in batch], dtype=torch.int32)
         self.query_start_loc[: b + 1] = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
         self.prepare(b)
@@ -134,7 +131,7 @@ class Engine(SchedulerEngine):
         self.cache_write(k, v, ntok)
         self.attention(q, b, max(counts))
         self.moe(x)
-        self.retire(decode, ext)
+        self.retire(st.decode, st.ext)
 
     # ---- the launches, as vLLM's runner and backends make them -------------------------------
     def prepare(self, b: int) -> None:
@@ -226,11 +223,7 @@ class Engine(SchedulerEngine):
 
 
 def main(argv=None) -> int:
-    run = parse(argv, __doc__.splitlines()[0], calls=24)
-    eng = Engine(run, run.scale)
-    for _ in range(run.calls):
-        eng.step()
-    return 0
+    return run_engine(Engine, argv, __doc__)
 
 
 if __name__ == "__main__":
