@@ -90,12 +90,17 @@ class Checked(SV.Engine):
 
     def moe(self, x):
         self.moe_out.zero_()
+        self.moe_down.zero_()
         super().moe(x)
         ntok = x.shape[0]
         ids = self.topk_ids[: ntok * 2].long()
+        w = torch.topk(torch.softmax(x @ self.router, -1), 2, dim=-1).values.reshape(-1)
         self.checked.add("moe naive" if ntok * 2 * 4 <= SV.EXPERTS_VLLM else "moe aligned")
-        for p in range(ntok * 2):   # the gate/up projection of each (token, slot) by its expert
-            torch.testing.assert_close(self.moe_out[p // 2, p % 2], self.w13[ids[p]] @ x[p // 2],
+        for p in range(ntok * 2):   # each (token, slot): the gate/up projection by its expert, then the down one
+            up = self.w13[ids[p]] @ x[p // 2]
+            torch.testing.assert_close(self.moe_out[p // 2, p % 2], up, atol=1e-3, rtol=1e-3)
+            act = torch.nn.functional.silu(up[: self.ffn]) * up[self.ffn:]
+            torch.testing.assert_close(self.moe_down[p // 2, p % 2], w[p] * (self.w2[ids[p]] @ act),
                                        atol=1e-3, rtol=1e-3)
 
 

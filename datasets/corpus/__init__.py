@@ -23,8 +23,9 @@ from pagecast.outputs import remove_path
 
 # Bumped whenever a corpus program changes what it runs (sizes, kernels, call order), and
 # written into each trace's manifest: a kept trace is reused only if made by the same revision.
-REVISION = 5   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention;
-# 4: its KV pool sized as a deployed engine's (4096 pages); 5: its page tables as wide as the longest context
+REVISION = 6   # 2: the serving corpus keeps its model fixed across scales; 3: its prefill attention;
+# 4: its KV pool sized as a deployed engine's (4096 pages); 5: its page tables as wide as the longest context;
+# 6: serving-vllm's fused MoE launches its down projection too
 CATEGORY = "triton"
 PKG = "pagecast.datasets.corpus"
 
@@ -64,8 +65,8 @@ SERVING_KERNELS = ("_vocab_parallel_embedding_kernel", "get_batch_indices_positi
                    "_moe_align_small_numel_kernel", "fused_moe_kernel")
 _SERVING_VLLM = ("A serving engine's step loop over vLLM's Triton kernels: positions and sequence lengths through "
                  "a request-state mapping, KV-cache writes through a -1-padded slot mapping, unified attention over "
-                 "a persistent block table in batch order, fused MoE through a sorted token order or, for sparse "
-                 "batches, straight from the router's top-k; the same scheduler as serving")
+                 "a persistent block table in batch order, fused MoE's gate/up and down projections through a sorted "
+                 "token order or, for sparse batches, straight from the router's top-k; the same scheduler as serving")
 SERVING_VLLM_KERNELS = ("_prepare_pos_seq_lens_kernel", "reshape_and_cache_kernel_flash", "kernel_unified_attention",
                         "fused_moe_kernel")
 _DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "

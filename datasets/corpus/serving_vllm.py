@@ -23,10 +23,13 @@ step, in order:
 - `kernel_unified_attention` (2D): every request's queries against its KV blocks, read through
   the forward pass's block table up to its sequence length, the request found from
   query_start_loc;
-- `fused_moe_kernel`: the gate/up projection of the routed tokens, through a sorted, padded
-  token order with an expert per block of BLOCK_SIZE_M (aligned on the host, as vLLM's CUDA
-  alignment op does) or, for a batch small enough that its experts are sparse, one (token,
-  expert) pair per block straight from the router's top-k ids (vLLM's naive block assignment).
+- `fused_moe_kernel`, twice, as vLLM's fused_experts launches it: the gate/up projection of the
+  routed tokens, through a sorted, padded token order with an expert per block of BLOCK_SIZE_M
+  (aligned on the host, as vLLM's CUDA alignment op does) or, for a batch small enough that its
+  experts are sparse, one (token, expert) pair per block straight from the router's top-k ids
+  (vLLM's naive block assignment); then, after the activation, the down projection with the
+  same routing, each (token, expert) pair's activation row (`top_k` 1, a constexpr, so the same
+  parameter layout reads rows by another rule) scaled by its router weight.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Engine(SchedulerEngine):
         self.w_qkv = torch.randn(self.hidden, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=g) * 0.05
         self.router = torch.randn(self.hidden, EXPERTS_VLLM, generator=g)
         self.w13 = torch.randn(EXPERTS_VLLM, 2 * self.ffn, self.hidden, generator=g) * 0.05
+        self.w2 = torch.randn(EXPERTS_VLLM, self.hidden, self.ffn, generator=g) * 0.05
         maxtok, maxreq = MAX_BATCH + CHUNK, MAX_BATCH + MAX_EXTEND
         self.max_tokens, self.max_reqs = maxtok, maxreq
         # the runner's persistent state: per request state (slot) and per batch index
@@ -93,7 +97,9 @@ class Engine(SchedulerEngine):
         self.sorted_ids = torch.zeros(max_padded, dtype=torch.int32)
         self.expert_ids = torch.zeros(-(-max_padded // BLOCK_M), dtype=torch.int32)
         self.post_pad = torch.zeros(1, dtype=torch.int32)
-        self.moe_out = torch.zeros(maxtok, 2, 2 * self.ffn)
+        self.moe_out = torch.zeros(maxtok, 2, 2 * self.ffn)   # fused_experts' intermediate caches 1, 2, 3
+        self.moe_act = torch.zeros(maxtok * 2, self.ffn)
+        self.moe_down = torch.zeros(maxtok, 2, self.hidden)
         self.free_pages = list(self.rng.permutation(self.pool_pages).tolist())
         self.free_slots = list(range(MAX_REQS))
         self.waiting, self.running, self.next_rid = [], [], 0
@@ -210,13 +216,26 @@ class Engine(SchedulerEngine):
             em = self.align(numel)
             if ntok < BLOCK_M:
                 em = min(em, ntok * top_k * BLOCK_M)
-        n, kdim, bn, bk = 2 * self.ffn, self.hidden, 64, 64
-        c = self.moe_out
+        routed = w.reshape(-1).contiguous()
+        self.fused_moe(x, self.w13, self.moe_out, routed, sorted_ids, expert_ids, em, numel, top_k, False)
+        # the activation (a CUDA op in vLLM; torch here), then the down projection: the same
+        # kernel and routing, each (token, expert) pair's row of the activation (top_k 1) times
+        # its expert's w2, scaled by its router weight, as vLLM's fused_experts launches it
+        act = self.moe_out[:ntok].reshape(numel, 2 * self.ffn)
+        self.moe_act[:numel] = torch.nn.functional.silu(act[:, : self.ffn]) * act[:, self.ffn:]
+        self.fused_moe(self.moe_act, self.w2, self.moe_down, routed, sorted_ids, expert_ids, em, numel, 1, True)
+
+    def fused_moe(self, a, b, c, routed, sorted_ids, expert_ids, em: int, numel: int, top_k: int,
+                  mul_routed: bool) -> None:
+        """One fused_moe_kernel launch: a's rows (token, or (token, expert) pair where top_k is 1)
+        times their experts' b, into c's [token, k] rows."""
+        n, kdim, bn, bk = b.shape[1], b.shape[2], 64, 64
+        naive = sorted_ids is None
         self.mods["moe"].fused_moe_kernel[(triton.cdiv(em, BLOCK_M) * triton.cdiv(n, bn),)](
-            x, self.w13, None, c, None, None, None, w.reshape(-1).contiguous(), sorted_ids, expert_ids,
-            self.post_pad, None, n, kdim, em, numel, x.stride(0), x.stride(1), self.w13.stride(0),
-            self.w13.stride(2), self.w13.stride(1), c.stride(1), c.stride(2), 0, 0, 0, 0, 0, 0, 0, 0, 0,
-            MUL_ROUTED_WEIGHT=False, top_k=top_k, compute_type=tl.float32, use_fp8_w8a8=False,
+            a, b, None, c, None, None, None, routed, sorted_ids, expert_ids,
+            self.post_pad, None, n, kdim, em, numel, a.stride(0), a.stride(1), b.stride(0),
+            b.stride(2), b.stride(1), c.stride(1), c.stride(2), 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            MUL_ROUTED_WEIGHT=mul_routed, top_k=top_k, compute_type=tl.float32, use_fp8_w8a8=False,
             use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False, naive_block_assignment=naive,
             HAS_BIAS=False, BLOCK_SIZE_K=bk, SWAP_AB=False, USE_TD=False, USE_TMA_B=False, USE_TMA_A=False,
             C_IS_SORTED=False, BLOCK_SIZE_M=BLOCK_M, BLOCK_SIZE_N=bn, GROUP_SIZE_M=1, SPLIT_K=1)
