@@ -17,7 +17,11 @@ past it are stale ids that select nothing. A row's count larger than the row is 
 row and counted with the values its row lacks (`short`). A table whose rows' counts are over
 a divisor may read a part of each row's last chunk (`region.part_last`): a row of c units
 (tokens) in blocks of d reads c - d*(k-1) of its last block's d units, the chunk's bytes in
-proportion (a sequence's last KV block, filled up to its length), rounded up.
+proportion (a sequence's last KV block, filled up to its length), rounded up. A table's rows may
+be read only where another buffer's values allow it (`region.row_filter`, model_io.RowFilter:
+row r where v(f)[r], or v(f)[r+1] - v(f)[r], is at most or at least a constant: a decode
+kernel's programs that return for a query longer than one token); a row whose filter value was
+not recorded is read, and a filtered row reads nothing, as if its count were 0.
 
 Chunks of their own lengths (`region.lengths`): value i's chunk is `chunk` bytes times
 ceil(v(count_index)[i] / count_div), another buffer's value at the same position (a request's
@@ -96,8 +100,10 @@ def divide_count(region: Region, value):
 
 
 def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray, launch: np.ndarray,
-                 im: V.ValueImage, ps: int, a_s: np.ndarray, a_e: np.ndarray, cptr: np.ndarray | None = None) -> dict:
-    """Pages of an indexed region over many launches at once.
+                 im: V.ValueImage, ps: int, a_s: np.ndarray, a_e: np.ndarray, cptr: np.ndarray | None = None,
+                 fptr: np.ndarray | None = None) -> dict:
+    """Pages of an indexed region over many launches at once (`cptr`, `fptr`: the count's and the
+    row filter's buffer pointers per launch, where the region has them).
 
     `vals`: feature name -> int64 array; `base`, `iptr`: the base and index pointer values;
     `a_s`, `a_e`: the base's allocation in pages, per launch. Returns a dict with `have` (per
@@ -112,7 +118,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     if region.position_range:
         return _position_pieces(region, vals, base, launch, im, ps, a_s, a_e, cptr)
     if region.row_stride is not None:
-        return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
+        return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr)
     if region.lengths and region.count_index is not None:
         return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
     one = np.ones(n, I64)
@@ -249,17 +255,45 @@ def length_values(region: Region, want, launch: np.ndarray, cptr: np.ndarray, im
     return rl[:-1][nxt], r[:-1][nxt], np.maximum(c[1:] - c[:-1], 0)[nxt], crows, ok
 
 
-def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage):
+def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage, fptr=None):
     """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
     rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
-    the row. Returns (the launch of each row, the row's first entry, entries read, the units of
-    the last one read (row_entries), the count buffer's values rows, ok per launch: its count
-    values were recorded, rows or entries asked for that are not there)."""
+    the row, none where the row filter (fptr: its buffer's pointer per launch) leaves r out.
+    Returns (the launch of each row, the row's first entry, entries read, the units of the last
+    one read (row_entries), the count buffer's values rows, ok per launch: its count values were
+    recorded, rows or entries asked for that are not there)."""
     n = len(launch)
     rl, r, c, crows, ok, missing = count_values(region, nrows, launch, cptr, im)
+    if region.row_filter is not None and fptr is not None and len(rl):
+        c = np.where(filter_rows(region.row_filter, rl, r, launch, fptr, im), c, 0)
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
     k, kk, last = row_entries(region, c, rsl)
     return rl, r * rsl, kk, last, crows, ok, missing + int((k - kk).sum())
+
+
+def filter_rows(rf, rl: np.ndarray, r: np.ndarray, launch: np.ndarray, fptr: np.ndarray,
+                im: V.ValueImage) -> np.ndarray:
+    """Per table row (launch position rl, row r): does the row filter `rf` (model_io.RowFilter)
+    let it be read? Its value at r (and r+1, `rf.diff`) in the filter buffer's row recorded for
+    the launch; a row without them is read."""
+    e = rf.elem
+    frows = im.find(launch, np.asarray(fptr, I64) * np.ones(len(launch), I64))[rl]
+    fr = np.maximum(frows, 0)
+    last = r + (2 if rf.diff else 1)
+    ok = (frows >= 0) & (last * e <= (im.nbytes[fr] if len(im.nbytes) else 0))
+    keep = np.ones(len(rl), bool)
+    if ok.any():
+        at = im.start[fr[ok]] + r[ok] * e
+        f = ints_at(im, at, e)
+        if rf.diff:
+            f = ints_at(im, at + e, e) - f
+        keep[ok] = filter_keeps(rf, f)
+    return keep
+
+
+def filter_keeps(rf, f: np.ndarray) -> np.ndarray:
+    """Which filter values let their rows be read (model_io.RowFilter)."""
+    return f <= rf.value if rf.op == "le" else f >= rf.value
 
 
 def row_entries(region: Region, c: np.ndarray, rs: np.ndarray):
@@ -290,7 +324,8 @@ def _last_chunks(region: Region, ch, kr, last):
     return ch
 
 
-def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
+def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr,
+                  fptr=None) -> dict:
     """batch_pieces for a two-dimensional table (`region.row_stride`; module doc)."""
     n = len(launch)
     one = np.ones(n, I64)
@@ -299,7 +334,7 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     rows = im.find(launch, iptr)
     have = rows >= 0
     cptr = np.asarray(cptr, I64) * one
-    rl, first, k, last, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im)
+    rl, first, k, last, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im, fptr)
     have &= okc
     e = region.elem
     r = np.maximum(rows, 0)
@@ -313,6 +348,8 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     z = np.zeros(0, I64)
     out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
            "short": short, "bytes": span * e}
+    if region.row_filter is not None and fptr is not None:   # the filter's buffer must exist too
+        out["frows"] = im.find(launch, np.asarray(fptr, I64) * one)
     per = np.bincount(rl, weights=k2, minlength=n).astype(I64) if len(rl) else np.zeros(n, I64)
     cum = np.cumsum(per)
     ls, ss, es = [], [], []
@@ -421,6 +458,30 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     else:
         n = min(pos + 1, MAX_INDEXED)
     return int(cptr), max(0, n) * region.count_elem
+
+
+def filter_read(region: Region, values: dict, fptr: int) -> tuple[int, int]:
+    """(address, bytes) a table's row filter reads (online): a value per row (one more for
+    differences), as count_read reads the rows' counts."""
+    rf = region.row_filter
+    pos = int(region.count.evaluate(values))
+    n = min(pos + (1 if rf.diff and pos > 0 else 0), MAX_ROWS)
+    return int(fptr), max(0, n) * rf.elem
+
+
+def filter_counts(region: Region, counts: np.ndarray, data: bytes | None) -> np.ndarray:
+    """A table's per-row count values (decode_count) with the rows its filter leaves out set to 0
+    (online, as filter_rows does in batch); rows whose filter values `data` lacks are read."""
+    rf = region.row_filter
+    if rf is None or data is None or counts is None or not len(counts):
+        return counts
+    f = np.frombuffer(data, "<i4" if rf.elem == 4 else "<i8", count=len(data) // rf.elem).astype(I64)
+    if rf.diff:
+        f = np.diff(f)
+    m = min(len(f), len(counts))
+    out = np.array(counts, I64, copy=True)
+    out[:m] = np.where(filter_keeps(rf, f[:m]), out[:m], 0)
+    return out
 
 
 def decode_count(region: Region, data: bytes | None, nbytes: int):

@@ -41,6 +41,30 @@ _RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "indexed": 4, "
 INDEX_ELEMS = (4, 8)   # an indexed region's values are 4- or 8-byte signed integers (int32, int64 indices)
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """A two-dimensional table's rows read only where another buffer's values allow it: row r is
+    read where f(r) <= value (`op` "le") or f(r) >= value ("ge"), f(r) the `elem`-byte value at
+    position r of the buffer `index` points to, or (`diff`) the difference of its values at r+1
+    and r (an offsets buffer's lengths: a decode kernel's program that returns for a query longer
+    than one token). A row whose filter value is not recorded is read."""
+
+    index: str
+    elem: int = 4
+    diff: bool = False
+    op: str = "le"
+    value: int = 0
+
+    def text(self) -> str:
+        v = f"{'v' if self.elem == 4 else 'v64'}({self.index})"
+        f = f"{v}[r+1] - {v}[r]" if self.diff else f"{v}[r]"
+        return f"rows where {f} {'<=' if self.op == 'le' else '>='} {self.value}"
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "elem": int(self.elem), "diff": bool(self.diff), "op": self.op,
+                "value": int(self.value)}
+
+
 @dataclass
 class Region:
     """One region a kernel touches, relative to a base pointer word."""
@@ -60,6 +84,7 @@ class Region:
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
     row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
                                        # ceil(v(count_index)[r] / count_div) entries
+    row_filter: RowFilter | None = None  # indexed, a table: only the rows another buffer's values allow
     part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
                                      # the count's units in its last block (v - count_div*(k-1) of count_div)
     lengths: bool = False            # indexed, not a table: count_index holds each value's length: chunk i
@@ -110,6 +135,8 @@ class Region:
                     d["count_div"] = int(self.count_div)
                 if self.part_last:
                     d["part_last"] = True
+                if self.row_filter is not None:
+                    d["row_filter"] = self.row_filter.to_json()
                 if self.lengths:
                     d["lengths"] = True
                 if self.length_diff:
@@ -170,6 +197,8 @@ def indexed_text(r: Region) -> str:
     if table and r.part_last:
         loop += f", the last in part: {'v' if r.count_elem == 4 else 'v64'}({r.count_index})[r] - {r.count_div}*j" \
                 f" of {r.count_div}"
+    if table and r.row_filter is not None:
+        loop += f", {r.row_filter.text()}"
     chunk = r.chunk.text()
     if lengths:
         cv = 'v' if r.count_elem == 4 else 'v64'
@@ -488,6 +517,10 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             if not isinstance(pl, bool):
                 raise ValueError(f"{where}: part_last must be true or false, found {pl!r}")
             r.part_last = pl
+            if rd.get("row_filter") is not None:
+                r.row_filter = _row_filter(rd["row_filter"], f"{where}: row_filter", sizes, offs)
+        elif rd.get("row_filter") is not None:
+            raise ValueError(f"{where}: a row_filter needs a row_stride (a two-dimensional table's rows)")
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(
@@ -496,6 +529,24 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             raise ValueError(f"{where}: history must be a list of [start, end) page pairs, 0 <= start < end")
         r.history = h
     return r
+
+
+def _row_filter(fd: Any, where: str, sizes, offs) -> RowFilter:
+    """A table's row filter from its JSON (RowFilter), or ValueError naming what is wrong."""
+    if not isinstance(fd, dict):
+        raise ValueError(f"{where}: must be an object with index, elem, diff, op and value")
+    _check_word(fd.get("index"), f"{where}: index", sizes, offs, pointer=True)
+    elem, diff, op, value = fd.get("elem", 4), fd.get("diff", False), fd.get("op"), fd.get("value")
+    if elem not in INDEX_ELEMS or isinstance(elem, bool):
+        raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))}, found {elem!r}")
+    if not isinstance(diff, bool):
+        raise ValueError(f"{where}: diff must be true or false, found {diff!r}")
+    if op not in ("le", "ge"):
+        raise ValueError(f"{where}: op must be 'le' or 'ge' (rows read where the value is at most or at least "
+                         f"`value`), found {op!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 1 << 62:
+        raise ValueError(f"{where}: value must be an integer, found {value!r}")
+    return RowFilter(fd["index"], int(elem), diff, op, value)
 
 
 def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> None:

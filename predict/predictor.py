@@ -75,6 +75,7 @@ class _Compiled:
     words: list          # resolved feature Words (union over regions)
     indexes: list        # per region, the resolved pointer Word of an indexed region's values (else None)
     counts: list         # per region, the resolved pointer Word of the buffer its count is read from (else None)
+    filters: list        # per region, the resolved pointer Word of a table's row filter buffer (else None)
 
 
 def _compile(km: KernelModel) -> _Compiled:
@@ -82,6 +83,7 @@ def _compile(km: KernelModel) -> _Compiled:
     bases = []
     indexes = []
     counts = []
+    filters = []
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
         # rows by position (no index word) take the count buffer's pointer in its place
@@ -89,9 +91,11 @@ def _compile(km: KernelModel) -> _Compiled:
                        if r.cls == "indexed" else None)
         counts.append(Word.parse(r.count_index).resolve(km.param_sizes)
                       if r.cls == "indexed" and r.count_index is not None else None)
+        filters.append(Word.parse(r.row_filter.index).resolve(km.param_sizes)
+                       if r.cls == "indexed" and r.row_filter is not None else None)
         for n in sorted(r.feature_names()):
             names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
-    return _Compiled(km, bases, list(names.values()), indexes, counts)
+    return _Compiled(km, bases, list(names.values()), indexes, counts, filters)
 
 
 # ---- batch ---------------------------------------------------------------------
@@ -171,7 +175,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
         mat = param_matrix(L, idx, width)
         grid = grid_matrix(L, idx)
         values = {w.name: w.batch(mat, km.param_offsets, grid) for w in comp.words}
-        for r, bw, iw, cw in zip(km.regions, comp.bases, comp.indexes, comp.counts):
+        for r, bw, iw, cw, fw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters):
             ptr = bw.pointer_batch(mat, km.param_offsets)
             a = index.lookup(ptr, idx)
             ok = a >= 0
@@ -200,8 +204,9 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 vals = {n: v[ok] for n, v in values.items()}
                 im = V.image(trace)
                 cptr = None if cw is None else cw.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
+                fptr = None if fw is None else fw.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
                 res = IX.batch_pieces(r, vals, ptr[ok].astype(np.int64), iw.pointer_batch(mat, km.param_offsets)[ok],
-                                      l, im, ps, a_s[ac], a_e[ac], cptr)
+                                      l, im, ps, a_s[ac], a_e[ac], cptr, fptr)
                 have = res["have"]
                 st = acc.stats
                 st["indexed_launches"] += len(l)
@@ -215,6 +220,8 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                     after[have] = V.producers(trace, l[have], res["rows"][have])
                     if res["crows"] is not None:   # the count's buffer must exist too
                         after[have] = np.maximum(after[have], V.producers(trace, l[have], res["crows"][have]))
+                    if res.get("frows") is not None:   # and the row filter's
+                        after[have] = np.maximum(after[have], V.producers(trace, l[have], res["frows"][have]))
                     after = after[res["l"]]
                     acc.value_reads.append((l[have], res["bytes"][have]))
                 acc.add(l[res["l"]], res["s"], res["e"], "indexed", after=after)
@@ -526,13 +533,14 @@ class OnlinePredictor:
                 comp = _compile(km)
                 words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
                 bases = []
-                for r, b, iw, cw in zip(km.regions, comp.bases, comp.indexes, comp.counts):
+                for r, b, iw, cw, fw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters):
                     if r.cls == "indexed":
                         fns = tuple(f.function() for f in (r.start, r.stride, r.chunk, r.count))
                     else:
                         fns = tuple(f.function() if f is not None else None
                                     for f in (r.start, r.end, r.count, r.chunk, r.stride))
-                    ix = None if iw is None else (iw.param, iw.within) + (() if cw is None else (cw.param, cw.within))
+                    ix = None if iw is None else (iw.param, iw.within) + (() if cw is None else (cw.param, cw.within)) \
+                        + (() if fw is None else (fw.param, fw.within))
                     bases.append((r, b.param, b.within, r.cls, fns, ix))
                 c = (km, words, bases)
             self._compiled[key] = c
@@ -565,6 +573,10 @@ class OnlinePredictor:
                 addr, nb = IX.count_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
                 if nb > 0:
                     out.append((addr, nb))
+                if len(ix) > 4:   # with the row filter's values
+                    addr, nb = IX.filter_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[4]] + ix[5])[0])
+                    if nb > 0:
+                        out.append((addr, nb))
                 continue
             addr, nb = IX.reads(r, values, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
             if nb > 0:
@@ -596,6 +608,9 @@ class OnlinePredictor:
                     if len(ix) > 2:   # a count read from another buffer first
                         caddr, cnb = IX.count_read(r, args, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
                         cnt = IX.decode_count(r, values(caddr, cnb) if cnb > 0 else None, cnb)
+                        if len(ix) > 4 and cnt is not None:   # rows the table's filter leaves out read nothing
+                            faddr, fnb = IX.filter_read(r, args, struct.unpack_from("<Q", param_data, offs[ix[4]] + ix[5])[0])
+                            cnt = IX.filter_counts(r, cnt, values(faddr, fnb) if fnb > 0 else None)
                     if len(ix) == 2 or cnt is not None:
                         addr, nb = IX.reads(r, args, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0], cnt)
                         data = values(addr, nb) if nb > 0 else b""

@@ -625,6 +625,109 @@ def test_a_block_table_far_wider_than_its_sequences_is_read_up_to_their_blocks(t
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
+K_FILTERED = Kernel("paged_decode_filtered", [("out", "float*"), ("kv", "const float*"), ("table", "const int*"),
+                                               ("seq_lens", "const int*"), ("query_start", "const int*"),
+                                               ("table_stride", "int")],
+                    {"out": "linear", "kv": "indexed", "table": "linear", "seq_lens": "linear",
+                     "query_start": "linear"})
+
+
+def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stride: int = 32,
+                    record_starts: bool = True) -> Builder:
+    """A paged decode kernel launched over a batch that mixes decoding sequences with prefill
+    chunks, as vLLM's chunked-prefill path launches its paged decode: a program per sequence (grid
+    = the batch), each reading its row of the block table up to ceil(seq_lens[r] / 16) blocks, but
+    a program whose query (query_start[r+1] - query_start[r] tokens) is longer than one returns
+    before it reads. Sequences join with a prefill chunk of 2 to 9 tokens, in any batch position."""
+    b = Builder("paged-filtered", seed=seed)
+    rng = b.rng
+    pool = 1024
+    kv = b.malloc(KV_BLOCK * pool, "kv")
+    table = b.malloc(4 * 32 * stride, "table")
+    lens = b.malloc(4 * 32, "seq_lens")
+    starts = b.malloc(4 * 33, "query_start")
+    out = b.malloc(65536 * 32, "out")
+    tab = rng.integers(0, pool, (32, stride)).astype("<i4")
+    free = [int(x) for x in rng.permutation(pool)]
+    running: list[list] = [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [], 1] for _ in range(2)]
+    for _ in range(steps):
+        for q in running:
+            q[3] = 1
+        while len(running) < max_seqs and rng.random() < 0.5:
+            running.insert(int(rng.integers(0, len(running) + 1)),
+                           [0, int(rng.integers(1, 12)), [], int(rng.integers(2, 10))])
+        for q in running:
+            q[0] += q[3]
+            while len(q[2]) < -(-q[0] // KV_TOKENS):
+                q[2].append(free.pop())
+        lens_v = np.zeros(32, "<i4")
+        for i, q in enumerate(running):
+            tab[i, :len(q[2])] = q[2]
+            lens_v[i] = q[0]
+        n = len(running)
+        qs = np.zeros(33, "<i4")
+        qs[1:n + 1] = np.cumsum([q[3] for q in running])
+        dec = [i for i, q in enumerate(running) if q[3] == 1]
+        blocks = np.concatenate([running[i][2] for i in dec]).astype(np.int64)
+        i0 = b.reserve(1)
+        b.launch(K_FILTERED, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
+                                    "query_start": starts.ptr(), "table_stride": stride}, grid=(n, 2),
+                 touches=[Range(starts, 0, 4 * (n + 1)), Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
+                          Ranges(table, np.zeros(len(dec), np.int64), [4 * i * stride for i in dec],
+                                 [4 * len(running[i][2]) for i in dec]),
+                          Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, KV_BLOCK)])
+        b.values(K_FILTERED, "table", [i0], table.ptr(), tab.reshape(-1)[None])
+        b.values(K_FILTERED, "seq_lens", [i0], lens.ptr(), lens_v[None])
+        if record_starts:
+            b.values(K_FILTERED, "query_start", [i0], starts.ptr(), qs[None])
+        for q in running:
+            q[1] -= 1
+        for q in [q for q in running if q[1] <= 0]:
+            free.extend(q[2])
+        running = [q for q in running if q[1] > 0] or \
+            [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [free.pop()], 1]]
+    return b
+
+
+def test_a_tables_rows_are_read_only_where_another_buffer_allows(tmp_path, capsys):
+    """A paged decode kernel whose programs for prefill chunks return before reading: fitted from
+    faults as the block table read row by row, filtered by the query lengths, the differences of
+    the query start offsets (`rows where v(p4)[r+1] - v(p4)[r] <= 1`); without the filter no table
+    verifies (the unread rows' blocks widen the values' extremes). Written readably and kept
+    through the model file; a run with more and longer sequences is predicted exactly, batch ==
+    online; without the start offsets' values every row is read (nothing missed); a model file
+    whose filter has an unknown comparison is refused in one line."""
+    from pagecast.cli import main
+    paths = [_filtered_table(1, 6, 40).write(tmp_path / "f1.pctrace"),
+             _filtered_table(2, 8, 80).write(tmp_path / "f2.pctrace")]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "paged_decode_filtered" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.text() == (f"[p1 + {KV_BLOCK}*v(p2)[r*p5 + j], +{KV_BLOCK}) for r < grid_x, j < ceil(v(p3)[r] / 16), "
+                        "rows where v(p4)[r+1] - v(p4)[r] <= 1"), r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.row_filter == r.row_filter and again.text() == r.text()
+    tr = T.read_trace(_filtered_table(3, 16, 200).write(tmp_path / "f3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_decode_filtered" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+    nv = T.read_trace(_filtered_table(4, 8, 60, record_starts=False).write(tmp_path / "nv.pctrace"))
+    ev = evaluate(model, nv, "none")
+    k = next(x for x in ev["kernels"] if "paged_decode_filtered" in x["kernel"])
+    assert k["recall"] == 1.0 and k["precision"] < 1.0, k
+    assert_online_is_batch(model, nv)
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
+    assert reg["row_filter"] == {"index": "p4", "elem": 4, "diff": True, "op": "le", "value": 1}
+    reg["row_filter"]["op"] = "lt"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row_filter" in err[0] and "op" in err[0], err
+
+
 K_ROWS = Kernel("kv_indices_from_rows", [("out", "int*"), ("req_to_token", "const int*"), ("req_idx", "const int*"),
                                          ("seq_lens", "const int*"), ("row_stride", "int")],
                 {"out": "linear", "req_to_token": "indexed", "req_idx": "linear", "seq_lens": "linear"})

@@ -6,7 +6,9 @@ reads and which, as candidates to verify, from the simplest on:
 - a value read from another traced buffer at position 0 or at an argument or grid dimension,
   or that value over a power of two, rounded up (`buffer_count_candidates`);
 - a two-dimensional table: R rows of rs entries, row r read up to another buffer's value at
-  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them);
+  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them), and
+  the same tables with their rows filtered by a third buffer's values
+  (`filtered_table_candidates`);
 - for values that select whole chunks, each chunk read up to another buffer's value at the same
   position, or the difference of its consecutive values (`length_candidates`, `length_sets`;
   fit.index_rows reads rows chosen by position with them).
@@ -29,6 +31,7 @@ from pagecast import values as V
 
 from .. import formula as FM
 from .. import indexed as IX
+from ..model_io import RowFilter
 from .data import KernelData
 from .solve import solve_pair
 
@@ -174,25 +177,18 @@ class Count:
 
     def fields(self) -> dict:
         return dict(count=self.count, count_index=self.cidx, count_elem=self.celem, count_div=self.cdiv,
-                    row_stride=self.rs)
+                    row_stride=self.rs, row_filter=None)
 
 
 MAX_TABLES = 48   # table candidates tried per index word at most (each may need a solve)
 
 
-def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
-    """Two-dimensional tables (predict/indexed.py): the index row read as `R` rows of `rs`
-    entries, row r up to ceil(c[r] / d) entries, c another traced buffer's values (a block table
-    read up to each sequence's length over the block size; stale ids past it). R and rs are each
-    an argument or grid dimension (the number of sequences, the table's row stride); R is more
-    than one at some launch, reads no more values than the count buffer holds, and the last row
-    starts inside the index row; d is 1 or a power of two that keeps every row's count within
-    its row (`_divisors`' rule, per row). Yields Count, its values' extremes (`ext`) made when
-    a solve needs them (`TableCount`)."""
+def _table_shapes(kd: KernelData, w, iw, g, sv, part, lid, row_len):
+    """The tables table_candidates tries, in its order: (count word, its width, R's name, rs's
+    name, d, each row's count value, each row's launch position and row number, each row's rs)."""
     names = position_names(kd)
     n = len(sv)
     cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
-    made = 0
     for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
         clen = row_bytes(kd, part[sv], crow) // ce
         for rn in names:
@@ -209,15 +205,87 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
             for sn in sns:
                 rs = cols[sn][rl]
                 for d in _row_divisors(c, rs):
-                    kr = -(-c // d)
-                    k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
-                    if (k < 1).any():
+                    yield cw, ce, rn, sn, d, c, rl, ri, rs
+
+
+def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
+    """Two-dimensional tables (predict/indexed.py): the index row read as `R` rows of `rs`
+    entries, row r up to ceil(c[r] / d) entries, c another traced buffer's values (a block table
+    read up to each sequence's length over the block size; stale ids past it). R and rs are each
+    an argument or grid dimension (the number of sequences, the table's row stride); R is more
+    than one at some launch, reads no more values than the count buffer holds, and the last row
+    starts inside the index row; d is 1 or a power of two that keeps every row's count within
+    its row (`_divisors`' rule, per row). Yields Count, its values' extremes (`ext`) made when
+    a solve needs them (`TableCount`)."""
+    n = len(sv)
+    made = 0
+    for cw, ce, rn, sn, d, c, rl, ri, rs in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
+        kr = -(-c // d)
+        k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
+        if (k < 1).any():
+            continue
+        yield TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d, k,
+                         FM.Formula(0, ((1, (sn,)),)), rows=(kd, part[sv], irows, rl, ri * rs, kr, elem))
+        made += 1
+        if made >= MAX_TABLES:
+            return
+
+
+FILTER_SHAPES = 24   # tables tried per row filter at most (table_candidates' order)
+
+
+def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
+    """table_candidates' tables with their rows filtered by another traced buffer (the fit tries
+    them only where no table without a filter verifies; predict/indexed.py, `row_filter`): row r
+    read only where f(r) <= t or f(r) >= t, f(r) the buffer's value at r or the difference of its
+    values at r+1 and r (a query's length from its start offsets). Per buffer and form, t is the
+    tightest bound that leaves some row out and keeps one at every launch of the table (the
+    smallest value f takes for <=, the largest for >=). The rows left unread no longer widen the
+    values' extremes the stride solve starts from (a decode kernel's programs that return for
+    the batch's prefill requests). Yields TableCount with its `rf`, each filter over the first
+    FILTER_SHAPES tables."""
+    n = len(sv)
+    shapes = []
+    for cw, ce, rn, sn, d, c, rl, ri, rs in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
+        shapes.append((cw, ce, rn, sn, d, -(-c // d), rl, ri, rs))
+        if len(shapes) >= FILTER_SHAPES:
+            break
+    if not shapes:
+        return
+    for fw, frow, fe in _count_buffers(kd, w, iw, sv, part, lid):
+        flen = row_bytes(kd, part[sv], frow) // fe
+        fvals = {}
+        for cw, ce, rn, sn, d, kr0, rl, ri, rs in shapes:
+            Rs = np.bincount(rl, minlength=n).astype(np.int64)
+            for diff in (False, True):
+                m = Rs + int(diff)
+                if (m > flen).any():
+                    continue
+                key = (rn, diff)
+                if key not in fvals:
+                    vals = prefix_values(kd, part[sv], frow, m, fe)
+                    at = np.repeat(np.cumsum(m) - m, Rs) + ri
+                    fvals[key] = vals[at + 1] - vals[at] if diff else vals[at]
+                f = fvals[key]
+                # the tightest bound that keeps a row reading something at every launch: the
+                # largest of the launches' smallest values (<=), the smallest of their largest (>=)
+                lo = np.full(n, np.iinfo(np.int64).max)
+                hi = np.full(n, np.iinfo(np.int64).min)
+                live = kr0 > 0
+                np.minimum.at(lo, rl[live], f[live])
+                np.maximum.at(hi, rl[live], f[live])
+                if (hi < lo).any():   # a launch whose rows read nothing
+                    continue
+                for op, t in (("le", int(lo.max())), ("ge", int(hi.min()))):
+                    rf = RowFilter(fw.name, int(fe), diff, op, t)
+                    keep = IX.filter_keeps(rf, f)
+                    if keep.all():
                         continue
-                    yield TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d, k,
-                                      FM.Formula(0, ((1, (sn,)),)), rows=(kd, part[sv], irows, rl, ri * rs, kr, elem))
-                    made += 1
-                    if made >= MAX_TABLES:
-                        return
+                    kr = np.where(keep, kr0, 0)
+                    yield TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d,
+                                     np.bincount(rl, weights=kr, minlength=n).astype(np.int64),
+                                     FM.Formula(0, ((1, (sn,)),)),
+                                     rows=(kd, part[sv], irows, rl, ri * rs, kr, elem), rf=rf)
 
 
 def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
@@ -281,11 +349,15 @@ class TableCount(Count):
     """A table's count (_table_candidates): `rows` what its values' extremes are made from."""
 
     rows: tuple | None = None
+    rf: RowFilter | None = None   # the rows read only where another buffer allows (filtered_table_candidates)
 
     def extremes(self):
         if self.ext is None:
             self.ext = _table_extremes(*self.rows, n=len(self.k))
         return self.ext
+
+    def fields(self) -> dict:
+        return {**super().fields(), "row_filter": self.rf}
 
 
 def row_bytes(kd: KernelData, part, rows) -> np.ndarray:

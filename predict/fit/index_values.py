@@ -59,8 +59,9 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates, launch_positions,
-                           length_candidates, prefix_values, row_bytes, table_candidates, value_elems, value_rows)
+from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates,
+                           filtered_table_candidates, launch_positions, length_candidates, prefix_values, row_bytes,
+                           table_candidates, value_elems, value_rows)
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -181,8 +182,8 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                  for c in count_candidates(kd, g, row_len))
         seen[key] = ([], itertools.chain(cands, buffer_count_candidates(kd, w, iw, g, sv, part, lid, row_len),
                                          table_candidates(kd, w, iw, elem, g, sv, part, lid, rows[sv], row_len)),
-                     row_len, {})
-    kept, more, row_len, solved = seen[key]
+                     row_len, {}, filtered_table_candidates(kd, w, iw, elem, g, sv, part, lid, rows[sv], row_len))
+    kept, more, row_len, solved, filtered = seen[key]
     best = None
 
     def candidates():
@@ -194,6 +195,12 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 continue
             kept.append(c)
             yield c
+        # tables whose rows another buffer filters: only where no count without one verifies
+        for c in filtered if best is None else ():
+            kept.append(c)
+            yield c
+            if best is not None:
+                return
     for c in candidates():
         k = c.k
         if best is not None:
@@ -454,6 +461,8 @@ def indexed_pieces(kd, region: Region, cat, sv, part, lid, iptr):
     ps = kd.ps
     cptr = None if region.count_index is None else \
         np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
+    fptr = None if region.row_filter is None else \
+        np.concatenate(next(v for fw, v in kd.bases if fw.name == region.row_filter.index)).astype(np.int64)
     reps, sps, eps = [], [], []
     for ti, (o, _, _, _) in enumerate(kd.parts):
         m = np.flatnonzero(part[sv] == ti)
@@ -463,7 +472,8 @@ def indexed_pieces(kd, region: Region, cat, sv, part, lid, iptr):
         g = kd.group[p]
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
         res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
-                              cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p])
+                              cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p],
+                              None if fptr is None else fptr[p])
         reps.append(m[res["l"]]), sps.append(res["s"]), eps.append(res["e"])
     z = np.zeros(0, np.int64)
     return (np.concatenate(reps) if reps else z, np.concatenate(sps) if sps else z,
