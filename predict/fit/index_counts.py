@@ -240,7 +240,8 @@ def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid
     read only where f(r) <= t or f(r) >= t, f(r) the buffer's value at r or the difference of its
     values at r+1 and r (a query's length from its start offsets). Per buffer and form, t is the
     tightest bound that leaves some row out and keeps one at every launch of the table (the
-    smallest value f takes for <=, the largest for >=). The rows left unread no longer widen the
+    smallest value f takes for <=, the largest for >=), and more than one at some launch (a
+    table, as table_candidates' R: a filter that keeps only the first row names no table). The rows left unread no longer widen the
     values' extremes the stride solve starts from (a decode kernel's programs that return for
     the batch's prefill requests). Yields TableCount with its `rf`, each filter over the first
     FILTER_SHAPES tables."""
@@ -279,7 +280,8 @@ def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid
                 for op, t in (("le", int(lo.max())), ("ge", int(hi.min()))):
                     rf = RowFilter(fw.name, int(fe), diff, op, t)
                     keep = IX.filter_keeps(rf, f)
-                    if keep.all():
+                    # a filter leaves a table: more than one row read at some launch, as for R
+                    if keep.all() or not (np.bincount(rl, weights=keep & live, minlength=n) > 1).any():
                         continue
                     kr = np.where(keep, kr0, 0)
                     yield TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d,

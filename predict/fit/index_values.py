@@ -243,7 +243,8 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 r = dataclasses.replace(r, part_last=True)
                 okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
                 unexplained = int((~okv).sum())
-            if unexplained <= kd.allowed(len(sv)):
+            if unexplained <= kd.allowed(len(sv)) and (r.row_filter is None or _leaves_most_out(kd, r, cat, sv, part,
+                                                                                              lid, iptr)):
                 best = (r, okv, unexplained, None, k)
                 break
     if best is None:
@@ -320,6 +321,17 @@ def _with_lengths(kd: KernelData, w, iw, best: tuple, cat, sel, sv, part, lid, i
         if int((pieces[2] - pieces[1]).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
             return (r, okv, unexplained, None, best[4])
     return best
+
+
+def _leaves_most_out(kd: KernelData, region: Region, cat: RegionObs, sv, part, lid, iptr) -> bool:
+    """Does a filtered table (`row_filter`) predict under half its allocation's pages at more than
+    half the launches `sv`? A filter is tried where no table verifies, so a small buffer (a few
+    pages, its records at most a big page or two) would verify some filter by chance: there the
+    allocation says as much, and the evidence cannot tell a filter from none."""
+    rep, sp, ep = indexed_pieces(kd, region, cat, sv, part, lid, iptr)
+    pages = np.bincount(rep, weights=ep - sp, minlength=len(sv))
+    alloc = (cat.alloc_e[sv] - cat.alloc_s[sv]).astype(np.float64)
+    return bool((pages * 2 < alloc).mean() > 0.5)
 
 
 def _holds_faults_of(kd: KernelData, tight: Region, loose: Region, cat: RegionObs, sv: np.ndarray) -> bool:
