@@ -9,32 +9,26 @@ class (never the truth table):
 - the index word: another base word of the kernel whose buffer the values table holds at most
   of the launches (a majority, as pointer words are chosen: `FitParams.pointer_share`), its values
   read as int32 or int64 (int64 first where every odd 4-byte word is a sign extension);
-- the count: the number of values each launch's row holds, as a formula of the arguments (rows
-  recorded exactly, as the workload models and `collect --interpret` record them), else each
-  argument or grid dimension that never exceeds the row (rows clipped at the trace's limit or the
-  allocation's end; a prefix of a persistent buffer), else a value read from another traced
-  buffer at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's entry
-  at the batch size ends the range of indices the batch reads, so an index chain indptr ->
-  indices -> rows), never exceeding the row, or that value divided by a power of two and rounded
-  up (`ceil(v(p11)[0] / 16)`: a padded token count over the block size is the number of blocks,
-  each reading one expert id), the smallest divisor that keeps every count within its row first
-  (`index_counts.buffer_count_candidates`), else a two-dimensional table: R rows of rs entries (each an
-  argument or grid dimension), row r read up to another buffer's value at position r over a
-  divisor (a block table read to each sequence's length over the block size; entries past it
-  are stale: `index_counts.table_candidates`);
-  negative values are sentinels that select nothing (v0 and v1 leave them out); where the
-  values select whole chunks, each chunk may be read only up to another buffer's value at the
-  same position (`_length_regions`, `_with_lengths`: a request's row of a page table, chosen
-  through its slot index, read to its length over the page size);
+- the count (`index_counts`): the number of values each launch's row holds, as a formula of the
+  arguments (rows recorded exactly, as the workload models and `collect --interpret` record
+  them), else an argument or grid dimension that never exceeds the row (rows clipped at the
+  trace's limit or the allocation's end; a prefix of a persistent buffer), else another traced
+  buffer's value at position 0 or at an argument or grid dimension (`v(p2)[grid_x]`: an indptr's
+  entry ends the range of indices a batch reads, an index chain), possibly over a power of two
+  rounded up (`ceil(v(p11)[0] / 16)`: a padded token count over the block size), else a
+  two-dimensional table, row r read up to another buffer's value at r over a divisor (a block
+  table read to each sequence's length; entries past it are stale), and only where no table
+  verifies, a table whose rows a third buffer's value (or difference) at r filters
+  (`row_filter`; `_leaves_most_out` keeps chance filters on small buffers out); negative values
+  are sentinels that select nothing; where the values select whole chunks, each chunk may be
+  read only up to another buffer's value at the same position (`_with_lengths`);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
-  and the largest, v1, where its last one ends (strides are positive). With v0 and v1 as two more
-  features, the robust solver (`solve.solve_pair`) finds the simplest formulas for the first
-  chunk's start and the last chunk's end within the same byte bounds a range has
-  (`region.range_bounds`): `start + stride*v0` and `start + stride*v1 + chunk`. Both must multiply
-  the value by the same stride; one more solve, for whole chunks, finds the stride from where the
-  last one ends, `start + stride*(v1+1)` (where the records leave the stride loose, the free solve
-  may take stride 1 and a chunk as wide as the values' spread); every stride is tried with whole
-  chunks (chunk = stride) before any with part chunks;
+  and the largest, v1, where its last one ends. With v0 and v1 as two more features, the robust
+  solver (`solve.solve_pair`) finds the simplest formulas for `start + stride*v0` and
+  `start + stride*v1 + chunk` within a range's byte bounds (`region.range_bounds`), both with the
+  same positive stride; one more solve, for whole chunks, finds the stride from where the last
+  one ends, `start + stride*(v1+1)` (where the records leave the stride loose, the free solve may
+  take stride 1 and a chunk as wide as the values' spread); whole chunks (chunk = stride) first;
 - verification: every observed launch's chunks, rounded out to big pages, must cover what the
   records show touched and stay inside what they may have touched (`strided.verify_pages`),
   but for the launches lost records may leave unexplained (`KernelData.allowed`).
