@@ -633,12 +633,14 @@ K_FILTERED = Kernel("paged_decode_filtered", [("out", "float*"), ("kv", "const f
 
 
 def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stride: int = 32,
-                    record_starts: bool = True) -> Builder:
+                    record_starts: bool = True, limit: int = 1, diff: bool = True) -> Builder:
     """A paged decode kernel launched over a batch that mixes decoding sequences with prefill
     chunks, as vLLM's chunked-prefill path launches its paged decode: a program per sequence (grid
     = the batch), each reading its row of the block table up to ceil(seq_lens[r] / 16) blocks, but
-    a program whose query (query_start[r+1] - query_start[r] tokens) is longer than one returns
-    before it reads. Sequences join with a prefill chunk of 2 to 9 tokens, in any batch position."""
+    a program whose query (query_start[r+1] - query_start[r] tokens; with `diff` False, a buffer of
+    query lengths, query_start[r]) is longer than `limit` returns before it reads (a decoding
+    sequence's query is `limit` tokens: 1, or a speculative step's drafts and one). Sequences join
+    with a prefill chunk of limit+1 to limit+8 tokens, in any batch position."""
     b = Builder("paged-filtered", seed=seed)
     rng = b.rng
     pool = 1024
@@ -649,13 +651,13 @@ def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stri
     out = b.malloc(65536 * 32, "out")
     tab = rng.integers(0, pool, (32, stride)).astype("<i4")
     free = [int(x) for x in rng.permutation(pool)]
-    running: list[list] = [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [], 1] for _ in range(2)]
+    running: list[list] = [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [], limit] for _ in range(2)]
     for _ in range(steps):
         for q in running:
-            q[3] = 1
+            q[3] = limit
         while len(running) < max_seqs and rng.random() < 0.5:
             running.insert(int(rng.integers(0, len(running) + 1)),
-                           [0, int(rng.integers(1, 12)), [], int(rng.integers(2, 10))])
+                           [0, int(rng.integers(1, 12)), [], int(rng.integers(limit + 1, limit + 9))])
         for q in running:
             q[0] += q[3]
             while len(q[2]) < -(-q[0] // KV_TOKENS):
@@ -666,13 +668,16 @@ def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stri
             lens_v[i] = q[0]
         n = len(running)
         qs = np.zeros(33, "<i4")
-        qs[1:n + 1] = np.cumsum([q[3] for q in running])
-        dec = [i for i, q in enumerate(running) if q[3] == 1]
+        if diff:
+            qs[1:n + 1] = np.cumsum([q[3] for q in running])
+        else:
+            qs[:n] = [q[3] for q in running]
+        dec = [i for i, q in enumerate(running) if q[3] == limit]
         blocks = np.concatenate([running[i][2] for i in dec]).astype(np.int64)
         i0 = b.reserve(1)
         b.launch(K_FILTERED, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
                                     "query_start": starts.ptr(), "table_stride": stride}, grid=(n, 2),
-                 touches=[Range(starts, 0, 4 * (n + 1)), Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
+                 touches=[Range(starts, 0, 4 * (n + diff)), Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
                           Ranges(table, np.zeros(len(dec), np.int64), [4 * i * stride for i in dec],
                                  [4 * len(running[i][2]) for i in dec]),
                           Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, KV_BLOCK)])
@@ -685,7 +690,7 @@ def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stri
         for q in [q for q in running if q[1] <= 0]:
             free.extend(q[2])
         running = [q for q in running if q[1] > 0] or \
-            [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [free.pop()], 1]]
+            [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [free.pop()], limit]]
     return b
 
 
@@ -726,6 +731,45 @@ def test_a_tables_rows_are_read_only_where_another_buffer_allows(tmp_path, capsy
     assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[1])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "row_filter" in err[0] and "op" in err[0], err
+
+
+@settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
+@given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), limit=st.integers(1, 4), diff=st.booleans())
+@example(drop=0.01, seed=13, limit=3, diff=False)
+def test_one_profile_of_a_filtered_table_predicts_a_larger_run(tmp_path_factory, drop, seed, limit, diff):
+    """One profile of a paged decode over mixed batches, 1% of its records lost or none, its
+    decoding queries `limit` tokens long, the query lengths recorded as start offsets or as
+    lengths: the filter is the tightest bound the profile shows (`<= limit`, on the offsets'
+    difference or the value), and a run with twice the sequences, four times longer, is predicted
+    exactly."""
+    d = tmp_path_factory.mktemp("filtered")
+    fit = _filtered_table(seed, 8, 80, limit=limit, diff=diff).write(d / "fit.pctrace", drop=drop)
+    test = _filtered_table(seed + 1, 16, 320, limit=limit, diff=diff).write(d / "test.pctrace")
+    model = fit_model([T.read_trace(fit)])
+    km = next(km for n, km in model.kernels.items() if "paged_decode_filtered" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.row_filter is not None and r.row_filter.index == "p4", r.text()
+    assert (r.row_filter.diff, r.row_filter.op, r.row_filter.value) == (diff, "le", limit), r.text()
+    ev = evaluate(model, T.read_trace(test), "none")
+    k = next(x for x in ev["kernels"] if "paged_decode_filtered" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+
+
+def test_a_row_filter_without_a_table_is_refused(tmp_path, capsys):
+    """A model file whose indexed region has a row_filter but no row_stride (a filter picks a
+    table's rows; a one-dimensional region has none) is refused in one line, exit 2."""
+    from pagecast.cli import main
+    paths = [_filtered_table(1, 6, 40, steps=12).write(tmp_path / "f1.pctrace")]
+    save_model(fit_model([T.read_trace(p) for p in paths]), tmp_path / "m.json")
+    d = json.loads((tmp_path / "m.json").read_text())
+    km = next(k for n, k in d["kernels"].items() if "paged_decode_filtered" in n)
+    reg = next(x for x in km["regions"] if x["base"] == "p1")
+    assert reg.get("row_filter") is not None and reg.get("row_stride") is not None, reg
+    reg.pop("row_stride")
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(paths[0])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row_filter needs a row_stride" in err[0], err
 
 
 K_ROWS = Kernel("kv_indices_from_rows", [("out", "int*"), ("req_to_token", "const int*"), ("req_idx", "const int*"),
