@@ -1,4 +1,5 @@
-"""Checks shared by the serving corpora's tests (test_serving_corpus.py, test_serving_vllm_corpus.py):
+"""Checks shared by the serving corpora's tests (test_serving_corpus.py, test_serving_vllm_corpus.py,
+test_serving_vllm_rocm_corpus.py):
 what a cache write through a -1-padded slot mapping must leave behind, and the padding a recorded
 cache write's index values must hold."""
 
@@ -13,17 +14,23 @@ from pagecast import trace as T
 from pagecast.datasets.corpus import serving as S
 
 
-def check_cache_write(eng, before: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def flash_rows(cache: torch.Tensor) -> torch.Tensor:
+    """A cache as a row per slot ([slot, kv head, head_dim]): the flash layout's own view."""
+    return cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
+
+
+def check_cache_write(eng, before: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_rows=flash_rows,
+                      v_rows=flash_rows) -> None:
     """The first len(k) slots hold k and v; every other row of the K cache is as it was (the -1
-    slots past them wrote nothing)."""
+    slots past them wrote nothing). `k_rows`, `v_rows`: a cache as a row per slot."""
     ntok = k.shape[0]
     slots = eng.slot_mapping[:ntok]
     assert (slots >= 0).all() and (eng.slot_mapping[ntok:] == -1).all()
-    kc = eng.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
-    assert torch.equal(kc[slots], k) and torch.equal(eng.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)[slots], v)
+    kc = k_rows(eng.k_cache)
+    assert torch.equal(kc[slots], k) and torch.equal(v_rows(eng.v_cache)[slots], v)
     untouched = torch.ones(kc.shape[0], dtype=torch.bool)
     untouched[slots] = False
-    assert torch.equal(kc[untouched], before.view(-1, S.KV_HEADS, S.HEAD_DIM)[untouched])
+    assert torch.equal(kc[untouched], k_rows(before)[untouched])
 
 
 def read_recording(path, kernels: tuple[str, ...]) -> T.Trace:

@@ -89,7 +89,7 @@ def test_liger_ops_match_torch_with_the_fixes():
 
 def test_registry_lists_and_describes_the_corpus():
     assert set(corpus.CORPUS) == {"liger", "liger-prealloc", "tutorials", "tutorials-prealloc", "data-dependent",
-                                  "serving", "serving-vllm"}
+                                  "serving", "serving-vllm", "serving-vllm-rocm"}
     assert corpus.CORPUS["data-dependent"].irregular == ("embedding_gather_kernel", "scatter_add_kernel")
     with pytest.raises(Exception, match="unknown corpus workload"):
         corpus.get("nope")

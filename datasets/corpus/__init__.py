@@ -69,6 +69,11 @@ _SERVING_VLLM = ("A serving engine's step loop over vLLM's Triton kernels: posit
                  "token order or, for sparse batches, straight from the router's top-k; the same scheduler as serving")
 SERVING_VLLM_KERNELS = ("_prepare_pos_seq_lens_kernel", "reshape_and_cache_kernel_flash", "kernel_unified_attention",
                         "fused_moe_kernel")
+_SERVING_VLLM_ROCM = ("serving-vllm's step loop with vLLM's ROCm attention backend's Triton path: a head-major KV "
+                      "cache written through the -1-padded slot mapping, prefix prefill attention that skips decoding "
+                      "requests and paged decode attention that skips prefill chunks, both over the block table")
+SERVING_VLLM_ROCM_KERNELS = ("_prepare_pos_seq_lens_kernel", "reshape_and_cache_kernel_flash", "_fwd_kernel",
+                             "kernel_paged_attention_2d", "fused_moe_kernel")
 _DD = ("Data-dependent kernels: an embedding gather and a scatter-add with atomics over random indices, shapes "
        "drawn per call")
 
@@ -88,6 +93,8 @@ CORPUS: dict[str, CorpusWorkload] = {w.name: w for w in (
                    needs=("torch", "triton", "sglang", "flashinfer")),
     CorpusWorkload("serving-vllm", f"{PKG}.serving_vllm", "preallocated", f"{_SERVING_VLLM}.",
                    irregular=SERVING_VLLM_KERNELS, needs=("torch", "triton", "vllm")),
+    CorpusWorkload("serving-vllm-rocm", f"{PKG}.serving_vllm_rocm", "preallocated", f"{_SERVING_VLLM_ROCM}.",
+                   irregular=SERVING_VLLM_ROCM_KERNELS, needs=("torch", "triton", "vllm")),
 )}
 
 # what `needs` lacks, as pip would install it (the engines --no-deps: their requirements pull CUDA builds)
