@@ -1,6 +1,7 @@
-"""Evaluating an `indexed` region: chunk i at `base + start + stride * v[i]`, `chunk` bytes long,
-for i < count, v the integers in the buffer the region's `index` pointer points to, read from the
-trace's `values` table (batch) or handed in by the runtime that read them (online).
+"""Evaluating an `indexed` region: chunk i at `base + start + stride * v[i]` (`floor(v[i] /
+value_div)` where the region divides its values), `chunk` bytes long, for i < count, v the
+integers in the buffer the region's `index` pointer points to, read from the trace's `values`
+table (batch) or handed in by the runtime that read them (online).
 
 The batch path gathers every launch's values at once (numpy, no per-launch loop): the values
 rows are found by (launch, pointer value) in the trace's `pagecast.values.ValueImage`, and a
@@ -159,7 +160,8 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         j = np.arange(len(rep), dtype=I64) - np.repeat(np.cumsum(kk) - kk, kk)
         # the bytes of value j of each row, gathered at once, read as little-endian integers
         v = ints_at(im, im.start[uk[rep, 0]] + j * e, e)
-        sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7])
+        sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7],
+                                       region.value_div)
         sentinel += int(mult[rep[neg]].sum())
         outside += int(mult[rep[~ok & ~neg]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
@@ -208,11 +210,11 @@ def _position_pieces(region: Region, vals: dict, base, launch, im: V.ValueImage,
             "sentinel": 0, "short": 0, "bytes": np.zeros(n, I64)}
 
 
-def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e):
-    """Pages [sp, ep) of the chunks [first + stride*v, +chunk), clipped to the allocation's pages
-    [a_s, a_e) (floor division: a chunk may start below the base); `ok`: the chunk names a page
-    and its value is not a sentinel; `neg`: the value is a sentinel."""
-    b0 = first + stride * v
+def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e, vdiv: int = 1):
+    """Pages [sp, ep) of the chunks [first + stride*floor(v / vdiv), +chunk), clipped to the
+    allocation's pages [a_s, a_e) (floor division: a chunk may start below the base); `ok`: the
+    chunk names a page and its value is not a sentinel; `neg`: the value is a sentinel."""
+    b0 = first + stride * (v if vdiv == 1 else np.floor_divide(v, vdiv))
     sp = np.maximum(np.floor_divide(b0, ps), a_s)
     ep = np.minimum(-np.floor_divide(-(b0 + chunk), ps), a_e)
     neg = v < 0
@@ -364,7 +366,7 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
         if len(vl):
             v = ints_at(im, im.start[r[vl]] + pos * e, e)
             chv = _last_chunks(region, ch[vl], kr, last[m])
-            sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl])
+            sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl], region.value_div)
             sentinel += int(neg.sum())
             outside += int((~ok & ~neg).sum())
             gg, s2, e2 = FP.merge_intervals(vl[ok] - lo, sp[ok], ep[ok], hi - lo)
@@ -414,7 +416,8 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
         chv = np.minimum(chv, row)
     else:
         v = ints_at(im, im.start[r[vl]] + pos * e, e)
-    sp, ep, ok, neg = _value_pages(v, np.asarray(base, I64)[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl])
+    sp, ep, ok, neg = _value_pages(v, np.asarray(base, I64)[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl],
+                                   region.value_div)
     gg, s2, e2 = FP.merge_intervals(vl[ok], sp[ok], ep[ok], n)
     out.update(l=gg, s=s2, e=e2, sentinel=int(neg.sum()), outside=int((~ok & ~neg & (chv > 0)).sum()))
     return out
@@ -528,7 +531,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         pos = FP._ranges(first, k2)
         v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=have).astype(I64)[pos]
         chv = _last_chunks(region, np.full(len(v), ch, I64), k2, last)
-        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
+        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e, region.value_div)
         _append_merged(out, sp, ep, keep)
         return
     if region.lengths and region.count_index is not None:
@@ -541,7 +544,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         chv = ch * divide_count(region, np.asarray(count[:k], I64))
         if by_pos:   # a row's read stops at the row's end
             chv = np.minimum(chv, max(int(sd), 0))
-        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e)
+        sp, ep, keep, _ = _value_pages(v, base + st, sd, chv, ps, a_s, a_e, region.value_div)
         _append_merged(out, sp, ep, keep)
         return
     if region.count_index is not None:
@@ -554,12 +557,12 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
         for x in v.tolist():
             if x < 0:
                 continue
-            b0 = base + st + sd * x
+            b0 = base + st + sd * (x // region.value_div)
             sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
             if ep > sp:
                 out.append((sp, ep))
         return
-    sp, ep, keep, _ = _value_pages(v.astype(I64), base + st, sd, ch, ps, a_s, a_e)
+    sp, ep, keep, _ = _value_pages(v.astype(I64), base + st, sd, ch, ps, a_s, a_e, region.value_div)
     _append_merged(out, sp, ep, keep)
 
 

@@ -79,6 +79,8 @@ class Region:
     index: str | None = None         # indexed: the pointer word whose buffer holds the values v (None, with
                                      # `lengths`: the value is the position i itself, rows read in order)
     elem: int = 4                    # indexed: bytes per value (int32 or int64)
+    value_div: int = 1               # indexed: each value divided by it, rounded down, before the stride
+                                     # multiplies it (a token's slot over the block size: its block)
     count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
     count_elem: int = 4              # indexed: bytes of that value
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
@@ -128,6 +130,8 @@ class Region:
         if self.cls == "indexed":
             d["index"] = self.index
             d["elem"] = int(self.elem)
+            if self.value_div != 1:
+                d["value_div"] = int(self.value_div)
             if self.count_index is not None:
                 d["count_index"] = self.count_index
                 d["count_elem"] = int(self.count_elem)
@@ -182,6 +186,8 @@ def indexed_text(r: Region) -> str:
         return f"[{head}, {head} + {rows})".replace("+ -", "- ")
     at = f"r*{_factor(r.row_stride)} + j" if table else "i"
     v = "i" if r.index is None else f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
+    if r.value_div != 1:
+        v = f"floor({v} / {r.value_div})"
     st = r.stride
     if st.n_terms == 0 and st.const == 1:
         off = v
@@ -478,6 +484,11 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))} (bytes per index"
                              f" value), found {elem!r}")
         r.index, r.elem = rd.get("index"), int(elem)
+        vd = rd.get("value_div", 1)
+        if not isinstance(vd, int) or isinstance(vd, bool) or not 1 <= vd <= 1 << 30:
+            raise ValueError(f"{where}: value_div must be an integer from 1 to 2**30 (each value is divided by it, "
+                             f"rounded down), found {vd!r}")
+        r.value_div = vd
         if rd.get("count_index") is not None:
             _check_word(rd["count_index"], f"{where}: count_index", sizes, offs, pointer=True)
             ce = rd.get("count_elem", 4)

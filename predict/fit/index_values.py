@@ -33,6 +33,14 @@ class (never the truth table):
   records show touched and stay inside what they may have touched (`strided.verify_pages`),
   but for the launches lost records may leave unexplained (`KernelData.allowed`).
 
+Where no count verifies, or the one that does leaves fault pages out, the values over a power of
+two (`value_div`, `_divided`): a slot mapping's slot over the block size is a head-major cache's
+block, whose bytes a slot's write spreads over the whole block.
+
+Long because the passes (values as they are, tables, filtered tables, lengths, divided values)
+share the count candidates, the stride solves and verification in one `_fit_with`; split, each
+part would reach into the others' helpers.
+
 Launches whose values were not recorded do not take part (the predictor gives them the fallback).
 Natural-mode launches do not either: only first touches fault there, so a launch's faults do not
 show the chunks its values chose.
@@ -241,6 +249,12 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                                                                                               lid, iptr)):
                 best = (r, okv, unexplained, None, k)
                 break
+    if whole and (best is None or (best[0].row_stride is None and not _holds_own_faults(kd, best[0], cat, sv))):
+        # no count verifies, or the one that does leaves fault pages out (verification is to the
+        # big page): the values over a divisor
+        div = _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept, solved, max_terms)
+        if div is not None and (best is None or _holds_own_faults(kd, div[0], cat, sv)):
+            best = div
     if best is None:
         return None
     if best[0].row_stride is not None and best[0].count_div > 1 and not best[0].part_last:
@@ -314,6 +328,57 @@ def _with_lengths(kd: KernelData, w, iw, best: tuple, cat, sel, sv, part, lid, i
             whole_pages = int((e0 - s0).sum())
         if int((pieces[2] - pieces[1]).sum()) < whole_pages and _holds_faults_of(kd, r, best[0], cat, sv):
             return (r, okv, unexplained, None, best[4])
+    return best
+
+
+MAX_VALUE_DIV = 1 << 10   # value divisors tried: 2, 4, ... up to it (a KV block's slots)
+DIVIDED_COUNTS = 4        # the first counts (one-dimensional) tried with a divisor
+
+
+def _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept, solved, max_terms):
+    """Whole chunks at `stride*floor(v / d)`, d a power of two, at the first counts: the smallest d
+    whose region verifies and holds every fault page, else (None where none holds) the first that
+    verifies. A slot mapping's values over the block size select a head-major cache's blocks: a
+    slot's bytes lie all over its block, and a stride of the slot itself puts them in no chunk
+    that holds its faults. A best tuple, or None."""
+    first = None
+    for c in [c for c in kept if c.rs is None][:DIVIDED_COUNTS]:
+        v0, v1, ok = _extremes(kd, part[sv], rows[sv], c.k, elem) if c.extremes() is None else c.extremes()
+        if not ok.all():
+            continue
+        for d in (1 << b for b in range(1, MAX_VALUE_DIV.bit_length())):
+            v0d, v1d = v0 // d, v1 // d
+            found = _strides(kd, g, part[sv], rows[sv], c.k, elem, bounds, max_terms, (v0d, v1d, ok), solved)
+            for stride in found[2] if found else ():
+                for r in _regions_for(kd, w, iw, elem, g, vals, stride, c.count, v0d, v1d, bounds, True):
+                    r = dataclasses.replace(r, **c.fields(), value_div=d)
+                    okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+                    unexplained = int((~okv).sum())
+                    if unexplained > kd.allowed(len(sv)):
+                        continue
+                    found_best = (r, okv, unexplained, None, c.k)
+                    if _holds_own_faults(kd, r, cat, sv):
+                        return _tightest(kd, found_best, kept, cat, sel, sv, part, lid, iptr)
+                    first = first or found_best
+    return None if first is None else _tightest(kd, first, kept, cat, sel, sv, part, lid, iptr)
+
+
+def _holds_own_faults(kd, r: Region, cat, sv) -> bool:
+    """Does region `r` hold every fault page its launches `sv` record (a page certainly touched)?"""
+    return fault_pages_loglik(kd, r, cat, sv, pages=lambda s: indexed_pages(kd, r, cat, s)[0])[1]
+
+
+def _tightest(kd, best, kept, cat, sel, sv, part, lid, iptr):
+    """`best` with each tighter one-dimensional count that verifies and holds its fault pages in
+    turn (as _fit_with tightens a count: a persistent buffer's whole row verifies as well)."""
+    for c in kept:
+        if c.rs is not None or (c.k > best[4]).any() or (c.k == best[4]).all():
+            continue
+        r = dataclasses.replace(best[0], **c.fields(), fit={})
+        okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+        unexplained = int((~okv).sum())
+        if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
+            best = (r, okv, unexplained, None, c.k)
     return best
 
 
