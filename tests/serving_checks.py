@@ -1,7 +1,7 @@
 """Checks shared by the serving corpora's tests (test_serving_corpus.py, test_serving_vllm_corpus.py,
-test_serving_vllm_rocm_corpus.py):
-what a cache write through a -1-padded slot mapping must leave behind, and the padding a recorded
-cache write's index values must hold."""
+test_serving_vllm_rocm_corpus.py): what a cache write through a -1-padded slot mapping must leave
+behind, vLLM's attention over a block table against torch, and the padding a recorded cache
+write's index values must hold."""
 
 from __future__ import annotations
 
@@ -31,6 +31,27 @@ def check_cache_write(eng, before: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     untouched = torch.ones(kc.shape[0], dtype=torch.bool)
     untouched[slots] = False
     assert torch.equal(kc[untouched], k_rows(before)[untouched])
+
+
+def check_attention(eng, q: torch.Tensor, b: int, kb: torch.Tensor, vb: torch.Tensor) -> list[int]:
+    """Each of the batch's `b` requests' queries attended causally over its block-table row up
+    to its sequence length: the attention output rows equal torch's. `kb`, `vb`: the caches as
+    a row per slot. Returns the requests' query lengths."""
+    qs = eng.query_start_loc[: b + 1].tolist()
+    g = S.HEADS // S.KV_HEADS
+    lens = [qs[r + 1] - qs[r] for r in range(b)]
+    for r in range(b):
+        n = int(eng.seq_lens[r])
+        pos = torch.arange(n)
+        idx = eng.input_table[r][pos // S.PAGE].long() * S.PAGE + pos % S.PAGE
+        k = kb[idx].repeat_interleave(g, dim=1)
+        v = vb[idx].repeat_interleave(g, dim=1)
+        for t in range(lens[r]):   # causal: query token t sees the prefix and itself
+            see = n - lens[r] + t + 1
+            att = torch.softmax(torch.einsum("hd,nhd->hn", q[qs[r] + t], k[:see]) * S.HEAD_DIM ** -0.5, -1)
+            torch.testing.assert_close(eng.att_out[qs[r] + t], torch.einsum("hn,nhd->hd", att, v[:see]),
+                                       atol=1e-4, rtol=1e-4)
+    return lens
 
 
 def read_recording(path, kernels: tuple[str, ...]) -> T.Trace:

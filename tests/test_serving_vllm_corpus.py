@@ -18,7 +18,7 @@ from pagecast.datasets.corpus import engines as E
 from pagecast.datasets.corpus import serving as S
 from pagecast.datasets.corpus import serving_vllm as SV
 from pagecast.datasets.corpus.corpus_run import parse
-from serving_checks import assert_recorded_padding, check_cache_write, read_recording
+from serving_checks import assert_recorded_padding, check_attention, check_cache_write, flash_rows, read_recording
 
 interpret_compat.apply_all()
 
@@ -70,22 +70,7 @@ class Checked(SV.Engine):
 
     def attention(self, q, b, max_q):
         super().attention(q, b, max_q)
-        qs = self.query_start_loc[: b + 1].tolist()
-        kb = self.k_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
-        vb = self.v_cache.view(-1, S.KV_HEADS, S.HEAD_DIM)
-        g = S.HEADS // S.KV_HEADS
-        for r in range(b):
-            n = int(self.seq_lens[r])
-            pos = torch.arange(n)
-            idx = self.input_table[r][pos // S.PAGE].long() * S.PAGE + pos % S.PAGE
-            k = kb[idx].repeat_interleave(g, dim=1)
-            v = vb[idx].repeat_interleave(g, dim=1)
-            ql = qs[r + 1] - qs[r]
-            for t in range(ql):   # causal: query token t sees the prefix and itself
-                see = n - ql + t + 1
-                att = torch.softmax(torch.einsum("hd,nhd->hn", q[qs[r] + t], k[:see]) * S.HEAD_DIM ** -0.5, -1)
-                torch.testing.assert_close(self.att_out[qs[r] + t], torch.einsum("hn,nhd->hd", att, v[:see]),
-                                           atol=1e-4, rtol=1e-4)
+        check_attention(self, q, b, flash_rows(self.k_cache), flash_rows(self.v_cache))
         self.checked.add("attention")
 
     def moe(self, x):

@@ -17,7 +17,7 @@ from pagecast.datasets import corpus
 from pagecast.datasets.corpus import serving as S
 from pagecast.datasets.corpus import serving_vllm_rocm as R
 from pagecast.datasets.corpus.corpus_run import parse
-from serving_checks import assert_recorded_padding, check_cache_write, read_recording
+from serving_checks import assert_recorded_padding, check_attention, check_cache_write, read_recording
 
 interpret_compat.apply_all()
 
@@ -44,21 +44,7 @@ class Checked(R.Engine):
     def attention(self, q, b, max_q):
         self.att_out.fill_(float("nan"))
         super().attention(q, b, max_q)
-        qs = self.query_start_loc[: b + 1].tolist()
-        kb, vb = k_rows(self.k_cache), v_rows(self.v_cache)
-        g = S.HEADS // S.KV_HEADS
-        lens = [qs[r + 1] - qs[r] for r in range(b)]
-        for r in range(b):
-            n = int(self.seq_lens[r])
-            pos = torch.arange(n)
-            idx = self.input_table[r][pos // S.PAGE].long() * S.PAGE + pos % S.PAGE
-            k = kb[idx].repeat_interleave(g, dim=1)
-            v = vb[idx].repeat_interleave(g, dim=1)
-            for t in range(lens[r]):   # causal: query token t sees the prefix and itself
-                see = n - lens[r] + t + 1
-                att = torch.softmax(torch.einsum("hd,nhd->hn", q[qs[r] + t], k[:see]) * S.HEAD_DIM ** -0.5, -1)
-                torch.testing.assert_close(self.att_out[qs[r] + t], torch.einsum("hn,nhd->hd", att, v[:see]),
-                                           atol=1e-4, rtol=1e-4)
+        lens = check_attention(self, q, b, k_rows(self.k_cache), v_rows(self.v_cache))
         if max(lens) > 1:
             self.kinds.add("mixed" if min(lens) == 1 else "prefill only")
         else:
