@@ -156,7 +156,7 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
     # any: a part chunk as wide as a small table verifies with a wrong index word or count too
     # (an expert table of a few big pages, most of them touched by most launches)
     seen: dict = {}
-    for whole in (True, False):
+    for whole in (True, "divided", False):   # the values over a divisor only where none fits as they are
         for iw, iptr, rows, use in words:
             sv = sel[use]
             for elem in value_elems(kd, part[sv], rows[sv]):
@@ -187,6 +187,9 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                      row_len, {}, filtered_table_candidates(kd, w, iw, elem, g, sv, part, lid, rows[sv], row_len))
     kept, more, row_len, solved, filtered = seen[key]
     best = None
+    if whole == "divided":   # every count of this word and width was tried whole: the values over a divisor
+        best = _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept, solved, max_terms)
+        return None if best is None else _fitted(best, fit, sel, sv, use, elem)
 
     def candidates():
         yield from kept
@@ -249,11 +252,11 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                                                                                               lid, iptr)):
                 best = (r, okv, unexplained, None, k)
                 break
-    if whole and (best is None or (best[0].row_stride is None and not _holds_own_faults(kd, best[0], cat, sv))):
-        # no count verifies, or the one that does leaves fault pages out (verification is to the
-        # big page): the values over a divisor
+    if whole and best is not None and best[0].row_stride is None and not _holds_own_faults(kd, best[0], cat, sv):
+        # the count that verifies leaves fault pages out (verification is to the big page): the
+        # values over a divisor, where that holds them
         div = _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept, solved, max_terms)
-        if div is not None and (best is None or _holds_own_faults(kd, div[0], cat, sv)):
+        if div is not None and _holds_own_faults(kd, div[0], cat, sv):
             best = div
     if best is None:
         return None
@@ -267,6 +270,11 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             best = (r, okv, unexplained, None, best[4])
     if whole and best[0].row_stride is None and best[0].count_index is None:
         best = _with_lengths(kd, w, iw, best, cat, sel, sv, part, lid, iptr)
+    return _fitted(best, fit, sel, sv, use, elem)
+
+
+def _fitted(best: tuple, fit: dict, sel, sv, use, elem) -> Region:
+    """The best tuple's region, its fit record filled in `fit`."""
     r, okv, unexplained, _, _ = best
     fit["exact"] = round(float(okv.mean()), 6)
     fit["unexplained"] = unexplained
