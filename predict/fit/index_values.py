@@ -209,15 +209,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
     for c in candidates():
         k = c.k
         if best is not None:
-            # a tighter count reads fewer of the same values: the verified region's start, stride
-            # and chunk with this count, verified again (no new solve)
-            if (k > best[4]).any() or (k == best[4]).all():
-                continue
-            r = dataclasses.replace(best[0], **c.fields(), fit={})
-            okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
-            unexplained = int((~okv).sum())
-            if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
-                best = (r, okv, unexplained, None, k)
+            best = _tighter(kd, best, c, cat, sel, sv, part, lid, iptr)
             continue
         in_part = _may_part(c)   # may a row's last chunk be read in part
         if c.strides is None:
@@ -376,17 +368,26 @@ def _holds_own_faults(kd, r: Region, cat, sv) -> bool:
     return fault_pages_loglik(kd, r, cat, sv, pages=lambda s: indexed_pages(kd, r, cat, s)[0])[1]
 
 
+def _tighter(kd, best, c, cat, sel, sv, part, lid, iptr):
+    """`best` with count `c` where c reads fewer of the same values (none more at any launch,
+    fewer at some) and the verified region's start, stride and chunk with it verify again and
+    hold every fault page the looser one holds (no new solve); else `best`."""
+    if (c.k > best[4]).any() or (c.k == best[4]).all():
+        return best
+    r = dataclasses.replace(best[0], **c.fields(), fit={})
+    okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+    unexplained = int((~okv).sum())
+    if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
+        return (r, okv, unexplained, None, c.k)
+    return best
+
+
 def _tightest(kd, best, kept, cat, sel, sv, part, lid, iptr):
-    """`best` with each tighter one-dimensional count that verifies and holds its fault pages in
-    turn (as _fit_with tightens a count: a persistent buffer's whole row verifies as well)."""
+    """`best` tightened by each one-dimensional count in turn (_tighter, as _fit_with tightens a
+    count: a persistent buffer's whole row verifies as well)."""
     for c in kept:
-        if c.rs is not None or (c.k > best[4]).any() or (c.k == best[4]).all():
-            continue
-        r = dataclasses.replace(best[0], **c.fields(), fit={})
-        okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
-        unexplained = int((~okv).sum())
-        if unexplained <= kd.allowed(len(sv)) and _holds_faults_of(kd, r, best[0], cat, sv):
-            best = (r, okv, unexplained, None, c.k)
+        if c.rs is None:
+            best = _tighter(kd, best, c, cat, sel, sv, part, lid, iptr)
     return best
 
 
