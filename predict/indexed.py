@@ -22,7 +22,11 @@ proportion (a sequence's last KV block, filled up to its length), rounded up. A 
 be read only where another buffer's values allow it (`region.row_filter`, model_io.RowFilter:
 row r where v(f)[r], or v(f)[r+1] - v(f)[r], is at most or at least a constant: a decode
 kernel's programs that return for a query longer than one token); a row whose filter value was
-not recorded is read, and a filtered row reads nothing, as if its count were 0.
+not recorded is read, and a filtered row reads nothing, as if its count were 0. A row's count
+value may be less another buffer's value at the row, taken the same way (`region.count_sub`,
+model_io.RowValue: a prefill chunk's context, its sequence's length less its query's, read from
+the cache while the chunk's own tokens are not), before the divisor; a row whose value was not
+recorded is read to its whole count.
 
 Chunks of their own lengths (`region.lengths`): value i's chunk is `chunk` bytes times
 ceil(v(count_index)[i] / count_div), another buffer's value at the same position (a request's
@@ -102,9 +106,9 @@ def divide_count(region: Region, value):
 
 def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray, launch: np.ndarray,
                  im: V.ValueImage, ps: int, a_s: np.ndarray, a_e: np.ndarray, cptr: np.ndarray | None = None,
-                 fptr: np.ndarray | None = None) -> dict:
-    """Pages of an indexed region over many launches at once (`cptr`, `fptr`: the count's and the
-    row filter's buffer pointers per launch, where the region has them).
+                 fptr: np.ndarray | None = None, sptr: np.ndarray | None = None) -> dict:
+    """Pages of an indexed region over many launches at once (`cptr`, `fptr`, `sptr`: the count's,
+    the row filter's and the count_sub's buffer pointers per launch, where the region has them).
 
     `vals`: feature name -> int64 array; `base`, `iptr`: the base and index pointer values;
     `a_s`, `a_e`: the base's allocation in pages, per launch. Returns a dict with `have` (per
@@ -119,7 +123,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     if region.position_range:
         return _position_pieces(region, vals, base, launch, im, ps, a_s, a_e, cptr)
     if region.row_stride is not None:
-        return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr)
+        return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr, sptr)
     if region.lengths and region.count_index is not None:
         return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
     one = np.ones(n, I64)
@@ -257,40 +261,45 @@ def length_values(region: Region, want, launch: np.ndarray, cptr: np.ndarray, im
     return rl[:-1][nxt], r[:-1][nxt], np.maximum(c[1:] - c[:-1], 0)[nxt], crows, ok
 
 
-def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage, fptr=None):
+def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, im: V.ValueImage, fptr=None,
+               sptr=None):
     """The rows of a two-dimensional table each launch reads (module doc): per launch, `nrows`
-    rows of `rs` entries, row r read up to ceil(v(count_index)[r] / count_div) entries, clipped to
-    the row, none where the row filter (fptr: its buffer's pointer per launch) leaves r out.
-    Returns (the launch of each row, the row's first entry, entries read, the units of the last
-    one read (row_entries), the count buffer's values rows, ok per launch: its count values were
-    recorded, rows or entries asked for that are not there)."""
+    rows of `rs` entries, row r read up to ceil((v(count_index)[r] - s(r)) / count_div) entries,
+    clipped to the row, none where the row filter (fptr: its buffer's pointer per launch) leaves
+    r out; s(r) the count_sub's value (sptr its buffer's pointer; 0 where the region has none or
+    the value was not recorded). Returns (the launch of each row, the row's first entry, entries
+    read, the units of the last one read (row_entries), the count buffer's values rows, ok per
+    launch: its count values were recorded, rows or entries asked for that are not there)."""
     n = len(launch)
     rl, r, c, crows, ok, missing = count_values(region, nrows, launch, cptr, im)
+    if region.count_sub is not None and sptr is not None and len(rl):
+        sub, sok = row_values(region.count_sub, rl, r, launch, sptr, im)
+        c = np.maximum(c, 0) - np.where(sok, sub, 0)   # as row_counts: a count value below 0 counts as 0
     if region.row_filter is not None and fptr is not None and len(rl):
-        c = np.where(filter_rows(region.row_filter, rl, r, launch, fptr, im), c, 0)
+        f, fok = row_values(region.row_filter, rl, r, launch, fptr, im)
+        c = np.where(~fok | filter_keeps(region.row_filter, f), c, 0)
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
     k, kk, last = row_entries(region, c, rsl)
     return rl, r * rsl, kk, last, crows, ok, missing + int((k - kk).sum())
 
 
-def filter_rows(rf, rl: np.ndarray, r: np.ndarray, launch: np.ndarray, fptr: np.ndarray,
-                im: V.ValueImage) -> np.ndarray:
-    """Per table row (launch position rl, row r): does the row filter `rf` (model_io.RowFilter)
-    let it be read? Its value at r (and r+1, `rf.diff`) in the filter buffer's row recorded for
-    the launch; a row without them is read."""
-    e = rf.elem
-    frows = im.find(launch, np.asarray(fptr, I64) * np.ones(len(launch), I64))[rl]
+def row_values(rv, rl: np.ndarray, r: np.ndarray, launch: np.ndarray, ptr: np.ndarray,
+               im: V.ValueImage) -> tuple[np.ndarray, np.ndarray]:
+    """Per table row (launch position rl, row r): the RowValue `rv` (model_io: a row filter's or
+    count_sub's value), its value at r (less the one at r+1's, `rv.diff`) in the buffer's row
+    recorded for the launch (`ptr` its pointer per launch), and whether it was recorded."""
+    e = rv.elem
+    frows = im.find(launch, np.asarray(ptr, I64) * np.ones(len(launch), I64))[rl]
     fr = np.maximum(frows, 0)
-    last = r + (2 if rf.diff else 1)
+    last = r + (2 if rv.diff else 1)
     ok = (frows >= 0) & (last * e <= (im.nbytes[fr] if len(im.nbytes) else 0))
-    keep = np.ones(len(rl), bool)
+    f = np.zeros(len(rl), I64)
     if ok.any():
         at = im.start[fr[ok]] + r[ok] * e
-        f = ints_at(im, at, e)
-        if rf.diff:
-            f = ints_at(im, at + e, e) - f
-        keep[ok] = filter_keeps(rf, f)
-    return keep
+        f[ok] = ints_at(im, at, e)
+        if rv.diff:
+            f[ok] = ints_at(im, at + e, e) - f[ok]
+    return f, ok
 
 
 def filter_keeps(rf, f: np.ndarray) -> np.ndarray:
@@ -327,7 +336,7 @@ def _last_chunks(region: Region, ch, kr, last):
 
 
 def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr,
-                  fptr=None) -> dict:
+                  fptr=None, sptr=None) -> dict:
     """batch_pieces for a two-dimensional table (`region.row_stride`; module doc)."""
     n = len(launch)
     one = np.ones(n, I64)
@@ -336,7 +345,8 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     rows = im.find(launch, iptr)
     have = rows >= 0
     cptr = np.asarray(cptr, I64) * one
-    rl, first, k, last, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im, fptr)
+    rl, first, k, last, crows, okc, short = table_rows(region, np.where(have, nrows, 0), rs, launch, cptr, im, fptr,
+                                                       sptr)
     have &= okc
     e = region.elem
     r = np.maximum(rows, 0)
@@ -350,8 +360,9 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     z = np.zeros(0, I64)
     out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
            "short": short, "bytes": span * e}
-    if region.row_filter is not None and fptr is not None:   # the filter's buffer must exist too
-        out["frows"] = im.find(launch, np.asarray(fptr, I64) * one)
+    for key, rv, ptr in (("frows", region.row_filter, fptr), ("srows", region.count_sub, sptr)):
+        if rv is not None and ptr is not None:   # the filter's and count_sub's buffers must exist too
+            out[key] = im.find(launch, np.asarray(ptr, I64) * one)
     per = np.bincount(rl, weights=k2, minlength=n).astype(I64) if len(rl) else np.zeros(n, I64)
     cum = np.cumsum(per)
     ls, ss, es = [], [], []
@@ -463,27 +474,36 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     return int(cptr), max(0, n) * region.count_elem
 
 
-def filter_read(region: Region, values: dict, fptr: int) -> tuple[int, int]:
-    """(address, bytes) a table's row filter reads (online): a value per row (one more for
-    differences), as count_read reads the rows' counts."""
-    rf = region.row_filter
+def row_read(rv, region: Region, values: dict, ptr: int) -> tuple[int, int]:
+    """(address, bytes) a table's RowValue `rv` (its row filter or count_sub) reads (online): a
+    value per row (one more for differences), as count_read reads the rows' counts."""
     pos = int(region.count.evaluate(values))
-    n = min(pos + (1 if rf.diff and pos > 0 else 0), MAX_ROWS)
-    return int(fptr), max(0, n) * rf.elem
+    n = min(pos + (1 if rv.diff and pos > 0 else 0), MAX_ROWS)
+    return int(ptr), max(0, n) * rv.elem
 
 
-def filter_counts(region: Region, counts: np.ndarray, data: bytes | None) -> np.ndarray:
-    """A table's per-row count values (decode_count) with the rows its filter leaves out set to 0
-    (online, as filter_rows does in batch); rows whose filter values `data` lacks are read."""
-    rf = region.row_filter
-    if rf is None or data is None or counts is None or not len(counts):
+def _decode_rows(rv, data: bytes) -> np.ndarray:
+    """A RowValue's per-row values from the bytes row_read read (online)."""
+    f = np.frombuffer(data, "<i4" if rv.elem == 4 else "<i8", count=len(data) // rv.elem).astype(I64)
+    return np.diff(f) if rv.diff else f
+
+
+def row_counts(region: Region, counts: np.ndarray, fdata: bytes | None, sdata: bytes | None = None) -> np.ndarray:
+    """A table's per-row count values (decode_count) less its count_sub's values (`sdata`), with
+    the rows its filter (`fdata`) leaves out set to 0 (online, as table_rows does in batch); rows
+    whose values the data lacks are read as they are."""
+    if counts is None or not len(counts):
         return counts
-    f = np.frombuffer(data, "<i4" if rf.elem == 4 else "<i8", count=len(data) // rf.elem).astype(I64)
-    if rf.diff:
-        f = np.diff(f)
-    m = min(len(f), len(counts))
     out = np.array(counts, I64, copy=True)
-    out[:m] = np.where(filter_keeps(rf, f[:m]), out[:m], 0)
+    if region.count_sub is not None and sdata is not None:
+        s = _decode_rows(region.count_sub, sdata)
+        m = min(len(s), len(out))
+        out[:m] -= s[:m]
+    rf = region.row_filter
+    if rf is not None and fdata is not None:
+        f = _decode_rows(rf, fdata)
+        m = min(len(f), len(out))
+        out[:m] = np.where(filter_keeps(rf, f[:m]), out[:m], 0)
     return out
 
 

@@ -42,27 +42,38 @@ INDEX_ELEMS = (4, 8)   # an indexed region's values are 4- or 8-byte signed inte
 
 
 @dataclass(frozen=True)
-class RowFilter:
-    """A two-dimensional table's rows read only where another buffer's values allow it: row r is
-    read where f(r) <= value (`op` "le") or f(r) >= value ("ge"), f(r) the `elem`-byte value at
+class RowValue:
+    """A value per row of a two-dimensional table, from another buffer: the `elem`-byte value at
     position r of the buffer `index` points to, or (`diff`) the difference of its values at r+1
-    and r (an offsets buffer's lengths: a decode kernel's program that returns for a query longer
-    than one token). A row whose filter value is not recorded is read."""
+    and r (an offsets buffer's lengths: a request's query length from its start offsets)."""
 
     index: str
     elem: int = 4
     diff: bool = False
+
+    def text(self) -> str:
+        v = f"{'v' if self.elem == 4 else 'v64'}({self.index})"
+        return f"{v}[r+1] - {v}[r]" if self.diff else f"{v}[r]"
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "elem": int(self.elem), "diff": bool(self.diff)}
+
+
+@dataclass(frozen=True)
+class RowFilter(RowValue):
+    """A two-dimensional table's rows read only where another buffer's values allow it: row r is
+    read where f(r) <= value (`op` "le") or f(r) >= value ("ge"), f(r) the RowValue (a decode
+    kernel's program that returns for a query longer than one token). A row whose filter value
+    is not recorded is read."""
+
     op: str = "le"
     value: int = 0
 
     def text(self) -> str:
-        v = f"{'v' if self.elem == 4 else 'v64'}({self.index})"
-        f = f"{v}[r+1] - {v}[r]" if self.diff else f"{v}[r]"
-        return f"rows where {f} {'<=' if self.op == 'le' else '>='} {self.value}"
+        return f"rows where {super().text()} {'<=' if self.op == 'le' else '>='} {self.value}"
 
     def to_json(self) -> dict:
-        return {"index": self.index, "elem": int(self.elem), "diff": bool(self.diff), "op": self.op,
-                "value": int(self.value)}
+        return {**super().to_json(), "op": self.op, "value": int(self.value)}
 
 
 @dataclass
@@ -87,6 +98,8 @@ class Region:
     row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
                                        # ceil(v(count_index)[r] / count_div) entries
     row_filter: RowFilter | None = None  # indexed, a table: only the rows another buffer's values allow
+    count_sub: RowValue | None = None    # indexed, a table: row r's count value less this one before count_div
+                                         # divides it (a context's length: the sequence's less its query's)
     part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
                                      # the count's units in its last block (v - count_div*(k-1) of count_div)
     lengths: bool = False            # indexed, not a table: count_index holds each value's length: chunk i
@@ -141,6 +154,8 @@ class Region:
                     d["part_last"] = True
                 if self.row_filter is not None:
                     d["row_filter"] = self.row_filter.to_json()
+                if self.count_sub is not None:
+                    d["count_sub"] = self.count_sub.to_json()
                 if self.lengths:
                     d["lengths"] = True
                 if self.length_diff:
@@ -167,7 +182,9 @@ def indexed_text(r: Region) -> str:
     value divided by a constant, rounded up: `for i < ceil(v(p11)[0] / 16)` (a padded token count
     over the block size: the blocks a launch runs). A two-dimensional table, row r of `row_stride`
     entries read up to its own count: `v(p7)[r*p20 + j] ... for r < p30, j < ceil(v(p8)[r] / 16)`
-    (a block table read up to each sequence's length over the block size). Each value's chunk as
+    (a block table read up to each sequence's length over the block size), each row's count
+    less another buffer's value at the row where the region has a `count_sub`: `j < ceil((v(p11)[r]
+    - (v(p10)[r+1] - v(p10)[r])) / 16)` (a prefill chunk's context). Each value's chunk as
     long as another buffer's value at the same position says (`lengths`): `+4*ceil(v(p2)[i] / 16))`
     (a request's row of a page table, chosen through the request's index, read up to its length
     over the page size), or as the difference of its consecutive values (`length_diff`:
@@ -197,12 +214,15 @@ def indexed_text(r: Region) -> str:
     lengths = r.lengths and r.count_index is not None and not table
     n = r.count.text() if r.count_index is None or lengths else \
         f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{'r' if table else r.count.text()}]"
+    if table and r.count_sub is not None:   # less another buffer's value: `v(p11)[r] - (v(p10)[r+1] - v(p10)[r])`
+        sub = r.count_sub.text()
+        n = f"{n} - {f'({sub})' if r.count_sub.diff else sub}"
+    last_of = n
     if r.count_index is not None and r.count_div != 1 and not lengths:
-        n = f"ceil({n} / {r.count_div})"
+        n = f"ceil({f'({n})' if table and r.count_sub is not None else n} / {r.count_div})"
     loop = f"r < {r.count.text()}, j < {n}" if table else f"i < {n}"
     if table and r.part_last:
-        loop += f", the last in part: {'v' if r.count_elem == 4 else 'v64'}({r.count_index})[r] - {r.count_div}*j" \
-                f" of {r.count_div}"
+        loop += f", the last in part: {last_of} - {r.count_div}*j of {r.count_div}"
     if table and r.row_filter is not None:
         loop += f", {r.row_filter.text()}"
     chunk = r.chunk.text()
@@ -530,8 +550,12 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             r.part_last = pl
             if rd.get("row_filter") is not None:
                 r.row_filter = _row_filter(rd["row_filter"], f"{where}: row_filter", sizes, offs)
-        elif rd.get("row_filter") is not None:
-            raise ValueError(f"{where}: a row_filter needs a row_stride (a two-dimensional table's rows)")
+            if rd.get("count_sub") is not None:
+                r.count_sub = _row_value(rd["count_sub"], f"{where}: count_sub", sizes, offs)
+        else:
+            for k in ("row_filter", "count_sub"):
+                if rd.get(k) is not None:
+                    raise ValueError(f"{where}: a {k} needs a row_stride (a two-dimensional table's rows)")
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(
@@ -542,22 +566,29 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
     return r
 
 
-def _row_filter(fd: Any, where: str, sizes, offs) -> RowFilter:
-    """A table's row filter from its JSON (RowFilter), or ValueError naming what is wrong."""
+def _row_value(fd: Any, where: str, sizes, offs) -> RowValue:
+    """A table's per-row value from its JSON (RowValue), or ValueError naming what is wrong."""
     if not isinstance(fd, dict):
-        raise ValueError(f"{where}: must be an object with index, elem, diff, op and value")
+        raise ValueError(f"{where}: must be an object with index, elem and diff")
     _check_word(fd.get("index"), f"{where}: index", sizes, offs, pointer=True)
-    elem, diff, op, value = fd.get("elem", 4), fd.get("diff", False), fd.get("op"), fd.get("value")
+    elem, diff = fd.get("elem", 4), fd.get("diff", False)
     if elem not in INDEX_ELEMS or isinstance(elem, bool):
         raise ValueError(f"{where}: elem must be one of {', '.join(map(str, INDEX_ELEMS))}, found {elem!r}")
     if not isinstance(diff, bool):
         raise ValueError(f"{where}: diff must be true or false, found {diff!r}")
+    return RowValue(fd["index"], int(elem), diff)
+
+
+def _row_filter(fd: Any, where: str, sizes, offs) -> RowFilter:
+    """A table's row filter from its JSON (RowFilter), or ValueError naming what is wrong."""
+    rv = _row_value(fd, where, sizes, offs)
+    op, value = fd.get("op"), fd.get("value")
     if op not in ("le", "ge"):
         raise ValueError(f"{where}: op must be 'le' or 'ge' (rows read where the value is at most or at least "
                          f"`value`), found {op!r}")
     if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 1 << 62:
         raise ValueError(f"{where}: value must be an integer, found {value!r}")
-    return RowFilter(fd["index"], int(elem), diff, op, value)
+    return RowFilter(rv.index, rv.elem, rv.diff, op, value)
 
 
 def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -76,6 +76,7 @@ class _Compiled:
     indexes: list        # per region, the resolved pointer Word of an indexed region's values (else None)
     counts: list         # per region, the resolved pointer Word of the buffer its count is read from (else None)
     filters: list        # per region, the resolved pointer Word of a table's row filter buffer (else None)
+    subs: list           # per region, the resolved pointer Word of a table's count_sub buffer (else None)
 
 
 def _compile(km: KernelModel) -> _Compiled:
@@ -84,6 +85,7 @@ def _compile(km: KernelModel) -> _Compiled:
     indexes = []
     counts = []
     filters = []
+    subs = []
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
         # rows by position (no index word) take the count buffer's pointer in its place
@@ -93,9 +95,11 @@ def _compile(km: KernelModel) -> _Compiled:
                       if r.cls == "indexed" and r.count_index is not None else None)
         filters.append(Word.parse(r.row_filter.index).resolve(km.param_sizes)
                        if r.cls == "indexed" and r.row_filter is not None else None)
+        subs.append(Word.parse(r.count_sub.index).resolve(km.param_sizes)
+                    if r.cls == "indexed" and r.count_sub is not None else None)
         for n in sorted(r.feature_names()):
             names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
-    return _Compiled(km, bases, list(names.values()), indexes, counts, filters)
+    return _Compiled(km, bases, list(names.values()), indexes, counts, filters, subs)
 
 
 # ---- batch ---------------------------------------------------------------------
@@ -175,7 +179,7 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
         mat = param_matrix(L, idx, width)
         grid = grid_matrix(L, idx)
         values = {w.name: w.batch(mat, km.param_offsets, grid) for w in comp.words}
-        for r, bw, iw, cw, fw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters):
+        for r, bw, iw, cw, fw, sw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters, comp.subs):
             ptr = bw.pointer_batch(mat, km.param_offsets)
             a = index.lookup(ptr, idx)
             ok = a >= 0
@@ -204,9 +208,10 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 vals = {n: v[ok] for n, v in values.items()}
                 im = V.image(trace)
                 cptr = None if cw is None else cw.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
-                fptr = None if fw is None else fw.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
+                fptr, sptr = (None if w is None else w.pointer_batch(mat, km.param_offsets)[ok].astype(np.int64)
+                              for w in (fw, sw))
                 res = IX.batch_pieces(r, vals, ptr[ok].astype(np.int64), iw.pointer_batch(mat, km.param_offsets)[ok],
-                                      l, im, ps, a_s[ac], a_e[ac], cptr, fptr)
+                                      l, im, ps, a_s[ac], a_e[ac], cptr, fptr, sptr)
                 have = res["have"]
                 st = acc.stats
                 st["indexed_launches"] += len(l)
@@ -220,8 +225,9 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                     after[have] = V.producers(trace, l[have], res["rows"][have])
                     if res["crows"] is not None:   # the count's buffer must exist too
                         after[have] = np.maximum(after[have], V.producers(trace, l[have], res["crows"][have]))
-                    if res.get("frows") is not None:   # and the row filter's
-                        after[have] = np.maximum(after[have], V.producers(trace, l[have], res["frows"][have]))
+                    for key in ("frows", "srows"):   # and the row filter's and count_sub's
+                        if res.get(key) is not None:
+                            after[have] = np.maximum(after[have], V.producers(trace, l[have], res[key][have]))
                     after = after[res["l"]]
                     acc.value_reads.append((l[have], res["bytes"][have]))
                 acc.add(l[res["l"]], res["s"], res["e"], "indexed", after=after)
@@ -452,6 +458,29 @@ _FMT = {(1, True): "<b", (2, True): "<h", (4, True): "<i", (8, True): "<q",
         (1, False): "<B", (2, False): "<H", (4, False): "<I", (8, False): "<Q"}
 
 
+class _IndexWords(NamedTuple):
+    """An indexed region's pointer words, as (parameter, byte within it), each None where the
+    region has none: its values (or, rows by position, its count buffer), its count's buffer, its
+    table's row filter's and count_sub's buffers."""
+
+    index: tuple
+    count: tuple | None
+    filter: tuple | None
+    sub: tuple | None
+
+
+def _pointer(param_data: bytes, offs, word: tuple) -> int:
+    """The 8-byte pointer at (parameter, byte within it) of a launch's parameter bytes."""
+    return struct.unpack_from("<Q", param_data, offs[word[0]] + word[1])[0]
+
+
+def _row_data(values, read: tuple[int, int]) -> bytes | None:
+    """The bytes of a table's row values `read` (IX.row_read's address and size) from the
+    runtime's `values` callback; None where it reads nothing or they are not known."""
+    addr, nb = read
+    return values(addr, nb) if nb > 0 else None
+
+
 class OnlinePredictor:
     """One launch at a time: kernel name, parameter bytes, grid and block in; merged page ranges out.
 
@@ -533,14 +562,15 @@ class OnlinePredictor:
                 comp = _compile(km)
                 words = [(w.name, w.param, w.within, _FMT[(w.size, w.signed)], w) for w in comp.words]
                 bases = []
-                for r, b, iw, cw, fw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters):
+                for r, b, iw, cw, fw, sw in zip(km.regions, comp.bases, comp.indexes, comp.counts, comp.filters,
+                                                comp.subs):
                     if r.cls == "indexed":
                         fns = tuple(f.function() for f in (r.start, r.stride, r.chunk, r.count))
                     else:
                         fns = tuple(f.function() if f is not None else None
                                     for f in (r.start, r.end, r.count, r.chunk, r.stride))
-                    ix = None if iw is None else (iw.param, iw.within) + (() if cw is None else (cw.param, cw.within)) \
-                        + (() if fw is None else (fw.param, fw.within))
+                    ix = None if iw is None else _IndexWords(*((None if w is None else (w.param, w.within))
+                                                               for w in (iw, cw, fw, sw)))
                     bases.append((r, b.param, b.within, r.cls, fns, ix))
                 c = (km, words, bases)
             self._compiled[key] = c
@@ -569,16 +599,17 @@ class OnlinePredictor:
                 continue
             if self._alloc_of(struct.unpack_from("<Q", param_data, offs[p] + within)[0]) is None:
                 continue
-            if len(ix) > 2:   # the count is read first; the values it asks for are known only then
-                addr, nb = IX.count_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
+            if ix.count is not None:   # the count is read first; the values it asks for are known only then
+                addr, nb = IX.count_read(r, values, _pointer(param_data, offs, ix.count))
                 if nb > 0:
                     out.append((addr, nb))
-                if len(ix) > 4:   # with the row filter's values
-                    addr, nb = IX.filter_read(r, values, struct.unpack_from("<Q", param_data, offs[ix[4]] + ix[5])[0])
-                    if nb > 0:
-                        out.append((addr, nb))
+                for w, rv in ((ix.filter, r.row_filter), (ix.sub, r.count_sub)):   # the table's row values
+                    if w is not None:
+                        addr, nb = IX.row_read(rv, r, values, _pointer(param_data, offs, w))
+                        if nb > 0:
+                            out.append((addr, nb))
                 continue
-            addr, nb = IX.reads(r, values, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0])
+            addr, nb = IX.reads(r, values, _pointer(param_data, offs, ix.index))
             if nb > 0:
                 out.append((addr, nb))
         return out
@@ -605,14 +636,17 @@ class OnlinePredictor:
             if cls == "indexed":
                 data = cnt = None
                 if values is not None:
-                    if len(ix) > 2:   # a count read from another buffer first
-                        caddr, cnb = IX.count_read(r, args, struct.unpack_from("<Q", param_data, offs[ix[2]] + ix[3])[0])
+                    if ix.count is not None:   # a count read from another buffer first
+                        caddr, cnb = IX.count_read(r, args, _pointer(param_data, offs, ix.count))
                         cnt = IX.decode_count(r, values(caddr, cnb) if cnb > 0 else None, cnb)
-                        if len(ix) > 4 and cnt is not None:   # rows the table's filter leaves out read nothing
-                            faddr, fnb = IX.filter_read(r, args, struct.unpack_from("<Q", param_data, offs[ix[4]] + ix[5])[0])
-                            cnt = IX.filter_counts(r, cnt, values(faddr, fnb) if fnb > 0 else None)
-                    if len(ix) == 2 or cnt is not None:
-                        addr, nb = IX.reads(r, args, struct.unpack_from("<Q", param_data, offs[ix[0]] + ix[1])[0], cnt)
+                        if cnt is not None and (ix.filter is not None or ix.sub is not None):
+                            # rows the table's filter leaves out read nothing; count_sub is taken off
+                            fdata, sdata = (None if w is None else _row_data(values, IX.row_read(rv, r, args,
+                                            _pointer(param_data, offs, w)))
+                                            for w, rv in ((ix.filter, r.row_filter), (ix.sub, r.count_sub)))
+                            cnt = IX.row_counts(r, cnt, fdata, sdata)
+                    if ix.count is None or cnt is not None:
+                        addr, nb = IX.reads(r, args, _pointer(param_data, offs, ix.index), cnt)
                         data = values(addr, nb) if nb > 0 else b""
                 if data is None:
                     self._fallback_alloc(kernel, a, a_s, a_e, r.history, out)

@@ -632,15 +632,25 @@ K_FILTERED = Kernel("paged_decode_filtered", [("out", "float*"), ("kv", "const f
                      "query_start": "linear"})
 
 
+K_PREFILL = Kernel("prefix_prefill_filtered", K_FILTERED.params, K_FILTERED.classes)
+
+
 def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stride: int = 32,
-                    record_starts: bool = True, limit: int = 1, diff: bool = True) -> Builder:
+                    record_starts: bool = True, limit: int = 1, diff: bool = True, prefill: bool = False) -> Builder:
     """A paged decode kernel launched over a batch that mixes decoding sequences with prefill
     chunks, as vLLM's chunked-prefill path launches its paged decode: a program per sequence (grid
     = the batch), each reading its row of the block table up to ceil(seq_lens[r] / 16) blocks, but
     a program whose query (query_start[r+1] - query_start[r] tokens; with `diff` False, a buffer of
     query lengths, query_start[r]) is longer than `limit` returns before it reads (a decoding
     sequence's query is `limit` tokens: 1, or a speculative step's drafts and one). Sequences join
-    with a prefill chunk of limit+1 to limit+8 tokens, in any batch position."""
+    with a prefill chunk of limit+1 to limit+8 tokens, in any batch position.
+
+    `prefill`: the prefill kernel beside it instead, as vLLM's prefix prefill skips decode
+    queries: sequences join with a prompt of limit+1 to 63 tokens, prefilled in chunks of limit+1
+    to limit+8 tokens over several steps; a program whose query is `limit` tokens returns, the
+    others read their context, the tokens before their chunk, ceil((seq_lens[r] - query) / 16)
+    blocks (a first chunk reads none: the blocks its own tokens fill are not read from the cache).
+    The kernel is launched where the batch holds a chunk."""
     b = Builder("paged-filtered", seed=seed)
     rng = b.rng
     pool = 1024
@@ -651,13 +661,21 @@ def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stri
     out = b.malloc(65536 * 32, "out")
     tab = rng.integers(0, pool, (32, stride)).astype("<i4")
     free = [int(x) for x in rng.permutation(pool)]
-    running: list[list] = [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [], limit] for _ in range(2)]
+    kern = K_PREFILL if prefill else K_FILTERED
+    # a sequence: [tokens, steps left, its blocks, this step's query, prompt tokens not yet prefilled]
+    running: list[list] = [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [], limit, 0] for _ in range(2)]
     for _ in range(steps):
         for q in running:
             q[3] = limit
+            if q[4]:   # the next chunk, none left shorter than a chunk
+                q[3] = min(q[4], int(rng.integers(limit + 1, limit + 9)))
+                q[3] = q[4] if q[4] - q[3] <= limit else q[3]
+                q[4] -= q[3]
         while len(running) < max_seqs and rng.random() < 0.5:
+            first = int(rng.integers(limit + 1, limit + 9))
+            rest = max(0, int(rng.integers(limit + 1, 64)) - first) if prefill else 0
             running.insert(int(rng.integers(0, len(running) + 1)),
-                           [0, int(rng.integers(1, 12)), [], int(rng.integers(limit + 1, limit + 9))])
+                           [0, int(rng.integers(1, 12)), [], first, rest if rest > limit else 0])
         for q in running:
             q[0] += q[3]
             while len(q[2]) < -(-q[0] // KV_TOKENS):
@@ -672,25 +690,31 @@ def _filtered_table(seed: int, max_seqs: int, len_hi: int, steps: int = 30, stri
             qs[1:n + 1] = np.cumsum([q[3] for q in running])
         else:
             qs[:n] = [q[3] for q in running]
-        dec = [i for i, q in enumerate(running) if q[3] == limit]
-        blocks = np.concatenate([running[i][2] for i in dec]).astype(np.int64)
+        if prefill:   # each chunk's context: the blocks of the tokens before it
+            reads = [(i, -(-(q[0] - q[3]) // KV_TOKENS)) for i, q in enumerate(running) if q[3] > limit]
+        else:
+            reads = [(i, len(q[2])) for i, q in enumerate(running) if q[3] == limit]
+        if prefill and not reads:
+            continue
+        rows = [(i, m) for i, m in reads if m > 0]
+        blocks = np.concatenate([running[i][2][:m] for i, m in rows] + [[]]).astype(np.int64)
         i0 = b.reserve(1)
-        b.launch(K_FILTERED, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
-                                    "query_start": starts.ptr(), "table_stride": stride}, grid=(n, 2),
+        b.launch(kern, [i0], {"out": out.ptr(), "kv": kv.ptr(), "table": table.ptr(), "seq_lens": lens.ptr(),
+                              "query_start": starts.ptr(), "table_stride": stride}, grid=(n, 2),
                  touches=[Range(starts, 0, 4 * (n + diff)), Range(lens, 0, 4 * n), Range(out, 0, 65536 * n, WRITE),
-                          Ranges(table, np.zeros(len(dec), np.int64), [4 * i * stride for i in dec],
-                                 [4 * len(running[i][2]) for i in dec]),
+                          Ranges(table, np.zeros(len(rows), np.int64), [4 * i * stride for i, _ in rows],
+                                 [4 * m for _, m in rows]),
                           Ranges(kv, np.zeros(len(blocks), np.int64), blocks * KV_BLOCK, KV_BLOCK)])
-        b.values(K_FILTERED, "table", [i0], table.ptr(), tab.reshape(-1)[None])
-        b.values(K_FILTERED, "seq_lens", [i0], lens.ptr(), lens_v[None])
+        b.values(kern, "table", [i0], table.ptr(), tab.reshape(-1)[None])
+        b.values(kern, "seq_lens", [i0], lens.ptr(), lens_v[None])
         if record_starts:
-            b.values(K_FILTERED, "query_start", [i0], starts.ptr(), qs[None])
+            b.values(kern, "query_start", [i0], starts.ptr(), qs[None])
         for q in running:
             q[1] -= 1
         for q in [q for q in running if q[1] <= 0]:
             free.extend(q[2])
         running = [q for q in running if q[1] > 0] or \
-            [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [free.pop()], limit]]
+            [[int(rng.integers(1, len_hi)), int(rng.integers(4, 12)), [free.pop()], limit, 0]]
     return b
 
 
@@ -753,6 +777,50 @@ def test_one_profile_of_a_filtered_table_predicts_a_larger_run(tmp_path_factory,
     ev = evaluate(model, T.read_trace(test), "none")
     k = next(x for x in ev["kernels"] if "paged_decode_filtered" in x["kernel"])
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+
+
+def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp_path, capsys):
+    """A prefill kernel that skips decode queries and reads each chunk's context, as vLLM's prefix
+    prefill does: row r of the block table read only where the query is longer than one token,
+    up to the sequence's length less the query's (`count_sub`), over the block size. One profile
+    fits it (the blocks the chunk's own tokens fill are not read, so no count without the
+    subtraction verifies), written readably and kept through the model file; a run with twice
+    the sequences, four times longer, is predicted exactly, batch == online; a model file whose
+    count_sub names no pointer word is refused in one line, exit 2."""
+    from pagecast.cli import main
+    path = _filtered_table(5, 8, 80, steps=40, prefill=True).write(tmp_path / "p.pctrace")
+    model = fit_model([T.read_trace(path)])
+    km = next(km for n, km in model.kernels.items() if "prefix_prefill_filtered" in n)
+    r = next(x for x in km.regions if x.base == "p1")
+    assert r.text() == (f"[p1 + {KV_BLOCK}*v(p2)[r*p5 + j], +{KV_BLOCK}) for r < grid_x, "
+                        "j < ceil((v(p3)[r] - (v(p4)[r+1] - v(p4)[r])) / 16), "
+                        "rows where v(p4)[r+1] - v(p4)[r] >= 2"), r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.count_sub == r.count_sub and again.text() == r.text()
+    tr = T.read_trace(_filtered_table(6, 16, 320, steps=40, prefill=True).write(tmp_path / "t.pctrace"))
+    # the cache's pages (the block table's one page is read only where some chunk has a context,
+    # which its linear region does not say)
+    from pagecast import footprints as FP
+    from pagecast.predict.predictor import predict_footprints
+    a = tr.allocations.to_pylist()
+    kv = max(a, key=lambda x: x[T.BYTES])
+    lo, hi = kv[T.ADDRESS] // tr.page_size, (kv[T.ADDRESS] + kv[T.BYTES]) // tr.page_size
+    pred, truth = predict_footprints(model, tr, "none"), FP.footprints(tr)
+    names = tr.launches.column(T.KERNEL).to_pylist()
+    got = [[(p := fp.pages(i))[(p >= lo) & (p < hi)].tolist() for fp in (pred, truth)]
+           for i in range(tr.n_launches) if "prefix_prefill_filtered" in names[i]]
+    assert len(got) > 20 and all(p == t for p, t in got), r.text()
+    assert sum(len(t) for _, t in got) > 100
+    assert_online_is_batch(model, tr)
+    d = json.loads((tmp_path / "m.json").read_text())
+    reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
+    assert reg["count_sub"] == {"index": "p4", "elem": 4, "diff": True}
+    reg["count_sub"]["index"] = "p9"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    assert main(["evaluate", str(tmp_path / "bad.json"), str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "count_sub" in err[0] and "p9" in err[0], err
 
 
 def test_a_row_filter_without_a_table_is_refused(tmp_path, capsys):

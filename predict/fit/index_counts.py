@@ -31,7 +31,7 @@ from pagecast import values as V
 
 from .. import formula as FM
 from .. import indexed as IX
-from ..model_io import RowFilter
+from ..model_io import RowFilter, RowValue
 from .data import KernelData
 from .solve import solve_pair
 
@@ -177,7 +177,7 @@ class Count:
 
     def fields(self) -> dict:
         return dict(count=self.count, count_index=self.cidx, count_elem=self.celem, count_div=self.cdiv,
-                    row_stride=self.rs, row_filter=None)
+                    row_stride=self.rs, row_filter=None, count_sub=None)
 
 
 MAX_TABLES = 48   # table candidates tried per index word at most (each may need a solve)
@@ -231,63 +231,131 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
             return
 
 
-FILTER_SHAPES = 24   # tables tried per row filter at most (table_candidates' order)
+FILTER_SHAPES = 24   # tables tried per row filter and count buffer at most (table_candidates' order)
 
 
 def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
-    """table_candidates' tables with their rows filtered by another traced buffer (the fit tries
-    them only where no table without a filter verifies; predict/indexed.py, `row_filter`): row r
-    read only where f(r) <= t or f(r) >= t, f(r) the buffer's value at r or the difference of its
-    values at r+1 and r (a query's length from its start offsets). Per buffer and form, t is the
+    """table_candidates' tables with their rows filtered by another traced buffer, or their
+    counts less another buffer's values (the fit tries them only where no table without either
+    verifies; predict/indexed.py, `row_filter`, `count_sub`). A row value f(r) is a buffer's
+    value at r or the difference of its values at r+1 and r (a query's length from its start
+    offsets; model_io.RowValue).
+
+    Filters: row r read only where f(r) <= t or f(r) >= t. Per buffer and form, t is the
     tightest bound that leaves some row out and keeps one at every launch of the table (the
     smallest value f takes for <=, the largest for >=), and more than one at some launch (a
-    table, as table_candidates' R: a filter that keeps only the first row names no table). The rows left unread no longer widen the
-    values' extremes the stride solve starts from (a decode kernel's programs that return for
-    the batch's prefill requests). Yields TableCount with its `rf`, each filter over the first
-    FILTER_SHAPES tables."""
+    table, as table_candidates' R: a filter that keeps only the first row names no table); for
+    >=, the loosest that leaves only f's smallest value out first (`_ge_bounds`). The
+    rows left unread no longer widen the values' extremes the stride solve starts from (a decode
+    kernel's programs that return for the batch's prefill requests). Each filter's table is
+    followed by the same with its rows' counts less each row value `_subs` allows, the filter's
+    own first (a prefill kernel that skips decode queries and reads its context: the sequence's
+    length less the query's).
+
+    Then the tables without a filter, their counts less each row value `_subs` allows. Yields
+    TableCount with its `rf` and `sub`, over the first FILTER_SHAPES tables of each count buffer."""
     n = len(sv)
     shapes = []
-    for cw, ce, rn, sn, d, c, rl, ri, rs in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
-        shapes.append((cw, ce, rn, sn, d, -(-c // d), rl, ri, rs))
-        if len(shapes) >= FILTER_SHAPES:
-            break
+    per_buffer: dict = {}
+    for shape in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
+        # the first tables of each count buffer (its divisors are many: a buffer listed before
+        # another, a query's start offsets before the sequences' lengths, must not take them all)
+        if per_buffer.setdefault(shape[0].name, 0) < FILTER_SHAPES:
+            per_buffer[shape[0].name] += 1
+            shapes.append(shape)
     if not shapes:
         return
-    for fw, frow, fe in _count_buffers(kd, w, iw, sv, part, lid):
-        flen = row_bytes(kd, part[sv], frow) // fe
-        fvals = {}
-        for cw, ce, rn, sn, d, kr0, rl, ri, rs in shapes:
-            Rs = np.bincount(rl, minlength=n).astype(np.int64)
-            for diff in (False, True):
-                m = Rs + int(diff)
-                if (m > flen).any():
-                    continue
-                key = (rn, diff)
-                if key not in fvals:
-                    vals = prefix_values(kd, part[sv], frow, m, fe)
-                    at = np.repeat(np.cumsum(m) - m, Rs) + ri
-                    fvals[key] = vals[at + 1] - vals[at] if diff else vals[at]
-                f = fvals[key]
+    forms = _RowForms(kd, w, iw, sv, part, lid)
+
+    def table(shape, kr, rf=None, sub=None):
+        cw, ce, rn, sn, d, c, rl, ri, rs = shape
+        return TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d,
+                          np.bincount(rl, weights=kr, minlength=n).astype(np.int64), FM.Formula(0, ((1, (sn,)),)),
+                          rows=(kd, part[sv], irows, rl, ri * rs, kr, elem), rf=rf, sub=sub)
+
+    for fi in range(len(forms.buffers)):
+        for shape in shapes:
+            cw, ce, rn, sn, d, c, rl, ri, rs = shape
+            kr0 = -(-c // d)
+            live = kr0 > 0
+            for rv, f in forms.of(shape, fi):
                 # the tightest bound that keeps a row reading something at every launch: the
                 # largest of the launches' smallest values (<=), the smallest of their largest (>=)
                 lo = np.full(n, np.iinfo(np.int64).max)
                 hi = np.full(n, np.iinfo(np.int64).min)
-                live = kr0 > 0
                 np.minimum.at(lo, rl[live], f[live])
                 np.maximum.at(hi, rl[live], f[live])
                 if (hi < lo).any():   # a launch whose rows read nothing
                     continue
-                for op, t in (("le", int(lo.max())), ("ge", int(hi.min()))):
-                    rf = RowFilter(fw.name, int(fe), diff, op, t)
+                for op, t in (("le", int(lo.max())), *(("ge", t) for t in _ge_bounds(f[live], int(hi.min())))):
+                    rf = RowFilter(rv.index, rv.elem, rv.diff, op, t)
                     keep = IX.filter_keeps(rf, f)
                     # a filter leaves a table: more than one row read at some launch, as for R
                     if keep.all() or not (np.bincount(rl, weights=keep & live, minlength=n) > 1).any():
                         continue
-                    kr = np.where(keep, kr0, 0)
-                    yield TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d,
-                                     np.bincount(rl, weights=kr, minlength=n).astype(np.int64),
-                                     FM.Formula(0, ((1, (sn,)),)),
-                                     rows=(kd, part[sv], irows, rl, ri * rs, kr, elem), rf=rf)
+                    yield table(shape, np.where(keep, kr0, 0), rf)
+                    for sub, cs in _subs(forms, shape, keep, rv):
+                        yield table(shape, np.where(keep, -(-cs // d), 0), rf, sub)
+    for shape in shapes:
+        d = shape[4]
+        for sub, cs in _subs(forms, shape, shape[5] > 0, None):
+            yield table(shape, -(-cs // d), None, sub)
+
+
+def _ge_bounds(f: np.ndarray, tight: int) -> list[int]:
+    """Bounds t for a filter `f(r) >= t`, the loosest first: the second smallest value f takes
+    (only the rows at its smallest value left out: a prefill kernel's programs that return for
+    decode queries, one token each, while the chunks it reads run from two tokens to thousands)
+    where it is below `tight`, then `tight` (the smallest of the launches' largest values: the
+    tightest that keeps a row at every launch)."""
+    u = np.unique(f)
+    return ([int(u[1])] if len(u) > 1 and u[1] < tight else []) + [tight]
+
+
+class _RowForms:
+    """The row values (model_io.RowValue) a table's rows may take from the other traced buffers:
+    per buffer, its value at each row, and the difference of its values at r+1 and r."""
+
+    def __init__(self, kd: KernelData, w, iw, sv, part, lid) -> None:
+        self.kd, self.sv, self.part = kd, sv, part
+        self.buffers = [(fw, frow, fe, row_bytes(kd, part[sv], frow) // fe)
+                        for fw, frow, fe in _count_buffers(kd, w, iw, sv, part, lid)]
+        self._vals: dict = {}
+
+    def of(self, shape, fi: int):
+        """(RowValue, its value per row of the table `shape`) of buffer `fi`: its values, then
+        their differences, each where the buffer holds enough values at every launch."""
+        fw, frow, fe, flen = self.buffers[fi]
+        rn, rl, ri = shape[2], shape[6], shape[7]
+        Rs = np.bincount(rl, minlength=len(self.sv)).astype(np.int64)
+        for diff in (False, True):
+            m = Rs + int(diff)
+            if (m > flen).any():
+                continue
+            key = (fi, rn, diff)
+            if key not in self._vals:
+                vals = prefix_values(self.kd, self.part[self.sv], frow, m, fe)
+                at = np.repeat(np.cumsum(m) - m, Rs) + ri
+                self._vals[key] = vals[at + 1] - vals[at] if diff else vals[at]
+            yield RowValue(fw.name, int(fe), diff), self._vals[key]
+
+    def all(self, shape, first: RowValue | None):
+        """Every buffer's row values for `shape`, `first`'s first."""
+        got = [x for fi in range(len(self.buffers)) for x in self.of(shape, fi)]
+        return sorted(got, key=lambda x: x[0] != first)
+
+
+def _subs(forms: _RowForms, shape, keep: np.ndarray, first: RowValue | None):
+    """Row values a table's counts may be less (`count_sub`): at its kept rows, never more than
+    the row's count value (a context's length is not negative), more than 0 at some, not the
+    count value itself at all of them (a count of nothing), and leaving some row something to
+    read. Yields (RowValue, each row's count value less it, at least 0), `first` first."""
+    c = shape[5]
+    for rv, f in forms.all(shape, first) if keep.any() else ():
+        cs = c - f
+        if (cs[keep] < 0).any() or not (f[keep] > 0).any() or not (cs[keep] > 0).any():
+            continue
+        yield rv, np.maximum(cs, 0)
 
 
 def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
@@ -352,6 +420,7 @@ class TableCount(Count):
 
     rows: tuple | None = None
     rf: RowFilter | None = None   # the rows read only where another buffer allows (filtered_table_candidates)
+    sub: RowValue | None = None   # the rows' counts less another buffer's values (filtered_table_candidates)
 
     def extremes(self):
         if self.ext is None:
@@ -359,7 +428,7 @@ class TableCount(Count):
         return self.ext
 
     def fields(self) -> dict:
-        return {**super().fields(), "row_filter": self.rf}
+        return {**super().fields(), "row_filter": self.rf, "count_sub": self.sub}
 
 
 def row_bytes(kd: KernelData, part, rows) -> np.ndarray:

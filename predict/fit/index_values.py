@@ -200,12 +200,14 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 continue
             kept.append(c)
             yield c
-        # tables whose rows another buffer filters: only where no count without one verifies
+        # tables whose rows another buffer filters, or whose counts are less its values: only
+        # where no count without either verifies; then the one that verifies less each row value
+        # (the candidates after it with its filter, tried as tighter counts)
         for c in filtered if best is None else ():
+            if best is not None and (c.sub is None or c.rf != best[0].row_filter):
+                return
             kept.append(c)
             yield c
-            if best is not None:
-                return
     for c in candidates():
         k = c.k
         if best is not None:
@@ -240,8 +242,8 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 r = dataclasses.replace(r, part_last=True)
                 okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
                 unexplained = int((~okv).sum())
-            if unexplained <= kd.allowed(len(sv)) and (r.row_filter is None or _leaves_most_out(kd, r, cat, sv, part,
-                                                                                              lid, iptr)):
+            if unexplained <= kd.allowed(len(sv)) and (r.row_filter is None and r.count_sub is None
+                                                      or _leaves_most_out(kd, r, cat, sv, part, lid, iptr)):
                 best = (r, okv, unexplained, None, k)
                 break
     if whole and best is not None and best[0].row_stride is None and not _holds_own_faults(kd, best[0], cat, sv):
@@ -392,8 +394,9 @@ def _tightest(kd, best, kept, cat, sel, sv, part, lid, iptr):
 
 
 def _leaves_most_out(kd: KernelData, region: Region, cat: RegionObs, sv, part, lid, iptr) -> bool:
-    """Does a filtered table (`row_filter`) predict under half its allocation's pages at more than
-    half the launches `sv`? A filter is tried where no table verifies, so a small buffer (a few
+    """Does a filtered table (`row_filter`) or one whose counts are less a row value (`count_sub`)
+    predict under half its allocation's pages at more than half the launches `sv`? Either is
+    tried where no table verifies, so a small buffer (a few
     pages, its records at most a big page or two) would verify some filter by chance: there the
     allocation says as much, and the evidence cannot tell a filter from none."""
     rep, sp, ep = indexed_pieces(kd, region, cat, sv, part, lid, iptr)
@@ -541,8 +544,8 @@ def indexed_pieces(kd, region: Region, cat, sv, part, lid, iptr):
     ps = kd.ps
     cptr = None if region.count_index is None else \
         np.concatenate(next(v for cw, v in kd.bases if cw.name == region.count_index)).astype(np.int64)
-    fptr = None if region.row_filter is None else \
-        np.concatenate(next(v for fw, v in kd.bases if fw.name == region.row_filter.index)).astype(np.int64)
+    fptr, sptr = (None if rv is None else np.concatenate(next(v for w, v in kd.bases if w.name == rv.index)).astype(np.int64)
+                  for rv in (region.row_filter, region.count_sub))
     reps, sps, eps = [], [], []
     for ti, (o, _, _, _) in enumerate(kd.parts):
         m = np.flatnonzero(part[sv] == ti)
@@ -553,7 +556,7 @@ def indexed_pieces(kd, region: Region, cat, sv, part, lid, iptr):
         vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
         res = IX.batch_pieces(region, vals, cat.base[p], iptr[p], lid[p], V.image(o.trace), ps,
                               cat.alloc_s[p], cat.alloc_e[p], None if cptr is None else cptr[p],
-                              None if fptr is None else fptr[p])
+                              None if fptr is None else fptr[p], None if sptr is None else sptr[p])
         reps.append(m[res["l"]]), sps.append(res["s"]), eps.append(res["e"])
     z = np.zeros(0, np.int64)
     return (np.concatenate(reps) if reps else z, np.concatenate(sps) if sps else z,
