@@ -779,26 +779,28 @@ def test_one_profile_of_a_filtered_table_predicts_a_larger_run(tmp_path_factory,
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
-def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp_path, capsys):
+@pytest.mark.parametrize("drop,diff", [(0.0, True), (0.01, False)])
+def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp_path, capsys, drop, diff):
     """A prefill kernel that skips decode queries and reads each chunk's context, as vLLM's prefix
     prefill does: row r of the block table read only where the query is longer than one token,
-    up to the sequence's length less the query's (`count_sub`), over the block size. One profile
-    fits it (the blocks the chunk's own tokens fill are not read, so no count without the
-    subtraction verifies), written readably and kept through the model file; a run with twice
-    the sequences, four times longer, is predicted exactly, batch == online; a model file whose
-    count_sub names no pointer word is refused in one line, exit 2."""
+    up to the sequence's length less the query's (`count_sub`), over the block size, the query's
+    length the difference of its start offsets (`diff`) or a buffer of lengths. One profile, 1%
+    of its records lost or none, fits it (the blocks the chunk's own tokens fill are not read, so
+    no count without the subtraction verifies), written readably and kept through the model
+    file; a run with twice the sequences, four times longer, is predicted exactly, batch ==
+    online; a model file whose count_sub names no pointer word is refused in one line, exit 2."""
     from pagecast.cli import main
-    path = _filtered_table(5, 8, 80, steps=40, prefill=True).write(tmp_path / "p.pctrace")
+    path = _filtered_table(5, 8, 80, steps=40, prefill=True, diff=diff).write(tmp_path / "p.pctrace", drop=drop)
     model = fit_model([T.read_trace(path)])
     km = next(km for n, km in model.kernels.items() if "prefix_prefill_filtered" in n)
     r = next(x for x in km.regions if x.base == "p1")
+    q = "v(p4)[r+1] - v(p4)[r]" if diff else "v(p4)[r]"
     assert r.text() == (f"[p1 + {KV_BLOCK}*v(p2)[r*p5 + j], +{KV_BLOCK}) for r < grid_x, "
-                        "j < ceil((v(p3)[r] - (v(p4)[r+1] - v(p4)[r])) / 16), "
-                        "rows where v(p4)[r+1] - v(p4)[r] >= 2"), r.text()
+                        f"j < ceil((v(p3)[r] - {f'({q})' if diff else q}) / 16), rows where {q} >= 2"), r.text()
     save_model(model, tmp_path / "m.json")
     again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
     assert again.count_sub == r.count_sub and again.text() == r.text()
-    tr = T.read_trace(_filtered_table(6, 16, 320, steps=40, prefill=True).write(tmp_path / "t.pctrace"))
+    tr = T.read_trace(_filtered_table(6, 16, 320, steps=40, prefill=True, diff=diff).write(tmp_path / "t.pctrace"))
     # the cache's pages (the block table's one page is read only where some chunk has a context,
     # which its linear region does not say)
     from pagecast import footprints as FP
@@ -813,9 +815,16 @@ def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp
     assert len(got) > 20 and all(p == t for p, t in got), r.text()
     assert sum(len(t) for _, t in got) > 100
     assert_online_is_batch(model, tr)
+    # without the query lengths' values every row is read to its whole length: nothing missed
+    nv = T.read_trace(_filtered_table(7, 8, 60, steps=20, prefill=True, diff=diff, record_starts=False)
+                      .write(tmp_path / "nv.pctrace"))
+    ev = evaluate(model, nv, "none")
+    k = next(x for x in ev["kernels"] if "prefix_prefill_filtered" in x["kernel"])
+    assert k["recall"] == 1.0 and k["precision"] < 1.0, k
+    assert_online_is_batch(model, nv)
     d = json.loads((tmp_path / "m.json").read_text())
     reg = next(x for x in d["kernels"][km.name]["regions"] if x["base"] == "p1")
-    assert reg["count_sub"] == {"index": "p4", "elem": 4, "diff": True}
+    assert reg["count_sub"] == {"index": "p4", "elem": 4, "diff": diff}
     reg["count_sub"]["index"] = "p9"
     (tmp_path / "bad.json").write_text(json.dumps(d))
     assert main(["evaluate", str(tmp_path / "bad.json"), str(path)]) == 2
