@@ -23,6 +23,7 @@ searches and the fit share (`value_rows`, `value_elems`, `launch_positions`, `ro
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -183,9 +184,24 @@ class Count:
 MAX_TABLES = 48   # table candidates tried per index word at most (each may need a solve)
 
 
+class TableShape(NamedTuple):
+    """A table to try (_table_shapes): its count buffer's word and value width, the names of its
+    row count R and row stride rs, the count divisor, and per row (concatenated over the
+    launches) its count value, its launch position, its row number and its rs."""
+
+    cw: Any
+    ce: int
+    rn: str
+    sn: str
+    d: int
+    c: np.ndarray
+    rl: np.ndarray
+    ri: np.ndarray
+    rs: np.ndarray
+
+
 def _table_shapes(kd: KernelData, w, iw, g, sv, part, lid, row_len):
-    """The tables table_candidates tries, in its order: (count word, its width, R's name, rs's
-    name, d, each row's count value, each row's launch position and row number, each row's rs)."""
+    """The tables (TableShape) table_candidates tries, in its order."""
     names = position_names(kd)
     n = len(sv)
     cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
@@ -205,7 +221,7 @@ def _table_shapes(kd: KernelData, w, iw, g, sv, part, lid, row_len):
             for sn in sns:
                 rs = cols[sn][rl]
                 for d in _row_divisors(c, rs):
-                    yield cw, ce, rn, sn, d, c, rl, ri, rs
+                    yield TableShape(cw, ce, rn, sn, d, c, rl, ri, rs)
 
 
 def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
@@ -260,8 +276,8 @@ def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid
     for shape in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
         # the first tables of each count buffer (its divisors are many: a buffer listed before
         # another, a query's start offsets before the sequences' lengths, must not take them all)
-        if per_buffer.setdefault(shape[0].name, 0) < FILTER_SHAPES:
-            per_buffer[shape[0].name] += 1
+        if per_buffer.setdefault(shape.cw.name, 0) < FILTER_SHAPES:
+            per_buffer[shape.cw.name] += 1
             shapes.append(shape)
     if not shapes:
         return
@@ -297,9 +313,8 @@ def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid
                     for sub, cs in _subs(forms, shape, keep, rv):
                         yield table(shape, np.where(keep, -(-cs // d), 0), rf, sub)
     for shape in shapes:
-        d = shape[4]
-        for sub, cs in _subs(forms, shape, shape[5] > 0, None):
-            yield table(shape, -(-cs // d), None, sub)
+        for sub, cs in _subs(forms, shape, shape.c > 0, None):
+            yield table(shape, -(-cs // shape.d), None, sub)
 
 
 def _ge_bounds(f: np.ndarray, tight: int) -> list[int]:
@@ -322,11 +337,11 @@ class _RowForms:
                         for fw, frow, fe in _count_buffers(kd, w, iw, sv, part, lid)]
         self._vals: dict = {}
 
-    def of(self, shape, fi: int):
+    def of(self, shape: TableShape, fi: int):
         """(RowValue, its value per row of the table `shape`) of buffer `fi`: its values, then
         their differences, each where the buffer holds enough values at every launch."""
         fw, frow, fe, flen = self.buffers[fi]
-        rn, rl, ri = shape[2], shape[6], shape[7]
+        rn, rl, ri = shape.rn, shape.rl, shape.ri
         Rs = np.bincount(rl, minlength=len(self.sv)).astype(np.int64)
         for diff in (False, True):
             m = Rs + int(diff)
@@ -339,18 +354,18 @@ class _RowForms:
                 self._vals[key] = vals[at + 1] - vals[at] if diff else vals[at]
             yield RowValue(fw.name, int(fe), diff), self._vals[key]
 
-    def all(self, shape, first: RowValue | None):
+    def all(self, shape: TableShape, first: RowValue | None):
         """Every buffer's row values for `shape`, `first`'s first."""
         got = [x for fi in range(len(self.buffers)) for x in self.of(shape, fi)]
         return sorted(got, key=lambda x: x[0] != first)
 
 
-def _subs(forms: _RowForms, shape, keep: np.ndarray, first: RowValue | None):
+def _subs(forms: _RowForms, shape: TableShape, keep: np.ndarray, first: RowValue | None):
     """Row values a table's counts may be less (`count_sub`): at its kept rows, never more than
-    the row's count value (a context's length is not negative), more than 0 at some, not the
-    count value itself at all of them (a count of nothing), and leaving some row something to
-    read. Yields (RowValue, each row's count value less it, at least 0), `first` first."""
-    c = shape[5]
+    the row's count value (a context's length is not negative), more than 0 at some, and less
+    than it at some (a count of nothing names no table). Yields (RowValue, each row's count
+    value less it, at least 0), `first` first."""
+    c = shape.c
     for rv, f in forms.all(shape, first) if keep.any() else ():
         cs = c - f
         if (cs[keep] < 0).any() or not (f[keep] > 0).any() or not (cs[keep] > 0).any():
