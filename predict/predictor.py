@@ -86,17 +86,18 @@ def _compile(km: KernelModel) -> _Compiled:
     counts = []
     filters = []
     subs = []
+
+    def word(text: str | None, cls: str) -> Word | None:
+        """An indexed region's pointer word, resolved; None where the region has none."""
+        return Word.parse(text).resolve(km.param_sizes) if cls == "indexed" and text is not None else None
+
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
         # rows by position (no index word) take the count buffer's pointer in its place
-        indexes.append(Word.parse(r.index if r.index is not None else r.count_index).resolve(km.param_sizes)
-                       if r.cls == "indexed" else None)
-        counts.append(Word.parse(r.count_index).resolve(km.param_sizes)
-                      if r.cls == "indexed" and r.count_index is not None else None)
-        filters.append(Word.parse(r.row_filter.index).resolve(km.param_sizes)
-                       if r.cls == "indexed" and r.row_filter is not None else None)
-        subs.append(Word.parse(r.count_sub.index).resolve(km.param_sizes)
-                    if r.cls == "indexed" and r.count_sub is not None else None)
+        indexes.append(word(r.index if r.index is not None else r.count_index, r.cls))
+        counts.append(word(r.count_index, r.cls))
+        filters.append(word(r.row_filter.index if r.row_filter is not None else None, r.cls))
+        subs.append(word(r.count_sub.index if r.count_sub is not None else None, r.cls))
         for n in sorted(r.feature_names()):
             names.setdefault(n, Word.parse(n).resolve(km.param_sizes))
     return _Compiled(km, bases, list(names.values()), indexes, counts, filters, subs)
@@ -597,7 +598,7 @@ class OnlinePredictor:
         for r, p, within, cls, fns, ix in bases:
             if cls != "indexed":
                 continue
-            if self._alloc_of(struct.unpack_from("<Q", param_data, offs[p] + within)[0]) is None:
+            if self._alloc_of(_pointer(param_data, offs, (p, within))) is None:
                 continue
             if ix.count is not None:   # the count is read first; the values it asks for are known only then
                 addr, nb = IX.count_read(r, values, _pointer(param_data, offs, ix.count))
@@ -628,7 +629,7 @@ class OnlinePredictor:
             return _merge(out)
         offs, args = self._arguments(km, words, param_data, param_offsets, grid, block)
         for r, p, within, cls, fns, ix in bases:
-            v = struct.unpack_from("<Q", param_data, offs[p] + within)[0]
+            v = _pointer(param_data, offs, (p, within))
             a = self._alloc_of(v)
             if a is None:
                 continue
