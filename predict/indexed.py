@@ -125,7 +125,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     if region.row_stride is not None:
         return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr, sptr)
     if region.lengths and region.count_index is not None:
-        return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr)
+        return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
     rows = im.find(launch, iptr)
@@ -275,12 +275,21 @@ def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, 
     if region.count_sub is not None and sptr is not None and len(rl):
         sub, sok = row_values(region.count_sub, rl, r, launch, sptr, im)
         c = np.maximum(c, 0) - np.where(sok, sub, 0)   # as row_counts: a count value below 0 counts as 0
-    if region.row_filter is not None and fptr is not None and len(rl):
-        f, fok = row_values(region.row_filter, rl, r, launch, fptr, im)
-        c = np.where(~fok | filter_keeps(region.row_filter, f), c, 0)
+    c = filtered_counts(region, rl, r, c, launch, fptr, im)
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
     k, kk, last = row_entries(region, c, rsl)
     return rl, r * rsl, kk, last, crows, ok, missing + int((k - kk).sum())
+
+
+def filtered_counts(region: Region, rl: np.ndarray, r: np.ndarray, c: np.ndarray, launch: np.ndarray, fptr,
+                    im: V.ValueImage) -> np.ndarray:
+    """Counts `c` per row (launch position rl, row r: a table's rows, or chunks of their own
+    lengths) with the rows the region's row filter leaves out set to 0 (fptr: its buffer's pointer
+    per launch); a row whose filter value was not recorded keeps its count."""
+    if region.row_filter is None or fptr is None or not len(rl):
+        return c
+    f, fok = row_values(region.row_filter, rl, r, launch, fptr, im)
+    return np.where(~fok | filter_keeps(region.row_filter, f), c, 0)
 
 
 def row_values(rv, rl: np.ndarray, r: np.ndarray, launch: np.ndarray, ptr: np.ndarray,
@@ -389,10 +398,12 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     return out
 
 
-def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr) -> dict:
+def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr,
+                   fptr=None) -> dict:
     """batch_pieces for chunks of their own lengths (`region.lengths`; module doc): value i of
     each launch's first `count` selects `chunk` bytes times its length over count_div, rounded up;
-    by position (`region.index` None), row i of `stride` bytes, the read clipped to it."""
+    by position (`region.index` None), row i of `stride` bytes, the read clipped to it. A value
+    the row filter leaves out (fptr: its buffer's pointer per launch) reads nothing."""
     n = len(launch)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
@@ -414,9 +425,12 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
     vl, pos, c = vl[keep], pos[keep], c[keep]
     k = np.bincount(vl, minlength=n).astype(I64) if len(vl) else np.zeros(n, I64)
     short = int(np.where(have, want - k, 0).sum())
+    c = filtered_counts(region, vl, pos, c, launch, fptr, im)
     z = np.zeros(0, I64)
     out = {"have": have, "rows": crows if by_pos else rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0,
            "sentinel": 0, "short": short, "bytes": k * (0 if by_pos else e)}
+    if region.row_filter is not None and fptr is not None:   # the filter's buffer must exist too
+        out["frows"] = im.find(launch, np.asarray(fptr, I64) * np.ones(n, I64))
     if not len(vl):
         return out
     chv = ch[vl] * divide_count(region, c)

@@ -51,9 +51,10 @@ class RowValue:
     elem: int = 4
     diff: bool = False
 
-    def text(self) -> str:
+    def text(self, at: str = "r") -> str:
+        """`v(p10)[r]`, or `v(p10)[r+1] - v(p10)[r]` (`diff`); `at` the row's name (i in one dimension)."""
         v = f"{'v' if self.elem == 4 else 'v64'}({self.index})"
-        return f"{v}[r+1] - {v}[r]" if self.diff else f"{v}[r]"
+        return f"{v}[{at}+1] - {v}[{at}]" if self.diff else f"{v}[{at}]"
 
     def to_json(self) -> dict:
         return {"index": self.index, "elem": int(self.elem), "diff": bool(self.diff)}
@@ -69,8 +70,8 @@ class RowFilter(RowValue):
     op: str = "le"
     value: int = 0
 
-    def text(self) -> str:
-        return f"rows where {super().text()} {'<=' if self.op == 'le' else '>='} {self.value}"
+    def text(self, at: str = "r") -> str:
+        return f"rows where {super().text(at)} {'<=' if self.op == 'le' else '>='} {self.value}"
 
     def to_json(self) -> dict:
         return {**super().to_json(), "op": self.op, "value": int(self.value)}
@@ -97,7 +98,8 @@ class Region:
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
     row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
                                        # ceil(v(count_index)[r] / count_div) entries
-    row_filter: RowFilter | None = None  # indexed, a table: only the rows another buffer's values allow
+    row_filter: RowFilter | None = None  # indexed, a table or chunks of their own lengths: only the rows (values)
+                                         # another buffer's values allow
     count_sub: RowValue | None = None    # indexed, a table: row r's count value less this one before count_div
                                          # divides it (a context's length: the sequence's less its query's)
     part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
@@ -233,6 +235,8 @@ def indexed_text(r: Region) -> str:
             ln = f"({cv}({r.count_index})[i+1] - {ln})"
         ln = ln if r.count_div == 1 else f"ceil({ln} / {r.count_div})"
         chunk = ln if r.chunk.n_terms == 0 and r.chunk.const == 1 else f"{_factor(r.chunk)}*{ln}"
+        if r.row_filter is not None:   # values another buffer leaves out read nothing
+            loop += f", {r.row_filter.text('i')}"
     return f"[{head} + {off}, +{chunk}) for {loop}".replace("+ -", "- ")
 
 
@@ -553,9 +557,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             if rd.get("count_sub") is not None:
                 r.count_sub = _row_value(rd["count_sub"], f"{where}: count_sub", sizes, offs)
         else:
-            for k in ("row_filter", "count_sub"):
-                if rd.get(k) is not None:
-                    raise ValueError(f"{where}: a {k} needs a row_stride (a two-dimensional table's rows)")
+            if rd.get("row_filter") is not None:
+                if not ln:
+                    raise ValueError(f"{where}: a row_filter needs a row_stride (a two-dimensional table's rows) "
+                                     f"or lengths (chunks of their own lengths)")
+                r.row_filter = _row_filter(rd["row_filter"], f"{where}: row_filter", sizes, offs)
+            if rd.get("count_sub") is not None:
+                raise ValueError(f"{where}: a count_sub needs a row_stride (a two-dimensional table's rows)")
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

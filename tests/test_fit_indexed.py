@@ -764,6 +764,25 @@ def test_a_tables_rows_are_read_only_where_another_buffer_allows(tmp_path, capsy
     assert len(err) == 1 and "row_filter" in err[0] and "op" in err[0], err
 
 
+def test_a_block_tables_own_rows_are_read_where_its_filter_allows(tmp_path):
+    """The paged decode's block table with rows of 2048 entries (8 KiB: eight rows a big page):
+    its own rows fit by position, read to the sequence's blocks, and take the filter its table
+    region was fitted with (a prefill chunk's program returns before it reads its row), so a
+    run with more and longer sequences is predicted exactly, batch == online."""
+    paths = [_filtered_table(s, m, h, stride=2048).write(tmp_path / f"f{s}.pctrace") for s, m, h in ((1, 6, 40),
+                                                                                                    (2, 8, 80))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "paged_decode_filtered" in n)
+    r = next(x for x in km.regions if x.base == "p2")
+    assert r.text() == ("[p2 + 4*p5*i, +4*ceil(v(p3)[i] / 16)) for i < grid_x, "
+                        "rows where v(p4)[i+1] - v(p4)[i] <= 1"), r.text()
+    tr = T.read_trace(_filtered_table(3, 16, 200, stride=2048).write(tmp_path / "f3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "paged_decode_filtered" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+
+
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), limit=st.integers(1, 4), diff=st.booleans())
 @example(drop=0.01, seed=13, limit=3, diff=False)
@@ -835,9 +854,73 @@ def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp
     assert len(err) == 1 and "count_sub" in err[0] and "p9" in err[0], err
 
 
+K_VARLEN = Kernel("prefill_query_rows", [("out", "float*"), ("q", "const float*"), ("query_start", "const int*"),
+                                         ("n", "int")],
+                  {"out": "indexed", "q": "indexed", "query_start": "linear"})
+Q_ROW = 16384   # bytes of a token's query (and output) row: 32 heads of 128 floats
+
+
+def _varlen(seed: int, max_seqs: int, chunk_hi: int, skip: bool, steps: int = 30) -> Builder:
+    """A prefill kernel over a varlen batch, as vLLM's prefix prefill and FlashAttention's varlen
+    kernels take it: every request's query tokens back to back in one buffer, request i's rows
+    from query_start[i] to query_start[i+1]; a program per request reads its query rows and
+    writes its output rows at the same positions. `skip`: a request whose query is one token (a
+    decode) returns before it reads (SKIP_DECODE); most requests are decodes, the others prefill
+    chunks of 2 to `chunk_hi` - 1 tokens, in any batch position."""
+    b = Builder("varlen", seed=seed)
+    rng = b.rng
+    q, out = b.malloc(Q_ROW * 4096, "q"), b.malloc(Q_ROW * 4096, "out")
+    starts = b.malloc(4 * 257, "query_start")
+    for _ in range(steps):
+        n = int(rng.integers(2, max_seqs + 1))
+        ql = np.where(rng.random(n) < 0.7, 1, rng.integers(2, chunk_hi, n))
+        if (ql == 1).all():
+            ql[int(rng.integers(0, n))] = int(rng.integers(2, chunk_hi))
+        qs = np.zeros(257, "<i4")
+        qs[1:n + 1] = np.cumsum(ql)
+        read = [i for i in range(n) if ql[i] > 1 or not skip]
+        at, nb = np.array([qs[i] * Q_ROW for i in read], np.int64), np.array([ql[i] * Q_ROW for i in read], np.int64)
+        i0 = b.reserve(1)
+        b.launch(K_VARLEN, [i0], {"out": out.ptr(), "q": q.ptr(), "query_start": starts.ptr(), "n": n}, grid=(n, 4),
+                 touches=[Range(starts, 0, 4 * (n + 1)), Ranges(q, np.zeros(len(at), np.int64), at, nb),
+                          Ranges(out, np.zeros(len(at), np.int64), at, nb, WRITE)])
+        b.values(K_VARLEN, "query_start", [i0], starts.ptr(), qs[None])
+    return b
+
+
+@pytest.mark.parametrize("drop,skip", [(0.0, True), (0.01, True), (0.0, False)])
+def test_a_varlen_batchs_rows_are_read_back_to_back_where_their_lengths_allow(tmp_path, drop, skip):
+    """A prefill kernel's query and output rows in a varlen batch: request i's rows run from its
+    start offset to the next request's (chunks of their own lengths, the lengths the offsets'
+    differences, in units of the row), and where the kernel skips decodes, only the requests
+    whose query is longer than one token (a one-dimensional row filter on the same offsets: the
+    unfiltered rows, tried first, reach the decodes' rows, never touched). One profile, 1% of
+    its records lost or none, fits it, written readably and kept through the model file; a run
+    with three times the requests and longer chunks is predicted exactly, batch == online."""
+    path = _varlen(1, 12, 24, skip).write(tmp_path / "fit.pctrace", drop=drop)
+    model = fit_model([T.read_trace(path)])
+    km = next(km for n, km in model.kernels.items() if "prefill_query_rows" in n)
+    rows = f"[p1 + {Q_ROW}*v(p2)[i], +{Q_ROW}*(v(p2)[i+1] - v(p2)[i])) for i < p3"
+    r = next(x for x in km.regions if x.base == "p1")
+    if skip:
+        assert r.text() == f"{rows}, rows where v(p2)[i+1] - v(p2)[i] >= 2", r.text()
+        assert next(x for x in km.regions if x.base == "p0").text() == r.text().replace("p1 +", "p0 +")
+    else:
+        assert r.cls == "indexed", r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p1")]
+    assert again.row_filter == r.row_filter and again.text() == r.text()
+    tr = T.read_trace(_varlen(2, 40, 64, skip).write(tmp_path / "test.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "prefill_query_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
+    assert_online_is_batch(model, tr)
+
+
 def test_a_row_filter_without_a_table_is_refused(tmp_path, capsys):
     """A model file whose indexed region has a row_filter but no row_stride (a filter picks a
-    table's rows; a one-dimensional region has none) is refused in one line, exit 2."""
+    table's rows, or the values of chunks of their own lengths; a one-dimensional region of
+    whole chunks has none) is refused in one line, exit 2."""
     from pagecast.cli import main
     paths = [_filtered_table(1, 6, 40, steps=12).write(tmp_path / "f1.pctrace")]
     save_model(fit_model([T.read_trace(p) for p in paths]), tmp_path / "m.json")

@@ -6,9 +6,8 @@ reads and which, as candidates to verify, from the simplest on:
 - a value read from another traced buffer at position 0 or at an argument or grid dimension,
   or that value over a power of two, rounded up (`buffer_count_candidates`);
 - a two-dimensional table: R rows of rs entries, row r read up to another buffer's value at
-  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them), and
-  the same tables with their rows filtered by a third buffer's values
-  (`filtered_table_candidates`);
+  position r over a power of two (`table_candidates`; predict/indexed.py evaluates them; the
+  same tables with their rows filtered by a third buffer's values are fit.row_filters');
 - for values that select whole chunks, each chunk read up to another buffer's value at the same
   position, or the difference of its consecutive values (`length_candidates`, `length_sets`;
   fit.index_rows reads rows chosen by position with them).
@@ -121,7 +120,7 @@ def pow2_divisors(c: np.ndarray):
         d *= 2
 
 
-def _count_buffers(kd: KernelData, w, iw, sv, part, lid):
+def count_buffers(kd: KernelData, w, iw, sv, part, lid):
     """The other pointers whose values rows were recorded at every launch `sv`, as (word, each
     launch's values row, value width), each width `_elems` finds."""
     for cw, cvals in kd.bases:
@@ -141,7 +140,7 @@ def buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
     value over a power of two, rounded up (a padded token count over the block size). Yields
     Count (the count formula is the position read)."""
     positions = [FM.Formula(0, ())] + [FM.Formula(0, ((1, (n,)),)) for n in position_names(kd)]
-    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+    for cw, crow, ce in count_buffers(kd, w, iw, sv, part, lid):
         for pos in positions:
             pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
                 * np.ones(len(sv), np.int64)
@@ -185,7 +184,7 @@ MAX_TABLES = 48   # table candidates tried per index word at most (each may need
 
 
 class TableShape(NamedTuple):
-    """A table to try (_table_shapes): its count buffer's word and value width, the names of its
+    """A table to try (table_shapes): its count buffer's word and value width, the names of its
     row count R and row stride rs, the count divisor, and per row (concatenated over the
     launches) its count value, its launch position, its row number and its rs."""
 
@@ -200,12 +199,12 @@ class TableShape(NamedTuple):
     rs: np.ndarray
 
 
-def _table_shapes(kd: KernelData, w, iw, g, sv, part, lid, row_len):
+def table_shapes(kd: KernelData, w, iw, g, sv, part, lid, row_len):
     """The tables (TableShape) table_candidates tries, in its order."""
     names = position_names(kd)
     n = len(sv)
     cols = {nm: kd.uniq[g, kd.sel_names.index(nm)] * np.ones(n, np.int64) for nm in names}
-    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+    for cw, crow, ce in count_buffers(kd, w, iw, sv, part, lid):
         clen = row_bytes(kd, part[sv], crow) // ce
         for rn in names:
             R = cols[rn]
@@ -235,7 +234,7 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
     a solve needs them (`TableCount`)."""
     n = len(sv)
     made = 0
-    for cw, ce, rn, sn, d, c, rl, ri, rs in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
+    for cw, ce, rn, sn, d, c, rl, ri, rs in table_shapes(kd, w, iw, g, sv, part, lid, row_len):
         kr = -(-c // d)
         k = np.bincount(rl, weights=kr, minlength=n).astype(np.int64)
         if (k < 1).any():
@@ -245,132 +244,6 @@ def table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, 
         made += 1
         if made >= MAX_TABLES:
             return
-
-
-FILTER_SHAPES = 24   # tables tried per row filter and count buffer at most (table_candidates' order)
-
-
-def filtered_table_candidates(kd: KernelData, w, iw, elem: int, g, sv, part, lid, irows, row_len):
-    """table_candidates' tables with their rows filtered by another traced buffer, or their
-    counts less another buffer's values (the fit tries them only where no table without either
-    verifies; predict/indexed.py, `row_filter`, `count_sub`). A row value f(r) is a buffer's
-    value at r or the difference of its values at r+1 and r (a query's length from its start
-    offsets; model_io.RowValue).
-
-    Filters: row r read only where f(r) <= t or f(r) >= t. Per buffer and form, t is the
-    tightest bound that leaves some row out and keeps one at every launch of the table (the
-    smallest value f takes for <=, the largest for >=), and more than one at some launch (a
-    table, as table_candidates' R: a filter that keeps only the first row names no table); for
-    >=, the loosest that leaves only f's smallest value out first (`_ge_bounds`). The
-    rows left unread no longer widen the values' extremes the stride solve starts from (a decode
-    kernel's programs that return for the batch's prefill requests). Each filter's table is
-    followed by the same with its rows' counts less each row value `_subs` allows, the filter's
-    own first (a prefill kernel that skips decode queries and reads its context: the sequence's
-    length less the query's).
-
-    Then the tables without a filter, their counts less each row value `_subs` allows. Yields
-    TableCount with its `rf` and `sub`, over the first FILTER_SHAPES tables of each count buffer."""
-    n = len(sv)
-    shapes = []
-    per_buffer: dict = {}
-    for shape in _table_shapes(kd, w, iw, g, sv, part, lid, row_len):
-        # the first tables of each count buffer (its divisors are many: a buffer listed before
-        # another, a query's start offsets before the sequences' lengths, must not take them all)
-        if per_buffer.setdefault(shape.cw.name, 0) < FILTER_SHAPES:
-            per_buffer[shape.cw.name] += 1
-            shapes.append(shape)
-    if not shapes:
-        return
-    forms = _RowForms(kd, w, iw, sv, part, lid)
-
-    def table(shape, kr, rf=None, sub=None):
-        cw, ce, rn, sn, d, c, rl, ri, rs = shape
-        return TableCount(FM.Formula(0, ((1, (rn,)),)), cw.name, ce, d,
-                          np.bincount(rl, weights=kr, minlength=n).astype(np.int64), FM.Formula(0, ((1, (sn,)),)),
-                          rows=(kd, part[sv], irows, rl, ri * rs, kr, elem), rf=rf, sub=sub)
-
-    for fi in range(len(forms.buffers)):
-        for shape in shapes:
-            cw, ce, rn, sn, d, c, rl, ri, rs = shape
-            kr0 = -(-c // d)
-            live = kr0 > 0
-            for rv, f in forms.of(shape, fi):
-                # the tightest bound that keeps a row reading something at every launch: the
-                # largest of the launches' smallest values (<=), the smallest of their largest (>=)
-                lo = np.full(n, np.iinfo(np.int64).max)
-                hi = np.full(n, np.iinfo(np.int64).min)
-                np.minimum.at(lo, rl[live], f[live])
-                np.maximum.at(hi, rl[live], f[live])
-                if (hi < lo).any():   # a launch whose rows read nothing
-                    continue
-                for op, t in (("le", int(lo.max())), *(("ge", t) for t in _ge_bounds(f[live], int(hi.min())))):
-                    rf = RowFilter(rv.index, rv.elem, rv.diff, op, t)
-                    keep = IX.filter_keeps(rf, f)
-                    # a filter leaves a table: more than one row read at some launch, as for R
-                    if keep.all() or not (np.bincount(rl, weights=keep & live, minlength=n) > 1).any():
-                        continue
-                    yield table(shape, np.where(keep, kr0, 0), rf)
-                    for sub, cs in _subs(forms, shape, keep, rv):
-                        yield table(shape, np.where(keep, -(-cs // d), 0), rf, sub)
-    for shape in shapes:
-        for sub, cs in _subs(forms, shape, shape.c > 0, None):
-            yield table(shape, -(-cs // shape.d), None, sub)
-
-
-def _ge_bounds(f: np.ndarray, tight: int) -> list[int]:
-    """Bounds t for a filter `f(r) >= t`, the loosest first: the second smallest value f takes
-    (only the rows at its smallest value left out: a prefill kernel's programs that return for
-    decode queries, one token each, while the chunks it reads run from two tokens to thousands)
-    where it is below `tight`, then `tight` (the smallest of the launches' largest values: the
-    tightest that keeps a row at every launch)."""
-    u = np.unique(f)
-    return ([int(u[1])] if len(u) > 1 and u[1] < tight else []) + [tight]
-
-
-class _RowForms:
-    """The row values (model_io.RowValue) a table's rows may take from the other traced buffers:
-    per buffer, its value at each row, and the difference of its values at r+1 and r."""
-
-    def __init__(self, kd: KernelData, w, iw, sv, part, lid) -> None:
-        self.kd, self.sv, self.part = kd, sv, part
-        self.buffers = [(fw, frow, fe, row_bytes(kd, part[sv], frow) // fe)
-                        for fw, frow, fe in _count_buffers(kd, w, iw, sv, part, lid)]
-        self._vals: dict = {}
-
-    def of(self, shape: TableShape, fi: int):
-        """(RowValue, its value per row of the table `shape`) of buffer `fi`: its values, then
-        their differences, each where the buffer holds enough values at every launch."""
-        fw, frow, fe, flen = self.buffers[fi]
-        rn, rl, ri = shape.rn, shape.rl, shape.ri
-        Rs = np.bincount(rl, minlength=len(self.sv)).astype(np.int64)
-        for diff in (False, True):
-            m = Rs + int(diff)
-            if (m > flen).any():
-                continue
-            key = (fi, rn, diff)
-            if key not in self._vals:
-                vals = prefix_values(self.kd, self.part[self.sv], frow, m, fe)
-                at = np.repeat(np.cumsum(m) - m, Rs) + ri
-                self._vals[key] = vals[at + 1] - vals[at] if diff else vals[at]
-            yield RowValue(fw.name, int(fe), diff), self._vals[key]
-
-    def all(self, shape: TableShape, first: RowValue | None):
-        """Every buffer's row values for `shape`, `first`'s first."""
-        got = [x for fi in range(len(self.buffers)) for x in self.of(shape, fi)]
-        return sorted(got, key=lambda x: x[0] != first)
-
-
-def _subs(forms: _RowForms, shape: TableShape, keep: np.ndarray, first: RowValue | None):
-    """Row values a table's counts may be less (`count_sub`): at its kept rows, never more than
-    the row's count value (a context's length is not negative), more than 0 at some, and less
-    than it at some (a count of nothing names no table). Yields (RowValue, each row's count
-    value less it, at least 0), `first` first."""
-    c = shape.c
-    for rv, f in forms.all(shape, first) if keep.any() else ():
-        cs = c - f
-        if (cs[keep] < 0).any() or not (f[keep] > 0).any() or not (cs[keep] > 0).any():
-            continue
-        yield rv, np.maximum(cs, 0)
 
 
 def length_candidates(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
@@ -414,7 +287,7 @@ def length_sets(kd: KernelData, w, iw, sv, part, lid, k: np.ndarray):
     n = len(sv)
     if int(np.sum(k)) + n > MAX_LENGTH_VALUES:
         return
-    for cw, crow, ce in _count_buffers(kd, w, iw, sv, part, lid):
+    for cw, crow, ce in count_buffers(kd, w, iw, sv, part, lid):
         held = row_bytes(kd, part[sv], crow) // ce
         for diff in (False, True):
             if (held < k + diff).any():

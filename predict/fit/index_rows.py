@@ -227,7 +227,9 @@ def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
     showing one page a row: `fit --from truth`), take its count buffer and divisor where they
     have the same rows (count, row stride in bytes, start at the base) and the result verifies
     and holds every fault page on the rows' own evidence (`evidence`: base word -> its
-    RegionFit). Changes `regions` in place."""
+    RegionFit). Where the table reads only the rows another buffer allows (`row_filter`: a
+    prefill kernel's programs that return for decode queries), the rows take its filter first,
+    kept on the same test. Changes `regions` in place."""
     part, lid = launch_positions(kd)
     for r in regions:
         by_pos = r.cls == "indexed" and r.index is None and r.lengths
@@ -241,17 +243,25 @@ def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
                 continue
             stride = FM.Formula(0, ((t.elem * t.row_stride.terms[0][0], t.row_stride.terms[0][1]),))
             same = dict(count_index=t.count_index, count_elem=t.count_elem, count_div=t.count_div, length_diff=False)
+            if rf is None:
+                break
             if by_pos and all(getattr(r, k) == v for k, v in same.items()):
+                cands = []   # the rows as they are read
+            elif not _same_rows(kd, r.stride, stride, rf.sel):
                 break
-            if rf is None or not _same_rows(kd, r.stride, stride, rf.sel):
-                break
-            cand = Region(r.base, "indexed", start=r.start, stride=stride, chunk=FM.Formula(t.elem, ()),
-                          count=r.count, index=None, elem=t.elem, lengths=True, **same)
-            if _take(kd, cand, rf.cat, rf.sel, rf.sel[~rf.nat], part, lid, None) is not None:
-                fit = {**r.fit, "lengths_from": t.base}
-                for f in dataclasses.fields(Region):
-                    setattr(r, f.name, getattr(cand, f.name))
-                r.fit = fit
+            else:
+                cands = [Region(r.base, "indexed", start=r.start, stride=stride, chunk=FM.Formula(t.elem, ()),
+                                count=r.count, index=None, elem=t.elem, lengths=True, **same)]
+            if t.row_filter is not None and r.row_filter is None:
+                # the rows the table's filter leaves out (their values choose no block) are not read
+                cands.insert(0, dataclasses.replace(cands[0] if cands else r, row_filter=t.row_filter, fit={}))
+            for cand in cands:
+                if _take(kd, cand, rf.cat, rf.sel, rf.sel[~rf.nat], part, lid, None) is not None:
+                    fit = {**r.fit, "lengths_from": t.base}
+                    for f in dataclasses.fields(Region):
+                        setattr(r, f.name, getattr(cand, f.name))
+                    r.fit = fit
+                    break
             break
 
 

@@ -21,7 +21,11 @@ class (never the truth table):
   verifies, a table whose rows a third buffer's value (or difference) at r filters
   (`row_filter`; `_leaves_most_out` keeps chance filters on small buffers out); negative values
   are sentinels that select nothing; where the values select whole chunks, each chunk may be
-  read only up to another buffer's value at the same position (`_with_lengths`);
+  read only up to another buffer's value at the same position (`_with_lengths`,
+  `_length_regions`), or run to the next value only where a buffer's value at the position
+  allows (`_run_regions`: rows back to back, a varlen batch's start offsets, and a
+  one-dimensional `row_filter`: a prefill kernel skipping decodes), where the rows without the
+  filter do not verify;
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends. With v0 and v1 as two more features, the robust
   solver (`solve.solve_pair`) finds the simplest formulas for `start + stride*v0` and
@@ -37,7 +41,7 @@ Where no count verifies, or the one that does leaves fault pages out, the values
 two (`value_div`, `_divided`): a slot mapping's slot over the block size is a head-major cache's
 block, whose bytes a slot's write spreads over the whole block.
 
-Long because the passes (values as they are, tables, filtered tables, lengths, divided values)
+Long because the passes (values as they are, tables, filtered tables, lengths, runs, divided values)
 share the count candidates, the stride solves and verification in one `_fit_with`; split, each
 part would reach into the others' helpers.
 
@@ -61,9 +65,9 @@ from ..features import factorize_rows
 from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
-from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates,
-                           filtered_table_candidates, launch_positions, length_candidates, prefix_values, row_bytes,
-                           table_candidates, value_elems, value_rows)
+from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates, launch_positions,
+                           length_candidates, prefix_values, row_bytes, table_candidates, value_elems, value_rows)
+from .row_filters import RowForms, filtered_table_candidates, length_filters
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -208,6 +212,9 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 return
             kept.append(c)
             yield c
+    def verifies(r: Region) -> bool:
+        return int((~verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)).sum()) <= kd.allowed(len(sv))
+
     for c in candidates():
         k = c.k
         if best is not None:
@@ -233,7 +240,9 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                                                  in_part))
         if whole and c.rs is None and c.cidx is None:
             # then rows longer than a big page, read in part: each up to another buffer's value
-            tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows))
+            tries = itertools.chain(tries, _length_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows),
+                                    _run_regions(kd, w, iw, elem, g, vals, c, bounds, sv, part, lid, rows, max_terms,
+                                                 solved, verifies))
         for r in tries:
             okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
             unexplained = int((~okv).sum())
@@ -307,6 +316,73 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
             made += 1
             if made >= MAX_LENGTHS:
                 return
+
+
+def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows, max_terms, solved, verify):
+    """Rows back to back (`_runs`: value i's chunk runs to value i+1's, `stride` bytes a unit of
+    their difference, `[p0 + S*v(p2)[i], +S*(v(p2)[i+1] - v(p2)[i]))`: a varlen batch's rows from
+    its start offsets) read only where a buffer's value at the row allows
+    (row_filters.length_filters: a prefill kernel's query rows, where the query is longer than a
+    decode's one token), where the same rows without a filter do not verify (`verify(region)`:
+    do they?): every row read is one range from the first row's start, which the buffer's first
+    rows up to a count (region.CASCADE) say more simply, and a filter the records do not need
+    would leave out rows whose pages were already resident. The stride is solved from the rows
+    read: the first one's start and the last one's end (one past it, the next row's start), as
+    whole chunks' are; a filter's rows left out no longer widen them."""
+    s_lo, s_hi, e_lo, e_hi = bounds
+    n = len(g)
+    k = c.k
+    if int(k.sum()) > MAX_LENGTH_VALUES:
+        return
+    runs = _runs(kd, iw, elem, k, sv, part, rows)
+    if runs is None:
+        return
+    fields, v, ln = runs
+    lv = np.repeat(np.arange(n), k)
+    filters = length_filters(RowForms(kd, w, iw, sv, part, lid, own=(iw, rows[sv], elem)), k, ln)
+    made = 0
+    for rf, keep in itertools.chain([(None, np.ones(len(ln), bool))], filters):
+        read = keep & (ln > 0)
+        lo = np.full(n, np.iinfo(np.int64).max)
+        hi = np.full(n, -1, np.int64)
+        np.minimum.at(lo, lv[read], v[read])
+        np.maximum.at(hi, lv[read], (v + ln)[read])
+        ok = hi >= 0
+        found = _strides(kd, g, part[sv], rows[sv], k, elem, bounds, max_terms, (lo, hi - 1, ok), solved)
+        for stride in found[2] if found else ():
+            x = start_for(kd, g, vals, stride, lo, s_lo, s_hi)
+            if x is None:
+                continue
+            sd, start, c0 = x
+            end = sd * hi + c0
+            if int(((end < e_lo) | (end > e_hi)).sum()) > kd.allowed(n):
+                continue
+            r = Region(w.name, "indexed", start=start, stride=stride, count=c.count, index=iw.name, elem=elem,
+                       chunk=stride, row_filter=rf, **fields)
+            if rf is None:
+                if verify(r):
+                    return
+                continue
+            yield r
+            made += 1
+            if made >= MAX_LENGTHS:
+                return
+
+
+def _runs(kd, iw, elem: int, k, sv, part, rows) -> tuple[dict, np.ndarray, np.ndarray] | None:
+    """Rows back to back: the first k[l] values of each launch's index row, value i's length the
+    difference of values i+1 and i (the row holds k + 1 values and they never fall: a varlen
+    batch's start offsets). (The Region fields but the chunk, the values, their lengths) or None."""
+    if (row_bytes(kd, part[sv], rows[sv]) // elem < k + 1).any():
+        return None
+    v = prefix_values(kd, part[sv], rows[sv], k + 1, elem)
+    nxt = np.repeat(np.arange(len(k)), k + 1)
+    nxt = nxt[1:] == nxt[:-1]
+    ln = (v[1:] - v[:-1])[nxt]
+    if (ln < 0).any() or not (ln > 0).any():
+        return None
+    return dict(count_index=iw.name, count_elem=elem, count_div=1, lengths=True, length_diff=True), \
+        (v[:-1])[nxt], ln
 
 
 MAX_LENGTHS = 16   # length regions verified per count at most (each end check passed: usually one)
