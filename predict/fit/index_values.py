@@ -212,6 +212,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 return
             kept.append(c)
             yield c
+
     def verifies(r: Region) -> bool:
         return int((~verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)).sum()) <= kd.allowed(len(sv))
 
@@ -339,9 +340,11 @@ def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows
         return
     fields, v, ln = runs
     lv = np.repeat(np.arange(n), k)
-    filters = length_filters(RowForms(kd, w, iw, sv, part, lid, own=(iw, rows[sv], elem)), k, ln)
+
+    def filters():   # the other buffers' values are read only where the rows without a filter fail
+        yield from length_filters(RowForms(kd, w, iw, sv, part, lid, own=(iw, rows[sv], elem)), k, ln)
     made = 0
-    for rf, keep in itertools.chain([(None, np.ones(len(ln), bool))], filters):
+    for rf, keep in itertools.chain([(None, np.ones(len(ln), bool))], filters()):
         read = keep & (ln > 0)
         lo = np.full(n, np.iinfo(np.int64).max)
         hi = np.full(n, -1, np.int64)
