@@ -160,13 +160,17 @@ class EvaluateCommand(Command):
     help = "precision and recall of a model's predictions against a trace's footprints"
     description = ("Compare predicted pages with the trace's footprints (truth where it has it, else the\n"
                    "observed faults), per kernel and overall, beside the allocation baseline.\n\n"
-                   "  pagecast evaluate model.json test.pctrace [--json]")
+                   "  pagecast evaluate model.json test.pctrace [--json]\n\n"
+                   "With --kernel NAME, also where that kernel's predictions miss: its predicted and\n"
+                   "touched pages split by the buffer (the parameters pointing into it) they lie in.")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("model", metavar="MODEL")
         p.add_argument("trace", metavar="TRACE")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("--top", type=count_arg, default=30, help="kernels shown in the table (default 30)")
+        p.add_argument("--kernel", metavar="NAME",
+                       help="also split this kernel's pages by buffer: which of its regions over-predict or miss")
         _fallback(p)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -180,7 +184,7 @@ class EvaluateCommand(Command):
 
         model = load_model(args.model)
         trace = _read_launches(args.trace, "evaluate")
-        doc = evaluate(model, trace, args.fallback)
+        doc = evaluate(model, trace, args.fallback, args.kernel)
         if args.json:
             console.emit_json(doc)
             return 0
@@ -221,7 +225,25 @@ class EvaluateCommand(Command):
                       f"{_pct(u['precision'])}  recall {_pct(u['recall'])}  ({u['launches']:,} launches)")
         out.print(f"[bold]allocation baseline[/bold]  precision {_pct(b['precision'])}  recall {_pct(b['recall'])}"
                   f"  predicted {format_size(b['predicted_bytes'])}")
+        if "buffers" in doc:
+            out.print(_buffer_table(doc["buffers"]))
         return 0
+
+
+def _buffer_table(bd: dict):
+    """evaluate --kernel's table: the kernel's pages by buffer, the most over-predicted first."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pagecast.units import format_size
+    t = Table(title=f"{escape(bd['kernel'])}: pages by buffer over {bd['launches']:,} launches")
+    for c in ("parameters", "template", "precision", "recall", "predicted", "footprint", "over-predicted", "missed"):
+        t.add_column(c, justify="left" if c in ("parameters", "template") else "right", overflow="fold")
+    for r in bd["rows"]:
+        t.add_row(r["words"], escape("\n".join(r["templates"])) or "-", _pct(r["precision"]), _pct(r["recall"]),
+                  format_size(r["predicted_bytes"]), format_size(r["footprint_bytes"]),
+                  format_size(r["false_bytes"]), format_size(r["missed_bytes"]))
+    return t
 
 
 def _launches(n: int) -> str:

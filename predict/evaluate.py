@@ -20,6 +20,9 @@ import pyarrow.compute as pc
 from pagecast import footprints as FP
 from pagecast import trace as T
 
+from pagecast.errors import UsageError
+
+from .breakdown import buffer_breakdown
 from .features import kernel_groups
 from .model_io import CLASSES, Model
 from .observe import _inside
@@ -58,16 +61,21 @@ def _launches_with_misses(trace: T.Trace, pred: FP.Footprints) -> np.ndarray:
     return out
 
 
-def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
-    """cli.md's `evaluate --json` document, plus by_class, baseline and unseen."""
+def evaluate(model: Model, trace: T.Trace, fallback: str = "history", kernel: str | None = None) -> dict:
+    """cli.md's `evaluate --json` document, plus by_class, baseline and unseen; with `kernel`, also
+    `buffers`: that kernel's pages split by the buffer they lie in (predict/breakdown.py)."""
     _check_fallback(fallback)
+    if kernel is not None and kernel not in model.kernels:
+        raise UsageError(f"no kernel {kernel!r} in the model (pagecast evaluate lists its kernels)")
+    names, codes, groups = kernel_groups(trace.launches)
+    if kernel is not None and kernel not in names:
+        raise UsageError(f"{trace.path}: kernel {kernel!r} never runs in this trace")
     ps = trace.page_size
     truth = FP.footprints(trace)
     ix_stats: dict = {}
     pred, unseen = predict_with_unseen(model, trace, fallback, ix_stats)
     inter = FP.intersection_pages(pred, truth)
     pp, fp = pred.pages_per_launch(), truth.pages_per_launch()
-    names, codes, groups = kernel_groups(trace.launches)
     # launches cut off while they ran (manifest partial_launches) count nowhere: their footprint is partial
     whole = trace.whole_launches()
     if not whole.all():
@@ -130,7 +138,12 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history") -> dict:
     overall["unexplained_in_fit"] = sum(d["unexplained_in_fit"] for d in kernels)
     overall["launches_with_misses"] = int(missed[whole].sum())
     overall["partial_launches_left_out"] = int((~whole).sum())
-    return {"overall": overall, "kernels": kernels, "by_class": by_class, "determined": determined,
+    doc = {"overall": overall, "kernels": kernels, "by_class": by_class, "determined": determined,
             "indexed": indexed,
             "baseline": baseline, "unseen": un, "fallback": fallback,
             "footprint_source": truth.source, "trace": str(trace.path)}
+    if kernel is not None:
+        idx = groups[names.index(kernel)]
+        doc["buffers"] = {"kernel": kernel, "launches": int(len(idx)), "page_size": ps, "rows": [
+            b.to_json(ps) for b in buffer_breakdown(trace, model.kernels[kernel], idx, pred, truth)]}
+    return doc
