@@ -54,11 +54,6 @@ class BufferStats:
                 "precision": h / p if p else (1.0 if f == 0 else 0.0), "recall": h / f if f else 1.0}
 
 
-def _inside(fp: FP.Footprints, win: FP.Footprints) -> np.ndarray:
-    """Pages of `fp` inside the windows `win`, per launch."""
-    return FP.intersection_pages(fp, win)
-
-
 def buffer_breakdown(trace: T.Trace, km: KernelModel, idx: np.ndarray, pred: FP.Footprints,
                      truth: FP.Footprints) -> list[BufferStats]:
     """The kernel's launches `idx` (of `trace`), their predicted and touched pages split by buffer
@@ -112,7 +107,7 @@ def buffer_breakdown(trace: T.Trace, km: KernelModel, idx: np.ndarray, pred: FP.
         for k, key in enumerate(names):
             m = key_of == k
             win = FP.Footprints.from_intervals(pl[m], s[m], np.maximum(e[m], s[m]), n, ps)
-            p_in, t_in, u_in = _inside(pred, win), _inside(truth, win), _inside(union, win)
+            p_in, t_in, u_in = (FP.intersection_pages(x, win) for x in (pred, truth, union))
             h_in = p_in + t_in - u_in
             inside_p += p_in
             inside_t += t_in
