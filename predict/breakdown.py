@@ -12,7 +12,7 @@ arithmetic (|A n W| = |A| + |W| - |A u W|), never from expanding pages.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,12 +46,6 @@ class BufferStats:
     def missed_pages(self) -> int:
         return self.footprint_pages - self.hit_pages
 
-    def to_json(self, page_size: int) -> dict:
-        d = asdict(self)
-        p, f, h = (d.pop(k) for k in ("predicted_pages", "footprint_pages", "hit_pages"))
-        return {**d, "predicted_bytes": p * page_size, "footprint_bytes": f * page_size,
-                "false_bytes": (p - h) * page_size, "missed_bytes": (f - h) * page_size,
-                "precision": h / p if p else (1.0 if f == 0 else 0.0), "recall": h / f if f else 1.0}
 
 
 def buffer_breakdown(trace: T.Trace, km: KernelModel, idx: np.ndarray, pred: FP.Footprints,
@@ -91,10 +85,11 @@ def buffer_breakdown(trace: T.Trace, km: KernelModel, idx: np.ndarray, pred: FP.
         keys: dict[int, list[str]] = {}
         for p_, w in zip(pair.tolist(), words):
             keys.setdefault(p_, []).append(w)
-        names = sorted({",".join(sorted(set(ws), key=order.get)) for ws in keys.values()})
+        joined = [",".join(sorted(set(ws), key=order.get)) for ws in keys.values()]
+        names = sorted(set(joined))
         kid = {k: i for i, k in enumerate(names)}
         pairs = np.fromiter(keys, np.int64, len(keys))
-        key_of = np.array([kid[",".join(sorted(set(ws), key=order.get))] for ws in keys.values()], np.int64)
+        key_of = np.array([kid[j] for j in joined], np.int64)
         pl, pr = pairs // (ix.n + 1), pairs % (ix.n + 1)
         s = (ix.addr[pr] // np.uint64(ps)).astype(np.int64)
         e = -(-ix.end[pr].astype(np.int64) // ps)

@@ -144,6 +144,11 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history", kernel: st
             "footprint_source": truth.source, "trace": str(trace.path)}
     if kernel is not None:
         idx = groups[names.index(kernel)]
-        doc["buffers"] = {"kernel": kernel, "launches": int(len(idx)), "page_size": ps, "rows": [
-            b.to_json(ps) for b in buffer_breakdown(trace, model.kernels[kernel], idx, pred, truth)]}
+        rows = []
+        for b in buffer_breakdown(trace, model.kernels[kernel], idx, pred, truth):
+            s = _stats(np.array([b.hit_pages]), np.array([b.predicted_pages]), np.array([b.footprint_pages]), ps,
+                       b.launches)
+            rows.append({"words": b.words, "templates": b.templates, **s, "false_bytes": b.false_pages * ps,
+                         "missed_bytes": b.missed_pages * ps})
+        doc["buffers"] = {"kernel": kernel, "launches": int(len(idx)), "page_size": ps, "rows": rows}
     return doc
