@@ -12,6 +12,10 @@ fewest terms and smallest coefficients first, as MSched's templates are.
 One-term fits are solved exactly (the feasible coefficients form an interval,
 from the pairwise conditions); two and three terms take least-squares proposals
 rounded to integers, and exact integer checks decide.
+
+Long because the solver's passes (exact one-term intervals, least-squares proposals, the
+vectorized bound that spares most proposals their exact check) share `check` and the candidate
+order; split, each would reach into the others' helpers.
 """
 
 from __future__ import annotations
@@ -467,18 +471,44 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"
     width = (hi - lo).astype(np.float64)
     tol = np.nanmax(np.where(np.isfinite(width) & (width < INF), width, 0)) + 1
     good = np.flatnonzero((resid <= 4 * tol) & np.all(np.abs(coef[:, 1:]) < MAX_COEF, axis=1))
+    good = good[np.argsort(resid[good])][:200]
+    deltas = np.array(list(itertools.product((0, -1, 1), repeat=k)), np.int64)      # (D, k)
+    coefs = np.round(coef[good, 1:]).astype(np.int64)[:, None, :] + deltas[None]     # (n, D, k)
+    may = _may_hold(mono.values, S[good], coefs, lo, hi, weight, budget)           # (n, D)
     out = []
-    for s in good[np.argsort(resid[good])][:200]:
-        base = np.round(coef[s, 1:]).astype(np.int64)
-        for delta in itertools.product((0, -1, 1), repeat=k):
-            c = base + np.array(delta)
-            if np.any(c == 0):
-                continue
-            f = _try(mono, list(S[s]), [int(x) for x in c], lo, hi, weight, budget, mode, hard, hard_budget)
+    for i, s in enumerate(good):
+        for j in np.flatnonzero(may[i] & (coefs[i] != 0).all(axis=1)):
+            f = _try(mono, list(S[s]), [int(x) for x in coefs[i, j]], lo, hi, weight, budget, mode, hard,
+                     hard_budget)
             if f is not None:
                 out.append((f.score(), f))
                 break
     return out
+
+
+def _may_hold(G: np.ndarray, cols: np.ndarray, coefs: np.ndarray, lo, hi, weight, budget: float) -> np.ndarray:
+    """Which candidate formulas (coefficients `coefs[i, j]` on the columns `cols[i]` of G) might
+    `check` accept, in any mode: those for which some const lies inside all the intervals
+    [lo - vals, hi - vals] but `budget` weight. Every const `check` may pick leaves out at least
+    the weight the best const leaves out (the sweep's), so a candidate refused here is refused
+    there; this pass only spares the per-candidate calls, vectorized (a solve that finds nothing
+    tries every one of them). The same int64 values as `_try`'s; empty intervals (lo > hi) count
+    as left out by every const."""
+    n, D, _ = coefs.shape
+    U = len(lo)
+    may = np.zeros((n, D), bool)
+    total = float(weight.sum())
+    step = max(1, (1 << 21) // max(D * U, 1))   # candidates per block: about 2M values at a time
+    for a0 in range(0, n, step):
+        Gs = G[:, cols[a0:a0 + step]]                                  # (U, b, k)
+        vals = np.einsum("ubk,bdk->bdu", Gs, coefs[a0:a0 + step])       # (b, D, U), int64
+        a, b1 = lo - vals, hi - vals + 1
+        w = np.where(a < b1, weight, 0.0)
+        ev = np.concatenate([b1, a], axis=2)             # removals first: ties keep them before additions
+        o = np.argsort(ev, axis=2, kind="stable")
+        cov = np.cumsum(np.take_along_axis(np.concatenate([-w, w], axis=2), o, axis=2), axis=2).max(axis=2)
+        may[a0:a0 + step] = total - cov <= budget + 1e-9 * max(total, 1.0)
+    return may
 
 
 def _rep(y, n):
