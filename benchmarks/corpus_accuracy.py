@@ -62,7 +62,7 @@ def with_loss(trace, drop: float, seed: int):
     assert (row >= 0).all(), "truth outside every allocation"
     start, end = trace.column(T.LAUNCHES, T.START_NS), trace.column(T.LAUNCHES, T.END_NS)
     emu = FullModeEmulator(trace.manifest.get("driver_prefetch") is not False,
-                           np.random.default_rng([seed, int(drop * 1e6), 7]), drop)
+                           (seed, int(drop * 1e6), 7), drop)
     faults, migs = emu.records(0, lid, row, addr, nb, acc, start, end, ix.addr.astype(np.int64),
                                ix.size.astype(np.int64))
     manifest = {**trace.manifest, "dropped_records": sum(emu.dropped.values())}

@@ -8,6 +8,11 @@ tree prefetcher's 2 MiB blocks, ~0.1% of fault records lost as a real fault buff
 them), and the same roofline clock (H200-like HBM bandwidth, a fixed per-kernel cost,
 small idle gaps). `drop` additionally loses fault and migration records independently at
 that rate, as CUPTI does when its activity buffers overflow.
+
+A recording is a function of the workload and the seed alone: each launch's driver draws come
+from its own random stream (the seed and its launch id), and the clock draws one number per
+launch from a stream of its own, so where the recorder cuts the launches into flushes (every
+few thousand launches, and every `part_seconds` of wall time, docs/collect.md) changes nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ from pagecast import trace as T
 
 from .engine import BIG_SHIFT, GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver, lose_records
 
-CHUNK_BIGPAGES = 1 << 23     # (launch, big page) pairs emulated at once, as datasets/engine.py does
-
 
 @dataclass
 class RooflineClock:
-    """Start and end times of serialized launches from the bytes each one moves (engine.py's clock)."""
+    """Start and end times of serialized launches from the bytes each one moves (engine.py's clock).
+    One uniform draw per launch, in launch order (a double is one draw of the stream, so calls
+    for 3 and then 5 launches take the draws one call for 8 takes)."""
 
     rng: np.random.Generator
     now: int = 1_000_000        # the process starts 1 ms before the first kernel, as in the models
@@ -34,7 +39,7 @@ class RooflineClock:
     def times(self, moved_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         moved = np.asarray(moved_bytes, np.float64)
         dur = np.ceil(moved / HBM_BYTES_PER_S * 1e9).astype(np.int64) + LAUNCH_OVERHEAD_NS
-        gap = self.rng.integers(GAP_NS[0], GAP_NS[1], len(moved))
+        gap = GAP_NS[0] + (self.rng.random(len(moved)) * (GAP_NS[1] - GAP_NS[0])).astype(np.int64)
         end = self.now + np.cumsum(gap + dur)
         start = end - dur
         if len(moved):
@@ -44,16 +49,19 @@ class RooflineClock:
 
 @dataclass
 class FullModeEmulator:
-    """Faults and migrations of full-mode launches, chunk by chunk of launches in issue order."""
+    """Faults and migrations of full-mode launches, a launch at a time in issue order, each from
+    its own random stream: `np.random.default_rng([*seed, launch id])` (the full-mode driver keeps
+    no state between launches, so a launch's records depend on nothing else)."""
 
     prefetch: bool
-    rng: np.random.Generator
+    seed: tuple[int, ...]
     drop: float = 0.0
     dropped: dict = field(default_factory=lambda: {"faults": 0, "migrations": 0})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop < 1.0:
             raise ValueError(f"drop must be in [0, 1), not {self.drop}")
+        self.seed = tuple(int(x) for x in np.atleast_1d(self.seed))
 
     def records(self, first_launch: int, lid, aid, addr, nbytes, access, start, end, alloc_addr, alloc_bytes):
         """(faults, migrations) column dicts for truth rows of launches first_launch.. (sorted by launch).
@@ -67,45 +75,39 @@ class FullModeEmulator:
             return _empty(T.FAULTS), _empty(T.MIGRATIONS)
         a_addr = np.asarray(alloc_addr, np.int64)
         a_end = a_addr + -(-np.asarray(alloc_bytes, np.int64) // PAGE) * PAGE
-        emu = _Driver("full", self.prefetch, a_addr, a_end, self.rng)
+        emu = _Driver("full", self.prefetch, a_addr, a_end, None)
         aid, addr = np.asarray(aid, np.int64), np.asarray(addr, np.int64)
         nbytes, access = np.asarray(nbytes, np.int64), np.asarray(access, np.int8)
         start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
-        # memory stays bounded: chunks of at most CHUNK_BIGPAGES pairs, ended on a launch boundary
-        cum = np.cumsum(((addr + nbytes - 1) >> BIG_SHIFT) - (addr >> BIG_SHIFT) + 1)
+        cut = np.flatnonzero(np.diff(lid)) + 1
         out_f, out_m = [], []
-        lo = 0
-        while lo < len(lid):
-            base = cum[lo - 1] if lo else 0
-            hi = max(int(np.searchsorted(cum, base + CHUNK_BIGPAGES, side="right")), lo + 1)
-            if hi < len(lid):
-                hi = int(np.searchsorted(lid, lid[hi - 1], side="right"))
+        for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(lid)]):
+            emu.rng = np.random.default_rng([*self.seed, first_launch + int(lid[lo])])
             f, m = emu.chunk(lid[lo:hi], aid[lo:hi], addr[lo:hi], nbytes[lo:hi], access[lo:hi], start, end)
+            if self.drop:   # records in launch order, then time order: the collector's order
+                f = self._lose(f, T.TIME_NS, "faults", emu.rng)
+                m = self._lose(m, T.START_NS, "migrations", emu.rng)
             out_f.append(f)
             out_m.append(m)
-            lo = hi
         faults, migs = _concat(out_f), _concat(out_m)
         faults[T.LAUNCH_ID] = faults[T.LAUNCH_ID] + first_launch
         migs[T.LAUNCH_ID] = migs[T.LAUNCH_ID] + first_launch
-        if self.drop:
-            faults = self._lose(faults, T.TIME_NS, "faults")
-            migs = self._lose(migs, T.START_NS, "migrations")
         return faults, migs
 
-    def _lose(self, cols: dict, key: str, what: str) -> dict:
-        cols, lost = lose_records(cols, key, self.drop, self.rng)
+    def _lose(self, cols: dict, key: str, what: str, rng: np.random.Generator) -> dict:
+        cols, lost = lose_records(cols, key, self.drop, rng)
         self.dropped[what] += lost
         return cols
 
 
 class FullModeEmulation:
     """The clock and the driver emulation together, as `collect --interpret` takes them
-    (`collect_interpreted(..., emulation=FullModeEmulation)`): one random stream from `seed`."""
+    (`collect_interpreted(..., emulation=FullModeEmulation)`): the clock's stream and the
+    launches' streams all from `seed`, apart."""
 
     def __init__(self, *, prefetch: bool = True, seed: int = 0, drop: float = 0.0) -> None:
-        rng = np.random.default_rng([int(seed), 7])
-        self.clock = RooflineClock(rng)
-        self.emulator = FullModeEmulator(bool(prefetch), rng, float(drop))
+        self.clock = RooflineClock(np.random.default_rng([int(seed), 7]))
+        self.emulator = FullModeEmulator(bool(prefetch), (int(seed), 8), float(drop))
 
     def times(self, moved_bytes):
         return self.clock.times(moved_bytes)

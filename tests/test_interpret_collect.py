@@ -17,6 +17,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit (the corpus kernels below)
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -407,33 +408,90 @@ def test_workload_command_line_errors(tmp_path, capsys):
     assert "no such script" in capsys.readouterr().err
 
 
-def test_emulation_in_chunks_is_the_emulation(monkeypatch):
-    """Chunking the emulation to bound memory changes nothing but where the random draws fall."""
+def test_emulation_in_chunks_is_the_emulation():
+    """Where the recorder cuts the launches into flushes changes nothing: each launch's faults and
+    migrations come from its own random stream, and the clock takes one draw per launch."""
     from pagecast.datasets import emulate as E
     lid = np.repeat(np.arange(50), 3)
     addr = np.tile(np.array([0, 4 << 20, 8 << 20]), 50) + 0x7F40_0000_0000 + np.repeat(np.arange(50), 3) * 4096
     nb = np.tile(np.array([1 << 20, 300_000, 4096]), 50)
     aid = np.tile(np.arange(3), 50)
     acc = np.tile(np.array([0, 1, 2], np.int8), 50)
-    start = np.arange(50) * 10_000
-    end = start + 5_000
     a_addr = np.array([0x7F40_0000_0000, 0x7F40_0040_0000, 0x7F40_0080_0000])
     a_bytes = np.array([2 << 20, 2 << 20, 2 << 20])
+    moved = np.bincount(lid, weights=nb)
 
-    def pages(cols):
-        return sorted(zip(cols[T.LAUNCH_ID].tolist(), (cols[T.ADDRESS] // 4096).tolist()))
+    def record(cuts, drop):
+        emu = E.FullModeEmulation(seed=3, drop=drop)
+        f, m, times = [], [], []
+        for lo, hi in zip([0, *cuts], [*cuts, 50]):
+            start, end = emu.times(moved[lo:hi])
+            times.append(np.stack([start, end]))
+            rows = (lid >= lo) & (lid < hi)
+            a, b = emu.records(lo, lid[rows], aid[rows], addr[rows], nb[rows], acc[rows], start, end, a_addr, a_bytes)
+            f.append(pa.table(a))
+            m.append(pa.table(b))
+        return pa.concat_tables(f), pa.concat_tables(m), np.concatenate(times, axis=1), emu.dropped
 
-    whole = E.FullModeEmulator(True, np.random.default_rng(0)).records(0, lid, aid, addr, nb, acc, start, end,
-                                                                      a_addr, a_bytes)
-    monkeypatch.setattr(E, "CHUNK_BIGPAGES", 7)
-    parts = E.FullModeEmulator(True, np.random.default_rng(0)).records(0, lid, aid, addr, nb, acc, start, end,
-                                                                      a_addr, a_bytes)
-    mig = lambda c: sorted(zip(c[T.LAUNCH_ID].tolist(), c[T.ADDRESS].tolist(), c[T.BYTES].tolist()))  # noqa: E731
-    assert mig(whole[1]) == mig(parts[1])
-    # one fault per touched big page in both, but for the ~0.1% the emulated fault buffer loses
-    fl = lambda c: set(zip(c[T.LAUNCH_ID].tolist(), (c[T.ADDRESS] >> 16).tolist()))  # noqa: E731
-    a, b = fl(whole[0]), fl(parts[0])
-    assert len(a ^ b) <= 0.01 * len(a) and len(a) > 1000
+    for drop in (0.0, 0.2):
+        whole = record([], drop)
+        for cuts in ([1], [7, 8, 30], list(range(1, 50))):
+            parts = record(cuts, drop)
+            assert parts[0].equals(whole[0]) and parts[1].equals(whole[1]), (drop, cuts)
+            assert (parts[2] == whole[2]).all() and parts[3] == whole[3], (drop, cuts)
+        assert whole[0].num_rows > 100 and whole[1].num_rows > 50
+        assert (whole[3]["faults"] > 0) == (drop > 0)
+        if drop:   # the loss is drawn last in a launch's stream: the clean records, some removed
+            clean = record([], 0.0)
+            for lossy, full in zip(whole[:2], clean[:2]):
+                rows = set(zip(*lossy.to_pydict().values()))
+                assert rows < set(zip(*full.to_pydict().values())) and len(rows) < full.num_rows
+    # one fault per touched big page, but for the ~0.1% the emulated fault buffer loses
+    f = record([], 0.0)[0]
+    pairs = int((((addr + nb - 1) >> 16) - (addr >> 16) + 1).sum())
+    assert 0.99 * pairs <= f.num_rows <= pairs and (np.diff(f[T.TIME_NS].to_numpy()) >= 0).all()
+    # another seed draws other faults
+    other = E.FullModeEmulation(seed=4).records(0, lid, aid, addr, nb, acc, *E.FullModeEmulation(seed=4).times(moved),
+                                                a_addr, a_bytes)
+    assert not pa.table(other[0]).equals(f)
+
+
+FLUSHED = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from pagecast.collect.interpret import InterpretConfig, collect_interpreted
+    from pagecast.collect.target import Workload
+    from pagecast.datasets.corpus import tutorial_kernels as K
+    from pagecast.datasets.emulate import FullModeEmulation
+
+    def workload():
+        g = torch.Generator().manual_seed(0)
+        for n in (3001, 70_000, 5000, 140_000, 900):
+            K.add(torch.randn(n, generator=g), torch.randn(n, generator=g), torch.empty(n))
+
+    cfg = InterpretConfig(Path(sys.argv[1]), Workload("script", "adds", [], ["adds"]), seed=11, drop=0.05,
+                          part_seconds=float(sys.argv[2]), flush_launches=int(sys.argv[3]))
+    sys.exit(collect_interpreted(cfg, workload, emulation=FullModeEmulation).code)
+""")
+
+
+def test_a_recording_is_the_same_however_it_is_flushed(tmp_path):
+    """One workload and seed recorded, each in a process of its own, with a flush after every
+    launch and with one flush at the end (the recorder also flushes on wall time, which no two
+    runs share): the same launch times, truth, faults and migrations, at 5% of records lost."""
+    _script(tmp_path, FLUSHED, "flushed.py")
+    got = []
+    for i, (secs, every) in enumerate((("0", "1"), ("1e9", str(1 << 20)))):
+        p = subprocess.run([sys.executable, "flushed.py", f"t{i}.pctrace", secs, every], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr
+        got.append(_read(tmp_path / f"t{i}.pctrace"))
+    a, b = got
+    assert a.n_launches == b.n_launches == 5 and a.faults.num_rows > 20
+    for table in (T.ALLOCATIONS, T.TRUTH, T.FAULTS, T.MIGRATIONS):
+        assert getattr(a, table).to_pydict() == getattr(b, table).to_pydict(), table
+    for col in (T.START_NS, T.END_NS):
+        assert a.column(T.LAUNCHES, col).tolist() == b.column(T.LAUNCHES, col).tolist()
 
 
 ROWS = textwrap.dedent("""
