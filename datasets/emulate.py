@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from pagecast import trace as T
 
-from .engine import BIG_SHIFT, GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver, lose_records
+from .engine import GAP_NS, HBM_BYTES_PER_S, LAUNCH_OVERHEAD_NS, PAGE, _Driver, lose_records
 
 
 @dataclass
