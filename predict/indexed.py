@@ -33,7 +33,9 @@ ceil(v(count_index)[i] / count_div), another buffer's value at the same position
 row of a page table, chosen through the request's index and read up to the request's length
 over the page size). Values whose length was not recorded are counted with those the row lacks
 (`short`) and read nothing. A length may be the difference of the buffer's consecutive values
-(`region.length_diff`: an indptr, v[i+1] - v[i], the entries of request i). Rows may be chosen
+(`region.length_diff`: an indptr, v[i+1] - v[i], the entries of request i), and less another
+buffer's value at the position (`region.count_sub`, as a table row's count: a prefill chunk's
+row of the block table read for its context); a length of 0 reads nothing. Rows may be chosen
 by their position rather than through an index (`region.index` None: value i is i itself, a
 block table's own row i read up to the i-th sequence's length); such a row's read stops at the
 row's end, the next row's start (`stride` bytes on), and a length past it is counted as `short`.
@@ -125,7 +127,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
     if region.row_stride is not None:
         return _table_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr, sptr)
     if region.lengths and region.count_index is not None:
-        return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr)
+        return _length_pieces(region, vals, base, iptr, launch, im, ps, a_s, a_e, cptr, fptr, sptr)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
     rows = im.find(launch, iptr)
@@ -167,7 +169,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7],
                                        region.value_div)
         sentinel += int(mult[rep[neg]].sum())
-        outside += int(mult[rep[~ok & ~neg]].sum())
+        outside += int(mult[rep[~ok & ~neg & (uk[rep, 3] > 0)]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
         ug.append(gg + lo), us.append(s2), ue.append(e2)
         lo = hi
@@ -208,7 +210,7 @@ def _position_pieces(region: Region, vals: dict, base, launch, im: V.ValueImage,
     own, b0, b1 = _position_chunks(k, np.asarray(base, I64) * one + st, sd, ch)
     sp = np.maximum(np.floor_divide(b0, ps), a_s[own])
     ep = np.minimum(-np.floor_divide(-b1, ps), a_e[own])
-    ok = ep > sp
+    ok = (ep > sp) & (b1 > b0)
     gg, s2, e2 = FP.merge_intervals(own[ok], sp[ok], ep[ok], n)
     return {"have": have, "rows": crows, "crows": crows, "l": gg, "s": s2, "e": e2, "outside": int((~ok).sum()),
             "sentinel": 0, "short": 0, "bytes": np.zeros(n, I64)}
@@ -217,12 +219,13 @@ def _position_pieces(region: Region, vals: dict, base, launch, im: V.ValueImage,
 def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e, vdiv: int = 1):
     """Pages [sp, ep) of the chunks [first + stride*floor(v / vdiv), +chunk), clipped to the
     allocation's pages [a_s, a_e) (floor division: a chunk may start below the base); `ok`: the
-    chunk names a page and its value is not a sentinel; `neg`: the value is a sentinel."""
+    chunk names a page and its value is not a sentinel; `neg`: the value is a sentinel. A chunk
+    of no bytes (a length of 0, a row its filter leaves out) names no page, wherever it starts."""
     b0 = first + stride * (v if vdiv == 1 else np.floor_divide(v, vdiv))
     sp = np.maximum(np.floor_divide(b0, ps), a_s)
     ep = np.minimum(-np.floor_divide(-(b0 + chunk), ps), a_e)
     neg = v < 0
-    return sp, ep, (ep > sp) & ~neg, neg
+    return sp, ep, (ep > sp) & ~neg & (np.asarray(chunk) > 0), neg
 
 
 MAX_ROWS = 1 << 20   # rows of a table read per launch at most
@@ -388,7 +391,7 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
             chv = _last_chunks(region, ch[vl], kr, last[m])
             sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl], region.value_div)
             sentinel += int(neg.sum())
-            outside += int((~ok & ~neg).sum())
+            outside += int((~ok & ~neg & (chv > 0)).sum())
             gg, s2, e2 = FP.merge_intervals(vl[ok] - lo, sp[ok], ep[ok], hi - lo)
             ls.append(gg + lo), ss.append(s2), es.append(e2)
         lo = hi
@@ -399,11 +402,12 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
 
 
 def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueImage, ps: int, a_s, a_e, cptr,
-                   fptr=None) -> dict:
+                   fptr=None, sptr=None) -> dict:
     """batch_pieces for chunks of their own lengths (`region.lengths`; module doc): value i of
     each launch's first `count` selects `chunk` bytes times its length over count_div, rounded up;
     by position (`region.index` None), row i of `stride` bytes, the read clipped to it. A value
-    the row filter leaves out (fptr: its buffer's pointer per launch) reads nothing."""
+    the row filter leaves out (fptr: its buffer's pointer per launch) reads nothing; a length
+    less the count_sub's value at its position (sptr), as a table's row count is."""
     n = len(launch)
     one = np.ones(n, I64)
     st, sd, ch, cnt = (np.asarray(x, I64) * one for x in chunk_bytes(region, vals))
@@ -425,12 +429,16 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
     vl, pos, c = vl[keep], pos[keep], c[keep]
     k = np.bincount(vl, minlength=n).astype(I64) if len(vl) else np.zeros(n, I64)
     short = int(np.where(have, want - k, 0).sum())
+    if region.count_sub is not None and sptr is not None and len(vl):
+        sub, sok = row_values(region.count_sub, vl, pos, launch, sptr, im)
+        c = np.maximum(c, 0) - np.where(sok, sub, 0)   # as table_rows: a length below 0 reads nothing
     c = filtered_counts(region, vl, pos, c, launch, fptr, im)
     z = np.zeros(0, I64)
     out = {"have": have, "rows": crows if by_pos else rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0,
            "sentinel": 0, "short": short, "bytes": k * (0 if by_pos else e)}
-    if region.row_filter is not None and fptr is not None:   # the filter's buffer must exist too
-        out["frows"] = im.find(launch, np.asarray(fptr, I64) * np.ones(n, I64))
+    for key, rv, ptr in (("frows", region.row_filter, fptr), ("srows", region.count_sub, sptr)):
+        if rv is not None and ptr is not None:   # the filter's and count_sub's buffers must exist too
+            out[key] = im.find(launch, np.asarray(ptr, I64) * np.ones(n, I64))
     if not len(vl):
         return out
     chv = ch[vl] * divide_count(region, c)
@@ -593,7 +601,7 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
                 continue
             b0 = base + st + sd * (x // region.value_div)
             sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
-            if ep > sp:
+            if ep > sp and ch > 0:
                 out.append((sp, ep))
         return
     sp, ep, keep, _ = _value_pages(v.astype(I64), base + st, sd, ch, ps, a_s, a_e, region.value_div)

@@ -100,8 +100,9 @@ class Region:
                                        # ceil(v(count_index)[r] / count_div) entries
     row_filter: RowFilter | None = None  # indexed, a table or chunks of their own lengths: only the rows (values)
                                          # another buffer's values allow
-    count_sub: RowValue | None = None    # indexed, a table: row r's count value less this one before count_div
-                                         # divides it (a context's length: the sequence's less its query's)
+    count_sub: RowValue | None = None    # indexed, a table or chunks of their own lengths: row r's count value
+                                         # (value i's length) less this one before count_div divides it (a
+                                         # context's length: the sequence's less its query's)
     part_last: bool = False          # indexed, a table: a row's last chunk is read in part, in proportion to
                                      # the count's units in its last block (v - count_div*(k-1) of count_div)
     lengths: bool = False            # indexed, not a table: count_index holds each value's length: chunk i
@@ -233,6 +234,9 @@ def indexed_text(r: Region) -> str:
         ln = f"{cv}({r.count_index})[i]"
         if r.length_diff:
             ln = f"({cv}({r.count_index})[i+1] - {ln})"
+        if r.count_sub is not None:   # less another buffer's value at the position, as a table's row
+            sub = r.count_sub.text("i")
+            ln = f"({ln} - {f'({sub})' if r.count_sub.diff else sub})"
         ln = ln if r.count_div == 1 else f"ceil({ln} / {r.count_div})"
         chunk = ln if r.chunk.n_terms == 0 and r.chunk.const == 1 else f"{_factor(r.chunk)}*{ln}"
         if r.row_filter is not None:   # values another buffer leaves out read nothing
@@ -563,7 +567,10 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
                                      f"or lengths (chunks of their own lengths)")
                 r.row_filter = _row_filter(rd["row_filter"], f"{where}: row_filter", sizes, offs)
             if rd.get("count_sub") is not None:
-                raise ValueError(f"{where}: a count_sub needs a row_stride (a two-dimensional table's rows)")
+                if not ln:
+                    raise ValueError(f"{where}: a count_sub needs a row_stride (a two-dimensional table's rows) "
+                                     f"or lengths (chunks of their own lengths)")
+                r.count_sub = _row_value(rd["count_sub"], f"{where}: count_sub", sizes, offs)
     if cls == "irregular":
         h = rd.get("history", [])
         if not isinstance(h, list) or not all(

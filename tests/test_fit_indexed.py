@@ -783,6 +783,31 @@ def test_a_block_tables_own_rows_are_read_where_its_filter_allows(tmp_path):
     assert_online_is_batch(model, tr)
 
 
+def test_a_prefill_block_tables_own_rows_are_read_to_each_chunks_context(tmp_path):
+    """The prefix prefill's block table with rows of 2047 entries, so that rows start anywhere in a
+    page (row r at 8188*r bytes): its own rows fit by position and take both the filter and the
+    count_sub of the table region that reads them (a chunk reads ceil((seq_len - query) / 16)
+    entries of its row; a first chunk, or a decode query's row, none), and a row that reads none
+    names no page, wherever it starts. A run with more and longer sequences is predicted
+    exactly, batch == online."""
+    paths = [_filtered_table(s, m, h, stride=2047, prefill=True).write(tmp_path / f"f{s}.pctrace")
+             for s, m, h in ((1, 6, 40), (2, 8, 80))]
+    model = fit_model([T.read_trace(p) for p in paths])
+    km = next(km for n, km in model.kernels.items() if "prefix_prefill_filtered" in n)
+    r = next(x for x in km.regions if x.base == "p2")
+    q = "v(p4)[i+1] - v(p4)[i]"
+    assert r.text() == f"[p2 + 4*p5*i, +4*ceil((v(p3)[i] - ({q})) / 16)) for i < grid_x, rows where {q} >= 2", \
+        r.text()
+    save_model(model, tmp_path / "m.json")
+    again = load_model(tmp_path / "m.json").kernels[km.name].regions[[x.base for x in km.regions].index("p2")]
+    assert again.count_sub == r.count_sub and again.text() == r.text()
+    tr = T.read_trace(_filtered_table(3, 16, 200, stride=2047, prefill=True).write(tmp_path / "f3.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "prefix_prefill_filtered" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+
+
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), limit=st.integers(1, 4), diff=st.booleans())
 @example(drop=0.01, seed=13, limit=3, diff=False)

@@ -229,7 +229,9 @@ def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
     and holds every fault page on the rows' own evidence (`evidence`: base word -> its
     RegionFit). Where the table reads only the rows another buffer allows (`row_filter`: a
     prefill kernel's programs that return for decode queries), the rows take its filter first,
-    kept on the same test. Changes `regions` in place."""
+    and where each row's count is less another buffer's value (`count_sub`: a prefill chunk's
+    context), that too, before either alone; each kept on the same test. Changes `regions` in
+    place."""
     part, lid = launch_positions(kd)
     for r in regions:
         by_pos = r.cls == "indexed" and r.index is None and r.lengths
@@ -255,6 +257,10 @@ def rows_of_tables(kd: KernelData, regions: list, evidence: dict) -> None:
             if t.row_filter is not None and r.row_filter is None:
                 # the rows the table's filter leaves out (their values choose no block) are not read
                 cands.insert(0, dataclasses.replace(cands[0] if cands else r, row_filter=t.row_filter, fit={}))
+            if t.count_sub is not None and r.count_sub is None:
+                # each row read only as far as the table's: its count less the same row value (a
+                # prefill chunk's context, its sequence's length less its query's)
+                cands.insert(0, dataclasses.replace(cands[0] if cands else r, count_sub=t.count_sub, fit={}))
             for cand in cands:
                 if _take(kd, cand, rf.cat, rf.sel, rf.sel[~rf.nat], part, lid, None) is not None:
                     fit = {**r.fit, "lengths_from": t.base}
