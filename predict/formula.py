@@ -462,14 +462,13 @@ def _ls_candidates(mono, subsets, mid, fin, lo, hi, weight, budget, mode="tight"
     S = np.array(subsets)                                         # (S, k)
     k = S.shape[1]
     X = np.concatenate([np.ones((len(S), len(rows), 1)), G[rows][:, S].transpose(1, 0, 2)], axis=2)
-    scale = np.abs(X).max(axis=1, keepdims=True)
-    scale[scale == 0] = 1
-    Xs = X / scale
-    coef = np.einsum("sij,sj->si", np.linalg.pinv(Xs), np.broadcast_to(y, (len(S), len(y))) if False else _rep(y, len(S)))
-    coef = coef / scale[:, 0, :]
-    resid = np.abs(np.einsum("sij,sj->si", X, coef) - y[None, :]).max(axis=1)
+    coef = _lstsq(X, _rep(y, len(S)))
+    res = np.abs(np.einsum("sij,sj->si", X, coef) - y[None, :])                   # (S, rows)
+    resid = res.max(axis=1)
     width = (hi - lo).astype(np.float64)
     tol = np.nanmax(np.where(np.isfinite(width) & (width < INF), width, 0)) + 1
+    if budget > 0:
+        _refit_trimmed(X, y, coef, res, resid, weight[rows], budget, 4 * tol)
     good = np.flatnonzero((resid <= 4 * tol) & np.all(np.abs(coef[:, 1:]) < MAX_COEF, axis=1))
     good = good[np.argsort(resid[good])][:200]
     deltas = np.array(list(itertools.product((0, -1, 1), repeat=k)), np.int64)      # (D, k)
@@ -513,3 +512,45 @@ def _may_hold(G: np.ndarray, cols: np.ndarray, coefs: np.ndarray, lo, hi, weight
 
 def _rep(y, n):
     return np.broadcast_to(y, (n, len(y)))
+
+
+def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares per column set: X (S, rows, k), y (S, rows) -> coefficients (S, k), the
+    columns scaled to their largest value for the conditioning."""
+    scale = np.abs(X).max(axis=1, keepdims=True)
+    scale[scale == 0] = 1
+    return np.einsum("sij,sj->si", np.linalg.pinv(X / scale), y) / scale[:, 0, :]
+
+
+TRIM_SETS, TRIM_ROUNDS = 200, 2
+
+
+def _trim(res: np.ndarray, w: np.ndarray, budget: float) -> np.ndarray:
+    """Per column set, the rows kept when those of largest residual are left out while their
+    weight stays within `budget`."""
+    order = np.argsort(-res, axis=1, kind="stable")
+    keep = np.ones(res.shape, bool)
+    np.put_along_axis(keep, order, np.cumsum(w[order], axis=1) > budget, axis=1)
+    return keep
+
+
+def _refit_trimmed(X, y, coef, res, resid, w, budget: float, tol: float) -> None:
+    """Least squares again without the rows the budget may leave out, for the column sets whose
+    plain fit misses a row by more than `tol` (in place: `coef`, `res`, and `resid` then over the
+    rows kept). One launch whose records were lost (its last chunk unrecorded: its end far below
+    the formula's) pulls the plain fit off every launch, and its rounded coefficients off the
+    formula that holds for all the others; the budget is there to leave that launch out. Refitted:
+    the `TRIM_SETS` sets that miss least once their worst rows are left out, `TRIM_ROUNDS` times
+    (each round leaves out the rows the last fit misses most)."""
+    bad = np.flatnonzero(resid > tol)
+    if not len(bad):
+        return
+    trimmed = np.where(_trim(res[bad], w, budget), res[bad], 0).max(axis=1)
+    bad = bad[np.argsort(trimmed, kind="stable")[:TRIM_SETS]]
+    Xb, rb = X[bad], res[bad]
+    for _ in range(TRIM_ROUNDS):
+        keep = _trim(rb, w, budget)
+        cb = _lstsq(Xb * keep[:, :, None], y[None, :] * keep)
+        rb = np.abs(np.einsum("sij,sj->si", Xb, cb) - y[None, :])
+    coef[bad], res[bad] = cb, rb
+    resid[bad] = np.where(_trim(rb, w, budget), rb, 0).max(axis=1)

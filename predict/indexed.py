@@ -169,7 +169,7 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7],
                                        region.value_div)
         sentinel += int(mult[rep[neg]].sum())
-        outside += int(mult[rep[~ok & ~neg & (uk[rep, 3] > 0)]].sum())
+        outside += int(mult[rep[_outside(ok, neg, uk[rep, 3])]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
         ug.append(gg + lo), us.append(s2), ue.append(e2)
         lo = hi
@@ -228,6 +228,12 @@ def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e, vdiv: int = 1):
     return sp, ep, (ep > sp) & ~neg & (np.asarray(chunk) > 0), neg
 
 
+def _outside(ok: np.ndarray, neg: np.ndarray, chunk) -> np.ndarray:
+    """Of `_value_pages`' chunks, those that name bytes but no page of the allocation (a value out
+    of range): neither kept, nor a sentinel, nor of no bytes."""
+    return ~ok & ~neg & (np.asarray(chunk) > 0)
+
+
 MAX_ROWS = 1 << 20   # rows of a table read per launch at most
 
 
@@ -275,13 +281,30 @@ def table_rows(region: Region, nrows, rs, launch: np.ndarray, cptr: np.ndarray, 
     launch: its count values were recorded, rows or entries asked for that are not there)."""
     n = len(launch)
     rl, r, c, crows, ok, missing = count_values(region, nrows, launch, cptr, im)
-    if region.count_sub is not None and sptr is not None and len(rl):
-        sub, sok = row_values(region.count_sub, rl, r, launch, sptr, im)
-        c = np.maximum(c, 0) - np.where(sok, sub, 0)   # as row_counts: a count value below 0 counts as 0
-    c = filtered_counts(region, rl, r, c, launch, fptr, im)
+    c = filtered_counts(region, rl, r, less_sub(region, rl, r, c, launch, sptr, im), launch, fptr, im)
     rsl = (np.asarray(rs, I64) * np.ones(n, I64))[rl]
     k, kk, last = row_entries(region, c, rsl)
     return rl, r * rsl, kk, last, crows, ok, missing + int((k - kk).sum())
+
+
+def less_sub(region: Region, rl: np.ndarray, r: np.ndarray, c: np.ndarray, launch: np.ndarray, sptr,
+             im: V.ValueImage) -> np.ndarray:
+    """Counts `c` per row (launch position rl, row r) less the region's count_sub value at the row
+    (sptr: its buffer's pointer per launch; nothing taken where it was not recorded), a count
+    below 0 counting as 0 first, as `row_counts` does online."""
+    if region.count_sub is None or sptr is None or not len(rl):
+        return c
+    sub, sok = row_values(region.count_sub, rl, r, launch, sptr, im)
+    return np.maximum(c, 0) - np.where(sok, sub, 0)
+
+
+def _aux_rows(out: dict, region: Region, launch: np.ndarray, im: V.ValueImage, fptr, sptr) -> None:
+    """The values rows of the row filter's and count_sub's buffers (`frows`, `srows` in a
+    batch_pieces result), where the region has them: those buffers must be recorded too."""
+    one = np.ones(len(launch), I64)
+    for key, rv, ptr in (("frows", region.row_filter, fptr), ("srows", region.count_sub, sptr)):
+        if rv is not None and ptr is not None:
+            out[key] = im.find(launch, np.asarray(ptr, I64) * one)
 
 
 def filtered_counts(region: Region, rl: np.ndarray, r: np.ndarray, c: np.ndarray, launch: np.ndarray, fptr,
@@ -372,9 +395,7 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
     z = np.zeros(0, I64)
     out = {"have": have, "rows": rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0, "sentinel": 0,
            "short": short, "bytes": span * e}
-    for key, rv, ptr in (("frows", region.row_filter, fptr), ("srows", region.count_sub, sptr)):
-        if rv is not None and ptr is not None:   # the filter's and count_sub's buffers must exist too
-            out[key] = im.find(launch, np.asarray(ptr, I64) * one)
+    _aux_rows(out, region, launch, im, fptr, sptr)
     per = np.bincount(rl, weights=k2, minlength=n).astype(I64) if len(rl) else np.zeros(n, I64)
     cum = np.cumsum(per)
     ls, ss, es = [], [], []
@@ -391,7 +412,7 @@ def _table_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIma
             chv = _last_chunks(region, ch[vl], kr, last[m])
             sp, ep, ok, neg = _value_pages(v, base[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl], region.value_div)
             sentinel += int(neg.sum())
-            outside += int((~ok & ~neg & (chv > 0)).sum())
+            outside += int(_outside(ok, neg, chv).sum())
             gg, s2, e2 = FP.merge_intervals(vl[ok] - lo, sp[ok], ep[ok], hi - lo)
             ls.append(gg + lo), ss.append(s2), es.append(e2)
         lo = hi
@@ -429,16 +450,11 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
     vl, pos, c = vl[keep], pos[keep], c[keep]
     k = np.bincount(vl, minlength=n).astype(I64) if len(vl) else np.zeros(n, I64)
     short = int(np.where(have, want - k, 0).sum())
-    if region.count_sub is not None and sptr is not None and len(vl):
-        sub, sok = row_values(region.count_sub, vl, pos, launch, sptr, im)
-        c = np.maximum(c, 0) - np.where(sok, sub, 0)   # as table_rows: a length below 0 reads nothing
-    c = filtered_counts(region, vl, pos, c, launch, fptr, im)
+    c = filtered_counts(region, vl, pos, less_sub(region, vl, pos, c, launch, sptr, im), launch, fptr, im)
     z = np.zeros(0, I64)
     out = {"have": have, "rows": crows if by_pos else rows, "crows": crows, "l": z, "s": z, "e": z, "outside": 0,
            "sentinel": 0, "short": short, "bytes": k * (0 if by_pos else e)}
-    for key, rv, ptr in (("frows", region.row_filter, fptr), ("srows", region.count_sub, sptr)):
-        if rv is not None and ptr is not None:   # the filter's and count_sub's buffers must exist too
-            out[key] = im.find(launch, np.asarray(ptr, I64) * np.ones(n, I64))
+    _aux_rows(out, region, launch, im, fptr, sptr)
     if not len(vl):
         return out
     chv = ch[vl] * divide_count(region, c)
@@ -452,7 +468,7 @@ def _length_pieces(region: Region, vals: dict, base, iptr, launch, im: V.ValueIm
     sp, ep, ok, neg = _value_pages(v, np.asarray(base, I64)[vl] + st[vl], sd[vl], chv, ps, a_s[vl], a_e[vl],
                                    region.value_div)
     gg, s2, e2 = FP.merge_intervals(vl[ok], sp[ok], ep[ok], n)
-    out.update(l=gg, s=s2, e=e2, sentinel=int(neg.sum()), outside=int((~ok & ~neg & (chv > 0)).sum()))
+    out.update(l=gg, s=s2, e=e2, sentinel=int(neg.sum()), outside=int(_outside(ok, neg, chv).sum()))
     return out
 
 
@@ -520,7 +536,7 @@ def row_counts(region: Region, counts: np.ndarray, fdata: bytes | None, sdata: b
     if region.count_sub is not None and sdata is not None:
         s = _decode_rows(region.count_sub, sdata)
         m = min(len(s), len(out))
-        out[:m] -= s[:m]
+        out[:m] = np.maximum(out[:m], 0) - s[:m]   # as less_sub: a count value below 0 counts as 0
     rf = region.row_filter
     if rf is not None and fdata is not None:
         f = _decode_rows(rf, fdata)

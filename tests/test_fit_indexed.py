@@ -942,6 +942,66 @@ def test_a_varlen_batchs_rows_are_read_back_to_back_where_their_lengths_allow(tm
     assert_online_is_batch(model, tr)
 
 
+K_DECODE = Kernel("decode_query_rows", [("out", "float*"), ("q", "const float*"), ("query_start", "const int*"),
+                                         ("n", "int")],
+                  {"out": "indexed", "q": "indexed", "query_start": "linear"})
+SMALL_ROW = 1024   # bytes of a token's query row: 8 heads of 64 halves
+SMALL_ROWS = 64    # rows the buffers hold: 64 KiB, one big page
+
+
+def _decodes(seed: int, max_seqs: int, chunk_hi: int, steps: int = 36) -> Builder:
+    """A decode kernel over a mixed batch, as a serving engine's paged decode kernel is launched
+    beside a prefill kernel: a program per request, one that returns at once where the request's
+    query is longer than one token, the others reading their query row and writing their output
+    row at the request's start offset. The buffers are a big page each, so the faults cannot
+    tell rows from the buffer's first pages; a batch of prefills only touches neither."""
+    b = Builder("decodes", seed=seed)
+    rng = b.rng
+    q, out = b.malloc(SMALL_ROW * SMALL_ROWS, "q"), b.malloc(SMALL_ROW * SMALL_ROWS, "out")
+    starts = b.malloc(4 * 257, "query_start")
+    for step in range(steps):
+        n = int(rng.integers(1, max_seqs + 1))
+        ql = np.where(rng.random(n) < 0.6, 1, rng.integers(2, chunk_hi, n))
+        if step % 5 == 0:   # prefills only
+            ql = rng.integers(2, chunk_hi, n)
+        qs = np.zeros(257, "<i4")
+        qs[1:n + 1] = np.cumsum(ql)
+        assert qs[n] <= SMALL_ROWS
+        at = np.array([qs[i] * SMALL_ROW for i in range(n) if ql[i] == 1], np.int64)
+        nb = np.full(len(at), SMALL_ROW, np.int64)
+        i0 = b.reserve(1)
+        touches = [Range(starts, 0, 4 * (n + 1))]
+        if len(at):
+            touches += [Ranges(q, np.zeros(len(at), np.int64), at, nb), Ranges(out, np.zeros(len(at), np.int64), at, nb,
+                                                                               WRITE)]
+        b.launch(K_DECODE, [i0], {"out": out.ptr(), "q": q.ptr(), "query_start": starts.ptr(), "n": n}, grid=(n, 4),
+                 touches=touches)
+        b.values(K_DECODE, "query_start", [i0], starts.ptr(), qs[None])
+    return b
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.01])
+def test_launches_that_touch_nothing_choose_a_decode_kernels_rows(tmp_path, drop):
+    """In buffers of one big page, a decode kernel's query and output rows (at its decodes' start
+    offsets) verify no better than the buffer's first pages: the launches whose batch holds
+    prefills only, whose records show nothing in those buffers, refute any range, and of the
+    index words' regions that predict nothing there, the faults choose the rows the kernel reads
+    (a one-dimensional row filter on the offsets' differences). One profile, 1% of its records
+    lost or none; a run with more requests is predicted exactly, batch == online."""
+    path = _decodes(1, 5, 8).write(tmp_path / "fit.pctrace", drop=drop)
+    model = fit_model([T.read_trace(path)])
+    km = next(km for n, km in model.kernels.items() if "decode_query_rows" in n)
+    for base in ("p0", "p1"):
+        r = next(x for x in km.regions if x.base == base)
+        assert r.text() == (f"[{base} + {SMALL_ROW}*v(p2)[i], +{SMALL_ROW}*(v(p2)[i+1] - v(p2)[i])) for i < p3, "
+                            "rows where v(p2)[i+1] - v(p2)[i] <= 1"), r.text()
+    tr = T.read_trace(_decodes(2, 8, 8).write(tmp_path / "test.pctrace"))
+    ev = evaluate(model, tr, "none")
+    k = next(x for x in ev["kernels"] if "decode_query_rows" in x["kernel"])
+    assert k["precision"] == 1.0 and k["recall"] == 1.0, k
+    assert_online_is_batch(model, tr)
+
+
 def test_a_row_filter_without_a_table_is_refused(tmp_path, capsys):
     """A model file whose indexed region has a row_filter but no row_stride (a filter picks a
     table's rows, or the values of chunks of their own lengths; a one-dimensional region of
@@ -1501,3 +1561,19 @@ def test_a_bad_value_divisor_is_refused(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "bad.json"), str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "value_div" in err[0], err
+
+
+def test_online_row_counts_take_count_sub_as_the_batch_path_does():
+    """A count value below 0 counts as 0 before the count_sub's value is taken (as `less_sub` in
+    the batch path), and a filter's rows read nothing."""
+    import dataclasses
+
+    from pagecast.predict.indexed import row_counts
+    from pagecast.predict.model_io import RowFilter, RowValue
+    r = Region("p2", "indexed", count_sub=RowValue("p4", 4))
+    sub = np.array([2, 1, 7, -3], "<i4").tobytes()
+    got = row_counts(r, np.array([-1, 5, 3, -2]), None, sub)
+    assert got.tolist() == [-2, 4, -4, 3]
+    rf = dataclasses.replace(r, row_filter=RowFilter("p5", 4, op="le", value=1))
+    got = row_counts(rf, np.array([4, 5, 3, 9]), np.array([1, 2, 0, 1], "<i4").tobytes(), sub)
+    assert got.tolist() == [2, 0, -4, 12]

@@ -135,10 +135,14 @@ def _split(f: FM.Formula):
 
 
 def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds,
-                max_terms: int = 3) -> Region | None:
+                max_terms: int = 3, empty: np.ndarray | None = None) -> Region | None:
     """An indexed region for base word `w` at its observed launches `sel` (positions in kd; `nat`:
     which are natural mode; `bounds`: region.range_bounds at sel), or None (module doc). Fills `fit`.
-    `max_terms`: terms the edges' formulas (the value's term among them) may have."""
+    `max_terms`: terms the edges' formulas (the value's term among them) may have. `empty`:
+    full-mode launches whose records show nothing in the word's part of the allocation; given,
+    a region must also predict no page at them but those lost records explain (`empty_hits`),
+    and rows no filter leaves out verify only where they do (a decode kernel's programs that
+    return at once for a prefill's rows: a launch of prefills only touches none)."""
     if not any(o.trace.values is not None for o, _, _, _ in kd.parts):
         return None
     part, lid = launch_positions(kd)
@@ -160,19 +164,48 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
     # any: a part chunk as wide as a small table verifies with a wrong index word or count too
     # (an expert table of a few big pages, most of them touched by most launches)
     seen: dict = {}
+    found = []
     for whole in (True, "divided", False):   # the values over a divisor only where none fits as they are
         for iw, iptr, rows, use in words:
             sv = sel[use]
             for elem in value_elems(kd, part[sv], rows[sv]):
+                f = dict(fit)
                 r = _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr,
-                              (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), fit, whole, seen, max_terms)
-                if r is not None:
+                              (s_lo[use], s_hi[use], e_lo[use], e_hi[use]), f, whole, seen, max_terms, empty)
+                if r is not None and empty is None:
+                    fit.update(f)
                     return r
-    return None
+                if r is not None:
+                    found.append((r, f))
+    return _likeliest(kd, found, cat, sel, nat, fit)
+
+
+def _likeliest(kd: KernelData, found: list, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict):
+    """Of the regions `found` [(region, its fit record)], each index word's first that verifies,
+    the one under which the faults are likeliest (`fault_pages_loglik`, on the launches whose
+    values all of them have), its record into `fit`; None where none was found. With launches
+    that touch nothing to hold to (`fit_indexed`'s `empty`), every word's region is found: in a
+    buffer of a big page or two, rows chosen by some other word's values verify by chance, and
+    the faults tell them apart (the rows the kernel reads hold them and few pages more)."""
+    if not found:
+        return None
+    have = np.ones(len(sel), bool)
+    for r, _ in found:
+        have &= indexed_pages(kd, r, cat, sel)[1]
+    use = sel[have & ~nat]
+    best, best_ll = None, -np.inf
+    for r, f in found:
+        ll, held, n = fault_pages_loglik(kd, r, cat, use, pages=lambda s, a=r: indexed_pages(kd, a, cat, s)[0])
+        if held and ll > best_ll:
+            best, best_ll = (r, f), ll
+    if best is None:
+        return None
+    fit.update(best[1])
+    return best[0]
 
 
 def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds, fit, whole: bool,
-              seen: dict, max_terms: int = 3) -> Region | None:
+              seen: dict, max_terms: int = 3, empty: np.ndarray | None = None) -> Region | None:
     """The region with index word `iw`, values of `elem` bytes, whole chunks or (not `whole`)
     part ones, that verifies with the fewest values read: after the first count that verifies,
     only counts that read no more values at any launch and fewer at some are tried (a whole
@@ -191,9 +224,16 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                      row_len, {}, filtered_table_candidates(kd, w, iw, elem, g, sv, part, lid, rows[sv], row_len))
     kept, more, row_len, solved, filtered = seen[key]
     best = None
+
+    def quiet(r: Region) -> bool:
+        # where launches show nothing, a small buffer's rows may be chosen by chance: every fault
+        # page held too (a record's page was certainly touched)
+        return empty is None or (empty_hits(kd, r, cat, empty) <= kd.allowed(len(empty))
+                                 and _holds_own_faults(kd, r, cat, sv))
+
     if whole == "divided":   # every count of this word and width was tried whole: the values over a divisor
         best = _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept, solved, max_terms)
-        return None if best is None else _fitted(best, fit, sel, sv, use, elem)
+        return None if best is None or not quiet(best[0]) else _fitted(best, fit, sel, sv, use, elem)
 
     def candidates():
         yield from kept
@@ -214,7 +254,7 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             yield c
 
     def verifies(r: Region) -> bool:
-        return int((~verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)).sum()) <= kd.allowed(len(sv))
+        return int((~verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)).sum()) <= kd.allowed(len(sv)) and quiet(r)
 
     for c in candidates():
         k = c.k
@@ -253,7 +293,8 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
                 okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
                 unexplained = int((~okv).sum())
             if unexplained <= kd.allowed(len(sv)) and (r.row_filter is None and r.count_sub is None
-                                                      or _leaves_most_out(kd, r, cat, sv, part, lid, iptr)):
+                                                      or _leaves_most_out(kd, r, cat, sv, part, lid, iptr)) \
+                    and quiet(r):
                 best = (r, okv, unexplained, None, k)
                 break
     if whole and best is not None and best[0].row_stride is None and not _holds_own_faults(kd, best[0], cat, sv):
@@ -274,6 +315,8 @@ def _fit_with(kd, w, iw, elem, cat, sel, sv, use, part, lid, rows, iptr, bounds,
             best = (r, okv, unexplained, None, best[4])
     if whole and best[0].row_stride is None and best[0].count_index is None:
         best = _with_lengths(kd, w, iw, best, cat, sel, sv, part, lid, iptr)
+    if not quiet(best[0]):   # a divided or tightened region that names pages where none were touched
+        return None
     return _fitted(best, fit, sel, sv, use, elem)
 
 
@@ -606,6 +649,17 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
     for chunk in chunks:
         yield Region(w.name, "indexed", start=start, stride=stride, chunk=chunk, count=count, index=iw.name,
                      elem=elem)
+
+
+def empty_hits(kd, region: Region, cat, empty: np.ndarray) -> int:
+    """Launches of `empty` (positions in kd whose records show nothing in the region's part of
+    the allocation) at which indexed `region` predicts a page: each one where, if it holds, every
+    record of the launch's pages there was lost."""
+    if not len(empty):
+        return 0
+    rep, sp, ep = indexed_pages(kd, region, cat, empty)[0]
+    lo, hi = cat.lo_f[empty][rep], cat.hi_f[empty][rep]
+    return len(np.unique(rep[np.minimum(ep, hi) > np.maximum(sp, lo)]))
 
 
 def verify_indexed(kd, region: Region, cat, sel, sv, part, lid, iptr, pieces=None) -> np.ndarray:

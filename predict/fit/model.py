@@ -37,7 +37,7 @@ from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
 from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
-from .region import fit_region, region_score, region_terms
+from .region import fit_region, quieter, region_score, region_terms
 from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
 
 
@@ -129,6 +129,11 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     # rows by position, or strided rows, read as far as a table region of the kernel reads them
     # for its index values
     rows_of_tables(kd, [r for _, r in regions], evidence)
+    # regions that name pages where the records show none, where index values say why
+    for i, (sig, r) in enumerate(regions):
+        q = quieter(evidence[r.base], r)
+        if q is not r:
+            regions[i], shapes[i] = (sig, q), (q, None)
     # ends the records leave open take the sizes the kernel's other regions are proven to have
     tier1, tier2 = vocabulary(kd, shapes)
     for r, shape in shapes:

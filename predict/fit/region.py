@@ -25,7 +25,7 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .index_rows import fit_by_position, fit_position_range
-from .index_values import fit_indexed, indexed_pages
+from .index_values import empty_hits, fit_indexed, indexed_pages
 from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
@@ -48,6 +48,7 @@ class RegionFit:
     whole: np.ndarray                 # launches whose records cover their whole allocation
     maxp: int                         # most runs one launch shows
     fit: dict
+    empty: np.ndarray                 # full-mode launches (positions in kd) with no record in its part
     shape: RangeEvidence | None = None
     _indexed: dict = field(default_factory=dict, repr=False)   # max_terms -> (region, statistics)
 
@@ -102,15 +103,45 @@ class RegionFit:
             self._indexed[POSITION_RANGE] = (r, f)
         return self._indexed[POSITION_RANGE][0]
 
+    def quiet_indexed(self) -> Region | None:
+        """The indexed fit that also predicts nothing where the records show nothing (`empty`:
+        `fit_indexed`'s `empty`), tried once."""
+        if QUIET not in self._indexed:
+            f = dict(self.fit)
+            r = fit_indexed(self.kd, self.w, self.cat, self.sel, self.nat, f,
+                            range_bounds(self.kd, self.cat, self.sel, self.nat), empty=self.empty)
+            self._indexed[QUIET] = (r, f)
+        return self._indexed[QUIET][0]
+
+    def hits(self, r: Region) -> int:
+        """Launches of `empty` at which region `r` names a page of the word's part of the
+        allocation: each a launch whose records show nothing there, all of its pages' records
+        lost if `r` holds. Ranges, whole allocations and indexed regions; 0 for the others."""
+        e = self.empty
+        if not len(e) or r.cls not in ("fixed", "linear", "allocation", "indexed"):
+            return 0
+        if r.cls == "allocation":
+            return len(e)
+        if r.cls == "indexed":
+            return empty_hits(self.kd, r, self.cat, e)
+        g = self.kd.group[e]
+        vals = {n: self.kd.uniq[g, k] for k, n in enumerate(self.kd.sel_names)}
+        one = np.ones(len(e), np.int64)
+        base = self.cat.base[e]
+        lo = np.maximum(base + np.asarray(r.start.evaluate(vals), np.int64) * one, self.cat.lo_f[e] * self.kd.ps)
+        hi = np.minimum(base + np.asarray(r.end.evaluate(vals), np.int64) * one, self.cat.hi_f[e] * self.kd.ps)
+        return int((hi > lo).sum())
+
     def take_indexed(self, max_terms: int | str = 3) -> Region | None:
-        """The indexed fit (`max_terms`, BY_POSITION: rows by position, or POSITION_RANGE) as this
-        word's region, its statistics recorded; the rows by position where no index word explains
-        the launches."""
-        if max_terms == POSITION_RANGE:
-            r = self.position_range()
+        """The indexed fit (`max_terms`, BY_POSITION: rows by position, POSITION_RANGE, or QUIET)
+        as this word's region, its statistics recorded; the rows by position where no index word
+        explains the launches."""
+        if max_terms in (POSITION_RANGE, BY_POSITION, QUIET):
+            r = {POSITION_RANGE: self.position_range, BY_POSITION: self.by_position,
+                 QUIET: self.quiet_indexed}[max_terms]()
         else:
-            r = self.by_position() if max_terms == BY_POSITION else self.indexed(max_terms)
-        if r is None and max_terms not in (BY_POSITION, POSITION_RANGE):
+            r = self.indexed(max_terms)
+        if r is None and max_terms not in (BY_POSITION, POSITION_RANGE, QUIET):
             return self.take_indexed(BY_POSITION)
         if r is not None:
             self.fit.clear()
@@ -120,6 +151,7 @@ class RegionFit:
 
 BY_POSITION = "by_position"   # RegionFit's key for the rows-by-position fit
 POSITION_RANGE = "position_range"   # and for the first rows up to a count another buffer holds
+QUIET = "quiet"   # and for the indexed fit that predicts nothing where the records show nothing
 
 
 def _try_strided(rf: RegionFit) -> Region | None:
@@ -418,7 +450,8 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
     O_s, O_e, al_s, al_e = cat.O_s[sel], cat.O_e[sel], cat.alloc_s[sel], cat.alloc_e[sel]
     # launches whose records cover the whole allocation (up to the big pages lost records may hide)
     whole = (O_s <= al_s) & (O_e >= al_e) & _few_holes(kd, cat, sel, al_e - al_s)
-    rf = RegionFit(kd, w, obs, cat, fences, sel, natural[sel], whole, int(cat.npieces[sel].max()), fit)
+    empty = np.flatnonzero(cat.valid & (cat.npieces == 0) & ~natural)
+    rf = RegionFit(kd, w, obs, cat, fences, sel, natural[sel], whole, int(cat.npieces[sel].max()), fit, empty)
     region = None
     for attempt in CASCADE:
         region = attempt.run(rf)
@@ -426,6 +459,21 @@ def fit_region(kd: KernelData, w: Word, vals: list[np.ndarray], fences=None):
             break
     region.fit = fit
     return region, sig, rf.shape, rf
+
+
+def quieter(rf: RegionFit, region: Region) -> Region:
+    """`region`, or where it names pages at more launches whose records show none in the word's
+    part of the allocation than lost records explain (`RegionFit.hits`), the indexed region that
+    predicts nothing there (`RegionFit.quiet_indexed`: a decode kernel's programs return at once
+    for a prefill's rows, and a batch of prefills touches no query row), where one is found.
+    Asked once the kernel's regions are settled (rows by position take a table's rows and
+    filter from it: fit.index_rows.rows_of_tables)."""
+    if rf.hits(region) <= rf.kd.allowed(len(rf.empty)) or rf.quiet_indexed() is None:
+        return region
+    rf.shape = None
+    r = rf.take_indexed(QUIET)
+    r.fit = rf.fit
+    return r
 
 
 def range_bounds(kd: KernelData, cat: RegionObs, sel: np.ndarray, nat: np.ndarray):
