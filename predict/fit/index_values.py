@@ -180,24 +180,36 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
     return _likeliest(kd, found, cat, sel, nat, fit)
 
 
+def region_parts(r: Region) -> int:
+    """What an indexed region is made of, each part counted as the solver counts a term: its
+    formulas' terms, and each of a table's rows, a count from another buffer, a count over a
+    divisor, a row filter, a count_sub, values over a divisor, a last chunk read in part."""
+    return (sum(f.n_terms for f in r.formulas().values()) + (r.row_stride is not None) + (r.count_index is not None)
+            + (r.count_div > 1) + (r.row_filter is not None) + (r.count_sub is not None) + (r.value_div > 1)
+            + bool(r.part_last))
+
+
 def _likeliest(kd: KernelData, found: list, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict):
     """Of the regions `found` [(region, its fit record)], each index word's first that verifies,
-    the one under which the faults are likeliest (`fault_pages_loglik`, on the launches whose
-    values all of them have), its record into `fit`; None where none was found. With launches
+    the simplest (`region_parts`) of those that hold every fault page (on the launches whose
+    values all of them have), and of those alike the one under which the faults are likeliest
+    (`fault_pages_loglik`); its record into `fit`; None where none holds them. With launches
     that touch nothing to hold to (`fit_indexed`'s `empty`), every word's region is found: in a
-    buffer of a big page or two, rows chosen by some other word's values verify by chance, and
-    the faults tell them apart (the rows the kernel reads hold them and few pages more)."""
+    buffer of a big page or two, rows chosen by some other word's values verify by chance (a
+    block table's entries read as byte offsets, to a count less a row value, rows a chance
+    filter keeps), and hold the faults as well; the kernel's rows are the simpler."""
     if not found:
         return None
     have = np.ones(len(sel), bool)
     for r, _ in found:
         have &= indexed_pages(kd, r, cat, sel)[1]
     use = sel[have & ~nat]
-    best, best_ll = None, -np.inf
+    best, best_key = None, None
     for r, f in found:
         ll, held, n = fault_pages_loglik(kd, r, cat, use, pages=lambda s, a=r: indexed_pages(kd, a, cat, s)[0])
-        if held and ll > best_ll:
-            best, best_ll = (r, f), ll
+        key = (region_parts(r), -ll)
+        if held and (best_key is None or key < best_key):
+            best, best_key = (r, f), key
     if best is None:
         return None
     fit.update(best[1])
