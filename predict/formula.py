@@ -536,8 +536,8 @@ def _trim(res: np.ndarray, w: np.ndarray, budget: float) -> np.ndarray:
 
 def _refit_trimmed(X, y, coef, res, resid, w, budget: float, tol: float) -> None:
     """Least squares again without the rows the budget may leave out, for the column sets whose
-    plain fit misses a row by more than `tol` (in place: `coef`, `res`, and `resid` then over the
-    rows kept). One launch whose records were lost (its last chunk unrecorded: its end far below
+    plain fit misses a row by more than `tol` (`res`: its residuals per row; in place: `coef`,
+    and `resid` then over the rows kept). One launch whose records were lost (its last chunk unrecorded: its end far below
     the formula's) pulls the plain fit off every launch, and its rounded coefficients off the
     formula that holds for all the others; the budget is there to leave that launch out. Refitted:
     the `TRIM_SETS` sets that miss least once their worst rows are left out, `TRIM_ROUNDS` times
@@ -552,5 +552,5 @@ def _refit_trimmed(X, y, coef, res, resid, w, budget: float, tol: float) -> None
         keep = _trim(rb, w, budget)
         cb = _lstsq(Xb * keep[:, :, None], y[None, :] * keep)
         rb = np.abs(np.einsum("sij,sj->si", Xb, cb) - y[None, :])
-    coef[bad], res[bad] = cb, rb
+    coef[bad] = cb
     resid[bad] = np.where(_trim(rb, w, budget), rb, 0).max(axis=1)
