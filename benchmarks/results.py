@@ -323,7 +323,7 @@ def main(argv=None) -> int:
                 for src, t in ms:
                     pool.add_schedule(name, o, src, t)
         runs = pool.widen(runs)   # again, with those schedules
-        serving_text = serving_section(work / "serving", args.costs)
+        serving_text = "".join(serving_section(work / n, args.costs, n) for n in SERVING)
         fit_modes = fit_mode_section(fm, runs)
         changes = before_after(work, args.costs, runs)
         runner_text = runner_section(runner, runs)
@@ -1045,28 +1045,30 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
 
 
 SERVING_SCALE = 0.5   # the serving corpus's size (docs/workloads-triton.md): its own scale, not --scale
+SERVING = ("serving", "serving-vllm-rocm")   # the serving corpus's workloads replayed: sglang's and flashinfer's
+#                                               kernels, and vLLM's (its ROCm attention backend's Triton path)
 
 
-def serving_section(work: Path, costs: str) -> str:
-    """The serving corpus (real engines' Triton kernels under `collect --interpret`): demand,
-    alloc, template, oracle and the router-read bound, fitted on seeds 1 and 2 and replayed on
-    seed 3. Empty (with a line saying why) where the engines or Triton are not installed."""
+def serving_section(work: Path, costs: str, name: str = "serving") -> str:
+    """A serving corpus workload `name` (real engines' Triton kernels under `collect --interpret`):
+    demand, alloc, template, oracle and the router-read bound, fitted on seeds 1 and 2 and replayed
+    on seed 3. Empty (with a line saying why) where the engines or Triton are not installed."""
     from pagecast.datasets.corpus import CORPUS
     from pagecast.demo import OVERSUB, run_suite
     from pagecast.errors import InputError
     work.mkdir(parents=True, exist_ok=True)
     try:
         runs, _, _ = run_suite(work, scale=SERVING_SCALE, costs=costs, policies=["demand", "alloc", "template", "oracle"],
-                               workloads=["serving"], mixes={})
+                               workloads=[name], mixes={})
     except InputError as e:
-        return f"\n## A serving engine's kernels\n\nNot run: {e}\n"
+        return f"\n## A serving engine's kernels (`{name}`)\n\nNot run: {e}\n"
     by = {(r["oversub"], r["policy"]): r for r in runs}
-    text, late, members = predicted_part_bound(work, costs, "serving",
+    text, late, members = predicted_part_bound(work, costs, name,
                                                {(p, o): r["time_s"] for (o, p), r in by.items()})
     pool = RunPool().add(runs)
     for o, ms in members.items():
         for src, t in ms:
-            pool.add_schedule("serving", o, src, t)
+            pool.add_schedule(name, o, src, t)
     runs = pool.widen(runs)
     by = {(r["oversub"], r["policy"]): r for r in runs}
     rows = ["| oversub | alloc | template | oracle | oracle's plan | router-read bound | template / bound | "
@@ -1074,22 +1076,22 @@ def serving_section(work: Path, costs: str) -> str:
     checked = []
     for o in OVERSUB:
         sp = {p: by[(o, p)]["speedup_vs_demand"] for p in ("alloc", "template", "oracle")}
-        checked.append((f"serving at {o:.0%}", sp["oracle"], {"alloc": sp["alloc"], "template": sp["template"],
-                                                              "router-read bound": late.get(o)}))
+        checked.append((f"{name} at {o:.0%}", sp["oracle"], {"alloc": sp["alloc"], "template": sp["template"],
+                                                             "router-read bound": late.get(o)}))
         b = late.get(o)
         ok = b is not None and sp["template"] >= 0.9 * b and sp["template"] >= 3 * sp["alloc"]
         rows.append(f"| {o:.0%} | {sp['alloc']:.2f}x | {sp['template']:.2f}x | {sp['oracle']:.2f}x | "
                     f"{oracle_plan(by[(o, 'oracle')])} | {fmt(b)} | {fmt(sp['template'] / b if b else None, '.0%', '')} | "
                     f"{sp['template'] / sp['alloc']:.2f}x | {'pass' if ok else 'miss'} |")
-    check_bound("the serving table", checked)
+    check_bound(f"the {name} table", checked)
     return f"""
-## A serving engine's kernels (`serving`)
+## A serving engine's kernels (`{name}`)
 
-{CORPUS["serving"].description} (docs/workloads-triton.md). Recorded with `collect --interpret` at scale
+{CORPUS[name].description} (docs/workloads-triton.md). Recorded with `collect --interpret` at scale
 {SERVING_SCALE}, fitted on seeds 1 and 2, replayed on seed 3, speedups over demand; bar: template >= 90% of the
 router-read bound and >= 3x alloc.
 
-""" + "\n".join(rows) + "\n" + serving_ceiling(by, work) + text
+""" + "\n".join(rows) + "\n" + serving_ceiling(by, work, name) + text
 
 
 def block_spread(trace_path: Path, block: int = 2 << 20) -> tuple[int, int, int]:
@@ -1113,7 +1115,7 @@ def block_spread(trace_path: Path, block: int = 2 << 20) -> tuple[int, int, int]
     return len(np.unique(tb)), len(np.unique(ab)), int(np.bincount(np.unique(per[:, 0], return_inverse=True)[1]).max())
 
 
-def serving_ceiling(by: dict, work: Path) -> str:
+def serving_ceiling(by: dict, work: Path, name: str = "serving") -> str:
     """What bounds template / alloc on the serving replay: per oversubscription, the capacity
     against the footprint and the eviction unit, the launches larger than the capacity, the bytes
     each policy moved in, oracle's speedup over alloc's (what a policy that plans as well as
@@ -1122,7 +1124,7 @@ def serving_ceiling(by: dict, work: Path) -> str:
     from pagecast.demo import OVERSUB, REPLAY_SEED
     mib = 1 << 20
     d0 = by[(OVERSUB[0], "demand")]
-    touched, allocated, most = block_spread(work / "traces" / f"serving-s{REPLAY_SEED}.pctrace")
+    touched, allocated, most = block_spread(work / "traces" / f"{name}-s{REPLAY_SEED}.pctrace")
     n_over = sum(most * (2 << 20) > by[(o, "demand")]["capacity_bytes"] for o in OVERSUB)
     over = ("more chunks than the capacity holds at every level" if n_over == len(OVERSUB) else
             f"more chunks than the capacity holds at {n_over} of the {len(OVERSUB)} levels")
