@@ -1009,7 +1009,7 @@ def predicted_part_bound(work: Path, costs: str, name: str, times: dict) -> str:
   The same bounds on {name} (seed {REPLAY_SEED}; {share:.0%} of its 64 KiB unit touches are named by
   no argument-determined prediction: the pages its index values choose). Template reaches
   {min(of_late):.0%} to {max(of_late):.0%} of the router-read bound's speedup (here the values' writer is the
-  step's input copy), and oracle's speedup is {lo:.0%} to {hi:.0%} of that bound's:
+  step's input copy), and that bound's speedup is {lo:.0%} to {hi:.0%} of oracle's:
 
 """ + "\n".join("  " + r for r in rows) + "\n"), late_sp, members
     return (f"""
@@ -1144,7 +1144,7 @@ What bounds template / alloc here: the footprint (pages touched, all launches) i
 {d0['footprint_bytes'] / mib:.2f} MiB and the driver evicts in {d0['eviction_unit'] / mib:g} MiB units, but those pages lie in {touched} of
 the {allocated} 2 MiB VA blocks the run allocates (the KV pages a step's requests hold are scattered over the
 pool), and one launch touches up to {most} blocks, {over} (a chunk taken whole for any page in its
-block): every policy, oracle included, brings chunks in
+block): {"" if n_over == len(OVERSUB) else "at those levels "}every policy, oracle included, brings chunks in
 and out at every step, and alloc's whole allocations cost it only what those extra bytes take. Template reaches
 {min(share):.0%} to {max(share):.0%} of oracle, so template / alloc stays near oracle / alloc, which this bounds:
 
