@@ -1049,7 +1049,7 @@ SERVING = ("serving", "serving-vllm-rocm")   # the serving corpus's workloads re
 #                                               kernels, and vLLM's (its ROCm attention backend's Triton path)
 
 
-def serving_section(work: Path, costs: str, name: str = "serving") -> str:
+def serving_section(work: Path, costs: str, name: str) -> str:
     """A serving corpus workload `name` (real engines' Triton kernels under `collect --interpret`):
     demand, alloc, template, oracle and the router-read bound, fitted on seeds 1 and 2 and replayed
     on seed 3. Empty (with a line saying why) where the engines or Triton are not installed."""
@@ -1115,8 +1115,8 @@ def block_spread(trace_path: Path, block: int = 2 << 20) -> tuple[int, int, int]
     return len(np.unique(tb)), len(np.unique(ab)), int(np.bincount(np.unique(per[:, 0], return_inverse=True)[1]).max())
 
 
-def serving_ceiling(by: dict, work: Path, name: str = "serving") -> str:
-    """What bounds template / alloc on the serving replay: per oversubscription, the capacity
+def serving_ceiling(by: dict, work: Path, name: str) -> str:
+    """What bounds template / alloc on serving workload `name`'s replay: per oversubscription, the capacity
     against the footprint and the eviction unit, the launches larger than the capacity, the bytes
     each policy moved in, oracle's speedup over alloc's (what a policy that plans as well as
     oracle reaches over alloc) and demand's time over its compute time (the speedup of no stall
