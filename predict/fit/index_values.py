@@ -25,7 +25,8 @@ class (never the truth table):
   `_length_regions`), or run to the next value only where a buffer's value at the position
   allows (`_run_regions`: rows back to back, a varlen batch's start offsets, and a
   one-dimensional `row_filter`: a prefill kernel skipping decodes), where the rows without the
-  filter do not verify;
+  filter do not verify (and, once the kernel's regions are fitted, with the filter another of its
+  regions holds: `fit_filtered_runs`, fit.program_filters);
 - start and stride: the smallest value a launch reads, v0, sets where its first chunk starts,
   and the largest, v1, where its last one ends. With v0 and v1 as two more features, the robust
   solver (`solve.solve_pair`) finds the simplest formulas for `start + stride*v0` and
@@ -62,7 +63,7 @@ from pagecast import values as V
 from .. import formula as FM
 from .. import indexed as IX
 from ..features import factorize_rows
-from ..model_io import Region
+from ..model_io import Region, RowFilter
 from ..observe import RegionObs
 from .data import KernelData
 from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates, launch_positions,
@@ -147,19 +148,7 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
         return None
     part, lid = launch_positions(kd)
     s_lo, s_hi, e_lo, e_hi = bounds
-    words = []
-    for iw, ivals in kd.bases:
-        if iw.name == w.name:
-            continue
-        iptr = np.concatenate(ivals)
-        rows = value_rows(kd, part, lid, iptr)
-        have = rows[sel] >= 0
-        if have.sum() < kd.params.pointer_share * len(sel):
-            continue
-        use = have & ~nat
-        if not use.any():
-            continue
-        words.append((iw, iptr, rows, use))
+    words = _index_words(kd, w, sel, nat, part, lid)
     # whole chunks (rows, experts, blocks) at every index word and count before part chunks at
     # any: a part chunk as wide as a small table verifies with a wrong index word or count too
     # (an expert table of a few big pages, most of them touched by most launches)
@@ -178,6 +167,60 @@ def fit_indexed(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndar
                 if r is not None:
                     found.append((r, f))
     return _likeliest(kd, found, cat, sel, nat, fit)
+
+
+def _index_words(kd: KernelData, w, sel: np.ndarray, nat: np.ndarray, part, lid) -> list:
+    """The kernel's other base words whose values the trace records at most of the launches `sel`
+    (`FitParams.pointer_share`), each as (word, its pointer per launch, its value row per launch,
+    which of `sel` have values and are not natural mode)."""
+    words = []
+    for iw, ivals in kd.bases:
+        if iw.name == w.name:
+            continue
+        iptr = np.concatenate(ivals)
+        rows = value_rows(kd, part, lid, iptr)
+        have = rows[sel] >= 0
+        if have.sum() < kd.params.pointer_share * len(sel):
+            continue
+        use = have & ~nat
+        if use.any():
+            words.append((iw, iptr, rows, use))
+    return words
+
+
+def fit_filtered_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: np.ndarray, fit: dict, bounds,
+                      only: RowFilter, empty: np.ndarray) -> Region | None:
+    """Rows back to back (`_run_regions`) read only where filter `only` allows, which another
+    region of the kernel holds (fit.program_filters: a program that returns early reads none of
+    its buffers), for base word `w` at its observed launches `sel` (`bounds`: region.range_bounds
+    at sel; `empty`: the full-mode launches whose records show nothing in its part). The first,
+    over the index words and the counts of arguments (`count_candidates`), that verifies, holds
+    every fault page its launches record and names a page at no more launches of `empty` than
+    lost records explain; None where none does. Fills `fit` as fit_indexed does."""
+    part, lid = launch_positions(kd)
+    for iw, iptr, rows, use in _index_words(kd, w, sel, nat, part, lid):
+        sv = sel[use]
+        g = kd.group[sv]
+        vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+        b = tuple(x[use] for x in bounds)
+        for elem in value_elems(kd, part[sv], rows[sv]):
+            row_len = row_bytes(kd, part[sv], rows[sv]) // elem
+            solved: dict = {}
+            for cf in itertools.islice(count_candidates(kd, g, row_len), MAX_RUN_COUNTS):
+                k = np.minimum(np.asarray(cf.evaluate(vals), np.int64) * np.ones(len(sv), np.int64), row_len)
+                if (k < 1).any():
+                    continue
+                c = Count(cf, None, 4, 1, k)
+                for r in _run_regions(kd, w, iw, elem, g, vals, c, b, sv, part, lid, rows, 3, solved, None, only):
+                    okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+                    unexplained = int((~okv).sum())
+                    if unexplained <= kd.allowed(len(sv)) and _holds_own_faults(kd, r, cat, sv) \
+                            and empty_hits(kd, r, cat, empty) <= kd.allowed(len(empty)):
+                        return _fitted((r, okv, unexplained, None, k), fit, sel, sv, use, elem)
+    return None
+
+
+MAX_RUN_COUNTS = 8   # counts of arguments fit_filtered_runs tries per index word and width at most
 
 
 def region_parts(r: Region) -> int:
@@ -374,7 +417,8 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
                 return
 
 
-def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows, max_terms, solved, verify):
+def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows, max_terms, solved, verify,
+                 only: RowFilter | None = None):
     """Rows back to back (`_runs`: value i's chunk runs to value i+1's, `stride` bytes a unit of
     their difference, `[p0 + S*v(p2)[i], +S*(v(p2)[i+1] - v(p2)[i]))`: a varlen batch's rows from
     its start offsets) read only where a buffer's value at the row allows
@@ -384,7 +428,8 @@ def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows
     rows up to a count (region.CASCADE) say more simply, and a filter the records do not need
     would leave out rows whose pages were already resident. The stride is solved from the rows
     read: the first one's start and the last one's end (one past it, the next row's start), as
-    whole chunks' are; a filter's rows left out no longer widen them."""
+    whole chunks' are; a filter's rows left out no longer widen them. `only`: that filter alone,
+    tried whether or not the rows without it verify (fit_filtered_runs)."""
     s_lo, s_hi, e_lo, e_hi = bounds
     n = len(g)
     k = c.k
@@ -397,9 +442,18 @@ def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows
     lv = np.repeat(np.arange(n), k)
 
     def filters():   # the other buffers' values are read only where the rows without a filter fail
-        yield from length_filters(RowForms(kd, w, iw, sv, part, lid, own=(iw, rows[sv], elem)), k, ln)
+        forms = RowForms(kd, w, iw, sv, part, lid, own=(iw, rows[sv], elem))
+        if only is None:
+            yield from length_filters(forms, k, ln)
+            return
+        ri = np.arange(len(lv), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
+        for fi in range(len(forms.buffers)):
+            for rv, f in forms.at("lengths", lv, ri, fi):
+                if (rv.index, rv.elem, rv.diff) == (only.index, only.elem, only.diff):
+                    yield only, IX.filter_keeps(only, f)
     made = 0
-    for rf, keep in itertools.chain([(None, np.ones(len(ln), bool))], filters()):
+    unfiltered = [] if only is not None else [(None, np.ones(len(ln), bool))]
+    for rf, keep in itertools.chain(unfiltered, filters()):
         read = keep & (ln > 0)
         lo = np.full(n, np.iinfo(np.int64).max)
         hi = np.full(n, -1, np.int64)
@@ -413,6 +467,15 @@ def _run_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, rows
                 continue
             sd, start, c0 = x
             end = sd * hi + c0
+            if int(((end < e_lo) | (end > e_hi)).sum()) > kd.allowed(n) and only is not None:
+                # a view of every row's part of a wider row (a fused QKV projection's K): whole
+                # rows of the wider one, the start where the last row read ends at its end
+                x = start_for(kd, g, vals, stride, lo, np.maximum(s_lo, e_lo - sd * (hi - lo)),
+                              np.minimum(s_hi, e_hi - sd * (hi - lo)))
+                if x is None:
+                    continue
+                sd, start, c0 = x
+                end = sd * hi + c0
             if int(((end < e_lo) | (end > e_hi)).sum()) > kd.allowed(n):
                 continue
             r = Region(w.name, "indexed", start=start, stride=stride, count=c.count, index=iw.name, elem=elem,

@@ -37,6 +37,7 @@ from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
 from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
+from .program_filters import kernel_filters, program_filtered
 from .region import fit_region, quieter, region_score, region_terms
 from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
 
@@ -132,6 +133,12 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     # regions that name pages where the records show none, where index values say why
     for i, (sig, r) in enumerate(regions):
         q = quieter(evidence[r.base], r)
+        if q is not r:
+            regions[i], shapes[i] = (sig, q), (q, None)
+    # ranges a filter of the kernel's programs leaves rows out of (a prefill kernel's query rows)
+    filters = kernel_filters([r for _, r in regions])
+    for i, (sig, r) in enumerate(regions):
+        q = program_filtered(evidence[r.base], r, filters)
         if q is not r:
             regions[i], shapes[i] = (sig, q), (q, None)
     # ends the records leave open take the sizes the kernel's other regions are proven to have
@@ -234,7 +241,8 @@ def _fences(kd: KernelData) -> list[list]:
     """Per base word and trace: the pages [lo, hi) of its allocation this word owns.
 
     When several base words point into one allocation, each owns the part from its
-    pointer to the next pointer above it (the lowest one also owns what lies below).
+    pointer to the next pointer above it (the lowest one also owns what lies below); words whose
+    pointers lie in one page own the same part (page-granular records cannot split a page).
     """
     B = len(kd.bases)
     out = [[None] * len(kd.parts) for _ in range(B)]
@@ -248,8 +256,11 @@ def _fences(kd: KernelData) -> list[list]:
         for b in range(B):
             same = (A == A[:, b:b + 1]) & (A[:, b:b + 1] >= 0)
             same[:, b] = False
-            above = same & (P > P[:, b:b + 1])
-            below = same & (P < P[:, b:b + 1])
+            # a pointer in this word's own page fences nothing the records can show (a fused
+            # projection's K and V views, interleaved a row apart): both own the same part
+            page = P // ps
+            above = same & (page > page[:, b:b + 1])
+            below = same & (page < page[:, b:b + 1])
             hi = np.where(above, P, big).min(axis=1)
             soft = np.where(hi < big, -((-hi) // ps), big)
             # the next pointer's big page belongs to it (its region starts there); a region of

@@ -25,7 +25,7 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .index_rows import fit_by_position, fit_position_range
-from .index_values import empty_hits, fit_indexed, indexed_pages
+from .index_values import empty_hits, fit_filtered_runs, fit_indexed, indexed_pages
 from .layout import fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
@@ -113,6 +113,26 @@ class RegionFit:
             self._indexed[QUIET] = (r, f)
         return self._indexed[QUIET][0]
 
+    def filtered_runs(self, only) -> Region | None:
+        """Rows back to back read only where row filter `only` allows (index_values.fit_filtered_runs),
+        tried once per filter; not taken (`take_filtered_runs`)."""
+        key = (FILTERED, only)
+        if key not in self._indexed:
+            f = dict(self.fit)
+            r = fit_filtered_runs(self.kd, self.w, self.cat, self.sel, self.nat, f,
+                                  range_bounds(self.kd, self.cat, self.sel, self.nat), only, self.empty)
+            self._indexed[key] = (r, f)
+        return self._indexed[key][0]
+
+    def take_filtered_runs(self, only) -> Region:
+        """`filtered_runs(only)` (found) as this word's region, its statistics recorded."""
+        r = self.filtered_runs(only)
+        self.fit.clear()
+        self.fit.update(self._indexed[FILTERED, only][1])
+        self.shape = None
+        r.fit = self.fit
+        return r
+
     def hits(self, r: Region) -> int:
         """Launches of `empty` at which region `r` names a page of the word's part of the
         allocation: each a launch whose records show nothing there, all of its pages' records
@@ -152,6 +172,7 @@ class RegionFit:
 BY_POSITION = "by_position"   # RegionFit's key for the rows-by-position fit
 POSITION_RANGE = "position_range"   # and for the first rows up to a count another buffer holds
 QUIET = "quiet"   # and for the indexed fit that predicts nothing where the records show nothing
+FILTERED = "filtered"   # and, with the filter, for rows back to back a kernel's row filter keeps
 
 
 def _try_strided(rf: RegionFit) -> Region | None:
