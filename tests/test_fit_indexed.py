@@ -955,7 +955,7 @@ def test_a_varlen_batchs_rows_are_read_back_to_back_where_their_lengths_allow(tm
     assert_online_is_batch(model, tr)
 
 
-@pytest.mark.parametrize("drop", [0.0, 0.01])
+@pytest.mark.parametrize("drop", [0.0, 0.01, "truth"])
 def test_a_prefill_kernels_query_rows_take_the_filter_its_table_holds(tmp_path, drop):
     """A prefill kernel that skips decode queries reads neither their KV blocks nor their query
     rows. Its query buffer is one big page, so its records (a fault per big page) verify the whole
@@ -964,9 +964,12 @@ def test_a_prefill_kernels_query_rows_take_the_filter_its_table_holds(tmp_path, 
     query rows take it (fit.program_filters): the faults are likelier under the rows. Its output,
     written for every request, holds faults the filtered rows leave out, and stays a range. A run
     with more requests is predicted exactly in the query buffer, batch == online; 1% of the records
-    lost or none."""
-    path = _filtered_table(5, 6, 80, steps=40, prefill=True, query=True).write(tmp_path / "p.pctrace", drop=drop)
-    model = fit_model([T.read_trace(path)])
+    lost or none, or from records exact to the page (`fit --from truth`)."""
+    from pagecast.predict.truth_obs import truth_observations
+    path = _filtered_table(5, 6, 80, steps=40, prefill=True, query=True).write(
+        tmp_path / "p.pctrace", drop=0.0 if drop == "truth" else drop)
+    tr = T.read_trace(path)
+    model = fit_model([truth_observations(tr) if drop == "truth" else tr])
     km = next(km for n, km in model.kernels.items() if "prefix_prefill_query" in n)
     q = "v(p4)[i+1] - v(p4)[i]"
     r = next(x for x in km.regions if x.base == "p6")
