@@ -979,8 +979,9 @@ def test_a_prefill_kernels_query_rows_take_the_filter_its_table_holds(tmp_path):
     buffer as well as the chunks' rows, and no filter is tried there; the block table's region
     holds the filter (`rows where v(p4)[r+1] - v(p4)[r] >= 2`, proven on its blocks), and the
     query rows take it (fit.program_filters): the faults are likelier under the rows, and so do its
-    new tokens' K and V, views of a fused QKV projection's rows, as whole rows of it (the views'
-    pointers, in one page, do not fence each other: fit.model._fences). Its output,
+    new tokens' K and V, views of a fused QKV projection's rows, as whole rows of it (this case
+    passes with the fence rule of before too; the rule for pointers in one page,
+    fit.model._fences, was measured on vLLM's prefix prefill, docs/workloads-triton.md). Its output,
     written for every request, holds faults the filtered rows leave out, and stays a range. A run
     with more requests is predicted exactly in the query and QKV buffers, batch == online; clean
     records. Not covered (they fail here, and are not fixed): with 1% of this profile's records
