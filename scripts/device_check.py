@@ -272,13 +272,31 @@ def wheel_problems(s: CuptiSet) -> list[str]:
     return out
 
 
+PARENT_SITE = r"""
+import json, site, sys
+print(json.dumps([p for p in site.getsitepackages() + [site.getusersitepackages()]]))
+"""
+
+
 def make_venv(path: Path, python: str = sys.executable) -> Path:
-    """A venv that sees the machine's packages (CuPy, PyTorch, pip), the carried ones first."""
+    """A venv that sees the machine's packages (CuPy, PyTorch, pip), the carried ones first.
+
+    `--system-site-packages` shows the *base* interpreter's packages only. Where the machine's
+    python3 is itself a venv's (PyTorch and CuPy installed there, not in the base), a venv made
+    from it would see none of them; so the parent's site directories are added by a .pth file,
+    which puts them after the new venv's own (the carried wheels still come first)."""
     if path.exists():
         shutil.rmtree(path)
     subprocess.run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(path)],
                    check=True, capture_output=True, text=True, timeout=120)
-    return path / "bin" / "python"
+    py = path / "bin" / "python"
+    parent = json.loads(subprocess.run([python, "-c", PARENT_SITE], check=True, capture_output=True, text=True,
+                                       timeout=60).stdout)
+    ours = json.loads(subprocess.run([str(py), "-c", PARENT_SITE], check=True, capture_output=True, text=True,
+                                     timeout=60).stdout)
+    (Path(ours[0]) / "_pagecast_parent_site.pth").write_text(
+        "".join(f"{d}\n" for d in parent if d not in ours and Path(d).is_dir()))
+    return py
 
 
 def install_wheels(py: Path, wheels: list[Path], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -124,6 +124,26 @@ def test_a_carried_set_installed_into_a_venv_is_the_libcupti_that_loads(D, tmp_p
     assert "(carried, from the venv)" in D.describe(info, venv)
 
 
+def test_a_venv_made_from_a_venvs_python_sees_that_venvs_packages_after_its_own(D, tmp_path):
+    """Where the machine's python3 is a venv's (PyTorch and CuPy installed in it, not in the base),
+    `--system-site-packages` alone would hide them; the parent's site directory follows the new
+    venv's own, so a carried wheel still comes first."""
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True, timeout=120)
+    ppy = parent / "bin" / "python"
+    psite = Path(subprocess.run([str(ppy), "-c", "import site; print(site.getsitepackages()[0])"],
+                                check=True, capture_output=True, text=True).stdout.strip())
+    (psite / "only_in_parent.py").write_text("WHERE = 'parent'\n")
+    (psite / "in_both.py").write_text("WHERE = 'parent'\n")
+    py = D.make_venv(tmp_path / "child", str(ppy))
+    csite = Path(subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+                                check=True, capture_output=True, text=True).stdout.strip())
+    (csite / "in_both.py").write_text("WHERE = 'child'\n")
+    r = subprocess.run([str(py), "-c", "import only_in_parent as a, in_both as b; print(a.WHERE, b.WHERE)"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.split() == ["parent", "child"], r.stderr
+
+
 STAND_IN_LIBCUDA = r"""
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cuInit(unsigned flags) { return 0; }
