@@ -412,6 +412,7 @@ class Collector:
             "hook_errors": self.hook.errors,
             "hook_last_error": self.hook.last_error,
             "runtime_reaches_driver": getattr(self.hook, "runtime_reaches_driver", None),
+            "cupti_subscriber": getattr(self.hook, "subscribe_mode", ""),
             "callback_us_per_launch": round(max(0, hook_ns) / n / 1e3, 3),
             "evict_and_sync_us_per_launch": round((self.evict_ns + self.sync_ns) / n / 1e3, 3),
             "evictions": self.evictions,

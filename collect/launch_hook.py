@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pagecast import trace as T
+from pagecast.errors import PagecastError
 
 from . import cupti_params as P
 from .param_gather import gather_params
@@ -500,6 +501,17 @@ class _Pending:
         self.saw_driver = False
 
 
+class CuptiBusyError(PagecastError):
+    """Another tool in this process holds CUPTI and allows no other subscriber."""
+
+    exit_code = 2
+
+    def __init__(self) -> None:
+        super().__init__("another profiling tool in this process holds CUPTI and allows no other "
+                         "subscriber: run `pagecast collect` without it (Nsight Systems, a PyTorch or "
+                         "CUPTI profiler, CUDA_INJECTION64_PATH)")
+
+
 class LaunchHook:
     """CUPTI callback subscriber that turns kernel launches into `LaunchArgs`.
 
@@ -540,6 +552,7 @@ class LaunchHook:
         self.api_callbacks = dict(api_callbacks or {})
         self._tls = threading.local()
         self._subscriber = None
+        self.subscribe_mode = ""   # how start() subscribed: "multiple allowed" or "single (...)"
         self.launches = 0
         self.errors = 0
         self.last_error: str | None = None
@@ -564,11 +577,7 @@ class LaunchHook:
                 raise RuntimeError("another launch hook is running in this process: cupti-python delivers every "
                                    "subscriber's callbacks to the one Python function subscribed last, so two "
                                    "cannot run at once (stop the other first)")
-            params = self._subscriber_params(cupti)
-            if params is not None:
-                sub = cupti.subscribe_v2(self._callback, None, params.ptr)
-            else:
-                sub = cupti.subscribe(self._callback, None)
+            sub = self._subscribe(cupti)
             self._subscriber = sub
             LaunchHook._running = self
         try:
@@ -591,6 +600,37 @@ class LaunchHook:
         for domain, cbid in self.api_callbacks:
             cupti.enable_callback(on, sub, domain, cbid)
 
+    def _subscribe(self, cupti):
+        """Subscribe, allowing other subscribers where CUPTI can; else as the one subscriber.
+
+        CUPTI 13's multi-subscriber mode is beta, and `cuptiSubscribe_v2` answers
+        MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED where "the request cannot be fulfilled" (seen on an H200
+        with CUPTI 13.5 and a 13.0 driver, once the activity API was enabled): then the hook
+        subscribes again without asking (`cuptiSubscribe`), as one tool using both the activity and
+        callback APIs always could. `subscribe_mode` says which took. Where another tool holds CUPTI
+        even so, that is one clear error. (CUPTI can write the other subscriber's name into the
+        parameters, but cupti-python 13.4 owns that pointer field: setting it from here corrupts its
+        heap, seen as a double free.)"""
+        params = self._subscriber_params(cupti)
+        if params is None:
+            self.subscribe_mode = "single"
+            return cupti.subscribe(self._callback, None)
+        try:
+            sub = cupti.subscribe_v2(self._callback, None, params.ptr)
+            self.subscribe_mode = "multiple allowed"
+            return sub
+        except cupti.cuptiError as e:
+            if int(getattr(e, "status", -1)) != int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED):
+                raise
+        try:
+            sub = cupti.subscribe(self._callback, None)
+        except cupti.cuptiError as e:
+            if int(getattr(e, "status", -1)) != int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED):
+                raise
+            raise CuptiBusyError() from e
+        self.subscribe_mode = "single (CUPTI could not allow others here)"
+        return sub
+
     @staticmethod
     def _subscriber_params(cupti):
         """CUpti_SubscriberParams naming us and allowing other subscribers (CUPTI 13), or None."""
@@ -602,14 +642,15 @@ class LaunchHook:
             p.subscriber_name = "pagecast"
         except (AttributeError, TypeError):
             return None
+        # (13.4 names the struct's layout `_subscriber_params_dtype`, 13.0.1 `subscriber_params_dtype`)
+        dt = getattr(cupti, "_subscriber_params_dtype", None) or getattr(cupti, "subscriber_params_dtype", None)
+        fields = (dt.fields or {}) if dt is not None else {}
         try:
             p.allow_multiple_subscribers = 1
         except AttributeError:  # read-only in cupti-python 13.4: write the byte through its dtype
-            # (13.4 names it `_subscriber_params_dtype`, 13.0.1 `subscriber_params_dtype`; where the
-            # struct has no such field, CUPTI allows one subscriber and there is nothing to set)
-            dt = getattr(cupti, "_subscriber_params_dtype", None) or getattr(cupti, "subscriber_params_dtype", None)
-            if dt is not None and "allow_multiple_subscribers" in (dt.names or ()):
-                ctypes.c_uint8.from_address(int(p.ptr) + dt.fields["allow_multiple_subscribers"][1]).value = 1
+            # (where the struct has no such field, CUPTI allows one subscriber: nothing to set)
+            if "allow_multiple_subscribers" in fields:
+                ctypes.c_uint8.from_address(int(p.ptr) + fields["allow_multiple_subscribers"][1]).value = 1
         return p
 
     def stop(self) -> None:

@@ -102,6 +102,49 @@ def test_hook_subscribes_and_enables_exactly_the_launch_callbacks(monkeypatch):
     assert r.calls[-1] == ("unsubscribe", 0xC0FFEE)
 
 
+class Refusing(Recorder):
+    """CUPTI that cannot allow multiple subscribers here (CUPTI 13.5's beta mode on a 13.0 driver,
+    once the activity API is enabled): v2 with allow=1 is refused; with `holder`, the plain subscribe is refused too (another tool holds CUPTI)."""
+
+    def __init__(self, monkeypatch, holder=None):
+        super().__init__(monkeypatch)
+        self.holder = holder
+        monkeypatch.setattr(cupti, "subscribe", self.subscribe)
+
+    def subscribe_v2(self, callback, userdata, p_params):
+        super().subscribe_v2(callback, userdata, p_params)
+        raise cupti.cuptiError(int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+
+    def subscribe(self, callback, userdata):
+        self.calls.append(("subscribe",))
+        if self.holder:
+            raise cupti.cuptiError(int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+        return 0xBEEF
+
+
+def test_where_cupti_cannot_allow_other_subscribers_the_hook_subscribes_as_the_only_one(monkeypatch):
+    r = Refusing(monkeypatch)
+    hook = lh.LaunchHook(lambda a: None).start()
+    try:
+        assert [c[0] for c in r.calls if c[0].startswith("subscribe")] == ["subscribe_v2", "subscribe"]
+        assert all(c[2] == 0xBEEF for c in r.calls if c[0] == "enable_callback")
+        assert hook.subscribe_mode == "single (CUPTI could not allow others here)"
+    finally:
+        hook.stop()
+    assert r.calls[-1] == ("unsubscribe", 0xBEEF)
+    # and it can start again (the process-wide slot was released)
+    lh.LaunchHook(lambda a: None).start().stop()
+
+
+def test_another_tool_holding_cupti_is_one_clear_error_naming_it(monkeypatch):
+    from pagecast.errors import PagecastError
+    Refusing(monkeypatch, holder=True)
+    with pytest.raises(PagecastError, match=r"holds CUPTI and allows no other subscriber.*Nsight Systems") as e:
+        lh.LaunchHook(lambda a: None).start()
+    assert e.value.exit_code == 2
+    assert lh.LaunchHook._running is None
+
+
 def test_a_second_hook_cannot_start_while_one_runs(monkeypatch):
     # cupti-python hands every subscriber's callbacks to the Python function subscribed
     # last (test_collect_launch_hook shows it), so a second running hook would steal the
