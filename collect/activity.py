@@ -51,6 +51,26 @@ def _status(e: BaseException) -> int:
 _KEEP: list = []   # configuration arrays CUPTI was given (it may read them later)
 
 
+def init_driver() -> bool:
+    """`cuInit(0)`, which creates no context; whether it succeeded.
+
+    CUPTI answers NOT_READY (13) to enabling the unified-memory counter activity before the
+    driver is initialized (seen on an H200: driver 580.159, CUPTI 13.5), while the counters must be
+    configured before any context exists. So every user of the counters initializes the driver
+    first, alone. Without a driver (CPU machines, stand-in tests) nothing happens here: the CUPTI
+    calls that follow report that."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        return False
+    try:
+        err = drv.cuInit(0)
+    except Exception:  # noqa: BLE001 - no libcuda: cuda-bindings raises instead of answering
+        return False
+    err = err[0] if isinstance(err, tuple) else err
+    return int(err) == 0
+
+
 def configure_um_counters(cupti, kinds, device: int) -> UmCounterSetup:
     """Configure CUPTI's unified-memory counters `kinds` for `device`, keeping every kind this
     machine supports.
@@ -140,6 +160,7 @@ class CuptiActivitySource:
         from cupti import cupti
 
         self._on_records = on_records
+        init_driver()   # before the unified-memory counters (NOT_READY otherwise); no context yet
         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         for kind in (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMORY2):
             cupti.activity_enable(kind)

@@ -274,6 +274,8 @@ class Collector:
         budget = signum == signal.SIGUSR2 and self.violation
         code = 2 if budget else 128 + signum
         self.hook.disabled = True  # the launching thread's callbacks do nothing from now on
+        with self._lock:           # the kernels it launches from now on are not the trace's
+            self.builder.seal(self.hook.clock())
         self.exit_code = code
         if budget:
             self.failure = self.violation

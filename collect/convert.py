@@ -186,6 +186,7 @@ class Stats:
     allocations_never_live: int = 0
     kernel_name_mismatches: int = 0
     ignored_records: int = 0
+    kernels_after_stop: int = 0   # kernels the workload ran after collection stopped (not in the trace)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -214,6 +215,7 @@ class RowBuilder:
         self._windows: list[tuple[int, int, int]] = []  # (lo, hi, launch_id), sorted by lo
         self._window_hi = -1  # all records before this time can be attributed now
         self._um_pending: list[UMRec] = []
+        self._sealed_at: int | None = None   # seal(): kernels starting later without args are left out
         self._live: dict[int, _Alloc] = {}
         self._next_alloc = 0
         self._out: dict[str, dict[str, list]] = {}
@@ -231,6 +233,13 @@ class RowBuilder:
         bisect.insort(self._host_sorted, int(args.host_ns))
         self.stats.launches += 1
         return lid
+
+    def seal(self, at_ns: int) -> None:
+        """Collection stopped at `at_ns` (CUPTI's clock) while the workload may run on (the collector
+        abandons a workload stuck in its callbacks and writes the trace from another thread): kernel
+        records that arrive later for kernels that started after it, which the hook no longer saw, are
+        left out of the trace and counted, not written as launches without arguments."""
+        self._sealed_at = int(at_ns)
 
     def close_window(self, launch_id: int, lo: int, hi: int) -> None:
         """Full mode: records whose start lies in [lo, hi] belong to this launch."""
@@ -262,6 +271,9 @@ class RowBuilder:
         lid = self._by_corr.get(k.correlation_id)
         if lid is not None and lid in self._launches and self._launches[lid].kernel is None:
             self._launches[lid].kernel = k
+            return
+        if self._sealed_at is not None and k.start > self._sealed_at:
+            self.stats.kernels_after_stop += 1
             return
         # A kernel the hook did not see (a graph node, an unhooked launch API, no hook at all).
         lid = self._next_id

@@ -98,6 +98,22 @@ def test_kernels_the_hook_did_not_see_still_become_launches():
     assert b.stats.launches_without_args == 1
 
 
+def test_once_sealed_kernels_the_workload_ran_after_collection_stopped_are_left_out():
+    # Seen on an H200: SIGTERM while the workload waited in a full-mode callback; the collector
+    # stopped the hook and wrote the trace from its ticker thread while the workload launched on,
+    # and 2,151 of the 4,146 launches were kernels run after the stop, with no arguments.
+    b = C.RowBuilder("natural")
+    b.add_launch(_args(1, 0))
+    b.add_records(C.snapshots([_krec(2, 30, 40, name="graph_node")]))   # before the stop: kept
+    b.seal(100)
+    b.add_records(C.snapshots([_krec(1, 50, 60),                         # hooked before the stop: kept
+                               _krec(3, 99, 101, name="late_but_started_before"),
+                               _krec(4, 150, 160), _krec(5, 170, 180)]))  # after the stop: left out
+    t = _table(T.LAUNCHES, b.drain(final=True)[T.LAUNCHES])
+    assert t.column(T.START_NS).to_pylist() == [50, 30, 99]
+    assert b.stats.kernels_after_stop == 2 and b.stats.launches_without_args == 2
+
+
 def test_nested_runtime_and_driver_correlation_ids_join_the_same_launch():
     b = C.RowBuilder("natural")
     a = _args(20, 0)

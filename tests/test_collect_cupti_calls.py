@@ -174,9 +174,13 @@ def test_a_hook_that_fails_to_enable_its_callbacks_unsubscribes(monkeypatch):
 
 def test_activity_source_configures_every_counter_and_delivers_snapshots(monkeypatch):
     r = Recorder(monkeypatch)
+    drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed (pip install .[test])")
+    monkeypatch.setattr(drv, "cuInit", lambda flags: (r.calls.append(("cuInit", flags)), (drv.CUresult(0),))[1])
     got = []
     src = A.CuptiActivitySource(device=0)
     src.start(got.extend)
+    # the driver is initialized (no context) before anything is enabled: NOT_READY otherwise
+    assert r.calls[0] == ("cuInit", 0)
     enabled = [c[1] for c in r.calls if c[0] == "activity_enable"]
     assert enabled == [C.KIND_CONCURRENT_KERNEL, C.KIND_MEMORY2, C.KIND_UNIFIED_MEMORY_COUNTER]
     # every element set: (scope PROCESS_SINGLE_DEVICE, kind, device 0, enable 1)
@@ -289,3 +293,21 @@ def test_tracker_reads_driver_and_runtime_allocation_structs():
     assert len(seen) == 1 and "past the managed limit" in seen[0]
     call(lh.DOMAIN_DRIVER, M.CB_cuMemFree_v2, "cu_mem_free_v2params_dtype", lh.API_ENTER, dptr=0x7000_0000)
     assert budget.ranges() == [] and budget.peak == 4096
+
+
+def test_the_replay_monitor_initializes_the_driver_before_enabling_the_counters(monkeypatch):
+    # on an H200 (driver 580.159, CUPTI 13.5) enabling the unified-memory counter activity before
+    # cuInit answered NOT_READY, and `replay --backend gpu` and `calibrate` lost their fault counts
+    from pagecast.replay.gpu.cupti_monitor import CuptiMonitor
+
+    r = Recorder(monkeypatch)
+    drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed (pip install .[test])")
+    monkeypatch.setattr(drv, "cuInit", lambda flags: (r.calls.append(("cuInit", flags)), (drv.CUresult(0),))[1])
+    m = CuptiMonitor(0)
+    m.start()
+    try:
+        first_enable = next(i for i, c in enumerate(r.calls) if c[0] == "activity_enable")
+        assert ("cuInit", 0) in r.calls[:first_enable]
+        assert C.KIND_UNIFIED_MEMORY_COUNTER in [c[1] for c in r.calls if c[0] == "activity_enable"]
+    finally:
+        m.stop()

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pagecast.errors import NoGPUError
 
-from pagecast.collect.activity import configure_um_counters, cupti_dropped_records
+from pagecast.collect.activity import configure_um_counters, cupti_dropped_records, init_driver
 
 from .driver import _first
 
@@ -182,6 +182,7 @@ class CuptiMonitor:
         self._keep = keep_records
         self._counts = UvmCounts()
         self._taken = (0, 0)
+        init_driver()   # before the counters: CUPTI answers NOT_READY otherwise; no context yet
         try:
             kinds = [UM.BYTES_TRANSFER_HTOD, UM.BYTES_TRANSFER_DTOH, UM.GPU_PAGE_FAULT, UM.THRASHING]
             # each kind the machine supports (one unsupported kind must not take the faults with it)
