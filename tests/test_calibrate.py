@@ -122,6 +122,16 @@ def test_fit_faults_uses_counted_faults_when_every_run_has_them():
     assert s == pytest.approx(20e-6) and "touched" in what
 
 
+def test_fit_faults_falls_back_to_pages_touched_when_the_counts_do_not_vary():
+    # seen on an H200 with the driver's prefetcher on: CUPTI counted the same faults at every size
+    # ("all measurements were taken at the same size" ended calibrate); the time still grows with
+    # the pages touched
+    runs = [[n, 37, 1e-4 + n * 3.5e-6] for n in (256, 1024, 2048, 4096)]
+    s, _, r2, what = C.fit_faults(runs)
+    assert s == pytest.approx(3.5e-6) and r2 == pytest.approx(1.0)
+    assert what == "pages touched (CUPTI counted 37 faults at every size)"
+
+
 def test_fit_faults_refuses_a_flat_or_falling_line():
     with pytest.raises(ProfileError, match="did not grow"):
         C.fit_faults([[256, 256, 1e-3], [1024, 1024, 1e-3]])
@@ -284,7 +294,10 @@ def test_calibrate_on_the_gpu(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(p.stdout)
     prof = load_profile(out)
-    assert prof.fault_time_s > 0 and math.isfinite(prof.fault_time_s)
+    # one more big page inside a block being serviced can cost nothing measurable (an H200 with the
+    # driver's prefetcher on: r^2 = 0 over 1..16 big pages); a lone fault always costs time
+    assert prof.fault_time_s >= 0 and math.isfinite(prof.fault_time_s)
+    assert prof.fault_time_s + prof.block_service_s + prof.batch_overhead_s > 0
     assert prof.htod_bandwidth > 1e9 and prof.dtoh_bandwidth > 1e9
     assert doc["elapsed_s"] < 60
     # what calibrate assumes of the touch kernel and the counters: one fault per 64 KiB page touched,
@@ -296,7 +309,10 @@ def test_calibrate_on_the_gpu(tmp_path):
         with open(os.environ["PAGECAST_DEVICE_REPORT"], "a") as f:
             f.write(json.dumps({"test": "runner-observed", "what": "calibrate: GPU page faults counted per page"
                                 " touched (one word per 64 KiB), per run", "value": ratios}) + "\n")
-    assert "counted by CUPTI" in prof.source["fault_time_s"], prof.source["fault_time_s"]
+    # counted by CUPTI, or pages touched where its count did not vary with the size (the driver's
+    # prefetcher serving the rest, as on an H200)
+    assert ("counted by CUPTI" in prof.source["fault_time_s"]
+            or "faults at every size" in prof.source["fault_time_s"]), prof.source["fault_time_s"]
 
 
 # ---- fault counts read only once they have all arrived --------------------------------------

@@ -787,6 +787,37 @@ def test_prefetching_context_manager_with_stand_ins(monkeypatch):
     assert eng.stats.prefetch_bytes == MiB and eng.residency.capacity_units == 32
 
 
+class OrderedMonitor(FakeMonitor):
+    def __init__(self, cuda, order):
+        super().__init__(cuda)
+        self.order = order
+
+    def start(self, keep_records: bool = False, live: bool = False) -> None:
+        self.order.append("monitor.start")
+        super().start(keep_records, live)
+
+
+@pytest.mark.parametrize("context_before", [False, True])
+def test_prefetching_with_feedback_starts_the_counters_before_the_context(monkeypatch, context_before):
+    """On an H200, CUPTI's unified-memory counters started after the CUDA context counted no faults:
+    with feedback the monitor starts first, and a program that already had a context is told so."""
+    f, bases = fake_with_buffers(1)
+    order = []
+    monkeypatch.setattr(PF, "make_online_predict", lambda model, fallback: (lambda la, a: []))
+    monkeypatch.setattr(PF.driver, "context_exists", lambda device=0: context_before)
+    monkeypatch.setattr(PF.driver, "open_cuda", lambda device=0: order.append("open_cuda") or f)
+    monkeypatch.setattr(PF.cupti_monitor, "CuptiMonitor", lambda device=0: OrderedMonitor(f, order))
+    model = types.SimpleNamespace(kernels={"k": None})
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with PF.prefetching(model, feedback=True, hook_factory=FakeHook):
+            pass
+    assert order == ["monitor.start", "open_cuda"]
+    said = [str(x.message) for x in w if "first CUDA call" in str(x.message)]
+    assert len(said) == int(context_before)
+
+
 def test_prefetching_falls_back_to_history_only_with_feedback(monkeypatch):
     """Without feedback the fit's history is stale (every expert a MoE fit saw): no fallback."""
     f, bases = fake_with_buffers(1)

@@ -103,7 +103,9 @@ def test_run_gpu_replay_on_a_tiny_cupy_workload(tmp_path):
                         capacity=(32 * MiB,))
     rows, timeline = run_gpu_replay(cfg)
     by = {r["policy"]: r for r in rows}
-    assert set(by) == {"demand", "alloc"} and timeline is None
+    assert set(by) == {"demand", "alloc"}
+    # the first repeat of each run reports its kernels' timeline
+    assert timeline is not None and set(timeline.column("policy").to_pylist()) == {"demand", "alloc"}
     assert by["demand"]["launches"] >= 40 and by["demand"]["faults"] > 0
     assert by["alloc"]["prefetch_bytes"] > 0 and by["alloc"]["evict_bytes"] > 0
     assert by["alloc"]["faults"] < by["demand"]["faults"]
@@ -234,9 +236,10 @@ print(json.dumps({"faults": c.faults, "htod": c.htod_bytes, "kernels": c.kernels
 
 
 def test_uvm_counters_started_after_the_context_exists():
-    """pagecast.prefetching(feedback=True) starts the counters inside a program whose CUDA context already
-    exists (gpu_child and calibrate start them before): do they start, and do they count, there?
-    Also exercises the live flush thread (live=True) for a hang."""
+    """Counters started inside a program whose CUDA context already exists (gpu_child, calibrate and
+    pagecast.prefetching start them before): they start, and kernels are recorded, but on an H200
+    (driver 580.159, CUPTI 13.5) they counted no faults: `prefetching(feedback=True)` warns where it
+    finds a context already there. Also exercises the live flush thread (live=True) for a hang."""
     import subprocess
     import sys
 
@@ -245,4 +248,4 @@ def test_uvm_counters_started_after_the_context_exists():
     c = json.loads(p.stdout.strip().splitlines()[-1])
     _observe("CUPTI unified-memory counters started after the context exists (256 pages touched)", c)
     assert "error" not in c, c["error"]
-    assert c["faults"] > 0 and c["kernels"] >= 1
+    assert c["kernels"] >= 1          # the faults are recorded above (0 on an H200), not required

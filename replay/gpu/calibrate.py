@@ -107,18 +107,31 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
     return slope, intercept, r2
 
 
+def run_x(runs: Sequence[Sequence]) -> tuple[list[float], bool, str]:
+    """The x to fit time against, from [touched, faults|None, seconds] rows: CUPTI's fault counts
+    where every run has one and they vary, else what was touched; (xs, counted, what x is).
+
+    Where CUPTI counted the same faults at every size (seen on an H200 with the driver's prefetcher
+    on: it serves the rest), the counts say nothing of the cost; the sizes touched still do."""
+    counted = all(r[1] is not None and r[1] > 0 for r in runs)
+    what = "GPU page faults counted by CUPTI" if counted else "pages touched (no CUPTI counts)"
+    if counted and len({int(r[1]) for r in runs}) == 1 and len({int(r[0]) for r in runs}) > 1:
+        counted = False
+        what = f"pages touched (CUPTI counted {int(runs[0][1])} faults at every size)"
+    return [float(r[1] if counted else r[0]) for r in runs], counted, what
+
+
 def fit_faults(runs: Sequence[Sequence]) -> tuple[float, float, float, str]:
     """(seconds per fault, intercept, r^2, what x was) from [touched, faults|None, seconds] rows."""
     if not runs:
         raise ProfileError("no fault measurements")
-    counted = all(r[1] is not None and r[1] > 0 for r in runs)
-    xs = [float(r[1] if counted else r[0]) for r in runs]
+    xs, counted, x_is = run_x(runs)
     ys = [float(r[2]) for r in runs]
     slope, icpt, r2 = linear_fit(xs, ys)
     if not slope > 0:
         raise ProfileError(f"kernel time did not grow with the number of faults (slope {slope:.3g} s/fault);"
                            " demand paging may be off (is this memory really managed?)")
-    return slope, icpt, r2, "GPU page faults counted by CUPTI" if counted else "pages touched (no CUPTI counts)"
+    return slope, icpt, r2, x_is
 
 
 @dataclass(frozen=True)
@@ -137,8 +150,8 @@ class FaultSplit:
 def _runs_xy(runs: Sequence[Sequence], what: str) -> tuple[list[float], list[float], bool]:
     if not runs:
         raise ProfileError(f"no {what} measurements")
-    counted = all(r[1] is not None and r[1] > 0 for r in runs)
-    return [float(r[1] if counted else r[0]) for r in runs], [float(r[2]) for r in runs], counted
+    xs, counted, _x_is = run_x(runs)
+    return xs, [float(r[2]) for r in runs], counted
 
 
 def fit_fault_split(page_runs: Sequence[Sequence], block_runs: Sequence[Sequence], launch_s: float) -> FaultSplit:
@@ -227,13 +240,14 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
              charges=True, source=src)
     if m.page_runs and m.block_runs and _HAS_BLOCK_FIELD:
         sp = fit_fault_split(m.page_runs, m.block_runs, launch if m.launch_s else 0.0)
-        x = "GPU page faults counted by CUPTI" if sp.counted else "pages touched (no CUPTI counts)"
+        x = run_x(m.page_runs)[2] if m.page_runs else "pages touched (no CUPTI counts)"
         pn = sorted({int(r[0]) for r in m.page_runs})
         bn = sorted({int(r[0]) for r in m.block_runs})
         d.update(fault_time_s=sp.fault_s, block_service_s=sp.block_s, batch_overhead_s=sp.batch_s)
         src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {x}, touching N = {pn} big pages of one"
                                f" 2 MiB block of host-resident managed memory (r^2 = {sp.page_r2:.3f})")
-        src["block_service_s"] = (f"calibrate on {dev}: slope of kernel time vs {x} touching one word in each of"
+        xb = run_x(m.block_runs)[2].replace("pages touched", "blocks touched")
+        src["block_service_s"] = (f"calibrate on {dev}: slope of kernel time vs {xb} touching one word in each of"
                                   f" N = {bn} 2 MiB blocks (r^2 = {sp.block_r2:.3f}), less fault_time_s")
         src["batch_overhead_s"] = (f"calibrate on {dev}: one lone fault ({sp.lone_s * 1e6:.2f} us: a one-page kernel"
                                    " less the launch overhead) less block_service_s and fault_time_s")

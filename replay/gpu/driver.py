@@ -308,6 +308,21 @@ class DriverCuda:
                "cuLaunchKernel (copy kernel)")
 
 
+def context_exists(device: int = 0) -> bool | None:
+    """Whether `device`'s primary context is active in this process already (None: no driver).
+    CUPTI's unified-memory counters started after that count no faults (seen on an H200)."""
+    try:
+        d = _driver()
+        res = d.cuInit(0)
+        if int(res[0] if isinstance(res, tuple) else res) != 0:
+            return None
+        dev = _check(d.cuDeviceGet(device), "cuDeviceGet")
+        _flags, active = _check(d.cuDevicePrimaryCtxGetState(dev), "cuDevicePrimaryCtxGetState")
+        return bool(active)
+    except Exception:  # noqa: BLE001 - no driver (CPU machines): unknown
+        return None
+
+
 def open_cuda(device: int = 0) -> DriverCuda:
     """The real CudaIface, or NoGPUError (one line, exit 2) when none is usable."""
     return DriverCuda(device)

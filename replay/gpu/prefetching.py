@@ -36,6 +36,16 @@ def prefetching(model, capacity: int | str | None = None, fallback: str | None =
     if isinstance(model, (str, os.PathLike)):
         model = load_model_file(model)
     cap = parse_size(capacity) if capacity is not None else None
+    if feedback:
+        # CUPTI's unified-memory counters count faults only where they start before the CUDA
+        # context exists (on an H200, started after it they counted none): start them first
+        if monitor is None:
+            if cuda is None and driver.context_exists(0):
+                warnings.warn("pagecast.prefetching(feedback=True) started after this program's first CUDA call:"
+                              " CUPTI's unified-memory counters then count no faults, so feedback sees none;"
+                              " enter it before the first CUDA call", stacklevel=3)
+            monitor = cupti_monitor.CuptiMonitor(cuda.device if cuda is not None else 0)
+        monitor.start(keep_records=True, live=True)
     if cuda is None:
         cuda = driver.open_cuda()
     if fallback is None:
@@ -43,12 +53,7 @@ def prefetching(model, capacity: int | str | None = None, fallback: str | None =
     predict = make_online_predict(model, fallback)
     engine = Engine(cuda, "template", capacity=cap, predict=predict, model_kernels=model_kernel_names(model),
                     warn=lambda m: warnings.warn(m, stacklevel=3))
-    fb = None
-    if feedback:
-        if monitor is None:
-            monitor = cupti_monitor.CuptiMonitor(cuda.device)
-        monitor.start(keep_records=True, live=True)
-        fb = FeedbackLoop(engine, monitor, model, fallback, predict)
+    fb = FeedbackLoop(engine, monitor, model, fallback, predict) if feedback else None
     if hook_factory is None:
         hook_factory = LaunchHook
     hook = hook_factory(engine.on_launch if fb is None else fb.on_launch, api_callbacks=free_callbacks(engine.on_free))
