@@ -272,8 +272,7 @@ def _hull_ok(rf: RegionFit) -> bool:
         return True
     kd, cat, sel = rf.kd, rf.cat, rf.sel
     O_s, O_e = cat.O_s[sel], cat.O_e[sel]
-    own, ps_, pe_ = gather_pieces(kd, cat, sel, "O")
-    covered = int((pe_ - ps_).sum())
+    covered = int(_hull_covered(kd, cat, sel).sum())
     hull = int((O_e - O_s).sum())
     return hull > 0 and (covered >= (1 - kd.params.hull_gaps) * hull
                          or bool(_few_holes(kd, cat, sel, O_e - O_s).all()))
@@ -518,11 +517,24 @@ def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
     return bool(len(ok)) and int((~ok).sum()) <= kd.allowed(len(ok))
 
 
+def _hull_covered(kd: KernelData, cat: RegionObs, sel: np.ndarray) -> np.ndarray:
+    """Per launch: the pages inside the hull of its observed pieces [O_s, O_e) that the records show
+    touched, or migrated by the driver's prefetcher for that launch (A): a big page the prefetcher
+    brought in before the kernel reached it cannot fault, so its missing fault is no hole. On an H200
+    with the prefetcher on, a Jacobi sweep over two whole grids faulted on about a quarter of their
+    big pages and the prefetcher moved the rest (docs/template-model.md, 'Holes the prefetcher
+    fills'). Without prefetch migrations A is O, and this is the observed pieces' cover."""
+    own, s, e = gather_pieces(kd, cat, sel, "A")
+    s = np.maximum(s, cat.O_s[sel][own])
+    e = np.minimum(e, cat.O_e[sel][own])
+    return np.bincount(own, weights=np.clip(e - s, 0, None).astype(np.float64), minlength=len(sel))
+
+
 def _few_holes(kd: KernelData, cat: RegionObs, sel: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Per launch: do the observed pieces cover `span` pages (their hull), but for big pages whose
-    records lost records may have taken (no more of them over all launches than that loss hides)?"""
-    own, s, e = gather_pieces(kd, cat, sel, "O")
-    covered = np.bincount(own, weights=(e - s).astype(np.float64), minlength=len(sel))
+    """Per launch: do the observed pieces, with the big pages the driver prefetched inside their hull
+    (`_hull_covered`), cover `span` pages (their hull), but for big pages whose records lost records
+    may have taken (no more of them over all launches than that loss hides)?"""
+    covered = _hull_covered(kd, cat, sel)
     holes = np.maximum(span - covered, 0) / kd.bigp
     if holes_from_loss(kd, holes[holes > 0], span):
         return np.ones(len(sel), bool)
