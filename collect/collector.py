@@ -390,6 +390,9 @@ class Collector:
                 warn(f"CUPTI dropped {dropped} activity records (buffers full); the trace misses them")
             if self.hook.errors:
                 warn(f"{self.hook.errors} launch callback errors; last: {self.hook.last_error}")
+            if getattr(self.device, "errors", 0):
+                warn(f"{self.device.errors} device calls failed (evicting before a launch, synchronizing): the"
+                     f" launches after them may show less than they touched; last: {self.device.last_error}")
             if self.sink_errors:
                 warn(f"{self.sink_errors} rows could not be written; last: {self.last_sink_error}")
         finally:
@@ -418,6 +421,10 @@ class Collector:
             "callback_us_per_launch": round(max(0, hook_ns) / n / 1e3, 3),
             "evict_and_sync_us_per_launch": round((self.evict_ns + self.sync_ns) / n / 1e3, 3),
             "evictions": self.evictions,
+            # calls the device refused (an eviction's cuMemPrefetchAsync, a synchronize): a launch after a
+            # refused eviction may find its pages resident and show less than it touched
+            "device_errors": int(getattr(self.device, "errors", 0) or 0),
+            "device_last_error": getattr(self.device, "last_error", None),
             "wall_s": round(self.wall_s if not running else time.perf_counter() - self._t0, 3),
             "managed_peak_bytes": self.budget.peak,
             "managed_limit_bytes": self.budget.limit,

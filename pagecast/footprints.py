@@ -195,6 +195,16 @@ class LaunchClock:
         return lid
 
 
+    def after(self, time_ns) -> np.ndarray:
+        """Per time: the launch that ended last before it, where no launch is running then (the gap
+        before the next one starts), else -1."""
+        t = np.asarray(time_ns, _I64)
+        k = np.searchsorted(self.st, t, side="right") - 1
+        kc = np.maximum(k, 0)
+        ok = (k >= 0) & (t > self.en[kc]) if len(self.ids) else np.zeros(len(t), bool)
+        return np.where(ok, self.ids[kc] if len(self.ids) else -1, -1).astype(_I64)
+
+
 def attribute_by_time(trace: T.Trace, launch_id, time_ns) -> np.ndarray:
     """Fill missing launch ids (-1 / null) with the launch running at that time, else -1."""
     return LaunchClock(trace).attribute(launch_id, time_ns)

@@ -154,6 +154,24 @@ def test_dropped_records_are_counted_and_warned(tmp_path, capsys):
     assert "dropped 17 activity records" in capsys.readouterr().err
 
 
+def test_evictions_the_device_refused_are_counted_and_warned(tmp_path, capsys):
+    # a launch after a refused eviction can find its pages resident and show less than it touched
+    # (on an H200, launches re-reading data showed no records at all): the trace says how many failed
+    c, gpu = S.make_collector(tmp_path / "e.pctrace")
+
+    def refuse(ranges):
+        c.device.evicted.append(list(ranges))
+        c.device.errors = getattr(c.device, "errors", 0) + len(ranges)
+        c.device.last_error = "cuMemPrefetchAsync to host: CUDA_ERROR_INVALID_VALUE"
+        return len(ranges)
+
+    c.device.evict = refuse
+    assert c.run(lambda: gpu.saxpy(gpu.malloc_managed(PAGE), 0x10, 1)) == 0
+    info = _read(tmp_path / "e.pctrace").manifest["collection"]
+    assert info["device_errors"] >= 1 and "INVALID_VALUE" in info["device_last_error"]
+    assert "device calls failed" in capsys.readouterr().err
+
+
 def _start_collecting(out: Path, mode: str = "full", *extra: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
     p = subprocess.Popen([sys.executable, str(HERE / "collect_standin.py"), str(out), "--mode", mode, *extra],

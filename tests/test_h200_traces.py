@@ -141,3 +141,35 @@ def test_a_fit_from_real_traces_finds_the_sweeps_ranges_at_an_unseen_scale():
             got += int(((p >= lo) & (p < hi)).sum())
         assert inside_i.all(), (i, k)          # nothing predicted outside the kernel's own grids
     assert got / want >= 0.98, got / want
+
+
+def test_what_full_mode_evicts_after_a_launch_is_evidence_of_what_it_moved():
+    """On the H200, a decode step's weights read again in a later step migrated with no host-to-device
+    record and few faults; the collector's eviction after the launch showed them moved
+    (observe.resident_after, possible pages). With that, gemv_bf16's weight slice is a range of its
+    arguments, [W, W + 2*rows*cols), exact at every launch; without it the kernel was `irregular` and
+    predicted 7.1 GiB over the trace for a 38 MiB footprint. One scale was collected, so this is the
+    fit's own trace: the template, not its reach to other sizes."""
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.observe import resident_after
+    from pagecast.predict.predictor import predict_with_unseen
+
+    t = _read("llm_decode-0.5.pctrace")
+    lid, s, e = resident_after(t)
+    assert len(lid) and (e > s).all()
+    natural = T.Trace.__new__(T.Trace)
+    natural.__dict__.update(t.__dict__, manifest={**t.manifest, "mode": "natural"})
+    assert len(resident_after(natural)[0]) == 0          # only full mode evicts everything first
+    model = fit_model([t])
+    assert model.kernels["gemv_bf16"].cls in ("fixed", "linear")
+    pred, _ = predict_with_unseen(model, t)
+    L = t.launches.to_pandas()
+    w_lo, w_hi = _argument_buffers(t, int(L.index[L.kernel == "gemv_bf16"][0]))[0]
+    for i in L.index[L.kernel == "gemv_bf16"]:
+        d = L.param_data[i]
+        p0 = int.from_bytes(d[0:8], "little")
+        rows, cols = int.from_bytes(d[24:28], "little"), int.from_bytes(d[28:32], "little")
+        lo, hi = p0 // t.page_size, -(-(p0 + 2 * rows * cols) // t.page_size)
+        p = pred.pages(i)
+        in_w = p[(p >= w_lo) & (p < w_hi)]
+        assert len(in_w) == hi - lo and in_w.min() == lo and in_w.max() == hi - 1, i
