@@ -194,7 +194,6 @@ class LaunchClock:
         lid[missing] = np.where(hit, self.ids[np.maximum(k, 0)], -1)
         return lid
 
-
     def after(self, time_ns) -> np.ndarray:
         """Per time: the launch that ended last before it, where no launch is running then (the gap
         before the next one starts), else -1."""

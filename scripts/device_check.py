@@ -273,8 +273,8 @@ def wheel_problems(s: CuptiSet) -> list[str]:
 
 
 PARENT_SITE = r"""
-import json, site, sys
-print(json.dumps([p for p in site.getsitepackages() + [site.getusersitepackages()]]))
+import json, site
+print(json.dumps(site.getsitepackages() + [site.getusersitepackages()]))
 """
 
 

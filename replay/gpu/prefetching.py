@@ -47,7 +47,12 @@ def prefetching(model, capacity: int | str | None = None, fallback: str | None =
             monitor = cupti_monitor.CuptiMonitor(cuda.device if cuda is not None else 0)
         monitor.start(keep_records=True, live=True)
     if cuda is None:
-        cuda = driver.open_cuda()
+        try:
+            cuda = driver.open_cuda()
+        except BaseException:
+            if feedback:
+                monitor.stop()
+            raise
     if fallback is None:
         fallback = default_fallback(feedback)
     predict = make_online_predict(model, fallback)
