@@ -204,6 +204,9 @@ class EvaluateCommand(Command):
         out.print(f"[bold]model[/bold]       precision {_pct(o['precision'])}  recall {_pct(o['recall'])}"
                   f"  predicted {format_size(o['predicted_bytes'])} of {format_size(o['footprint_bytes'])}"
                   f"  ({o['launches']:,} launches)")
+        if "precision_at_most" in o:
+            out.print(f"  precision between {_pct(o['precision'])} and {_pct(o['precision_at_most'])} (the faults show part"
+                      " of what launches touched; prefetch and eviction records bound the rest)")
         out.print(f"  argument-determined kernels: precision {_pct(d['precision'])}  recall {_pct(d['recall'])}"
                   f"  ({d['launches']:,} launches)")
         x = doc["indexed"]
@@ -223,8 +226,9 @@ class EvaluateCommand(Command):
         if u["launches"]:
             out.print(f"  unseen kernels ({len(u['kernels'])}, by fallback {u['fallback']}): precision "
                       f"{_pct(u['precision'])}  recall {_pct(u['recall'])}  ({u['launches']:,} launches)")
-        out.print(f"[bold]allocation baseline[/bold]  precision {_pct(b['precision'])}  recall {_pct(b['recall'])}"
-                  f"  predicted {format_size(b['predicted_bytes'])}")
+        out.print(f"[bold]allocation baseline[/bold]  precision {_pct(b['precision'])}"
+                  + (f" (at most {_pct(b['precision_at_most'])})" if "precision_at_most" in b else "")
+                  + f"  recall {_pct(b['recall'])}  predicted {format_size(b['predicted_bytes'])}")
         if "buffers" in doc:
             out.print(_buffer_table(doc["buffers"]))
         return 0
