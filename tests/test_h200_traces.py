@@ -36,9 +36,9 @@ def test_a_real_trace_reads_as_a_complete_full_mode_cupti_trace(name):
     assert t.complete and t.mode == "full" and m["source"] == "cupti" and m["driver_prefetch"] is True
     assert m["device"]["name"] == "NVIDIA H200" and m["dropped_records"] == 0
     assert t.launches.num_rows == m["table_rows"]["launches"] > 100
-    # every fault record inside a kernel's run is attributed to a launch; the others are the
-    # workload's memsets and copies into managed memory (before the first kernel, between two), which
-    # fault on the GPU too
+    # every fault record inside a kernel's run is attributed to a launch; the others fall outside every
+    # kernel's run (before the first, between two): GPU faults no kernel caused, most likely the
+    # workload's memsets and copies into managed memory
     f = t.faults.to_pandas()
     lo = t.launches.column(T.START_NS).to_numpy()
     hi = t.launches.column(T.END_NS).to_numpy()
