@@ -20,6 +20,9 @@ machine's packages (`python -m venv --system-site-packages`): cupti-python finds
 cuda.pathfinder, which searches site.getsitepackages() (not PYTHONPATH), so only a wheel installed
 into a site directory is found, and a venv's comes first. cuda-pathfinder is carried too: before
 1.4.1 it knows no "cupti". The step reports the libcupti file the process actually mapped.
+
+Long because it runs before pagecast is installed (it installs it), so the plan, the install's
+fallbacks, the steps and the report are one self-contained script.
 """
 
 from __future__ import annotations
