@@ -21,7 +21,8 @@
 # `python scripts/gpu_validation.py OUT.md` on its own. The steps themselves: scripts/device_check.py.
 #
 # Output, in --out DIR (default $DEVICE_CHECK_OUT, else ./device-check-out/): device-check.md (the
-# report, also printed), device-check.log, steps.json, env.txt, collect-metrics.jsonl, gpu-validation.md.
+# report, also printed), device-check.log, steps.json, env.txt, collect-metrics.jsonl, gpu-validation.md,
+# collected-traces.tar.gz (the traces the collection tests made: real GPU traces to read back anywhere).
 #
 # Nothing here allocates more managed memory than the GPU has free: every workload checks its
 # plan against cudaMemGetInfo, and `pagecast collect` refuses managed allocations past the free

@@ -13,7 +13,8 @@ left of the command's 540 s), and records `met`, `missed` (with why) or `not rea
 step never stops the ones after it. Everything goes in one folder (--out, or $DEVICE_CHECK_OUT;
 default ./device-check-out/):
 device-check.md (the report, also printed), device-check.log, steps.json, env.txt,
-collect-metrics.jsonl and gpu-validation.md.
+collect-metrics.jsonl, gpu-validation.md and collected-traces.tar.gz (the traces the collection tests
+made, to read back on any machine).
 
 The install step puts the wheels carried in .whl/ into a virtual environment that sees the
 machine's packages (`python -m venv --system-site-packages`): cupti-python finds libcupti through
@@ -625,8 +626,21 @@ def synthetic_metrics(path: Path) -> None:
     path.write_text(text)
 
 
+def pack_traces(traces: Path | None, out: Path) -> str:
+    """The traces the collection tests made, as `collected-traces.tar.gz` in the report folder
+    (real GPU traces to read back on any machine); what it says of them."""
+    found = sorted(traces.glob("*.pctrace")) if traces is not None and traces.is_dir() else []
+    if not found:
+        return ""
+    import tarfile
+    with tarfile.open(out / "collected-traces.tar.gz", "w:gz") as tar:
+        for p in found:
+            tar.add(p, arcname=p.name)
+    return f"; {len(found)} collected traces in collected-traces.tar.gz"
+
+
 def write_report(out: Path, metrics: Path, results: list[Result], step: Step, etext: str,
-                 dry: bool) -> tuple[bool, str]:
+                 dry: bool, traces: Path | None = None) -> tuple[bool, str]:
     if dry:
         synthetic_metrics(metrics)
     rows, bad = read_metrics(metrics)
@@ -639,7 +653,7 @@ def write_report(out: Path, metrics: Path, results: list[Result], step: Step, et
         lost = [n for n in need if n not in md]
         return not lost, (f"rendered from a synthetic metrics file: {len(rows)} rows, {bad} cut line(s)"
                           + (f"; MISSING {lost}" if lost else ""))
-    return True, f"{len(rows)} metric rows, {bad} unreadable line(s)"
+    return True, f"{len(rows)} metric rows, {bad} unreadable line(s)" + pack_traces(traces, out)
 
 
 def env_text(dry: bool) -> str:
@@ -697,7 +711,12 @@ def main(argv: list[str] | None = None) -> int:
         commands = [second[:1] + again + second[1:]]
     else:
         commands = [[s for s in steps if s.command == 1]]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PAGECAST_DEVICE_REPORT=str(metrics))
+    traces = work / "traces"          # the tests' collected traces, packed into the report folder
+    if not a.second and traces.exists():
+        shutil.rmtree(traces)
+    traces.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PAGECAST_DEVICE_REPORT=str(metrics),
+               PAGECAST_DEVICE_TRACES=str(traces))
     if not a.second:
         metrics.write_text("")
     etext = env_text(a.dry_run)
@@ -718,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
                     # written even with no time left: the report is the point of the run
                     run.deadline = max(run.deadline, time.monotonic() + s.budget_s)
                     run.run(s, lambda t, s=s: write_report(out, metrics, results + run.results, s, etext,
-                                                           a.dry_run))
+                                                           a.dry_run, traces))
             env = run.env
             results += run.results
         if not a.second and not a.dry_run:

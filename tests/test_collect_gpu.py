@@ -6,7 +6,8 @@ one predicts the other with recall >= 99% against the observed footprints. A
 plain PyTorch MLP is collected with `--managed torch`; a collection killed
 with SIGTERM halfway leaves a readable partial trace; a managed allocation past
 the (lowered) limit is refused. With PAGECAST_DEVICE_REPORT set, each test
-appends its measurements (JSON lines) there for scripts/device-check.sh.
+appends its measurements (JSON lines) there for scripts/device-check.sh; with
+PAGECAST_DEVICE_TRACES set, a copy of each trace it collects goes into that folder.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _collect(out: Path, workload: list[str], *extra: str, timeout: float = 240, 
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                        env={**os.environ, **(env or {})})
+    keep = os.environ.get("PAGECAST_DEVICE_TRACES")
+    if keep and out.is_dir():   # scripts/device-check.sh brings the traces back (tests/data/h200 came so)
+        import shutil
+        shutil.copytree(out, Path(keep) / out.name, dirs_exist_ok=True)
     return r, time.perf_counter() - t0
 
 

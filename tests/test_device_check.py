@@ -144,6 +144,22 @@ def test_a_venv_made_from_a_venvs_python_sees_that_venvs_packages_after_its_own(
     assert r.stdout.split() == ["parent", "child"], r.stderr
 
 
+def test_the_collected_traces_come_back_packed_in_the_report_folder(D, tmp_path):
+    import tarfile
+    traces, out = tmp_path / "traces", tmp_path / "out"
+    out.mkdir()
+    assert D.pack_traces(traces, out) == "" and D.pack_traces(None, out) == ""   # none collected
+    for name in ("jacobi2d-0.5.pctrace", "spmv_cg-1.pctrace"):
+        (traces / name / "launches").mkdir(parents=True)
+        (traces / name / "manifest.json").write_text("{}")
+        (traces / name / "launches" / "part-00000.parquet").write_bytes(b"x")
+    said = D.pack_traces(traces, out)
+    assert "2 collected traces" in said
+    with tarfile.open(out / "collected-traces.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"jacobi2d-0.5.pctrace/manifest.json", "spmv_cg-1.pctrace/launches/part-00000.parquet"} <= names
+
+
 STAND_IN_LIBCUDA = r"""
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cuInit(unsigned flags) { return 0; }
