@@ -615,17 +615,18 @@ class LaunchHook:
         if params is None:
             self.subscribe_mode = "single"
             return cupti.subscribe(self._callback, None)
+        refused = int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
         try:
             sub = cupti.subscribe_v2(self._callback, None, params.ptr)
             self.subscribe_mode = "multiple allowed"
             return sub
         except cupti.cuptiError as e:
-            if int(getattr(e, "status", -1)) != int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED):
+            if int(getattr(e, "status", -1)) != refused:
                 raise
         try:
             sub = cupti.subscribe(self._callback, None)
         except cupti.cuptiError as e:
-            if int(getattr(e, "status", -1)) != int(cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED):
+            if int(getattr(e, "status", -1)) != refused:
                 raise
             raise CuptiBusyError() from e
         self.subscribe_mode = "single (CUPTI could not allow others here)"

@@ -198,10 +198,11 @@ class LaunchClock:
         """Per time: the launch that ended last before it, where no launch is running then (the gap
         before the next one starts), else -1."""
         t = np.asarray(time_ns, _I64)
+        if not len(self.ids):
+            return np.full(len(t), -1, _I64)
         k = np.searchsorted(self.st, t, side="right") - 1
         kc = np.maximum(k, 0)
-        ok = (k >= 0) & (t > self.en[kc]) if len(self.ids) else np.zeros(len(t), bool)
-        return np.where(ok, self.ids[kc] if len(self.ids) else -1, -1).astype(_I64)
+        return np.where((k >= 0) & (t > self.en[kc]), self.ids[kc], -1).astype(_I64)
 
 
 def attribute_by_time(trace: T.Trace, launch_id, time_ns) -> np.ndarray:
@@ -228,6 +229,41 @@ def observed_footprints(trace: T.Trace, *, include_prefetch: bool = False) -> Fo
     if fp is None:
         fp = trace.__dict__[key] = _observed(trace, include_prefetch)
     return fp
+
+
+def resident_after(trace: T.Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(launch, first page, end page) of what a full-mode collector evicted after each launch.
+
+    Full mode moves every live managed range to the host before each launch, so what moves back
+    to the host in the gap after launch i (device-to-host migrations between its end and the next
+    start) was on the GPU after it: brought in by launch i, touched or prefetched. That is
+    possible evidence, never certain: eviction moves whole resident chunks. It matters where the
+    migrations in go unrecorded (docs/template-model.md, "What full mode evicts after a launch").
+    Empty outside full mode."""
+    z = np.zeros(0, np.int64)
+    m = trace.migrations
+    if trace.mode != "full" or not m.num_rows:
+        return z, z.copy(), z.copy()
+    m = m.filter(pc.equal(m.column(T.DIRECTION), "dtoh"))
+    if not m.num_rows:
+        return z, z.copy(), z.copy()
+    lid = LaunchClock(trace).after(pc.fill_null(m.column(T.START_NS), -1).to_numpy())
+    s, e = page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), trace.page_size)
+    ok = lid >= 0
+    return lid[ok], s[ok], e[ok]
+
+
+def possible_footprints(trace: T.Trace) -> Footprints:
+    """What the records allow a launch to have touched: the observed footprint, the driver's
+    prefetch migrations, and in full mode what was evicted after the launch
+    (`resident_after`). A launch touched a subset of this and a superset of the observed
+    footprint, so a prediction's precision lies between its precision against the two."""
+    a = observed_footprints(trace, include_prefetch=True)
+    rl, rs, re_ = resident_after(trace)
+    if not len(rl):
+        return a
+    return Footprints.from_intervals(np.concatenate([a.launch_of_interval(), rl]), np.concatenate([a.start, rs]),
+                                     np.concatenate([a.end, re_]), trace.n_launches, trace.page_size)
 
 
 def _observed(trace: T.Trace, include_prefetch: bool) -> Footprints:

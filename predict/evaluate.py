@@ -25,21 +25,8 @@ from pagecast.errors import UsageError
 from .breakdown import buffer_breakdown
 from .features import kernel_groups
 from .model_io import CLASSES, Model
-from .observe import _inside, resident_after
+from .observe import _inside
 from .predictor import _check_fallback, allocation_footprints, predict_with_unseen
-
-
-def possible_footprints(trace: T.Trace) -> FP.Footprints:
-    """What the records allow a launch to have touched: the observed footprint, the driver's
-    prefetch migrations, and in full mode what was evicted after the launch
-    (`observe.resident_after`). A launch touched a subset of this and a superset of the observed
-    footprint, so a prediction's precision lies between its precision against the two."""
-    a = FP.observed_footprints(trace, include_prefetch=True)
-    rl, rs, re_ = resident_after(trace)
-    if not len(rl):
-        return a
-    return FP.Footprints.from_intervals(np.concatenate([a.launch_of_interval(), rl]), np.concatenate([a.start, rs]),
-                                        np.concatenate([a.end, re_]), trace.n_launches, trace.page_size)
 
 
 def _stats(inter: np.ndarray, pred: np.ndarray, foot: np.ndarray, ps: int, launches: int) -> dict:
@@ -154,7 +141,7 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history", kernel: st
     if truth.source == "observed":
         # with the driver's prefetcher on, faults show part of what a launch touched: the precision
         # lies between the one above and the share of predicted pages the records allow at all
-        possible = possible_footprints(trace)
+        possible = FP.possible_footprints(trace)
         pinter = np.where(whole, FP.intersection_pages(pred, possible), 0)
         if int(pinter.sum()) > int(inter.sum()):
             overall["precision_at_most"] = float(pinter.sum() / max(int(pp.sum()), 1))

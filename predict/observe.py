@@ -116,7 +116,7 @@ class TraceObs:
         m = trace.migrations
         if m.num_rows:
             m = m.filter(pc.equal(m.column(T.CAUSE), "prefetch"))
-        resident = resident_after(trace)
+        resident = FP.resident_after(trace)
         if m.num_rows or len(maybe[0]) or len(resident[0]):
             mlid = FP.attribute_by_time(trace, m.column(T.LAUNCH_ID), m.column(T.START_NS))
             ms, me = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
@@ -415,29 +415,6 @@ def _sorted_unique(keys: np.ndarray):
         return keys.copy(), np.zeros(0, np.int64)
     new = np.r_[True, keys[1:] != keys[:-1]]
     return keys[new], np.cumsum(new) - 1
-
-
-def resident_after(trace: T.Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(launch, first page, end page) of what a full-mode collector evicted after each launch.
-
-    Full mode moves every live managed range to the host before each launch, so what moves back
-    to the host in the gap after launch i (device-to-host migrations between its end and the next
-    start) was on the GPU after it: brought in by launch i, touched or prefetched. That is
-    possible evidence (A), never certain: eviction moves whole resident chunks. It matters where
-    the migrations in are not recorded: on an H200, a decode step's weights read again in a later
-    step migrated with no host-to-device record and few faults, and only their eviction afterwards
-    showed them moved (docs/gpu-validation.md, "Results"). Empty outside full mode."""
-    z = np.zeros(0, np.int64)
-    m = trace.migrations
-    if trace.mode != "full" or not m.num_rows:
-        return z, z.copy(), z.copy()
-    m = m.filter(pc.equal(m.column(T.DIRECTION), "dtoh"))
-    if not m.num_rows:
-        return z, z.copy(), z.copy()
-    lid = FP.LaunchClock(trace).after(pc.fill_null(m.column(T.START_NS), -1).to_numpy())
-    s, e = FP.page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), trace.page_size)
-    ok = lid >= 0
-    return lid[ok], s[ok], e[ok]
 
 
 def prefetch_free(trace: T.Trace) -> bool:

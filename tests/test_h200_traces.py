@@ -51,48 +51,10 @@ def test_a_real_trace_reads_as_a_complete_full_mode_cupti_trace(name):
     assert all(len(d) > 0 for d in t.launches.column(T.PARAM_DATA).to_pylist())
 
 
-def _alloc_pages(t: T.Trace, address: int) -> tuple[int, int]:
-    a = t.allocations.to_pandas()
-    row = a[(a.address <= address) & (a.address + a.bytes > address)].iloc[0]
-    ps = t.page_size
-    return int(row.address) // ps, -(-int(row.address + row["bytes"]) // ps)
-
-
 def _covered(fp: FP.Footprints, launch: int, lo: int, hi: int) -> float:
     s, e = fp.of(launch)
     s, e = np.maximum(s, lo), np.minimum(e, hi)
     return float(np.clip(e - s, 0, None).sum()) / (hi - lo)
-
-
-def test_with_the_prefetcher_on_the_faults_show_a_fraction_of_what_a_sweep_touches():
-    """What the fitter is up against on a real GPU (docs/gpu-validation.md, 'Results'): a Jacobi sweep
-    reads one grid and writes the other, whole; in full mode both migrate, but most of them as the
-    driver's speculative prefetch. The certain evidence (faults and coherence migrations) covers
-    well under half of each grid; with the prefetch migrations, nearly all of it."""
-    t = _read("jacobi2d-0.5.pctrace")
-    seen = FP.observed_footprints(t)
-    maybe = FP.observed_footprints(t, include_prefetch=True)
-    sweeps = [i for i, k in enumerate(t.launches.column(T.KERNEL).to_pylist()) if k == "jacobi2d_sweep"]
-    first = sweeps[0]
-    data = t.launches.column(T.PARAM_DATA)[first].as_py()
-    grids = [_alloc_pages(t, int.from_bytes(data[o:o + 8], "little")) for o in (0, 8)]
-    for lo, hi in grids:
-        assert _covered(seen, first, lo, hi) < 0.5
-        assert _covered(maybe, first, lo, hi) > 0.95
-    # the certain pages are always among the maybe-touched ones
-    assert all(set(seen.pages(i)) <= set(maybe.pages(i)) for i in sweeps[:6])
-
-
-def test_fit_and_evaluate_run_on_real_traces(tmp_path, capsys):
-    model = tmp_path / "m.json"
-    assert main(["fit", str(DATA / "jacobi2d-0.25.pctrace"), "-o", str(model)]) == 0
-    capsys.readouterr()
-    assert main(["evaluate", str(model), str(DATA / "jacobi2d-0.5.pctrace"), "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    o = doc["overall"]
-    assert 0 <= o["precision"] <= 1 and 0 <= o["recall"] <= 1
-    assert {k["kernel"] for k in doc["kernels"]} == {"jacobi2d_sweep", "jacobi2d_restrict", "jacobi2d_prolong",
-                                                     "jacobi2d_residual", "jacobi2d_halo", "reduce_sum"}
 
 
 def _argument_buffers(t: T.Trace, launch: int) -> list[tuple[int, int]]:
@@ -110,6 +72,37 @@ def _argument_buffers(t: T.Trace, launch: int) -> list[tuple[int, int]]:
             if k >= 0 and p < hi[k]:
                 out.append((int(lo[k]) // t.page_size, -(-int(hi[k]) // t.page_size)))
     return out
+
+
+def test_with_the_prefetcher_on_the_faults_show_a_fraction_of_what_a_sweep_touches():
+    """What the fitter is up against on a real GPU (docs/gpu-validation.md, 'Results'): a Jacobi sweep
+    reads one grid and writes the other, whole; in full mode both migrate, but most of them as the
+    driver's speculative prefetch. The certain evidence (faults and coherence migrations) covers
+    well under half of each grid; with the prefetch migrations, nearly all of it."""
+    t = _read("jacobi2d-0.5.pctrace")
+    seen = FP.observed_footprints(t)
+    maybe = FP.observed_footprints(t, include_prefetch=True)
+    sweeps = [i for i, k in enumerate(t.launches.column(T.KERNEL).to_pylist()) if k == "jacobi2d_sweep"]
+    first = sweeps[0]
+    grids = _argument_buffers(t, first)        # the grid it reads and the one it writes
+    assert len(grids) == 2
+    for lo, hi in grids:
+        assert _covered(seen, first, lo, hi) < 0.5
+        assert _covered(maybe, first, lo, hi) > 0.95
+    # the certain pages are always among the maybe-touched ones
+    assert all(set(seen.pages(i)) <= set(maybe.pages(i)) for i in sweeps[:6])
+
+
+def test_fit_and_evaluate_run_on_real_traces(tmp_path, capsys):
+    model = tmp_path / "m.json"
+    assert main(["fit", str(DATA / "jacobi2d-0.25.pctrace"), "-o", str(model)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(model), str(DATA / "jacobi2d-0.5.pctrace"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    o = doc["overall"]
+    assert 0 <= o["precision"] <= 1 and 0 <= o["recall"] <= 1
+    assert {k["kernel"] for k in doc["kernels"]} == {"jacobi2d_sweep", "jacobi2d_restrict", "jacobi2d_prolong",
+                                                     "jacobi2d_residual", "jacobi2d_halo", "reduce_sum"}
 
 
 def test_a_fit_from_real_traces_finds_the_sweeps_ranges_at_an_unseen_scale():
@@ -146,12 +139,12 @@ def test_a_fit_from_real_traces_finds_the_sweeps_ranges_at_an_unseen_scale():
 def test_what_full_mode_evicts_after_a_launch_is_evidence_of_what_it_moved():
     """On the H200, a decode step's weights read again in a later step migrated with no host-to-device
     record and few faults; the collector's eviction after the launch showed them moved
-    (observe.resident_after, possible pages). With that, gemv_bf16's weight slice is a range of its
+    (footprints.resident_after, possible pages). With that, gemv_bf16's weight slice is a range of its
     arguments, [W, W + 2*rows*cols), exact at every launch; without it the kernel was `irregular` and
     predicted 7.1 GiB over the trace for a 38 MiB footprint. One scale was collected, so this is the
     fit's own trace: the template, not its reach to other sizes."""
     from pagecast.predict.fit import fit_model
-    from pagecast.predict.observe import resident_after
+    from pagecast.footprints import resident_after
     from pagecast.predict.predictor import predict_with_unseen
 
     t = _read("llm_decode-0.5.pctrace")

@@ -520,10 +520,9 @@ def _mostly(kd: KernelData, ok: np.ndarray) -> bool:
 def _hull_covered(kd: KernelData, cat: RegionObs, sel: np.ndarray) -> np.ndarray:
     """Per launch: the pages inside the hull of its observed pieces [O_s, O_e) that the records show
     touched, or migrated by the driver's prefetcher for that launch (A): a big page the prefetcher
-    brought in before the kernel reached it cannot fault, so its missing fault is no hole. On an H200
-    with the prefetcher on, a Jacobi sweep over two whole grids faulted on about a quarter of their
-    big pages and the prefetcher moved the rest (docs/template-model.md, 'Holes the prefetcher
-    fills'). Without prefetch migrations A is O, and this is the observed pieces' cover."""
+    brought in before the kernel reached it cannot fault, so its missing fault is no hole
+    (docs/template-model.md, 'Holes the prefetcher fills', has the measurement). Without prefetch
+    migrations A is O, and this is the observed pieces' cover."""
     own, s, e = gather_pieces(kd, cat, sel, "A")
     s = np.maximum(s, cat.O_s[sel][own])
     e = np.minimum(e, cat.O_e[sel][own])

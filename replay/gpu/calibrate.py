@@ -145,20 +145,22 @@ class FaultSplit:
     page_r2: float
     block_r2: float
     counted: bool          # x was CUPTI's fault count (else pages or blocks touched)
+    page_x: str = ""       # what x was in the page runs, and in the block runs (`run_x`)
+    block_x: str = ""
 
 
-def _runs_xy(runs: Sequence[Sequence], what: str) -> tuple[list[float], list[float], bool]:
+def _runs_xy(runs: Sequence[Sequence], what: str) -> tuple[list[float], list[float], bool, str]:
     if not runs:
         raise ProfileError(f"no {what} measurements")
-    xs, counted, _x_is = run_x(runs)
-    return xs, [float(r[2]) for r in runs], counted
+    xs, counted, x_is = run_x(runs)
+    return xs, [float(r[2]) for r in runs], counted, x_is
 
 
 def fit_fault_split(page_runs: Sequence[Sequence], block_runs: Sequence[Sequence], launch_s: float) -> FaultSplit:
     """Per-fault, per-block and per-batch costs from page runs, block runs and the launch overhead."""
-    xs, ys, pc = _runs_xy(page_runs, "page-run")
+    xs, ys, pc, page_x = _runs_xy(page_runs, "page-run")
     fault_s, _icpt, page_r2 = linear_fit(xs, ys)
-    bx, by, bc = _runs_xy(block_runs, "block-run")
+    bx, by, bc, block_x = _runs_xy(block_runs, "block-run")
     per_block, _bicpt, block_r2 = linear_fit(bx, by)
     if not per_block > 0:
         raise ProfileError(f"kernel time did not grow with the blocks touched (slope {per_block:.3g} s/block);"
@@ -170,7 +172,8 @@ def fit_fault_split(page_runs: Sequence[Sequence], block_runs: Sequence[Sequence
     fault_s = max(0.0, fault_s)
     block_s = max(0.0, per_block - fault_s)
     batch_s = max(0.0, lone - block_s - fault_s)
-    return FaultSplit(fault_s, block_s, batch_s, lone, page_r2, block_r2, pc and bc)
+    return FaultSplit(fault_s, block_s, batch_s, lone, page_r2, block_r2, pc and bc, page_x,
+                      block_x.replace("pages touched", "blocks touched"))
 
 
 def fit_bandwidth(points: Sequence[Sequence], what: str) -> tuple[float, float, float]:
@@ -240,15 +243,14 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
              charges=True, source=src)
     if m.page_runs and m.block_runs and _HAS_BLOCK_FIELD:
         sp = fit_fault_split(m.page_runs, m.block_runs, launch if m.launch_s else 0.0)
-        x = run_x(m.page_runs)[2] if m.page_runs else "pages touched (no CUPTI counts)"
         pn = sorted({int(r[0]) for r in m.page_runs})
         bn = sorted({int(r[0]) for r in m.block_runs})
         d.update(fault_time_s=sp.fault_s, block_service_s=sp.block_s, batch_overhead_s=sp.batch_s)
-        src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {x}, touching N = {pn} big pages of one"
-                               f" 2 MiB block of host-resident managed memory (r^2 = {sp.page_r2:.3f})")
-        xb = run_x(m.block_runs)[2].replace("pages touched", "blocks touched")
-        src["block_service_s"] = (f"calibrate on {dev}: slope of kernel time vs {xb} touching one word in each of"
-                                  f" N = {bn} 2 MiB blocks (r^2 = {sp.block_r2:.3f}), less fault_time_s")
+        src["fault_time_s"] = (f"calibrate on {dev}: slope of kernel time vs {sp.page_x}, touching N = {pn}"
+                               f" big pages of one 2 MiB block of host-resident managed memory"
+                               f" (r^2 = {sp.page_r2:.3f})")
+        src["block_service_s"] = (f"calibrate on {dev}: slope of kernel time vs {sp.block_x} touching one word"
+                                  f" in each of N = {bn} 2 MiB blocks (r^2 = {sp.block_r2:.3f}), less fault_time_s")
         src["batch_overhead_s"] = (f"calibrate on {dev}: one lone fault ({sp.lone_s * 1e6:.2f} us: a one-page kernel"
                                    " less the launch overhead) less block_service_s and fault_time_s")
         d["source"] = src
