@@ -54,6 +54,11 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
                    help="round-robin time slice between tasks, ms of kernel time (default 10)")
     _add_span_flag(g)
+    g.add_argument("--placement", default="device", choices=("device", "auto"),
+                   help="device (default): every policy leaves placement to the driver; auto: template and oracle "
+                        "also try leaving sparsely touched allocations in host memory, read over the link "
+                        "(preferred location CPU, accessed by the GPU), and keep it where their own trial "
+                        "says it is faster (simulator only; docs/cost-model.md, 'Host placement')")
 
 
 SPAN_CHOICES = ("auto", "unit", "block", "fitted", "allocation")   # "auto" and plan_io.SPANS (not imported: CLI start-up)
@@ -267,7 +272,7 @@ def replay_request(args):
     sim = {}
     if backend == "sim":
         sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                   timeslice_ms=args.timeslice,
+                   timeslice_ms=args.timeslice, placement=args.placement,
                    granularity=None if args.granularity is None else parse_size(args.granularity),
                    eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
     req = ReplayRequest(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pagecast.errors import OutputExistsError, ProfileError, shown
 from pagecast.jsonfile import read_json, write_json_atomic
 
@@ -52,6 +54,7 @@ class CostProfile:
     kernel_time: str = "auto"    # "auto" (trace times for synthetic traces, else model), "trace", "model"
     charges: bool = True         # False for `none`: count events, charge no time
     block_service_s: float = 0.0  # per 2 MiB VA block serviced in a batch (a lone fault: the three charges)
+    host_bandwidth: float = 0.0  # a kernel's accesses to host-placed memory over the link (0: half htod_bandwidth)
     source: dict = field(default_factory=dict)  # where each number comes from
     version: int = VERSION
 
@@ -78,6 +81,23 @@ class CostProfile:
         if blocks is None:
             blocks = batches
         return faults * self.fault_time_s + blocks * self.block_service_s + batches * self.batch_overhead_s
+
+    @property
+    def host_access_bandwidth(self) -> float:
+        """Bytes/s of a kernel's accesses to host-placed memory (placement.py): `host_bandwidth`, or
+        where a profile does not say, half the copy engines' host-to-device bandwidth (an assumption:
+        docs/cost-model.md, "Host placement")."""
+        return self.host_bandwidth if self.host_bandwidth > 0 else self.htod_bandwidth / 2
+
+    def host_time(self, nbytes, first_touches):
+        """Seconds a launch spends on host-placed memory: its `nbytes` accesses over the link, and
+        its `first_touches` pages faulting once each (numpy arrays, per launch)."""
+        if not self.charges:
+            return np.zeros(len(nbytes))
+        ft = np.asarray(first_touches, np.float64)
+        batches = np.ceil(ft / self.faults_per_batch)
+        return (np.asarray(nbytes, np.float64) / self.host_access_bandwidth + ft * self.fault_time_s
+                + batches * (self.batch_overhead_s + self.block_service_s))
 
     @property
     def lone_fault_s(self) -> float:
@@ -160,6 +180,9 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
     for k, (lo, hi) in _RANGES.items():   # beyond these, runs overflow to inf/nan or allocate petabytes
         if not lo <= kw[k] <= hi:
             raise ProfileError(f"{where}: field {k!r} must be from {lo:g} to {hi:g}, found {shown(kw[k], 40)}")
+    if not 0.0 <= kw.get("host_bandwidth", 0.0) <= 1e15:
+        raise ProfileError(f"{where}: field 'host_bandwidth' must be from 0 (half htod_bandwidth) to 1e+15,"
+                           f" found {shown(kw['host_bandwidth'], 40)}")
     if not 0.0 <= kw["prefetch_threshold"] <= 1.0:
         raise ProfileError(f"{where}: field 'prefetch_threshold' must be in [0, 1]")
     for k in ("granularity", "eviction_unit"):

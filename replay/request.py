@@ -34,6 +34,7 @@ OVERSUB_OF = ("managed", "touched")   # what --oversub R divides: managed bytes 
 NO_WORKLOAD = ("the GPU backend needs the workload after '--', e.g. '-- python train.py' or"
                " '-- python -m mypackage.train --epochs 1'")
 SPANS = ("auto",) + tuple(PLAN_SPANS)
+PLACEMENTS = ("device", "auto")   # device: the driver's default placement; auto: planned policies also try host placement
 GPU_FALLBACKS = ("allocation", "history", "none")   # the online predictor's (predict/model_io.FALLBACKS)
 MAX_CAPACITY = 1 << 60   # 1 EiB: capacities stay far inside int64 arithmetic
 MIN_UNIT = 512
@@ -73,7 +74,7 @@ KINDS = {
     "oversub_of": "str", "model": "str?", "plan": "str?", "feedback": "bool", "fallback": "str?",
     "repeat": "int", "costs": "str", "granularity": "int?", "eviction_unit": "int?", "eviction": "str",
     "driver_prefetch": "bool", "timeslice_ms": "float", "span": "str", "workload": "strs",
-    "allow_oversubscription": "bool",
+    "allow_oversubscription": "bool", "placement": "str",
 }
 
 
@@ -121,6 +122,7 @@ class ReplayRequest:
     driver_prefetch: bool = True               # simulator: the driver's tree prefetcher
     timeslice_ms: float = 10.0                 # simulator: round-robin slice between tasks, ms of kernel time
     span: str = "auto"                         # simulator: what template and oracle plan on
+    placement: str = "device"                  # simulator: PLACEMENTS (replay/placement.py)
     workload: tuple[str, ...] = ()             # GPU: the command after --
     allow_oversubscription: bool = False       # GPU: let the workload allocate more than the free memory
 
@@ -163,6 +165,7 @@ class ReplayRequest:
         _choice("--oversub-of", self.oversub_of, OVERSUB_OF)
         _choice("--eviction", self.eviction, VICTIM_ORDERS)
         _choice("--span", self.span, SPANS)
+        _choice("--placement", self.placement, PLACEMENTS)
         for flag, v in (("--granularity", self.granularity), ("--eviction-unit", self.eviction_unit)):
             if v is not None:
                 check_unit(flag, v)
@@ -200,6 +203,8 @@ class ReplayRequest:
     def _validate_gpu(self) -> None:
         if not self.workload:
             raise UsageError(NO_WORKLOAD)
+        if self.placement != "device":
+            raise UsageError("--placement auto is for the simulator: the GPU runner does not place memory on the host yet")
         for p in self.policies:
             if POLICIES[p].predicts and not self.model:
                 raise UsageError(f"policy {p} needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")

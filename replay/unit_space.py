@@ -34,6 +34,7 @@ from numba import njit
 from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
+from .placement import host_split, split_footprints
 
 I64 = np.int64
 ID = np.int32   # what a per-use array holds (unit ids, steps, page counts) where every value fits: `narrow`
@@ -489,6 +490,7 @@ class Workload:
     footprint_bytes: int           # union of all launches' footprints (pages), all tasks
     extra: dict = field(default_factory=dict)
     managed_bytes: int = 0         # managed memory allocated (peak live, summed over tasks; managed_bytes())
+    host: list | None = None       # per task, the placement.HostRanges left on the host (None: none)
 
     def oversub_basis(self, of: str) -> int:
         """What `--oversub R` divides by R: the managed bytes allocated ("managed", the literature's
@@ -518,6 +520,7 @@ class Workload:
         """Footprints per task (None: empty) -> step needs in the global order; with `with_pages`, each
         use's page count (Needs.pages) too."""
         csrs = []
+        per_task_fp = [self.on_device(t, fp) for t, fp in enumerate(per_task_fp)]
         for t, fp in enumerate(per_task_fp):
             n = self.tasks[t].trace.n_launches
             if fp is None:
@@ -537,6 +540,12 @@ class Workload:
         if len(pages) == len(needs.unit):
             needs.pages = narrow(pages)
         return needs
+
+    def on_device(self, task: int, fp: F.Footprints | None) -> F.Footprints | None:
+        """`fp` without the task's host-placed ranges (placement.py): what GPU memory holds of it."""
+        if fp is None or not self.host or not len(self.host[task]):
+            return fp
+        return split_footprints(fp, *self.host[task].pages(fp.page_size))[0]
 
     def gated_needs_from(self, per_task_fp: list[F.Footprints], per_task_gates: list) -> Needs:
         """needs_from with `after` (see Needs): `per_task_gates[t]` the task's predicted pieces that
@@ -607,7 +616,7 @@ class Workload:
         csrs = []
         for t, fp in enumerate(per_task_fp):
             n = self.tasks[t].trace.n_launches
-            l, s, e = unit_intervals(fp, self.gran)
+            l, s, e = unit_intervals(self.on_device(t, fp), self.gran)
             d0, d1, ok = u.dense_intervals(t, s, e)
             c0 = u.unit_chunk[d0[ok]]
             c1 = u.unit_chunk[d1[ok] - 1] + 1
@@ -720,13 +729,21 @@ def allocation_bounds(trace: T.Trace) -> tuple[np.ndarray, np.ndarray]:
 
 def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, profile,
                    timeslice_s: float = 0.010, need_alloc: bool = True,
-                   extra_fps: list[list[F.Footprints]] | None = None) -> Workload:
-    """Tasks, schedule, universe and true needs for a list of traces."""
+                   extra_fps: list[list[F.Footprints]] | None = None, host: list | None = None,
+                   steps: tuple[np.ndarray, np.ndarray] | None = None) -> Workload:
+    """Tasks, schedule, universe and true needs for a list of traces. `host`: per task, the
+    placement.HostRanges left on the host (their accesses charged to the launches' time, over the
+    link; placement.py), or None. `steps`: (step_task, step_launch), the order of another workload of
+    the same traces, kept (else scheduled from the launches' times)."""
     tasks = []
     names = task_names(traces)
-    for tr, name in zip(traces, names):
+    for t, (tr, name) in enumerate(zip(traces, names)):
         truth = F.footprints(tr)
-        tasks.append(Task(name, tr, truth, compute_times(tr, truth, profile),
+        comp_extra = 0.0
+        if host and len(host[t]):
+            truth, link_bytes, first = host_split(truth, host[t])
+            comp_extra = profile.host_time(link_bytes, first)
+        tasks.append(Task(name, tr, truth, compute_times(tr, truth, profile) + comp_extra,
                           alloc_footprints(tr) if need_alloc else None))
     per_task = []
     for t, task in enumerate(tasks):
@@ -738,9 +755,9 @@ def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, prof
             ivs.append((s, e))
         per_task.append(ivs)
     uni = Universe(per_task, gran, eviction_unit, [allocation_bounds(t.trace) for t in tasks])
-    step_task, step_launch = schedule([t.compute_s for t in tasks], timeslice_s)
+    step_task, step_launch = schedule([t.compute_s for t in tasks], timeslice_s) if steps is None else steps
     fp_bytes = sum(t.truth.union_pages() * t.trace.page_size for t in tasks)
     w = Workload(tasks, gran, eviction_unit, uni, step_task, step_launch, Needs(np.zeros(1, I64), np.zeros(0, I64)),
-                 int(fp_bytes), managed_bytes=sum(managed_bytes(t.trace) for t in tasks))
+                 int(fp_bytes), managed_bytes=sum(managed_bytes(t.trace) for t in tasks), host=host)
     w.truth = w.needs_from([t.truth for t in tasks])   # with each use's page count (Needs.pages)
     return w

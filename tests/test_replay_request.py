@@ -203,11 +203,12 @@ def test_the_command_and_the_library_build_the_same_request():
     args = Namespace(policy="demand,template", capacity="1GiB,2GiB", oversub=None, backend="sim", model="m.json",
                      plan=None, feedback=True, span="block", repeat=1, costs="pcie4", eviction="lru",
                      no_driver_prefetch=True, timeslice=2.5, granularity="4KiB", eviction_unit=None,
-                     traces=["a.pctrace"], oversub_of="touched", workload=[], allow_oversubscription=False)
+                     traces=["a.pctrace"], oversub_of="touched", workload=[], allow_oversubscription=False,
+                     placement="auto")
     assert replay_request(args) == ReplayRequest(
         policies=("demand", "template"), traces=("a.pctrace",), capacity=(1 << 30, 2 << 30), model="m.json",
         feedback=True, span="block", costs="pcie4", eviction="lru", driver_prefetch=False, timeslice_ms=2.5,
-        granularity=4096, oversub_of="touched")
+        granularity=4096, oversub_of="touched", placement="auto")
 
 
 # ---- the GPU child takes JSON, not flags -----------------------------------------------------------

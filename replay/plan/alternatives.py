@@ -82,7 +82,8 @@ def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> li
 def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs], cap_units: int, spans, fronts,
               trial: Callable[[], Callable[[Any, Needs], Any] | None], profile, faults: bool) -> tuple:
     """The plan on every prediction, made by `first()` (choose_span's (span, span needs, plan, its
-    trial run or None)), or the fastest alternative's: (span, span needs, plan). Each is judged by its
+    trial run or None)), or the fastest alternative's: (span, span needs, plan, its trial run's time
+    or None where no trial ran). Each is judged by its
     trial run on the full predicted needs (`trial()` makes a trial function: one per plan, so that
     nothing a trial caches outlives its plan); `first`'s own plan without alternatives or trials.
 
@@ -90,11 +91,9 @@ def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs]
     block span of 10^6 launches is hundreds of MB (its needs, 1.7 uses a use, and its transfer
     lists), and the one on every prediction was held through all of them. The planner is
     deterministic, so what is kept is the plan that would have been kept."""
-    if not alternatives:
-        return first()[:3]
-    t = trial()
-    if t is None:
-        return first()[:3]
+    if not alternatives or (t := trial()) is None:
+        span, sn, g, run = first()
+        return span, sn, g, None if run is None else float(run.end[-1])
     span, sn, g, run = first()
     if run is None:
         run = t(g, sn)
@@ -106,4 +105,4 @@ def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs]
         if run is not None and run.end[-1] < best:
             best, out = run.end[-1], (span, sn, g)
         del span, sn, g, run   # the losers' needs and plan go before the next alternative is made
-    return out
+    return (*out, float(best))

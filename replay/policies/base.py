@@ -105,6 +105,10 @@ class Policy:
     reads_arguments = False   # reads the launches' pointer arguments (the trace must hold their bytes)
     runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
     chooses_span = False      # plans at the replay's --span (or chooses it)
+    # with --placement auto, what the policy judges host placement on (placement.py): "predicted"
+    # (its model's footprints; kept where its plan's trial run says it is faster), "truth" (kept
+    # where the run is faster), or None (the driver's default placement only)
+    places: str | None = None
     lru_one_pass = False      # its LRU runs at every capacity are one stack-distance pass (sim/stack.py)
 
     @classmethod
@@ -168,6 +172,8 @@ class Planned(Policy):
         ctx.state["plan_span"] = span
         ctx.state["plan_front"] = g.front
         ctx.state["plan_faulted"] = g.faulted
+        if run is not None:
+            ctx.state["plan_trial_s"] = float(run.end[-1])   # what the policy's own needs say its plan takes
         if run is not None and needs is ctx.w.truth:
             # the winning trial ran this very plan on these very needs: it is the run (oracle)
             ctx.state["trial_run"] = run

@@ -36,6 +36,7 @@ class Oracle(Planned):
 
     runs_last = True
     chooses_span = True
+    places = "truth"
 
     @classmethod
     def for_replay(cls, setup):
@@ -71,7 +72,7 @@ class Oracle(Planned):
                 ctx.state["trial_run"] = r
                 ctx.state["oracle_plan"] = name
                 # the row says what the winning run's plan was made at, as the rival's row does
-                for k in ("plan_span", "plan_faulted"):
+                for k in ("plan_span", "plan_faulted", "host_bytes"):
                     if k in r.extra:
                         ctx.state[k] = r.extra[k]
                     else:

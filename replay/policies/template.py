@@ -41,6 +41,7 @@ class Template(Planned):
     requires = "model-or-plan"
     reads_arguments = True
     chooses_span = True
+    places = "predicted"
 
     @classmethod
     def for_replay(cls, setup):
@@ -119,9 +120,11 @@ class Template(Planned):
             return choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
                                profile=ctx.profile, faults=faults, whole_run=False)   # best_plan reads its time
 
-        span, sn, g = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
-                                lambda: span_trial(ctx, needs), ctx.profile, faults)
+        span, sn, g, trial_s = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
+                                         lambda: span_trial(ctx, needs), ctx.profile, faults)
         ctx.state.update(plan_needs=sn, plan_span=span, plan_front=g.front, plan_faulted=g.faulted)
+        if trial_s is not None:
+            ctx.state["plan_trial_s"] = trial_s
         return g
 
     def on_miss(self, ctx, step, missed):

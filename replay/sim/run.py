@@ -182,7 +182,7 @@ def _run_extra(ctx: Context) -> dict:
     """What a run reports beside its counters: feedback changes, the plan's span and what it left to
     faults, and for oracle which member of its family won (policies/oracle.py)."""
     return {k: v for k, v in ctx.state.items() if k in ("feedback_changes", "plan_span", "plan_faulted", "oracle_plan",
-                                                        "oracle_own_s")}
+                                                        "oracle_own_s", "plan_trial_s", "host_bytes")}
 
 
 def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_units: int, counters: np.ndarray,

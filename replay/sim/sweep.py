@@ -24,6 +24,7 @@ from pagecast.memory import return_freed_arrays
 from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
+from ..placement import host_candidates
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
@@ -52,6 +53,7 @@ class SimConfig:
     fallback: str = "adaptive"   # plan/adaptive.py: history only where it proved precise
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
+    placement: str = "device"    # "auto": planned policies also try host placement (placement.py)
 
     @classmethod
     def of(cls, req: ReplayRequest) -> SimConfig:
@@ -59,7 +61,7 @@ class SimConfig:
         return cls(costs=req.costs, granularity=req.granularity, eviction_unit=req.eviction_unit,
                    eviction=req.eviction, driver_prefetch=req.driver_prefetch, timeslice_ms=req.timeslice_ms,
                    feedback=req.feedback, fallback=req.fallback or cls.fallback, span=req.span,
-                   oversub_of=req.oversub_of)
+                   oversub_of=req.oversub_of, placement=req.placement)
 
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
@@ -189,6 +191,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             tmpl = Template(model=model, fallback=cfg.fallback)
             w.extra[("predicted", id(model), cfg.fallback)] = predicted
     results: dict[tuple[str, int], RunResult] = {}
+    placed_w: dict[str, Workload] = {}   # a policy's workload with its host placement (--placement auto)
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
     setup = ReplaySetup(model=model, template=tmpl)
     # without a timeline a finished run is kept as its summary reads it (run.compact)
@@ -212,8 +215,15 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         pol = cls.for_replay(setup)
         if cls.chooses_span:
             pol.spans = cfg.spans()
+        placed = host_workload(w, traces, cls.places, predicted, extra, prof, cfg, model) \
+            if cfg.placement == "auto" and plan is None else None
+        if placed is not None:
+            placed_w[p] = placed.w
         for (c, _), cu in zip(caps, cap_units):
-            results[(p, c)] = keep(run_policy(w, pol, cu, prof, opts))
+            r = run_policy(w, pol, cu, prof, opts)
+            if placed is not None:
+                r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
+            results[(p, c)] = keep(r)
             if progress:
                 progress.advance()
     comp = step_compute(w)
@@ -227,7 +237,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     for i, p in enumerate(policies):
         for c, r_over in caps:
             r = results[(p, c)]
-            s = summarize(r, w, prof.faults_per_batch)
+            s = summarize(r, placed_w.get(p, w) if r.extra.get("host_bytes") else w, prof.faults_per_batch)
             run = {"policy": p, "backend": "sim", "capacity_bytes": int(c), "oversub": float(r_over), **s,
                    "lower_bound_s": bounds[c],
                    "oversub_of": "touched" if cfg.oversub_of == "touched" or w.managed_bytes <= 0 else "managed",
@@ -245,6 +255,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             for k in ("plan_span", "plan_faulted", "oracle_plan", "oracle_own_s"):
                 if k in r.extra:
                     run[k] = r.extra[k]
+            if cfg.placement == "auto":
+                run["host_bytes"] = int(r.extra.get("host_bytes", 0))   # 0: the driver's default placement
             runs.append(run)
             if timeline:
                 tl_parts.append(_timeline(run["run"], p, c, r, w, kernels, task_names))
@@ -252,6 +264,47 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if not timeline:
         return runs, None
     return runs, (pa.concat_tables(tl_parts) if tl_parts else timeline_table({}))
+
+
+@dataclass
+class HostPlaced:
+    """The workload with a policy's host candidates left on the host (placement.py), and how the
+    policy chooses between its run there and its run with the driver's default placement."""
+
+    w: Workload
+    host_bytes: int
+
+    def better(self, dev: RunResult, host: RunResult, places: str) -> RunResult:
+        """`host` where the policy's own view says it is faster: its plan's trial run on its
+        predictions ("predicted"), or the run itself ("truth"); else `dev`."""
+        if places == "truth":
+            a, b = float(dev.end[-1]) if len(dev.end) else 0.0, float(host.end[-1]) if len(host.end) else 0.0
+        else:
+            a, b = dev.extra.get("plan_trial_s"), host.extra.get("plan_trial_s")
+            if a is None or b is None:   # no trial ran (no cost profile): nothing to judge on
+                return dev
+        if b < a:
+            host.extra.setdefault("host_bytes", self.host_bytes)   # oracle may have taken a rival's run
+            return host
+        return dev
+
+
+def host_workload(w: Workload, traces: list[T.Trace], places: str | None, predicted, extra, prof: CostProfile,
+                  cfg: SimConfig, model) -> HostPlaced | None:
+    """`w` rebuilt with the host candidates of a policy that `places` on its predictions or the
+    truth (placement.host_candidates), or None where it places nothing or finds no candidate."""
+    if places is None or (places == "predicted" and predicted is None):
+        return None
+    fps = [fp for fp, _ in predicted] if places == "predicted" else [t.truth for t in w.tasks]
+    host = [host_candidates(t, fp, prof.eviction_unit) for t, fp in zip(traces, fps)]
+    if not any(len(h) for h in host):
+        return None
+    wh = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
+                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra, host=host,
+                        steps=(w.step_task, w.step_launch))   # the same launch order: runs and timelines line up
+    if predicted is not None:
+        wh.extra[("predicted", id(model), cfg.fallback)] = predicted
+    return HostPlaced(wh, sum(h.nbytes for h in host))
 
 
 def _step_kernels(w: Workload) -> pa.Array:
@@ -301,7 +354,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
 
     # as template plans (policies/template.py): or a plan leaving the indexed pieces out
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
-    span, needs, g = best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
+    span, needs, g, _ = best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
                                                       faults=faults, whole_run=False),
                                alts, cu, spans, Template.fronts, trial, prof, faults)
     table = groups_to_table(g, needs, w)
