@@ -54,11 +54,14 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
                    help="round-robin time slice between tasks, ms of kernel time (default 10)")
     _add_span_flag(g)
-    g.add_argument("--placement", default="device", choices=("device", "auto"),
-                   help="device (default): every policy leaves placement to the driver; auto: template and oracle "
-                        "also try leaving sparsely touched allocations in host memory, read over the link "
-                        "(preferred location CPU, accessed by the GPU), and keep it where their own trial "
-                        "says it is faster (simulator only; docs/cost-model.md, 'Host placement')")
+    _add_placement_flag(g, "device (default): every policy leaves placement to the driver; auto: template and oracle "
+                           "also try leaving sparsely touched allocations in host memory, read over the link "
+                           "(preferred location CPU, accessed by the GPU), and keep it where their own trial "
+                           "says it is faster (simulator only; docs/cost-model.md, 'Host placement')")
+
+
+def _add_placement_flag(g, help: str) -> None:
+    g.add_argument("--placement", default="device", choices=("device", "auto"), help=help)
 
 
 SPAN_CHOICES = ("auto", "unit", "block", "fitted", "allocation")   # "auto" and plan_io.SPANS (not imported: CLI start-up)
@@ -102,6 +105,9 @@ class PlanCommand(Command):
         p.add_argument("--granularity", metavar="SIZE", help="plan in units of SIZE (default: the profile's)")
         _add_span_flag(p)
         _add_oversub_of(p)
+        _add_placement_flag(p, "device (default): the plan leaves placement to the driver; auto: it may leave "
+                               "sparsely touched allocations in host memory (the manifest's host_ranges) where "
+                               "its trial run says that is faster (docs/cost-model.md, 'Host placement')")
         p.add_argument("--json", action="store_true", help="print the plan's manifest as JSON")
 
     def run(self, args):
@@ -126,7 +132,7 @@ class PlanCommand(Command):
         from pagecast.memory import return_freed_arrays
         return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
-                        span=args.span, oversub_of=args.oversub_of)
+                        span=args.span, oversub_of=args.oversub_of, placement=args.placement)
         with console.progress("planning", None):
             table, manifest = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg,
                                         model_path=str(args.model))
@@ -137,7 +143,9 @@ class PlanCommand(Command):
             console.info(f"{table.num_rows:,} transfers: {format_size(manifest['prefetch_bytes'])} in, "
                          f"{format_size(manifest['evict_bytes'])} out at capacity "
                          f"{format_size(manifest['capacity_bytes'])}, planned on {SPAN_WORDS[manifest['span']]}"
-                         + (f"; {manifest['thrashing_launches']} launches larger than it" if manifest['thrashing_launches'] else ""))
+                         + (f"; {manifest['thrashing_launches']} launches larger than it" if manifest['thrashing_launches'] else "")
+                         + (f"; {format_size(sum(b - a for a, b in manifest[plan_io.HOST_RANGES]))} left on the host"
+                            f" ({len(manifest[plan_io.HOST_RANGES])} allocations)" if manifest.get(plan_io.HOST_RANGES) else ""))
         console.wrote(out, "plan", f"pagecast replay {args.trace} --policy demand,template,oracle "
                                    f"--plan {out} --capacity {manifest['capacity_bytes']}")
         return 0
@@ -220,10 +228,26 @@ def _report(args, runs, timeline) -> int:
         from pagecast.report.pivot import applies, make_pivot, pivot_table
         show_all = getattr(args, "all", False) or not applies(runs)   # the pivot needs demand and another policy
         console.stdout().print(results_table(runs) if show_all else pivot_table(make_pivot(runs)))
+        for line in host_lines(runs):
+            console.stdout().print(line)
     if args.output:
         console.wrote(args.output, "replay results", f"pagecast report {args.output} -o report.html   |   "
                                                      f"pagecast export perfetto {args.output} -o timeline.pftrace")
     return 0
+
+
+def host_lines(runs) -> list[str]:
+    """Per policy that left memory on the host (--placement auto), one line: how much, and where."""
+    from pagecast.units import format_size
+    out = []
+    for p in dict.fromkeys(r["policy"] for r in runs):
+        placed = [r for r in runs if r["policy"] == p and r.get("host_bytes")]
+        if placed:
+            levels = ", ".join(f"{r['oversub']:.0%}" if r.get("oversub") else format_size(r["capacity_bytes"])
+                               for r in placed)
+            out.append(f"{p} left {format_size(placed[0]['host_bytes'])} on the host (read over the link) at {levels};"
+                       " docs/cost-model.md, 'Host placement'")
+    return out
 
 
 SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faster here than units)",
@@ -272,7 +296,7 @@ def replay_request(args):
     sim = {}
     if backend == "sim":
         sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                   timeslice_ms=args.timeslice, placement=args.placement,
+                   timeslice_ms=args.timeslice,
                    granularity=None if args.granularity is None else parse_size(args.granularity),
                    eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
     req = ReplayRequest(
@@ -280,7 +304,7 @@ def replay_request(args):
         capacity=None if capacity is None else tuple(capacity), oversub=None if oversub is None else tuple(oversub),
         oversub_of=args.oversub_of, model=model, plan=plan, feedback=feedback, repeat=args.repeat, span=span,
         workload=tuple(args.workload), allow_oversubscription=args.allow_oversubscription,
-        **sim)
+        placement=args.placement, **sim)
     for w in warns:
         console.warn(w)
     return req

@@ -98,11 +98,12 @@ def test_profile_host_bandwidth_default_and_checks():
         profile_from_dict(d)
 
 
-def _scattered(tmp_path, n=40):
-    """A page from each of 64 blocks of a 64-block allocation (one of four per block, in turn), launch
-    after launch: 64 chunks for 1 MiB of pages. A capacity of 32 chunks holds half: under the driver's placement every launch
-    evicts and brings back chunks."""
-    return page_trace(tmp_path / "s.pctrace", [np.arange(64) * BLOCK + (i % 4) for i in range(n)], top=64 * BLOCK)
+def _scattered(tmp_path, n=40, turns=4):
+    """A page from each of 64 blocks of a 64-block allocation (one of `turns` per block, in turn),
+    launch after launch: 64 chunks for a few pages each. A capacity of 32 chunks holds half: under the
+    driver's placement every launch evicts and brings back chunks."""
+    return page_trace(tmp_path / "s.pctrace", [np.arange(64) * BLOCK + (i % turns) for i in range(n)],
+                      top=64 * BLOCK)
 
 
 def test_oracle_places_scattered_pages_on_the_host(tmp_path):
@@ -143,3 +144,62 @@ def test_template_judges_on_its_trial_not_the_run():
     assert hp.better(run(5.0), run(1.0), "predicted").end[-1] == 5.0                 # nothing to judge on
     assert hp.better(run(5.0), run(1.0), "truth").extra["host_bytes"] == 7
     assert HostRanges.none().nbytes == 0
+
+
+def test_the_command_says_what_it_left_on_the_host(tmp_path, capsys):
+    from pagecast.cli import main
+    tr = _scattered(tmp_path)
+    assert main(["replay", str(tr.path), "--policy", "demand,oracle", "--capacity", "64MiB",
+                 "--placement", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "oracle left 128.0 MiB on the host" in out.replace("\n", " ") or "oracle left 128 MiB on the host" in out
+    assert main(["replay", str(tr.path), "--policy", "demand,oracle", "--capacity", "64MiB"]) == 0
+    assert "on the host" not in capsys.readouterr().out
+    assert main(["replay", "--backend", "gpu", "--policy", "demand", "--placement", "auto", "--", "true"]) == 2
+    assert "--placement" in capsys.readouterr().err
+
+
+def _plan(tmp_path, tr, **cfg):
+    """`pagecast plan`'s plan for `tr` from a model fitted on its truth, written to tmp_path/p.plan."""
+    from pagecast.predict.fit import fit_model
+    from pagecast.predict.truth_obs import truth_observations
+    from pagecast.replay.plan import plan_io
+    from pagecast.replay.sim.sweep import make_plan
+    table, manifest = make_plan(fit_model([truth_observations(tr)]), tr, capacity=64 * MiB, config=SimConfig(**cfg))
+    return plan_io.write_plan(tmp_path / "p.plan", table, manifest, force=True), manifest
+
+
+def test_a_plan_carries_its_host_placement_and_replay_follows_it(tmp_path):
+    """`pagecast plan --placement auto` writes the ranges it leaves on the host; `replay --plan` runs the
+    plan with them there (host_bytes), and the same plan without them runs as before."""
+    import json
+
+    from pagecast.replay.plan import plan_io
+    tr = _scattered(tmp_path, turns=1)   # the same pages every launch: the model's history predicts them
+    path, manifest = _plan(tmp_path, tr, placement="auto")
+    assert manifest[plan_io.HOST_RANGES] == [[BASE, BASE + 128 * MiB]]
+    placed, _ = replay_sim([tr], ["demand", "template"], capacity=[64 * MiB], plan_path=str(path), timeline=False)
+    by = {r["policy"]: r for r in placed}
+    assert by["template"]["host_bytes"] == 128 * MiB and by["template"]["htod_bytes"] == 0
+    m = json.loads((path / plan_io.MANIFEST).read_text())
+    del m[plan_io.HOST_RANGES]
+    (path / plan_io.MANIFEST).write_text(json.dumps(m))
+    dev, _ = replay_sim([tr], ["demand", "template"], capacity=[64 * MiB], plan_path=str(path), timeline=False)
+    d = {r["policy"]: r for r in dev}
+    assert "host_bytes" not in d["template"] and d["template"]["time_s"] > 2 * by["template"]["time_s"]
+
+
+@pytest.mark.parametrize("bad", [{}, [[1]], [[5, 5]], [[0, 1.5]], [[10, 20], [15, 30]], [[-1, 4]], [[0, 1 << 63]]])
+def test_bad_host_ranges_are_one_line_plan_errors(tmp_path, bad):
+    import json
+
+    from pagecast.errors import PlanError
+    from pagecast.replay.plan import plan_io
+    tr = _scattered(tmp_path)
+    path, _ = _plan(tmp_path, tr)
+    m = json.loads((path / plan_io.MANIFEST).read_text())
+    m[plan_io.HOST_RANGES] = bad
+    (path / plan_io.MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(PlanError, match="host_ranges") as e:
+        plan_io.read_plan(path, tr)
+    assert "\n" not in str(e.value)

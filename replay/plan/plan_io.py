@@ -18,8 +18,10 @@ granularity, the span the planner chose (`unit`: the predicted units; `block`: w
 to whole 2 MiB VA blocks; `fitted`: widened to whole blocks where its block plan says
 widening pays, plan/fitted.py; `allocation`: with the whole allocations the launch points
 into added; absent means `unit`), and the planner's counts (`faulted`: prefetches the
-plan's predictions name that it leaves to faults, plan/faults.py). `read_plan(path, trace)` refuses a plan
-whose fingerprint does not match the trace (PlanError, one line).
+plan's predictions name that it leaves to faults, plan/faults.py), and `host_ranges` where the
+plan leaves memory on the host (`pagecast plan --placement auto`: [[start, end], ...], byte
+addresses of the trace's allocations, sorted and disjoint; absent: none; replay/placement.py).
+`read_plan(path, trace)` refuses a plan whose fingerprint does not match the trace (PlanError, one line).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.outputs import Output
 from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, ranges_wrap
 
+from ..placement import HostRanges
+
 FORMAT = "pagecast-plan"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -50,6 +54,7 @@ SPANS = ("unit", "block", "fitted", "allocation")   # what the planner widened t
 
 LAUNCH_ID, ACTION, ADDRESS, BYTES, ORDER, NEEDED_BY = "launch_id", "action", "address", "bytes", "order", "needed_by"
 AFTER_LAUNCH = "after_launch"
+HOST_RANGES = "host_ranges"   # manifest: byte ranges the plan leaves on the host (placement.py)
 SCHEMA = pa.schema([
     (LAUNCH_ID, pa.int64()), (ACTION, pa.string()), (ADDRESS, pa.uint64()), (BYTES, pa.int64()),
     (ORDER, pa.int64()), (NEEDED_BY, pa.int64()), (AFTER_LAUNCH, pa.int64()),
@@ -179,6 +184,7 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         raise PlanError(f"{mpath}: field 'trace' must give the trace's number of launches, found {n!r}")
     if m.get("span", "unit") not in SPANS:
         raise PlanError(f"{mpath}: field 'span' must be one of {', '.join(SPANS)}, found {m.get('span')!r}")
+    _check_host_ranges(m.get(HOST_RANGES, []), mpath)
     if trace is not None:
         fp = trace.launch_fingerprint()
         if m["trace"]["fingerprint"] != fp:
@@ -231,3 +237,26 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))
     return Plan(t, m, path)
+
+
+def _check_host_ranges(v, mpath: Path) -> None:
+    """The manifest's host_ranges: a list of [start, end] integer pairs, 0 <= start < end < 2^63,
+    sorted and disjoint (PlanError naming the first that is not)."""
+    if not isinstance(v, list):
+        raise PlanError(f"{mpath}: field {HOST_RANGES!r} must be a list of [start, end] byte ranges")
+    prev = -1
+    for k, r in enumerate(v):
+        ok = (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+              and 0 <= r[0] < r[1] <= (1 << 63) - 1)
+        if not ok:
+            raise PlanError(f"{mpath}: field {HOST_RANGES!r}: entry {k} must be [start, end] with"
+                            f" 0 <= start < end < 2^63, found {r!r}"[:300])
+        if r[0] < prev:
+            raise PlanError(f"{mpath}: field {HOST_RANGES!r}: entry {k} overlaps or precedes the one before")
+        prev = r[1]
+
+
+def host_ranges(plan: Plan):
+    """The byte ranges `plan` leaves on the host (placement.HostRanges; none where its manifest names none)."""
+    v = plan.manifest.get(HOST_RANGES) or []
+    return HostRanges(np.array([a for a, _ in v], np.int64), np.array([b for _, b in v], np.int64))

@@ -24,7 +24,7 @@ from pagecast.memory import return_freed_arrays
 from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
-from ..placement import host_candidates
+from ..placement import HostRanges, host_candidates
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
@@ -178,12 +178,21 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     caps = capacities_for(basis, capacity, oversub)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
+    fixed = None   # the plan's host placement (HostPlaced), where its manifest names one
     if plans_on_model:
         if plan is not None:
             span = plan.manifest.get("span", "unit")
-            pneeds = None if plan_pred is None else span_needs(w.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
-                                                               span, w, max(plan.capacity_bytes // w.gran, 1), prof)
-            tmpl = Template(plan_groups_fixed=groups_from_plan(plan, w, pneeds), fallback=cfg.fallback)
+            wt = w
+            host = plan_io.host_ranges(plan)
+            if len(host):
+                fixed = HostPlaced(build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit,
+                                                  profile=prof, timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True,
+                                                  extra_fps=extra, host=[host], steps=(w.step_task, w.step_launch)),
+                                   host.nbytes)
+                wt = fixed.w
+            pneeds = None if plan_pred is None else span_needs(wt.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
+                                                               span, wt, max(plan.capacity_bytes // w.gran, 1), prof)
+            tmpl = Template(plan_groups_fixed=groups_from_plan(plan, wt, pneeds), fallback=cfg.fallback)
             tmpl.fixed_needs, tmpl.fixed_span = pneeds, span
             if cfg.feedback:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
@@ -215,12 +224,17 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         pol = cls.for_replay(setup)
         if cls.chooses_span:
             pol.spans = cfg.spans()
+        follows_plan = fixed is not None and cls.requires == "model-or-plan"   # a plan that placed memory
         placed = host_workload(w, traces, cls.places, predicted, extra, prof, cfg, model) \
-            if cfg.placement == "auto" and plan is None else None
-        if placed is not None:
-            placed_w[p] = placed.w
+            if cfg.placement == "auto" and not follows_plan else None
+        if placed is not None or follows_plan:
+            placed_w[p] = fixed.w if follows_plan else placed.w
         for (c, _), cu in zip(caps, cap_units):
-            r = run_policy(w, pol, cu, prof, opts)
+            if follows_plan:
+                r = run_policy(fixed.w, pol, cu, prof, opts)
+                r.extra["host_bytes"] = fixed.host_bytes
+            else:
+                r = run_policy(w, pol, cu, prof, opts)
             if placed is not None:
                 r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
             results[(p, c)] = keep(r)
@@ -255,7 +269,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             for k in ("plan_span", "plan_faulted", "oracle_plan", "oracle_own_s"):
                 if k in r.extra:
                     run[k] = r.extra[k]
-            if cfg.placement == "auto":
+            if cfg.placement == "auto" or fixed is not None:
                 run["host_bytes"] = int(r.extra.get("host_bytes", 0))   # 0: the driver's default placement
             runs.append(run)
             if timeline:
@@ -345,6 +359,32 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
+    span, needs, g, trial_s = _template_plan(w, model, trace, predicted, gates, cu, prof, opts, cfg)
+    host = HostRanges.none()
+    if cfg.placement == "auto":
+        # as the sweep places template's memory (host_workload): kept where its trial is faster
+        cand = host_candidates(trace, predicted, prof.eviction_unit)
+        if len(cand):
+            wh = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
+                                need_alloc=True, extra_fps=[[predicted]], host=[cand],
+                                steps=(w.step_task, w.step_launch))
+            hplan = _template_plan(wh, model, trace, predicted, gates, cu, prof, opts, cfg)
+            if trial_s is not None and hplan[3] is not None and hplan[3] < trial_s:
+                (span, needs, g, trial_s), w, host = hplan, wh, cand
+    table = groups_to_table(g, needs, w)
+    manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
+                                    oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
+                                    thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
+                                    prefetch_bytes=int(len(g.pf_unit) * w.gran),
+                                    evict_bytes=int(len(g.ev_unit) * w.gran))
+    if len(host):
+        manifest[plan_io.HOST_RANGES] = [[int(a), int(b)] for a, b in zip(host.start, host.end)]
+    return table, manifest
+
+
+def _template_plan(w: Workload, model, trace: T.Trace, predicted, gates, cu: int, prof: CostProfile, opts: Options,
+                   cfg: SimConfig) -> tuple:
+    """Template's plan for `trace` on workload `w` (its placement): (span, needs, plan, its trial's time)."""
     pneeds = w.gated_needs_from([predicted], [gates])
     spans = cfg.spans()
     faults = Template.faults and len(spans) > 1
@@ -354,13 +394,6 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
 
     # as template plans (policies/template.py): or a plan leaving the indexed pieces out
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
-    span, needs, g, _ = best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
-                                                      faults=faults, whole_run=False),
-                               alts, cu, spans, Template.fronts, trial, prof, faults)
-    table = groups_to_table(g, needs, w)
-    manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
-                                    oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
-                                    thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
-                                    prefetch_bytes=int(len(g.pf_unit) * w.gran),
-                                    evict_bytes=int(len(g.ev_unit) * w.gran))
-    return table, manifest
+    return best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
+                                            faults=faults, whole_run=False),
+                     alts, cu, spans, Template.fronts, trial, prof, faults)
