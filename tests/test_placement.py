@@ -203,3 +203,26 @@ def test_bad_host_ranges_are_one_line_plan_errors(tmp_path, bad):
     with pytest.raises(PlanError, match="host_ranges") as e:
         plan_io.read_plan(path, tr)
     assert "\n" not in str(e.value)
+
+
+def test_template_trials_charge_the_predicted_host_accesses_not_the_truths(tmp_path):
+    """The run charges what the launches truly read on the host; the trial that decides the placement
+    charges what the predictions name (here half the pages: each launch's half of its blocks)."""
+    from pagecast.replay.sim.sweep import host_workload
+    from pagecast.replay.unit_space import build_workload
+    tr = _scattered(tmp_path, turns=1)
+    truth = F.footprints(tr)
+    half = _fp([[(int(s), int(e)) for s, e in zip(*truth.of(i)) if (s - truth.start[0]) // BLOCK % 2 == 0]
+                for i in range(truth.n_launches)])
+    prof = load_profile("msched-rtx5080")
+    cfg = SimConfig(placement="auto")
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
+                       extra_fps=[[half]])
+    hp = host_workload(w, [tr], "predicted", [(half, None)], [[half]], prof, cfg, model=None)
+    run_s = hp.w.tasks[0].compute_s
+    trial_s = hp.w.extra["trial_tasks"][0].compute_s
+    link = prof.host_access_bandwidth
+    # launch 1 on: 64 pages read on the host, 32 of them predicted (launch 0 also pays its first touches)
+    assert np.allclose(run_s[1:] - trial_s[1:], 32 * PS / link)
+    oracle = host_workload(w, [tr], "truth", None, [[half]], prof, cfg, model=None)
+    assert "trial_tasks" not in oracle.w.extra

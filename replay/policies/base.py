@@ -212,6 +212,8 @@ def plan_trial(w: Workload, needs: Needs, cap_units: int, profile, options: Opti
         if view is None:
             view = copy.copy(w)
             view.truth, view.extra = needs, {}
+            if "trial_tasks" in w.extra:   # launch times as the planner's own view has them (sim/sweep.py)
+                view.tasks = w.extra["trial_tasks"]
         return simulate(view, Given(g, sn), cap_units, profile, options)
 
     return trial

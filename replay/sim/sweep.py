@@ -12,11 +12,13 @@ plan for one trace, its span chosen by trial runs of this simulator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.console import warn
 from pagecast.errors import UsageError
@@ -24,7 +26,7 @@ from pagecast.memory import return_freed_arrays
 from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
-from ..placement import HostRanges, host_candidates
+from ..placement import HostRanges, host_candidates, host_split
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
@@ -318,7 +320,21 @@ def host_workload(w: Workload, traces: list[T.Trace], places: str | None, predic
                         steps=(w.step_task, w.step_launch))   # the same launch order: runs and timelines line up
     if predicted is not None:
         wh.extra[("predicted", id(model), cfg.fallback)] = predicted
+    if places == "predicted":
+        predicted_link_time(wh, fps, prof)
     return HostPlaced(wh, sum(h.nbytes for h in host))
+
+
+def predicted_link_time(wh: Workload, fps: list, prof: CostProfile) -> None:
+    """Have the planner's trial runs on `wh` (base.plan_trial) charge the launches' host accesses as
+    footprints `fps` (a policy's predictions) name them, not as the truth does: the run charges the
+    truth's, the trial judging the placement knows only the predictions (`wh.extra["trial_tasks"]`)."""
+    tasks = []
+    for t, (task, fp) in enumerate(zip(wh.tasks, fps)):
+        truth_s = prof.host_time(*host_split(F.footprints(task.trace), wh.host[t])[1:])
+        pred_s = prof.host_time(*host_split(fp, wh.host[t])[1:])
+        tasks.append(dataclass_replace(task, compute_s=task.compute_s - truth_s + pred_s))
+    wh.extra["trial_tasks"] = tasks
 
 
 def _step_kernels(w: Workload) -> pa.Array:
@@ -368,6 +384,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
             wh = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                                 need_alloc=True, extra_fps=[[predicted]], host=[cand],
                                 steps=(w.step_task, w.step_launch))
+            predicted_link_time(wh, [predicted], prof)
             hplan = _template_plan(wh, model, trace, predicted, gates, cu, prof, opts, cfg)
             if trial_s is not None and hplan[3] is not None and hplan[3] < trial_s:
                 (span, needs, g, trial_s), w, host = hplan, wh, cand
