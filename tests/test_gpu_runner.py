@@ -729,7 +729,7 @@ def ns(**kw):
     comma-separated flags they are)."""
     d = dict(traces=[], policy=["demand"], capacity=None, oversub=None, model=None, plan=None, feedback=False,
              costs=None, repeat=1, allow_oversubscription=False, workload=["python", "w.py"], json=False,
-             output=None, force=False, backend="gpu", span="auto", oversub_of="managed")
+             output=None, force=False, backend="gpu", span="auto", oversub_of="managed", placement="device")
     d.update(kw)
     for k in ("policy", "capacity", "oversub"):
         if d[k] is not None:
