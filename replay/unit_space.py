@@ -64,6 +64,7 @@ class Task:
     truth: F.Footprints              # what the launches touched (truth, else observed)
     compute_s: np.ndarray            # per launch, seconds of kernel execution
     alloc_fp: F.Footprints | None = None   # pointer params -> whole allocations (alloc / swap)
+    host_s: np.ndarray | float = 0.0       # per launch, the part of compute_s spent on host-placed memory
 
 
 def task_names(traces: list[T.Trace]) -> list[str]:
@@ -744,7 +745,7 @@ def build_workload(traces: list[T.Trace], *, gran: int, eviction_unit: int, prof
             truth, link_bytes, first = host_split(truth, host[t])
             comp_extra = profile.host_time(link_bytes, first)
         tasks.append(Task(name, tr, truth, compute_times(tr, truth, profile) + comp_extra,
-                          alloc_footprints(tr) if need_alloc else None))
+                          alloc_footprints(tr) if need_alloc else None, host_s=comp_extra))
     per_task = []
     for t, task in enumerate(tasks):
         ivs = []

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.console import warn
 from pagecast.errors import UsageError
@@ -331,9 +330,8 @@ def predicted_link_time(wh: Workload, fps: list, prof: CostProfile) -> None:
     truth's, the trial judging the placement knows only the predictions (`wh.extra["trial_tasks"]`)."""
     tasks = []
     for t, (task, fp) in enumerate(zip(wh.tasks, fps)):
-        truth_s = prof.host_time(*host_split(F.footprints(task.trace), wh.host[t])[1:])
         pred_s = prof.host_time(*host_split(fp, wh.host[t])[1:])
-        tasks.append(dataclass_replace(task, compute_s=task.compute_s - truth_s + pred_s))
+        tasks.append(dataclass_replace(task, compute_s=task.compute_s - task.host_s + pred_s, host_s=pred_s))
     wh.extra["trial_tasks"] = tasks
 
 
