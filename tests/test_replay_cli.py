@@ -391,6 +391,14 @@ def test_plan_command_and_replay_with_plan(traces, model, tmp_path, capsys):
     assert t.num_rows < man["prefetch_bytes"] // 65536 + man["evict_bytes"] // 65536 or t.num_rows <= 2
     code, _, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", out)
     one_line_error(code, err, "exists")
+    # a plan replayed at another capacity would report template's speedup for memory it was not made for
+    from pagecast.units import format_size
+    for other, asked in ((["--oversub", "3"], "--oversub 3 gives"),
+                         (["--capacity", man["capacity_bytes"] // 2],
+                          f"--capacity {format_size(man['capacity_bytes'] // 2)}")):
+        code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template", "--plan", out, *other)
+        one_line_error(code, err, f"planned for a capacity of {format_size(man['capacity_bytes'])} (--oversub 2)",
+                       asked, f"--capacity {man['capacity_bytes']}")
     # the plan and the same model planned on the fly replay the same
     cap = man["capacity_bytes"]
     code, s1, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template,oracle", "--plan", out,

@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 
 from pagecast import trace as T
-from pagecast.console import warn
 from pagecast.errors import UsageError
 from pagecast.memory import return_freed_arrays
 from pagecast.predict.model_io import load_model
@@ -118,6 +117,21 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
     return out
 
 
+def check_plan_capacity(plan, plan_path, caps: list[tuple[int, float]], by_oversub: bool) -> None:
+    """A plan holds the transfers for one capacity: replayed at another, template would follow a
+    schedule made for memory it does not have (or leave idle memory it has), and its speedup
+    would mean nothing. Refused in one line naming both."""
+    from pagecast.units import format_size
+    own = int(plan.capacity_bytes)
+    r_own = plan.manifest.get("oversub")
+    for c, r in caps:
+        if c != own:
+            asked = f"--oversub {r:g} gives {format_size(c)}" if by_oversub else f"--capacity {format_size(c)}"
+            made = f"{format_size(own)}" + (f" (--oversub {r_own:g})" if isinstance(r_own, (int, float)) else "")
+            raise UsageError(f"{plan_path} was planned for a capacity of {made}, but {asked}: replay it at"
+                             f" --capacity {own}, or make a plan at this capacity with 'pagecast plan'")
+
+
 def simulate(req: ReplayRequest, *, progress=None, timeline: bool = True) -> tuple[list[dict], pa.Table | None]:
     """`pagecast replay --backend sim`: the request's traces and model read, then replay_sim."""
     # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
@@ -149,9 +163,6 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if len(traces) != 1:
             raise UsageError("--plan is for one trace; with several traces give --model and plans are made on the fly")
         plan = plan_io.read_plan(plan_path, traces[0])
-        if capacity is not None and any(c != plan.capacity_bytes for c in capacity):
-            warn(f"{plan_path} was planned for a capacity of {plan.capacity_bytes} bytes; replaying it at"
-                 " another capacity follows the same transfers (memory the plan overfills is evicted by faults)")
     # the policy that plans on the model's predictions (or follows a fixed plan): template
     plans_on_model = any(POLICIES[p].requires == "model-or-plan" for p in policies)
     for p in policies:
@@ -177,6 +188,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
     basis = w.oversub_basis(cfg.oversub_of)
     caps = capacities_for(basis, capacity, oversub)
+    if plan is not None and plans_on_model:
+        check_plan_capacity(plan, plan_path, caps, capacity is None)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
     fixed = None   # the plan's host placement (HostPlaced), where its manifest names one
