@@ -60,8 +60,16 @@ class FakeCuda:
     PAGE = uvm.PAGE
     BIG_PAGE = uvm.BIG_PAGE
 
-    def __init__(self, total: int = 80 * 2**30, free: int | None = None, device: int = 0) -> None:
+    def __init__(self, total: int = 80 * 2**30, free: int | None = None, device: int = 0,
+                 driver_prefetch: bool = False) -> None:
         self.device = device
+        # the driver's tree prefetcher, as it shows on a GPU with uvm_perf_prefetch_enable = 1: a fault
+        # in a 2 MiB block brings the rest of the block's allocated part in too (cause `prefetch`)
+        self.driver_prefetch = driver_prefetch
+        # what moved, as CUPTI's unified-memory counters report it: (seq, +1 host-to-device |
+        # -1 device-to-host, address, bytes, cause), cause as CUPTI names it (user: a prefetch call;
+        # coherence: a fault; prefetch: the driver's prefetcher)
+        self.migrations: list[tuple[int, int, int, int, str]] = []
         self.total = total
         self.free_bytes = total if free is None else free
         self.log: list[tuple] = []
@@ -84,18 +92,55 @@ class FakeCuda:
         if a is None or not a.managed or addr + nbytes > a.base + a.size:
             raise CudaCallError(f"cuMemPrefetchAsync failed: CUDA_ERROR_INVALID_VALUE ({addr:#x}+{nbytes})")
 
+    def _moved(self, direction: int, pages, cause: str) -> int:
+        """Record the given 4 KiB pages (ascending) as moved, in runs of contiguous pages; bytes moved."""
+        n = 0
+        run = None
+        for p in pages:
+            if run is not None and p == run[0] + run[1]:
+                run[1] += 1
+            else:
+                if run is not None:
+                    self.migrations.append((len(self.migrations), direction, run[0] * self.PAGE,
+                                            run[1] * self.PAGE, cause))
+                run = [p, 1]
+            n += self.PAGE
+        if run is not None:
+            self.migrations.append((len(self.migrations), direction, run[0] * self.PAGE, run[1] * self.PAGE, cause))
+        return n
+
     def touch(self, addr: int, nbytes: int) -> int:
-        """A kernel touching [addr, addr+nbytes): faults on non-resident big pages."""
+        """A kernel touching [addr, addr+nbytes): faults on non-resident big pages (and, with the
+        driver's prefetcher, the rest of each faulted 2 MiB block comes in too)."""
         new = 0
+        per_big = self.BIG_PAGE // self.PAGE
         for big in range(addr // self.BIG_PAGE, (addr + nbytes - 1) // self.BIG_PAGE + 1):
-            pages = range(big * (self.BIG_PAGE // self.PAGE), (big + 1) * (self.BIG_PAGE // self.PAGE))
+            pages = range(big * per_big, (big + 1) * per_big)
             if not all(p in self.on_gpu for p in pages):
                 new += 1
-                self.on_gpu.update(pages)
-                self.htod += self.BIG_PAGE
+                fresh = [p for p in pages if p not in self.on_gpu]
+                self.on_gpu.update(fresh)
+                self.htod += self._moved(+1, fresh, "coherence")
+                if self.driver_prefetch:
+                    self._prefetch_block(big * self.BIG_PAGE)
         self.faults += new
         self.log.append(("touch", addr, nbytes))
         return new
+
+    def _prefetch_block(self, addr: int) -> None:
+        a = self.allocation_of(addr)
+        if a is None:
+            return
+        blk = uvm.VA_BLOCK
+        lo, hi = max(a.base, addr // blk * blk), min(a.base + a.size, (addr // blk + 1) * blk)
+        rest = [p for p in range(lo // self.PAGE, (hi - 1) // self.PAGE + 1) if p not in self.on_gpu]
+        self.on_gpu.update(rest)
+        self.htod += self._moved(+1, rest, "prefetch")
+
+    def resident_chunks(self) -> int:
+        """2 MiB chunks with any page on the GPU (the driver's unit of GPU memory)."""
+        per = uvm.VA_BLOCK // self.PAGE
+        return len({p // per for p in self.on_gpu})
 
     def write(self, addr: int, data: bytes) -> None:
         """Tests standing in for a kernel (or the host) that wrote `data` at `addr`."""
@@ -117,20 +162,18 @@ class FakeCuda:
             return
         self._check_range(addr, nbytes)
         self.log.append(("gpu", addr, nbytes, stream))
-        for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1):
-            if p not in self.on_gpu:
-                self.on_gpu.add(p)
-                self.htod += self.PAGE
+        fresh = [p for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1) if p not in self.on_gpu]
+        self.on_gpu.update(fresh)
+        self.htod += self._moved(+1, fresh, "user")
 
     def prefetch_to_host(self, addr: int, nbytes: int, stream: int = 0) -> None:
         if nbytes <= 0:
             return
         self._check_range(addr, nbytes)
         self.log.append(("host", addr, nbytes, stream))
-        for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1):
-            if p in self.on_gpu:
-                self.on_gpu.discard(p)
-                self.dtoh += self.PAGE
+        gone = [p for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1) if p in self.on_gpu]
+        self.on_gpu.difference_update(gone)
+        self.dtoh += self._moved(-1, gone, "user")
 
     def allocation_of(self, addr: int) -> Allocation | None:
         for a in self.allocs.values():
@@ -197,8 +240,16 @@ class FakeMonitor:
         self.cuda = cuda
         self._base = (0, 0, 0)
 
-    def start(self, keep_records: bool = False, live: bool = False) -> None:
+    def start(self, keep_records: bool = False, live: bool = False, flush_every_s: float | None = None) -> None:
         self._base = (self.cuda.faults, self.cuda.htod, self.cuda.dtoh)
+        self._moved_at = len(self.cuda.migrations)
+
+    def take_migrations(self) -> list[tuple[int, int, int, int, str]]:
+        """The migrations reported since the last call (the stand-in reports them at once)."""
+        m = self.cuda.migrations
+        at = getattr(self, "_moved_at", 0)
+        self._moved_at = len(m)
+        return m[at:]
 
     def poll(self, force: bool = False) -> UvmCounts:
         f, h, d = self._base

@@ -67,7 +67,10 @@ class GpuRunError(PagecastError):
 # Aggregation over repeats (pure)
 # ---------------------------------------------------------------------------
 
-_SUM_FIELDS = ("faults", "htod_bytes", "dtoh_bytes", "prefetch_bytes", "evict_bytes")
+_SUM_FIELDS = ("faults", "htod_bytes", "dtoh_bytes", "prefetch_bytes", "evict_bytes", "unplanned_htod_bytes",
+               "prefetches", "evictions")
+_MEDIAN_FIELDS = ("wall_s", "gpu_kernel_s", "gpu_span_s", "callback_us_mean")
+_RANGE_FIELDS = ("faults", "htod_bytes", "dtoh_bytes", "callback_us_mean")
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -80,11 +83,19 @@ def aggregate(runs: list[dict]) -> dict:
     out["time_s_max"] = max(times)
     out["time_s_spread"] = (max(times) - min(times)) / med if med > 0 else None
     out["repeats"] = len(runs)
-    for k in _SUM_FIELDS + ("wall_s", "gpu_kernel_s", "gpu_span_s"):
+    out["times_s"] = times                          # every repeat, in the order run
+    for k in _SUM_FIELDS + _MEDIAN_FIELDS:
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
             m = statistics.median(vals)
             out[k] = int(round(m)) if k in _SUM_FIELDS else m
+            if k in _RANGE_FIELDS:
+                out[f"{k}_min"], out[f"{k}_max"] = min(vals), max(vals)
+    # the capacity ledger: the worst repeat counts; one repeat over by more than a chunk spoils the point
+    ex = [r.get("max_excess_bytes") for r in runs if r.get("max_excess_bytes") is not None]
+    if ex:
+        out["max_excess_bytes"] = max(ex)
+    out["valid"] = all(r.get("valid", True) for r in runs)
     return out
 
 
@@ -160,9 +171,11 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
             console.progress("GPU replay", total_runs) as bar:
         k = 0
         for cap in caps:
-            for policy in policies:
-                measured = []
-                for r in range(repeat):
+            # repeats interleaved (demand, template, ..., demand, template, ...): a drift in the
+            # machine (clocks, another tenant) falls on every policy alike, not on one
+            measured: dict[str, list] = {p: [] for p in policies}
+            for r in range(repeat):
+                for policy in policies:
                     k += 1
                     res = Path(tmp) / f"run-{k}.json"
                     job = ChildJob(request=req.one_run(policy, cap), result=str(res), timeline=r == 0)
@@ -179,10 +192,12 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
                     for w in out.get("warnings", []):
                         if r == 0 and cap == caps[0]:
                             console.warn(w)
-                    measured.append(out)
+                    measured[policy].append(out)
                     bar.advance()
-                tl = measured[0].pop("timeline", None)
-                for m_ in measured[1:]:
+            for policy in policies:
+                runs = measured[policy]
+                tl = runs[0].pop("timeline", None)
+                for m_ in runs[1:]:
                     m_.pop("timeline", None)
                 if tl:
                     k_run = len(rows)
@@ -191,7 +206,7 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
                               capacity_bytes=[cap if cap is not None else total] * nrow,
                               task=[0] * nrow, task_name=[_workload_name(workload)] * nrow)
                     timelines.append(tl)
-                row = aggregate(measured)
+                row = aggregate(runs)
                 row.update({
                     "policy": policy, "backend": "gpu",
                     "capacity_bytes": cap if cap is not None else total,

@@ -31,12 +31,16 @@ from pagecast.collect.managed import free_callbacks
 from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
+from ..online.ranges import UNIT
 from ..online.relocate import Relocator
 from ..policies import POLICIES
 from ..request import NO_WORKLOAD, ReplayRequest
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
 from .feedback_loop import FeedbackLoop
+
+
+LEDGER_FLUSH_S = 0.002   # how often CUPTI's buffers are flushed during a capacity run (the ledger's lag)
 
 
 # ---------------------------------------------------------------------------
@@ -241,13 +245,18 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         return code
 
     predicts = POLICIES[policy].predicts   # the model predicts every launch (template)
-    keep_records = bool(req.feedback and predicts)
+    # records during the run: for feedback, and for the capacity ledger (cuda_engine.py: what moved
+    # drives the emulated capacity), flushed often enough that each boundary sees recent ones
+    live = bool(req.feedback and predicts) or capacity is not None
     try:
         kind, target, wargs = parse_workload(req.workload)
         if monitor is None:
             monitor = cupti_monitor.CuptiMonitor(0)
         # unified-memory counters are configured and enabled before the CUDA context exists
-        monitor.start(keep_records=True, live=keep_records)
+        if capacity is not None:
+            monitor.start(keep_records=True, live=live, flush_every_s=LEDGER_FLUSH_S)
+        else:
+            monitor.start(keep_records=True, live=live)
         if cuda is None:
             cuda = driver.open_cuda()
         model = load_model_file(req.model) if req.model else None
@@ -260,7 +269,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         engine = Engine(cuda, policy, capacity=capacity,
                         predict=predict if (predicts or capacity is not None) else None,
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
-                        warn=warns)
+                        warn=warns, moved=getattr(monitor, "take_migrations", None) if capacity is not None else None)
     except PagecastError as e:
         if monitor is not None:
             monitor.stop()
@@ -322,6 +331,10 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         # queued; once it knows no driver callback follows, later ones at their enter
         warns("CUDA runtime launches did not reach the driver's launch callbacks: the first one was seen "
               "only after its kernel was queued (its prefetch came too late); later ones in time")
+    if capacity is not None and st["max_excess_bytes"] > UNIT:
+        warns(f"the emulated capacity was exceeded by {st['max_excess_bytes'] / 2**20:.1f} MiB after a launch's"
+              f" evictions ({st['boundaries_over']} launch boundaries over it): more than one 2 MiB chunk, so this"
+              " run is not valid")
     if relocator is not None and relocator.matching and engine.stats.launches != relocator.n:
         warns(f"the run launched {engine.stats.launches} kernels, the trace has {relocator.n}")
     out.update({
@@ -338,11 +351,21 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "launches": engine.stats.launches,
         "prefetch_bytes": st["prefetch_bytes"],
         "evict_bytes": st["evict_bytes"],
+        "prefetches": st["prefetches"],               # calls the runner made
+        "evictions": st["evictions"],
         "overflow_launches": st["overflow_launches"],
         "failed_calls": st["failed_calls"],
         "predict_us_mean": st["predict_us_mean"],
         "predict_us_max": st["predict_us_max"],
         "callback_us_mean": 1e6 * st["callback_s"] / st["launches"] if st["launches"] else None,
+        # the capacity ledger (cuda_engine.py): what moved, and how far over the capacity it went
+        "moved_htod_bytes": st["moved_htod_bytes"],
+        "moved_dtoh_bytes": st["moved_dtoh_bytes"],
+        "unplanned_htod_bytes": st["unplanned_htod_bytes"],
+        "peak_before_evict_bytes": st["peak_before_evict_bytes"],
+        "max_excess_bytes": st["max_excess_bytes"],
+        "boundaries_over": st["boundaries_over"],
+        "valid": capacity is None or st["max_excess_bytes"] <= UNIT,
         "unseen_kernels": st["unseen_kernels"],
         "period": st["period"],
         "feedback_updates": st["feedback_updates"],

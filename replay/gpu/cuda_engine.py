@@ -22,6 +22,21 @@ moves it with cuMemPrefetchAsync:
   go before it. The wait drains the stream: the price of acting on data-dependent pages,
   which the simulator charges too (the copy and the wait: replay/sim/timing.py).
 
+The ledger (capacity emulation)
+-------------------------------
+The residency estimate that emulates a capacity is driven by what actually moved, not by what the
+runner decided: with `moved` (the monitor's `take_migrations`: CUPTI's unified-memory counters,
+host-to-device migrations of every cause (a fault, the driver's prefetcher, the runner's own calls)
+and device-to-host ones), each launch boundary first folds in what moved since the last one
+(`LaunchDecider.observe_moved`: host-to-device ranges recorded resident, device-to-host ones
+released, in the order they happened). Pages the kernels faulted in or the driver prefetched,
+which no decision named, are thus counted, and the launch's own step evicts what no longer fits,
+by the policy's victim rule (`demand`: the driver's order; planned policies: the plan's). After
+each boundary the estimate holds at most the capacity in 2 MiB chunks, unless the launch alone
+does not fit; the largest excess seen is reported (`max_excess_bytes`), and a run over by more
+than one chunk is not valid (child.py). Counter records arrive in CUPTI's buffers, so on a GPU a
+boundary knows what moved up to the last delivered buffer, not up to the instant.
+
 With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 """
@@ -90,6 +105,13 @@ class EngineStats:
     values_wait_s: float = 0.0      # the host waiting for the work queued before such launches
     values_copy_s: float = 0.0      # the copies themselves
     values_errors: int = 0          # copies that failed (those regions get the fallback)
+    # the ledger (capacity emulation driven by what moved; the module doc)
+    moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
+    moved_dtoh_bytes: int = 0       # device-to-host migrations reported
+    unplanned_htod_bytes: int = 0   # of them, what no call of the runner's asked for (faults, the driver's prefetch)
+    peak_before_evict_bytes: int = 0  # the most the estimate held at a boundary before its evictions (chunks)
+    max_excess_bytes: int = 0       # the most it held over the capacity after a boundary's evictions (chunks)
+    boundaries_over: int = 0        # boundaries left over the capacity
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -112,8 +134,13 @@ class Engine:
     def __init__(self, cuda, policy, *, capacity: int | None = None,
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, model_kernels: Iterable[str] | None = None,
-                 warn: Callable[[str], None] | None = None, unit: int = UNIT, compiled: bool = True) -> None:
+                 warn: Callable[[str], None] | None = None, unit: int = UNIT, compiled: bool = True,
+                 moved: Callable[[], list] | None = None) -> None:
+        """`moved() -> [(order, +1 | -1, address, nbytes, cause)]`: the migrations reported since the
+        last call (host to device +1, device to host -1; `cupti_monitor.CuptiMonitor.take_migrations`),
+        which drive the capacity emulation's ledger (the module doc)."""
         self.cuda = cuda
+        self.moved = moved
         self.policy = online_policy(policy)
         self.capacity = capacity
         self.model_kernels = set(model_kernels) if model_kernels is not None else None
@@ -188,7 +215,19 @@ class Engine:
             self.warn(f"kernel {kernel!r} (launch {t}) is not in the model: "
                       "it gets the fallback prediction")
         stream = launch_stream(la)
+        res = self.decider.residency
+        if res is not None and self.moved is not None:
+            self._observe(t)
+            units = res.resident_units
+            if units * self.unit > st.peak_before_evict_bytes:
+                st.peak_before_evict_bytes = units * self.unit
         d = self.decider.decide(t, la, self._read_values(t, la, stream))
+        if res is not None:
+            over = res.resident_units * self.unit - int(self.capacity or 0)
+            if over > 0:
+                st.boundaries_over += 1
+                if over > st.max_excess_bytes:
+                    st.max_excess_bytes = over
         st.period = d.period
         ps = d.predict_s
         if ps is not None:
@@ -222,6 +261,21 @@ class Engine:
         if d.evict:
             # the kernel starts only once its room is made; population above overlaps the eviction
             self.cuda.stream_wait_event(stream, self._evict_event)
+
+    def _observe(self, t: int) -> None:
+        """Fold what moved since the last boundary into the ledger (the module doc)."""
+        recs = self.moved()
+        if not recs:
+            return
+        st = self.stats
+        for r in recs:
+            if r[1] > 0:
+                st.moved_htod_bytes += r[3]
+                if r[4] != "user":
+                    st.unplanned_htod_bytes += r[3]
+            else:
+                st.moved_dtoh_bytes += r[3]
+        self.decider.observe_moved(t, recs)
 
     def _read_values(self, t: int, la, stream: int):
         """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |

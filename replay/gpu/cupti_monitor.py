@@ -47,9 +47,10 @@ class UvmCounts:
 
 
 class UvmMonitor(Protocol):
-    def start(self, keep_records: bool = False, live: bool = False) -> None: ...
+    def start(self, keep_records: bool = False, live: bool = False, flush_every_s: float | None = None) -> None: ...
     def poll(self, force: bool = False) -> UvmCounts: ...   # flush what CUPTI has, return the running totals
     def take(self) -> tuple[list, list]: ...  # (fault records, kernel records) kept since the last take
+    def take_migrations(self) -> list: ...  # [(start_ns, +1 htod | -1 dtoh, address, bytes, cause)] since the last call
     def stop(self) -> UvmCounts: ...
 
 
@@ -144,6 +145,8 @@ class CuptiMonitor:
         self._flush_thread: threading.Thread | None = None
         self._stop_flush = threading.Event()
         self._taken = (0, 0)
+        self._moved_taken = (0, 0)
+        self.flush_every_s = self.FLUSH_EVERY_S
         self.refused_kinds: dict[int, int] = {}   # counter kind -> CUPTI's status, for kinds it refused
 
     def _requested(self):
@@ -174,10 +177,13 @@ class CuptiMonitor:
                     self._counts.decode_errors += 1
                     self._counts.dropped += 1
 
-    def start(self, keep_records: bool = False, live: bool = False) -> None:
-        """Start counting. keep_records: keep the raw records too (timeline, feedback);
-        live: also flush every FLUSH_EVERY_S from a thread, so records arrive during the run (feedback)."""
+    def start(self, keep_records: bool = False, live: bool = False, flush_every_s: float | None = None) -> None:
+        """Start counting. keep_records: keep the raw records too (timeline, feedback, the capacity
+        ledger); live: also flush every `flush_every_s` (default FLUSH_EVERY_S) from a thread, so
+        records arrive during the run (feedback, the ledger: cuda_engine.py)."""
         c = self._c
+        self.flush_every_s = flush_every_s or self.FLUSH_EVERY_S
+        self._moved_taken = (0, 0)
         UM = c.ActivityUnifiedMemoryCounterKind
         self._keep = keep_records
         self._counts = UvmCounts()
@@ -232,12 +238,23 @@ class CuptiMonitor:
             self._taken = (len(c.fault_records), len(c.kernel_records))
         return f, k
 
+    def take_migrations(self) -> list:
+        """The host-to-device and device-to-host migrations kept (keep_records) since the last call,
+        as (start_ns, +1 | -1, address, bytes, cause), in time order (the capacity ledger's input)."""
+        with self._lock:
+            c = self._counts
+            h, d = c.htod_records[self._moved_taken[0]:], c.dtoh_records[self._moved_taken[1]:]
+            self._moved_taken = (len(c.htod_records), len(c.dtoh_records))
+        out = [(r[0], 1, r[2], r[3], r[4]) for r in h] + [(r[0], -1, r[2], r[3], r[4]) for r in d]
+        out.sort(key=lambda r: r[0])
+        return out
+
     def _flusher(self) -> None:
         # records arrive in buffers; with `live` (feedback) they are wanted during the run,
         # so flush from this thread: flushing inside a launch callback could re-enter CUPTI
         # The default flush (flag 0) delivers only buffers whose records are all complete; a forced
         # one here would hand over kernels still running, with start = end = 0.
-        while not self._stop_flush.wait(self.FLUSH_EVERY_S):
+        while not self._stop_flush.wait(self.flush_every_s):
             try:
                 self._c.activity_flush_all(0)
             except Exception:  # noqa: BLE001

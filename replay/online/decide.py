@@ -171,6 +171,30 @@ class LaunchDecider:
         if forget is not None:
             forget(int(addr))
 
+    def observe_moved(self, t: int, recs) -> None:
+        """What moved since the last launch, as the unified-memory counters report it: `recs` are
+        (order, +1 host-to-device | -1 device-to-host, address, nbytes, cause). In the order they
+        happened, runs of host-to-device ranges are recorded resident without making room (they
+        took it already: faults, the driver's prefetch, the runner's own calls) and runs of
+        device-to-host ones released; the launch's step then evicts what no longer fits."""
+        res = self.residency
+        if res is None or not recs:
+            return
+        recs = sorted(recs, key=lambda r: r[0])
+        i, n = 0, len(recs)
+        while i < n:
+            d = recs[i][1]
+            j = i
+            while j < n and recs[j][1] == d:
+                j += 1
+            ranges = merge_ranges([(int(r[2]), int(r[3])) for r in recs[i:j] if r[3] > 0])
+            if ranges:
+                if d > 0:   # what lies in the managed allocations still there (not one freed since)
+                    res.observe(self.allocs.clip(ranges), t)
+                else:
+                    res.release(ranges)
+            i = j
+
     def decide(self, t: int, la, values=None) -> Decision:
         """What to move before launch t. `values(address, nbytes) -> bytes | None`: the index values
         the launch's indexed regions read, once the launch that wrote them has ended (the

@@ -246,6 +246,17 @@ class Residency:
                 del self._bytes[u]
         return freed
 
+    def observe(self, ranges: Iterable[tuple[int, int]], t: int) -> None:
+        """Record `ranges` resident without making room: they moved already (a kernel's faults, the
+        driver's prefetch, reported by the unified-memory counters), so they took their room; the
+        next launch's admission evicts what no longer fits, by the victim rule."""
+        cap = self.capacity
+        self.capacity = 1 << 62
+        try:
+            self.admit(ranges, t, streams=False)
+        finally:
+            self.capacity = cap
+
     def admit(self, ranges: Iterable[tuple[int, int]], t: int, streams: bool = True) -> list[tuple[int, int]]:
         """Make room for `ranges` (a launch's footprint) and record them resident; returns the
         byte ranges to evict first. `streams`: the ranges are the launch's real footprint (a

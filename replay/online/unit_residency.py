@@ -190,6 +190,17 @@ class UnitResidency:
         npf, nev = r & 0xFFFFFF, (r >> 24) & 0xFFFFFF
         return self.out(npf, nev)
 
+    def observe(self, ranges: Iterable[tuple[int, int]], t: int) -> None:
+        """Record `ranges` resident without making room (Residency.observe): they moved already (a
+        fault, the driver's prefetch); the next launch's step evicts what no longer fits."""
+        sc = int(self.rs[RK.R_SCAL])
+        cap = int(self.rs[sc + RK.S_CAP])
+        self.rs[sc + RK.S_CAP] = 1 << 62
+        try:
+            self.admit(ranges, t, streams=False)
+        finally:
+            self.rs[int(self.rs[RK.R_SCAL]) + RK.S_CAP] = cap   # admit may have laid the state out again
+
     def missing(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """The parts of `ranges` not held (what a prefetch must still move)."""
         src, n = self._src(ranges)
