@@ -39,6 +39,7 @@ from . import convert as C
 from .activity import CuptiActivitySource
 from .cuda_device import CudaDevice, Device, ValuesDevice  # noqa: F401  (re-exported: the command's device)
 from .launch_hook import LaunchArgs, LaunchHook
+from .launch_ring import LaunchRing
 from .managed import ManagedBudget, ManagedTracker, OversubscriptionError
 from .values_copy import LIMIT as VALUES_LIMIT
 from .values_copy import ValuesCopier
@@ -69,7 +70,8 @@ class Collector:
                  budget: ManagedBudget | None = None, hook_cls: type = LaunchHook,
                  hook_kwargs: dict | None = None, force: bool = False, part_seconds: float = 2.0,
                  tick_s: float = 0.2, launch_timeout_s: float = 10.0, manifest: dict | None = None,
-                 install_signals: bool = True, values_limit: int | None = VALUES_LIMIT) -> None:
+                 install_signals: bool = True, values_limit: int | None = VALUES_LIMIT,
+                 ring: bool | None = None) -> None:
         if mode not in T.MODES:
             raise ValueError(f"mode must be one of {T.MODES}")
         self.out = out
@@ -90,9 +92,15 @@ class Collector:
             self.values = ValuesCopier(device.read, self.budget.ranges, limit=int(values_limit))
             self.manifest[T.VALUES_KEY] = self.values.manifest()
         self.tracker = ManagedTracker(self.budget, on_violation=self._on_violation)
+        # natural mode: the callback records into a buffer, decoded off the callback (`_take_launches`);
+        # `ring=False` keeps the decode in the callback (`on_launch`), as full mode does
+        self.ring: LaunchRing | None = LaunchRing() if mode == "natural" and ring is not False else None
+        kw = dict(hook_kwargs or {})
+        if self.ring is not None:
+            kw["ring"] = self.ring
         self.hook = hook_cls(self.on_launch, before_launch=self.before_launch if mode == "full" else None,
                              after_launch=self.after_launch if mode == "full" else None,
-                             api_callbacks=self.tracker.callbacks(), **(hook_kwargs or {}))
+                             api_callbacks=self.tracker.callbacks(), **kw)
         self.install_signals = install_signals
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -154,8 +162,24 @@ class Collector:
             pass
 
     # -- record side (CUPTI's buffer thread, the ticker, or a flush) --
+    def _take_launches(self, wait_s: float = 0.0) -> None:
+        """Natural mode: the launches the callback recorded, into the row builder (under the lock).
+        Before kernel records are added, so that each finds its launch."""
+        if self.ring is None:
+            return
+        try:
+            launches = self.ring.take(wait_s)
+        except Exception as e:  # a broken slot must not take the collection down
+            self.hook.errors += 1
+            self.hook.last_error = f"launch buffer: {type(e).__name__}: {e}"
+            return
+        now = time.monotonic()
+        for a in launches:
+            self.builder.add_launch(a, now)
+
     def _on_records(self, recs: list) -> None:
         with self._lock:
+            self._take_launches(0.01)
             self.builder.add_records(recs, time.monotonic())
             self._sink()
 
@@ -184,6 +208,7 @@ class Collector:
             with self._lock:
                 if self._finished:
                     return
+                self._take_launches()
                 self._sink()
                 if time.monotonic() - last_part >= self.part_seconds:
                     self.writer.flush()
@@ -380,6 +405,7 @@ class Collector:
             with self._lock:
                 if self.writer is None:
                     return
+                self._take_launches(1.0)
                 self._sink(final=True)
                 info = self._collection_info(running=False)
                 info["dropped_records"] = dropped
@@ -429,6 +455,7 @@ class Collector:
             "managed_peak_bytes": self.budget.peak,
             "managed_limit_bytes": self.budget.limit,
             "refused": self.violation,
+            **({f"launch_buffer_{k}": v for k, v in self.ring.info().items()} if self.ring is not None else {}),
             **{f"rows_{k}": v for k, v in st.items()},
             **({f"values_{k}": v for k, v in self.values.stats.as_dict().items()} if self.values is not None else {}),
             **{f"source_{k}": v for k, v in getattr(self.source, "info", {}).items()},

@@ -245,6 +245,14 @@ def decode_kernel_params_ctypes(kernel_params_ptr: int, offsets, sizes) -> bytes
     return bytes(buf)
 
 
+def extra_layout(offsets: tuple, sizes: tuple, nbytes: int) -> tuple[tuple, tuple]:
+    """The layout a launch's `extra` buffer of `nbytes` is recorded with: the function's own, where
+    it fits in the buffer; else the buffer as one parameter (none when it is empty)."""
+    if not offsets or max(o + s for o, s in zip(offsets, sizes)) > nbytes:
+        return ((0,), (nbytes,)) if nbytes else ((), ())
+    return offsets, sizes
+
+
 def decode_extra(extra_ptr: int) -> bytes:
     """The parameter buffer of a launch's `extra` array.
 
@@ -479,6 +487,13 @@ def _runtime_func_by_symbol(host_func: int) -> int:
 
 # ---- the hook ------------------------------------------------------------------
 
+def _warm_driver() -> None:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        pass
+
+
 def _default_clock() -> int:
     try:
         from cupti import cupti
@@ -538,8 +553,12 @@ class LaunchHook:
                  clock: Callable[[], int] | None = None,
                  stream_id_fn: Callable[[int, int, bool], int] | None = None,
                  device_fn: Callable[[int], int] | None = None,
-                 api_callbacks: dict[tuple[int, int], Callable[[int, Any], None]] | None = None) -> None:
+                 api_callbacks: dict[tuple[int, int], Callable[[int, Any], None]] | None = None,
+                 ring=None) -> None:
         self.on_launch = on_launch
+        # With a ring (collect/launch_ring.LaunchRing), launches are recorded into it, undecoded,
+        # and `on_launch` is not called: its consumer takes them as LaunchArgs off the callback.
+        self.ring = ring
         self.before_launch = before_launch
         self.after_launch = after_launch
         self.runtime = runtime
@@ -567,6 +586,9 @@ class LaunchHook:
         from cupti import cupti
 
         _warm_gather()   # numba compiles (or loads) the parameter gather here, not in the first launch
+        _warm_driver()   # and cuda-bindings is imported here (0.04-0.1 s), not in the first launch's callback
+        if self.clock is _default_clock:
+            self.clock = cupti.get_timestamp
         if self._stream_id_fn is None:
             self._stream_id_fn = lambda ctx, stream, ptsz: int(cupti.get_stream_id_ex(ctx, stream, int(ptsz)))
         if self._device_fn is None:
@@ -752,8 +774,7 @@ class LaunchHook:
                 if not pend.saw_driver:
                     self.runtime_reaches_driver = False
                 if pend.held is not None:
-                    pend.held.at_exit = True
-                    self._deliver(pend, pend.held)
+                    self._deliver(pend, pend.held, at_exit=True)
                 elif not pend.saw_driver:  # (a failed driver decode was counted already)
                     self.errors += 1
                     self.last_error = ("a runtime launch was not decoded "
@@ -771,17 +792,47 @@ class LaunchHook:
         finally:
             tls.busy = True
 
-    def _deliver(self, pend: _Pending, args: LaunchArgs) -> None:
+    def _deliver(self, pend: _Pending, args, at_exit: bool = False) -> None:
+        if self.ring is not None:   # a capture (`_capture`): into the ring; nothing is decoded here
+            self.ring.put(args, pend.corrs, at_exit)
+            pend.delivered = True
+            self.launches += 1
+            return
         args.correlation_id = pend.corrs[0]
         args.correlation_ids = list(pend.corrs)
+        args.at_exit = args.at_exit or at_exit
         pend.args = args
         pend.delivered = True
         self.launches += 1
         self.on_launch(args)
 
-    def _decode(self, domain: int, cbid: int, cbdata, pend: _Pending) -> LaunchArgs | None:
+    def _decode(self, domain: int, cbid: int, cbdata, pend: _Pending):
+        """The launch as a `LaunchArgs`; with a `ring`, the raw capture `_capture` takes instead."""
+        if self.ring is not None:
+            return self._capture(domain, cbid, cbdata)
+        func, grid, block, smem, stream, kparams, extra = self._launch_fields(domain, cbid, cbdata)
+        offsets, sizes = self.params.layout(func)
+        if kparams:
+            data = decode_kernel_params(kparams, offsets, sizes)
+        elif extra:
+            data = decode_extra(extra)
+            offsets, sizes = extra_layout(offsets, sizes, len(data))
+        else:
+            data = b""
+            if offsets:
+                raise ValueError("launch has parameters but neither kernelParams nor extra")
+        name = self._name_of(func, cbdata)
+        stream_id, device = self._stream_and_device(cbdata, stream, cbid in PTSZ_CBIDS)
+        return LaunchArgs(kernel=name, function=func, grid_x=grid[0], grid_y=grid[1], grid_z=grid[2],
+                          block_x=block[0], block_y=block[1], block_z=block[2], shared_mem_bytes=smem,
+                          stream=stream, correlation_id=pend.corrs[0], param_offsets=tuple(offsets),
+                          param_sizes=tuple(sizes), param_data=data, stream_id=stream_id, device=device,
+                          host_ns=int(self.clock()), cbid=cbid, domain=domain)
+
+    def _launch_fields(self, domain: int, cbid: int, cbdata) -> tuple:
+        """(function, grid, block, shared_mem_bytes, stream, kernelParams, extra) from the
+        callback's parameter struct; a runtime launch's host stub resolved to its function."""
         ptr = P.function_params(cbdata)
-        ptsz = cbid in PTSZ_CBIDS
         cls = LAUNCH_PARAMS[(domain, cbid)]
         p = cls.at(ptr)
         if domain == DOMAIN_DRIVER:
@@ -791,41 +842,34 @@ class LaunchHook:
                 grid = (int(p.grid_dim_x), int(p.grid_dim_y), int(p.grid_dim_z))
                 block = (int(p.block_dim_x), int(p.block_dim_y), int(p.block_dim_z))
                 smem, stream = int(p.shared_mem_bytes), int(p.h_stream)
-            func = int(p.f)
-            kparams = int(p.kernel_params)
-            extra = int(getattr(p, "extra", 0) or 0)
+            return (int(p.f), grid, block, smem, stream, int(p.kernel_params),
+                    int(getattr(p, "extra", 0) or 0))
+        if cls is P.CudaLaunchKernelExCParams:
+            grid, block, smem, stream = read_cuda_launch_config(int(p.config))
         else:
-            if cls is P.CudaLaunchKernelExCParams:
-                grid, block, smem, stream = read_cuda_launch_config(int(p.config))
-            else:
-                g, b = p.grid_dim, p.block_dim
-                grid = (int(g.x), int(g.y), int(g.z))
-                block = (int(b.x), int(b.y), int(b.z))
-                smem, stream = int(p.shared_mem), int(p.stream)
-            if cbid in _KERNEL_HANDLE_CBIDS:
-                func = int(p.func)   # a cudaKernel_t: the driver's CUkernel (ParamInfo tries it as one)
-            else:
-                func = self.params.function_of_symbol(int(p.func))
-            kparams, extra = int(p.args), 0
-        offsets, sizes = self.params.layout(func)
-        if kparams:
-            data = decode_kernel_params(kparams, offsets, sizes)
-        elif extra:
-            data = decode_extra(extra)
-            if not offsets or max(o + s for o, s in zip(offsets, sizes)) > len(data):
-                offsets, sizes = ((0,), (len(data),)) if data else ((), ())
+            g, b = p.grid_dim, p.block_dim
+            grid = (int(g.x), int(g.y), int(g.z))
+            block = (int(b.x), int(b.y), int(b.z))
+            smem, stream = int(p.shared_mem), int(p.stream)
+        if cbid in _KERNEL_HANDLE_CBIDS:
+            func = int(p.func)   # a cudaKernel_t: the driver's CUkernel (ParamInfo tries it as one)
         else:
-            data = b""
-            if offsets:
-                raise ValueError("launch has parameters but neither kernelParams nor extra")
-        # The name as the driver reports it (cuFuncGetName: mangled for C++), which is what
-        # kernel activity records carry; the callback's symbol name where the driver has none.
+            func = self.params.function_of_symbol(int(p.func))
+        return func, grid, block, smem, stream, int(p.args), 0
+
+    def _name_of(self, func: int, cbdata) -> str:
+        """The name as the driver reports it (cuFuncGetName: mangled for C++), which is what
+        kernel activity records carry; the callback's symbol name where the driver has none."""
         name = self.params.name(func)
         if name.startswith("<function"):
             try:
                 name = cbdata.symbol_name or name
             except Exception:
                 pass
+        return str(name)
+
+    def _stream_and_device(self, cbdata, stream: int, ptsz: bool) -> tuple[int | None, int | None]:
+        """CUPTI's stream id and device of the launch's context (None where they cannot be had)."""
         ctx = int(getattr(cbdata, "context", 0) or 0)
         stream_id = device = None
         if self._stream_id_fn is not None and ctx:
@@ -838,8 +882,26 @@ class LaunchHook:
                 device = self._device_fn(ctx)
             except Exception:
                 device = None
-        return LaunchArgs(kernel=str(name), function=func, grid_x=grid[0], grid_y=grid[1], grid_z=grid[2],
-                          block_x=block[0], block_y=block[1], block_z=block[2], shared_mem_bytes=smem,
-                          stream=stream, correlation_id=pend.corrs[0], param_offsets=tuple(offsets),
-                          param_sizes=tuple(sizes), param_data=data, stream_id=stream_id, device=device,
-                          host_ns=int(self.clock()), cbid=cbid, domain=domain)
+        return stream_id, device
+
+    # -- recording into a ring (the collector's natural mode; collect/launch_ring.py) --
+    def _capture(self, domain: int, cbid: int, cbdata) -> tuple:
+        """What recording needs, read while the call's memory is valid: the launch's fields, its
+        parameter source, CUPTI's stream id and device, a timestamp. Per launch this is struct
+        reads and dictionary lookups: a kernel's layout and name are asked of the driver once, at
+        its first launch (`LaunchRing.first_sight`); the bytes are gathered by `_deliver`."""
+        func, grid, block, smem, stream, kparams, extra = self._launch_fields(domain, cbid, cbdata)
+        ring = self.ring
+        lay = ring.layouts.get(func)
+        if lay is None:
+            lay = ring.first_sight(func, self.params.layout(func), self._name_of(func, cbdata))
+        if kparams:
+            src = kparams
+        elif extra:
+            src = decode_extra(extra)
+        else:
+            if lay[0]:
+                raise ValueError("launch has parameters but neither kernelParams nor extra")
+            src = b""
+        stream_id, device = self._stream_and_device(cbdata, stream, cbid in PTSZ_CBIDS)
+        return (func, grid, block, smem, stream, stream_id, device, src, lay, int(self.clock()), cbid, domain)

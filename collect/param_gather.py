@@ -7,6 +7,8 @@ parameter buffer the trace stores: parameter i's `sizes[i]` bytes, read where
 (docs/performance.md), more than the rest of the runner's callback. Here one numba call reads the
 pointer table and copies every parameter (the raw addresses become pointers through a small LLVM
 intrinsic, `_u8_ptr` / `_u64_ptr`), and the layout's arrays are made once per layout.
+`gather_into` writes into a slot of a preallocated buffer instead of a new one (the collector's
+natural-mode launch buffer, collect/launch_ring.py).
 
 The caller guarantees what the ctypes version relied on too: `kernelParams` holds a valid pointer
 per parameter, each to at least its parameter's size of readable memory (the driver's contract
@@ -67,8 +69,31 @@ def _gather(kernel_params, offsets, sizes, out):
     return -1
 
 
+@njit(cache=True)
+def _gather_into(kernel_params, offsets, sizes, out, base, total):
+    """`_gather` into out[base:base + total] (a slot of a preallocated buffer), whose bytes are
+    zeroed first: alignment gaps read as zeros, as in a fresh buffer, whatever the slot held."""
+    for j in range(total):
+        out[base + j] = 0
+    n = len(offsets)
+    table = carray(_u64_ptr(kernel_params), (n,))
+    for i in range(n):
+        p = table[i]
+        if p == 0:
+            return i
+        s = sizes[i]
+        if s > 0:
+            src = carray(_u8_ptr(p), (s,))
+            o = base + offsets[i]
+            for j in range(s):
+                out[o + j] = src[j]
+    return -1
+
+
 _EXAMPLE = (np.int64(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))
+_EXAMPLE_INTO = (*_EXAMPLE, np.int64(0), np.int64(0))
 _call = None
+_call_into = None
 _layouts: dict = {}
 
 
@@ -79,14 +104,22 @@ def _entry():
     return _call
 
 
+def _entry_into():
+    global _call_into
+    if _call_into is None:
+        _call_into = entry_point(_gather_into, *_EXAMPLE_INTO)
+    return _call_into
+
+
 def warm() -> None:
-    """Compile (or load) the gather now, not in the first launch's callback."""
+    """Compile (or load) the gathers now, not in the first launch's callback."""
     _entry()
+    _entry_into()
 
 
-def gather_params(kernel_params: int, offsets: tuple, sizes: tuple, max_bytes: int) -> bytes:
-    """The parameter buffer behind `kernel_params` for this layout (see `launch_hook.decode_kernel_params`,
-    which checks its arguments first). ValueError on a null entry or an implausible layout."""
+def layout_arrays(offsets: tuple, sizes: tuple, max_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(offsets, sizes, total bytes) as the compiled gathers take them, made once per layout.
+    ValueError on an implausible layout."""
     key = (offsets, sizes)
     lay = _layouts.get(key)
     if lay is None:
@@ -100,9 +133,25 @@ def gather_params(kernel_params: int, offsets: tuple, sizes: tuple, max_bytes: i
         if len(_layouts) >= MAX_LAYOUTS:
             _layouts.clear()
         lay = _layouts[key] = (o, s, total)
-    o, s, total = lay
+    return lay
+
+
+def gather_params(kernel_params: int, offsets: tuple, sizes: tuple, max_bytes: int) -> bytes:
+    """The parameter buffer behind `kernel_params` for this layout (see `launch_hook.decode_kernel_params`,
+    which checks its arguments first). ValueError on a null entry or an implausible layout."""
+    o, s, total = layout_arrays(offsets, sizes, max_bytes)
     out = np.zeros(total, np.uint8)
     bad = _entry()(np.int64(kernel_params), o, s, out)
     if bad >= 0:
         raise ValueError(f"kernelParams[{bad}] is null")
     return out.tobytes()
+
+
+def gather_into(kernel_params: int, layout: tuple, out: np.ndarray, base: int) -> int:
+    """Gather the parameters behind `kernel_params` (`layout` from `layout_arrays`) into
+    out[base:base + total], zeroing the slot's gaps; returns total. ValueError on a null entry."""
+    o, s, total = layout
+    bad = _entry_into()(kernel_params, o, s, out, base, total)
+    if bad >= 0:
+        raise ValueError(f"kernelParams[{bad}] is null")
+    return total
