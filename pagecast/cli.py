@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None):
-    print(f"pagecast: warning: {message}", file=sys.stderr)
+    from .console import warn
+    warn(str(message))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,11 +12,15 @@ import json
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Iterator
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
 
 class _Console(Console):
@@ -28,16 +32,34 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+def terminal_width(stream=None) -> int | None:
+    """The width human output must fit: $COLUMNS where set (as rich and argparse read it), else
+    the terminal's width where `stream` (default stdout) is one, else None (a pipe or a file)."""
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    stream = sys.stdout if stream is None else stream
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
 def stderr() -> Console:
-    # Built per call so tests that swap sys.stderr (capsys) see the output.
-    return _Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    # Built per call so tests that swap sys.stderr (capsys) see the output. Folded at the
+    # terminal's width (or $COLUMNS); into a pipe or a file, one line a message.
+    width = terminal_width(sys.stderr)
+    return _Console(file=sys.stderr, highlight=False, soft_wrap=width is None, width=width)
 
 
 def stdout() -> Console:
-    # Piped output has no terminal width; rich would squeeze tables into 80
-    # columns and fold kernel names. Give tables room; a terminal keeps its own width.
-    width = None if sys.stdout.isatty() else 160
-    return _Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
+    # Tables shrink to the terminal's width (or $COLUMNS; kernel names end in an ellipsis) and
+    # text folds there. Piped output has no width: tables get room (160 columns) and text
+    # stays one line a message, as a script reading it expects.
+    width = terminal_width(sys.stdout)
+    return _Console(file=sys.stdout, highlight=False, soft_wrap=width is None, width=width or 160)
 
 
 def info(msg: str) -> None:
@@ -45,7 +67,12 @@ def info(msg: str) -> None:
 
 
 def warn(msg: str) -> None:
-    print(f"pagecast: warning: {msg}", file=sys.stderr)
+    line = f"pagecast: warning: {msg}"
+    width = terminal_width(sys.stderr)
+    if width:   # folded at the terminal's width, continuation lines indented
+        line = "\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False,
+                                        break_long_words=True)) or line
+    print(line, file=sys.stderr)
 
 
 def wrote(path: str | Path, what: str, next_cmd: str | None = None) -> None:
@@ -102,3 +129,28 @@ class Bar:
         kw = {k: v for k, v in (("completed", completed), ("total", total), ("description", description))
               if v is not None}
         self._p.update(self._task, **kw)
+
+
+def table(title: str | None = None, caption: str | None = None, **kw):
+    """A rich Table for human output: ruled header, no vertical rules (they cost three columns
+    each), the title above and the caption (what the numbers are, relative to what, which way is
+    better; what its terms mean) below, both left-aligned and folded at the table's width."""
+    kw.setdefault("box", box.SIMPLE_HEAD)
+    return Table(title=title, caption=caption, title_justify="left", caption_justify="left", **kw)
+
+
+def add_name_column(t, header: str = "kernel", min_width: int = 12) -> None:
+    """A column of names (kernels, workloads) that gives way first when the table is too wide.
+    Fill it with `name_cell`: one line a row, cut with an ellipsis."""
+    # wrapable as a column (rich narrows those first), unwrapped as a cell (name_cell)
+    t.add_column(header, justify="left", overflow="ellipsis", min_width=min_width)
+
+
+def cell(text: str, overflow: str = "ellipsis"):
+    """A cell on one line (its column may still fold its header)."""
+    return Text(text, no_wrap=True, overflow=overflow)
+
+
+def name_cell(name: str):
+    """A name as one line that ends in an ellipsis where its column is too narrow."""
+    return Text(name, no_wrap=True, overflow="ellipsis")

@@ -22,8 +22,6 @@ class SummaryCommand(Command):
         p.add_argument("--top", type=count_arg, default=10, help="how many kernels to list (default 10)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from rich.table import Table
-
         from . import console
         from .summary import trace_summary
         from .trace import read_trace
@@ -33,7 +31,10 @@ class SummaryCommand(Command):
         if args.json:
             console.emit_json(s)
             return 0
-        t = Table(title=f"{s['trace']}  ({s['workload'] or 'unnamed workload'})", show_header=False)
+        t = console.table(f"{s['trace']}  ({s['workload'] or 'unnamed workload'})",
+                          "footprint: the distinct pages the launches touched; touched: each launch's pages, "
+                          "summed over the launches (a page touched by n launches counts n times)",
+                          show_header=False)
         t.add_column(style="bold")
         t.add_column()
         span = s["time_span_ns"]
@@ -60,11 +61,16 @@ class SummaryCommand(Command):
         out = console.stdout()
         out.print(t)
         if s["top_kernels"]:
-            k = Table(title="kernels by bytes touched")
-            for c in ("kernel", "launches", "touched (sum over launches)", "footprint (distinct)"):
-                k.add_column(c, justify="right" if c != "kernel" else "left", overflow="fold")
+            from .demangle import demangle
+            k = console.table("kernels by bytes touched",
+                              f"the {len(s['top_kernels'])} kernels that touch the most bytes (--top); touched: "
+                              "bytes summed over the kernel's launches; footprint: distinct bytes; "
+                              "names demangled (--json keeps the symbols)")
+            console.add_name_column(k)
+            for c in ("launches", "touched", "footprint"):
+                k.add_column(c, justify="right", no_wrap=True)
             for r in s["top_kernels"]:
-                k.add_row(r["kernel"], f"{r['launches']:,}", format_size(r["touched_bytes"]),
+                k.add_row(console.name_cell(demangle(r["kernel"])), f"{r['launches']:,}", format_size(r["touched_bytes"]),
                           format_size(r["footprint_bytes"]))
             out.print(k)
         return 0
@@ -113,11 +119,11 @@ class QueryCommand(Command):
             for batch in res.batches():
                 w.writerows(batch)
         else:
-            from rich.table import Table
+            from rich.box import HEAVY_HEAD
             rows, more = res.head(args.limit)
             caption = (f"first {len(rows):,} rows shown; the query returns more (--csv or --json write them all)"
                        if more else f"{len(rows):,} rows")
-            t = Table(caption=caption)
+            t = console.table(caption=caption, box=HEAVY_HEAD)
             for n in names:
                 t.add_column(n, overflow="fold")
             for r in rows:
@@ -131,6 +137,7 @@ __all__ = ["SummaryCommand", "QueryCommand", "UsageError"]
 
 class DemoCommand(Command):
     name = "demo"
+    writes = ("a directory of traces, model, results and report", ())
     help = "the whole pipeline on a built-in workload mix, no GPU needed"
     description = ("Generate workloads at a small scale, fit templates on two seeds, plan and replay a third seed\n"
                    "at 150/200/300% oversubscription with demand, alloc, template and oracle, alone and as\n"

@@ -3,32 +3,63 @@ replay` and `pagecast demo`."""
 
 from __future__ import annotations
 
-from rich.table import Table
+from rich.console import Group
+from rich.text import Text
 
+from pagecast.console import add_name_column, name_cell, table
 from pagecast.units import format_size
+
+CAPTION = ("time: simulated run time (GPU: measured); stall: the part of it the GPU waited on faults and "
+           "transfers; faults: GPU page faults; in / out: bytes moved host to device / device to host "
+           "(lower is better for all four). vs demand: demand's time / this run's (higher is better). "
+           "of oracle: oracle's time / this run's (100%: as fast as the best plan found with the truth). "
+           "capacity: the GPU memory simulated; oversub: see 'pagecast replay -h', --oversub.")
+SPAN_CAPTION = (" A policy's (span): the plan's prefetches widened to whole 2 MiB blocks (blocks), to the "
+                "blocks where widening pays (fitted blocks), or to whole allocations (allocations), the span "
+                "its trial runs found fastest (--span; docs/cost-model.md).")
 
 
 def results_table(runs, title: str | None = None):
-    """A rich table of runs: one row per (workload, capacity, policy)."""
-    t = Table(title=title)
-    for c, j in (("workload", "left"), ("capacity", "right"), ("oversub", "right"), ("policy", "left"),
-                 ("time", "right"), ("stall", "right"), ("faults", "right"), ("in", "right"), ("out", "right"),
-                 ("vs demand", "right"), ("of oracle", "right")):
-        t.add_column(c, justify=j)
+    """Runs as rich tables, one a workload (its GPU memory at each oversubscription in its
+    title), one row per (capacity, policy); the caption below the last says what each column
+    is. A rich Group: print it as a table."""
+    runs = list(runs)
+    spans = any(policy_label(r) != r["policy"] for r in runs)
     # capacities in the order they were asked for (--oversub 1.5,2,3 reads 150% first), per workload
     first: dict = {}
     for i, r in enumerate(runs):
         first.setdefault((r.get("workload") or "", r["capacity_bytes"] or 0), i)
+    by_wl: dict[str, list] = {}
     for r in sorted(runs, key=lambda r: (r.get("workload") or "", first[(r.get("workload") or "", r["capacity_bytes"] or 0)],
                                          r.get("run", 0))):
-        sp = r.get("speedup_vs_demand")
-        fo = r.get("fraction_of_oracle")
-        t.add_row(str(r.get("workload") or ""), format_size(r["capacity_bytes"]) if r.get("capacity_bytes") else "-",
-                  f"{r['oversub']:.0%}" if r.get("oversub") else "-", policy_label(r),
-                  _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
-                  format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
-                  "-" if fo is None else f"{fo:.1%}")
-    return t
+        by_wl.setdefault(str(r.get("workload") or ""), []).append(r)
+    parts: list = [Text(title, style="bold")] if title else []
+    for i, (wl, rows) in enumerate(by_wl.items()):
+        caps: dict = {}
+        for r in rows:
+            caps.setdefault(r.get("capacity_bytes"), r.get("oversub"))
+        gpu = ", ".join(("-" if c is None else format_size(c)) + (f" at {o:.0%}" if o else "") for c, o in caps.items())
+        last = i == len(by_wl) - 1
+        t = table(f"{wl or 'unnamed workload'}: GPU memory {gpu}",
+                  CAPTION + (SPAN_CAPTION if spans else "") if last else None,
+                  box=None, pad_edge=False, padding=(0, 0, 0, 1), header_style="bold underline")
+        t.add_column("oversub", justify="right", no_wrap=True)
+        add_name_column(t, "policy", min_width=6)
+        for c in ("time", "stall", "faults", "in", "out", "vs\ndemand", "of\noracle"):
+            t.add_column(c, justify="right", no_wrap=True)
+        prev = None
+        for r in rows:
+            sp = r.get("speedup_vs_demand")
+            fo = r.get("fraction_of_oracle")
+            over = (f"{r['oversub']:.0%}" if r.get("oversub") else format_size(r["capacity_bytes"])
+                    if r.get("capacity_bytes") else "-")
+            t.add_row("" if r.get("capacity_bytes") == prev else over, name_cell(policy_label(r)),
+                      _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
+                      format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
+                      "-" if fo is None else f"{fo:.1%}")
+            prev = r.get("capacity_bytes")
+        parts.append(t)
+    return Group(*parts)
 
 
 SPAN_LABELS = {"block": "blocks", "fitted": "fitted blocks", "allocation": "allocations"}

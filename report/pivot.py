@@ -15,6 +15,7 @@ from typing import Iterable, Mapping
 
 from rich.table import Table
 
+from pagecast.console import add_name_column, name_cell
 from pagecast.units import format_size
 
 GEOMEAN = "geometric mean"
@@ -27,6 +28,7 @@ class PivotRow:
     capacity_bytes: int | None
     speedup: dict[str, float | None] = field(default_factory=dict)   # policy -> speedup over demand
     of_oracle: float | None = None                                   # template's time share of oracle
+    demand_s: float | None = None                                    # demand's time (the reference)
     runs: int = 1                                                    # rows a geometric mean is over
 
 
@@ -58,6 +60,8 @@ def make_pivot(runs: Iterable[Mapping]) -> Pivot:
             row = rows[key] = PivotRow(key[0], r.get("oversub"), key[1])
         if p != "demand":
             row.speedup.setdefault(p, _num(r.get("speedup_vs_demand")))
+        elif row.demand_s is None:
+            row.demand_s = _num(r.get("time_s"))
         if p == "template" and row.of_oracle is None:
             row.of_oracle = _num(r.get("fraction_of_oracle"))
     names = {str(r.get("policy")) for r in runs}
@@ -91,26 +95,50 @@ def _num(x) -> float | None:
     return f if math.isfinite(f) else None
 
 
+CAPTION = ("demand time: the run's simulated time under demand paging (UVM as the driver does it). "
+           "Each other policy: its speedup over demand, demand's time / its time (higher is better; "
+           "below 1.00x, slower than demand).")
+ORACLE_CAPTION = (" template/oracle: oracle's time / template's, the share of the bound template reaches "
+                  "(100%: template's plan is as fast as the best plan found with the truth).")
+OVERSUB_CAPTION = " oversub: see 'pagecast replay -h', --oversub."
+
+
+def caption(pv: Pivot) -> str:
+    """What the pivot's numbers are, relative to what, and which way is better."""
+    return CAPTION + (ORACLE_CAPTION if pv.has_of_oracle else "") + OVERSUB_CAPTION
+
+
 def pivot_table(pv: Pivot, title: str | None = None):
     """The pivot as a rich Table: one line per row and no rules (it must fit a screen); the
-    header is underlined and the geometric means bold."""
-
-
-    t = Table(title=title, box=None, pad_edge=False, header_style="bold underline")
-    t.add_column("workload", justify="left")
-    t.add_column("oversub", justify="right")
+    header is underlined and the geometric means bold; the caption says what the numbers are."""
+    t = Table(title=title, box=None, pad_edge=False, header_style="bold underline", caption=caption(pv),
+              title_justify="left", caption_justify="left")
+    add_name_column(t, "workload", min_width=8)
+    t.add_column("oversub", justify="right", no_wrap=True)
+    t.add_column("demand time", justify="right", no_wrap=True)
     for p in pv.policies:
-        t.add_column(p, justify="right")
+        t.add_column(p, justify="right", no_wrap=True)
     if pv.has_of_oracle:
-        t.add_column("template/oracle", justify="right")
+        t.add_column("template/oracle", justify="right", no_wrap=True)
     last = None
     for row in pv.rows:
         name = "" if row.workload == last else row.workload
         last = row.workload
-        t.add_row(name, _over(row, format_size), *_cells(pv, row))
+        t.add_row(name_cell(name), _over(row, format_size), secs(row.demand_s), *_cells(pv, row))
     for m in pv.means:
-        t.add_row(f"{GEOMEAN} ({m.runs})", _over(m, format_size), *_cells(pv, m), style="bold")
+        t.add_row(name_cell(f"{GEOMEAN} ({m.runs})"), _over(m, format_size), "", *_cells(pv, m), style="bold")
     return t
+
+
+def secs(s) -> str:
+    """A time in s, ms or us."""
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
 
 
 def means_line(pv: Pivot) -> str:

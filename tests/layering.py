@@ -46,7 +46,9 @@ FOLDERS = {"pagecast": "pagecast", "collect": "pagecast.collect", "datasets": "p
 # Third-party modules that may be imported inside functions: optional extras and heavy imports that
 # only some paths need.
 OPTIONAL = {"cuda", "cupti", "cupy", "torch", "triton", "libcachesim", "matplotlib", "nvidia", "PIL",
-            "pandas"}   # pandas: only the fitter's row hashing needs it, and it takes a third of a second to import
+            "pandas",   # pandas: see below
+            "cxxfilt"}  # cxxfilt looks for libc and the C++ runtime at import (ldconfig); only names shown need it
+# pandas: only the fitter's row hashing needs it, and it takes a third of a second to import
 
 # (importer, imported): why this function-level import of pagecast code is there.
 ALLOWED_LOCAL = {

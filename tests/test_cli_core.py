@@ -64,9 +64,12 @@ def test_summary_json(hand_trace, capsys):
 def test_summary_table(hand_trace, capsys):
     assert main(["summary", str(hand_trace)]) == 0
     out = capsys.readouterr().out
-    assert "_Z4vaddPfPKfi" in out and "launches" in out
-    # the union and the per-launch sum have different names (both were "footprint")
-    assert "footprint (distinct)" in out and "touched (sum over launches)" in out and "summed over launches" in out
+    # the kernel's name demangled (the symbol stays in --json)
+    assert "vadd(float*, float const*, int)" in out and "_Z4vaddPfPKfi" not in out and "launches" in out
+    # the union and the per-launch sum have different names (both were "footprint"), which the caption explains
+    text = " ".join(out.split())
+    assert "footprint: distinct bytes" in text and "touched: bytes summed over the kernel's launches" in text
+    assert "summed over launches" in out
 
 
 def test_summary_footprint_and_touched_apart(hand_trace, capsys):

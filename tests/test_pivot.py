@@ -51,19 +51,25 @@ def test_rows_columns_and_geometric_means():
 
 
 def test_table_is_one_line_per_row():
-    lines = _render(pivot_table(make_pivot(_runs())))
-    assert lines[0].split() == ["workload", "oversub", "alloc", "template", "oracle", "template/oracle"]
-    assert len(lines) == 1 + 6 + 2
-    assert lines[1].split()[:2] == ["a", "150%"] and lines[2].split()[0] == "200%"   # a name once per group
-    assert lines[-1].startswith(f"{GEOMEAN} (3)") and "200%" in lines[-1]
-    assert "5.00x" in lines[3] and "75%" in lines[3]
+    pv = make_pivot(_runs())
+    lines = _render(pivot_table(pv))
+    assert lines[0].split() == ["workload", "oversub", "demand", "time", "alloc", "template", "oracle",
+                                "template/oracle"]
+    body = lines[:1 + 6 + 2]
+    assert body[1].split()[:4] == ["a", "150%", "10.000", "s"] and body[2].split()[0] == "200%"   # a name once per group
+    assert body[-1].startswith(f"{GEOMEAN} (3)") and "200%" in body[-1]
+    assert "5.00x" in body[3] and "75%" in body[3]
+    # the caption says what the numbers are, relative to what, and which way is better
+    caption = " ".join(" ".join(lines[9:]).split())
+    assert "speedup over demand" in caption and "higher is better" in caption and "template/oracle" in caption
 
 
 def test_without_template_or_several_workloads():
     pv = make_pivot(_runs(workloads=("a",), policies=("demand", "oracle")))
     assert pv.policies == ["oracle"] and not pv.has_of_oracle and pv.means == []
     lines = _render(pivot_table(pv))
-    assert lines[0].split() == ["workload", "oversub", "oracle"] and len(lines) == 3
+    assert lines[0].split() == ["workload", "oversub", "demand", "time", "oracle"]
+    assert "template/oracle" not in " ".join(lines[3:])
     assert applies(_runs(policies=("demand", "swap")))
     assert not applies(_runs(policies=("demand",)))
     assert not applies(_runs(policies=("alloc", "oracle")))
