@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import random
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,6 +31,8 @@ from pagecast.collect.collector import Collector
 from pagecast.collect.launch_ring import LaunchRing
 
 import collect_standin as S
+
+HERE = Path(__file__).resolve().parent
 
 cupti_mod = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed (pip install .[test])")
 
@@ -361,3 +369,48 @@ def test_natural_mode_callback_neither_decodes_nor_writes(tmp_path):
 def test_full_mode_keeps_decoding_in_the_callback(tmp_path):
     c, gpu = S.make_collector(tmp_path / "f.pctrace", mode="full")
     assert c.ring is None and c.hook.ring is None
+
+
+# ---- a killed natural-mode collection keeps what it recorded ------------------------------------
+
+def _collecting(out: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
+    p = subprocess.Popen([sys.executable, str(HERE / "collect_standin.py"), str(out), "--mode", "natural"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until some launch parts were closed
+        if len(list((out / T.LAUNCHES).glob("part-*.parquet"))) >= 2:
+            return p
+        time.sleep(0.05)
+    p.kill()
+    raise AssertionError("the collecting subprocess closed no parts")
+
+
+def _partial(out: Path) -> T.Trace:
+    t = S.read_quiet(out)  # validates: dense launch ids, schemas
+    assert t.n_launches > 0 and not t.complete
+    ns = [struct.unpack("<QQi", d[:20])[2] for d in t.launches.column(T.PARAM_DATA).to_pylist()]
+    assert ns == [1024 * (1 + i % 8) for i in range(len(ns))]   # every launch's own bytes, in order
+    return t
+
+
+def test_sigterm_in_natural_mode_writes_every_recorded_launch(tmp_path):
+    out = tmp_path / "term.pctrace"
+    p = _collecting(out)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    t = _partial(out)
+    info = t.manifest["collection"]
+    assert t.n_launches == info["launches_hooked"] and info["hook_errors"] == 0
+    assert t.launches.column(T.START_NS).null_count <= 1
+
+
+def test_sigkill_in_natural_mode_leaves_a_readable_partial_trace(tmp_path):
+    out = tmp_path / "kill.pctrace"
+    p = _collecting(out)
+    p.kill()
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    assert _partial(out).manifest["collection"]["running"] is True
