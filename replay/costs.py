@@ -55,6 +55,7 @@ class CostProfile:
     charges: bool = True         # False for `none`: count events, charge no time
     block_service_s: float = 0.0  # per 2 MiB VA block serviced in a batch (a lone fault: the three charges)
     host_bandwidth: float = 0.0  # a kernel's accesses to host-placed memory over the link (0: half htod_bandwidth)
+    host_launch_s: float = 0.0   # host time of the GPU runner's launch callback (a kernel shorter than it waits)
     source: dict = field(default_factory=dict)  # where each number comes from
     version: int = VERSION
 
@@ -115,7 +116,8 @@ _REQUIRED = [f.name for f in dataclasses.fields(CostProfile)
              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 _POSITIVE = ("htod_bandwidth", "dtoh_bandwidth", "pipelined_bandwidth", "device_bandwidth",
              "granularity", "eviction_unit", "faults_per_batch")
-_NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s", "block_service_s")
+_NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s", "block_service_s",
+           "host_launch_s")
 
 
 _RANGES = {   # what a profile may say: far beyond any GPU and link, short of overflowing a run
@@ -175,7 +177,7 @@ def profile_from_dict(d: Any, where: str = "profile") -> CostProfile:
         if kw[k] <= 0:
             raise ProfileError(f"{where}: field {k!r} must be > 0, found {kw[k]!r}")
     for k in _NONNEG:
-        if kw[k] < 0:
+        if kw.get(k, 0.0) < 0:
             raise ProfileError(f"{where}: field {k!r} must be >= 0, found {kw[k]!r}")
     for k, (lo, hi) in _RANGES.items():   # beyond these, runs overflow to inf/nan or allocate petabytes
         if not lo <= kw[k] <= hi:

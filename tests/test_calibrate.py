@@ -161,7 +161,8 @@ def test_fit_profile_from_synthetic_measurements():
     assert prof.name == "syn" and prof.charges
     assert prof.fault_time_s == pytest.approx(25e-6)
     assert prof.htod_bandwidth == pytest.approx(40e9) and prof.dtoh_bandwidth == pytest.approx(50e9)
-    assert prof.transfer_latency_s == pytest.approx(10e-6)
+    # the bulk lines' 10 us intercept is not read as a per-call cost: no call runs, the base's
+    assert prof.transfer_latency_s == load_profile("msched-rtx5080").transfer_latency_s
     assert prof.duplex is True
     assert prof.pipelined_bandwidth == pytest.approx(2 * 2**28 / (2**28 / 40e9))
     assert prof.launch_overhead_s == pytest.approx(5e-6)
@@ -363,3 +364,50 @@ def test_settled_faults_gives_up_after_its_timeout():
     faults, ok = C.settled_faults(Endless(), quiet_s=0.1, timeout_s=1.0,
                                   sleep=lambda s: t.__setitem__(0, t[0] + s), clock=lambda: t[0])
     assert not ok and faults >= 10
+
+
+# ---- the per-call cost at the sizes plans use --------------------------------------------------
+
+def _call_rows(per_call=10e-6, bw=50e9, fixed=4e-6, noise=0.03):
+    """[bytes per call, calls, seconds] as calibrate's call runs give them, with a deterministic
+    +-noise relative error."""
+    rows, i = [], 0
+    for size in C.CALL_SIZES:
+        for k in (8, 32):
+            for _ in range(3):
+                t = fixed + k * per_call + k * size / bw
+                rows.append([size, k, t * (1 + noise * math.sin(7.1 * i))])
+                i += 1
+    return rows
+
+
+@pytest.mark.parametrize("per_call,bw", [(10e-6, 50e9), (10e-6, 12.7e9), (25e-6, 400e9)])
+def test_fit_calls_recovers_a_known_per_call_cost_and_bandwidth(per_call, bw):
+    f = C.fit_calls(_call_rows(per_call, bw))
+    assert f.per_call_s == pytest.approx(per_call, rel=0.10)
+    assert f.bandwidth == pytest.approx(bw, rel=0.10)
+
+
+def test_the_bulk_lines_intercept_is_not_taken_for_a_per_call_cost():
+    """Lines fitted on 64 MiB to 1 GiB transfers cross zero bytes far from any one call's cost; the
+    profile's per-call cost comes from the call runs, and without them from the base profile."""
+    m = C.Measurements(device={"name": "X"}, fault_runs=[[256, 256, 0.01], [1024, 1024, 0.04]],
+                       htod=[[64 * 2**20, 164e-6 + 64 * 2**20 / 50e9], [2**30, 164e-6 + 2**30 / 50e9]],
+                       dtoh=[[64 * 2**20, 164e-6 + 64 * 2**20 / 12.7e9], [2**30, 164e-6 + 2**30 / 12.7e9]])
+    base = load_profile("msched-rtx5080")
+    p = C.fit_profile(m)
+    assert p.transfer_latency_s == base.transfer_latency_s and "not a per-call cost" in p.source["transfer_latency_s"]
+    m.prefetch_calls = [["htod", *r] for r in _call_rows(10e-6, 50e9)] + [["dtoh", *r] for r in _call_rows(10e-6, 12.7e9)]
+    p = C.fit_profile(m)
+    assert p.transfer_latency_s == pytest.approx(10e-6, rel=0.10)
+    assert "4 KiB" in p.source["transfer_latency_s"] and "32 MiB" in p.source["transfer_latency_s"]
+
+
+def test_measure_recovers_the_stand_ins_per_call_cost_and_times_the_callback():
+    fake = ClockedFake(free=2 * GiB, latency=10e-6)
+    m = C.measure(fake, FakeMonitor(fake), repeats=1)
+    assert {int(r[1]) for r in m.prefetch_calls} == set(C.CALL_SIZES)
+    p = C.fit_profile(m)
+    assert p.transfer_latency_s == pytest.approx(10e-6, rel=0.10)
+    assert len(m.callback_s) == C.CALLBACK_LAUNCHES and p.host_launch_s > 0
+    assert m.batch_calls == []   # the stand-in has no batched calls

@@ -27,8 +27,19 @@ quarter of it, so the GPU is never oversubscribed):
     one block and one fault; what is left after the two slopes is the per-batch
     cost (`batch_overhead_s`). A block run's faults may reach the driver in more
     than one batch; that share of batch cost lands in the block slope (documented).
-- bulk prefetch bandwidth, each way: `cuMemPrefetchAsync` of several sizes;
-  bandwidth is 1 / slope of time against bytes, transfer latency the intercept.
+- bulk prefetch bandwidth, each way: `cuMemPrefetchAsync` of several sizes (64 MiB to 1 GiB);
+  bandwidth is 1 / slope of time against bytes. The intercept of those lines is NOT a per-call
+  cost (a 164 us "per call" read that way on an H200 is at odds with runs making a call every
+  25 us): it is what the fit leaves at zero bytes of transfers thousands of times larger;
+- the per-call cost at the sizes plans use: runs of k `cuMemPrefetchAsync` calls of 4 KiB,
+  64 KiB, 2 MiB and 32 MiB each way (one range per 2 MiB block, so the driver merges none),
+  fitted as time = fixed + k x per-call + bytes / bandwidth (`fit_calls`, weighted by 1/time so
+  that the small runs weigh as much as the big ones); the batched calls of CUDA 13.0's driver
+  (`cuMemPrefetchBatchAsync`, `cuMemDiscardBatchAsync`, `cuMemDiscardAndPrefetchBatchAsync`),
+  where this driver has them, one call of n ranges, fitted as time = fixed + n x per-range +
+  bytes / bandwidth;
+- the host time of the GPU runner's launch callback (its `Engine.on_launch`, demand at an
+  emulated capacity, on a launch that needs no call: the decision alone);
 - overlap: one buffer evicted to the host on one stream while another is
   populated on a second stream; `duplex` when that takes clearly less than
   the two one after the other (two copy engines), `pipelined_bandwidth` the
@@ -55,6 +66,9 @@ FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
 PAGE_NS = (1, 2, 4, 8, 16)               # big pages of one 2 MiB block per page run (<= half the block)
 BLOCK_NS = (8, 32, 64, 128)              # 2 MiB blocks touched once each per block run
 REPEATS = 3
+CALL_SIZES = (4096, 64 * 1024, 2 * 2**20, 32 * 2**20)   # cuMemPrefetchAsync sizes plans use
+CALLS_PER_RUN = 32                       # calls per timed run (at most; a quarter of it too)
+CALLBACK_LAUNCHES = 200                  # launches timed through the runner's callback
 DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
 MAX_FRACTION_OF_FREE = 0.25
 SETTLE_QUIET_S = 0.02                    # fault counts read once two flushes this far apart agree ...
@@ -74,6 +88,9 @@ class Measurements:
     duplex: list | None = None                       # [htod bytes, dtoh bytes, seconds] both at once
     launch_s: list = field(default_factory=list)     # seconds of a one-thread kernel
     copy: list = field(default_factory=list)         # [bytes copied, seconds]
+    prefetch_calls: list = field(default_factory=list)  # [htod|dtoh, bytes per call, calls, seconds]
+    batch_calls: list = field(default_factory=list)     # [driver function, bytes per range, ranges, seconds]
+    callback_s: list = field(default_factory=list)      # host seconds of the runner's launch callback
     driver_prefetch: bool | None = None
     unsettled: int = 0                               # fault counts read before they stopped changing
     elapsed_s: float | None = None
@@ -191,6 +208,56 @@ def fit_bandwidth(points: Sequence[Sequence], what: str) -> tuple[float, float, 
     return 1.0 / slope, max(0.0, icpt), r2
 
 
+@dataclass(frozen=True)
+class CallFit:
+    """time = fixed + calls x per_call + bytes / bandwidth, fitted (`fit_calls`)."""
+
+    per_call_s: float
+    bandwidth: float
+    fixed_s: float
+    r2: float
+    n: int
+
+
+def fit_calls(rows: Sequence[Sequence]) -> CallFit:
+    """Per-call cost and bandwidth from [bytes per call, calls, seconds] rows: least squares on
+    time = fixed + calls x per_call + calls x bytes / bandwidth, each row weighted by 1 / its time
+    (relative errors: a run of 32 x 4 KiB calls pins the per-call cost as a run of 32 x 32 MiB pins
+    the bandwidth). `fixed` is what timing one run costs (the events), not part of a call."""
+    import numpy as np
+
+    pts = [(float(b), float(k), float(t)) for b, k, t in rows if k > 0 and t > 0]
+    if len(pts) < 3:
+        raise ProfileError(f"need at least three call measurements to fit a per-call cost, got {len(pts)}")
+    a = np.array([[1.0, k, k * b] for b, k, _ in pts])
+    y = np.array([t for _, _, t in pts])
+    if np.linalg.matrix_rank(a) < 3:
+        raise ProfileError("the call measurements do not vary both the calls and the bytes; cannot separate"
+                           " a per-call cost from the bandwidth")
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    fixed, per_call, inv_bw = (float(c) for c in coef)
+    if not inv_bw > 0:
+        raise ProfileError(f"call time did not grow with the bytes moved ({inv_bw:.3g} s/B)")
+    pred = a @ coef
+    rel = (y - pred) / y
+    r2 = 1.0 - float(np.sum(rel ** 2)) / max(float(np.sum(((y - y.mean()) / y) ** 2)), 1e-300)
+    return CallFit(max(0.0, per_call), 1.0 / inv_bw, fixed, r2, len(pts))
+
+
+def _per_call_by_size(rows: Sequence[Sequence]) -> str:
+    """`4 KiB: 11.2 us, ...`: the median time per call at each size measured (for the source)."""
+    by: dict[int, list[float]] = {}
+    for b, k, t in rows:
+        if k > 0:
+            by.setdefault(int(b), []).append(float(t) / float(k))
+    return ", ".join(f"{_size(b)}: {statistics.median(v) * 1e6:.1f} us" for b, v in sorted(by.items()))
+
+
+def _size(b: int) -> str:
+    return f"{b // 2**20} MiB" if b >= 2**20 else f"{b // 1024} KiB"
+
+
 def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     """A CostProfile from measurements; fields not measured come from `base` (msched-rtx5080)."""
     base = load_profile(base or "msched-rtx5080")
@@ -206,7 +273,41 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
                            + (f"; {m.unsettled} fault count(s) still changing when read" if m.unsettled else ""))
     src["htod_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, host to device (r^2 = {h_r2:.3f})"
     src["dtoh_bandwidth"] = f"calibrate on {dev}: 1/slope of cuMemPrefetchAsync time vs bytes, device to host (r^2 = {d_r2:.3f})"
-    src["transfer_latency_s"] = f"calibrate on {dev}: mean intercept of the two prefetch time-vs-bytes lines"
+    # the bulk lines' intercept is no per-call cost (the module doc): the per-call runs give it
+    src["transfer_latency_s"] = (f"not measured on {dev}: {base.name}'s (the bulk lines' zero-byte intercept,"
+                                 f" {latency * 1e6:.1f} us, is not a per-call cost)")
+    latency = base.transfer_latency_s
+    calls = {d: [r[1:] for r in m.prefetch_calls if r[0] == d] for d in ("htod", "dtoh")}
+    fits = {}
+    for d, rows in calls.items():
+        if rows:
+            try:
+                fits[d] = fit_calls(rows)
+            except ProfileError as e:
+                src[f"{d}_calls"] = f"calibrate on {dev}: the per-call fit failed ({e})"
+    if fits:
+        latency = statistics.mean(f.per_call_s for f in fits.values())
+        src["transfer_latency_s"] = (
+            f"calibrate on {dev}: per cuMemPrefetchAsync call, fitted as time = fixed + calls x per-call +"
+            f" bytes / bandwidth on runs of up to {CALLS_PER_RUN} calls at 4 KiB to 32 MiB, weighted by 1/time; "
+            + "; ".join(f"{d}: {f.per_call_s * 1e6:.2f} us a call, {f.bandwidth / 1e9:.1f} GB/s, fixed"
+                        f" {f.fixed_s * 1e6:.1f} us a run (r^2 = {f.r2:.3f}, {f.n} runs); time per call by size: "
+                        f"{_per_call_by_size(calls[d])}" for d, f in fits.items()))
+    batch = {}
+    for fn in sorted({r[0] for r in m.batch_calls}):
+        rows = [r[1:] for r in m.batch_calls if r[0] == fn]
+        try:
+            f = fit_calls(rows)   # here `calls` are the ranges of one call
+            batch[fn] = f
+            src[fn] = (f"calibrate on {dev}: one call of n ranges: {f.per_call_s * 1e6:.2f} us per range,"
+                       f" {f.bandwidth / 1e9:.1f} GB/s, {f.fixed_s * 1e6:.1f} us per call with its timing"
+                       f" (r^2 = {f.r2:.3f}, {f.n} runs)")
+        except ProfileError as e:
+            src[fn] = f"calibrate on {dev}: not fitted ({e})"
+    host_launch = statistics.median(m.callback_s) if m.callback_s else base.host_launch_s
+    if m.callback_s:
+        src["host_launch_s"] = (f"calibrate on {dev}: median host time of the GPU runner's launch callback"
+                                f" (demand at an emulated capacity, no call needed) over {len(m.callback_s)} launches")
     src["batch_overhead_s"] = "0: calibrate's per-fault slope already includes the batch overhead"
 
     if m.duplex:
@@ -240,7 +341,7 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     d.update(name=name, description=desc, fault_time_s=fault_s, batch_overhead_s=0.0,
              htod_bandwidth=h_bw, dtoh_bandwidth=d_bw, duplex=bool(duplex), pipelined_bandwidth=pipelined,
              transfer_latency_s=latency, launch_overhead_s=max(0.0, launch), device_bandwidth=bw,
-             charges=True, source=src)
+             host_launch_s=host_launch, charges=True, source=src)
     if m.page_runs and m.block_runs and _HAS_BLOCK_FIELD:
         sp = fit_fault_split(m.page_runs, m.block_runs, launch if m.launch_s else 0.0)
         pn = sorted({int(r[0]) for r in m.page_runs})
@@ -402,6 +503,49 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
                 m.htod.append([size, timed(lambda: cuda.prefetch_to_gpu(a, size, stream))])
                 m.dtoh.append([size, timed(lambda: cuda.prefetch_to_host(a, size, stream))])
             step()
+        # -- per-call cost at the sizes plans use (one range per 2 MiB block) -------
+        for size in CALL_SIZES:
+            stride = max(size, VA_BLOCK)
+            kmax = min(CALLS_PER_RUN, bulk // stride)
+            for k in sorted({max(1, kmax // 4), kmax}):
+                if k < 1:
+                    continue
+                ranges = [(a + i * stride, size) for i in range(k)]
+                for _ in range(repeats):
+                    cuda.prefetch_to_host(a, bulk, stream)
+                    cuda.synchronize()
+                    m.prefetch_calls.append(["htod", size, k, timed(lambda: [cuda.prefetch_to_gpu(x, n, stream)
+                                                                           for x, n in ranges])])
+                    m.prefetch_calls.append(["dtoh", size, k, timed(lambda: [cuda.prefetch_to_host(x, n, stream)
+                                                                           for x, n in ranges])])
+        step()
+        # -- the batched calls, where this driver has them -------------------------
+        have = cuda.batch_calls() if hasattr(cuda, "batch_calls") else frozenset()
+        for size in CALL_SIZES:
+            stride = max(size, VA_BLOCK)
+            kmax = min(CALLS_PER_RUN, bulk // stride)
+            for k in sorted({max(1, kmax // 4), kmax}):
+                ranges = [(a + i * stride, size) for i in range(k)]
+                for _ in range(repeats):
+                    if "cuMemPrefetchBatchAsync" in have:
+                        cuda.prefetch_to_host(a, bulk, stream)
+                        cuda.synchronize()
+                        m.batch_calls.append(["cuMemPrefetchBatchAsync", size, k,
+                                              timed(lambda: cuda.prefetch_batch(ranges, True, stream))])
+                    if "cuMemDiscardBatchAsync" in have:   # resident data, declared dead: nothing copied
+                        cuda.prefetch_to_gpu(a, bulk, stream)
+                        cuda.synchronize()
+                        m.batch_calls.append(["cuMemDiscardBatchAsync", size, k,
+                                              timed(lambda: cuda.discard_batch(ranges, stream))])
+                    if "cuMemDiscardAndPrefetchBatchAsync" in have:
+                        cuda.prefetch_to_host(a, bulk, stream)
+                        cuda.synchronize()
+                        m.batch_calls.append(["cuMemDiscardAndPrefetchBatchAsync", size, k,
+                                              timed(lambda: cuda.discard_and_prefetch_batch(ranges, True, stream))])
+        step()
+        # -- the runner's launch callback: host time of one decision --------------------
+        m.callback_s = callback_times(cuda, a, bulk)
+        step()
         # -- device bandwidth (copy between resident buffers) ---------------------
         cuda.prefetch_to_gpu(a, bulk, stream)
         cuda.prefetch_to_gpu(b, bulk, stream)
@@ -440,9 +584,33 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
     return m
 
 
+def callback_times(cuda, buf: int, nbytes: int, n: int = CALLBACK_LAUNCHES) -> list[float]:
+    """Host seconds of the GPU runner's launch callback (`Engine.on_launch`), demand at an emulated
+    capacity the launch fits in, on `n` launches of one pointer into `buf`: the decision alone,
+    no call (the first launch's eviction bookkeeping is left out)."""
+    import struct
+
+    from pagecast.collect.launch_hook import LaunchArgs
+
+    from .cuda_engine import Engine
+
+    e = Engine(cuda, "demand", capacity=max(2 * nbytes, VA_BLOCK))
+    data = struct.pack("<QQ", int(buf), int(nbytes))
+    la = LaunchArgs(kernel="calibrate_probe", function=0, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1,
+                    block_z=1, shared_mem_bytes=0, stream=0, correlation_id=0, param_offsets=(0, 8),
+                    param_sizes=(8, 8), param_data=data, cbid=0)
+    out = []
+    for i in range(n + 1):
+        t0 = time.perf_counter()
+        e.on_launch(la)
+        if i:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
 def steps(repeats: int = REPEATS, n_fault_sizes: int = len(FAULT_NS)) -> int:
     """How many progress steps measure() reports."""
-    return repeats * n_fault_sizes + repeats + 1 + repeats + 1 + 1
+    return repeats * n_fault_sizes + repeats + 1 + repeats + 3 + 1 + 1
 
 
 def summary(profile) -> dict:
@@ -457,6 +625,7 @@ def summary(profile) -> dict:
         "htod_GBps": profile.htod_bandwidth / 1e9, "dtoh_GBps": profile.dtoh_bandwidth / 1e9,
         "duplex": profile.duplex, "pipelined_GBps": profile.pipelined_bandwidth / 1e9,
         "transfer_latency_us": profile.transfer_latency_s * 1e6,
+        "host_launch_us": getattr(profile, "host_launch_s", 0.0) * 1e6,
         "launch_overhead_us": profile.launch_overhead_s * 1e6,
         "device_GBps": profile.device_bandwidth / 1e9,
     }

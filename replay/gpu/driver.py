@@ -226,6 +226,52 @@ class DriverCuda:
             _check(self._d.cuMemPrefetchAsync(self._d.CUdeviceptr(int(addr)), int(nbytes), self._host_loc, 0,
                                               self._stream(stream)), "cuMemPrefetchAsync (to host)")
 
+    # the batched calls of CUDA 13.0's driver API (one call, many ranges); `batch_calls()` says which
+    # this driver hands out (cuGetProcAddress answers CUDA_ERROR_NOT_FOUND for a function it lacks)
+    BATCH_CALLS = ("cuMemPrefetchBatchAsync", "cuMemDiscardBatchAsync", "cuMemDiscardAndPrefetchBatchAsync")
+
+    def batch_calls(self) -> frozenset:
+        """The batched calls this driver has (asked once, by name, through cuGetProcAddress)."""
+        got = getattr(self, "_batch", None)
+        if got is None:
+            d, have = self._d, set()
+            flags = int(getattr(d.CUdriverProcAddress_flags, "CU_GET_PROC_ADDRESS_DEFAULT", 0))
+            for name in self.BATCH_CALLS:
+                try:
+                    res = d.cuGetProcAddress(name.encode(), 13000, flags)
+                    if int(res[0]) == 0 and int(res[1] or 0) != 0:
+                        have.add(name)
+                except Exception:  # noqa: BLE001 - an older cuda-bindings: treat as absent
+                    pass
+            got = self._batch = frozenset(have)
+        return got
+
+    def prefetch_batch(self, ranges, to_gpu: bool, stream: int = 0) -> None:
+        """cuMemPrefetchBatchAsync: every (address, nbytes) of `ranges` to one location, one call."""
+        d = self._d
+        rs = [(int(a), int(n)) for a, n in ranges if n > 0]
+        if rs:
+            _check(d.cuMemPrefetchBatchAsync([d.CUdeviceptr(a) for a, _ in rs], [n for _, n in rs], len(rs),
+                                             [self._gpu_loc if to_gpu else self._host_loc], [0], 1, 0,
+                                             self._stream(stream)), "cuMemPrefetchBatchAsync")
+
+    def discard_batch(self, ranges, stream: int = 0) -> None:
+        """cuMemDiscardBatchAsync: the ranges' contents are dead; nothing is copied back."""
+        d = self._d
+        rs = [(int(a), int(n)) for a, n in ranges if n > 0]
+        if rs:
+            _check(d.cuMemDiscardBatchAsync([d.CUdeviceptr(a) for a, _ in rs], [n for _, n in rs], len(rs), 0,
+                                            self._stream(stream)), "cuMemDiscardBatchAsync")
+
+    def discard_and_prefetch_batch(self, ranges, to_gpu: bool, stream: int = 0) -> None:
+        """cuMemDiscardAndPrefetchBatchAsync: discard the ranges' contents and place them (no copy)."""
+        d = self._d
+        rs = [(int(a), int(n)) for a, n in ranges if n > 0]
+        if rs:
+            _check(d.cuMemDiscardAndPrefetchBatchAsync([d.CUdeviceptr(a) for a, _ in rs], [n for _, n in rs], len(rs),
+                                                       [self._gpu_loc if to_gpu else self._host_loc], [0], 1, 0,
+                                                       self._stream(stream)), "cuMemDiscardAndPrefetchBatchAsync")
+
     def allocation_of(self, addr: int) -> Allocation | None:
         d = self._d
         res = d.cuMemGetAddressRange(d.CUdeviceptr(int(addr)))

@@ -173,6 +173,11 @@ def gate_shares(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
 def run_timing(counters, comp, gran, groups: Groups, profile):
     """start, end and stall per step of a run's counters under `profile` (see _timing)."""
     frac, own_plain, own = gate_shares(groups)
+    hl = float(getattr(profile, "host_launch_s", 0.0) or 0.0)
+    if profile.charges and hl > 0:
+        # the GPU runner's callback runs on the host at each launch, while the kernel before it runs:
+        # a kernel shorter than the callback leaves the GPU waiting for the next launch
+        comp = np.maximum(comp, hl)
     return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group,
                                                       groups.gate.astype(np.int64), gate_seconds(groups, profile),
                                                       frac, own_plain, own), costs_of(profile))
