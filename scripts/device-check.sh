@@ -6,19 +6,19 @@
 #                                            # budget and the total, every step walked with its
 #                                            # GPU part stubbed, the report rendered
 #   bash scripts/device-check.sh             # on the GPU machine: the first command, <= 540 s
-#   bash scripts/device-check.sh --second    # then, if wanted: what the first could not reach,
-#                                            # the rest of the collection tests, the other stages'
+#   bash scripts/device-check.sh --second    # then, if wanted: what the first could not reach, the
+#                                            # collection tests (those that passed on an H200 first)
+#   bash scripts/device-check.sh --third     # then: what the second could not reach, the rest of the
+#                                            # collection tests, the other stages' GPU tests
 #   bash scripts/device-check.sh --plan      # the plan alone
 #
 # The first command installs the CUPTI wheels (below) into a virtual environment and pagecast
-# into it, runs the collection tests that answer the most (the CUPTI facts the collector relies
-# on, jacobi2d collected and fitted at one scale and evaluated at another, SIGTERM halfway, a
-# managed allocation refused past the limit), then a reduced replay validation (calibrate;
-# jacobi2d at 200% with demand, template and oracle; the same runs simulated with the calibrated
-# profile), then writes the report. Each step has a device-time budget, runs in its own process
-# group under that limit, and records met, missed or not reached; a failure never stops the rest.
-# The full validation (three workloads, three levels, four policies: 8 to 15 minutes) is
-# `python scripts/gpu_validation.py OUT.md` on its own. The steps themselves: scripts/device_check.py.
+# into it, then runs the replay validation (scripts/gpu_validation.py): calibrate; llm_decode,
+# spmv_cg and jacobi2d at a scale of at least 1 GiB of managed memory (each checked against the
+# free memory: never oversubscribed; the capacity is emulated), 200% with demand, template and
+# oracle, five interleaved repeats, the no-runner and 100% baselines, the simulator beside each
+# run; then writes the report. Each step has a device-time budget, runs in its own process group
+# under that limit, and records met, missed or not reached; a failure never stops the rest.
 #
 # Output, in --out DIR (default $DEVICE_CHECK_OUT, else ./device-check-out/): device-check.md (the
 # report, also printed), device-check.log, steps.json, env.txt, collect-metrics.jsonl, gpu-validation.md,

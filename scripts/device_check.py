@@ -72,43 +72,52 @@ class Step:
     args: list[str] = field(default_factory=list)   # pytest node ids / gpu_validation.py arguments
 
 
-REDUCED_VALIDATION = ["--workloads", "jacobi2d", "--oversub", "2", "--policies", "demand,template,oracle",
-                      "--fit-scale", "0.25,0.5", "--replay-scale", "1", "--repeat", "1"]
+# the validation the first command runs: calibrate; three workloads at >= 1 GiB of managed memory,
+# 200% with demand, template and oracle, five interleaved repeats and both baselines, each run
+# simulated beside; scripts/gpu_validation.py skips (and reports) what its time does not cover
+VALIDATION = ["--workloads", "llm-decode,spmv-cg,jacobi2d", "--oversub", "2", "--policies", "demand,template,oracle",
+              "--repeat", "5"]
+COMMANDS = (1, 2, 3)
+_FLAG = {1: "", 2: " --second", 3: " --third"}
 
 
 def plan() -> list[Step]:
-    """Both commands' steps, in order. The first holds the collection tests that answer the most
-    (CUPTI's facts, one workload end to end, SIGTERM, the managed limit) and a reduced replay
-    validation; the second the rest of the collection tests and the other stages' GPU tests."""
+    """Every command's steps, in order. The first holds what answers the most now: the install,
+    the replay validation (calibrate, three workloads, repeats, the simulator beside) and the report.
+    The collection tests that already passed on an H200 (2026-12-04: the CUPTI facts, jacobi2d
+    end to end, SIGTERM halfway, the managed limit) and the other three workloads collected and
+    fitted are the second; the rest of the collection tests and the other stages' GPU tests the third."""
     c = COLLECT
     return [
         Step("install: cupti-python and libcupti in a venv, pagecast", "install", 60, 1),
-        Step("collect: the CUPTI facts the collector relies on", "pytest", 60, 1,
-             [f"{c}::test_cupti_facts_the_collector_relies_on"]),
-        Step("collect: jacobi2d, fit at 0.5, evaluate at 1", "pytest", 75, 1,
-             [f"{c}::test_collect_fit_on_one_scale_predicts_the_other[jacobi2d]"]),
-        Step("collect: SIGTERM halfway, partial trace read back", "pytest", 45, 1,
-             [f"{c}::test_sigterm_halfway_leaves_a_readable_partial_trace"]),
-        Step("collect: a managed allocation past the limit is refused", "pytest", 25, 1,
-             [f"{c}::test_managed_allocation_past_the_limit_is_refused"]),
-        Step("validation (reduced): calibrate; jacobi2d at 200%, demand/template/oracle; simulated",
-             "validation", 245, 1, REDUCED_VALIDATION),
+        Step("validation: calibrate; llm_decode, spmv_cg, jacobi2d at >= 1 GiB, 200%, demand/template/oracle,"
+             " 5 repeats, baselines; simulated beside", "validation", 465, 1, VALIDATION),
         Step("report", "report", 10, 1),
         Step("install: cupti-python and libcupti in a venv, pagecast", "install", 60, 2),
+        Step("collect: the CUPTI facts the collector relies on", "pytest", 60, 2,
+             [f"{c}::test_cupti_facts_the_collector_relies_on"]),
+        Step("collect: jacobi2d, fit at 0.5, evaluate at 1", "pytest", 75, 2,
+             [f"{c}::test_collect_fit_on_one_scale_predicts_the_other[jacobi2d]"]),
+        Step("collect: SIGTERM halfway, partial trace read back", "pytest", 45, 2,
+             [f"{c}::test_sigterm_halfway_leaves_a_readable_partial_trace"]),
+        Step("collect: a managed allocation past the limit is refused", "pytest", 25, 2,
+             [f"{c}::test_managed_allocation_past_the_limit_is_refused"]),
         Step("collect: spmv_cg, fit at 0.5, evaluate at 1", "pytest", 70, 2,
              [f"{c}::test_collect_fit_on_one_scale_predicts_the_other[spmv_cg]"]),
         Step("collect: mlp_train, fit at 0.5, evaluate at 1", "pytest", 70, 2,
              [f"{c}::test_collect_fit_on_one_scale_predicts_the_other[mlp_train]"]),
         Step("collect: llm_decode, fit at 0.5, evaluate at 1", "pytest", 70, 2,
              [f"{c}::test_collect_fit_on_one_scale_predicts_the_other[llm_decode]"]),
-        Step("collect: PyTorch MLP with --managed torch", "pytest", 45, 2,
-             [f"{c}::test_collect_pytorch_mlp_with_managed_torch"]),
-        Step("collect: natural-mode overhead", "pytest", 45, 2, [f"{c}::test_collect_natural_mode_and_overhead"]),
-        Step("collect: index values in full mode", "pytest", 45, 2,
-             [f"{c}::test_full_mode_records_index_values_and_their_cost"]),
-        Step("the other stages' GPU tests (pytest -m gpu)", "pytest", 120, 2,
-             ["-m", "gpu", "tests", f"--ignore={c}"]),
         Step("report", "report", 10, 2),
+        Step("install: cupti-python and libcupti in a venv, pagecast", "install", 60, 3),
+        Step("collect: PyTorch MLP with --managed torch", "pytest", 45, 3,
+             [f"{c}::test_collect_pytorch_mlp_with_managed_torch"]),
+        Step("collect: natural-mode overhead", "pytest", 45, 3, [f"{c}::test_collect_natural_mode_and_overhead"]),
+        Step("collect: index values in full mode", "pytest", 45, 3,
+             [f"{c}::test_full_mode_records_index_values_and_their_cost"]),
+        Step("the other stages' GPU tests (pytest -m gpu)", "pytest", 120, 3,
+             ["-m", "gpu", "tests", f"--ignore={c}"]),
+        Step("report", "report", 10, 3),
     ]
 
 
@@ -118,14 +127,13 @@ def budget(steps: list[Step], command: int) -> int:
 
 def format_plan(steps: list[Step]) -> str:
     lines = []
-    for cmd in (1, 2):
-        lines.append(f"command {cmd}" + (" (bash scripts/device-check.sh)" if cmd == 1 else
-                                         " (bash scripts/device-check.sh --second: what command 1 could not"
-                                         " reach, then these)"))
+    for cmd in COMMANDS:
+        lines.append(f"command {cmd} (bash scripts/device-check.sh{_FLAG[cmd]}"
+                     + ("" if cmd == 1 else f": what command {cmd - 1} could not reach, then these") + ")")
         for s in steps:
             if s.command == cmd:
                 lines.append(f"  {s.budget_s:4d} s  {s.name}")
-        lines.append(("budget: " if cmd == 1 else "budget (second command): ") + f"{budget(steps, cmd)} s")
+        lines.append(("budget: " if cmd == 1 else f"budget (command {cmd}): ") + f"{budget(steps, cmd)} s")
     return "\n".join(lines)
 
 
@@ -498,7 +506,10 @@ def step_validation(run: Runner, step: Step, timeout: float) -> tuple[bool, str]
         return False, f"timed out after {timeout:.0f} s (its partial report: gpu-validation.md)"
     if run.dry:
         n = sum(1 for ln in text.splitlines() if "pagecast.cli" in ln)
-        return code == 0 and n > 0, f"{n} commands planned"
+        md = out_md.read_text() if out_md.exists() else ""
+        table = "| GPU / sim |" in md and "excess over capacity" in md
+        return code == 0 and n > 0 and table, (f"{n} commands planned; the report rendered from a synthetic run"
+                                               + ("" if table else ": its table is MISSING"))
     overall = re.findall(r"\*\*Overall: (.*?)\*\*", out_md.read_text()) if out_md.exists() else []
     return code == 0, f"exit {code}: {overall[-1] if overall else 'no report'} (gpu-validation.md)"
 
@@ -646,14 +657,30 @@ def write_report(out: Path, metrics: Path, results: list[Result], step: Step, et
     rows, bad = read_metrics(metrics)
     vmd = out / "gpu-validation.md"
     me = Result(step.name, step.command, step.budget_s, "met")
-    md = render(results + [me], rows, bad, etext, vmd.read_text() if vmd.exists() and not dry else None)
+    # in a dry run, gpu-validation.md is the validation's report rendered from a synthetic run
+    md = render(results + [me], rows, bad, etext, vmd.read_text() if vmd.exists() else None)
     (out / "device-check.md").write_text(md)
     if dry:   # what the report must show of a partly cut metrics file
-        need = ("| jacobi2d | 1.0000 |", "| spmv_cg | – |", "exit code 143", "1 line(s) of collect-metrics.jsonl")
+        need = ("| jacobi2d | 1.0000 |", "| spmv_cg | – |", "exit code 143", "1 line(s) of collect-metrics.jsonl",
+                "| GPU / sim |", "excess over capacity")
         lost = [n for n in need if n not in md]
         return not lost, (f"rendered from a synthetic metrics file: {len(rows)} rows, {bad} cut line(s)"
                           + (f"; MISSING {lost}" if lost else ""))
     return True, f"{len(rows)} metric rows, {bad} unreadable line(s)" + pack_traces(traces, out)
+
+
+def card(smi_lines: list[str]) -> str:
+    """Which of the cards the check is planned for nvidia-smi's `name, memory.total [MiB], ...` names:
+    an H100 (80 GB) or an H200 (141 GB); the validation sizes nothing from this (every workload checks
+    its plan against the free memory), the report says which card gave the numbers."""
+    for ln in smi_lines:
+        m = re.match(r"\s*([^,]+),\s*(\d+)\s*MiB", ln)
+        if not m:
+            continue
+        name, mib = m.group(1).strip(), int(m.group(2))
+        kind = "H200 (141 GB)" if "H200" in name or mib > 120_000 else "H100 (80 GB)" if "H100" in name else "other"
+        return f"{kind}: {name}, {mib} MiB"
+    return "unknown (nvidia-smi gave no name and memory)"
 
 
 def env_text(dry: bool) -> str:
@@ -668,6 +695,7 @@ def env_text(dry: bool) -> str:
             lines += (r.stdout + r.stderr).strip().splitlines()[:2]
         except (OSError, subprocess.SubprocessError) as e:
             lines.append(f"{argv[0]}: {e}")
+    lines.append(f"card: {card(lines)}")
     p = Path("/sys/module/nvidia_uvm/parameters/uvm_perf_prefetch_enable")
     try:
         lines.append(f"uvm_perf_prefetch_enable: {p.read_text().strip()}")
@@ -683,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="walk every step with its GPU parts stubbed (no GPU)")
     ap.add_argument("--second", action="store_true",
                     help="the second command: command 1's steps it did not reach, then command 2's")
+    ap.add_argument("--third", action="store_true",
+                    help="the third command: command 2's steps it did not reach, then command 3's")
     ap.add_argument("--plan", action="store_true", help="print the plan and exit")
     ap.add_argument("--out", default=os.environ.get("DEVICE_CHECK_OUT") or str(ROOT / "device-check-out"),
                     help="where the report, log and metrics go (default $DEVICE_CHECK_OUT, else ./device-check-out)")
@@ -700,24 +730,25 @@ def main(argv: list[str] | None = None) -> int:
     state = work / "steps.json"      # what command 1 left unreached, for --second
 
     print(format_plan(steps))
-    if a.dry_run:     # every step of both commands, each command within its own time
-        commands = [[s for s in steps if s.command == c] for c in (1, 2)]
-    elif a.second:
+    later = 3 if a.third else 2 if a.second else 1
+    if a.dry_run:     # every step of every command, each command within its own time
+        commands = [[s for s in steps if s.command == c] for c in COMMANDS]
+    elif later > 1:
         prev = json.loads(state.read_text()) if state.exists() else []
-        unreached = {r["name"] for r in prev if r.get("status") == "not reached" and r.get("command") == 1}
-        again = [replace(s, command=2) for s in steps
-                 if s.command == 1 and s.name in unreached and s.kind in ("pytest", "validation")]
-        second = [s for s in steps if s.command == 2]
-        commands = [second[:1] + again + second[1:]]
+        unreached = {r["name"] for r in prev if r.get("status") == "not reached" and r.get("command") == later - 1}
+        again = [replace(s, command=later) for s in steps
+                 if s.command == later - 1 and s.name in unreached and s.kind in ("pytest", "validation")]
+        mine = [s for s in steps if s.command == later]
+        commands = [mine[:1] + again + mine[1:]]
     else:
         commands = [[s for s in steps if s.command == 1]]
     traces = work / "traces"          # the tests' collected traces, packed into the report folder
-    if not a.second and traces.exists():
+    if later == 1 and traces.exists():
         shutil.rmtree(traces)
     traces.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", PAGECAST_DEVICE_REPORT=str(metrics),
                PAGECAST_DEVICE_TRACES=str(traces))
-    if not a.second:
+    if later == 1:
         metrics.write_text("")
     etext = env_text(a.dry_run)
     (out / "env.txt").write_text(etext + "\n")
@@ -740,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            a.dry_run, traces))
             env = run.env
             results += run.results
-        if not a.second and not a.dry_run:
+        if not a.dry_run:   # what this command did not reach, for the next one
             state.write_text(json.dumps([asdict(r) for r in results], indent=1))
     print((out / "device-check.md").read_text())
     missed = [r for r in results if r.status != "met"]

@@ -22,8 +22,12 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     steps = V.plan("mlp-train", tmp_path, fit_scales=[0.5], replay_scale=2.0, oversub=[1.5, 2, 3],
                    policies=["demand", "template"], repeat=3, profile=tmp_path / "p.json")
     names = [s for s, _ in steps]
-    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)",
+    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)", "no runner", "replay gpu 100%",
                      "replay gpu 150%", "replay gpu 200%", "replay gpu 300%", "replay sim"]
+    assert steps[3][1] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]   # no runner at all
+    base = dict(steps)["replay gpu 100%"]
+    assert base[base.index("--policy") + 1] == "demand" and base[base.index("--oversub") + 1] == "1"
+    assert all("--allow-oversubscription" not in c for _, c in steps)
     cmds = {s: c for s, c in steps}
     assert cmds["collect (fit scale 0.5)"][-5:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "0.5"]
     gpu = cmds["replay gpu 200%"]
@@ -32,7 +36,7 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     assert gpu[gpu.index("--") + 1:] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]
     sim = cmds["replay sim"]
     assert sim[sim.index("--costs") + 1] == str(tmp_path / "p.json") and "--" not in sim
-    assert sim[sim.index("--oversub") + 1] == "1.5,2,3"
+    assert sim[sim.index("--oversub") + 1] == "1,1.5,2,3"
     assert sim[sim.index("--span") + 1] == "unit"   # the runner prefetches the predicted ranges themselves
     assert sim[sim.index("--policy") + 1] == "demand,template,runner"   # and its own decisions, replayed
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
@@ -74,7 +78,7 @@ def test_report_checks_the_bars_and_the_simulator(V):
                            "pipelined_GBps": 90})
     assert "NVIDIA H200" in md and "2026-11-29" in md and "### jacobi2d" in md
     assert "5.00x faster than demand (bar 3x: met)" in md and "NOT met" in md
-    assert "+100%" in md and "⚠" in md            # demand at 300%: simulated 2x the measured time
+    assert "| 0.50 ⚠ |" in md            # demand at 300%: simulated 2x the measured time (GPU / sim = 0.5)
     assert "12.0 us per launch on average (budget 20 us: met)" in md
     assert "**fit failed**: exit 2" in md and "some bars not met" in md
 
@@ -93,13 +97,35 @@ def test_gpu_template_is_compared_with_the_simulated_runner(V):
     assert "replay the runner's own decisions" in md and "reaches 5.00x at 200%" in md
 
 
-def test_dry_run_prints_every_command(V, capsys, tmp_path):
+def test_dry_run_prints_every_command_and_a_synthetic_report(V, capsys, tmp_path):
     assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 + 3 * 8          # two fit scales, three levels by default
+    # per workload: two fit scales, the fit, the replay-scale trace, no runner, 100%, 200%, the simulation
+    assert len(lines) == 1 + 3 * 8
     assert "calibrate" in lines[0]
-    assert sum("--backend gpu" in line for line in lines) == 9
-    assert not (tmp_path / "out.md").exists()
+    assert sum("--backend gpu" in line for line in lines) == 6
+    assert sum("--repeat 5" in line for line in lines) == 6
+    md = (tmp_path / "out.md").read_text()
+    assert "| GPU / sim |" in md and "excess over capacity (MiB)" in md and "no runner at all" in md
+
+
+@pytest.mark.parametrize("name", ["llm-decode", "spmv-cg", "jacobi2d", "mlp-train"])
+def test_the_replay_scale_reaches_a_gib_of_managed_memory(V, name):
+    s = V.replay_scale_for(name)
+    assert V.planned_bytes(name, s) >= 2**30 > V.planned_bytes(name, s * 0.9)
+
+
+def test_real_differences_need_ranges_that_do_not_overlap(V):
+    gpu = [{"policy": "demand", "oversub": 2.0, "time_s": 2.0, "time_s_min": 1.9, "time_s_max": 2.1, "repeats": 5},
+           {"policy": "template", "oversub": 2.0, "time_s": 1.0, "time_s_min": 0.9, "time_s_max": 1.1, "repeats": 5},
+           {"policy": "oracle", "oversub": 2.0, "time_s": 1.95, "time_s_min": 1.5, "time_s_max": 2.0, "repeats": 5}]
+    rows = {r["policy"]: r for r in V.compare(gpu, [])}
+    assert rows["template"]["real"] is True and rows["oracle"]["real"] is False and rows["demand"]["real"] is None
+
+
+def test_the_workloads_own_time_line_is_read(V):
+    out = 'x: 3 launches\nPAGECAST_WORKLOAD {"time_s": 0.25, "launches": 3}\n'
+    assert V.workload_time(out) == 0.25 and V.workload_time("nothing") is None
 
 
 def test_a_run_out_of_budget_still_writes_a_report(V, tmp_path, monkeypatch):
@@ -112,9 +138,11 @@ def test_a_run_out_of_budget_still_writes_a_report(V, tmp_path, monkeypatch):
 
     monkeypatch.setattr(V, "run_step", fake_step)
     out = tmp_path / "val.md"
-    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "100"]) == 1
+    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "100",
+                   "--replay-scale", "1"]) == 1
     md = out.read_text()
-    assert "Calibration failed" in md and "collect (fit scale 0.25) failed" in md
+    assert "Calibration failed" in md and "collect (fit scale 0.125) failed" in md
     assert "Partial" not in md and len(calls) == 2      # calibrate, then the first collect: nothing else can run
-    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "0"]) == 1
+    assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "0",
+                   "--replay-scale", "1"]) == 1
     assert "out of time" in out.read_text()

@@ -12,6 +12,7 @@ deterministic for a given `--scale` and `--seed`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -80,6 +81,7 @@ class Gpu:
         self.planned = planned_bytes
         self.launches = 0
         self.t0 = time.perf_counter()
+        self.t_first: float | None = None   # the first launch (a run's time_s counts from it)
 
     def empty(self, n: int, dtype) -> "object":
         return self.cp.empty(int(n), dtype=dtype)
@@ -92,6 +94,8 @@ class Gpu:
         return {n: mod.get_function(n) for n in names}
 
     def launch(self, fn, grid, block, args, shared_mem: int = 0) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
         fn(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args), shared_mem=int(shared_mem))
         self.launches += 1
 
@@ -100,8 +104,14 @@ class Gpu:
 
     def done(self, summary: str) -> None:
         self.sync()
-        dt = time.perf_counter() - self.t0
+        t = time.perf_counter()
+        dt = t - self.t0
         print(f"{self.name}: {self.launches} launches, {self.planned / 2**20:.1f} MiB managed, {dt:.2f} s; {summary}")
+        # one machine-readable line: the run's time as `pagecast replay --backend gpu` counts it (first
+        # launch to the end of all GPU work), for the validation's no-runner baseline
+        print("PAGECAST_WORKLOAD " + json.dumps({
+            "workload": self.name, "launches": self.launches, "managed_bytes": self.planned, "wall_s": dt,
+            "time_s": t - (self.t_first if self.t_first is not None else self.t0)}), flush=True)
 
 
 def i32(v) -> np.int32:
