@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterator
 
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -132,10 +131,12 @@ class Bar:
 
 
 def table(title: str | None = None, caption: str | None = None, **kw):
-    """A rich Table for human output: ruled header, no vertical rules (they cost three columns
-    each), the title above and the caption (what the numbers are, relative to what, which way is
+    """A rich Table for human output: an underlined header, no rules (a vertical rule costs three
+    columns), one space between columns, the title above and the caption (what the numbers are, relative to what, which way is
     better; what its terms mean) below, both left-aligned and folded at the table's width."""
-    kw.setdefault("box", box.SIMPLE_HEAD)
+    for k, v in (("box", None), ("pad_edge", False), ("padding", (0, 1)), ("collapse_padding", True),
+                 ("header_style", "bold underline")):
+        kw.setdefault(k, v)
     return Table(title=title, caption=caption, title_justify="left", caption_justify="left", **kw)
 
 

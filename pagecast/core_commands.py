@@ -61,16 +61,16 @@ class SummaryCommand(Command):
         out = console.stdout()
         out.print(t)
         if s["top_kernels"]:
-            from .demangle import demangle
+            from .demangle import base_name
             k = console.table("kernels by bytes touched",
                               f"the {len(s['top_kernels'])} kernels that touch the most bytes (--top); touched: "
                               "bytes summed over the kernel's launches; footprint: distinct bytes; "
-                              "names demangled (--json keeps the symbols)")
+                              "kernels by their demangled names, without parameters (--json keeps the symbols)")
             console.add_name_column(k)
             for c in ("launches", "touched", "footprint"):
                 k.add_column(c, justify="right", no_wrap=True)
             for r in s["top_kernels"]:
-                k.add_row(console.name_cell(demangle(r["kernel"])), f"{r['launches']:,}", format_size(r["touched_bytes"]),
+                k.add_row(console.name_cell(base_name(r["kernel"])), f"{r['launches']:,}", format_size(r["touched_bytes"]),
                           format_size(r["footprint_bytes"]))
             out.print(k)
         return 0
@@ -119,11 +119,11 @@ class QueryCommand(Command):
             for batch in res.batches():
                 w.writerows(batch)
         else:
-            from rich.box import HEAVY_HEAD
+            from rich.table import Table
             rows, more = res.head(args.limit)
             caption = (f"first {len(rows):,} rows shown; the query returns more (--csv or --json write them all)"
                        if more else f"{len(rows):,} rows")
-            t = console.table(caption=caption, box=HEAVY_HEAD)
+            t = Table(caption=caption, caption_justify="left")   # boxed: SQL values may hold spaces
             for n in names:
                 t.add_column(n, overflow="fold")
             for r in rows:

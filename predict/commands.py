@@ -49,6 +49,8 @@ class FitCommand(Command):
         p.add_argument("--json", action="store_true", help="print a JSON summary of the model on stdout")
 
     def run(self, args: argparse.Namespace) -> int:
+        from rich.markup import escape
+
         from pagecast import console
         from pagecast import trace as T
         from pagecast.errors import OutputExistsError
@@ -90,10 +92,14 @@ class FitCommand(Command):
                 console.info(f"{Path(t['path']).name}: record loss {100 * t['loss']:.2f}% ({t['loss_source']})")
             loose = sorted(n for n, k in model.kernels.items() if k.pinned is not None and not k.pinned.pinned)
             if loose:
+                from pagecast.demangle import base_name
+                lines = [f"  {escape(base_name(n))}: {model.kernels[n].pinned.text()}"
+                         + (f". To pin it down: {a}" if (a := model.kernels[n].pinned.advice()) else "")
+                         for n in loose[:5]]
                 console.info(f"{len(loose)} of {len(model.kernels)} kernels' templates are not pinned down by these "
-                             "profiles (cross-validation across launch groups, or arguments no launch varied): "
-                             + "; ".join(f"{n}: {model.kernels[n].pinned.text()}" for n in loose[:5])
-                             + ("; ... (pagecast report shows all)" if len(loose) > 5 else ""))
+                             "profiles (their predictions are a guess beyond the arguments these profiles saw):\n"
+                             + "\n".join(lines)
+                             + ("\n  ... (pagecast report shows all)" if len(loose) > 5 else ""))
         console.wrote(out, "model", next_after_fit(out, traces))
         return 0
 
@@ -174,28 +180,31 @@ class EvaluateCommand(Command):
         _fallback(p)
 
     def run(self, args: argparse.Namespace) -> int:
-        from rich.table import Table
-
         from pagecast import console
+        from pagecast.demangle import base_name, resolve
         from pagecast.units import format_size
 
         from .evaluate import evaluate
         from .model_io import load_model
 
         model = load_model(args.model)
+        if args.kernel is not None:   # a demangled name (as the table shows it) names its symbol
+            args.kernel = resolve(args.kernel, model.kernels) or args.kernel
         trace = _read_launches(args.trace, "evaluate")
         doc = evaluate(model, trace, args.fallback, args.kernel)
         if args.json:
             console.emit_json(doc)
             return 0
-        t = Table(title=f"{trace.path.name}: predictions of {Path(args.model).name} "
-                        f"(footprints from {doc['footprint_source']}, fallback {args.fallback})")
-        for c in ("kernel", "templates", "launches", "precision", "recall", "predicted", "footprint", "alloc. prec."):
-            t.add_column(c, justify="left" if c in ("kernel", "templates") else "right", overflow="fold")
+        t = console.table(f"{trace.path.name}: predictions of {Path(args.model).name} "
+                          f"(footprints from {doc['footprint_source']}, fallback {args.fallback})",
+                          EVALUATE_CAPTION + FALLBACK_WORDS.get(args.fallback, ""))
+        console.add_name_column(t)
+        for c in ("templates", "launches", "precision", "recall", "predicted", "footprint", "alloc.\nprec."):
+            t.add_column(c, justify="left" if c == "templates" else "right", no_wrap=c != "templates")
         for k in doc["kernels"][:args.top]:
-            t.add_row(k["kernel"], ",".join(k["templates"]), f"{k['launches']:,}", _pct(k["precision"]),
-                      _pct(k["recall"]), format_size(k["predicted_bytes"]), format_size(k["footprint_bytes"]),
-                      _pct(k["baseline_precision"]))
+            t.add_row(console.name_cell(base_name(k["kernel"])), ", ".join(k["templates"]), f"{k['launches']:,}",
+                      _pct(k["precision"]), _pct(k["recall"]), format_size(k["predicted_bytes"]),
+                      format_size(k["footprint_bytes"]), _pct(k["baseline_precision"]))
         out = console.stdout()
         out.print(t)
         if len(doc["kernels"]) > args.top:
@@ -234,15 +243,39 @@ class EvaluateCommand(Command):
         return 0
 
 
+EVALUATE_CAPTION = ("Per kernel, over its launches in this trace: precision, the share of predicted pages the "
+                    "launch touched; recall, the share of touched pages predicted (both: higher is better, 100% "
+                    "exact). predicted / footprint: bytes predicted / touched, summed over launches. templates: "
+                    "the classes of its fitted templates (docs/template-model.md). alloc. prec.: the baseline's "
+                    "precision, predicting every allocation the launch's pointers point into, whole (its recall "
+                    "is about 100%). Kernels by their demangled names, without parameters (--json keeps the "
+                    "symbols; --kernel takes either).")
+FALLBACK_WORDS = {
+    "history": " fallback history: irregular kernels, and kernels the model was not fitted on, are predicted "
+               "to touch what they touched before in this trace (--fallback).",
+    "allocation": " fallback allocation: irregular kernels, and kernels the model was not fitted on, are "
+                  "predicted to touch the allocations their pointers point into, whole (--fallback).",
+    "none": " fallback none: irregular kernels, and kernels the model was not fitted on, are predicted to "
+            "touch nothing: demand paging (--fallback).",
+}
+
+
 def _buffer_table(bd: dict):
     """evaluate --kernel's table: the kernel's pages by buffer, the most over-predicted first."""
     from rich.markup import escape
-    from rich.table import Table
 
+    from pagecast import console
+    from pagecast.demangle import demangle
     from pagecast.units import format_size
-    t = Table(title=f"{escape(bd['kernel'])}: pages by buffer over {bd['launches']:,} launches")
-    for c in ("parameters", "template", "precision", "recall", "predicted", "footprint", "over-predicted", "missed"):
-        t.add_column(c, justify="left" if c in ("parameters", "template") else "right", overflow="fold")
+    t = console.table(f"{escape(demangle(bd['kernel']))}: pages by buffer over {bd['launches']:,} launches",
+                      "parameters: the arguments that point into the buffer; template: its predicted ranges "
+                      "(p0, p1, ...: the launch's arguments). precision: the share of predicted pages the launch "
+                      "touched; recall: the share of touched pages predicted (higher is better). "
+                      "over-predicted: predicted, not touched; missed: touched, not predicted (lower is better).")
+    t.add_column("parameters", justify="left")
+    t.add_column("template", justify="left", overflow="fold", min_width=12)
+    for c in ("precision", "recall", "predicted", "footprint", "over-\npredicted", "missed"):
+        t.add_column(c, justify="right", no_wrap=True)
     for r in bd["rows"]:
         t.add_row(r["words"], escape("\n".join(r["templates"])) or "-", _pct(r["precision"]), _pct(r["recall"]),
                   format_size(r["predicted_bytes"]), format_size(r["footprint_bytes"]),

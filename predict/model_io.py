@@ -276,6 +276,19 @@ class Pinning:
             parts.append("predicted as the union with " + ", ".join(self.union))
         return "; ".join(parts)
 
+    def advice(self) -> str:
+        """What the next profile should do to pin the templates down ("" where they are)."""
+        tips = []
+        if self.unvaried:
+            args = ", ".join(f"{w} (parameter {int(w[1:]) + 1})" if w[1:].isdigit() else w for w in self.unvaried)
+            tips.append(f"add a profile in which {args} take{'s' if len(self.unvaried) == 1 else ''} "
+                        "other values (another problem size or shape)")
+        if self.cv == "differ":
+            tips.append("add a profile at other sizes: halves of these launches fit different formulas")
+        elif self.cv == "too few groups" and not self.pinned:
+            tips.append("add a profile whose launches give at least 4 distinct sets of arguments")
+        return "; ".join(tips)
+
     def to_json(self) -> dict:
         d = {"groups": self.groups, "unvaried": list(self.unvaried), "cv": self.cv,
              "differ": {k: list(v) for k, v in self.differ.items()}}

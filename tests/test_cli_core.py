@@ -65,7 +65,7 @@ def test_summary_table(hand_trace, capsys):
     assert main(["summary", str(hand_trace)]) == 0
     out = capsys.readouterr().out
     # the kernel's name demangled (the symbol stays in --json)
-    assert "vadd(float*, float const*, int)" in out and "_Z4vaddPfPKfi" not in out and "launches" in out
+    assert "vadd" in out and "_Z4vaddPfPKfi" not in out and "launches" in out
     # the union and the per-launch sum have different names (both were "footprint"), which the caption explains
     text = " ".join(out.split())
     assert "footprint: distinct bytes" in text and "touched: bytes summed over the kernel's launches" in text
