@@ -5,81 +5,13 @@ kernels themselves only run on a GPU (tests/test_collect_gpu.py)."""
 
 from __future__ import annotations
 
-import re
 import sys
 import types
 
 import numpy as np
 import pytest
 
-C_SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32, "unsigned long": np.uint64}
-C_POINTEES = {"float": np.float32, "int": np.int32, "long": np.int64, "bf16": np.uint16}
-
-
-def signatures(code: str) -> dict[str, list[tuple[str, str]]]:
-    """kernel -> [(C type, parameter name)] for every extern "C" kernel in the source."""
-    out = {}
-    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
-        ps = []
-        for q in (q.strip() for q in params.split(",")):
-            if "*" in q:
-                t, n = q.rsplit("*", 1)
-                ps.append((t.strip() + "*", n.strip()))
-            else:
-                *t, n = q.split()
-                ps.append((" ".join(t), n))
-        out[name] = ps
-    return out
-
-
-def _gemm(a, ta=False, tb=False):
-    M, N, K = a["M"], a["N"], a["K"]
-    A = (K - 1) * a["lda"] + M if ta else (M - 1) * a["lda"] + K
-    B = (N - 1) * a["ldb"] + K if tb else (K - 1) * a["ldb"] + N
-    return [("A", 0, A), ("B", 0, B), ("C", 0, (M - 1) * a["ldc"] + N)]
-
-
-# What each kernel reads and writes, in elements relative to each pointer argument (its C code);
-# `v(name)` is the value a pointer argument points at (data-dependent accesses), g / b grid and block.
-EXTENTS = {
-    "jacobi2d_sweep": lambda a, v, g, b: [("out", 0, a["nx"] * a["ny"]), ("in", -a["nx"], (a["ny"] + 1) * a["nx"])],
-    "jacobi2d_halo": lambda a, v, g, b: [("u", 0, (a["ny"] + 2) * a["nx"])],
-    "jacobi2d_restrict": lambda a, v, g, b: [("coarse", 0, a["nxc"] * a["nyc"]), ("fine", 0, 4 * a["nxc"] * a["nyc"])],
-    "jacobi2d_prolong": lambda a, v, g, b: [("fine", 0, 4 * a["nxc"] * a["nyc"]), ("coarse", 0, a["nxc"] * a["nyc"])],
-    "jacobi2d_residual": lambda a, v, g, b: [("u", -a["nx"], (a["ny"] + 1) * a["nx"]),
-                                            ("partial", 0, int(np.prod(g)))],
-    "reduce_sum": lambda a, v, g, b: [("partial", 0, a["n"]), ("result", 0, 1)],
-    "spmv_csr_block": lambda a, v, g, b: [("rowptr", 0, a["nrows"] + 1), ("colind", 0, a["nnz"]), ("vals", 0, a["nnz"]),
-                                         ("y", 0, a["nrows"]), ("x", 0, int(v("colind")[:a["nnz"]].max()) + 1)],
-    "dot_partial": lambda a, v, g, b: [("a", 0, a["n"]), ("b", 0, a["n"]), ("out", 0, 1)],
-    "axpy": lambda a, v, g, b: [("y", 0, a["n"]), ("x", 0, a["n"])],
-    "xpay": lambda a, v, g, b: [("y", 0, a["n"]), ("x", 0, a["n"])],
-    "sgemm_nn": lambda a, v, g, b: _gemm(a),
-    "sgemm_tn": lambda a, v, g, b: _gemm(a, ta=True),
-    "sgemm_nt": lambda a, v, g, b: _gemm(a, tb=True),
-    "bias_add": lambda a, v, g, b: [("y", 0, a["rows"] * a["cols"]), ("bias", 0, a["cols"])],
-    "relu_inplace": lambda a, v, g, b: [("x", 0, g[0] * b[0])],
-    "softmax_xent": lambda a, v, g, b: [("logits", 0, a["batch"] * a["classes"]), ("labels", 0, a["batch"]),
-                                       ("loss", 0, 1), ("dlogits", 0, a["batch"] * a["classes"])],
-    "relu_backward": lambda a, v, g, b: [("dy", 0, a["n"]), ("y", 0, a["n"])],
-    "bias_grad": lambda a, v, g, b: [("dy", 0, a["rows"] * a["cols"]), ("db", 0, a["cols"])],
-    "sgd_momentum": lambda a, v, g, b: [("numel", 0, 1)] + [(k, 0, int(v("numel")[0]))
-                                                           for k in ("params", "grads", "momentum")],
-    "embedding_lookup": lambda a, v, g, b: [("out", 0, a["dim"]), ("token", 0, 1),
-                                           ("table", int(v("token")[0]) * a["dim"], (int(v("token")[0]) + 1) * a["dim"])],
-    "rmsnorm": lambda a, v, g, b: [("out", 0, 1024), ("x", 0, 1024), ("weight", 0, 1024)],
-    "gemv_bf16": lambda a, v, g, b: [("W", 0, a["rows"] * a["cols"]), ("x", 0, a["cols"]), ("y", 0, a["rows"])],
-    "rope_apply": lambda a, v, g, b: [("qk", 0, a["n_heads"] * a["head_dim"]), ("cos_sin", 0, a["head_dim"])],
-    "kv_append": lambda a, v, g, b: [("k_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
-                                    ("v_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
-                                    ("kv", 0, 2 * a["n_kv_heads"] * a["head_dim"])],
-    "attention_decode": lambda a, v, g, b: [("out", 0, a["n_heads"] * a["head_dim"]), ("q", 0, a["n_heads"] * a["head_dim"]),
-                                           ("k_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"]),
-                                           ("v_cache", 0, a["n_kv_heads"] * a["max_seq"] * a["head_dim"])],
-    "residual_add": lambda a, v, g, b: [("x", 0, g[0] * b[0]), ("y", 0, g[0] * b[0])],
-    "silu_mul": lambda a, v, g, b: [("out", 0, a["n"]), ("gate_up", 0, 2 * a["n"])],
-    "sample_top_p": lambda a, v, g, b: [("logits", 0, a["vocab"]), ("token", 0, 1)],
-}
+from pagecast.datasets.gpu.extents import C_POINTEES, C_SCALARS, EXTENTS, signatures
 
 
 class FakeArray:
@@ -94,6 +26,14 @@ class FakeArray:
     @property
     def dtype(self):
         return self.a.dtype
+
+    @property
+    def itemsize(self):
+        return self.a.itemsize
+
+    @property
+    def data(self):   # CuPy's MemoryPointer: where the view starts
+        return types.SimpleNamespace(ptr=self.a.ctypes.data)
 
     @property
     def size(self):
@@ -182,7 +122,7 @@ class FakeCupy(types.ModuleType):
         assert 0 <= shared_mem <= 48 * 1024, (name, shared_mem)
         vals = {n: (int(a) if not isinstance(a, (FakeArray, np.floating)) else a) for (_, n), a in zip(sig, args)}
         ptrs = {n: a for (_, n), a in zip(sig, args) if isinstance(a, FakeArray)}
-        for pname, lo, hi in EXTENTS[name](vals, lambda n: ptrs[n].a, tuple(grid), tuple(block)):
+        for pname, lo, hi in EXTENTS[name](vals, lambda n, k=1: ptrs[n].a[:k], tuple(grid), tuple(block)):
             arr = ptrs[pname]
             assert 0 <= arr.offset + lo and arr.offset + hi <= arr.base.size and lo < hi, \
                 (f"{name}: {pname} touches elements [{arr.offset + lo}, {arr.offset + hi}) "
@@ -300,3 +240,77 @@ def test_the_stand_in_catches_out_of_bounds_and_mistyped_launches(fake_cupy):
         axpy((1,), (256,), (a, fake_cupy.empty(100, np.int32), np.float32(1), np.int32(20)))
     with pytest.raises(AssertionError, match="3 arguments"):
         axpy((1,), (256,), (a, b, np.float32(1)))
+
+
+# ---- the workloads' own footprints: the oracle's truth -----------------------------------------
+
+def _small_llm(monkeypatch):
+    from dataclasses import dataclass
+
+    from pagecast.datasets.gpu import llm_decode as m
+
+    @dataclass
+    class Small(m.Model):
+        vocab: int = 1024
+        ffn: int = 256
+        max_seq: int = 128
+
+    monkeypatch.setattr(m, "Model", Small)
+    return m, ["--scale", "0.5"]
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode"])
+def test_workloads_record_their_own_footprints_inside_their_arrays(name, fake_cupy, capsys, monkeypatch, tmp_path):
+    import importlib
+    import json
+
+    m = importlib.import_module(f"pagecast.datasets.gpu.{name}")
+    argv = ["--scale", "0.5"]
+    if name == "spmv_cg":
+        monkeypatch.setattr(m, "plan", lambda s: (4096, 4 << 20))
+    if name == "llm_decode":
+        m, argv = _small_llm(monkeypatch)
+    allocs = []
+    real_empty, real_asarray = fake_cupy.empty, fake_cupy.asarray
+    monkeypatch.setattr(fake_cupy, "empty", lambda n, dtype: allocs.append(real_empty(n, dtype)) or allocs[-1])
+    monkeypatch.setattr(fake_cupy, "asarray", lambda h: allocs.append(real_asarray(h)) or allocs[-1])
+    fp = tmp_path / "fp.json"
+    monkeypatch.setenv("PAGECAST_FOOTPRINTS", str(fp))
+    _run(m, argv, capsys)
+    doc = json.loads(fp.read_text())
+    assert doc["kernels"] == [n for n, *_ in fake_cupy.launches]
+    spans = sorted((a.a.ctypes.data, a.a.ctypes.data + a.a.nbytes) for a in allocs)
+    starts = [s for s, _ in spans]
+    seen = set()
+    for t, addr, nbytes in doc["truth"]:
+        i = np.searchsorted(starts, addr, side="right") - 1
+        assert i >= 0 and addr + nbytes <= spans[i][1] and nbytes > 0, (t, doc["kernels"][t])
+        seen.add(t)
+    assert seen == set(range(len(doc["kernels"])))   # every launch has a footprint
+
+
+def test_the_truth_is_attached_to_a_trace_of_the_same_run(tmp_path):
+    from pagecast import trace as T
+    from pagecast.datasets.gpu.truth import attach_truth, main
+    from pagecast.footprints import footprints
+    import json
+
+    n = 3
+    launches = {T.LAUNCH_ID: list(range(n)), T.KERNEL: ["a", "b", "a"], T.DEVICE: [0] * n, T.STREAM: [0] * n,
+                **{c: [1] * n for c in (T.GRID_X, T.GRID_Y, T.GRID_Z, T.BLOCK_X, T.BLOCK_Y, T.BLOCK_Z)},
+                T.SHARED_MEM_BYTES: [0] * n, T.START_NS: [None] * n, T.END_NS: [None] * n,
+                T.PARAM_OFFSETS: [[]] * n, T.PARAM_SIZES: [[]] * n, T.PARAM_DATA: [b""] * n}
+    base = 1 << 40
+    allocs = {T.ALLOC_ID: [0], T.ADDRESS: [base], T.BYTES: [16 << 20], T.KIND: ["managed"], T.DEVICE: [0],
+              T.FIRST_LAUNCH: [0]}
+    src = tmp_path / "w.pctrace"
+    T.write_trace(src, T.new_manifest(mode="full", source="test"), {T.LAUNCHES: launches, T.ALLOCATIONS: allocs})
+    fp = tmp_path / "fp.json"
+    fp.write_text(json.dumps({"kernels": ["a", "b", "a"], "truth": [[0, base, 8192], [1, base + (4 << 20), 4096],
+                                                                   [2, base, 4096]]}))
+    attach_truth(src, fp, tmp_path / "t.pctrace")
+    f = footprints(T.read_trace(tmp_path / "t.pctrace"))
+    assert f.source == "truth" and list(f.pages_per_launch()) == [2, 1, 1]
+    fp.write_text(json.dumps({"kernels": ["a", "c", "a"], "truth": []}))
+    assert main([str(src), str(fp), "-o", str(tmp_path / "u.pctrace")]) == 2
+    assert not (tmp_path / "u.pctrace").exists()

@@ -22,9 +22,13 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     steps = V.plan("mlp-train", tmp_path, fit_scales=[0.5], replay_scale=2.0, oversub=[1.5, 2, 3],
                    policies=["demand", "template"], repeat=3, profile=tmp_path / "p.json")
     names = [s for s, _ in steps]
-    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)", "no runner", "replay gpu 100%",
-                     "replay gpu 150%", "replay gpu 200%", "replay gpu 300%", "replay sim"]
-    assert steps[3][1] == ["python", "-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]   # no runner at all
+    assert names == ["collect (fit scale 0.5)", "fit", "collect (replay scale)", "truth", "no runner",
+                     "replay gpu 100%", "replay gpu 150%", "replay gpu 200%", "replay gpu 300%", "replay sim"]
+    assert steps[4][1][1:] == ["-m", "pagecast.datasets.gpu.mlp_train", "--scale", "2.0"]   # no runner at all
+    # the replay-scale run records the workload's own footprints, which become the trace's truth
+    coll, truth = dict(steps)["collect (replay scale)"], dict(steps)["truth"]
+    assert coll[0] == "env" and coll[1].startswith("PAGECAST_FOOTPRINTS=")
+    assert truth[truth.index("-o") + 1] == dict(steps)["replay gpu 200%"][4]
     base = dict(steps)["replay gpu 100%"]
     assert base[base.index("--policy") + 1] == "demand" and base[base.index("--oversub") + 1] == "1"
     assert all("--allow-oversubscription" not in c for _, c in steps)
@@ -41,6 +45,7 @@ def test_plan_collects_fits_replays_on_gpu_and_simulates_with_the_calibrated_pro
     assert sim[sim.index("--policy") + 1] == "demand,template,runner"   # and its own decisions, replayed
     # the simulator replays the very trace whose footprint sizes the GPU runs' --oversub
     assert gpu[gpu.index("replay") + 1] == sim[sim.index("replay") + 1]
+    assert sim[sim.index("replay") + 1].endswith("-replay-truth.pctrace")
 
 
 def test_plan_fits_on_every_fit_scale(V, tmp_path):
@@ -100,8 +105,8 @@ def test_gpu_template_is_compared_with_the_simulated_runner(V):
 def test_dry_run_prints_every_command_and_a_synthetic_report(V, capsys, tmp_path):
     assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    # per workload: two fit scales, the fit, the replay-scale trace, no runner, 100%, 200%, the simulation
-    assert len(lines) == 1 + 3 * 8
+    # per workload: two fit scales, the fit, the replay-scale trace, its truth, no runner, 100%, 200%, the simulation
+    assert len(lines) == 1 + 3 * 9
     assert "calibrate" in lines[0]
     assert sum("--backend gpu" in line for line in lines) == 6
     assert sum("--repeat 5" in line for line in lines) == 6
@@ -146,3 +151,21 @@ def test_a_run_out_of_budget_still_writes_a_report(V, tmp_path, monkeypatch):
     assert V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--budget-s", "0",
                    "--replay-scale", "1"]) == 1
     assert "out of time" in out.read_text()
+
+
+def test_without_the_truth_the_runs_use_the_collected_trace(V, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_step(cmd, timeout, log):
+        calls.append(cmd)
+        if "calibrate" in cmd or "pagecast.datasets.gpu.truth" in cmd:
+            return False, "", "exit status 2 (see the log)"
+        return True, "[]", ""
+
+    monkeypatch.setattr(V, "run_step", fake_step)
+    out = tmp_path / "val.md"
+    V.main([str(out), "--workdir", str(tmp_path / "w"), "--workloads", "jacobi2d", "--replay-scale", "1",
+            "--no-baselines"])
+    gpu = next(c for c in calls if "--backend" in c and "gpu" in c)
+    assert gpu[4].endswith("jacobi2d-replay.pctrace")
+    assert "lower estimate" in out.read_text() or "No GPU measurements" in out.read_text()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -82,6 +83,12 @@ class Gpu:
         self.launches = 0
         self.t0 = time.perf_counter()
         self.t_first: float | None = None   # the first launch (a run's time_s counts from it)
+        # the launches' own footprints (extents.py), recorded when PAGECAST_FOOTPRINTS names a file:
+        # the oracle's truth for a collected trace (truth.py)
+        self.footprints_path = os.environ.get(FOOTPRINTS_ENV) or None
+        self._sigs: dict[int, tuple[str, list]] = {}
+        self._kernels: list[str] = []
+        self._truth: list[tuple[int, int, int]] = []
 
     def empty(self, n: int, dtype) -> "object":
         return self.cp.empty(int(n), dtype=dtype)
@@ -91,13 +98,50 @@ class Gpu:
 
     def module(self, code: str, names: list[str]) -> dict:
         mod = self.cp.RawModule(code=code)
-        return {n: mod.get_function(n) for n in names}
+        fns = {n: mod.get_function(n) for n in names}
+        if self.footprints_path:
+            from .extents import signatures
 
-    def launch(self, fn, grid, block, args, shared_mem: int = 0) -> None:
+            sigs = signatures(code)
+            for n, f in fns.items():
+                self._sigs[id(f)] = (n, sigs[n])
+        return fns
+
+    def launch(self, fn, grid, block, args, shared_mem: int = 0, values: dict | None = None) -> None:
+        """Launch `fn`. `values`: what data-dependent extents read from a pointer argument (name ->
+        host array), where the host has it already; otherwise those few values are copied back
+        (only when footprints are recorded)."""
         if self.t_first is None:
             self.t_first = time.perf_counter()
-        fn(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args), shared_mem=int(shared_mem))
+        grid = tuple(int(g) for g in grid)
+        block = tuple(int(b) for b in block)
+        if self.footprints_path and id(fn) in self._sigs:
+            self._record(fn, grid, block, args, values or {})
+        fn(grid, block, tuple(args), shared_mem=int(shared_mem))
         self.launches += 1
+
+    def _record(self, fn, grid, block, args, values: dict) -> None:
+        from .extents import EXTENTS
+
+        name, sig = self._sigs[id(fn)]
+        scal, ptrs = {}, {}
+        for (t, pname), a in zip(sig, args):
+            if t.endswith("*"):
+                ptrs[pname] = a
+            else:
+                scal[pname] = int(a) if not isinstance(a, (np.floating, float)) else a
+
+        def v(pname: str, k: int = 1):
+            if pname in values:
+                return np.asarray(values[pname])[:k]
+            return np.asarray(ptrs[pname][:k].get())
+
+        t = self.launches
+        self._kernels.append(name)
+        for pname, lo, hi in EXTENTS[name](scal, v, grid, block):
+            a = ptrs[pname]
+            size = int(a.itemsize)
+            self._truth.append((t, int(a.data.ptr) + lo * size, (hi - lo) * size))
 
     def sync(self) -> None:
         self.cp.cuda.runtime.deviceSynchronize()
@@ -112,6 +156,13 @@ class Gpu:
         print("PAGECAST_WORKLOAD " + json.dumps({
             "workload": self.name, "launches": self.launches, "managed_bytes": self.planned, "wall_s": dt,
             "time_s": t - (self.t_first if self.t_first is not None else self.t0)}), flush=True)
+        if self.footprints_path:
+            with open(self.footprints_path, "w") as f:
+                json.dump({"workload": self.name, "kernels": self._kernels,
+                           "truth": [list(r) for r in self._truth]}, f)
+
+
+FOOTPRINTS_ENV = "PAGECAST_FOOTPRINTS"   # a file the workload writes its launches' footprints to
 
 
 def i32(v) -> np.int32:

@@ -130,7 +130,8 @@ def main(argv=None) -> None:
             s, e = int(r0[k]), int(r1[k])
             nz = int(rowptr_h[e] - rowptr_h[s])
             g.launch(K["spmv_csr_block"], (cdiv(e - s, 128),), (128,),
-                     (i32(e - s), i32(nz), rowptr[s:], colind[int(k0[k]):], vals[int(k0[k]):], p, q[s:]))
+                     (i32(e - s), i32(nz), rowptr[s:], colind[int(k0[k]):], vals[int(k0[k]):], p, q[s:]),
+                     values={"colind": col_h[int(k0[k]):int(k0[k]) + nz]})   # the host has them (footprints)
         pq = dot(p, q, 1)
         if pq == 0.0 or rr == 0.0:  # converged exactly (never with this matrix and a random b)
             break
