@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from .extents import EXTENTS, signatures
+
 # bf16 kept as raw 16-bit storage (no cuda_bf16.h needed at run time): round to nearest even
 # Both scientific workloads finish a dot product with the same block reduction.
 REDUCE_SUM = r"""
@@ -100,8 +102,6 @@ class Gpu:
         mod = self.cp.RawModule(code=code)
         fns = {n: mod.get_function(n) for n in names}
         if self.footprints_path:
-            from .extents import signatures
-
             sigs = signatures(code)
             for n, f in fns.items():
                 self._sigs[id(f)] = (n, sigs[n])
@@ -121,8 +121,6 @@ class Gpu:
         self.launches += 1
 
     def _record(self, fn, grid, block, args, values: dict) -> None:
-        from .extents import EXTENTS
-
         name, sig = self._sigs[id(fn)]
         scal, ptrs = {}, {}
         for (t, pname), a in zip(sig, args):

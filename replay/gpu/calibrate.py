@@ -52,15 +52,20 @@ from __future__ import annotations
 
 import json
 import statistics
+import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
+from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import ProfileError
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 from ..costs import CostProfile, load_profile, profile_from_dict
+from .cuda_engine import Engine
 
 FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
 PAGE_NS = (1, 2, 4, 8, 16)               # big pages of one 2 MiB block per page run (<= half the block)
@@ -224,8 +229,6 @@ def fit_calls(rows: Sequence[Sequence]) -> CallFit:
     time = fixed + calls x per_call + calls x bytes / bandwidth, each row weighted by 1 / its time
     (relative errors: a run of 32 x 4 KiB calls pins the per-call cost as a run of 32 x 32 MiB pins
     the bandwidth). `fixed` is what timing one run costs (the events), not part of a call."""
-    import numpy as np
-
     pts = [(float(b), float(k), float(t)) for b, k, t in rows if k > 0 and t > 0]
     if len(pts) < 3:
         raise ProfileError(f"need at least three call measurements to fit a per-call cost, got {len(pts)}")
@@ -588,12 +591,6 @@ def callback_times(cuda, buf: int, nbytes: int, n: int = CALLBACK_LAUNCHES) -> l
     """Host seconds of the GPU runner's launch callback (`Engine.on_launch`), demand at an emulated
     capacity the launch fits in, on `n` launches of one pointer into `buf`: the decision alone,
     no call (the first launch's eviction bookkeeping is left out)."""
-    import struct
-
-    from pagecast.collect.launch_hook import LaunchArgs
-
-    from .cuda_engine import Engine
-
     e = Engine(cuda, "demand", capacity=max(2 * nbytes, VA_BLOCK))
     data = struct.pack("<QQ", int(buf), int(nbytes))
     la = LaunchArgs(kernel="calibrate_probe", function=0, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1,
