@@ -9,6 +9,7 @@ from pagecast.command import Command
 
 class CollectCommand(Command):
     name = "collect"
+    writes = ("a trace directory", (".pctrace",))
     help = "run a Python GPU workload under CUPTI and write a trace"
     description = (
         "Run a Python GPU workload in this process with CUPTI enabled and write a trace\n"
@@ -136,6 +137,7 @@ class CollectCommand(Command):
 
 class ImportCommand(Command):
     name = "import"
+    writes = ("a trace directory", (".pctrace",))
     help = "a trace from another profiler's export: Nsight Systems (nsys)"
     description = (
         "Convert an Nsight Systems export into a trace: kernels, GPU page faults, unified-memory\n"

@@ -10,6 +10,7 @@ from pagecast.errors import UsageError
 
 class DatasetsCommand(Command):
     name = "datasets"
+    writes = ("a trace directory", (".pctrace",))
     help = "the workload models: list them, or make a trace (with truth) from one"
     description = ("Workload models: deterministic generators of traces (format v1, with truth)\n"
                    "modelled on real kernels, with an emulated UVM driver.\n\n"

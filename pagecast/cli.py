@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         if isinstance(getattr(args, "output", None), str):  # every -o/--output: writable, before any work
-            from .outputs import check_output_path
+            from .outputs import check_output_path, check_output_suffix
             check_output_path(args.output)
+            check_output_suffix(args.output, cmd.name, cmd.writes)   # a suffix naming another format
         return int(cmd.run(args) or 0)
     except PagecastError as e:
         print(f"{name}: error: {e}", file=sys.stderr)

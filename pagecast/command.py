@@ -15,6 +15,9 @@ class Command:
     name: ClassVar[str] = ""
     help: ClassVar[str] = ""
     description: ClassVar[str | None] = None  # longer text for `pagecast NAME -h`
+    # what -o/--output receives: (its format in words, the suffixes that name it); the CLI refuses
+    # an output whose suffix names another format (outputs.check_output_suffix). None: no -o.
+    writes: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # pragma: no cover - overridden
         pass

@@ -14,6 +14,7 @@ why it sits above all of them (docs/architecture.md, "Layers").
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pagecast import console
-from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES, reuse_or_make
+from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES, check_scale, reuse_or_make
 from pagecast.errors import OutputExistsError, UsageError
 from pagecast.footprints import footprints
 from pagecast.jsonfile import write_json_atomic
@@ -62,28 +63,56 @@ class DemoConfig:
     all: bool = False                       # print every run, not the one-screen pivot
 
 
-def prepare_dir(out: Path, force: bool) -> None:
-    if out.exists():
-        if out.is_file() or any(out.iterdir()):
-            if not force:
-                raise OutputExistsError(out)
-            if not (out / MANIFEST).exists():
-                raise OutputExistsError(out, f"{out} is a non-empty directory that is not a pagecast demo;"
-                                             " refusing to delete it even with --force")
-            prepare_output_dir(out, True, owned=lambda p: True)   # a demo directory: checked just above
-        else:
-            out.rmdir()
-    out.mkdir(parents=True)
-    write_json_atomic(out / MANIFEST, {"format": DEMO_FORMAT, "version": 1})
+def check_config(cfg: DemoConfig) -> float:
+    """Every option checked before anything is written (a bad one leaves no directory behind):
+    the scale, the processes, the cost profile. Returns the scale."""
+    scale = SCALE if cfg.scale is None else check_scale(cfg.scale)
+    if cfg.jobs is not None and cfg.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {cfg.jobs}")
+    load_profile(cfg.costs)   # an unknown name or a bad file: one line, exit 2
+    return scale
+
+
+def prepare_dir(out: Path, force: bool) -> bool:
+    """Make `out` ready for a demo; True where it resumes an unfinished one.
+
+    A demo directory whose run did not finish (failed, interrupted, killed: its manifest says
+    `complete: false`) is resumed without --force: its traces are kept where they match and the
+    rest is redone. A finished one is replaced only with --force; anything else (a file, another
+    directory with files in it) is never replaced."""
+    if out.is_symlink() or out.exists() and not out.is_dir():
+        raise OutputExistsError(out, f"{out} is a file, not a demo directory; refusing to replace it even with"
+                                     " --force (give -o a directory name)")
+    if out.is_dir() and any(out.iterdir()):
+        man = read_demo_manifest(out)
+        if man is None:
+            raise OutputExistsError(out, f"{out} is a non-empty directory that is not a pagecast demo;"
+                                         " refusing to delete it even with --force")
+        if not man.get("complete", True) and not force:
+            return True   # resumed: traces kept where they match, the rest remade
+        if not force:
+            raise OutputExistsError(out, f"{out} exists and holds a finished demo; pass --force to run it again there")
+        prepare_output_dir(out, True, owned=lambda p: True)   # a demo directory: checked just above
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / MANIFEST, {"format": DEMO_FORMAT, "version": 1, "complete": False}, force=True)
+    return False
+
+
+def read_demo_manifest(out: Path) -> dict | None:
+    """The demo manifest in `out`, or None where there is none (or another kind of manifest)."""
+    try:
+        man = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return man if isinstance(man, dict) and man.get("format") == DEMO_FORMAT else None
 
 
 def run_demo(cfg: DemoConfig) -> int:
     out = Path(cfg.output)
-    prepare_dir(out, cfg.force)
-    scale = SCALE if cfg.scale is None else float(cfg.scale)
+    scale = check_config(cfg)
+    if prepare_dir(out, cfg.force):
+        console.info(f"resuming the unfinished demo in {out}: its traces are kept where they match")
     jobs = cfg.jobs
-    if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, not {jobs}")
     t0 = time.perf_counter()
     with console.progress("demo", None) as bar:
         all_runs, timeline, info = run_suite(out, scale=scale, costs=cfg.costs, policies=POLICIES, bar=bar,
@@ -104,14 +133,13 @@ def run_demo(cfg: DemoConfig) -> int:
             pv = make_pivot(all_runs)
             means = means_line(pv)
             pv.means = []
-            out_c.print(pivot_table(pv))
-            if means:
-                out_c.print(means, highlight=False, soft_wrap=True)
+            out_c.print(pivot_table(pv, note=means or None))
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report
         console.warn(f"could not write {out / 'report.html'}: {type(e).__name__}: {e}")
         html = None
+    write_json_atomic(out / MANIFEST, {"format": DEMO_FORMAT, "version": 1, "complete": True}, force=True)
     console.wrote(f"{res_path}" + (f", {html}" if html else ""), f"results{' and report' if html else ''} "
                   f"({info['workloads']} workloads, {info['mixes']} mixes, costs {cfg.costs}, {elapsed:.1f} s)",
                   (f"open {html}; " if html else "") + f"pagecast export perfetto {res_path} -o demo.pftrace")

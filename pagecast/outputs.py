@@ -64,6 +64,32 @@ def check_output_file(path: str | os.PathLike, force: bool, example: str) -> Pat
     return p
 
 
+# Suffixes that name a file format, and the format's name. An output whose suffix is one of these
+# but not one of the formats its command writes is refused: `predict -o pred.csv` wrote Parquet
+# into pred.csv. A suffix not listed here (run.pctrace, a.plan, results.v2) names nothing.
+FORMAT_SUFFIXES = {
+    ".csv": "CSV", ".tsv": "TSV", ".json": "JSON", ".jsonl": "JSON lines", ".ndjson": "JSON lines",
+    ".html": "HTML", ".htm": "HTML", ".parquet": "Parquet", ".pq": "Parquet", ".txt": "text",
+    ".md": "Markdown", ".xml": "XML", ".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".pdf": "PDF",
+    ".png": "PNG", ".svg": "SVG", ".jpg": "JPEG", ".gz": "gzip", ".zip": "zip", ".tar": "tar",
+    ".pftrace": "a Perfetto trace", ".sqlite": "SQLite", ".db": "a database", ".feather": "Feather",
+    ".arrow": "Arrow", ".npy": "NumPy", ".npz": "NumPy", ".pkl": "pickle", ".xlsx": "Excel",
+}
+
+
+def check_output_suffix(path: str | os.PathLike, command: str, writes: tuple[str, tuple[str, ...]] | None) -> None:
+    """Refuse (one line, exit 2) an output named for another format than the one `command` writes."""
+    if writes is None:
+        return
+    what, suffixes = writes
+    p = Path(path)
+    suf = p.suffix.lower()
+    if suf not in FORMAT_SUFFIXES or suf in suffixes:
+        return
+    fix = f"name it {p.with_suffix(suffixes[0]).name}" if suffixes else "give a name without that suffix"
+    raise UsageError(f"{p}: {command} writes {what}, not {FORMAT_SUFFIXES[suf]}; {fix}")
+
+
 # ---- one way to write an output ------------------------------------------------------------
 #
 # Every command writes its output (a file, or a directory: a trace, a plan) through `Output`:

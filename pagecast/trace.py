@@ -741,10 +741,11 @@ def read_trace(path: str | os.PathLike, *, tables: Iterable[str] | None = None,
                 extra[name] = t
     trace = Trace(path=path, manifest=manifest, truth=truth, extra=extra, **loaded)
     trace.lazy.update(later)
-    _check_table_rows(trace, wanted)
+    said_complete = trace.complete
+    _check_table_rows(trace, wanted)   # a table lost since: warns itself, naming it
     if validate:
         _validate(trace)
-    if not trace.complete:
+    if not said_complete:
         warnings.warn(f"{path}: trace is incomplete (the collector did not finish or the workload failed);"
                       " reading the parts that were closed", TraceWarning, stacklevel=2)
     return trace

@@ -28,6 +28,7 @@ def _read_launches(path, what: str):
 
 class FitCommand(Command):
     name = "fit"
+    writes = ("a JSON model", (".json",))
     help = "learn per-kernel templates (launch arguments -> pages) from traces"
     description = ("Learn, for every kernel, how the pages it touches follow from its launch arguments.\n"
                    "Give several traces of the same program (different scales or inputs): a template must\n"
@@ -53,7 +54,7 @@ class FitCommand(Command):
 
         from pagecast import console
         from pagecast import trace as T
-        from pagecast.errors import OutputExistsError
+        from pagecast.errors import OutputExistsError, UsageError
 
         from .feedback import feedback_from_trace
         from .fit import fit_model
@@ -62,6 +63,12 @@ class FitCommand(Command):
         out = Path(args.output)
         if out.exists() and not args.force:
             raise OutputExistsError(out)
+        if args.source == "truth":   # before reading: a trace without truth is one line, not its warnings
+            for t in args.traces:
+                if (Path(t) / T.MANIFEST).is_file() and not (Path(t) / T.TRUTH).is_dir():
+                    raise UsageError(f"{t} has no truth table ({T.TRUTH}/); fit --from truth needs traces with "
+                                     "truth (pagecast collect --interpret, pagecast datasets make), or fit from "
+                                     "its faults without --from truth")
         traces = [_read(t).require_argument_bytes("fitting templates") for t in args.traces]
         if args.source == "truth":
             from .truth_obs import truth_observations
@@ -124,6 +131,7 @@ def next_after_fit(model_path, traces) -> str:
 
 class PredictCommand(Command):
     name = "predict"
+    writes = ("Parquet", (".parquet", ".pq"))
     help = "predicted page ranges of every launch of a trace (Parquet)"
     description = ("Write one row per merged predicted range: launch_id, address, bytes, template.\n\n"
                    "  pagecast predict model.json run.pctrace -o predicted.parquet")
@@ -192,6 +200,7 @@ class EvaluateCommand(Command):
             args.kernel = resolve(args.kernel, model.kernels) or args.kernel
         trace = _read_launches(args.trace, "evaluate")
         doc = evaluate(model, trace, args.fallback, args.kernel)
+        check_unseen(doc, args.model, args.trace)
         if args.json:
             console.emit_json(doc)
             return 0
@@ -241,6 +250,34 @@ class EvaluateCommand(Command):
         if "buffers" in doc:
             out.print(_buffer_table(doc["buffers"]))
         return 0
+
+
+# Above this share of a trace's launches by kernels the model was not fitted on, `evaluate` refuses:
+# the scores would be the fallback's (history, allocation, none), not the model's, under the
+# model's name. From WARN_UNSEEN on it warns.
+MAX_UNSEEN = 0.5
+WARN_UNSEEN = 0.1
+
+
+def check_unseen(doc: dict, model_path, trace_path) -> None:
+    """Refuse (one line, exit 2) an evaluation whose launches are mostly of kernels the model does not
+    know (a model of another program); warn where a sizeable share is."""
+    from pagecast import console
+    from pagecast.errors import UsageError
+
+    n, u = doc["overall"]["launches"], doc["unseen"]["launches"]
+    if not n or not u:
+        return
+    share = u / n
+    kernels = len(doc["unseen"]["kernels"])
+    what = (f"{share:.0%} of {trace_path}'s launches ({kernels} of {len(doc['kernels'])} kernels) are of kernels"
+            f" {model_path} was not fitted on")
+    if share > MAX_UNSEEN:
+        raise UsageError(f"{what}: their scores would be the fallback's ({doc['unseen']['fallback']}), not the "
+                         "model's; is it a model of another program? Fit one on traces of this program")
+    if share >= WARN_UNSEEN:
+        console.warn(f"{what}: the scores include the fallback's ({doc['unseen']['fallback']}) for them (the "
+                     "'unseen kernels' line); fit on traces that run them")
 
 
 EVALUATE_CAPTION = ("Per kernel, over its launches in this trace: precision, the share of predicted pages the "

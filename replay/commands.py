@@ -83,6 +83,7 @@ def _add_oversub_of(g) -> None:
 
 class PlanCommand(Command):
     name = "plan"
+    writes = ("a plan directory", (".plan",))
     help = "a prefetch/evict plan for a trace's launch sequence, made from a model"
     description = ("Predict every launch's footprint with MODEL, then plan before each launch what to prefetch\n"
                    "and what to evict (Belady on the predictions), never exceeding the capacity. The plan is\n"
@@ -153,6 +154,7 @@ class PlanCommand(Command):
 
 class ReplayCommand(Command):
     name = "replay"
+    writes = ("Parquet results", (".parquet", ".pq"))
     help = "replay traces under policies (simulator or GPU) and compare them"
     description = ("Replay launch sequences on a GPU of the given capacity under each policy and compare\n"
                    "time, stall, faults and bytes moved, under the registered policies (pagecast.replay.policies;\n"

@@ -10,6 +10,7 @@ from pagecast.command import Command
 
 class ReportCommand(Command):
     name = "report"
+    writes = ("HTML", (".html", ".htm"))
     help = "a self-contained HTML report with plots, for a trace, a model evaluation or replay results"
     description = (
         "Write one HTML file (plots embedded, no network needed to view it) for:\n"
@@ -44,6 +45,7 @@ class ReportCommand(Command):
 
 class ExportCommand(Command):
     name = "export"
+    writes = ("a Perfetto trace", (".pftrace",))
     help = "a timeline of a trace or of replay results for Perfetto (ui.perfetto.dev)"
     description = (
         "Write a Perfetto trace file (TrackEvent protobuf) that ui.perfetto.dev and trace_processor open:\n"

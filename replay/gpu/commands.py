@@ -9,6 +9,7 @@ from pagecast.command import Command
 
 class CalibrateCommand(Command):
     name = "calibrate"
+    writes = ("a JSON cost profile", (".json",))
     help = "measure fault cost and bulk bandwidth on the GPU, write a cost profile for the simulator"
     description = (
         "Measure, on this machine's GPU, the cost of one GPU page fault (a kernel touching N pages,\n"
