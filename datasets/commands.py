@@ -59,14 +59,19 @@ class DatasetsCommand(Command):
             console.emit_json(docs + corpus)
             return 0
         out = console.stdout()
-        w_name = max(len(d["name"]) for d in docs + corpus)
+        t = console.table("workload models (pagecast datasets make NAME)",
+                          "In brackets: the template classes the workload's kernels need (docs/template-model.md), "
+                          "or, for real Triton kernels, how collect --interpret records them (fresh or "
+                          "preallocated tensors; docs/workloads-triton.md). --json: every field.")
+        t.add_column("name", no_wrap=True)
+        t.add_column("category", no_wrap=True)
+        t.add_column("what it models")
         for d in docs:
-            out.print(f"[bold]{d['name']:<{w_name}}[/bold]  {d['category']:<13}  {d['summary']}"
-                      f"  [dim]({', '.join(d['templates'])})[/dim]", overflow="ignore", crop=False)
+            t.add_row(f"[bold]{d['name']}[/bold]", d["category"], f"{d['summary']}  [dim]({', '.join(d['templates'])})[/dim]")
         for d in corpus:
-            out.print(f"[bold]{d['name']:<{w_name}}[/bold]  {d['category']:<13}  {d['summary']}"
-                      f"  [dim](real kernels, collect --interpret; {d['buffers']} tensors)[/dim]",
-                      overflow="ignore", crop=False)
+            t.add_row(f"[bold]{d['name']}[/bold]", d["category"],
+                      f"{d['summary']}  [dim](real kernels, collect --interpret; {d['buffers']} tensors)[/dim]")
+        out.print(t)
         return 0
 
     def _make(self, args: argparse.Namespace) -> int:

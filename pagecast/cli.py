@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 import warnings
@@ -39,8 +40,45 @@ def _commands() -> list[Command]:
     return [found[n] for n in order if n in found] + [c for n, c in found.items() if n not in order]
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A description's own line breaks kept (paragraphs, indented examples), and each line longer
+    than the terminal folded at its width, an example's continuation indented under it."""
+
+    def _fill_text(self, text, width, indent):
+        width = max(width, 20)
+        out: list[str] = []
+        para: list[str] = []   # a run of unindented lines: refilled as one where one is too long
+
+        def flush():
+            if any(len(indent) + len(x) > width for x in para):
+                out.extend(textwrap.wrap(" ".join(para), width, initial_indent=indent, subsequent_indent=indent,
+                                         break_on_hyphens=False))
+            else:
+                out.extend(indent + x for x in para)
+            para.clear()
+
+        for line in text.splitlines():
+            if line and not line[0].isspace():
+                para.append(line)
+                continue
+            flush()
+            if len(indent) + len(line) <= width:
+                out.append(indent + line)
+            else:   # an indented example or list item: its continuation indented under it
+                lead = line[:len(line) - len(line.lstrip())]
+                out.extend(textwrap.wrap(line, width, initial_indent=indent, subsequent_indent=indent + lead + "    ",
+                                         break_on_hyphens=False))
+        flush()
+        return "\n".join(out)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage and exiting."""
+
+    def __init__(self, *a, **kw):
+        if kw.get("formatter_class") in (None, argparse.HelpFormatter, argparse.RawDescriptionHelpFormatter):
+            kw["formatter_class"] = _HelpFormatter
+        super().__init__(*a, **kw)
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} -h')")
@@ -55,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cmd in _commands():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description or cmd.help,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=_HelpFormatter)
         cmd.add_arguments(p)
         p.set_defaults(_cmd=cmd)
     return parser

@@ -95,23 +95,27 @@ def _num(x) -> float | None:
     return f if math.isfinite(f) else None
 
 
-CAPTION = ("demand time: the run's simulated time under demand paging (UVM as the driver does it). "
-           "Each other policy: its speedup over demand, demand's time / its time (higher is better; "
-           "below 1.00x, slower than demand).")
-ORACLE_CAPTION = (" template/oracle: oracle's time / template's, the share of the bound template reaches "
-                  "(100%: template's plan is as fast as the best plan found with the truth).")
-OVERSUB_CAPTION = " oversub: see 'pagecast replay -h', --oversub."
+CAPTION = ("demand time: simulated, under demand paging (UVM as the driver does it). Each policy: its speedup "
+           "over demand, demand's time / its time (higher is better).")
+ORACLE_CAPTION = (" template/oracle: oracle's time / template's (100%: as fast as oracle, the fastest plan found "
+                  "with the truth).")
+SLOWER_CAPTION = " Below 1.00x: slower than demand (alloc moves and evicts whole allocations)."
+OVERSUB_CAPTION = " oversub: see 'pagecast replay -h'."
 
 
 def caption(pv: Pivot) -> str:
     """What the pivot's numbers are, relative to what, and which way is better."""
-    return CAPTION + (ORACLE_CAPTION if pv.has_of_oracle else "") + OVERSUB_CAPTION
+    slower = any(v is not None and v < 1 for r in pv.rows for v in r.speedup.values())
+    return (CAPTION + (ORACLE_CAPTION if pv.has_of_oracle else "") + (SLOWER_CAPTION if slower else "")
+            + OVERSUB_CAPTION)
 
 
-def pivot_table(pv: Pivot, title: str | None = None):
+def pivot_table(pv: Pivot, title: str | None = None, note: str | None = None):
     """The pivot as a rich Table: one line per row and no rules (it must fit a screen); the
-    header is underlined and the geometric means bold; the caption says what the numbers are."""
-    t = Table(title=title, box=None, pad_edge=False, header_style="bold underline", caption=caption(pv),
+    header is underlined and the geometric means bold; the caption, after `note` (the demo's
+    means line), says what the numbers are."""
+    t = Table(title=title, box=None, pad_edge=False, header_style="bold underline",
+              caption=(f"[bold]{note}[/bold]\n" if note else "") + caption(pv),
               title_justify="left", caption_justify="left")
     add_name_column(t, "workload", min_width=8)
     t.add_column("oversub", justify="right", no_wrap=True)

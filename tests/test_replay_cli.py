@@ -496,12 +496,15 @@ def test_demo_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     code, stdout, err = run_cli(capsys, "demo", "-o", out, "--scale", "0.02")
     assert code == 0, err
-    assert len((stdout + err).splitlines()) <= 40, stdout + err
     lines = stdout.splitlines()
-    assert lines[0].split() == ["workload", "oversub", "alloc", "template", "oracle", "template/oracle"]
-    # 9 workloads and 3 mixes at 3 levels, the geometric means on one line
+    assert lines[0].split() == ["workload", "oversub", "demand", "time", "alloc", "template", "oracle",
+                                "template/oracle"]
+    # 9 workloads and 3 mixes at 3 levels, the geometric means on one line, then what the numbers are
     assert sum(ln.startswith("geometric mean (12) at 150% / 200% / 300%: ") for ln in lines) == 1
-    assert len(lines) == 1 + 12 * 3 + 1
+    assert lines[1 + 12 * 3].startswith("geometric mean (12)")
+    caption = " ".join(" ".join(lines[1 + 12 * 3 + 1:]).split())
+    assert caption.startswith("demand time: ") and "higher is better" in caption
+    assert len((stdout + err).splitlines()) <= 1 + 12 * 3 + 1 + 6, stdout + err   # about a screen
     assert "pagecast export perfetto" in err and "report.html" in err
     assert (out / "model.json").exists() and (out / "results.parquet").exists()
     runs, tl = read_results(out / "results.parquet")
