@@ -66,11 +66,12 @@ class CalibrateCommand(Command):
         if args.json:
             console.emit_json(s)
         else:
-            from rich.table import Table
-
-            t = Table(title=f"cost profile {name}: {profile.description}")
+            t = console.table(f"cost profile {name}: {profile.description}",
+                              "Measured on this GPU: what each event costs the simulator (replay --costs FILE). "
+                              "us: the time a fault, or one more fault, block or batch of faults, adds; GB/s: "
+                              "transfer rates (higher is faster; docs/cost-model.md).")
             t.add_column("quantity")
-            t.add_column("value", justify="right")
+            t.add_column("value", justify="right", no_wrap=True)
             t.add_row("GPU page fault (lone)", f"{s['lone_fault_us']:.2f} us")
             t.add_row("  one more fault in a block", f"{s['fault_time_us']:.2f} us")
             t.add_row("  one more 2 MiB block in a batch", f"{s['block_service_us']:.2f} us")
