@@ -16,6 +16,8 @@ Pointers and handles are read as unsigned 64-bit integers (Linux x86-64 and aarc
 from __future__ import annotations
 
 import ctypes
+import struct
+from typing import Callable
 
 _ptr = ctypes.c_uint64      # CUfunction, CUstream, void**, CUdeviceptr* ...
 _uint = ctypes.c_uint
@@ -35,6 +37,60 @@ class _Params(ctypes.Structure):
         if not address:
             raise ValueError(f"{cls.__name__}: null parameter pointer")
         return cls.from_address(int(address))
+
+    @classmethod
+    def values(cls, address: int) -> tuple[int, ...]:
+        """Every field of the struct at `address` in one read, in `_fields_` order, a `Dim3` as its
+        x, y, z (`flat_fields()` names them): what reading each field of `at(address)` gives, in
+        one `struct.unpack_from` instead of a ctypes read per field (`reader` without the lookup)."""
+        if not address:
+            raise ValueError(f"{cls.__name__}: null parameter pointer")
+        return reader(cls)(address)
+
+    @classmethod
+    def flat_fields(cls) -> tuple[str, ...]:
+        return tuple(n for n, _ in _flat(cls))
+
+
+def _code(t) -> str:
+    if t in (ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p):
+        return "Q" if ctypes.sizeof(t) == 8 else "I"
+    if t in (ctypes.c_uint, ctypes.c_uint32):
+        return "I"
+    if t in (ctypes.c_int, ctypes.c_int32):
+        return "i"
+    raise TypeError(f"no struct code for {t}")
+
+
+def _flat(cls, base: int = 0, prefix: str = "") -> list[tuple[str, tuple[int, str, int]]]:
+    """(name, (offset, struct code, size)) of every scalar field, nested structs flattened."""
+    out = []
+    for name, t in cls._fields_:
+        off = base + getattr(cls, name).offset
+        if isinstance(t, type) and issubclass(t, ctypes.Structure):
+            out += _flat(t, off, f"{prefix}{name}.")
+        else:
+            out.append((prefix + name, (off, _code(t), ctypes.sizeof(t))))
+    return out
+
+
+_READERS: dict[type, Callable[[int], tuple[int, ...]]] = {}
+
+
+def reader(cls) -> Callable[[int], tuple[int, ...]]:
+    """`cls.values` as one function of a non-null address, made once per class: a little-endian
+    struct format with the C layout (padding as pad bytes) read through a ctypes byte array."""
+    got = _READERS.get(cls)
+    if got is None:
+        fmt, at = "<", 0
+        for _, (off, code, size) in _flat(cls):   # (C lays fields out in declaration order)
+            fmt += "x" * (off - at) + code
+            at = off + size
+        fmt += "x" * (ctypes.sizeof(cls) - at)
+        unpack_from = struct.Struct(fmt).unpack_from
+        from_address = (ctypes.c_char * ctypes.sizeof(cls)).from_address
+        got = _READERS[cls] = lambda address: unpack_from(from_address(address))
+    return got
 
 
 class CuLaunchKernelParams(_Params):

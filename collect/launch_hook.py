@@ -112,6 +112,8 @@ LAUNCH_PARAMS: dict[tuple[int, int], type] = {
     **{(DOMAIN_RUNTIME, c): P.CudaLaunchKernelExCParams for c in (CB_cudaLaunchKernelExC, CB_cudaLaunchKernelExC_ptsz)},
 }
 
+_LAUNCH_READERS = {k: (cls, P.reader(cls)) for k, cls in LAUNCH_PARAMS.items()}
+
 # cuLaunchKernel's `extra` keys (cuda.h)
 CU_LAUNCH_PARAM_END = 0
 CU_LAUNCH_PARAM_BUFFER_POINTER = 1
@@ -720,12 +722,12 @@ class LaunchHook:
         if other is not None:
             other(int(cbdata.callback_site), cbdata)
             return
-        if domain == DOMAIN_DRIVER and cbid not in DRIVER_LAUNCH_CBIDS:
-            return
-        if domain == DOMAIN_RUNTIME and cbid not in RUNTIME_LAUNCH_CBIDS:
+        if (domain, cbid) not in LAUNCH_PARAMS:
             return
         tls = self._tls
-        stack: list[_Pending] = tls.__dict__.setdefault("stack", [])
+        stack: list[_Pending] | None = getattr(tls, "stack", None)
+        if stack is None:
+            stack = tls.stack = []
         site = int(cbdata.callback_site)
         corr = int(cbdata.correlation_id)
         if site == API_ENTER:
@@ -832,30 +834,28 @@ class LaunchHook:
     def _launch_fields(self, domain: int, cbid: int, cbdata) -> tuple:
         """(function, grid, block, shared_mem_bytes, stream, kernelParams, extra) from the
         callback's parameter struct; a runtime launch's host stub resolved to its function."""
+        cls, read = _LAUNCH_READERS[(domain, cbid)]
         ptr = P.function_params(cbdata)
-        cls = LAUNCH_PARAMS[(domain, cbid)]
-        p = cls.at(ptr)
-        if domain == DOMAIN_DRIVER:
-            if cls is P.CuLaunchKernelExParams:
-                grid, block, smem, stream = read_cu_launch_config(int(p.config))
-            else:
-                grid = (int(p.grid_dim_x), int(p.grid_dim_y), int(p.grid_dim_z))
-                block = (int(p.block_dim_x), int(p.block_dim_y), int(p.block_dim_z))
-                smem, stream = int(p.shared_mem_bytes), int(p.h_stream)
-            return (int(p.f), grid, block, smem, stream, int(p.kernel_params),
-                    int(getattr(p, "extra", 0) or 0))
+        if not ptr:
+            raise ValueError(f"{cls.__name__}: null parameter pointer")
+        v = read(ptr)   # the struct's fields in one read (cls.flat_fields() order)
+        if cls is P.CuLaunchKernelParams or cls is P.CuLaunchCooperativeKernelParams:
+            # f, grid x/y/z, block x/y/z, sharedMemBytes, hStream, kernelParams[, extra]
+            return (v[0], (v[1], v[2], v[3]), (v[4], v[5], v[6]), v[7], v[8], v[9],
+                    v[10] if len(v) > 10 else 0)
+        if cls is P.CuLaunchKernelExParams:
+            config, func, kparams, extra = v
+            grid, block, smem, stream = read_cu_launch_config(config)
+            return func, grid, block, smem, stream, kparams, extra
         if cls is P.CudaLaunchKernelExCParams:
-            grid, block, smem, stream = read_cuda_launch_config(int(p.config))
-        else:
-            g, b = p.grid_dim, p.block_dim
-            grid = (int(g.x), int(g.y), int(g.z))
-            block = (int(b.x), int(b.y), int(b.z))
-            smem, stream = int(p.shared_mem), int(p.stream)
-        if cbid in _KERNEL_HANDLE_CBIDS:
-            func = int(p.func)   # a cudaKernel_t: the driver's CUkernel (ParamInfo tries it as one)
-        else:
-            func = self.params.function_of_symbol(int(p.func))
-        return func, grid, block, smem, stream, int(p.args), 0
+            config, func, args = v
+            grid, block, smem, stream = read_cuda_launch_config(config)
+        else:   # func, gridDim x/y/z, blockDim x/y/z, args, sharedMem, stream
+            func, grid, block, args, smem, stream = v[0], v[1:4], v[4:7], v[7], v[8], v[9]
+        if cbid not in _KERNEL_HANDLE_CBIDS:
+            func = self.params.function_of_symbol(func)
+        # (else a cudaKernel_t: the driver's CUkernel, which ParamInfo tries as one)
+        return func, grid, block, smem, stream, args, 0
 
     def _name_of(self, func: int, cbdata) -> str:
         """The name as the driver reports it (cuFuncGetName: mangled for C++), which is what

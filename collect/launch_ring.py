@@ -46,6 +46,7 @@ from .param_gather import gather_into, layout_arrays
 # grid x/y/z, block x/y/z, parameter bytes, correlation ids 0-3, correlation id count, cbid,
 # domain, flags
 HEADER = struct.Struct("<qqQQqiQIIIIIIIIIIIHHBB")
+_pack, _HSIZE = HEADER.pack_into, HEADER.size
 F_AT_EXIT = 1    # delivered at its API's exit
 F_SIDE = 2       # parameter bytes (or correlation ids past 4) kept beside the slot
 F_EXTRA = 4      # bytes from the `extra` buffer: the layout follows `extra_layout`
@@ -92,23 +93,26 @@ class LaunchRing:
         try:
             flags = F_AT_EXIT if at_exit else 0
             ncorr = len(corrs)
-            c = (corrs + [0, 0, 0])[:_NCORR] if ncorr <= _NCORR else corrs[:_NCORR]
+            if ncorr == 1:
+                c0, c1, c2, c3 = corrs[0], 0, 0, 0
+            else:
+                c0, c1, c2, c3 = (corrs + [0, 0, 0])[:_NCORR]
             side_corrs = list(corrs) if ncorr > _NCORR else None
+            extra = src.__class__ is bytes   # the `extra` buffer, copied already
+            if extra:
+                flags |= F_EXTRA
             if seq - self._tail >= self.slots:   # full: keep it whole beside the buffer
-                data = self._bytes(src, lay)
-                if isinstance(src, bytes):
-                    flags |= F_EXTRA
+                data = src if extra else self._bytes(src, lay)
                 vals = (seq, host_ns, func, stream, -1 if stream_id is None else stream_id,
-                        -1 if device is None else device, smem, *grid, *block, len(data), *c, ncorr, cbid,
-                        domain, flags)
+                        -1 if device is None else device, smem, *grid, *block, len(data), c0, c1, c2, c3, ncorr,
+                        cbid, domain, flags)
                 self._spill[seq] = (vals, data, side_corrs)
                 self.spilled += 1
                 return
             slot = seq % self.slots
             base = slot * self.slot_bytes
             side_data = None
-            if isinstance(src, bytes):   # the `extra` buffer, copied already
-                flags |= F_EXTRA
+            if extra:
                 n = len(src)
                 if n <= self.slot_bytes:
                     self.params[base:base + n] = np.frombuffer(src, np.uint8)
@@ -123,10 +127,9 @@ class LaunchRing:
             if side_data is not None or side_corrs is not None:
                 flags |= F_SIDE
                 self._side[seq] = (side_data, side_corrs)
-            HEADER.pack_into(self.header, slot * HEADER.size, seq, host_ns, func, stream,
-                             -1 if stream_id is None else stream_id, -1 if device is None else device, smem,
-                             grid[0], grid[1], grid[2], block[0], block[1], block[2], n, *c, ncorr, cbid, domain,
-                             flags)
+            _pack(self.header, slot * _HSIZE, seq, host_ns, func, stream, -1 if stream_id is None else stream_id,
+                  -1 if device is None else device, smem, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                  n, c0, c1, c2, c3, ncorr, cbid, domain, flags)
             self.ready[slot] = 1
         except BaseException:
             self._spill[seq] = None   # void: take skips it

@@ -414,3 +414,26 @@ def test_sigkill_in_natural_mode_leaves_a_readable_partial_trace(tmp_path):
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGKILL
     assert _partial(out).manifest["collection"]["running"] is True
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(min_size=128, max_size=128))
+def test_one_read_of_a_parameter_struct_gives_what_its_fields_give(raw):
+    """`values` (one struct.unpack_from, what the callback reads launches with) against a ctypes
+    read of each field, for every parameter struct, over any bytes."""
+    from pagecast.collect import cupti_params as P
+
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    at = ctypes.addressof(buf)
+    for cls in P.ALL:
+        view = cls.at(at)
+
+        def field(name):
+            x = view
+            for part in name.split("."):
+                x = getattr(x, part)
+            return int(x)
+
+        assert cls.values(at) == tuple(field(n) for n in cls.flat_fields()), cls.__name__
+    with pytest.raises(ValueError, match="null parameter pointer"):
+        P.CuLaunchKernelParams.values(0)
