@@ -273,31 +273,53 @@ def _covered_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.n
     return ramp(starts) - ramp(ends)
 
 
+def stall_spans(start: np.ndarray, end: np.ndarray, stall: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each launch's stall lies: (wait, inside) per launch, in seconds. A launch's stall is
+    the wait before it starts (from the end of the launch before it on the GPU, whichever task's,
+    to its start: its data still moving) and then its faults, inside it: [start - wait, start)
+    and [start, start + inside)."""
+    order = np.argsort(start, kind="stable")
+    s, e, st = start[order], end[order], stall[order]
+    prev_end = np.concatenate([[0.0], np.maximum.accumulate(e)[:-1]]) if len(e) else e
+    wait = np.clip(np.minimum(s - prev_end, st), 0, None)
+    inside = np.clip(np.minimum(st - wait, e - s), 0, None)
+    out_w, out_i = np.empty_like(wait), np.empty_like(inside)
+    out_w[order], out_i[order] = wait, inside
+    return out_w, out_i
+
+
 def stall_plot(runs_tl, colours, cap_label: str):
     plt = setup_matplotlib()
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, 5.4), sharex=True)
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, 5.8), sharex=True, layout="constrained")
     binned = any(len(c["start_s"]) > MAX_STALL_POINTS for _, c in runs_tl)
+    styles = line_styles([r["_label"] for r, _ in runs_tl])
     t_end = max((float(c["end_s"].max()) for _, c in runs_tl if len(c["end_s"])), default=1.0)
     edges = np.linspace(0, max(t_end, 1e-12), STALL_BINS + 1)
     for r, c in runs_tl:
         order = np.argsort(c["start_s"], kind="stable")
         t, st = c["start_s"][order], c["stall_s"][order]
+        wait, inside = stall_spans(t, c["end_s"][order], st)
         lab = r["_label"]
+        ls, lw, z = styles[lab]
         if binned:
-            # exact share of each bin spent stalled (a launch's stall is [start, start + stall))
-            frac = np.diff(_covered_before(t, t + st, edges)) / np.diff(edges)
-            a1.stairs(100 * frac, edges, color=colours[lab], label=lab, lw=1.3)
-        else:
-            a1.plot(t, st * 1e3, ".", ms=3, color=colours[lab], label=lab, rasterized=True)
-        a2.plot(np.concatenate([[0], t + st]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=1.6,
-                label=lab)
+            # exact share of each bin spent stalled: the waits before launches and the faults in them
+            frac = (np.diff(_covered_before(t - wait, t, edges)) + np.diff(_covered_before(t, t + inside, edges))) \
+                / np.diff(edges)
+            a1.stairs(100 * frac, edges, color=colours[lab], label=lab, lw=lw * 0.8, ls=ls, zorder=z)
+        else:   # a marker of its own each: equal points stay visible
+            a1.plot(t, st * 1e3, MARKERS[list(styles).index(lab) % len(MARKERS)], ms=3.5, color=colours[lab],
+                    label=lab, rasterized=True, zorder=z)
+        a2.plot(np.concatenate([[0], t + inside]), np.concatenate([[0], np.cumsum(st)]), color=colours[lab], lw=lw,
+                ls=ls, zorder=z, label=lab)
     if binned:
         a1.set_ylabel("time stalled (% of each bin)")
         a1.set_ylim(0, 105)
     else:
         a1.set_ylabel("stall per launch (ms)")
     a1.set_title(f"Stall per launch over time ({cap_label})")
-    a1.legend(loc="upper right", ncol=min(len(runs_tl), 4))
+    # above the panels, off the lines (a stalled policy's line runs along 100%)
+    handles, names = a2.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside upper center", ncol=min(len(runs_tl), 6), frameon=False)
     a2.set_ylabel("cumulative stall (s)")
     a2.set_xlabel("simulated time since the run began (s)")
     note = (f"more than {MAX_STALL_POINTS:,} launches per run: the top panel shows the share of time stalled in "
@@ -305,6 +327,22 @@ def stall_plot(runs_tl, colours, cap_label: str):
     return figure(fig, "Stall timeline per launch",
                   "Demand paging stalls on almost every launch; a good prefetch policy keeps the cumulative stall "
                   "curve flat, with stalls only where a prediction missed or the working set changed.", note=note)
+
+
+LINE_STYLES = [("-", 2.8), ("--", 2.0), ("-.", 1.6), (":", 1.6)]
+MARKERS = [".", "x", "+", "1"]
+
+
+def line_styles(labels: list[str]) -> dict[str, tuple[str, float, int]]:
+    """(linestyle, width, zorder) per policy: each next one thinner, dashed and drawn above, so a
+    line that lies exactly on another (template on oracle's) still shows under it."""
+    return {lab: (LINE_STYLES[i % len(LINE_STYLES)][0], LINE_STYLES[i % len(LINE_STYLES)][1], 2 + i)
+            for i, lab in enumerate(labels)}
+
+
+# task colours of the multitask timeline: none near the stall red (#d62728)
+STALL_RED = "#d62728"
+TASK_PALETTE = [c for c in PALETTE if c not in ("#D55E00", "#FF9896", "#CC79A7", "#8C564B", "#FFBB78")]
 
 
 def _merge_segments(a: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -334,30 +372,34 @@ def gantt_plot(runs_tl, cap_label: str):
         if len(names_all) > 40:
             break
     ntask = max(len(names_all), 1)
-    fig, axes = plt.subplots(len(runs_tl), 1, figsize=(FIG_W, 0.8 + len(runs_tl) * (0.5 + 0.28 * ntask)),
-                             sharex=True, squeeze=False)
-    tcol = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names_all)}
+    fig, axes = plt.subplots(len(runs_tl), 1, figsize=(FIG_W, 1.2 + len(runs_tl) * (0.75 + 0.28 * ntask)),
+                             sharex=True, squeeze=False, layout="constrained")   # titles clear of the panel above
+    tcol = {n: TASK_PALETTE[i % len(TASK_PALETTE)] for i, n in enumerate(names_all)}
     t_end = max((float(c["end_s"].max()) for _, c in runs_tl if len(c["end_s"])), default=1.0)
     t_end = max(t_end, 1e-12)
     eps = t_end / 3000   # gaps under a third of a pixel are merged: same picture, far fewer bars
     dense = any(len(c["start_s"]) > MAX_STALL_POINTS for _, c in runs_tl)
     edges = np.linspace(0, t_end, GANTT_BINS + 1)
     from matplotlib.colors import to_rgb
-    red = np.array(to_rgb("#d62728"))
+    red = np.array(to_rgb(STALL_RED))
     for ax, (r, c) in zip(axes[:, 0], runs_tl):
         nm = np.array([str(tn) if tn is not None else f"task {tid}" for tid, tn in zip(c["task"], c["task_name"])])
+        wait_all, inside_all = stall_spans(c["start_s"], c["end_s"], c["stall_s"])   # over every task's launches
         verts, colours = [], []
         for y, name in enumerate(names_all):
             sel = nm == name
             if not sel.any():
                 continue
-            s, e, st = c["start_s"][sel], c["end_s"][sel], c["stall_s"][sel]
+            s, e = c["start_s"][sel], c["end_s"][sel]
+            wait, inside = wait_all[sel], inside_all[sel]
             if dense:
-                # per time bin: the share the task ran, coloured between its colour (computing) and red (stalled)
+                # per time bin: the share the task held the GPU (waiting for its data or running),
+                # coloured between its colour (computing) and red (stalled)
                 w = np.diff(edges)
-                busy = np.clip(np.diff(_covered_before(s, e, edges)) / w, 0, 1)
+                busy = np.clip(np.diff(_covered_before(s - wait, e, edges)) / w, 0, 1)
                 busy[busy < 1e-6] = 0   # rounding noise of the prefix sums, not work
-                stalled = np.clip(np.diff(_covered_before(s, s + np.minimum(st, e - s), edges)) / w, 0, 1)
+                stalled = np.clip((np.diff(_covered_before(s - wait, s, edges))
+                                   + np.diff(_covered_before(s, s + inside, edges))) / w, 0, 1)
                 share = np.divide(stalled, busy, out=np.zeros_like(busy), where=busy > 0)
                 rgba = np.zeros((1, GANTT_BINS, 4))
                 rgba[0, :, :3] = (1 - share)[:, None] * np.array(to_rgb(tcol[name])) + share[:, None] * red
@@ -365,8 +407,9 @@ def gantt_plot(runs_tl, cap_label: str):
                 rgba[0, :, 3] = np.where(busy > 0, 0.15 + 0.85 * busy / max(busy.max(), 1e-12), 0)
                 ax.imshow(rgba, aspect="auto", interpolation="nearest", extent=(0, t_end, y - 0.35, y + 0.35))
                 continue
-            for (a, b), colour in ((_merge_segments(s + st, e, eps), tcol[name]),
-                                   (_merge_segments(s, s + st, eps), "#d62728")):
+            for (a, b), colour in ((_merge_segments(s + inside, e, eps), tcol[name]),
+                                   (_merge_segments(np.concatenate([s - wait, s]),
+                                                    np.concatenate([s, s + inside]), eps), STALL_RED)):
                 v = np.zeros((len(a), 4, 2))
                 v[:, 0, 0] = v[:, 3, 0] = a
                 v[:, 1, 0] = v[:, 2, 0] = np.maximum(b, a + eps / 3)
@@ -383,15 +426,25 @@ def gantt_plot(runs_tl, cap_label: str):
         ax.set_ylabel("task")
         ax.set_title(f"{r['_label']}: {_fmt(r.get('time_s'))} s total, {_fmt(r.get('stall_s'))} s stalled",
                      fontsize=10, loc="left")
-    axes[-1, 0].set_xlabel("simulated time since the run began (s); red = stalled on memory")
+    axes[-1, 0].set_xlabel("simulated time since the run began (s)")
     fig.suptitle(f"Multitask timeline: which task ran when ({cap_label})", fontweight="bold")
+    from matplotlib.patches import Patch
+    key = [Patch(color=STALL_RED, label="stalled on memory")] + [Patch(color=tcol[n], label=f"{short(n, 24)} computing")
+                                                                 for n in names_all[:8]]
+    fig.legend(handles=key, loc="outside lower center", ncol=min(len(key), 5), frameon=False, fontsize=8)
     note = (f"more than {MAX_STALL_POINTS:,} launches per run: each row is drawn in {GANTT_BINS} time bins; a bin's "
             "opacity grows with the share of it the task ran, its colour goes from the task's colour (computing) to red "
-            "(stalled)" if dense else "one bar per launch: red while it stalled, the task's colour while it computed")
+            "(stalled)" if dense else "one bar per launch: red while it stalled (waiting for its data before it started, "
+            "or faulting), the task's colour while it computed")
     return figure(fig, "Multitask timeline",
                   "Red is time a task waited for memory; with template prefetching each task's turn should be "
                   "mostly coloured (computing), and the whole mix should finish sooner than under demand paging.",
                   raster=True, note=note)
+
+
+def _task_count(runs_tl) -> int:
+    """How many tasks the timeline runs hold (tasks sharing the GPU in a multitask replay)."""
+    return len({x for _, c in runs_tl for x in np.unique(np.asarray(c["task"]).astype(str)).tolist()})
 
 
 def _pick_timeline_workload(rows: list[dict], workloads: list[str]) -> str:
@@ -400,6 +453,33 @@ def _pick_timeline_workload(rows: list[dict], workloads: list[str]) -> str:
     for r in rows:
         ntask[r["_wl"]] = max(ntask[r["_wl"]], len(r.get("tasks") or []))
     return max(workloads, key=lambda w: (ntask[w], -workloads.index(w)))
+
+
+def headline_cards(rows: list[dict], labels: list[str], multi: bool) -> list[tuple[str, str]]:
+    """The report's first cards: pagecast's own result (template's speedup over demand, per
+    oversubscription; with several workloads their geometric mean), then oracle's, the bound
+    beside it. Without a template run, the fastest policy's that is not oracle stands first."""
+    def series(lab: str) -> dict:
+        return {r.get("oversub"): r["speedup_vs_demand"] for r in rows
+                if r["_label"] == lab and r.get("speedup_vs_demand") is not None}
+
+    def text(sp: dict) -> str:
+        xs = sorted(sp, key=lambda x: (x is None, x or 0))
+        vals = " · ".join(f"{sp[x]:.3g}x" for x in xs)
+        at = " · ".join(x_tick(x, True) for x in xs if x is not None)
+        return vals + (f" at {at}" if at and len(at) < 40 else "")
+
+    kind = "geometric-mean speedup" if multi else "speedup"
+    first = next((lab for lab in labels if lab == "template"), None)
+    if first is None:
+        others = [lab for lab in labels if lab not in ("demand", "oracle") and series(lab)]
+        first = max(others, key=lambda lab: max(series(lab).values()), default=None)
+    cards = []
+    if first is not None and series(first):
+        cards.append((f"{first}: {kind} over demand", text(series(first))))
+    if "oracle" in labels and series("oracle"):
+        cards.append(("oracle (the bound: the fastest plan found with the truth)", text(series("oracle"))))
+    return cards
 
 
 def _run_cells(r: dict, with_workload: bool) -> tuple:
@@ -433,13 +513,7 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
     if multi:
         nums.insert(0, ("workloads", f"{len(workloads)}"))
     geo = geomean_rows(rows, labels) if multi else []
-    best_src = geo if multi else [r for r in rows if r.get("speedup_vs_demand") is not None]
-    best = max(best_src, key=lambda r: r["speedup_vs_demand"], default=None)
-    if best is not None:
-        nums.append(("best " + ("geometric-mean " if multi else "") + "speedup",
-                     f"{best['speedup_vs_demand']:.3g}x ({best['_label']} at "
-                     + (f"{x_tick(best['oversub'], True)} oversubscription)" if best.get("oversub") is not None
-                        else "—)")))
+    nums[:0] = headline_cards(geo if multi else rows, labels, multi)
     if not multi:
         tasks = list(dict.fromkeys(t for r in rows for t in (r.get("tasks") or [])))
         if tasks:
@@ -488,8 +562,9 @@ def replay_sections(path: Path) -> tuple[list[Section], str]:
                             "differ most" + (f"; of the {len(workloads)} workloads, the one with most tasks. The "
                                              "timeline file holds every run's launches." if multi else "."))
             tl_sec.add_figure(stall_plot(runs_tl, colours, cap_label))
-            tl_sec.add_figure(gantt_plot(runs_tl, cap_label))
-            if len(runs_tl) > MAX_GANTT_PANELS:
+            if _task_count(runs_tl) > 1:   # one task alone: the stall timeline says it all
+                tl_sec.add_figure(gantt_plot(runs_tl, cap_label))
+            if _task_count(runs_tl) > 1 and len(runs_tl) > MAX_GANTT_PANELS:
                 tl_sec.add_text(f"The multitask timeline shows the first {MAX_GANTT_PANELS} of {len(runs_tl)} "
                                 "policies.", "note")
         else:

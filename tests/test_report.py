@@ -364,6 +364,132 @@ def test_replay_report_variants(variant, tmp_path):
         assert "run time (s)" in svg and "No 'demand' run" in _html_unescape(html)
 
 
+def _first_cards(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<div class="num"><div class="v">([^<]*)</div><div class="k">([^<]*)</div>', html)
+
+
+def test_replay_report_first_card_is_templates_result_beside_oracles_bound(toy_results, replay_html):
+    """pagecast's own result comes first, the bound beside it: not the bound as the headline."""
+    from pagecast.replay.results_io import read_results
+    html = _html_unescape(replay_html.read_text())
+    (v1, k1), (v2, k2) = _first_cards(html)[:2]
+    assert k1.startswith("template: speedup over demand") and k2.startswith("oracle (the bound")
+    runs = read_results(toy_results)[0].to_pylist()
+    for card, pol in ((v1, "template"), (v2, "oracle")):
+        want = [f"{r['speedup_vs_demand']:.3g}x" for r in sorted(runs, key=lambda r: r["oversub"])
+                if r["policy"] == pol]
+        assert card.startswith(" · ".join(want)) and card.endswith("at 150% · 200% · 300%"), card
+
+
+def _grab_figures(monkeypatch) -> dict:
+    """The replay report's matplotlib figures, measured (in pixels) as drawn, by title."""
+    from pagecast.report import replay_report
+    got, orig = {}, replay_report.figure
+
+    def grab(fig, title, *a, **kw):
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        got[title] = {
+            "axes": [(ax.get_window_extent(r), ax.title.get_window_extent(r)) for ax in fig.axes],
+            "legends": [lg.get_window_extent(r) for lg in fig.legends],
+            "lines": {ln.get_label(): (ln.get_linestyle(), ln.get_linewidth()) for ax in fig.axes
+                      for ln in ax.get_lines()},
+            "polys": [(c.get_paths(), c.get_facecolors()) for ax in fig.axes for c in ax.collections
+                      if hasattr(c, "get_paths") and len(c.get_paths())],
+            "images": [im.get_array() for ax in fig.axes for im in ax.get_images()],
+            "suptitle": fig._suptitle.get_window_extent(r) if fig._suptitle is not None else None,
+        }
+        return orig(fig, title, *a, **kw)
+    monkeypatch.setattr(replay_report, "figure", grab)
+    return got
+
+
+def test_replay_report_timelines_keep_clear_of_each_other(toy_results, tmp_path, monkeypatch):
+    """No panel title struck through by the panel above; the stall legend off the lines; a policy
+    whose line lies on another's (template on oracle) drawn in another style, beneath it."""
+    from pagecast.report.render import write_report
+    figs = _grab_figures(monkeypatch)
+    write_report(toy_results, tmp_path / "r.html")
+    g = figs["Multitask timeline"]
+    panels = g["axes"]
+    assert len(panels) == 3
+    assert g["suptitle"].y0 >= panels[0][1].y1 - 0.5             # the figure's title above the first panel's
+    for (upper, _), (_, title) in zip(panels, panels[1:]):
+        assert title.y1 <= upper.y0 + 0.5, (title, upper)           # each title below the panel above
+    assert g["legends"] and all(lg.y1 <= panels[-1][0].y0 + 0.5 for lg in g["legends"])   # the key below
+    st = figs["Stall timeline per launch"]
+    (top, _), (bottom, _) = st["axes"]
+    for lg in st["legends"]:
+        assert lg.y0 >= top.y1 - 0.5                                # above the panels, not on the 100% line
+    (ls_t, lw_t), (ls_o, lw_o) = st["lines"]["template"], st["lines"]["oracle"]
+    assert ls_t != ls_o and lw_t > lw_o                             # the wider line beneath shows
+
+
+def _stall_heavy_results(path: Path, n_launches: int, waits: bool = False) -> Path:
+    """Two tasks sharing the GPU under one policy that stalls 90% of the time (as alloc can): in each
+    launch, or (`waits`) before each launch starts, its data still moving (the simulator's clock
+    counts that wait in the launch's stall)."""
+    from pagecast.replay.results_io import write_results
+    cols = {k: [] for k in ("run", "policy", "capacity_bytes", "task", "task_name", "launch_id", "kernel",
+                            "start_s", "end_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes")}
+    t = 0.0
+    for l in range(n_launches):
+        for k, v in (("run", 0), ("policy", "alloc"), ("capacity_bytes", 1 << 30), ("task", l % 2),
+                     ("task_name", f"t{l % 2}"), ("launch_id", l // 2), ("kernel", "k"),
+                     ("start_s", t + 0.009 * waits), ("end_s", t + 0.01), ("stall_s", 0.009), ("faults", 0),
+                     ("htod_bytes", 1 << 20),
+                     ("dtoh_bytes", 0)):
+            cols[k].append(v)
+        t += 0.01
+    run = dict(policy="alloc", backend="sim", capacity_bytes=1 << 30, oversub=2.0, time_s=t,
+               stall_s=0.009 * n_launches, faults=0, htod_bytes=1 << 30, dtoh_bytes=0, speedup_vs_demand=None,
+               workload="mix", tasks=["t0", "t1"], run=0)
+    return write_results(path, [run], cols)
+
+
+@pytest.mark.parametrize("waits", [False, True])
+@pytest.mark.parametrize("dense", [False, True])
+def test_multitask_timeline_draws_stalls_in_the_legends_red(tmp_path, monkeypatch, dense, waits):
+    """A run stalled 90% of the time is 90% red, as its title and the legend say, drawn per launch or binned."""
+    from matplotlib.colors import to_rgb
+    from pagecast.report import replay_report
+    from pagecast.report.render import write_report
+    if dense:
+        monkeypatch.setattr(replay_report, "MAX_STALL_POINTS", 10)
+    figs = _grab_figures(monkeypatch)
+    write_report(_stall_heavy_results(tmp_path / "R.parquet", 40, waits), tmp_path / "r.html")
+    g = figs["Multitask timeline"]
+    red = np.array(to_rgb(replay_report.STALL_RED))
+    if not dense:
+        widths = {True: 0.0, False: 0.0}
+        for paths, colours in g["polys"]:
+            for p, c in zip(paths, colours):
+                x = p.vertices[:, 0]
+                widths[bool(np.allclose(c[:3], red))] += x.max() - x.min()
+        assert abs(widths[True] / (widths[True] + widths[False]) - 0.9) < 0.02
+    else:
+        rgb = np.concatenate([np.asarray(im)[0] for im in g["images"]])
+        rgb = rgb[rgb[:, 3] > 0, :3]   # the bins a task ran in: from its colour (computing) to red (stalled)
+        redness = 1 - np.linalg.norm(rgb - red, axis=1) / np.linalg.norm(rgb - red, axis=1).max()
+        assert len(rgb) > 100 and abs(redness.mean() - 0.9) < 0.05
+
+
+def test_single_task_report_draws_no_multitask_timeline(tmp_path):
+    """One workload alone: the stall timeline, but no one-row multitask panel."""
+    from pagecast.replay.results_io import read_results, write_results
+    from pagecast.report.render import write_report
+    runs, tl = read_results(make_results(tmp_path / "R.parquet", n_launches=6))
+    one = tl.to_pylist()
+    for t in one:
+        t["task"], t["task_name"] = 0, "jacobi2d"
+    import pyarrow as pa
+    rows = [dict(r, workload="jacobi2d", tasks=["jacobi2d"]) for r in runs.to_pylist()]
+    html = write_report(write_results(tmp_path / "S.parquet", rows, pa.Table.from_pylist(one, schema=tl.schema)),
+                        tmp_path / "r.html").read_text()
+    assert _figure_titles(html) == ["Speedup per policy against oversubscription", "Bytes moved per policy",
+                                    "Stall timeline per launch"]
+
+
 # ---- the model report ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -568,6 +694,28 @@ def test_reports_render_in_headless_chromium(trace_html, model_html, replay_html
         for im in got["imgs"]:
             assert im["ok"] and im["nw"] > 100 and im["nh"] > 100 and im["w"] > 100 and im["h"] > 50, im
         assert got["width"] <= got["viewport"], "the page scrolls sideways on a laptop-sized window"
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (CI installs Debian's chromium)")
+def test_replay_report_screenshots(replay_html, tmp_path):
+    """The replay report as scripts/report_screenshots.py takes it: a full-page PNG at 1400 px, and a
+    single-task report with its three figures (no multitask panel) renders too."""
+    from PIL import Image
+
+    from pagecast.replay.results_io import read_results, write_results
+    from pagecast.report.browser import probe, screenshot
+    from pagecast.report.render import write_report
+    png = screenshot(replay_html, tmp_path / "replay.png")
+    with Image.open(png) as im:
+        assert im.size[0] == 1400 and im.size[1] > 1500
+    runs, tl = read_results(make_results(tmp_path / "R.parquet", n_launches=6))
+    import pyarrow as pa
+    one = [dict(t, task=0, task_name="jacobi2d") for t in tl.to_pylist()]
+    res = write_results(tmp_path / "S.parquet", [dict(r, workload="jacobi2d", tasks=["jacobi2d"])
+                                                 for r in runs.to_pylist()],
+                        pa.Table.from_pylist(one, schema=tl.schema))
+    got = probe(write_report(res, tmp_path / "one.html"))
+    assert got["errors"] == [] and got["figures"] == 3
 
 
 def _html_unescape(s: str) -> str:
