@@ -588,7 +588,7 @@ class LaunchHook:
         from cupti import cupti
 
         _warm_gather()   # numba compiles (or loads) the parameter gather here, not in the first launch
-        _warm_driver()   # and cuda-bindings is imported here (0.04-0.1 s), not in the first launch's callback
+        _warm_driver()   # and cuda-bindings imported here (0.04-0.1 s), not in a first launch's callback
         if self.clock is _default_clock:
             self.clock = cupti.get_timestamp
         if self._stream_id_fn is None:

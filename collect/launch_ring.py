@@ -74,7 +74,7 @@ class LaunchRing:
         self._spill: dict[int, tuple | None] = {}   # seq -> (header values, data, corrs), or None: void
         self.spilled = 0    # launches that found the buffer full
         self.taken = 0
-        self.take_ns = 0    # time spent turning slots into LaunchArgs (off the callback)
+        self.take_ns = 0    # CPU time the taking threads spent turning slots into LaunchArgs (off the callback)
 
     # -- the callback's side --
     def first_sight(self, func: int, layout: tuple[tuple, tuple], name: str) -> tuple:
@@ -151,7 +151,7 @@ class LaunchRing:
         """Every launch recorded so far, in sequence order, as the hook would have delivered it.
         A launch still being recorded (another thread's callback is inside `put`) stops the take
         there, after waiting up to `wait_s` for it."""
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()   # CPU time: the GIL's waits while other threads run are not this work's
         out: list[LaunchArgs] = []
         head = self._head
         deadline = None
@@ -185,7 +185,7 @@ class LaunchRing:
             self.ready[slot] = 0
             self._tail = seq + 1
         self.taken += len(out)
-        self.take_ns += time.perf_counter_ns() - t0
+        self.take_ns += time.thread_time_ns() - t0
         return out
 
     def _args(self, vals: tuple, data: bytes, corrs: list[int] | None) -> LaunchArgs:
