@@ -16,6 +16,7 @@ from pagecast.predict.model_io import load_model
 from pagecast.predict.predictor import predict_footprints
 
 from pagecast import trace as T
+from pagecast.demangle import base_name, demangle
 from pagecast.footprints import Footprints, footprints, intersection_pages, merge_intervals
 from pagecast.units import format_size
 
@@ -104,7 +105,7 @@ def per_kernel_plot(ev: dict, kernels: list[dict]):
     elif bo is not None and _num(bo.get("precision")) is not None:
         ax.axvline(100 * _num(bo["precision"]), color=C_BASE, ls="--", lw=1.2,
                    label="allocation baseline precision (all kernels)")
-    labels = [f"{short(k['kernel'], 34)} [{'/'.join(k.get('templates') or []) or '?'}]" for k in top]
+    labels = [f"{short(base_name(k['kernel']), 34)} [{'/'.join(k.get('templates') or []) or '?'}]" for k in top]
     ax.set_yticks(y, labels, fontsize=7.5)
     ax.set_xlim(0, 145)   # room on the right for the legend: bars end at 100
     ax.set_xticks([0, 20, 40, 60, 80, 100])
@@ -243,7 +244,7 @@ def footprint_picture(trace: T.Trace, truth: Footprints, pred: Footprints, launc
         ax.set_yticks([0, 1], ["predicted", "footprint"], fontsize=8)
         ax.set_ylim(-0.6, 1.9)
         ax.set_xlim(0, total * scale)
-        ax.set_title(f"launch {lid}: {short(names[codes[lid]], 50)} — footprint {format_size(tpg * ps)}, "
+        ax.set_title(f"launch {lid}: {short(base_name(names[codes[lid]]), 50)} — footprint {format_size(tpg * ps)}, "
                      f"predicted {format_size(ppg * ps)}, precision {prec}, recall {rec}", fontsize=9, loc="left")
         ax.set_xlabel(f"{unit} of address space this launch touched or was predicted to touch "
                       "(pieces in address order; dashed = gap removed)", fontsize=8)
@@ -324,14 +325,14 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
                      formulas))
     if rows:
         worst_sec.add_table(["kernel", "class", "launches", "precision", "recall", "missed", "over-fetched",
-                             "formulas"], rows, numeric=[False, False, True, True, True, True, True, False],
+                             "formulas"], _demangled(rows), numeric=[False, False, True, True, True, True, True, False],
                             code_cols=(0, 7))
         loose = [(k[0], _pinned(model.kernels.get(k[0]))) for k in rows
                  if model.kernels.get(k[0]) is not None and model.kernels[k[0]].pinned is not None
                  and not model.kernels[k[0]].pinned.pinned]
         if loose:
             worst_sec.add_text("Of these, the profile did not pin down the templates of: "
-                               + "; ".join(f"{esc(n)} ({p})" for n, p in loose)
+                               + "; ".join(f"{esc(base_name(n))} ({p})" for n, p in loose)
                                + ". A profile whose launches vary those arguments, or another profile, pins them.",
                                "note")
     else:
@@ -346,7 +347,7 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
                          _pinned(km)))
     worst_sec.add_html(f"<details><summary>All {len(all_rows)} kernels</summary>")
     worst_sec.add_table(["kernel", "class", "launches", "precision", "recall", "footprint", "formulas",
-                         "pinned down"], all_rows,
+                         "pinned down"], _demangled(all_rows),
                         numeric=[False, False, True, True, True, True, False, False], code_cols=(0, 6))
     worst_sec.add_html("</details>")
 
@@ -364,3 +365,8 @@ def model_sections(model_path: Path, trace: T.Trace) -> list[Section]:
 
 
 __all__ = ["model_sections", "esc"]
+
+
+def _demangled(rows: list[tuple]) -> list[tuple]:
+    """Table rows with their first cell, a kernel's symbol, demangled for the reader."""
+    return [(demangle(r[0]),) + tuple(r[1:]) for r in rows]

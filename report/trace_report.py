@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from pagecast import trace as T
+from pagecast.demangle import base_name, demangle
 from pagecast.footprints import Footprints, attribute_by_time, footprints, merge_intervals
 from pagecast.summary import trace_summary
 from pagecast.units import format_size
@@ -117,7 +118,7 @@ def kernel_colours(labels: np.ndarray, weights: np.ndarray, names: np.ndarray, t
     remap = np.full(K + 1, len(order), np.int64)
     remap[order] = np.arange(len(order))
     idx = remap[np.where(labels >= 0, labels, K)]
-    legend = [(short(names[k], 40), PALETTE[i % len(PALETTE)]) for i, k in enumerate(order)]
+    legend = [(short(base_name(names[k]), 40), PALETTE[i % len(PALETTE)]) for i, k in enumerate(order)]
     has_other = bool((idx == len(order)).any())
     legend.append(("other kernels / unattributed", OTHER_COLOUR))
     return idx, legend, has_other
@@ -165,7 +166,7 @@ def summary_section(trace: T.Trace, s: dict) -> Section:
         sec.add_text("This trace is incomplete.", "warn")
     if s["top_kernels"]:
         sec.add_table(["kernel", "launches", "touched (sum over launches)", "footprint (distinct pages)"],
-                      [(k["kernel"], f"{k['launches']:,}", format_size(k["touched_bytes"]),
+                      [(demangle(k["kernel"]), f"{k['launches']:,}", format_size(k["touched_bytes"]),
                         format_size(k["footprint_bytes"])) for k in s["top_kernels"]],
                       caption="Kernels by bytes touched", numeric=[False, True, True, True], code_cols=(0,))
     return sec
@@ -339,7 +340,7 @@ def footprint_per_kernel(trace: T.Trace, s_top: list[dict]):
         div, unit = size_unit(vals.max())
         y = np.arange(len(top))[::-1]
         ax.barh(y, vals / div, color=PALETTE[0], alpha=0.85)
-        ax.set_yticks(y, [short(k["kernel"], 44) for k in top], fontsize=8)
+        ax.set_yticks(y, [short(base_name(k["kernel"]), 44) for k in top], fontsize=8)
         for yi, k, v in zip(y, top, vals):
             ax.text(v / div, yi, f"  {k['launches']:,} launches, {format_size(v / max(k['launches'], 1))}/launch",
                     va="center", fontsize=7, color="#333")
