@@ -34,6 +34,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="where to keep the data (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     ap.add_argument("--workload", default="mlp-train")
+    ap.add_argument("--replay-results", type=Path, default=None, metavar="RESULTS.parquet",
+                    help="screenshot the report of these results (a demo's results.parquet) instead of running "
+                         "pagecast demo")
     args = ap.parse_args()
 
     from pagecast.report.browser import screenshot
@@ -58,9 +61,12 @@ def main() -> int:
         print(f"skipped the model report: {e}", file=sys.stderr)
 
     try:
-        demo = work / "demo"
-        run(["demo", "-o", str(demo), "--force"])
-        html = write_report(demo / "results.parquet", work / "replay.html", force=True)
+        results = args.replay_results
+        if results is None:
+            demo = work / "demo"
+            run(["demo", "-o", str(demo), "--force"])
+            results = demo / "results.parquet"
+        html = write_report(results, work / "replay.html", force=True)
         shots.append(screenshot(html, args.out / "report-replay.png"))
     except (SystemExit, ImportError, FileNotFoundError) as e:
         print(f"skipped the replay report: {e}", file=sys.stderr)
