@@ -48,11 +48,17 @@ from pagecast.errors import UsageError
 import numpy as np
 
 from .period import PeriodTracker
-from .ranges import UNIT, AllocationMap, allocation_ranges, front_units, merge_ranges, units_of
+from .ranges import UNIT, AllocationMap, RangeArrays, allocation_ranges, front_units, merge_ranges, units_of
 from . import residency_kernels as RK
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
 from .unit_residency import UnitResidency
+
+
+# planned runs decide from footprints laid out once, at start (`PlannedFootprints`); False: the
+# trace's footprint is relocated launch by launch in Python (`Relocator.footprint`), as before
+# (benchmarks/bench_child_callback.py times both)
+PRECOMPUTE = True
 
 
 @dataclass(slots=True)
@@ -66,6 +72,7 @@ class LaunchView:
     predicted: list | None              # the model's prediction (byte ranges), when made
     relocator: Relocator | None         # a matching trace's footprints, relocated
     unit: int                           # the residency estimate's unit (2 MiB)
+    laid_out: bool = False              # the relocator's footprints are laid out (PRECOMPUTE)
 
     def allocation_ranges(self) -> list[tuple[int, int]]:
         """The whole managed allocations the launch's pointer arguments land in."""
@@ -73,6 +80,8 @@ class LaunchView:
 
     def relocated_footprint(self) -> list[tuple[int, int]]:
         """The launch's footprint in the matching trace, in this run's addresses (managed parts)."""
+        if self.laid_out:   # arrays moved in one compiled call; the calls cut them per allocation
+            return self.relocator.footprint_arrays(self.t)
         return self.allocs.clip(self.relocator.footprint(self.t, self.unit))
 
 
@@ -123,6 +132,10 @@ class LaunchDecider:
         self.warn = warn or (lambda m: None)
         self.unit = unit
         self.compiled = compiled
+        # the trace's footprints laid out in arrays at start: per launch a lookup, not a Python walk
+        self.laid_out = bool(PRECOMPUTE and compiled and relocator is not None)
+        if self.laid_out:
+            relocator.layout()
         self.detector = PeriodTracker().warm() if compiled else PeriodDetector()
         self._seq_next = None if compiled else SequenceNextUse(self.detector)
         self.residency: Residency | UnitResidency | None = None
@@ -156,6 +169,8 @@ class LaunchDecider:
             return self._seq_next
         if victims == "belady":
             rel = self.relocator
+            if self.laid_out:
+                return rel.next_use_scorer(self.unit)
             return FutureNextUse(rel.future_uses(self.unit), lambda u: rel.origin.get(u, ()))
         return None
 
@@ -214,7 +229,7 @@ class LaunchDecider:
             if not self._clipped:   # the online predictor's already are
                 predicted = self.allocs.clip(predicted)
             predict_s = time.perf_counter() - p0
-        view = LaunchView(t, la, data, self.allocs, predicted, rel, self.unit)
+        view = LaunchView(t, la, data, self.allocs, predicted, rel, self.unit, self.laid_out)
         prefetch = self.policy.launch_prefetch(view)
         evict: list[tuple[int, int]] = []
         overflow = False
@@ -260,8 +275,9 @@ class LaunchDecider:
             wspec = (at << 24) | n if want is predicted else 0
             espec = -1 if estimate is want else (at << 24) | n
         else:
-            w = [x for r in want for x in r]
-            e = [] if estimate is want else [x for r in estimate for x in r]
+            w = want.flat if isinstance(want, RangeArrays) else [x for r in want for x in r]
+            e = ([] if estimate is want else estimate.flat if isinstance(estimate, RangeArrays)
+                 else [x for r in estimate for x in r])
             if len(w) + len(e) > len(self._inbuf):
                 self._inbuf = np.zeros(2 * (len(w) + len(e)), np.int64)
             src = self._inbuf

@@ -81,6 +81,30 @@ def front_units(ranges: Iterable[tuple[int, int]], n_units: int, unit: int = UNI
     return out
 
 
+class RangeArrays:
+    """Byte ranges held as one int64 array [address0, nbytes0, address1, nbytes1, ...], sorted by
+    address (not merged): what a precomputed footprint hands the residency step as it is, without
+    a Python tuple per range. Iterating gives (address, nbytes) tuples, as a range list does."""
+
+    __slots__ = ("flat",)
+
+    def __init__(self, flat) -> None:
+        self.flat = flat
+
+    def __len__(self) -> int:
+        return len(self.flat) // 2
+
+    def __bool__(self) -> bool:
+        return len(self.flat) > 0
+
+    def __iter__(self):
+        f = self.flat.tolist()
+        return iter(zip(f[0::2], f[1::2]))
+
+    def tolist(self) -> list[tuple[int, int]]:
+        return list(self)
+
+
 def units_of(ranges: Iterable[tuple[int, int]], unit: int = UNIT) -> set[int]:
     s: set[int] = set()
     for a, n in ranges:

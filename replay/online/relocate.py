@@ -1,8 +1,19 @@
-"""The oracle's footprints one launch at a time: a trace's footprints, relocated into this run's address space."""
+"""The oracle's footprints one launch at a time: a trace's footprints, relocated into this run's address space.
+
+Two ways to get launch t's footprint, the same bytes:
+
+- `footprint(t)`: the trace's intervals looked up and moved one by one in Python (the reference,
+  and what the runner did before: 50-700 us a launch on a real trace);
+- `footprint_arrays(t)` after `layout()`: every interval's allocation and offset found once, at
+  start, in arrays; per launch one compiled call moves them by their allocations' deltas
+  (`relocate_kernel`) and the learned deltas come from a precomputed list of the launch's
+  pointer words (`observe`). The GPU runner uses it (decide.PRECOMPUTE).
+"""
 
 from __future__ import annotations
 
 import bisect
+import math
 import struct
 from typing import Iterator
 
@@ -11,7 +22,40 @@ import numpy as np
 from pagecast import trace as T
 from pagecast.footprints import footprints
 
-from .ranges import MAX_PTR, MIN_PTR, UNIT, merge_ranges, split_by_unit, units_of
+from numba import njit
+
+from pagecast.jit import entry_point
+
+from .ranges import MAX_PTR, MIN_PTR, UNIT, RangeArrays, merge_ranges, split_by_unit, units_of
+
+
+@njit(cache=True)
+def relocate_kernel(ptr, aj, off, nb, base, known, t, out):
+    """Launch t's laid-out intervals moved into this run: (address, nbytes) pairs at out[0:],
+    sorted by address; returns count | unmapped bytes << 24 (intervals of allocations whose
+    address in this run is not known yet are left out)."""
+    lo, hi = ptr[t], ptr[t + 1]
+    k = 0
+    unmapped = 0
+    for i in range(lo, hi):
+        j = aj[i]
+        if known[j]:
+            out[2 * k] = base[j] + off[i]
+            out[2 * k + 1] = nb[i]
+            k += 1
+        else:
+            unmapped += nb[i]
+    # insertion sort by address (a launch's intervals: few, and nearly sorted already)
+    for i in range(1, k):
+        a, n = out[2 * i], out[2 * i + 1]
+        m = i - 1
+        while m >= 0 and out[2 * m] > a:
+            out[2 * m + 2] = out[2 * m]
+            out[2 * m + 3] = out[2 * m + 1]
+            m -= 1
+        out[2 * m + 2] = a
+        out[2 * m + 3] = n
+    return k | (unmapped << 24)
 
 
 class Relocator:
@@ -51,6 +95,92 @@ class Relocator:
         # Belady: trace-space unit -> ascending launch ids
         self._future: dict[int, list[int]] | None = None
         self.origin: dict[int, set[int]] = {}   # run-space unit -> trace-space units
+        self._laid = False
+
+    # -- laid out once: footprints as (allocation, offset, bytes) rows per launch --------------------
+    def layout(self) -> "Relocator":
+        """Find every footprint interval's allocation once (cut where an interval passes its
+        allocation's end, as `footprint` does), and every launch's pointer words; then
+        `footprint_arrays` and `observe` do per launch only what depends on this run."""
+        if self._laid:
+            return self
+        ind = np.asarray(self.fp_indptr, np.int64)
+        st, en = np.asarray(self.fp_start, np.int64), np.asarray(self.fp_end, np.int64)
+        lid = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(ind))
+        a_addr, a_bytes = self.a_addr, self.a_bytes
+        if len(a_addr):
+            pos = np.searchsorted(self.sorted_addr, st, side="right") - 1
+            j = self.order[np.maximum(pos, 0)]
+            fits = ((pos >= 0) & (st >= a_addr[j]) & (en <= a_addr[j] + a_bytes[j])
+                    & (self.a_first[j] <= lid) & (lid <= self.a_last[j]))
+        else:
+            j = np.zeros(len(st), np.int64)
+            fits = np.zeros(len(st), bool)
+        rows = [(lid[fits], j[fits], st[fits] - a_addr[j[fits]], en[fits] - st[fits])]
+        # the rest, as footprint() walks them: an address reused by another allocation, a range past
+        # its allocation's end, pages in no allocation (skipped)
+        xt, xj, xo, xn = [], [], [], []
+        for i in np.flatnonzero(~fits).tolist():
+            t, a, end = int(lid[i]), int(st[i]), int(en[i])
+            while a < end:
+                jj = self.find_alloc(a, t)
+                if jj is None:
+                    a = ((a // self.ps) + 1) * self.ps
+                    continue
+                b = min(end, int(a_addr[jj] + a_bytes[jj]))
+                xt.append(t)
+                xj.append(jj)
+                xo.append(a - int(a_addr[jj]))
+                xn.append(b - a)
+                a = b
+        rows.append(tuple(np.asarray(x, np.int64) for x in (xt, xj, xo, xn)))
+        t_all, j_all, o_all, n_all = (np.concatenate([r[k] for r in rows]) for k in range(4))
+        order = np.argsort(t_all, kind="stable")
+        self._aj, self._off, self._nb = j_all[order], o_all[order], n_all[order]
+        self._ptr = np.zeros(self.n + 1, np.int64)
+        np.cumsum(np.bincount(t_all, minlength=self.n)[:self.n], out=self._ptr[1:])
+        self._base = np.zeros(max(1, len(a_addr)), np.int64)
+        self._known = np.zeros(max(1, len(a_addr)), np.bool_)
+        self._out = np.zeros(2 * max(16, int(np.diff(self._ptr).max(initial=0))), np.int64)
+        # every launch's pointer words that land in a trace allocation: (word index, allocation)
+        words: list[list[tuple[int, int]]] = []
+        for t in range(self.n):
+            tr = self.param_data[t] or b""
+            nw = len(tr) // 8
+            pairs = []
+            for wi, a in enumerate(struct.unpack_from(f"<{nw}Q", tr) if nw else ()):
+                if MIN_PTR <= a < MAX_PTR:
+                    jj = self.find_alloc(a, t)
+                    if jj is not None:
+                        pairs.append((wi, jj, a))
+            words.append(pairs)
+        self._words = words
+        self._run_bases: list[tuple[int, int]] = []   # (address in this run, allocation), sorted
+        self._reloc = entry_point(relocate_kernel, self._ptr, self._aj, self._off, self._nb, self._base,
+                                  self._known, 0, self._out)
+        self._laid = True
+        return self
+
+    def _learn(self, j: int, delta: int) -> None:
+        self.delta[j] = delta
+        if self._laid:
+            self._base[j] = int(self.a_addr[j]) + delta
+            self._known[j] = True
+            bisect.insort(self._run_bases, (int(self.a_addr[j]) + delta, j))
+
+    def footprint_arrays(self, t: int) -> RangeArrays:
+        """Launch t's footprint in this run's addresses (after observe(t, ...)), sorted, as arrays
+        (`layout()` first): `footprint(t)`'s bytes without a Python step per interval."""
+        if not self.matching or t >= self.n:
+            return RangeArrays(np.zeros(0, np.int64))
+        r = self._reloc(self._ptr, self._aj, self._off, self._nb, self._base, self._known, t, self._out)
+        k, unmapped = r & 0xFFFFFF, r >> 24
+        self.unmapped_bytes += unmapped
+        return RangeArrays(self._out[:2 * k].copy())
+
+    def next_use_scorer(self, unit: int = UNIT) -> "RelocatedNextUse":
+        """Belady's next use of a run-space unit, through the allocations it overlaps (`layout()`)."""
+        return RelocatedNextUse(self, unit)
 
     def find_alloc(self, addr: int, t: int) -> int | None:
         """Index of the trace allocation containing addr and live at launch t."""
@@ -73,6 +203,11 @@ class Relocator:
             want = self.kernels[t] if t < self.n else "(end of trace)"
             self.mismatch = f"launch {t}: the trace has {want!r}, the run launched {kernel!r}"
             return False
+        if self._laid:
+            for wi, j, a in self._words[t]:
+                if j not in self.delta and 8 * wi + 8 <= len(param_data):
+                    self._learn(j, struct.unpack_from("<Q", param_data, 8 * wi)[0] - a)
+            return True
         tr = self.param_data[t] or b""
         nw = min(len(tr), len(param_data)) // 8
         if nw:
@@ -115,6 +250,22 @@ class Relocator:
 
     def future_uses(self, unit: int = UNIT) -> dict[int, list[int]]:
         """Trace-space unit -> ascending launch ids that touch it (for Belady)."""
+        if self._future is None and self._laid:
+            # in arrays: every (unit, launch) an interval spans, deduplicated, grouped by unit
+            lid = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.fp_indptr))
+            s0 = np.asarray(self.fp_start, np.int64) // unit
+            s1 = (np.asarray(self.fp_end, np.int64) - 1) // unit + 1
+            cnt = s1 - s0
+            rep = np.repeat(np.arange(len(s0)), cnt)
+            first = np.repeat(np.cumsum(cnt) - cnt, cnt)
+            u = s0[rep] + (np.arange(int(cnt.sum())) - first)
+            key = np.unique(np.stack([u, lid[rep]], axis=1), axis=0) if len(u) else np.zeros((0, 2), np.int64)
+            fut: dict[int, list[int]] = {}
+            if len(key):
+                cut = np.flatnonzero(np.diff(key[:, 0])) + 1
+                for grp in np.split(key, cut):
+                    fut[int(grp[0, 0])] = grp[:, 1].tolist()
+            self._future = fut
         if self._future is None:
             fut: dict[int, list[int]] = {}
             for t in range(self.n):
@@ -129,3 +280,40 @@ def _unit_origin(a: int, n: int, delta: int, unit: int) -> Iterator[tuple[int, s
     for ra, rn in split_by_unit([(a + delta, n)], unit).items():
         srcs = units_of([(x - delta, m) for x, m in rn], unit)
         yield ra, srcs
+
+
+class RelocatedNextUse:
+    """Belady's victim score (the distance to the next use, larger first) of a unit in this run's
+    address space: its bytes lie in allocations whose delta is known, which map them to the
+    trace's units, whose future uses the trace lists (`Relocator.future_uses`)."""
+
+    def __init__(self, rel: Relocator, unit: int = UNIT) -> None:
+        self.rel = rel
+        self.unit = unit
+        self.uses = rel.future_uses(unit)
+        self.widest = int(rel.a_bytes.max()) if len(rel.a_bytes) else 0
+
+    def score(self, u: int, t: int) -> float:
+        rel, unit = self.rel, self.unit
+        lo, hi = u * unit, (u + 1) * unit
+        bases = rel._run_bases
+        i = bisect.bisect_right(bases, (hi, -1)) - 1
+        best = math.inf
+        while i >= 0:
+            b, j = bases[i]
+            size = int(rel.a_bytes[j])
+            if b + size <= lo:
+                if b + self.widest <= lo:
+                    break
+                i -= 1
+                continue
+            d = rel.delta[j]
+            a0, a1 = max(lo, b) - d, min(hi, b + size) - d
+            for tu in range(a0 // unit, (a1 - 1) // unit + 1):
+                arr = self.uses.get(tu)
+                if arr:
+                    k = bisect.bisect_right(arr, t)
+                    if k < len(arr) and arr[k] - t < best:
+                        best = float(arr[k] - t)
+            i -= 1
+        return best

@@ -1,0 +1,236 @@
+"""Host time of the GPU runner's launch callback, through the child's own path, on the CPU.
+
+    python benchmarks/bench_child_callback.py [--llm-launches 100000] [--markdown FILE] [--quick]
+
+`python -m pagecast.replay.gpu.child JOB.json` is what `pagecast replay --backend gpu` runs per
+measured run. Here `child_main` runs in this process with stand-ins for what needs a GPU: CUDA
+(`BenchCuda`: the trace's allocations moved to other addresses, so that the oracle relocates
+them; calls do nothing), the CUPTI monitor (no records) and the launch hook (`BenchHook`, whose
+"workload" hands the child's callback the trace's launches, as `LaunchArgs`, and times each call:
+the child's `hooked` -> `Engine.on_launch` -> `LaunchDecider.decide` -> the calls). The job is a
+real `ChildJob`: the trace, the model, the policy and the capacity (200% of the trace's managed
+memory), as `pagecast replay --backend gpu` writes it.
+
+Cases: tests/data/h200/jacobi2d-1 (a real H200 trace, 108 launches, repeated 20 times by default
+for stable medians) with a model fitted on jacobi2d-0.25 and -0.5; and a model llm-decode trace
+of about `--llm-launches` launches (pagecast datasets, scale launches / 10^4) with a model fitted
+on its scale 0.25. Policies demand, template, oracle; each on the path before precomputation
+(`decide.PRECOMPUTE = False`: the trace's footprint relocated launch by launch in Python) and on
+the default one, in the same run. Figures: median, mean and p99 us per launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gc
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))   # the CUDA stand-ins
+
+from cuda_standin import InertCuda  # noqa: E402  (after the path)
+
+from pagecast import trace as T  # noqa: E402
+from pagecast.collect.launch_hook import LaunchArgs  # noqa: E402
+from pagecast.replay.gpu import child as C  # noqa: E402
+from pagecast.replay.gpu.cupti_monitor import UvmCounts  # noqa: E402
+from pagecast.replay.online import decide as D  # noqa: E402
+from pagecast.replay.online.ranges import Allocation  # noqa: E402
+from pagecast.replay.request import ReplayRequest  # noqa: E402
+from pagecast.replay.unit_space import managed_bytes  # noqa: E402
+
+SHIFT = 1 << 36   # this run's allocations sit this far from the trace's (the oracle relocates)
+POLICIES = ("demand", "template", "oracle")
+
+
+class BenchCuda(InertCuda):
+    """The trace's allocations at shifted addresses; calls that move memory do nothing."""
+
+    def __init__(self, allocs: list[tuple[int, int]]) -> None:
+        super().__init__()
+        allocs = sorted(allocs)
+        self._bases = [a for a, _ in allocs]
+        self._allocs = [Allocation(a, n, True) for a, n in allocs]
+
+    def allocation_of(self, addr: int):
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i >= 0 and addr < self._allocs[i].base + self._allocs[i].size:
+            return self._allocs[i]
+        return None
+
+    def prefetch_to_gpu(self, addr, nbytes, stream=0): pass
+    def prefetch_to_host(self, addr, nbytes, stream=0): pass
+    def synchronize(self): pass
+    def mem_info(self): return 80 << 30, 80 << 30
+    def device_info(self): return {"name": "BenchCuda (no GPU)", "index": 0, "memory_bytes": 80 << 30}
+
+
+class NullMonitor:
+    def start(self, keep_records=False, live=False, flush_every_s=None): pass
+    def take(self): return [], []
+    def take_migrations(self): return []
+    def poll(self, force=False): return UvmCounts()
+    def stop(self): return UvmCounts()
+
+
+class BenchHook:
+    """The launch hook's stand-in: the workload module calls `current.on_launch(la)`."""
+
+    current = None
+
+    def __init__(self, on_launch, api_callbacks=None):
+        self.on_launch = on_launch
+        self.errors = 0
+
+    def start(self):
+        BenchHook.current = self
+        return self
+
+    def stop(self):
+        BenchHook.current = None
+
+
+def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
+    """The trace's launches as the hook hands them over, pointer words moved by SHIFT."""
+    import struct
+
+    al = tr.allocations
+    lo = int(min(al.column(T.ADDRESS).to_pylist()))
+    hi = max(a + n for a, n in zip(al.column(T.ADDRESS).to_pylist(), al.column(T.BYTES).to_pylist()))
+    out = []
+    cols = {c: tr.launches.column(c).to_pylist() for c in (T.KERNEL, T.GRID_X, T.GRID_Y, T.GRID_Z, T.BLOCK_X,
+                                                          T.BLOCK_Y, T.BLOCK_Z, T.SHARED_MEM_BYTES, T.PARAM_OFFSETS,
+                                                          T.PARAM_SIZES, T.PARAM_DATA)}
+    for i in range(tr.n_launches):
+        data = bytearray(cols[T.PARAM_DATA][i] or b"")
+        for off, size in zip(cols[T.PARAM_OFFSETS][i], cols[T.PARAM_SIZES][i]):
+            if size == 8:
+                (w,) = struct.unpack_from("<Q", data, off)
+                if lo <= w < hi:
+                    struct.pack_into("<Q", data, off, w + SHIFT)
+        out.append(LaunchArgs(kernel=cols[T.KERNEL][i], function=0, grid_x=cols[T.GRID_X][i],
+                              grid_y=cols[T.GRID_Y][i], grid_z=cols[T.GRID_Z][i], block_x=cols[T.BLOCK_X][i],
+                              block_y=cols[T.BLOCK_Y][i], block_z=cols[T.BLOCK_Z][i],
+                              shared_mem_bytes=cols[T.SHARED_MEM_BYTES][i], stream=7, correlation_id=i,
+                              param_offsets=tuple(cols[T.PARAM_OFFSETS][i]), param_sizes=tuple(cols[T.PARAM_SIZES][i]),
+                              param_data=bytes(data), cbid=0))
+    return out * repeat
+
+
+def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
+              precompute: bool) -> tuple[list[float], dict]:
+    """One child run (child_main, in this process) over `las`: each launch's callback time (us)
+    and the run's result."""
+    times: list[float] = []
+    mod = types.ModuleType("pagecast_bench_workload")
+
+    def run():
+        on = BenchHook.current.on_launch
+        clock = time.perf_counter
+        gc.collect()
+        gc.disable()
+        try:
+            for la in las:
+                t0 = clock()
+                on(la)
+                times.append(1e6 * (clock() - t0))
+        finally:
+            gc.enable()
+
+    mod.run = run
+    sys.modules[mod.__name__] = mod
+    script = tmp / "work.py"
+    script.write_text("import pagecast_bench_workload as W\nW.run()\n")
+    req = ReplayRequest(backend="gpu", policies=(policy,), capacity=(capacity,), traces=(str(trace_path),),
+                        model=str(model_path), workload=("python", str(script)))
+    res = tmp / f"r-{policy}.json"
+    job = tmp / "job.json"
+    job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
+    old = D.PRECOMPUTE
+    D.PRECOMPUTE = precompute
+    try:
+        code = C.child_main([str(job)], cuda=BenchCuda(allocs), monitor=NullMonitor(), hook_factory=BenchHook)
+    finally:
+        D.PRECOMPUTE = old
+    out = json.loads(res.read_text())
+    assert code == 0, out
+    return times, out
+
+
+def summary(times: list[float], out: dict) -> dict:
+    xs = sorted(times)
+    return {"median_us": statistics.median(xs), "mean_us": statistics.fmean(xs), "p99_us": xs[int(0.99 * (len(xs) - 1))],
+            "launches": len(xs), "prefetch_bytes": out["prefetch_bytes"], "evict_bytes": out["evict_bytes"],
+            "warnings": [w for w in out.get("warnings", []) if "failed" in w or "no longer matches" in w]}
+
+
+def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Path) -> dict:
+    from pagecast.predict.fit.model import fit_model
+    from pagecast.predict.model_io import save_model
+
+    tr = T.read_trace(trace_path)
+    model_path = tmp / f"{name}.model.json"
+    save_model(fit_model([T.read_trace(p) for p in fit_paths]), model_path, force=True)
+    capacity = max(1, managed_bytes(tr) // 2)
+    al = tr.allocations
+    allocs = [(a + SHIFT, n) for a, n in zip(al.column(T.ADDRESS).to_pylist(), al.column(T.BYTES).to_pylist())]
+    las = shifted_launches(tr)
+    out = {"trace": trace_path.name, "launches": tr.n_launches, "child_runs": runs, "capacity_bytes": capacity,
+           "policies": {}}
+    for policy in POLICIES:
+        row = {}
+        for label, pre in (("before", False), ("now", True)):
+            times: list[float] = []
+            for _ in range(runs):     # each a fresh child run over the trace's launches
+                t, res = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, pre)
+                times += t
+            row[label] = summary(times, res)
+        row["ratio"] = row["before"]["median_us"] / row["now"]["median_us"]
+        out["policies"][policy] = row
+        print(f"{name} {policy}: before {row['before']['median_us']:.1f} us, now {row['now']['median_us']:.1f} us"
+              f" (x{row['ratio']:.1f}); evicted {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llm-launches", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=20, help="child runs over jacobi2d-1 per policy and path")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--skip-llm", action="store_true")
+    a = ap.parse_args(argv)
+    from pagecast.datasets.registry import make_trace
+
+    data = ROOT / "tests" / "data" / "h200"
+    res = {"machine": f"{platform.node()} ({platform.processor() or platform.machine()}), Python "
+                      f"{platform.python_version()}", "cases": {}}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        res["cases"]["jacobi2d-1"] = case("jacobi2d-1", data / "jacobi2d-1.pctrace",
+                                          [data / "jacobi2d-0.25.pctrace", data / "jacobi2d-0.5.pctrace"],
+                                          a.repeat, tmp)
+        if not a.skip_llm:
+            big = tmp / "llm.pctrace"
+            make_trace("llm-decode", big, scale=a.llm_launches / 10_000, seed=2)
+            small = tmp / "llm-fit.pctrace"
+            make_trace("llm-decode", small, scale=0.25, seed=1)
+            res["cases"]["llm-decode"] = case("llm-decode", big, [small], 1, tmp)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
