@@ -48,6 +48,11 @@ launch cbids are enabled anyway). The optional `before_launch` / `after_launch`
 hooks run at the outermost launch call's enter and exit; the collector uses
 them to evict managed memory and to serialize kernels (full mode).
 
+With `ring=` (a `launch_ring.LaunchRing`: the collector's natural mode) the callback records each
+launch into that buffer instead (`_capture`, `_deliver`): the same dispatch, the parameter bytes
+gathered into a slot, no `LaunchArgs` made and `on_launch` not called; the ring makes the
+`LaunchArgs` later, off the callback, equal to what the decoding path delivers.
+
 The pure parts (decoding, launch-config structs, dispatch given a callback-data
 object) run on a CPU; only `start()` needs cupti-python and a driver.
 

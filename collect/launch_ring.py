@@ -132,6 +132,7 @@ class LaunchRing:
                   n, c0, c1, c2, c3, ncorr, cbid, domain, flags)
             self.ready[slot] = 1
         except BaseException:
+            self._side.pop(seq, None)
             self._spill[seq] = None   # void: take skips it
             raise
 
