@@ -75,7 +75,7 @@ class Step:
 # the validation the first command runs: calibrate; three workloads at >= 1 GiB of managed memory,
 # 200% with demand, template and oracle, five interleaved repeats and both baselines, each run
 # simulated beside; scripts/gpu_validation.py skips (and reports) what its time does not cover
-VALIDATION = ["--workloads", "llm-decode,spmv-cg,jacobi2d", "--oversub", "2", "--policies", "demand,template,oracle",
+VALIDATION = ["--workloads", "llm-decode,spmv-cg,jacobi2d,moe-decode", "--oversub", "2", "--policies", "demand,template,oracle",
               "--repeat", "5"]
 COMMANDS = (1, 2, 3)
 _FLAG = {1: "", 2: " --second", 3: " --third"}
@@ -90,8 +90,8 @@ def plan() -> list[Step]:
     c = COLLECT
     return [
         Step("install: cupti-python and libcupti in a venv, pagecast", "install", 60, 1),
-        Step("validation: calibrate; llm_decode, spmv_cg, jacobi2d at >= 1 GiB, 200%, demand/template/oracle,"
-             " 5 repeats, baselines; simulated beside", "validation", 465, 1, VALIDATION),
+        Step("validation: calibrate; llm_decode, spmv_cg, jacobi2d (then moe_decode) at >= 1 GiB, 200%,"
+             " demand/template/oracle, 5 repeats, baselines; simulated beside", "validation", 465, 1, VALIDATION),
         Step("report", "report", 10, 1),
         Step("install: cupti-python and libcupti in a venv, pagecast", "install", 60, 2),
         Step("collect: the CUPTI facts the collector relies on", "pytest", 60, 2,

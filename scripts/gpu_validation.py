@@ -45,7 +45,8 @@ from pathlib import Path
 
 from pagecast.procs import run_group
 
-WORKLOADS = ("llm-decode", "spmv-cg", "jacobi2d")
+# the three the bars are on, then the data-dependent one (run when time is left)
+WORKLOADS = ("llm-decode", "spmv-cg", "jacobi2d", "moe-decode")
 POLICIES = ("demand", "template", "oracle")
 OVERSUB = (2.0,)
 REPEAT = 5

@@ -259,7 +259,32 @@ def _small_llm(monkeypatch):
     return m, ["--scale", "0.5"]
 
 
-@pytest.mark.parametrize("name", ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode"])
+def _small_moe(monkeypatch):
+    from pagecast.datasets.gpu import moe_decode as m
+
+    monkeypatch.setattr(m, "EXPERTS", 8)    # the same code paths on smaller weights
+    monkeypatch.setattr(m, "FFN", 64)
+    monkeypatch.setattr(m, "HIDDEN", 128)
+    return m, ["--scale", "1"]
+
+
+def test_moe_decode_host_code(fake_cupy, capsys, monkeypatch):
+    m, argv = _small_moe(monkeypatch)
+    out = _run(m, argv, capsys)
+    names = [l[0] for l in fake_cupy.launches]
+    assert set(names) == set(m.KERNELS)
+    layers = m.plan(1)[0]
+    assert names.count("moe_router") == names.count("moe_expert_up") == m.STEPS * layers
+    assert names.count("moe_init") == 3 * layers and "experts" in out
+
+
+def test_moe_decode_plans_about_a_third_of_a_gib_a_layer():
+    from pagecast.datasets.gpu import moe_decode as m
+
+    assert m.plan(1.5)[1] >= 2**30 > m.plan(1.2)[1]
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode", "moe_decode"])
 def test_workloads_record_their_own_footprints_inside_their_arrays(name, fake_cupy, capsys, monkeypatch, tmp_path):
     import importlib
     import json
@@ -270,6 +295,8 @@ def test_workloads_record_their_own_footprints_inside_their_arrays(name, fake_cu
         monkeypatch.setattr(m, "plan", lambda s: (4096, 4 << 20))
     if name == "llm_decode":
         m, argv = _small_llm(monkeypatch)
+    if name == "moe_decode":
+        m, argv = _small_moe(monkeypatch)
     allocs = []
     real_empty, real_asarray = fake_cupy.empty, fake_cupy.asarray
     monkeypatch.setattr(fake_cupy, "empty", lambda n, dtype: allocs.append(real_empty(n, dtype)) or allocs[-1])

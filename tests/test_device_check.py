@@ -40,7 +40,7 @@ def test_each_command_fits_its_time_and_the_first_holds_the_validation(D):
     first = [s for s in steps if s.command == 1]
     assert [s.kind for s in first] == ["install", "validation", "report"]
     v = first[1].args
-    assert v[v.index("--workloads") + 1] == "llm-decode,spmv-cg,jacobi2d" and v[v.index("--oversub") + 1] == "2"
+    assert v[v.index("--workloads") + 1] == "llm-decode,spmv-cg,jacobi2d,moe-decode" and v[v.index("--oversub") + 1] == "2"
     assert v[v.index("--policies") + 1] == "demand,template,oracle" and v[v.index("--repeat") + 1] == "5"
     assert "--allow-oversubscription" not in v
     # the collection tests that passed on the H200 lead the second command

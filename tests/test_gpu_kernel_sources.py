@@ -61,7 +61,7 @@ def compile_cuda(code: str, arch: str) -> tuple[bool, str, str]:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-WORKLOADS = ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode"]
+WORKLOADS = ["jacobi2d", "spmv_cg", "mlp_train", "llm_decode", "moe_decode"]
 
 
 @pytest.mark.parametrize("name", WORKLOADS)

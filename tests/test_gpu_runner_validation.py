@@ -106,15 +106,15 @@ def test_dry_run_prints_every_command_and_a_synthetic_report(V, capsys, tmp_path
     assert V.main([str(tmp_path / "out.md"), "--workdir", str(tmp_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     # per workload: two fit scales, the fit, the replay-scale trace, its truth, no runner, 100%, 200%, the simulation
-    assert len(lines) == 1 + 3 * 9
+    assert len(lines) == 1 + 4 * 9            # llm-decode, spmv-cg, jacobi2d, moe-decode
     assert "calibrate" in lines[0]
-    assert sum("--backend gpu" in line for line in lines) == 6
-    assert sum("--repeat 5" in line for line in lines) == 6
+    assert sum("--backend gpu" in line for line in lines) == 8
+    assert sum("--repeat 5" in line for line in lines) == 8
     md = (tmp_path / "out.md").read_text()
     assert "| GPU / sim |" in md and "excess over capacity (MiB)" in md and "no runner at all" in md
 
 
-@pytest.mark.parametrize("name", ["llm-decode", "spmv-cg", "jacobi2d", "mlp-train"])
+@pytest.mark.parametrize("name", ["llm-decode", "spmv-cg", "jacobi2d", "mlp-train", "moe-decode"])
 def test_the_replay_scale_reaches_a_gib_of_managed_memory(V, name):
     s = V.replay_scale_for(name)
     assert V.planned_bytes(name, s) >= 2**30 > V.planned_bytes(name, s * 0.9)

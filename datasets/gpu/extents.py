@@ -17,7 +17,8 @@ import re
 
 import numpy as np
 
-C_SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32, "unsigned long": np.uint64}
+C_SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32, "unsigned long": np.uint64,
+             "unsigned int": np.uint32}
 C_POINTEES = {"float": np.float32, "int": np.int32, "long": np.int64, "bf16": np.uint16}
 
 
@@ -82,4 +83,15 @@ EXTENTS = {
     "residual_add": lambda a, v, g, b: [("x", 0, g[0] * b[0]), ("y", 0, g[0] * b[0])],
     "silu_mul": lambda a, v, g, b: [("out", 0, a["n"]), ("gate_up", 0, 2 * a["n"])],
     "sample_top_p": lambda a, v, g, b: [("logits", 0, a["vocab"]), ("token", 0, 1)],
+    # moe_decode: the experts' weights are read through the ids the router wrote (top two)
+    "moe_init": lambda a, v, g, b: [("w", 0, a["n"])],
+    "moe_router": lambda a, v, g, b: [("w_router", 0, a["n_experts"] * a["dim"]), ("x", 0, a["dim"]),
+                                     ("expert_ids", 0, 2), ("expert_w", 0, 2)],
+    "moe_expert_up": lambda a, v, g, b: [("w_up", e * 2 * a["ffn"] * a["dim"], (e + 1) * 2 * a["ffn"] * a["dim"])
+                                        for e in sorted({int(x) for x in v("expert_ids", a["top_k"])})]
+    + [("expert_ids", 0, a["top_k"]), ("x", 0, a["dim"]), ("h", 0, a["top_k"] * a["ffn"])],
+    "moe_expert_down": lambda a, v, g, b: [("w_down", e * a["dim"] * a["ffn"], (e + 1) * a["dim"] * a["ffn"])
+                                          for e in sorted({int(x) for x in v("expert_ids", a["top_k"])})]
+    + [("expert_ids", 0, a["top_k"]), ("expert_w", 0, a["top_k"]), ("h", 0, a["top_k"] * a["ffn"]),
+       ("y", 0, a["dim"])],
 }
