@@ -206,7 +206,9 @@ def synthetic_results() -> dict:
                     "evictions": 1500 if ov > 1 else 0, "callback_us_mean": 9.0,
                     "max_excess_bytes": 0 if pol != "oracle" else 2 * 2**20, "valid": True,
                     "speedup_vs_demand": None, "fraction_of_oracle": None})
-        sim.append({"policy": "runner" if pol == "template" else pol, "oversub": ov, "time_s": st})
+        sim.append({"policy": "runner" if pol == "template" else pol, "oversub": ov, "time_s": st,
+                    "compute_s": 0.4, "stall_s": st - 0.4, "faults": 5000 if pol == "demand" else 700,
+                    "htod_bytes": 3 * 2**30, "dtoh_bytes": 2**30 if ov > 1 else 0})
     for r in gpu:
         d = next(x for x in gpu if x["oversub"] == r["oversub"] and x["policy"] == "demand")
         o = next((x for x in gpu if x["oversub"] == r["oversub"] and x["policy"] == "oracle"), None)
@@ -268,6 +270,9 @@ def compare(gpu: list[dict], sim: list[dict]) -> list[dict]:
                "host_us": g.get("callback_us_mean"), "excess": g.get("max_excess_bytes"),
                "valid": g.get("valid"), "predict_us": g.get("predict_us_mean"),
                "sim_time_s": m.get("time_s") if m else None,
+               "sim_compute_s": m.get("compute_s") if m else None, "sim_stall_s": m.get("stall_s") if m else None,
+               "sim_faults": m.get("faults") if m else None, "sim_htod": m.get("htod_bytes") if m else None,
+               "sim_dtoh": m.get("dtoh_bytes") if m else None,
                "sim_speedup": m.get("speedup_vs_demand") if m else None,
                "sim_policy": m.get("policy") if m else None,
                "sim_planned_speedup": planned.get("speedup_vs_demand") if planned else None}
@@ -281,6 +286,26 @@ def compare(gpu: list[dict], sim: list[dict]) -> list[dict]:
         d = next((x for x in out if x["oversub"] == r["oversub"] and x["policy"] == "demand"), None)
         r["real"] = None if d is None or d is r else _ranges_apart(r, d)
     return out
+
+
+def dominant(r: dict) -> str | None:
+    """Where a run's simulated time and the GPU's differ, which term says most: the simulated
+    time's split (kernels' compute against stalls: faults, transfers, waits) and the counted term
+    whose simulated and measured values are furthest apart (faults, bytes in, bytes out)."""
+    if r.get("sim_error") is None or r.get("sim_compute_s") is None:
+        return None
+    tot = (r.get("sim_compute_s") or 0) + (r.get("sim_stall_s") or 0)
+    share = f"simulated {100 * (r['sim_stall_s'] or 0) / tot:.0f}% stall" if tot > 0 else "no simulated time"
+    far, worst = None, 1.0
+    for what, g, m in (("faults", r.get("gpu_faults"), r.get("sim_faults")),
+                       ("bytes in", r.get("gpu_htod"), r.get("sim_htod")),
+                       ("bytes out", r.get("gpu_dtoh"), r.get("sim_dtoh"))):
+        if g is None or m is None or (g == 0 and m == 0):
+            continue
+        ratio = (max(g, m) + 1) / (min(g, m) + 1)
+        if ratio > worst:
+            far, worst = f"{what} {g:,} on the GPU, {m:,} simulated", ratio
+    return share + (f"; furthest apart: {far}" if far else "")
 
 
 def bars(rows: list[dict]) -> list[dict]:
@@ -400,6 +425,10 @@ def render(results: dict, *, device: str, date: str, profile: dict | None, setti
         if gaps:
             L.append(f"- the simulator is more than {100 * BAR_SIM:.0f}% off the GPU on {len(gaps)} of"
                      f" {len(rows)} points (⚠): explain before trusting simulated numbers for this workload")
+            for r in gaps:
+                why = dominant(r)
+                if why:
+                    L.append(f"  - {r['policy']} at {_fmt(100 * (r['oversub'] or 0), '.0f')}%: {why}")
         L.append("")
     sims = [r.get("sim_within_200") for r in results.values() if r.get("sim_within_200") is not None]
     if sims:

@@ -169,3 +169,13 @@ def test_without_the_truth_the_runs_use_the_collected_trace(V, tmp_path, monkeyp
     gpu = next(c for c in calls if "--backend" in c and "gpu" in c)
     assert gpu[4].endswith("jacobi2d-replay.pctrace")
     assert "lower estimate" in out.read_text() or "No GPU measurements" in out.read_text()
+
+
+def test_where_the_simulator_is_off_the_report_names_the_term(V):
+    gpu = [{"policy": "demand", "oversub": 2.0, "time_s": 2.0, "faults": 12000, "htod_bytes": 100, "dtoh_bytes": 0,
+            "repeats": 5}]
+    sim = [{"policy": "demand", "oversub": 2.0, "time_s": 1.0, "compute_s": 0.2, "stall_s": 0.8, "faults": 3000,
+            "htod_bytes": 100, "dtoh_bytes": 0}]
+    md = V.render({"w": {"rows": V.compare(gpu, sim), "errors": []}}, device="d", date="x", profile=None,
+                  settings={"fit_scale": 1, "replay_scale": 1, "repeat": 5})
+    assert "demand at 200%: simulated 80% stall; furthest apart: faults 12,000 on the GPU, 3,000 simulated" in md
