@@ -61,8 +61,9 @@ class FakeCuda:
     BIG_PAGE = uvm.BIG_PAGE
 
     def __init__(self, total: int = 80 * 2**30, free: int | None = None, device: int = 0,
-                 driver_prefetch: bool = False) -> None:
+                 driver_prefetch: bool = False, batch: frozenset = frozenset()) -> None:
         self.device = device
+        self.batch = frozenset(batch)   # the batched calls this "driver" hands out (DriverCuda.batch_calls)
         # the driver's tree prefetcher, as it shows on a GPU with uvm_perf_prefetch_enable = 1: a fault
         # in a 2 MiB block brings the rest of the block's allocated part in too (cause `prefetch`)
         self.driver_prefetch = driver_prefetch
@@ -174,6 +175,28 @@ class FakeCuda:
         gone = [p for p in range(addr // self.PAGE, (addr + nbytes - 1) // self.PAGE + 1) if p in self.on_gpu]
         self.on_gpu.difference_update(gone)
         self.dtoh += self._moved(-1, gone, "user")
+
+    def batch_calls(self) -> frozenset:
+        return self.batch
+
+    def prefetch_batch(self, ranges, to_gpu: bool, stream: int = 0) -> None:
+        """cuMemPrefetchBatchAsync: every range to one place, one call (only where `batch` has it)."""
+        if "cuMemPrefetchBatchAsync" not in self.batch:
+            raise CudaCallError("cuMemPrefetchBatchAsync failed: CUDA_ERROR_NOT_FOUND")
+        ranges = [(int(a), int(n)) for a, n in ranges]
+        for a, n in ranges:
+            self._check_range(a, n)
+        self.log.append(("batch", tuple(ranges), to_gpu, stream))
+        for a, n in ranges:
+            pages = range(a // self.PAGE, (a + n - 1) // self.PAGE + 1)
+            if to_gpu:
+                fresh = [p for p in pages if p not in self.on_gpu]
+                self.on_gpu.update(fresh)
+                self.htod += self._moved(+1, fresh, "user")
+            else:
+                gone = [p for p in pages if p in self.on_gpu]
+                self.on_gpu.difference_update(gone)
+                self.dtoh += self._moved(-1, gone, "user")
 
     def allocation_of(self, addr: int) -> Allocation | None:
         for a in self.allocs.values():

@@ -37,6 +37,15 @@ does not fit; the largest excess seen is reported (`max_excess_bytes`), and a ru
 than one chunk is not valid (child.py). Counter records arrive in CUPTI's buffers, so on a GPU a
 boundary knows what moved up to the last delivered buffer, not up to the instant.
 
+Batched calls
+-------------
+Where the driver hands out `cuMemPrefetchBatchAsync` (CUDA 13.0's driver API; `DriverCuda.
+batch_calls`, asked by name through cuGetProcAddress), a launch's prefetches go as one call, and
+its evictions as another: its ranges cut at allocation boundaries, those of one allocation that
+fall in the same 2 MiB chunk merged into one (the chunk is taken whole anyway), and all of them
+handed over at once. Where it does not, one cuMemPrefetchAsync per range, as before. A refused
+batch is retried range by range, so that one stale range does not stop the others.
+
 With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 """
@@ -105,6 +114,7 @@ class EngineStats:
     values_wait_s: float = 0.0      # the host waiting for the work queued before such launches
     values_copy_s: float = 0.0      # the copies themselves
     values_errors: int = 0          # copies that failed (those regions get the fallback)
+    batch_calls: int = 0            # cuMemPrefetchBatchAsync calls (each counted once in prefetches/evictions)
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
     moved_dtoh_bytes: int = 0       # device-to-host migrations reported
@@ -150,6 +160,9 @@ class Engine:
                                      predict=predict, relocator=relocator, warn=self.warn, unit=unit,
                                      compiled=compiled)
         self.stats = EngineStats()
+        # one batched call per launch and direction where this driver has one (the module doc)
+        have = cuda.batch_calls() if hasattr(cuda, "batch_calls") else ()
+        self.batch = "cuMemPrefetchBatchAsync" in have and hasattr(cuda, "prefetch_batch")
         self.t = 0
         self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
         self.corr_launch: dict[int, int] = {}       # correlation id -> launch index (timeline), bounded
@@ -250,12 +263,12 @@ class Engine:
             # asynchronous: earlier kernels may not have run yet and may need the victims)
             self.cuda.record_event(self._queued_event, stream)
             self.cuda.stream_wait_event(self._evict_stream, self._queued_event)
-            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_host, d.evict, self._evict_stream)
+            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_host, d.evict, self._evict_stream, to_gpu=False)
             st.evictions += n
             st.evict_bytes += nbytes
             self.cuda.record_event(self._evict_event, self._evict_stream)
         if d.prefetch:
-            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_gpu, d.prefetch, stream)
+            n, nbytes = self._calls(t, la, self.cuda.prefetch_to_gpu, d.prefetch, stream, to_gpu=True)
             st.prefetches += n
             st.prefetch_bytes += nbytes
         if d.evict:
@@ -308,15 +321,26 @@ class Engine:
         st.values_copy_s += time.perf_counter() - t1
         return lambda a, n: got.get((int(a), int(n)))
 
-    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int) -> tuple[int, int]:
-        """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation;
-        returns how many calls, and bytes, the driver took (the stats are updated once per launch).
+    def _calls(self, t: int, la, move: Callable[[int, int, int], None], ranges, stream: int,
+               to_gpu: bool = True) -> tuple[int, int]:
+        """Call `move(address, nbytes, stream)` once per piece of `ranges` within one allocation, or
+        where the driver batches, one `prefetch_batch` of the pieces merged per 2 MiB chunk; returns
+        how many calls, and bytes, the driver took (the stats are updated once per launch).
 
         One refused piece (an allocation freed and its address reused since it was cached) does not
         stop the others; the allocation is looked up afresh next time.
         """
+        pieces = self.allocs.pieces(ranges)
+        if self.batch and len(pieces) > 1:
+            merged = self._chunk_merge(pieces)
+            try:
+                self.cuda.prefetch_batch(merged, to_gpu, stream)
+                self.stats.batch_calls += 1
+                return 1, sum(m for _, m in merged)
+            except Exception as e:  # noqa: BLE001 - range by range below, the refused one counted there
+                self.stats.last_error = f"launch {t} ({la.kernel}): batched call: {type(e).__name__}: {e}"
         n = nbytes = 0
-        for a, m in self.allocs.pieces(ranges):
+        for a, m in pieces:
             try:
                 move(a, m, stream)
             except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
@@ -327,6 +351,22 @@ class Engine:
             n += 1
             nbytes += m
         return n, nbytes
+
+    def _chunk_merge(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Pieces (sorted, each within one allocation) of one allocation that fall in the same
+        `unit` chunk merged into their hull: the chunk is taken whole, the call is one range."""
+        out: list[tuple[int, int]] = []
+        unit = self.unit
+        for a, m in pieces:
+            if out:
+                pa, pm = out[-1]
+                if a // unit == (pa + pm - 1) // unit and a >= pa + pm:
+                    al = self.allocs.cached(pa)
+                    if al is not None and a + m <= al.base + al.size:
+                        out[-1] = (pa, a + m - pa)
+                        continue
+            out.append((a, m))
+        return out
 
     # -- feedback -------------------------------------------------------------
     def feedback_from(self, faults: list, kernels: list, apply: Callable[[Any, list[tuple[int, int]]], bool],
