@@ -37,7 +37,9 @@ Per launch: the host time from its first callback's enter to its last callback's
 turning its slots into LaunchArgs off the callback (`decode_us_per_launch`); per collection, wall
 and process CPU time (all threads: the stand-in source's too) from start to the trace written,
 per launch (`run_us_per_launch`, `cpu_us_per_launch`). Every round checks that the paths wrote
-the same launches table (its columns but the kernels' times).
+the same launches table (its columns but the kernels' times). `wrapper_only_us`: the median
+per launch of the same calls through cupti-python's wrapper into a Python function that does
+nothing (what any Python CUPTI callback pays before its first line).
 """
 
 from __future__ import annotations
@@ -301,6 +303,24 @@ def run_path(out: Path, kernels, played: list[Played], path: str, baseline, wrap
                if ring is not None else {})}
 
 
+def wrapper_only(played: list[Played], wrapper) -> float:
+    fn, callbacks = wrapper
+    saved = dict(callbacks)
+    callbacks["callbackFunc"] = lambda userdata, domain, cbid, cbdata: None
+    userdata, clock = id(None), time.perf_counter_ns
+    times = np.zeros(len(played), np.int64)
+    try:
+        for i, p in enumerate(played):
+            t0 = clock()
+            for domain, cbid, _, ptr in p.calls:
+                fn(userdata, domain, cbid, ptr)
+            times[i] = clock() - t0
+    finally:
+        callbacks.clear()
+        callbacks.update(saved)
+    return float(np.median(times)) / 1e3
+
+
 def launches_table(out: Path):
     t = S.read_quiet(out)
     return t.launches.drop_columns([T.START_NS, T.END_NS]).to_pylist(), t.n_launches
@@ -347,6 +367,8 @@ def bench(args) -> dict:
         for p, runs in per_path.items():
             entry[p] = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
             entry[p]["rounds_callback_us"] = [round(r["callback_us"], 2) for r in runs]
+        if wrapper:   # cupti-python's wrapper alone: the same calls into a Python function that does nothing
+            entry["wrapper_only_us"] = round(wrapper_only(played, wrapper), 2)
         base = entry["decoding"]["callback_us"]
         entry["speedup_median"] = round(base / entry["recording"]["callback_us"], 2)
         result["mixes"][mix] = entry
