@@ -280,15 +280,11 @@ class Engine:
         recs = self.moved()
         if not recs:
             return
+        h, d, u = self.decider.observe_moved(t, recs)
         st = self.stats
-        for r in recs:
-            if r[1] > 0:
-                st.moved_htod_bytes += r[3]
-                if r[4] != "user":
-                    st.unplanned_htod_bytes += r[3]
-            else:
-                st.moved_dtoh_bytes += r[3]
-        self.decider.observe_moved(t, recs)
+        st.moved_htod_bytes += h
+        st.moved_dtoh_bytes += d
+        st.unplanned_htod_bytes += u
 
     def _read_values(self, t: int, la, stream: int):
         """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |

@@ -186,29 +186,48 @@ class LaunchDecider:
         if forget is not None:
             forget(int(addr))
 
-    def observe_moved(self, t: int, recs) -> None:
+    def observe_moved(self, t: int, recs) -> tuple[int, int, int]:
         """What moved since the last launch, as the unified-memory counters report it: `recs` are
-        (order, +1 host-to-device | -1 device-to-host, address, nbytes, cause). In the order they
-        happened, runs of host-to-device ranges are recorded resident without making room (they
+        (order, +1 host-to-device | -1 device-to-host, address, nbytes, cause), in the order they
+        happened. Runs of host-to-device ranges are recorded resident without making room (they
         took it already: faults, the driver's prefetch, the runner's own calls) and runs of
-        device-to-host ones released; the launch's step then evicts what no longer fits."""
+        device-to-host ones released; the launch's step then evicts what no longer fits. One pass:
+        contiguous ranges of a run are joined as they come (a batch's migrations mostly are).
+        Returns (host-to-device bytes, device-to-host bytes, host-to-device bytes no call of the
+        runner's asked for)."""
         res = self.residency
-        if res is None or not recs:
-            return
-        recs = sorted(recs, key=lambda r: r[0])
-        i, n = 0, len(recs)
-        while i < n:
-            d = recs[i][1]
-            j = i
-            while j < n and recs[j][1] == d:
-                j += 1
-            ranges = merge_ranges([(int(r[2]), int(r[3])) for r in recs[i:j] if r[3] > 0])
-            if ranges:
-                if d > 0:   # what lies in the managed allocations still there (not one freed since)
-                    res.observe(self.allocs.clip(ranges), t)
-                else:
-                    res.release(ranges)
-            i = j
+        htod = dtoh = unplanned = 0
+        run: list[list[int]] = []
+        d = 0
+        for r in recs:
+            n = r[3]
+            if n <= 0:
+                continue
+            if r[1] > 0:
+                htod += n
+                if r[4] != "user":
+                    unplanned += n
+            else:
+                dtoh += n
+            if r[1] != d:
+                if run and res is not None:
+                    self._fold(t, d, run)
+                run, d = [], r[1]
+            a = r[2]
+            if run and run[-1][0] + run[-1][1] == a:
+                run[-1][1] += n
+            else:
+                run.append([a, n])
+        if run and res is not None:
+            self._fold(t, d, run)
+        return htod, dtoh, unplanned
+
+    def _fold(self, t: int, direction: int, run: list[list[int]]) -> None:
+        ranges = [(a, n) for a, n in run]
+        if direction > 0:   # what lies in the managed allocations still there (not one freed since)
+            self.residency.observe(self.allocs.clip(ranges), t)
+        else:
+            self.residency.release(ranges)
 
     def decide(self, t: int, la, values=None) -> Decision:
         """What to move before launch t. `values(address, nbytes) -> bytes | None`: the index values
