@@ -100,8 +100,8 @@ class FitCommand(Command):
             loose = sorted(n for n, k in model.kernels.items() if k.pinned is not None and not k.pinned.pinned)
             if loose:
                 from pagecast.demangle import base_name
-                lines = [f"  {escape(base_name(n))}: {model.kernels[n].pinned.text()}"
-                         + (f". To pin it down: {a}" if (a := model.kernels[n].pinned.advice()) else "")
+                lines = [escape(f"  {base_name(n)}: {model.kernels[n].pinned.text()}"
+                                + (f". To pin it down: {a}" if (a := model.kernels[n].pinned.advice()) else ""))
                          for n in loose[:5]]
                 console.info(f"{len(loose)} of {len(model.kernels)} kernels' templates are not pinned down by these "
                              "profiles (their predictions are a guess beyond the arguments these profiles saw):\n"
