@@ -55,9 +55,10 @@ def stderr() -> Console:
 
 def stdout() -> Console:
     # Tables shrink to the terminal's width (or $COLUMNS; kernel names end in an ellipsis) and
-    # text folds there. Piped output has no width: tables get room (160 columns) and text
-    # stays one line a message, as a script reading it expects.
-    width = terminal_width(sys.stdout)
+    # text folds there; piped to a pager or head at a terminal, to the width of the terminal
+    # stderr still shows. With no terminal at all (a script, a file) tables get room (160
+    # columns) and text stays one line a message, as a script reading it expects.
+    width = terminal_width(sys.stdout) or terminal_width(sys.stderr)
     return _Console(file=sys.stdout, highlight=False, soft_wrap=width is None, width=width or 160)
 
 
