@@ -213,8 +213,9 @@ class ReplayRequest:
         for p in self.policies:
             if POLICIES[p].needs_relocator and not self.traces:
                 raise UsageError(f"policy {p} needs a full-mode trace of the same workload (pagecast collect --mode full)")
-        if self.oversub is not None and not self.traces:
-            raise UsageError("--oversub needs a trace of the workload to size its footprint; give one or use --capacity")
+        if self.oversub is not None and not self.traces and self.oversub_of == "touched":
+            raise UsageError("--oversub-of touched needs a trace of the workload (its launches' footprints); give one,"
+                             " or size by the managed memory it allocates (--oversub-of managed, measured in a first run)")
 
     # ---- what the consumers read -------------------------------------------------------------
 

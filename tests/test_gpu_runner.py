@@ -742,7 +742,7 @@ def ns(**kw):
     ({"policy": ["template"]}, "--model"),
     ({"policy": ["oracle"]}, "full-mode trace"),
     ({"policy": ["belady"]}, "not available"),
-    ({"oversub": [2.0]}, "--oversub needs a trace"),
+    ({"oversub": [2.0], "oversub_of": "touched"}, "--oversub-of touched needs a trace"),
     ({"repeat": 0}, "--repeat"),
     ({"capacity": [0]}, "--capacity"),
     ({"traces": ["a", "b"]}, "at most one trace"),
@@ -889,6 +889,73 @@ def test_the_gpu_runner_sizes_oversub_as_the_request_says(tmp_path, monkeypatch,
                                   workload=["python", "w.py"]))
     assert [r["capacity_bytes"] for r in rows] == [expected] and caps == [[expected]]
     assert rows[0]["oversub"] == 2.0
+
+
+def test_oversub_without_a_trace_is_sized_by_a_first_run(tmp_path, monkeypatch):
+    """README's `replay --backend gpu --oversub 2 -- python train.py` (no trace) failed with '--oversub
+    needs a trace' before the GPU was even looked for. Now a first run under demand at the whole GPU
+    measures the managed memory the workload allocates (the most live at once) and --oversub divides it."""
+    import subprocess
+
+    import pagecast.replay.gpu.driver as CI
+
+    jobs = []
+
+    def fake_child(cmd):
+        job = json.loads(Path(cmd[-1]).read_text())
+        jobs.append(job)
+        out = {"time_s": 1.0, "faults": 0}
+        if job["managed"]:
+            out["managed_peak_bytes"] = 12 * MiB
+        Path(job["result"]).write_text(json.dumps(out))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(CI, "open_cuda", lambda device=0: FakeCuda())
+    monkeypatch.setattr(G, "_run_child", fake_child)
+    rows, _ = G.run_gpu_replay(ns(policy=["demand", "alloc"], oversub=[2.0, 3.0]))
+    assert jobs[0]["managed"] and jobs[0]["request"]["capacity"] is None
+    assert jobs[0]["request"]["policies"] == ["demand"]
+    assert [j["request"]["capacity"] for j in jobs[1:]] == [[6 * MiB]] * 2 + [[4 * MiB]] * 2
+    assert not any(j["managed"] for j in jobs[1:])
+    assert [(r["oversub"], r["oversub_of"], r["managed_bytes"]) for r in rows] == [(2.0, "managed", 12 * MiB)] * 2 \
+        + [(3.0, "managed", 12 * MiB)] * 2
+
+    def no_managed(cmd):
+        job = json.loads(Path(cmd[-1]).read_text())
+        Path(job["result"]).write_text(json.dumps({"time_s": 1.0, "faults": 0, "managed_peak_bytes": 0}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(G, "_run_child", no_managed)
+    with pytest.raises(UsageError, match="allocated no managed memory"):
+        G.run_gpu_replay(ns(policy=["demand"], oversub=[2.0]))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this machine has a GPU")
+def test_the_readme_gpu_example_fails_at_the_gpu_check_here(capsys, tmp_path):
+    """`replay --backend gpu ... --oversub 2 -- python train.py` with no trace: on a machine without a
+    GPU, the one line says so (it said '--oversub needs a trace', which it also said on a GPU)."""
+    from pagecast.cli import main
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert main(["replay", "--backend", "gpu", "--policy", "demand,alloc", "--oversub", "2",
+                 "--", "python", str(tmp_path / "train.py")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no usable NVIDIA GPU" in err
+
+
+def test_child_job_asks_for_the_managed_peak():
+    """With `managed`, the child watches managed allocations and frees (collect's tracker) beside the
+    engine's frees, and reports the most live at once; the job's JSON carries the flag."""
+    req = ReplayRequest(backend="gpu", policies=("demand",), workload=("python", "w.py"))
+    job = C.ChildJob(request=req, result="r.json", managed=True)
+    assert C.ChildJob.from_json(job.to_json()).managed is True
+    assert C.ChildJob.from_json(C.ChildJob(request=req, result="r.json").to_json()).managed is False
+    seen = []
+    cbs = C._chain({(1, 2): lambda site, cb: seen.append(("a", site))},
+                   {(1, 2): lambda site, cb: seen.append(("b", site)), (3, 4): lambda site, cb: seen.append(("c", site))})
+    cbs[(1, 2)](0, None)
+    cbs[(3, 4)](1, None)
+    assert seen == [("a", 0), ("b", 0), ("c", 1)]
 
 
 def test_run_gpu_replay_rows_have_the_simulators_shape(tmp_path, monkeypatch):

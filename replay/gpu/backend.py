@@ -136,20 +136,7 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
         if POLICIES[p].needs_relocator and trace.mode != "full":
             console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
     footprint = _footprint_bytes(trace) if trace is not None else None
-    # what --oversub R divides, as the simulator sizes it (Workload.oversub_basis): the managed bytes
-    # live at once, or the touched footprint (--oversub-of touched, or no managed allocation recorded)
     managed = managed_bytes(trace) if trace is not None else 0
-    basis = footprint if req.oversub_of == "touched" or managed <= 0 else managed
-
-    if req.oversub:
-        caps: list[int | None] = [max(1, int(basis / r)) for r in req.oversub]
-        levels = {c: float(r) for c, r in zip(caps, req.oversub)}
-    elif req.capacity:
-        caps = [int(c) for c in req.capacity]
-        levels = {c: (basis / c if basis else None) for c in caps}
-    else:
-        caps = [None]
-        levels = {None: None}
     repeat = req.repeat
 
     # Needs a GPU from here on (NoGPUError: one line, exit 2).
@@ -160,6 +147,24 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
         raise UsageError(f"the workload's footprint ({footprint} bytes) exceeds the GPU's free memory ({free} bytes);"
                          " that would oversubscribe the real GPU: pass --allow-oversubscription to do it anyway,"
                          " or run a smaller scale (capacity is emulated)")
+    if req.oversub and trace is None:
+        # no trace to size it from: the managed memory the workload allocates, measured in a first run
+        # of it at the whole GPU (request.py refuses --oversub-of touched without a trace)
+        managed = _measure_managed(req)
+    # what --oversub R divides, as the simulator sizes it (Workload.oversub_basis): the managed bytes
+    # live at once, or the touched footprint (--oversub-of touched, or no managed allocation recorded)
+    of = "touched" if req.oversub_of == "touched" or managed <= 0 else "managed"
+    basis = footprint if of == "touched" else managed
+
+    if req.oversub:
+        caps: list[int | None] = [max(1, int(basis / r)) for r in req.oversub]
+        levels = {c: float(r) for c, r in zip(caps, req.oversub)}
+    elif req.capacity:
+        caps = [int(c) for c in req.capacity]
+        levels = {c: (basis / c if basis else None) for c in caps}
+    else:
+        caps = [None]
+        levels = {None: None}
     for c in caps:
         if c is not None and c > free:
             console.warn(f"capacity {c} bytes is more than the GPU's free memory ({free} bytes): not emulated exactly")
@@ -211,7 +216,8 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
                     "policy": policy, "backend": "gpu",
                     "capacity_bytes": cap if cap is not None else total,
                     "oversub": levels[cap],
-                    "stall_s": None, "footprint_bytes": footprint,
+                    "stall_s": None, "footprint_bytes": footprint, "oversub_of": of,
+                    "managed_bytes": managed or None,
                     "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
                     "feedback": bool(req.feedback), "costs": None,
                     "device": device.get("name"), "eviction_unit": UNIT,
@@ -227,6 +233,27 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
         timeline = timeline_table(cols)
     return rows, timeline
 
+
+
+def _measure_managed(req: ReplayRequest) -> int:
+    """The most managed memory the workload holds live at once, for --oversub without a trace: one
+    run of it under demand paging at the whole GPU (`ChildJob.managed`)."""
+    console.info("sizing --oversub: a first run of the workload measures the managed memory it allocates")
+    with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp:
+        res = Path(tmp) / "size.json"
+        job = ChildJob(request=req.one_run("demand", None), result=str(res), managed=True)
+        proc = _run_child(_child_cmd(job, Path(tmp) / "size-job.json"))
+        out = json.loads(res.read_text()) if res.exists() else None
+    if proc.returncode != 0 or out is None or out.get("error"):
+        why = (out or {}).get("error") or f"exit status {proc.returncode}"
+        if (out or {}).get("exit_code") == 2:
+            raise NoGPUError(why) if (out or {}).get("no_gpu") else UsageError(why)
+        raise GpuRunError(f"the workload failed in the run that sizes --oversub: {why}")
+    peak = int(out.get("managed_peak_bytes") or 0)
+    if peak <= 0:
+        raise UsageError("the workload allocated no managed memory that the runner saw: --oversub has nothing to"
+                         " divide; give --capacity SIZE, or a trace of the workload")
+    return peak
 
 def _workload_name(workload: list[str]) -> str:
     try:

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from pagecast import procs
 from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchHook
-from pagecast.collect.managed import free_callbacks
+from pagecast.collect.managed import ManagedBudget, ManagedTracker, free_callbacks
 from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
@@ -162,6 +162,7 @@ class ChildJob:
     result: str                 # the JSON file the child writes its measurements to
     timeline: bool = False      # report per-kernel rows too
     feedback_every: int = 256   # launches between feedback rounds
+    managed: bool = False       # also measure the managed memory the workload allocates (the most live at once)
 
     def __post_init__(self) -> None:
         r = self.request
@@ -183,7 +184,7 @@ class ChildJob:
 
     def to_json(self) -> str:
         return json.dumps({"request": self.request.to_dict(), "result": self.result, "timeline": self.timeline,
-                           "feedback_every": self.feedback_every}, sort_keys=True)
+                           "feedback_every": self.feedback_every, "managed": self.managed}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "child job") -> ChildJob:
@@ -191,12 +192,13 @@ class ChildJob:
             d = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise UsageError(f"{where}: not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-        if not isinstance(d, dict) or set(d) - {"request", "result", "timeline", "feedback_every"} \
+        if not isinstance(d, dict) or set(d) - {"request", "result", "timeline", "feedback_every", "managed"} \
                 or "request" not in d or not isinstance(d.get("result"), str) \
-                or not isinstance(d.get("timeline", False), bool):
-            raise UsageError(f"{where}: not a child job (request, result, timeline, feedback_every)")
+                or not isinstance(d.get("timeline", False), bool) or not isinstance(d.get("managed", False), bool):
+            raise UsageError(f"{where}: not a child job (request, result, timeline, feedback_every, managed)")
         return cls(request=ReplayRequest.from_dict(d["request"], f"{where}: request"), result=d["result"],
-                   timeline=d.get("timeline", False), feedback_every=d.get("feedback_every", 256))
+                   timeline=d.get("timeline", False), feedback_every=d.get("feedback_every", 256),
+                   managed=d.get("managed", False))
 
 
 def read_job(argv: list[str]) -> ChildJob:
@@ -290,7 +292,13 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
 
     if hook_factory is None:
         hook_factory = LaunchHook
-    hook = hook_factory(hooked, api_callbacks=free_callbacks(engine.on_free))
+    callbacks = free_callbacks(engine.on_free)
+    budget = None
+    if job.managed:   # the managed allocations' live map (collect's tracker, with no limit): its peak
+        budget = ManagedBudget(None)
+        tracker = ManagedTracker(budget)
+        callbacks = _chain(tracker.callbacks(), free_callbacks(engine.on_free, tracker.views))
+    hook = hook_factory(hooked, api_callbacks=callbacks)
     hook.start()
     t0 = time.perf_counter()
     try:
@@ -377,8 +385,18 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "incomplete_records": counts.incomplete,
         "runtime_reaches_driver": getattr(hook, "runtime_reaches_driver", None),
         "timeline": build_timeline(counts, engine.corr_launch) if job.timeline else None,
+        "managed_peak_bytes": budget.peak if budget is not None else None,
     })
     return finish(0)
+
+
+def _chain(a: dict, b: dict) -> dict:
+    """Two `api_callbacks` mappings as one: where both watch a call, each runs (a's first)."""
+    out = dict(a)
+    for key, g in b.items():
+        f = out.get(key)
+        out[key] = g if f is None else (lambda f, g: lambda site, cb: (f(site, cb), g(site, cb)))(f, g)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
