@@ -2,14 +2,17 @@
 stderr over 80 characters, tables shrunk to the width (kernel names cut with an ellipsis),
 every table with its caption, kernel names demangled. Run on small traces, in-process.
 
-Not run here: `collect` (a GPU, or torch and Triton's interpreter: its messages are the
-console's, folded as these are), `calibrate` (a GPU) and `demo` (minutes; its table is the
-pivot's, checked at 80 columns below from 12 workloads' runs)."""
+Not run here: `collect` on a GPU and `calibrate` (a GPU; their messages and table are the
+console's, as these are) and `demo` (minutes; its table is the pivot's, checked at 80 columns
+below from 12 workloads' runs). `collect --interpret` runs (slow: torch and Triton)."""
 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,34 @@ def test_import_fits(tmp_path, capsys, monkeypatch):
     make_export(src)
     _run(capsys, monkeypatch, ["import", "nsys", src, "-o", tmp_path / "run.pctrace"])
     _run(capsys, monkeypatch, ["summary", tmp_path / "run.pctrace"])
+
+
+VADD = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+
+    for n in (1000, 5000):
+        x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+        add_kernel[(triton.cdiv(n, 512),)](x, y, out, n, BLOCK=512)
+""")
+
+
+@pytest.mark.slow   # torch and Triton's interpreter in a child process
+def test_collect_interpret_fits(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    (tmp_path / "vadd.py").write_text(VADD)
+    r = subprocess.run([sys.executable, "-m", "pagecast.cli", "collect", "--interpret", "-o", "v.pctrace", "--",
+                        sys.executable, "vadd.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": str(WIDTH)})
+    assert r.returncode == 0, r.stderr
+    assert "v.pctrace" in r.stderr
+    _fits(r.stdout, r.stderr, "collect --interpret")
 
 
 def test_demo_table_fits():
