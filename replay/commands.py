@@ -75,10 +75,17 @@ def _add_span_flag(g) -> None:
                         "faults); a fixed span is Belady's plan at it")
 
 
+# The one definition of oversubscription (docs/cli.md, the runs' `oversub` and `oversub_of`, the
+# report's axis): R = the managed memory allocated / the GPU capacity.
+OVERSUB_HELP = ("oversubscription R: the capacity is the managed memory allocated / R, so 2 = 200%%, twice as"
+                " much allocated as the GPU holds (--oversub-of touched: the touched footprint instead)")
+
+
 def _add_oversub_of(g) -> None:
     g.add_argument("--oversub-of", default="managed", choices=("managed", "touched"),
-                   help="what --oversub divides: the managed bytes allocated (default; the literature's"
-                        " oversubscription) or the union of the launches' touched footprints")
+                   help="what oversubscription is a ratio of: managed (default) = the managed memory the"
+                        " traces allocate, the most live at once, summed over tasks, as the literature counts it;"
+                        " touched = the union of the launches' footprints")
 
 
 class PlanCommand(Command):
@@ -97,7 +104,7 @@ class PlanCommand(Command):
         g = p.add_mutually_exclusive_group(required=True)
         g.add_argument("--capacity", metavar="SIZE", help="GPU memory for the workload, e.g. 8GiB")
         g.add_argument("--oversub", type=float, metavar="R",
-                       help="capacity = the managed memory the trace allocates / R (see --oversub-of)")
+                       help=OVERSUB_HELP)
         p.add_argument("-o", "--output", required=True, metavar="PLAN", help="plan directory to write")
         p.add_argument("--force", action="store_true", help="overwrite an existing plan")
         p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE",
@@ -170,7 +177,7 @@ class ReplayCommand(Command):
         g = p.add_mutually_exclusive_group()
         g.add_argument("--capacity", metavar="SIZE,...", help="GPU memory sizes, e.g. 1GiB,2GiB")
         g.add_argument("--oversub", metavar="R,...",
-                       help="capacity = the managed memory the traces allocate / R (see --oversub-of)")
+                       help=OVERSUB_HELP)
         p.add_argument("--model", metavar="MODEL", help="model for the template policy (planned on the fly)")
         p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy")
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")

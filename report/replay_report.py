@@ -138,6 +138,12 @@ def _speedup_axes(ax, rows, labels, colours, xs, use_oversub, ykey, annotate: bo
     return ("template = " + " · ".join(f"{100 * v:.0f}%" for _, v in share) + " of oracle") if share else ""
 
 
+def oversub_label(rows: list[dict]) -> str:
+    """The x axis of oversubscription, as docs/cli.md defines it: what the runs divided by the capacity."""
+    touched = rows and all(r.get("oversub_of") == "touched" for r in rows if r.get("oversub") is not None)
+    return "oversubscription (" + ("touched footprint" if touched else "managed memory allocated") + " / GPU capacity)"
+
+
 def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
     plt = setup_matplotlib()
     use_oversub = any(r.get("oversub") is not None for r in rows)
@@ -145,7 +151,7 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
     ykey = "speedup_vs_demand" if have_speedup else "time_s"
     log = log_scale(rows, ykey) if len(workloads) <= 1 else log_scale(rows + geomean_rows(rows, labels), ykey)
     ylabel = ("speedup over demand paging (x)" if have_speedup else "run time (s)") + (", log scale" if log else "")
-    xlabel = "oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)"
+    xlabel = oversub_label(rows) if use_oversub else "GPU capacity (GiB)"
     xs = sorted({x for r in rows if (x := _x_of(r, use_oversub)) is not None})
     title = "Speedup per policy against oversubscription" if have_speedup else "Run time per policy"
     look = ("Template prefetching should sit far above demand paging (the dashed 1x line) and close to the "
@@ -202,6 +208,7 @@ def speedup_plot(rows: list[dict], labels: list[str], colours: dict[str, str], w
 def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str], workloads: list[str]):
     plt = setup_matplotlib()
     use_oversub = any(r.get("oversub") is not None for r in rows)
+    over_label = oversub_label(rows)   # before the workloads are summed
     if len(workloads) > 1:
         summed: dict[tuple, dict] = {}
         for r in rows:
@@ -225,7 +232,7 @@ def bytes_plot(rows: list[dict], labels: list[str], colours: dict[str, str], wor
         ax.bar(pos, h, w * 0.95, color=colours[lab], label=f"{lab}")
         ax.bar(pos, d, w * 0.95, bottom=h, color=colours[lab], alpha=0.45, hatch="//", edgecolor="white", lw=0)
     ax.set_xticks(np.arange(len(xs)), [x_tick(x, use_oversub) for x in xs])
-    ax.set_xlabel("oversubscription (footprint / GPU capacity)" if use_oversub else "GPU capacity (GiB)")
+    ax.set_xlabel(over_label if use_oversub else "GPU capacity (GiB)")
     ax.set_ylabel(f"bytes moved ({unit}); solid host→device, hatched device→host")
     ax.set_title("Bytes moved per policy" + (f", summed over {len(workloads)} workloads" if len(workloads) > 1 else ""))
     ax.legend(loc="upper left", ncol=min(len(labels), 4))

@@ -273,7 +273,7 @@ def test_replay_report_has_plots_and_numbers(toy_results, replay_html):
     assert "<td class=\"\">template (blocks)</td>" in html   # a plan wider than units is named
     assert "jacobi2d" in html
     svg = _svg_texts(html)
-    assert "speedup over demand paging (x)" in svg and "oversubscription (footprint / GPU capacity" in svg
+    assert "speedup over demand paging (x)" in svg and "oversubscription (managed memory allocated / GPU capacity)" in svg
     assert "cumulative stall (s)" in svg
     assert "300% oversubscribed" in html   # timelines at the most oversubscribed capacity
 
