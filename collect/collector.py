@@ -2,7 +2,10 @@
 
 Data flow. The launch hook (CUPTI callback, in the workload's launching thread)
 numbers each launch and, in `full` mode, evicts live managed memory before it
-and synchronizes after it, closing that launch's attribution window. Activity
+and synchronizes after it, closing that launch's attribution window. In `natural`
+mode it only records each launch into a preallocated buffer (`launch_ring.py`), which
+the ticker, CUPTI's buffer thread and the final flush turn into launches, off the
+callback (`_take_launches`). Activity
 records arrive from the source (CUPTI's buffer thread, or a flush), are turned
 into rows by `RowBuilder`, and go to a `TraceWriter` as they become final; a
 ticker thread flushes the source and closes Parquet parts every
@@ -470,6 +473,8 @@ class Collector:
                 f"launch callback ({pct:.2f}% of {self.wall_s:.2f} s)")
         if self.mode == "full":
             line += f"; full mode added {info['evict_and_sync_us_per_launch']:.1f} us per launch evicting and synchronizing"
+        elif self.ring is not None:
+            line += f"; {info['launch_buffer_decode_us_per_launch']:.1f} us per launch decoded off the callback"
         return line
 
 

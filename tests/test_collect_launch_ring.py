@@ -323,6 +323,7 @@ def test_natural_mode_writes_the_same_trace_as_the_decoding_callback(tmp_path):
     assert len(traces[1][T.LAUNCHES]) == 120 and all(r[T.START_NS] is not None for r in traces[1][T.LAUNCHES])
     m = S.read_quiet(tmp_path / "True.pctrace").manifest["collection"]
     assert m["launch_buffer_spilled"] == 0 and m["rows_launches_without_args"] == 0
+    assert "us per launch decoded off the callback" in c.overhead_line()
 
 
 def test_natural_mode_callback_neither_decodes_nor_writes(tmp_path):
