@@ -74,7 +74,7 @@ class Collector:
                  hook_kwargs: dict | None = None, force: bool = False, part_seconds: float = 2.0,
                  tick_s: float = 0.2, launch_timeout_s: float = 10.0, manifest: dict | None = None,
                  install_signals: bool = True, values_limit: int | None = VALUES_LIMIT,
-                 ring: bool | None = None) -> None:
+                 ring: "bool | LaunchRing | None" = None) -> None:
         if mode not in T.MODES:
             raise ValueError(f"mode must be one of {T.MODES}")
         self.out = out
@@ -96,8 +96,10 @@ class Collector:
             self.manifest[T.VALUES_KEY] = self.values.manifest()
         self.tracker = ManagedTracker(self.budget, on_violation=self._on_violation)
         # natural mode: the callback records into a buffer, decoded off the callback (`_take_launches`);
-        # `ring=False` keeps the decode in the callback (`on_launch`), as full mode does
-        self.ring: LaunchRing | None = LaunchRing() if mode == "natural" and ring is not False else None
+        # `ring=False` keeps the decode in the callback (`on_launch`), as full mode does; a LaunchRing: that one
+        self.ring: LaunchRing | None = None
+        if mode == "natural" and ring is not False:
+            self.ring = ring if isinstance(ring, LaunchRing) else LaunchRing()
         kw = dict(hook_kwargs or {})
         if self.ring is not None:
             kw["ring"] = self.ring

@@ -274,7 +274,7 @@ def test_launching_threads_share_the_buffer_without_mixing_launches():
 
 # ---- the collector: natural mode records in the callback, decodes and writes off it -------------
 
-def _collector(out, prog: Program, *, ring: bool, calls: list | None = None):
+def _collector(out, prog: Program, *, ring, calls: list | None = None):
     source = S.StandInSource(interval_s=0.02)
     device = S.StandInDevice()
     manifest = T.new_manifest(mode="natural", source="cupti", workload={"name": "standin", "argv": ["standin"]})
@@ -312,16 +312,18 @@ def test_natural_mode_writes_the_same_trace_as_the_decoding_callback(tmp_path):
     layouts = {0xF00 + i: _aligned(s) for i, s in enumerate([[8, 8, 4], [8] * 14 + [4, 4], [8, 4, 4, 8, 8],
                                                              [8] * 40])}   # the last: past a slot
     traces = []
-    for ring in (False, True):
+    # the decoding path; the default buffer; a buffer of 4 slots of 64 bytes (it wraps, and fills
+    # whenever the ticker or the source's thread is late: launches kept beside it)
+    for k, ring in enumerate((False, None, LaunchRing(slots=4, slot_bytes=64))):
         prog = Program(layouts)
-        c, source = _collector(tmp_path / f"{ring}.pctrace", prog, ring=ring)
-        assert (c.ring is not None) == ring
+        c, source = _collector(tmp_path / f"{k}.pctrace", prog, ring=ring)
+        assert (c.ring is None) == (ring is False)
         assert c.run(_workload(c, source, prog, 120, seed=3)) == 0
         assert c.hook.errors == 0, c.hook.last_error
-        traces.append(_tables(tmp_path / f"{ring}.pctrace"))
-    assert traces[0] == traces[1]
+        traces.append(_tables(tmp_path / f"{k}.pctrace"))
+    assert traces[0] == traces[1] == traces[2]
     assert len(traces[1][T.LAUNCHES]) == 120 and all(r[T.START_NS] is not None for r in traces[1][T.LAUNCHES])
-    m = S.read_quiet(tmp_path / "True.pctrace").manifest["collection"]
+    m = S.read_quiet(tmp_path / "1.pctrace").manifest["collection"]
     assert m["launch_buffer_spilled"] == 0 and m["rows_launches_without_args"] == 0
     assert "us per launch decoded off the callback" in c.overhead_line()
 
