@@ -13,7 +13,20 @@ CAPTION = ("time: simulated run time (GPU: measured); stall: the part of it the 
            "transfers; faults: GPU page faults; in / out: bytes moved host to device / device to host "
            "(lower is better for all four). vs demand: demand's time / this run's (higher is better). "
            "of oracle: oracle's time / this run's (100%: as fast as the best plan found with the truth). "
-           "capacity: the GPU memory simulated; oversub: see 'pagecast replay -h', --oversub.")
+           "GPU memory: the capacity simulated.")
+OVERSUB_WORDS = {"managed": " oversub: the managed memory allocated / the GPU memory (2 = 200%).",
+                 "touched": " oversub: the pages the launches touch / the GPU memory (--oversub-of touched)."}
+OVERSUB_CAPTION = " oversub: see 'pagecast replay -h', --oversub."
+
+
+def oversub_caption(runs) -> str:
+    """What the runs' oversubscription is a ratio of (their `oversub_of`), as replay -h defines it."""
+    basis = {r.get("oversub_of") for r in runs if r.get("oversub") is not None}
+    return OVERSUB_WORDS.get(next(iter(basis)), OVERSUB_CAPTION) if len(basis) == 1 else OVERSUB_CAPTION
+
+
+FIT_CAPTION = (" out 0 B: nothing was evicted: the pages the run touched fit in the capacity (an oversubscription "
+               "counts what is allocated, which can be more).")
 SPAN_CAPTION = (" A policy's (span): the plan's prefetches widened to whole 2 MiB blocks (blocks), to the "
                 "blocks where widening pays (fitted blocks), or to whole allocations (allocations), the span "
                 "its trial runs found fastest (--span; docs/cost-model.md).")
@@ -25,6 +38,7 @@ def results_table(runs, title: str | None = None):
     is. A rich Group: print it as a table."""
     runs = list(runs)
     spans = any(policy_label(r) != r["policy"] for r in runs)
+    fit = any(r.get("dtoh_bytes") == 0 and r.get("capacity_bytes") for r in runs)
     # capacities in the order they were asked for (--oversub 1.5,2,3 reads 150% first), per workload
     first: dict = {}
     for i, r in enumerate(runs):
@@ -41,7 +55,8 @@ def results_table(runs, title: str | None = None):
         gpu = ", ".join(("-" if c is None else format_size(c)) + (f" at {o:.0%}" if o else "") for c, o in caps.items())
         last = i == len(by_wl) - 1
         t = table(f"{wl or 'unnamed workload'}: GPU memory {gpu}",
-                  CAPTION + (SPAN_CAPTION if spans else "") if last else None,
+                  CAPTION + oversub_caption(runs) + (FIT_CAPTION if fit else "") + (SPAN_CAPTION if spans else "")
+                  if last else None,
                   box=None, pad_edge=False, padding=(0, 0, 0, 1), header_style="bold underline")
         t.add_column("oversub", justify="right", no_wrap=True)
         add_name_column(t, "policy", min_width=6)

@@ -16,6 +16,7 @@ from typing import Iterable, Mapping
 from rich.table import Table
 
 from pagecast.console import add_name_column, name_cell
+from pagecast.replay.results_table import OVERSUB_CAPTION, oversub_caption
 from pagecast.units import format_size
 
 GEOMEAN = "geometric mean"
@@ -38,6 +39,7 @@ class Pivot:
     has_of_oracle: bool          # template and oracle both ran
     rows: list[PivotRow]
     means: list[PivotRow]        # one per oversubscription that several rows share
+    oversub_words: str = ""      # what oversub is a ratio of, for the caption (results_table.oversub_caption)
 
 
 def applies(runs: Iterable[Mapping]) -> bool:
@@ -78,7 +80,7 @@ def make_pivot(runs: Iterable[Mapping]) -> Pivot:
             m.speedup[p] = geomean(row.speedup.get(p) for row in group)
         m.of_oracle = geomean(row.of_oracle for row in group) if has_fo else None
         means.append(m)
-    return Pivot(policies, has_fo, list(rows.values()), means)
+    return Pivot(policies, has_fo, list(rows.values()), means, oversub_caption(runs))
 
 
 def geomean(values: Iterable[float | None]) -> float | None:
@@ -100,14 +102,11 @@ CAPTION = ("demand time: simulated, under demand paging (UVM as the driver does 
 ORACLE_CAPTION = (" template/oracle: oracle's time / template's (100%: as fast as oracle, the fastest plan found "
                   "with the truth).")
 SLOWER_CAPTION = " Below 1.00x: slower than demand (alloc moves and evicts whole allocations)."
-OVERSUB_CAPTION = " oversub: see 'pagecast replay -h'."
-
-
 def caption(pv: Pivot) -> str:
     """What the pivot's numbers are, relative to what, and which way is better."""
     slower = any(v is not None and v < 1 for r in pv.rows for v in r.speedup.values())
     return (CAPTION + (ORACLE_CAPTION if pv.has_of_oracle else "") + (SLOWER_CAPTION if slower else "")
-            + OVERSUB_CAPTION)
+            + (pv.oversub_words or OVERSUB_CAPTION))
 
 
 def pivot_table(pv: Pivot, title: str | None = None, note: str | None = None):
