@@ -16,6 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from pagecast.cli import build_parser, main
@@ -188,6 +190,15 @@ def test_demangle_keeps_what_it_cannot_read():
     assert resolve("foo(float)", names) == "_Z3foof"
     assert resolve("foo", names) is None   # overloaded: the full name is needed
     assert resolve("_Z3fooi", names) == "_Z3fooi"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.text(max_size=40).map(lambda t: "_Z" + t)))
+def test_demangle_takes_any_name(name):
+    from pagecast.demangle import base_name, demangle, resolve
+    d, b = demangle(name), base_name(name)
+    assert isinstance(d, str) and isinstance(b, str) and (d == name) == (b == name)
+    assert resolve(name, [name, "_Z3fooi"]) == name
 
 
 def test_pinning_advice():
