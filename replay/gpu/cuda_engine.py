@@ -37,6 +37,19 @@ does not fit; the largest excess seen is reported (`max_excess_bytes`), and a ru
 than one chunk is not valid (child.py). Counter records arrive in CUPTI's buffers, so on a GPU a
 boundary knows what moved up to the last delivered buffer, not up to the instant.
 
+Lookahead (planned runs)
+------------------------
+With `ahead` (a laid-out Relocator over the plan's footprints: the trace's for the oracle, the
+model's predictions of the trace's launches for template), each launch's callback also prefetches
+the next launch's footprint (`Decision.ahead`), one launch early, on a copy stream of the runner's
+own, and records an event there for just those pages. The next launch's stream waits on that event
+alone, never on the whole copy stream, and never on an eviction: victims are neither launch's
+units, so the eviction goes on its own stream after the work queued before the launch (the last
+planned use of what it evicts has run), and only the copy stream waits for it (the room its
+prefetches need). With an emulated capacity the two launches are brought in together only when
+both fit; launches the plan cannot see ahead (indexed ones, whose values do not exist yet) are
+prefetched at their own callback, as without lookahead. Not run on a GPU yet.
+
 Batched calls
 -------------
 Where the driver hands out `cuMemPrefetchBatchAsync` (CUDA 13.0's driver API; `DriverCuda.
@@ -145,7 +158,7 @@ class Engine:
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, model_kernels: Iterable[str] | None = None,
                  warn: Callable[[str], None] | None = None, unit: int = UNIT, compiled: bool = True,
-                 moved: Callable[[], list] | None = None) -> None:
+                 moved: Callable[[], list] | None = None, ahead=None, ahead_skip=frozenset()) -> None:
         """`moved() -> [(order, +1 | -1, address, nbytes, cause)]`: the migrations reported since the
         last call (host to device +1, device to host -1; `cupti_monitor.CuptiMonitor.take_migrations`),
         which drive the capacity emulation's ledger (the module doc)."""
@@ -158,7 +171,7 @@ class Engine:
         self.unit = unit
         self.decider = LaunchDecider(self.policy, AllocationMap(cuda.allocation_of), capacity=capacity,
                                      predict=predict, relocator=relocator, warn=self.warn, unit=unit,
-                                     compiled=compiled)
+                                     compiled=compiled, ahead=ahead, ahead_skip=ahead_skip)
         self.stats = EngineStats()
         # one batched call per launch and direction where this driver has one (the module doc)
         have = cuda.batch_calls() if hasattr(cuda, "batch_calls") else ()
@@ -170,6 +183,10 @@ class Engine:
         self._evict_event: int | None = None
         self._queued_event: int | None = None
         self._values_event: int | None = None
+        # lookahead: the copy stream, an event per launch parity, which launch the last ahead event is for
+        self._copy_stream: int | None = None
+        self._ready: list[int] = []
+        self._ahead_for: tuple[int, int] | None = None   # (launch, event) of the last ahead prefetch
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -254,6 +271,9 @@ class Engine:
             self.corr_launch[corr] = t
         if d.overflow:
             st.overflow_launches += 1
+        if self.decider.ahead is not None:
+            self._carry_out_ahead(t, la, d, stream)
+            return
         if d.evict:
             if self._evict_stream is None:
                 self._evict_stream = self.cuda.new_stream()
@@ -285,6 +305,47 @@ class Engine:
         st.moved_htod_bytes += h
         st.moved_dtoh_bytes += d
         st.unplanned_htod_bytes += u
+
+    def _carry_out_ahead(self, t: int, la, d, stream: int) -> None:
+        """Lookahead (the module doc): evictions on their own stream after the work queued before the
+        launch, the launch's own prefetches (what was not brought in early) and the next launch's on
+        the copy stream, each followed by an event; the launch's stream waits on its own event only."""
+        st, cuda = self.stats, self.cuda
+        if self._copy_stream is None:
+            self._copy_stream = cuda.new_stream()
+            self._ready = [cuda.new_event(), cuda.new_event()]
+        copy = self._copy_stream
+        if d.evict:
+            if self._evict_stream is None:
+                self._evict_stream = cuda.new_stream()
+                self._evict_event = cuda.new_event()
+                self._queued_event = cuda.new_event()
+            cuda.record_event(self._queued_event, stream)      # after the last planned use of the victims
+            cuda.stream_wait_event(self._evict_stream, self._queued_event)
+            n, nbytes = self._calls(t, la, cuda.prefetch_to_host, d.evict, self._evict_stream, to_gpu=False)
+            st.evictions += n
+            st.evict_bytes += nbytes
+            cuda.record_event(self._evict_event, self._evict_stream)
+            cuda.stream_wait_event(copy, self._evict_event)    # the room the copies need; not the kernel
+        wait = None
+        if d.prefetch:
+            n, nbytes = self._calls(t, la, cuda.prefetch_to_gpu, d.prefetch, copy, to_gpu=True)
+            st.prefetches += n
+            st.prefetch_bytes += nbytes
+            wait = self._ready[t % 2]
+            cuda.record_event(wait, copy)
+        elif self._ahead_for is not None and self._ahead_for[0] == t:
+            wait = self._ahead_for[1]                          # brought in at the previous callback
+        if wait is not None:
+            cuda.stream_wait_event(stream, wait)
+        self._ahead_for = None
+        if d.ahead:
+            n, nbytes = self._calls(t, la, cuda.prefetch_to_gpu, d.ahead, copy, to_gpu=True)
+            st.prefetches += n
+            st.prefetch_bytes += nbytes
+            ev = self._ready[(t + 1) % 2]
+            cuda.record_event(ev, copy)
+            self._ahead_for = (d.ahead_t, ev)
 
     def _read_values(self, t: int, la, stream: int):
         """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |

@@ -48,7 +48,8 @@ from pagecast.errors import UsageError
 import numpy as np
 
 from .period import PeriodTracker
-from .ranges import UNIT, AllocationMap, RangeArrays, allocation_ranges, front_units, merge_ranges, units_of
+from .ranges import (UNIT, AllocationMap, RangeArrays, allocation_ranges, front_units, merge_ranges, subtract_ranges,
+                     units_of)
 from . import residency_kernels as RK
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
@@ -95,6 +96,8 @@ class Decision:
     predict_s: float | None = None      # seconds the prediction took (None: not predicted)
     overflow: bool = False              # the launch alone exceeds the capacity
     period: int | None = None           # the kernel sequence's period, when one is found
+    ahead: list | None = None           # lookahead: the next launch's ranges to prefetch now, after these
+    ahead_t: int | None = None          # ... and which launch they are for
 
 
 class LaunchDecider:
@@ -117,7 +120,12 @@ class LaunchDecider:
     def __init__(self, policy, allocs: AllocationMap, *, capacity: int | None = None,
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, warn: Callable[[str], None] | None = None,
-                 unit: int = UNIT, compiled: bool = True) -> None:
+                 unit: int = UNIT, compiled: bool = True, ahead=None, ahead_skip=frozenset()) -> None:
+        """`ahead`: a laid-out Relocator over the plan's footprints (the trace's for the oracle, the
+        model's predictions of the trace's launches for template), which turns lookahead on: each
+        decision also names the next launch's ranges, prefetched one launch early (`Decision.ahead`;
+        the engine issues them on a copy stream of its own). `ahead_skip`: launches never prefetched
+        early (indexed ones: nothing before their values exist)."""
         if not getattr(policy, "online", False):
             raise UsageError(f"policy {policy.name!r} decides on the whole timeline, not one launch at a time")
         if policy.predicts and predict is None:
@@ -132,6 +140,9 @@ class LaunchDecider:
         self.warn = warn or (lambda m: None)
         self.unit = unit
         self.compiled = compiled
+        self.ahead = ahead.layout() if ahead is not None else None
+        self._sent: tuple[int, list] | None = None   # (launch, ranges) prefetched ahead, without a capacity
+        self.ahead_skip = frozenset(ahead_skip)
         # the trace's footprints laid out in arrays at start: per launch a lookup, not a Python walk
         self.laid_out = bool(PRECOMPUTE and compiled and relocator is not None)
         if self.laid_out:
@@ -241,6 +252,9 @@ class LaunchDecider:
             if not rel.observe(t, la.kernel, data):
                 self.warn(f"the run no longer matches the trace ({rel.mismatch});"
                           " the oracle stops prefetching from here")
+        ahead = self.ahead
+        if ahead is not None and ahead is not rel and ahead.matching:
+            ahead.observe(t, la.kernel, data)
         predicted, predict_s = None, None
         if self.predict is not None and (self.policy.predicts or self.residency is not None):
             p0 = time.perf_counter()
@@ -253,6 +267,9 @@ class LaunchDecider:
         evict: list[tuple[int, int]] = []
         overflow = False
         res = self.residency
+        nxt = self._next_footprint(t) if ahead is not None else None
+        if ahead is not None and self.compiled and (nxt is not None or res is None):
+            return self._ahead_step(t, view, prefetch, nxt, period, predicted, predict_s)
         if res is not None and self.compiled:
             prefetch, evict, overflow = self._capacity_step(t, view, prefetch, period)
         elif res is not None:
@@ -279,12 +296,50 @@ class LaunchDecider:
             overflow = res.overflows > overflow_before
         return Decision(prefetch, evict, predicted, predict_s, overflow, period)
 
-    def _capacity_step(self, t: int, view: LaunchView, want, period) -> tuple[list, list, bool]:
+    def _next_footprint(self, t: int) -> RangeArrays | None:
+        """Launch t + 1's planned footprint in this run's addresses (what its allocations known so
+        far cover), or None: no next launch, one never prefetched early, or the run left the plan."""
+        ahead = self.ahead
+        if not ahead.matching or t + 1 >= ahead.n or (t + 1) in self.ahead_skip:
+            return None
+        nxt = ahead.footprint_arrays(t + 1)
+        return nxt if nxt else None
+
+    def _ahead_step(self, t: int, view: LaunchView, want, nxt: RangeArrays | None, period, predicted,
+                    predict_s) -> Decision:
+        """Launch t's decision with the next launch's footprint brought in one launch early. With an
+        emulated capacity, only when both launches fit together: one residency step admits both
+        (victims are neither's), and its prefetch is split into launch t's units and the rest."""
+        res = self.residency
+        if res is None:   # no estimate: what went at the previous callback is not asked for again
+            sent = self._sent if self._sent is not None and self._sent[0] == t else None
+            own = subtract_ranges(merge_ranges(list(want)), sent[1]) if sent else list(want)
+            self._sent = (t + 1, nxt.tolist()) if nxt is not None else None
+            return Decision(own, [], predicted, predict_s, False, period,
+                            ahead=self._sent[1] if self._sent else None, ahead_t=t + 1)
+        estimate, known = self._estimate(view, want)
+        own = _flat_of(estimate) if estimate is not want else _flat_of(want)
+        both_w = np.concatenate([_flat_of(want), nxt.flat])
+        both_e = np.concatenate([own, nxt.flat]) if estimate is not want else both_w
+        if _units_count(both_e, self.unit) > res.capacity_units:   # they do not fit together: t alone
+            prefetch, evict, overflow = self._capacity_step(t, view, want, period)
+            return Decision(prefetch, evict, predicted, predict_s, overflow, period)
+        pf, evict, overflow = self._capacity_step(t, view, RangeArrays(both_w), period,
+                                                  estimate=(RangeArrays(both_e), known))
+        mine = _units_set(own, self.unit) | _units_set(_flat_of(want), self.unit)
+        first, later = [], []
+        for a, n in pf:
+            for u0, part in _by_unit(a, n, self.unit):
+                (first if u0 in mine else later).append(part)
+        return Decision(merge_ranges(first), evict, predicted, predict_s, overflow, period,
+                        ahead=merge_ranges(later), ahead_t=t + 1)
+
+    def _capacity_step(self, t: int, view: LaunchView, want, period, estimate=None) -> tuple[list, list, bool]:
         """The reference's capacity branch (decide, below it), as one UnitResidency step: the
         prefetch (its front when the launch is larger than memory and the policy streams), the
         uses recorded for next-use, the admission and its victims."""
         res = self.residency
-        estimate, known = self._estimate(view, want)
+        estimate, known = self._estimate(view, want) if estimate is None else estimate
         last = self._last
         predicted = view.predicted
         if last is not None and predicted is not None and (want is predicted or not want) \
@@ -326,3 +381,31 @@ class LaunchDecider:
         if view.predicted is not None:
             return view.predicted, True
         return view.allocation_ranges(), False
+
+
+def _flat_of(ranges) -> np.ndarray:
+    if isinstance(ranges, RangeArrays):
+        return ranges.flat
+    return np.array([x for r in ranges for x in r], np.int64)
+
+
+def _units_set(flat: np.ndarray, unit: int) -> set[int]:
+    out: set[int] = set()
+    for a, n in zip(flat[0::2].tolist(), flat[1::2].tolist()):
+        if n > 0:
+            out.update(range(a // unit, (a + n - 1) // unit + 1))
+    return out
+
+
+def _units_count(flat: np.ndarray, unit: int) -> int:
+    return len(_units_set(flat, unit))
+
+
+def _by_unit(a: int, n: int, unit: int):
+    """(unit, (address, nbytes)) for each unit's part of one range."""
+    end = a + n
+    while a < end:
+        u = a // unit
+        b = min(end, (u + 1) * unit)
+        yield u, (a, b - a)
+        a = b
