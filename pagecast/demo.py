@@ -40,7 +40,7 @@ from pagecast.replay.sim.sweep import SimConfig, replay_sim
 from pagecast.replay.unit_space import compute_times
 from pagecast.report.pivot import make_pivot, means_line, pivot_table
 from pagecast.report.render import write_report
-from pagecast.trace import LAZY_TABLES, MANIFEST, prepare_output_dir, read_trace
+from pagecast.trace import KERNEL, LAZY_TABLES, MANIFEST, prepare_output_dir, read_trace
 
 DEMO_FORMAT = "pagecast-demo"
 SCALE = 0.2
@@ -134,6 +134,9 @@ def run_demo(cfg: DemoConfig) -> int:
             means = means_line(pv)
             pv.means = []
             out_c.print(pivot_table(pv, note=means or None))
+            fits = fits_note(all_runs)
+            if fits:
+                out_c.print(fits, highlight=False)
     try:
         html = write_report(res_path, out / "report.html", force=True)
     except Exception as e:  # the results stand without the report
@@ -169,46 +172,32 @@ def run_suite(out: Path, *, scale: float, costs: str, policies: list[str], bar=N
     cases = [(n, [n], False) for n in names] + [(f"mix:{k}", v, True) for k, v in mixes.items()]
     if bar is not None:
         bar.update(total=len(to_make) + 1 + len(cases))
-    for n, s, p, d in to_make:
+    # every step runs in `n_jobs` spawned processes where there are cores for them (spawned, not
+    # forked: pyarrow's thread pools make a fork unsafe): the traces, the fit (a kernel at a time:
+    # each kernel's templates come from its own launches), the replays (a case at a time, the
+    # largest first). The model is read back from model.json in every case, so the runs are the
+    # same in one process or several.
+    n_jobs = max(1, min(jobs if jobs is not None else default_jobs(), len(to_make)))
+    with Workers(n_jobs) as pool:
         if bar is not None:
-            bar.update(description=f"making {p.name}")
-        reuse_or_make(n, p, scale=scale, seed=s, drop=d)
+            bar.update(description=f"making {len(to_make)} traces" + (f" in {n_jobs} processes" if n_jobs > 1 else ""))
+        for _ in pool.map(_make_trace, [(n, str(p), scale, s, d) for n, s, p, d in to_make]):
+            if bar is not None:
+                bar.advance()
+        if bar is not None:
+            bar.update(description="fitting templates")
+        model = fit_in(pool, [tdir / fit_name(n, s) for n in used for s in FIT_SEEDS])
+        save_model(model, out / "model.json", force=True)
         if bar is not None:
             bar.advance()
-    if bar is not None:
-        bar.update(description="fitting templates")
-    model = fit_model([read_trace(tdir / fit_name(n, s)) for n in used for s in FIT_SEEDS])
-    save_model(model, out / "model.json", force=True)
-    if bar is not None:
-        bar.advance()
-    # each case replays in its own process where there are cores for it, the largest first
-    # (spawned, not forked: pyarrow's thread pools make a fork unsafe); the model is read back
-    # from model.json in every case, in one process or several, so the runs are the same
-    specs = [(label, [str(instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))]) for k, n in enumerate(wl)],
-              list(policies), list(oversub), costs, str(out / "model.json")) for label, wl, _ in cases]
-    results: list = [None] * len(cases)
-    todo = sorted(range(len(cases)), key=lambda i: -len(specs[i][1]))
-    n_jobs = min(jobs if jobs is not None else default_jobs(), len(cases))
-    if n_jobs > 1:
-        pool = multiprocessing.get_context("spawn").Pool(n_jobs, initializer=_worker_init)
-        try:
-            if bar is not None:
-                bar.update(description=f"replaying {len(cases)} cases in {n_jobs} processes")
-            for i, res in pool.imap_unordered(_replay_indexed, [(i, specs[i]) for i in todo]):
-                results[i] = res
-                if bar is not None:
-                    bar.advance()
-            pool.close()
-        except BaseException:  # Ctrl-C or a failed case: stop the workers now, not after their case
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
-    else:
-        for i in todo:
-            if bar is not None:
-                bar.update(description=f"replaying {specs[i][0]}")
-            results[i] = replay_case(*specs[i])
+        specs = [(label, [str(instances[(n, REPLAY_SEED + 10 * wl[:k].count(n))]) for k, n in enumerate(wl)],
+                  list(policies), list(oversub), costs, str(out / "model.json")) for label, wl, _ in cases]
+        results: list = [None] * len(cases)
+        todo = sorted(range(len(cases)), key=lambda i: -len(specs[i][1]))
+        if bar is not None:
+            bar.update(description=f"replaying {len(cases)} cases" + (f" in {n_jobs} processes" if n_jobs > 1 else ""))
+        for i, res in pool.map(_replay_indexed, [(i, specs[i]) for i in todo]):
+            results[i] = res
             if bar is not None:
                 bar.advance()
     all_runs: list[dict] = []
@@ -233,8 +222,74 @@ def default_jobs() -> int:
     return max(1, min(n, 4))
 
 
+class Workers:
+    """`map(fn, jobs)`: the results in the order they finish, from `n` spawned processes (n > 1)
+    or this one. Leaving the block by an exception (Ctrl-C, a failed job) stops the workers at
+    once, not after their job."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool = None
+
+    def __enter__(self) -> "Workers":
+        if self.n > 1:
+            self.pool = multiprocessing.get_context("spawn").Pool(self.n, initializer=_worker_init)
+        return self
+
+    def map(self, fn, jobs: list):
+        if self.pool is None:
+            return map(fn, jobs)
+        return self.pool.imap_unordered(fn, jobs)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.pool is None:
+            return
+        if exc_type is None:
+            self.pool.close()
+        else:
+            self.pool.terminate()
+        self.pool.join()
+
+
 def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+
+
+def _make_trace(job) -> str:
+    name, path, scale, seed, drop = job
+    return str(reuse_or_make(name, path, scale=scale, seed=seed, drop=drop))
+
+
+def fit_in(pool: Workers, paths: list[Path]):
+    """The model of every kernel in `paths`, as `fit_model(traces)` fits it, a kernel per job: each
+    job reads the traces that run its kernel (`fit_model(..., kernels=)`); the kernels and the
+    traces' records merge into one model."""
+    runs: dict[str, list[str]] = {}   # kernel -> the traces that launch it, in `paths`' order
+    launches: dict[str, int] = {}
+    for p in paths:
+        kc = read_trace(p, lazy=LAZY_TABLES).launches.column(KERNEL).value_counts()
+        for k, c in zip(kc.field("values").to_pylist(), kc.field("counts").to_pylist()):
+            runs.setdefault(k, []).append(str(p))
+            launches[k] = launches.get(k, 0) + int(c)
+    jobs = [([k], runs[k]) for k in sorted(runs, key=lambda k: (-launches[k], k))]   # the longest first
+    parts = list(pool.map(_fit_kernels, jobs))
+    if not parts:
+        return fit_model([read_trace(p) for p in paths])   # no launches: fit_model's own error
+    model = parts[0]
+    meta = {t["path"]: t for m in parts for t in m.traces}
+    model.traces = [meta[str(p)] for p in paths if str(p) in meta]
+    model.kernels = dict(sorted((k, v) for m in parts for k, v in m.kernels.items()))
+    _READ.clear()   # where the jobs ran in this process
+    return model
+
+
+_READ: dict[str, object] = {}   # a worker's traces, read once for all its fit jobs
+
+
+def _fit_kernels(job):
+    kernels, paths = job
+    traces = [_READ[p] if p in _READ else _READ.setdefault(p, read_trace(p)) for p in paths]
+    return fit_model(traces, kernels=set(kernels))
 
 
 def _replay_indexed(job):
@@ -250,6 +305,26 @@ def replay_case(label: str, paths: list[str], policies: list[str], oversub: list
     cfg = SimConfig(costs=costs, timeslice_ms=demo_timeslice_ms(traces, costs))
     return replay_sim(traces, policies, oversub=list(oversub), config=cfg, model=load_model(model_path),
                       model_path=model_path, workload_name=label)
+
+
+def fits_note(runs: list[dict]) -> str | None:
+    """The rows whose capacity holds every page the workload touches: oversubscription counts the
+    managed memory allocated (docs/cli.md), and a workload that allocates more than it touches
+    (buffers sized for the largest input) can touch less than the capacity. There demand faults
+    each page in once and evicts nothing (two such levels give the same row), template and oracle
+    save only the faults' latency, and alloc, which moves whole allocations, moves what is never
+    touched. None where no row is such."""
+    by: dict[str, list[str]] = {}
+    for r in runs:
+        if r.get("policy") == "demand" and r.get("oversub") and r.get("footprint_bytes") is not None \
+                and r["footprint_bytes"] <= r["capacity_bytes"]:
+            by.setdefault(r["workload"], []).append(f"{r['oversub']:.0%}")
+    if not by:
+        return None
+    where = "; ".join(f"{w} at {', '.join(levels)}" for w, levels in by.items())
+    return (f"Capacity holds all the workload touches ({where}): it allocates more than it touches, so "
+            "demand evicts nothing, template and oracle save only the faults' latency, and alloc moves "
+            "allocations it never touches.")
 
 
 def headline(runs: list[dict]) -> str:

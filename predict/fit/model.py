@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Collection
 
 import numpy as np
 
@@ -42,10 +43,14 @@ from .region import fit_region, quieter, region_score, region_terms
 from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
 
 
-def fit_model(traces: list, progress=None, params: FitParams | None = None) -> Model:
+def fit_model(traces: list, progress=None, params: FitParams | None = None,
+              kernels: Collection[str] | None = None) -> Model:
     """One model from several traces (different scales / seeds of the same program).
 
-    `params`: the thresholds the fit decides with (`FitParams`, recorded in the model)."""
+    `params`: the thresholds the fit decides with (`FitParams`, recorded in the model). `kernels`:
+    fit only these (None: every kernel). A kernel's templates come from its own launches alone,
+    so models of disjoint kernel sets, each from the traces that run them, merge into the model
+    of them all (the demo fits kernels in parallel that way)."""
     params = params or DEFAULT
     if not traces:
         raise UsageError("fit needs at least one trace")
@@ -77,7 +82,7 @@ def fit_model(traces: list, progress=None, params: FitParams | None = None) -> M
             idx = idx[whole[idx]]
             if len(idx):
                 parts[name].append((o, idx))
-    names = sorted(parts)
+    names = sorted(parts) if kernels is None else sorted(n for n in parts if n in kernels)
     for name in names:
         km = model.kernels[name] = fit_kernel(name, parts[name], ps, params)
         for vparts in other_layouts(parts[name], km):

@@ -21,6 +21,7 @@ import pyarrow as pa
 from pagecast import trace as T
 from pagecast.errors import UsageError
 from pagecast.memory import return_freed_arrays
+from pagecast.units import format_size
 from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
@@ -38,7 +39,7 @@ from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
 from .uvm_driver import DriverRules, service_granularity
-from .run import RunResult, compact, run_policy, step_compute, summarize
+from .run import RUN_ONLY, RunResult, compact, run_policy, step_compute, summarize
 from .stack import demand_lru_all
 
 @dataclass
@@ -121,7 +122,6 @@ def check_plan_capacity(plan, plan_path, caps: list[tuple[int, float]], by_overs
     """A plan holds the transfers for one capacity: replayed at another, template would follow a
     schedule made for memory it does not have (or leave idle memory it has), and its speedup
     would mean nothing. Refused in one line naming both."""
-    from pagecast.units import format_size
     own = int(plan.capacity_bytes)
     r_own = plan.manifest.get("oversub")
     for c, r in caps:
@@ -243,6 +243,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             if cfg.placement == "auto" and not follows_plan else None
         if placed is not None or follows_plan:
             placed_w[p] = fixed.w if follows_plan else placed.w
+        ws = [x for x in (w, None if placed is None else placed.w, fixed.w if follows_plan else None) if x is not None]
+        made_before = [set(x.extra) for x in ws]
         for (c, _), cu in zip(caps, cap_units):
             if follows_plan:
                 r = run_policy(fixed.w, pol, cu, prof, opts)
@@ -252,8 +254,17 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             if placed is not None:
                 r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
             results[(p, c)] = keep(r)
+            del r
+            for x in ws:
+                x.extra.pop(RUN_ONLY, None)   # the run's plan's next uses: the next run plans anew
             if progress:
                 progress.advance()
+        # what the policy's runs made and kept on the workloads (its needs, its predictions' needs)
+        # is the policy's: a later policy that reads it makes it again
+        for x, before in zip(ws, made_before):
+            for k in set(x.extra) - before:
+                del x.extra[k]
+        del pol, placed, ws
     comp = step_compute(w)
     bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
     names = [t.name for t in w.tasks]
