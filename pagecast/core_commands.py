@@ -146,7 +146,9 @@ class DemoCommand(Command):
     def add_arguments(self, p):
         p.add_argument("-o", "--output", default="pagecast-demo", metavar="DIR",
                        help="where to write traces, model, results (default ./pagecast-demo)")
-        p.add_argument("--force", action="store_true", help="reuse a non-empty DIR")
+        p.add_argument("--force", action="store_true",
+                       help="run again where DIR holds a finished demo (it is deleted first); an unfinished one"
+                            " (failed or interrupted) is resumed without it")
         p.add_argument("--scale", type=float, default=None, help="workload scale (default: the demo's small scale)")
         p.add_argument("--costs", default="msched-rtx5080", metavar="NAME|FILE", help="cost profile")
         p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
