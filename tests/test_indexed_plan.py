@@ -103,9 +103,10 @@ def test_no_planned_prefetch_precedes_its_values(seed, steps, cap):
     # (known from the arguments, or written at a step before p)
     ok = np.array([((unit == u) & (step >= p) & (after < p)).any() for u, p in zip(g.pf_unit, ps)], bool)
     assert ok.all()
-    assert ((g.pf_after < 0) | (g.pf_after < ps)).all()
+    pa = g.prefetch_after()   # -1 for every prefetch where none waits (pf_after is then empty)
+    assert len(pa) == len(g.pf_unit) and ((pa < 0) | (pa < ps)).all()
     # the gate of each group is its prefetches' latest writer
-    assert np.array_equal(g.gate, PG.gate_of(g.pf_ptr, g.pf_after))
+    assert np.array_equal(g.gate, PG.gate_of(g.pf_ptr, pa))
     # the plan never holds more than the capacity (replayed on its own needs)
     res = np.zeros(n_units, bool)
     for i in range(steps):

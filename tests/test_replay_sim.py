@@ -317,6 +317,21 @@ def test_chunk_groups_expand_to_units():
     assert out.pf_unit.tolist() == [3, 4, 0, 1, 2, 5, 6, 7, 8]
     assert out.pf_ptr.tolist() == [0, 5, 9] and out.need_now.tolist() == [2, 4]
     assert out.ev_unit.tolist() == [0, 1, 2] and out.ev_ptr.tolist() == [0, 0, 3]
+    # the units written in int32 where they fit; no prefetch waits for values: no -1 per prefetch held
+    assert out.pf_unit.dtype == np.int32 and len(out.pf_after) == 0 and not out.waits_for_values()
+    assert out.prefetch_after().tolist() == [-1] * 9 and (out.gate == -1).all()
+
+
+def test_a_plan_holds_pf_after_only_where_a_prefetch_waits_for_values():
+    g = PG.Groups.empty(2)
+    g2 = PG.Groups(g.ev_ptr, g.ev_unit, np.array([0, 1, 2]), np.array([4, 5]), np.array([1, 1]), g.wait_prev,
+                   g.blocking, g.thrash, pf_after=np.array([-1, -1]))
+    assert len(g2.pf_after) == 0 and g2.prefetch_after().tolist() == [-1, -1]
+    g3 = PG.Groups(g.ev_ptr, g.ev_unit, np.array([0, 1, 2]), np.array([4, 5]), np.array([1, 1]), g.wait_prev,
+                   g.blocking, g.thrash, pf_after=np.array([-1, 0]))
+    assert g3.waits_for_values() and g3.pf_after.tolist() == [-1, 0] and g3.gate.tolist() == [-1, 0]
+    kept = PG.keep_prefetches(g3, np.array([True, False]), np.array([0, 1]))
+    assert len(kept.pf_after) == 0 and (kept.gate == -1).all()
 
 
 def test_adaptive_fallback_keeps_only_proven_history():

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagecast import footprints as F
-
-from ..unit_space import I64, narrow
+from ..unit_space import I64, ID, narrow, ranges
 
 @dataclass
 class Groups:
@@ -42,8 +40,10 @@ class Groups:
     def __post_init__(self) -> None:
         if self.need_group is None:
             self.need_group = np.full(len(self.need_now), -1, I64)
-        if self.pf_after is None:
-            self.pf_after = np.full(len(self.pf_unit), -1, I64)
+        # no prefetch waiting for index values is held as an empty pf_after, not one -1 per prefetch
+        # (most plans have none: an array the size of the prefetch list for nothing; prefetch_after)
+        if self.pf_after is None or (len(self.pf_after) == len(self.pf_unit) and not (self.pf_after >= 0).any()):
+            self.pf_after = np.zeros(0, ID)
         # the per-transfer arrays as int32 where they fit (unit_space.narrow); the per-step ones as given
         self.ev_unit, self.pf_unit, self.pf_after = narrow(self.ev_unit), narrow(self.pf_unit), narrow(self.pf_after)
         if self.gate is None:
@@ -56,10 +56,15 @@ class Groups:
         return len(self.need_now)
 
     def prefetch_after(self) -> np.ndarray:
-        """pf_after, or -1 for every prefetch where a caller set pf_unit without it."""
+        """pf_after, or -1 for every prefetch where none waits (an empty pf_after, or a caller set
+        pf_unit without it): made for the caller, not kept."""
         if len(self.pf_after) != len(self.pf_unit):
-            self.pf_after = narrow(np.full(len(self.pf_unit), -1, I64))
+            return narrow(np.full(len(self.pf_unit), -1, I64))
         return self.pf_after
+
+    def waits_for_values(self) -> bool:
+        """Whether some prefetch waits for index values (a pf_after entry >= 0)."""
+        return len(self.pf_after) == len(self.pf_unit) and bool((self.pf_after >= 0).any())
 
     @classmethod
     def empty(cls, n: int) -> "Groups":
@@ -135,8 +140,8 @@ def keep_prefetches(g: Groups, keep: np.ndarray, need: np.ndarray) -> Groups:
     early = keep & (need > step)
     np.maximum.at(need_group, need[early], step[early])
     del early, step
-    pa_ = g.prefetch_after()[keep]
-    gate = gate_of(ptr, pa_)
+    pa_ = g.pf_after[keep] if g.waits_for_values() else None
+    gate = gate_of(ptr, np.zeros(0, I64) if pa_ is None else pa_)
     return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], need_now,
                   g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()),
                   gate, np.where(gate >= 0, g.gate_bytes, 0), pa_)
@@ -150,12 +155,16 @@ def same_plan(a: Groups, b: Groups) -> bool:
 def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray) -> Groups:
     """A plan over chunk ids -> the same plan over their units (order kept)."""
     size = chunk_hi - chunk_lo
+    width = ID if int(chunk_hi.max(initial=0)) <= np.iinfo(ID).max else I64
 
     def expand(ptr, ch):
         cs = np.concatenate([[0], np.cumsum(size[ch])]).astype(I64)
-        return cs[ptr], F._ranges(chunk_lo[ch], size[ch]), cs
+        # the units written once in the width `narrow` keeps (F._ranges made three int64 arrays of
+        # every unit: the peak of an alloc plan over chunks)
+        return cs[ptr], ranges(chunk_lo[ch], size[ch], width), cs
     ev_ptr, ev, _ = expand(g.ev_ptr, g.ev_unit)
     pf_ptr, pf, cs = expand(g.pf_ptr, g.pf_unit)
     need_now = cs[g.pf_ptr[:-1] + g.need_now] - cs[g.pf_ptr[:-1]]
+    after = np.repeat(g.pf_after, size[g.pf_unit]) if g.waits_for_values() else None
     return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), g.wait_prev, g.blocking, g.thrash, g.need_group,
-                  gate=g.gate, gate_bytes=g.gate_bytes, pf_after=np.repeat(g.prefetch_after(), size[g.pf_unit]))
+                  gate=g.gate, gate_bytes=g.gate_bytes, pf_after=after)

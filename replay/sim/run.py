@@ -205,10 +205,13 @@ def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_unit
     return took or (len(mv) > 2 and bool(mv[2]))
 
 
+RUN_ONLY = "next_use"   # the key of w.extra that a replay drops after each run (_next_use_cached)
+
+
 def _next_use_cached(w: Workload, needs: Needs) -> np.ndarray:
     """next_use_of(w.truth, needs), kept in w.extra for the last few needs (the planner's trial
     runs of one span's plans share them; the needs are held, so their ids stay theirs)."""
-    cache = w.extra.setdefault("next_use", [])
+    cache = w.extra.setdefault(RUN_ONLY, [])
     for truth, nd, nu in cache:
         if truth is w.truth and nd is needs:
             return nu

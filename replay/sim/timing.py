@@ -152,15 +152,15 @@ def gate_shares(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
     launch's own (the first `need_now`) and do not, and whether the launch's own include gated ones. A gated group whose prefetches the plan
     does not list (an online policy's, `on_launch`) waits for the gate with all of them."""
     n = groups.n_steps
-    pa = groups.prefetch_after()
     ptr = groups.pf_ptr
     size = np.diff(ptr)
     unlisted = (groups.gate >= 0) & (size == 0)
     frac = unlisted.astype(np.float64)
     own = unlisted.copy()
     own_plain = np.zeros(n)
-    if not len(pa) or not (pa >= 0).any():
+    if not groups.waits_for_values():
         return frac, own_plain, own
+    pa = groups.pf_after
     step = np.repeat(np.arange(n), size)
     g = pa >= 0
     mine = (np.arange(len(pa)) - ptr[step]) < groups.need_now[step]
