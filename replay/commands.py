@@ -192,6 +192,9 @@ class ReplayCommand(Command):
         g2.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per policy (median reported)")
         g2.add_argument("--allow-oversubscription", action="store_true",
                         help="let the workload allocate more than the GPU's free memory (may hang the GPU)")
+        g2.add_argument("--no-lookahead", action="store_true",
+                        help="template and oracle decide one launch at a time (default, with a TRACE: each"
+                             " launch's footprint is prefetched one launch early, on a copy stream)")
         p.set_defaults(workload=[])
         _split_at_double_dash(p)
 
@@ -285,6 +288,10 @@ def replay_request(args):
             warns.append("the GPU backend makes its decisions online; --plan is ignored")
         if span != "auto":
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
+        if not args.traces and not args.no_lookahead and any(
+                p in POLICIES and POLICIES[p].predicts for p in policies):
+            warns.append("without a TRACE of the workload the GPU runner cannot see the launches ahead:"
+                         " template decides one launch at a time")
         plan, span = None, "auto"
     else:
         needs = {POLICIES[p].requires for p in policies if p in POLICIES}
@@ -299,6 +306,8 @@ def replay_request(args):
                          " model); --model is not used")
         if args.repeat != 1:
             warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")
+        if args.no_lookahead:
+            warns.append("--no-lookahead is for --backend gpu (the simulator's runner models the lookahead)")
         if plan and "model-or-plan" in needs and span != "auto":
             warns.append(f"--span {span} applies to oracle only: template follows the plan, made at the"
                          " span its manifest names")
@@ -313,7 +322,7 @@ def replay_request(args):
         capacity=None if capacity is None else tuple(capacity), oversub=None if oversub is None else tuple(oversub),
         oversub_of=args.oversub_of, model=model, plan=plan, feedback=feedback, repeat=args.repeat, span=span,
         workload=tuple(args.workload), allow_oversubscription=args.allow_oversubscription,
-        placement=args.placement, **sim)
+        placement=args.placement, lookahead=not args.no_lookahead, **sim)
     for w in warns:
         console.warn(w)
     return req

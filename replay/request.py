@@ -74,7 +74,7 @@ KINDS = {
     "oversub_of": "str", "model": "str?", "plan": "str?", "feedback": "bool", "fallback": "str?",
     "repeat": "int", "costs": "str", "granularity": "int?", "eviction_unit": "int?", "eviction": "str",
     "driver_prefetch": "bool", "timeslice_ms": "float", "span": "str", "workload": "strs",
-    "allow_oversubscription": "bool", "placement": "str",
+    "allow_oversubscription": "bool", "placement": "str", "lookahead": "bool",
 }
 
 
@@ -125,6 +125,7 @@ class ReplayRequest:
     placement: str = "device"                  # simulator: PLACEMENTS (replay/placement.py)
     workload: tuple[str, ...] = ()             # GPU: the command after --
     allow_oversubscription: bool = False       # GPU: let the workload allocate more than the free memory
+    lookahead: bool = True                     # GPU: planned policies prefetch the next launch early (with a trace)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -32,8 +32,9 @@ from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from ..online.ranges import UNIT
+from ..online.lookahead import lookahead_for
 from ..online.relocate import Relocator
-from ..policies import POLICIES
+from ..policies import POLICIES, online_policy
 from ..request import NO_WORKLOAD, ReplayRequest
 from . import cupti_monitor, driver
 from .cuda_engine import TIMELINE_MAX, Engine
@@ -265,10 +266,15 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         if fallback is None:
             fallback = default_fallback(req.feedback)
         predict = make_online_predict(model, fallback) if model is not None else None
-        relocator = None
+        relocator, ahead = None, None
         if req.traces:
-            relocator = Relocator(T.read_trace(req.traces[0]))
-        engine = Engine(cuda, policy, capacity=capacity,
+            trace = T.read_trace(req.traces[0])
+            relocator = Relocator(trace)
+            if req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py)
+                ahead = lookahead_for(online_policy(policy), trace, model=model, fallback=fallback,
+                                      relocator=relocator)
+        out["lookahead"] = ahead.depth if ahead is not None else 0
+        engine = Engine(cuda, policy, capacity=capacity, ahead=ahead,
                         predict=predict if (predicts or capacity is not None) else None,
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
                         warn=warns, moved=getattr(monitor, "take_migrations", None) if capacity is not None else None)
@@ -360,6 +366,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "prefetch_bytes": st["prefetch_bytes"],
         "evict_bytes": st["evict_bytes"],
         "prefetches": st["prefetches"],               # calls the runner made
+        "ahead_launches": st["ahead_launches"],       # launches prefetched one launch early (lookahead)
         "evictions": st["evictions"],
         "overflow_launches": st["overflow_launches"],
         "failed_calls": st["failed_calls"],

@@ -48,7 +48,9 @@ units, so the eviction goes on its own stream after the work queued before the l
 planned use of what it evicts has run), and only the copy stream waits for it (the room its
 prefetches need). With an emulated capacity the two launches are brought in together only when
 both fit; launches the plan cannot see ahead (indexed ones, whose values do not exist yet) are
-prefetched at their own callback, as without lookahead. Not run on a GPU yet.
+prefetched at their own callback, as without lookahead. The child switches it on for planned
+runs given a trace (`ReplayRequest.lookahead`, `--no-lookahead`; the schedule is
+online/lookahead.py's, which the simulator's `runner` reads too). Not run on a GPU yet.
 
 Batched calls
 -------------
@@ -128,6 +130,7 @@ class EngineStats:
     values_copy_s: float = 0.0      # the copies themselves
     values_errors: int = 0          # copies that failed (those regions get the fallback)
     batch_calls: int = 0            # cuMemPrefetchBatchAsync calls (each counted once in prefetches/evictions)
+    ahead_launches: int = 0         # lookahead: launches whose footprint went at the callback before theirs
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
     moved_dtoh_bytes: int = 0       # device-to-host migrations reported
@@ -346,6 +349,7 @@ class Engine:
             ev = self._ready[(t + 1) % 2]
             cuda.record_event(ev, copy)
             self._ahead_for = (d.ahead_t, ev)
+            st.ahead_launches += 1
 
     def _read_values(self, t: int, la, stream: int):
         """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |

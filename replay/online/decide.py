@@ -51,6 +51,7 @@ from .period import PeriodTracker
 from .ranges import (UNIT, AllocationMap, RangeArrays, allocation_ranges, front_units, merge_ranges, subtract_ranges,
                      units_of)
 from . import residency_kernels as RK
+from .lookahead import Lookahead
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
 from .unit_residency import UnitResidency
@@ -121,7 +122,7 @@ class LaunchDecider:
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, warn: Callable[[str], None] | None = None,
                  unit: int = UNIT, compiled: bool = True, ahead=None, ahead_skip=frozenset()) -> None:
-        """`ahead`: a laid-out Relocator over the plan's footprints (the trace's for the oracle, the
+        """`ahead`: a `lookahead.Lookahead` (its plan and skip set), or a Relocator over the plan's footprints (the trace's for the oracle, the
         model's predictions of the trace's launches for template), which turns lookahead on: each
         decision also names the next launch's ranges, prefetched one launch early (`Decision.ahead`;
         the engine issues them on a copy stream of its own). `ahead_skip`: launches never prefetched
@@ -140,6 +141,8 @@ class LaunchDecider:
         self.warn = warn or (lambda m: None)
         self.unit = unit
         self.compiled = compiled
+        if isinstance(ahead, Lookahead):   # the schedule (lookahead.py) the simulator's runner reads too
+            ahead, ahead_skip = ahead.plan, ahead.skip
         self.ahead = ahead.layout() if ahead is not None else None
         self._sent: tuple[int, list] | None = None   # (launch, ranges) prefetched ahead, without a capacity
         self.ahead_skip = frozenset(ahead_skip)
