@@ -113,6 +113,7 @@ def test_datasets_make_records_a_corpus_program(tmp_path):
     assert main(["datasets", "make", "data-dependent", "-o", str(out), "--mode", "natural", "--force"]) == 2
 
 
+@pytest.mark.slow
 def test_preallocated_buffers_are_used_in_part(tmp_path):
     from pagecast.datasets.registry import make_trace
     with warnings.catch_warnings():

@@ -93,6 +93,7 @@ def _table_region(model):
     return next(r for r in km.regions if r.base == "p1")
 
 
+@pytest.mark.slow
 @settings(max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(elem=st.sampled_from([4, 8]),
        drop=st.sampled_from([0.0, 0.01, 0.05]),
@@ -233,6 +234,7 @@ def test_negative_values_are_sentinels_that_select_nothing(gather, tmp_path, cap
     assert sorted(zip(res["s"].tolist(), res["e"].tolist())) == sorted(set(out)) == [(a_s, a_s + 1)]
 
 
+@pytest.mark.slow
 def test_an_odd_formula_bent_through_lost_records_gives_way_to_the_indexed_template(tmp_path):
     """llm-paged-decode's attention reads the K and V blocks its block table names. With 1% of the
     fitting traces' records lost, the V cache's pages once fitted a range whose end was
@@ -273,6 +275,7 @@ def _runs(seed: int, row_floats: int, table_bytes: int, top: tuple[float, float]
     return b
 
 
+@pytest.mark.slow
 @settings(max_examples=8, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(row_floats=st.sampled_from([16, 64, 256]), drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 def test_rows_under_a_page_in_a_table_of_a_few_big_pages(tmp_path_factory, row_floats, drop, seed):
@@ -298,6 +301,7 @@ def test_rows_under_a_page_in_a_table_of_a_few_big_pages(tmp_path_factory, row_f
     assert k["launches"] == 24
 
 
+@pytest.mark.slow
 def test_the_rotary_rows_of_the_paged_decoder_are_whole_rows_one_row_apart(tmp_path):
     """llm-paged-decode's rotary cos/sin cache (8 big pages, a row of 256 B per position): fitted
     on scales 0.5 and 1.0, scored at 0.75 (docs/accuracy.md's main split). The free solve took
@@ -349,14 +353,22 @@ def _paged(seed: int, batch_hi: int, record_indptr: bool = True) -> Builder:
     return b
 
 
-def test_an_index_chain_counts_from_the_indptr_entry_at_the_batch_size(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def paged_chain(tmp_path_factory):
+    """Three index-chain traces, batches up to 8, 12 and 24 requests, and the model fitted on the
+    first two (made once for this module's tests, which only read them)."""
+    d = tmp_path_factory.mktemp("paged_chain")
+    paths = [_paged(s, hi).write(d / f"p{s}.pctrace") for s, hi in ((1, 8), (2, 12), (3, 24))]
+    return paths, fit_model([T.read_trace(p) for p in paths[:2]])
+
+
+def test_an_index_chain_counts_from_the_indptr_entry_at_the_batch_size(paged_chain, tmp_path, capsys):
     """indptr -> indices -> rows, from persistent buffers: the count of indices read is the
     indptr's entry at grid_x (not an argument, not the row's length), fitted from faults; a
     larger batch is predicted exactly; without the indptr's values the launch gets the fallback,
     counted in one line."""
     from pagecast.cli import main
-    paths = [_paged(s, hi).write(tmp_path / f"p{s}.pctrace") for s, hi in ((1, 8), (2, 12), (3, 24))]
-    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    paths, model = paged_chain
     km = next(km for n, km in model.kernels.items() if "paged_rows" in n)
     r = next(x for x in km.regions if x.base == "p1")
     assert r.cls == "indexed" and r.index == "p3" and r.count_index == "p2", r.text()
@@ -372,11 +384,10 @@ def test_an_index_chain_counts_from_the_indptr_entry_at_the_batch_size(tmp_path,
     assert "without values (fallback)" in capsys.readouterr().out
 
 
-def test_the_online_predictor_reads_the_chain_count_as_the_batch_one(tmp_path):
+def test_the_online_predictor_reads_the_chain_count_as_the_batch_one(paged_chain):
     from pagecast import values as V
     from pagecast.predict.predictor import OnlinePredictor, predict_footprints
-    paths = [_paged(s, hi).write(tmp_path / f"p{s}.pctrace") for s, hi in ((1, 8), (2, 12), (3, 24))]
-    model = fit_model([T.read_trace(p) for p in paths[:2]])
+    paths, model = paged_chain
     tr = T.read_trace(paths[2])
     im = V.image(tr)
     batch = predict_footprints(model, tr, "none")
@@ -597,6 +608,7 @@ def test_a_sequences_last_block_is_read_up_to_its_length(tmp_path):
     assert_online_is_batch(model, tr)
 
 
+@pytest.mark.slow
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), stride=st.sampled_from([16, 32]))
 @example(drop=0.01, seed=169, stride=16)
@@ -759,6 +771,7 @@ def _over_predicts_without_values(model, b: Builder, kernel: str, tmp_path) -> N
     assert_online_is_batch(model, nv)
 
 
+@pytest.mark.slow
 def test_a_tables_rows_are_read_only_where_another_buffer_allows(tmp_path, capsys):
     """A paged decode kernel whose programs for prefill chunks return before reading: fitted from
     faults as the block table read row by row, filtered by the query lengths, the differences of
@@ -795,6 +808,7 @@ def test_a_tables_rows_are_read_only_where_another_buffer_allows(tmp_path, capsy
     assert len(err) == 1 and "row_filter" in err[0] and "op" in err[0], err
 
 
+@pytest.mark.slow
 def test_a_block_tables_own_rows_are_read_where_its_filter_allows(tmp_path):
     """The paged decode's block table with rows of 2048 entries (8 KiB: eight rows a big page):
     its own rows fit by position, read to the sequence's blocks, and take the filter its table
@@ -814,6 +828,7 @@ def test_a_block_tables_own_rows_are_read_where_its_filter_allows(tmp_path):
     assert_online_is_batch(model, tr)
 
 
+@pytest.mark.slow
 def test_a_prefill_block_tables_own_rows_are_read_to_each_chunks_context(tmp_path):
     """The prefix prefill's block table with rows of 2047 entries, so that rows start anywhere in a
     page (row r at 8188*r bytes): its own rows fit by position and take both the filter and the
@@ -839,6 +854,7 @@ def test_a_prefill_block_tables_own_rows_are_read_to_each_chunks_context(tmp_pat
     assert_online_is_batch(model, tr)
 
 
+@pytest.mark.slow
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), limit=st.integers(1, 4), diff=st.booleans())
 @example(drop=0.01, seed=13, limit=3, diff=False)
@@ -861,6 +877,7 @@ def test_one_profile_of_a_filtered_table_predicts_a_larger_run(tmp_path_factory,
     assert k["precision"] == 1.0 and k["recall"] == 1.0, (k, r.text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop,diff", [(0.0, True), (0.01, False)])
 def test_a_prefill_kernel_reads_its_context_rows_where_another_buffer_allows(tmp_path, capsys, drop, diff):
     """A prefill kernel that skips decode queries and reads each chunk's context, as vLLM's prefix
@@ -973,6 +990,7 @@ def test_a_varlen_batchs_rows_are_read_back_to_back_where_their_lengths_allow(tm
     assert_online_is_batch(model, tr)
 
 
+@pytest.mark.slow
 def test_a_prefill_kernels_query_rows_take_the_filter_its_table_holds(tmp_path):
     """A prefill kernel that skips decode queries reads neither their KV blocks nor their query
     rows. Its query buffer is one big page, so its records (a fault per big page) verify the whole
@@ -1077,6 +1095,7 @@ def test_launches_that_touch_nothing_choose_a_decode_kernels_rows(tmp_path, drop
     assert_online_is_batch(model, tr)
 
 
+@pytest.mark.slow
 def test_a_row_filter_without_a_table_is_refused(tmp_path, capsys):
     """A model file whose indexed region has a row_filter but no row_stride (a filter picks a
     table's rows, or the values of chunks of their own lengths; a one-dimensional region of
@@ -1170,6 +1189,7 @@ def test_rows_chosen_through_an_index_are_read_up_to_their_lengths(tmp_path, cap
     assert len(err) == 1 and "lengths" in err[0], err
 
 
+@pytest.mark.slow
 @settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 def test_one_profile_of_rows_read_to_their_lengths_predicts_a_larger_run(tmp_path_factory, drop, seed):
@@ -1223,6 +1243,7 @@ def _pool(seed: int, n_pool: int, blocks: tuple[int, int], steps: int) -> Builde
     return b
 
 
+@pytest.mark.slow
 @settings(max_examples=6, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(n_pool=st.sampled_from([64, 128]), drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 def test_blocks_of_a_small_pool_are_indexed_though_their_hull_explains_every_launch(tmp_path_factory, n_pool, drop,
@@ -1300,6 +1321,7 @@ def _csr(seed: int, steps: int = 40) -> Builder:
     return b
 
 
+@pytest.mark.slow
 @settings(max_examples=4, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 def test_a_count_reading_a_prefix_must_hold_the_fault_pages_not_only_the_big_pages(tmp_path_factory, drop, seed):
@@ -1409,6 +1431,7 @@ def test_rows_chosen_by_position_are_read_up_to_their_lengths(tmp_path, capsys, 
         assert len(err) == 1 and ("length_diff" in err[0] or "index" in err[0]), err
 
 
+@pytest.mark.slow
 @settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000), diff=st.booleans())
 def test_one_profile_of_rows_by_position_predicts_a_larger_run(tmp_path_factory, drop, seed, diff):
@@ -1538,6 +1561,7 @@ def test_rows_up_to_a_count_another_buffer_holds(tmp_path, capsys, from_truth):
     assert len(err) == 1 and "index" in err[0], err
 
 
+@pytest.mark.slow
 @settings(max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 def test_one_profile_of_rows_up_to_a_count_predicts_a_larger_run(tmp_path_factory, drop, seed):
@@ -1594,6 +1618,7 @@ def _head_major(seed: int, tok_hi: int, block_tokens: int, steps: int = 24, max_
     return b
 
 
+@pytest.mark.slow
 @settings(max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate], **SETTINGS)
 @given(drop=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 10_000))
 @example(drop=0.01, seed=353)

@@ -8,6 +8,7 @@ never saw."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,7 @@ def _cache(rows: int, row: int, positions: list[int], seed: int) -> SynthTrace:
     return stt
 
 
+@pytest.mark.slow
 @settings(max_examples=50, **SETTINGS)
 @given(row=st.sampled_from([128, 256, 512, 768, 1024, 2048]),
        start=st.integers(1, 300), steps=st.integers(6, 24),
@@ -251,6 +253,7 @@ def _rowwise(shapes: list[tuple[int, int]], reps: int, elem: int, off: int, top:
     return stt
 
 
+@pytest.mark.slow
 @settings(max_examples=40, **SETTINGS)
 @given(elem=st.sampled_from([1, 2, 4, 8]), small=st.sampled_from(["w", "stat"]),
        reps=st.integers(1, 4), n_shapes=st.integers(2, 5), off=st.sampled_from([0, 8, 200]),

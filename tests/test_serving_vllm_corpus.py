@@ -10,6 +10,7 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit
 
+import pytest
 import torch
 
 from pagecast.collect import interpret_compat
@@ -89,6 +90,7 @@ class Checked(SV.Engine):
                                        atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_vllm_kernels_match_torch_over_a_serving_loop():
     run = parse(["--scale", "0.25", "--seed", "3"], "t", calls=20)
     eng = Checked(run, run.scale)
@@ -102,6 +104,7 @@ def test_vllm_kernels_match_torch_over_a_serving_loop():
     assert len(eng.free_pages) + sum(len(r.pages) for r in eng.running + eng.waiting) == eng.pool_pages
 
 
+@pytest.mark.slow
 def test_datasets_make_records_the_vllm_loop_with_its_index_values(tmp_path):
     from pagecast.datasets.registry import make_trace
     out = make_trace("serving-vllm", tmp_path / "v.pctrace", scale=0.25, seed=5)

@@ -10,6 +10,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any @triton.jit
 
+import pytest
 import torch
 
 from pagecast.collect import interpret_compat
@@ -51,6 +52,7 @@ class Checked(R.Engine):
             self.kinds.add("decode only")
 
 
+@pytest.mark.slow
 def test_rocm_backend_kernels_match_torch_over_mixed_batches():
     run = parse(["--scale", "0.25", "--seed", "3"], "t", calls=20)
     eng = Checked(run, run.scale)
@@ -64,6 +66,7 @@ def test_rocm_backend_kernels_match_torch_over_mixed_batches():
     assert eng.k_cache.untyped_storage().data_ptr() == eng.v_cache.untyped_storage().data_ptr()
 
 
+@pytest.mark.slow
 def test_datasets_make_records_the_rocm_loop_with_its_index_values(tmp_path):
     from pagecast.datasets.registry import make_trace
     out = make_trace("serving-vllm-rocm", tmp_path / "r.pctrace", scale=0.25, seed=5)
