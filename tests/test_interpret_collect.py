@@ -254,7 +254,7 @@ def test_fit_from_truth_is_exact_on_a_model(tmp_path):
     assert ev["determined"]["precision"] == 1.0 and ev["determined"]["recall"] == 1.0
 
 
-@pytest.mark.parametrize("workload", ["llm-paged-decode", "moe-decode"])
+@pytest.mark.parametrize("workload", [pytest.param("llm-paged-decode", marks=pytest.mark.slow), "moe-decode"])
 def test_fit_from_truth_finds_the_indexed_kernels_of_a_model(tmp_path, workload):
     """Records exact to the page (`fit --from truth`) are fitted at the page's grain: the paged
     attention's blocks, the KV slot writes, embedding and rotary rows, expert weights are
@@ -520,6 +520,7 @@ ROWS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_kernel_specialized_on_a_none_argument_is_fitted_per_parameter_layout(tmp_path):
     """Triton drops an argument passed as None from the parameter buffer (it is a constant of
     that specialization), so one kernel name launches with two layouts (vLLM's fused MoE takes its

@@ -123,6 +123,7 @@ class Checked(S.Engine):
         self.checked.add("moe")
 
 
+@pytest.mark.slow
 def test_engine_kernels_match_torch_over_a_serving_loop():
     run = parse(["--scale", "0.25", "--seed", "3"], "t", calls=10)
     eng = Checked(run, run.scale)
@@ -134,6 +135,7 @@ def test_engine_kernels_match_torch_over_a_serving_loop():
     assert len(eng.free_pages) + sum(len(r.pages) for r in eng.running + eng.waiting) == eng.pool_pages
 
 
+@pytest.mark.slow
 def test_datasets_make_records_the_serving_loop_with_its_index_values(tmp_path):
     from pagecast.datasets.registry import make_trace
     out = make_trace("serving", tmp_path / "s.pctrace", scale=0.25, seed=5)
