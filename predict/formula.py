@@ -20,6 +20,7 @@ order; split, each would reach into the others' helpers.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -174,6 +175,7 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
 
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _roundest(lo: int, hi: int) -> int:
     """The value in [lo, hi] with the smallest odd(v) * |v| (ties: smallest |v|)."""
     best = (odd(lo) * abs(lo), abs(lo), lo)
@@ -282,7 +284,7 @@ def solve(mono: Monomials, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray,
         return [Formula(c0, ())] if candidates else Formula(c0, ())
     G = mono.values
     M = G.shape[1]
-    if M == 0 or len(lo) < 2:
+    if M == 0 or len(lo) < 2 or max_terms < 1:
         return [] if candidates else None
     mid = _midpoints(lo, hi)
     best: list[tuple[tuple, Formula]] = []

@@ -394,7 +394,7 @@ def _length_regions(kd, w, iw, elem, g, vals, c: Count, bounds, sv, part, lid, r
     v0, v1, strides = c.strides
     if not strides:
         # no stride follows both edges (the last chunk's end follows its length too): from the start
-        sd = edge_stride(kd, g, v0, v1, (s_lo, s_hi), "hi")
+        sd = edge_stride(kd, g, v0, v1, (s_lo, s_hi), "hi", pure=True, max_terms=1)
         strides = [] if sd is None else [sd]
     k = c.k
     if int(k.sum()) > MAX_LENGTH_VALUES:   # as length_sets: nothing to try, and too many to hold
@@ -640,38 +640,119 @@ def _strides(kd, g, part, rows, k, elem, bounds, max_terms: int = 3, ext=None, s
 
 
 def _solve_strides(kd, g, v0, v1, bounds, max_terms: int = 3, part_last: bool = False) -> list:
-    """The strides to try for values whose extremes per launch are v0 and v1 (_strides).
-    `part_last`: the largest value's chunk may be read in part, so that where the records are
-    exact to the page (fit --from truth) no edge solve through where the last chunk ends holds;
-    then also the stride that puts the smallest value's chunk where the first pages begin."""
+    """The strides to try for values whose extremes per launch are v0 and v1 (_strides), solved
+    from the evidence directly rather than searched for among formulas over the values
+    (docs/template-model.md, "Strides solved, not searched"):
+
+    1. a constant stride with a constant start: the start edge `start + S*v0`, the end edge
+       `start + S*v1 + chunk` and, for whole chunks, `start + S*(v1+1)`, each a one-term solve over
+       the value alone (`pure`: the feasible coefficients are an interval, from the pairwise
+       conditions, formula.solve), so that launches of all argument groups pin S together;
+    2. a stride of the arguments (`stride_bounds`): each launch's chunks span v1 - v0 + 1
+       strides, and two launches with equal arguments (one stride, one start) whose smallest (or
+       largest) values differ by d lie d strides apart, so each gives S an interval of integers
+       directly; the intervals of a feature group intersect (robustly, as every bound does:
+       `solve.group_bounds`), and one solve over the arguments (the kernel's own features, not
+       products with the values) finds the simplest formula within them.
+
+    `part_last`: the largest value's chunk may be read in part (the records exact to the page:
+    fit --from truth), so the end edge of whole chunks is not required. Each solve is one pass over
+    the launches (O(launches), a handful of columns), whatever the number of candidate formulas;
+    `max_terms` 1: the constant stride (1.) only."""
     s_lo, s_hi, e_lo, e_hi = bounds
-    # the stride from whichever edge follows a value: a start within the first big page at every
-    # launch is a constant to the solver (the first chunk's offset shows in the end), and where
-    # neither edge needs one (the smallest and largest value the same at every launch: Zipf-like
-    # token ids reach the vocabulary's ends), edges made to follow a value still bound it
-    strides = []
-    # max_terms 1: a constant stride only (the value's own term; a range's rival, region._indexed_likelier)
-    pure = max_terms == 1
-    for force in (False, True)[pure:]:
-        ex = _WithValues(kd, g, v0, v1, force, pure)
-        res = solve_pair(ex, ex.group, [(s_lo, s_hi), (e_lo, e_hi)], hard={0: "hi", 1: "lo"}, max_terms=max_terms,
-                          min_terms={0: 1, 1: 1} if force else None)
-        for f in (res[0] if res is not None else ()):
-            sp_ = _split(f)
-            if sp_ is not None and sp_[0] not in strides:
-                strides.append(sp_[0])
-    # whole chunks: the last one ends one stride past the largest value (`start + stride*(v1+1)`).
-    # Where the records leave the stride loose (a table of a few big pages read a row at a
-    # time), the free solve above may take stride 1 and a chunk as wide as the values' spread,
-    # which verification accepts; this solve pins the stride by where the last row ends
-    one_edge = [(v1 + 1, (e_lo, e_hi), "lo")]
-    if part_last:   # the first chunk's start alone
-        one_edge.append((v1, (s_lo, s_hi), "hi"))
-    for top, edge, side in one_edge:
-        sd = edge_stride(kd, g, v0, top, edge, side, pure, max_terms)
-        if sd is not None and sd not in strides:
-            strides.append(sd)
+    strides: list = []
+
+    def add(f):
+        if f is not None and f not in strides:
+            strides.append(f)
+    # the end of whole chunks (one stride past the largest value), the first chunk's start, the
+    # last chunk's start below the end (part chunks)
+    for top, edge, side in ((v1 + 1, (e_lo, e_hi), "lo"), (v1, (s_lo, s_hi), "hi"), (v1, (e_lo, e_hi), "lo")):
+        if strides and side == "lo" and top is v1:
+            break   # the part chunks' end only where neither edge above gave a stride
+        ex = _WithValues(kd, g, v0, top, True, True)
+        res = solve_pair(ex, ex.group, [edge], hard={0: side}, min_terms={0: 1}, max_terms=1)
+        sp_ = _split(res[0][0]) if res is not None else None
+        if sp_ is not None and sp_[0].n_terms == 0 and sp_[0].const > 0:
+            add(sp_[0])
+    if max_terms > 1:
+        for whole in (True, False):
+            gg, lo, hi = stride_bounds(g, v0, v1, bounds, whole)
+            if gg is None:
+                continue
+            # a constant where every launch's interval admits one (robustly), which the joint
+            # solves above pin more tightly where they found it; else one term of the arguments
+            # (a row of p5 heads of p6 bytes: `2*p5*p6`)
+            res = solve_pair(kd, gg, [(lo, hi)], modes={0: "round"}, max_terms=0 if strides else 1)
+            if res is not None and len(res[0]) and _positive(res[0][0], kd, g):
+                add(res[0][0])
     return strides
+
+
+def _positive(f: FM.Formula, kd, g) -> bool:
+    """Is formula `f` positive at every launch (groups `g` of kd)?"""
+    vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
+    return bool((np.asarray(f.evaluate(vals), np.int64) * np.ones(len(g), np.int64) > 0).all())
+
+
+def stride_bounds(g, v0, v1, bounds, whole: bool = True):
+    """Per constraint (one per launch and pair), the integer interval the stride S must lie in, with
+    the group of the launch it belongs to: (groups, lo, hi) as arrays over the constraints, or
+    (None, None) where no constraint bounds S. From the launches' byte bounds on the first
+    chunk's start (s) and the last one's end (e):
+
+    - each launch: its chunks span v1 - v0 + 1 strides (whole chunks: exactly, `e - s`; part
+      chunks of at most a stride: more than v1 - v0 strides and at most v1 - v0 + 1);
+    - each launch against the launch of its group with the smallest v0 (the same start and
+      stride): `S * (v0_i - v0_j)` lies in `[s_lo_i - s_hi_j, s_hi_i - s_lo_j]`; the same for the
+      ends against the smallest v1.
+
+    Returned as (groups, lo, hi), the form `solve_pair` takes: a group per constraint, repeated (the solver intersects a group's intervals, and a launch whose lost records moved a
+    bound is outvoted, not obeyed)."""
+    s_lo, s_hi, e_lo, e_hi = (np.asarray(x, np.int64) for x in bounds)
+    inf = float(FM.INF)
+    out_g, out_lo, out_hi = [], [], []
+
+    def interval(d, lo, hi, strict_hi=False):
+        # S * d in [lo, hi] with d > 0: S in [ceil(lo/d), floor(hi/d)] (floats for the infinite bounds)
+        m = d > 0
+        df = d[m].astype(np.float64)
+        lf, hf = lo[m].astype(np.float64), hi[m].astype(np.float64)
+        a = np.where(np.abs(lf) >= inf / 2, -inf, np.ceil(lf / df))
+        b = np.where(np.abs(hf) >= inf / 2, inf, np.floor((hf - (1 if strict_hi else 0)) / df))
+        return m, np.clip(a, 1, inf), np.clip(b, -inf, inf)
+
+    def fin(*xs):
+        return np.all([np.abs(x) < FM.INF // 2 for x in xs], axis=0)
+    # each launch's own span
+    span = v1 - v0
+    okw = fin(s_lo, s_hi, e_lo, e_hi)
+    L = np.where(okw, e_lo - s_hi, -FM.INF)
+    H = np.where(okw, e_hi - s_lo, FM.INF)
+    m, a, b = interval(span + 1, L, H)
+    if not whole:   # more than span strides: at most (H - 1) / span
+        _, _, b2 = interval(np.maximum(span, 1), L, H, strict_hi=True)
+        b = np.where(span[m] > 0, b2, inf)
+    out_g.append(g[m]), out_lo.append(a), out_hi.append(b)
+    # each launch against its group's smallest v0 (starts) and smallest v1 (ends)
+    for x, lo_b, hi_b in ((v0, s_lo, s_hi), (v1, e_lo, e_hi)):
+        if not len(g):
+            break
+        o = np.lexsort((x, g))
+        first = np.r_[True, g[o][1:] != g[o][:-1]]
+        ref = o[np.flatnonzero(first)[np.cumsum(first) - 1]]     # per launch (in o's order): its group's smallest
+        i = o
+        d = x[i] - x[ref]
+        ok = fin(lo_b[i], hi_b[i], lo_b[ref], hi_b[ref])
+        m, a, b = interval(np.where(ok, d, 0), lo_b[i] - hi_b[ref], hi_b[i] - lo_b[ref])
+        out_g.append(g[i][m]), out_lo.append(a), out_hi.append(b)
+    gg = np.concatenate(out_g)
+    lo = np.concatenate(out_lo)
+    hi = np.concatenate(out_hi)
+    bounded = (lo > 1) | (hi < inf)
+    if not bounded.any():
+        return None, None, None
+    return gg, lo.astype(np.int64), np.minimum(hi, float(FM.INF)).astype(np.int64)
 
 
 def edge_stride(kd, g, v0, v1, edge, side: str, pure: bool = False, max_terms: int = 3) -> FM.Formula | None:
@@ -717,7 +798,9 @@ def _regions_for(kd, w, iw, elem, g, vals, stride: FM.Formula, count: FM.Formula
         if int(((sd < ch_lo) | (sd > ch_hi if not part_last else ch_hi < 1)).sum()) <= kd.allowed(n):
             chunks.append(stride)
     else:
-        res = solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"})
+        # one term: a column range of the arguments (`4*p7`); a chunk needing more is a layout
+        # the stride and start already say more simply, or none
+        res = solve_pair(kd, g, [(ch_lo, ch_hi)], hard={0: "lo"}, max_terms=1)
         if res is not None and res[0][0] != stride and \
                 (np.asarray(res[0][0].evaluate(vals), np.int64) * np.ones(n, np.int64) > 0).all():
             chunks.append(res[0][0])
