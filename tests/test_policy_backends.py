@@ -11,6 +11,7 @@ from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.replay import policies as P
 from pagecast.replay.gpu.cuda_engine import Engine
+from pagecast.replay.online.lookahead import lookahead_for
 from pagecast.replay.online.prediction import default_fallback, make_online_predict
 from pagecast.replay.online.relocate import Relocator
 from pagecast.replay.policies.runner import Runner
@@ -35,11 +36,13 @@ class Recording(Runner):
 
     def prefetch(self, ctx):
         self.asked: list[tuple[list, list]] = []
+        self.looked_ahead = 0
         return super().prefetch(ctx)
 
     def on_launch(self, ctx, step):
         out = super().on_launch(ctx, step)
-        self.asked.append((list(self.to_gpu), list(self.to_host)))
+        self.asked.append((list(self.to_gpu) + list(self.ahead), list(self.to_host)))
+        self.looked_ahead += bool(self.ahead)
         return out
 
 
@@ -50,14 +53,19 @@ def simulated(policy: str, model, tr, cap_units: int):
     # from the stand-in's memory, written there as each launch begins
     pol = Recording(model, policy=P.POLICIES[policy](), values=True)
     r = R.run_policy(w, pol, cap_units, prof, P.Options())
+    # the planned policies look ahead (the launch's ranges, then the next one's), the others do not
+    assert (pol.looked_ahead > 0) == (policy in ("template", "oracle")), (policy, pol.looked_ahead)
     return w, r, pol.asked
 
 
 def on_the_gpu(policy: str, model, tr, capacity: int):
     """The engine driven with the trace's launches; allocations live from their first launch to their last."""
     fake = FakeCuda()
+    rel = Relocator(tr)
+    # the same lookahead schedule as the simulator's runner (online/lookahead.py), as the child builds it
+    ahead = lookahead_for(P.online_policy(policy), tr, model=model, fallback=default_fallback(False), relocator=rel)
     eng = Engine(fake, policy, capacity=capacity, predict=make_online_predict(model, default_fallback(False)),
-                 relocator=Relocator(tr))
+                 relocator=rel, ahead=ahead)
     allocs = tr.allocations.to_pylist()
     born: dict[int, list] = {}
     dead: dict[int, list] = {}

@@ -74,18 +74,23 @@ def test_runner_transfers_are_the_engines(fitted):
     pol.prefetch(ctx)
     asked = 0
     pages = set()
+    ahead = 0
     for step in range(w.n_steps):
-        ev, pf, _ = pol.on_launch(ctx, step)
-        asked += sum(n for _, n in pol.to_gpu)
+        mv = pol.on_launch(ctx, step)
+        ev, pf = mv[:2]
+        asked += sum(n for _, n in pol.to_gpu) + sum(n for _, n in pol.ahead)
         assert len(np.unique(pf)) == len(pf) and len(np.unique(ev)) == len(ev)
+        if pol.ahead:   # lookahead: the launch's own units first, the next launch's after them
+            ahead += 1
+            assert len(mv) == 5 and mv[4] <= len(pf)
         # each range's first and last 64 KiB unit is among the units handed to the simulator
-        for a, n in pol.to_gpu:
+        for a, n in pol.to_gpu + pol.ahead:
             for b in (a, a + n - 1):
                 d0, _, inside = w.universe.dense_intervals(0, np.array([b // w.gran]), np.array([b // w.gran + 1]))
                 if inside[0]:
                     assert d0[0] in set(pf.tolist())
         pages.update(pf.tolist())
-    assert asked == pol.prefetch_bytes > 0 and pages
+    assert asked == pol.prefetch_bytes > 0 and pages and ahead > 0
 
 
 def test_runner_needs_a_model_and_one_trace(fitted):

@@ -8,10 +8,12 @@ The simulator (`pagecast.replay.sim`) replays a whole timeline and calls:
 - `prefetch(ctx) -> Groups | None`: the transfers (evictions, then prefetches
   in need order) to issue before each step; policies see the whole timeline
   (which task runs next and its upcoming launches), so they plan it at once;
-- `on_launch(ctx, step) -> (evict_units, prefetch_units[, wait[, (gate, nbytes)]]) | None`:
+- `on_launch(ctx, step) -> (evict_units, prefetch_units[, wait[, (gate, nbytes)[, own]]]) | None`:
   called before every step, when `wants_launches`, for policies that decide online; `(gate,
   nbytes)`: the group waits for step `gate` to end and for `nbytes` of index values to be copied
-  to the host (its prefetches follow them: replay/sim/timing.py charges both);
+  to the host (its prefetches follow them: replay/sim/timing.py charges both); `own`: how many
+  of the first prefetch units are the step's own (the rest are for later steps: the launch
+  waits for these only; default all);
 - `on_miss(ctx, step, missed_units) -> Groups | None`: called after a step
   that faulted, when `wants_misses`; may re-plan the steps after it;
 - `on_evict(ctx, step, evicted_units)`: called after a step that evicted

@@ -21,6 +21,14 @@ copies them from the GPU after that launch's completion event); the simulator st
 launch's group no earlier than the end of that writer (`pagecast.values.producers`, the launch
 that last wrote the buffer as observed) plus the copy (replay/sim/timing.py).
 
+Lookahead (the default, `LOOKAHEAD`): the decider reads the same schedule as the GPU runner's
+child builds (online/lookahead.py: template's predictions of the trace's launches, indexed
+launches skipped), so each launch's group holds the launch's own units first and then the next
+launch's, issued while the kernel before it runs; the launch waits for its own only (the hook's
+`own`), and a group that evicts waits for the launch before, as the engine's copy stream waits
+for its evictions. Per-call and per-launch host costs are the clock's: the profile's
+`transfer_latency_s` per transfer and `host_launch_s` per launch (replay/sim/timing.py).
+
 Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
 simulator's `--feedback` refines the offline template only) and its
 host-side time per launch, including the wait for an indexed launch's values (the GPU runner
@@ -36,12 +44,18 @@ from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
 
 from ..online.decide import LaunchDecider
+from ..online.lookahead import lookahead_for
 from ..online.prediction import default_fallback, make_online_predict
 from ..online.ranges import Allocation, AllocationMap
 from ..online.relocate import Relocator
 from ..unit_space import I64
 from .base import Context, Policy
 from .template import Template
+
+
+# the runner's lookahead for planned runs (online/lookahead.py), as the GPU runner's child switches it
+# on by default; False: one launch at a time, as before (benchmarks/runner_lookahead.py runs both)
+LOOKAHEAD = True
 
 
 class TraceAllocations:
@@ -66,8 +80,8 @@ class TraceAllocations:
 
 class Runner(Policy):
     name = "runner"
-    description = ("the GPU runner's own decisions, one launch at a time (template, no lookahead), "
-                   "replayed in the simulator")
+    description = ("the GPU runner's own decisions, one launch at a time (template, prefetching the next "
+                   "launch one launch early), replayed in the simulator")
     wants_launches = True
 
     requires = "model"
@@ -78,16 +92,20 @@ class Runner(Policy):
         return cls(setup.model)
 
     def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
-                 values: bool = True) -> None:
+                 values: bool = True, lookahead: bool | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
-        as a runner that reads none)."""
+        as a runner that reads none); `lookahead`: the runner's lookahead for planned runs
+        (online/lookahead.py, as the GPU runner's child switches it on; False: one launch at a
+        time, as the GPU runner with --no-lookahead; None: `LOOKAHEAD`)."""
+        self.lookahead = LOOKAHEAD if lookahead is None else lookahead
         self.use_values = values
         self.model = model
         self.fallback = default_fallback(False) if fallback is None else fallback   # the runner's, without feedback
         self.policy = Template() if policy is None else policy
         self.to_gpu: list[tuple[int, int]] = []    # the ranges of the last launch, as the engine would move them
         self.to_host: list[tuple[int, int]] = []
+        self.ahead: list[tuple[int, int]] = []     # ... and the next launch's, brought in early (lookahead)
         self.prefetch_bytes = 0
 
     def prefetch(self, ctx: Context) -> None:
@@ -100,8 +118,10 @@ class Runner(Policy):
         rel = Relocator(trace, w.tasks[0].truth)   # the workload's footprints of the trace, not computed again
         self.lookup = TraceAllocations(rel)
         # the runner is given the workload's trace for --oversub: its residency estimate uses it
+        sched = lookahead_for(self.policy, trace, model=self.model, fallback=self.fallback,
+                              relocator=rel) if self.lookahead else None
         self.decider = LaunchDecider(self.policy, AllocationMap(self.lookup.allocation_of),
-                                     capacity=ctx.cap_units * w.gran, relocator=rel,
+                                     capacity=ctx.cap_units * w.gran, relocator=rel, ahead=sched,
                                      predict=None if self.model is None else make_online_predict(self.model,
                                                                                                  self.fallback))
         self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
@@ -152,13 +172,23 @@ class Runner(Policy):
             # what the engine would hand the driver: ranges cut at allocation boundaries
             self.to_host = dec.allocs.pieces(d.evict) if d.evict else []
             self.to_gpu = dec.allocs.pieces(d.prefetch)
+            # lookahead: the next launch's ranges, issued after this launch's on the same copy
+            # stream (the engine's `_carry_out_ahead`); this launch waits for its own only
+            ahead = dec.allocs.pieces(d.ahead) if d.ahead else []
+            self.ahead = ahead
         except Exception as e:  # noqa: BLE001 -- the run cannot go on without the runner's decisions
             raise RuntimeError(f"the runner's decisions failed at launch {t}: {type(e).__name__}: {e}") from e
-        self.prefetch_bytes += sum(n for _, n in self.to_gpu)
-        # the runner's evictions wait for the work queued before the launch (gpu/cuda_engine.py)
-        mv = (_units(w, self.to_host), _units(w, self.to_gpu), bool(self.to_host))
+        self.prefetch_bytes += sum(n for _, n in self.to_gpu) + sum(n for _, n in ahead)
+        own = _units(w, self.to_gpu)
+        if not ahead:
+            # the runner's evictions wait for the work queued before the launch (gpu/cuda_engine.py)
+            mv = (_units(w, self.to_host), own, bool(self.to_host))
+            gate = self._gate(t, step, rows)
+            return mv if gate is None else mv + (gate,)
+        # with lookahead the copy stream waits for the evictions (after the work queued before the
+        # launch), the launch's stream for its own units only: the first len(own) of the group
         gate = self._gate(t, step, rows)
-        return mv if gate is None else mv + (gate,)
+        return (_units(w, self.to_host), np.concatenate([own, _units(w, ahead)]), bool(self.to_host), gate, len(own))
 
 
 def _units(w, ranges: list[tuple[int, int]]) -> np.ndarray:

@@ -197,7 +197,8 @@ def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_unit
     bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= n_units)]
     if bad:
         raise ValueError(f"on_launch named units outside 0..{n_units - 1}")
-    one = C.PlanArrays(np.array([0, len(ev)], I64), ev, np.array([0, len(pf)], I64), pf, np.array([len(pf)], I64),
+    need = len(pf) if len(mv) < 5 or mv[4] is None else min(int(mv[4]), len(pf))   # the launch's own: the first
+    one = C.PlanArrays(np.array([0, len(ev)], I64), ev, np.array([0, len(pf)], I64), pf, np.array([need], I64),
                        step)   # one group, for this step
     held = None if prev_units is None else m.resident[prev_units] == 1   # the launch before's units held now
     C.run_engine(step, step + 1, truth, one, sp, m, rules, np.zeros(1, I64), counters, C.GROUP)
