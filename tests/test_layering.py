@@ -18,12 +18,21 @@ def test_the_tree_keeps_its_layers():
     assert L.check(ROOT) == []
 
 
-@pytest.fixture
-def tree(tmp_path):
-    """A copy of the source folders, to break on purpose."""
+@pytest.fixture(scope="module")
+def clean_tree(tmp_path_factory):
+    """A copy of the source folders that passes the check (copied and checked once a module)."""
+    root = tmp_path_factory.mktemp("clean_tree")
     for folder in L.FOLDERS:
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    assert L.check(tmp_path) == []
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    assert L.check(root) == []
+    return root
+
+
+@pytest.fixture
+def tree(clean_tree, tmp_path):
+    """A copy of that clean copy, to break on purpose."""
+    for folder in L.FOLDERS:
+        shutil.copytree(clean_tree / folder, tmp_path / folder)
     return tmp_path
 
 
