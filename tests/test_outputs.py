@@ -221,6 +221,7 @@ def _cli(*argv, cwd=None, timeout=300):
                           cwd=cwd, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_full_tmpfs(tmp_path, tiny_fs):
     """datasets make, replay -o, report and collect --interpret on a full file system: exit 2, one
     line, no traceback, nothing left; the same command succeeds once there is room."""

@@ -17,6 +17,9 @@ from pagecast.replay.online.ranges import UNIT, AllocationMap
 from pagecast.replay.online.relocate import Relocator
 from pagecast.replay.policies.runner import TraceAllocations
 
+# Every workload model, fitted, replayed twice per policy and capacity: minutes, not seconds
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def workloads(tmp_path_factory):
