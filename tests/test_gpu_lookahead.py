@@ -170,3 +170,30 @@ def test_the_oracle_looks_ahead_on_a_real_trace():
             ahead += 1
     assert e.stats.errors == 0, e.stats.last_error
     assert ahead > 0 and not any(x[0] == "gpu" and x[3] == LAUNCH_STREAM for x in f.log)
+
+
+def test_with_a_plan_template_evicts_by_the_plans_next_use(tmp_path):
+    """Template's victims go by predicted next use (the period); with a lookahead schedule the plan
+    knows the next uses, and the residency estimate scores victims by them (Belady on the plan)."""
+    from dataclasses import replace
+
+    from pagecast.predict.fit import fit_model
+    from pagecast.replay.online.decide import LaunchDecider
+    from pagecast.replay.online.lookahead import lookahead_for
+    from pagecast.replay.online.prediction import make_online_predict
+    from pagecast.replay.online.ranges import AllocationMap
+    from pagecast.replay.policies import online_policy
+
+    tr = T.read_trace(TRACE)
+    model = fit_model([tr])
+    pol = online_policy("template")
+    sched = lookahead_for(pol, tr, model=model)
+    f = FakeCuda()
+    kw = dict(capacity=managed_bytes(tr) // 2, predict=make_online_predict(model, "none"))
+    with_plan = LaunchDecider(pol, AllocationMap(f.allocation_of), ahead=sched, **kw)
+    assert with_plan.residency.victim == "belady"
+    assert with_plan.residency.next_use is not None          # scored from the plan's footprints
+    without = LaunchDecider(pol, AllocationMap(f.allocation_of), ahead=replace(sched, plan_victims=False), **kw)
+    assert without.residency.victim == "next-use"
+    alone = LaunchDecider(pol, AllocationMap(f.allocation_of), **kw)
+    assert alone.residency.victim == "next-use"

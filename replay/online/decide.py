@@ -141,8 +141,14 @@ class LaunchDecider:
         self.warn = warn or (lambda m: None)
         self.unit = unit
         self.compiled = compiled
+        victims = policy.victims
+        self._plan_scorer = None
         if isinstance(ahead, Lookahead):   # the schedule (lookahead.py) the simulator's runner reads too
+            if ahead.plan_victims and victims == "next-use":   # the plan knows the next uses: Belady on it
+                victims = "belady"
+                self._plan_scorer = ahead.plan
             ahead, ahead_skip = ahead.plan, ahead.skip
+        self.victims = victims
         self.ahead = ahead.layout() if ahead is not None else None
         self._sent: tuple[int, list] | None = None   # (launch, ranges) prefetched ahead, without a capacity
         self.ahead_skip = frozenset(ahead_skip)
@@ -155,11 +161,11 @@ class LaunchDecider:
         self.residency: Residency | UnitResidency | None = None
         if capacity is not None:
             if compiled:   # next-use: the sequence scores are the residency's own (recorded in its step)
-                scorer = None if policy.victims == "next-use" else self._scorer(policy.victims)
-                self.residency = UnitResidency(capacity, unit, policy.victims, scorer,
+                scorer = None if victims == "next-use" else self._scorer(victims)
+                self.residency = UnitResidency(capacity, unit, victims, scorer,
                                                max_period=self.detector.max_period).warm()
             else:
-                self.residency = Residency(capacity, unit, policy.victims, self._scorer(policy.victims))
+                self.residency = Residency(capacity, unit, victims, self._scorer(victims))
         self._inbuf = np.zeros(64, np.int64)
         res = self.residency
         # the step's flags that do not change from launch to launch
@@ -182,6 +188,8 @@ class LaunchDecider:
         if victims == "next-use":
             return self._seq_next
         if victims == "belady":
+            if self._plan_scorer is not None:   # the lookahead's plan (lookahead.py)
+                return self._plan_scorer.next_use_scorer(self.unit)
             rel = self.relocator
             if self.laid_out:
                 return rel.next_use_scorer(self.unit)

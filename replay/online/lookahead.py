@@ -15,6 +15,10 @@ producer has run, so they are prefetched at their own callback, after their valu
 without lookahead. The oracle's footprints are the trace's own, not values-dependent, so it
 skips none.
 
+Victims: with a plan, the runner knows each unit's next use in it, so a policy whose victims are
+chosen by predicted next use (template: the kernel sequence's period) evicts by the plan's next use
+instead (Belady on the plan's footprints, as the oracle does on the trace's).
+
 How far ahead: one launch. `LaunchDecider` admits launch t and t + 1 together when both fit the
 emulated capacity, and brings t + 1 in at its own callback otherwise; a depth chosen from the
 calibrated costs (issue the next k launches' bytes while the kernels before them run) is not
@@ -37,11 +41,13 @@ DEPTH = 1   # launches ahead (the module doc: why one)
 @dataclass(frozen=True)
 class Lookahead:
     """A planned run's lookahead: the plan's footprints per launch (`plan`, a Relocator, laid out by
-    the decider), launches never prefetched early (`skip`) and how many launches ahead (`depth`)."""
+    the decider), launches never prefetched early (`skip`), how many launches ahead (`depth`) and
+    whether victims go by the plan's next use (`plan_victims`)."""
 
     plan: Relocator
     skip: frozenset
     depth: int = DEPTH
+    plan_victims: bool = True   # victims by the plan's next use (Belady on its footprints), not the period's
 
 
 def indexed_launches(model, trace) -> frozenset:
