@@ -1,0 +1,89 @@
+"""The simulator's `runner` with and without the GPU runner's lookahead, beside the planned template,
+in the same run: the share of template's speedup over demand each keeps, per workload and level.
+
+    python benchmarks/runner_lookahead.py --work DIR [--costs msched-rtx5080] [--markdown FILE]
+
+DIR holds what `benchmarks/results.py --work DIR` (pagecast.demo.run_suite) leaves: `model.json`
+and `traces/NAME-s3.pctrace` (the replayed seed). Missing, they are made with run_suite at
+`--scale` (demand only). Both runners are the same policy (replay/policies/runner.py), one with
+`LOOKAHEAD` off (one launch at a time, as before), one with it on (online/lookahead.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--scale", type=float, default=0.2)
+    ap.add_argument("--costs", default="msched-rtx5080")
+    ap.add_argument("--workloads", default=None, help="comma-separated (default: every DEMO workload)")
+    ap.add_argument("--markdown", default=None, help="write the table here too")
+    args = ap.parse_args(argv)
+
+    from pagecast.demo import DEMO_WORKLOADS, OVERSUB, REPLAY_SEED, run_suite
+    from pagecast.predict.model_io import load_model
+    from pagecast.replay.policies import runner as R
+    from pagecast.replay.sim.sweep import SimConfig, replay_sim
+    from pagecast.trace import read_trace
+
+    work = Path(args.work)
+    names = args.workloads.split(",") if args.workloads else list(DEMO_WORKLOADS)
+    if not (work / "model.json").exists() or any(not (work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace").exists()
+                                                  for n in names):
+        work.mkdir(parents=True, exist_ok=True)
+        run_suite(work, scale=args.scale, costs=args.costs, policies=["demand"], workloads=names, mixes={},
+                  jobs=1)
+    model = load_model(work / "model.json")
+    rows, shares = [], {False: {o: [] for o in OVERSUB}, True: {o: [] for o in OVERSUB}}
+    t_all = time.perf_counter()
+    for n in names:
+        tr = read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")
+        sp: dict = {}
+        secs = {}
+        for la in (False, True):
+            R.LOOKAHEAD = la
+            t0 = time.perf_counter()
+            runs, _ = replay_sim([tr], ["demand", "template", "runner"] if not la else ["demand", "runner"],
+                                 oversub=list(OVERSUB), config=SimConfig(costs=args.costs), model=model,
+                                 timeline=False)
+            secs[la] = time.perf_counter() - t0
+            for r in runs:
+                sp[(round(r["oversub"], 6), r["policy"], la if r["policy"] == "runner" else None)] = \
+                    r["speedup_vs_demand"]
+        R.LOOKAHEAD = True
+        cells = []
+        for o in OVERSUB:
+            o = round(o, 6)
+            t = sp[(o, "template", None)]
+            old, new = sp[(o, "runner", False)], sp[(o, "runner", True)]
+            shares[False][o].append(old / t)
+            shares[True][o].append(new / t)
+            cells.append(f"{t:.2f}x / {old:.2f}x ({old / t:.0%}) / {new:.2f}x ({new / t:.0%})")
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+        print(rows[-1], f"({secs[False]:.1f} s, {secs[True]:.1f} s)", flush=True)
+    geo = {la: {o: math.exp(sum(map(math.log, v)) / len(v)) for o, v in shares[la].items()} for la in shares}
+    head = ("| workload | " + " | ".join(f"template / runner before / runner now at {o:.0%}" for o in OVERSUB)
+            + " |\n|---|" + "---:|" * len(OVERSUB))
+    foot = ("| geometric mean of runner / template | "
+            + " | ".join(f"{geo[False][round(o, 6)]:.0%} / {geo[True][round(o, 6)]:.0%}" for o in OVERSUB) + " |")
+    n_pass = sum(v >= 0.9 for o in OVERSUB for v in shares[True][round(o, 6)])
+    text = (head + "\n" + "\n".join(rows) + "\n" + foot + "\n\n"
+            f"runner now >= 90% of template's speedup: {n_pass} of {len(names) * len(OVERSUB)} cells; "
+            f"{time.perf_counter() - t_all:.0f} s in all.\n")
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
