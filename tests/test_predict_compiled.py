@@ -24,18 +24,29 @@ from pagecast.predict.predictor import OnlinePredictor, predict_footprints
 PS = 4096
 
 
-@pytest.fixture(scope="module")
-def workloads(tmp_path_factory):
-    """(name, model fitted on one trace, another trace) for every workload model."""
-    from pagecast.datasets.registry import WORKLOADS, make_trace
+def _fitted(names, d):
+    """(name, model fitted on one trace, another trace) for each of these workload models."""
+    from pagecast.datasets.registry import make_trace
     from pagecast.predict.fit import fit_model
-    d = tmp_path_factory.mktemp("workloads")
     out = []
-    for name in WORKLOADS:
+    for name in names:
         fit = T.read_trace(make_trace(name, d / f"{name}-fit.pctrace", scale=0.05, seed=1))
         run = T.read_trace(make_trace(name, d / f"{name}-run.pctrace", scale=0.1, seed=3))
         out.append((name, fit_model([fit]), run))
     return out
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory):
+    """Every workload model (fitting them all takes about half a minute: the tests are slow)."""
+    from pagecast.datasets.registry import WORKLOADS
+    return _fitted(WORKLOADS, tmp_path_factory.mktemp("workloads"))
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """stream and jacobi2d (whose formulas read the grid), fitted in a second."""
+    return _fitted(["stream", "jacobi2d"], tmp_path_factory.mktemp("two"))
 
 
 def args_of(row):
@@ -75,6 +86,7 @@ def replay(trace, predictors, observe: bool = False):
                 p.observe(row[T.KERNEL], list(zip(s.tolist(), e.tolist())))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fallback", ["none", "allocation"])
 def test_identical_to_the_batch_predictor_on_every_launch_of_every_workload_model(workloads, fallback):
     for name, model, run in workloads:
@@ -89,6 +101,7 @@ def test_identical_to_the_batch_predictor_on_every_launch_of_every_workload_mode
         assert n > 0, name
 
 
+@pytest.mark.slow
 def test_the_history_fallback_fed_the_same_pages_predicts_the_same(workloads):
     """Observed pages (what feedback hands the predictor) rebuild the compiled program's history."""
     for name, model, run in workloads:
@@ -98,9 +111,9 @@ def test_the_history_fallback_fed_the_same_pages_predicts_the_same(workloads):
         assert comp._history == ref._history
 
 
-def test_the_runner_seam_gives_byte_ranges_of_the_same_pages(workloads):
+def test_the_runner_seam_gives_byte_ranges_of_the_same_pages(two):
     from pagecast.collect.launch_hook import LaunchArgs
-    name, model, run = next(w for w in workloads if w[0] == "jacobi2d")   # its formulas read the grid
+    name, model, run = next(w for w in two if w[0] == "jacobi2d")   # its formulas read the grid
     assert any(e[3] for e in CompiledPredictor(model, "none")._entries.values())
     ref, comp = OnlinePredictor(model, "none"), CompiledPredictor(model, "none").warm()
     for a in run.allocations.to_pylist():
@@ -115,9 +128,9 @@ def test_the_runner_seam_gives_byte_ranges_of_the_same_pages(workloads):
         assert comp.predict_args(la, bytearray(la.param_data)) == n and comp.ranges(n) == want
 
 
-def test_a_model_changed_by_feedback_is_compiled_again(workloads):
+def test_a_model_changed_by_feedback_is_compiled_again(two):
     from pagecast.predict.feedback import apply_feedback
-    name, model, run = next(w for w in workloads if w[0] == "jacobi2d")
+    name, model, run = next(w for w in two if w[0] == "jacobi2d")
     import copy
     model = copy.deepcopy(model)
     ref, comp = OnlinePredictor(model, "none"), CompiledPredictor(model, "none").warm()
@@ -199,8 +212,8 @@ def test_a_resolver_answering_against_the_table_falls_back_to_the_python_path():
     assert comp.predict("k", data) == ref.predict("k", data) == [(base // PS, (base + (1 << 24)) // PS)]
 
 
-def test_entry_points_answer_as_the_dispatcher_does(workloads):
-    name, model, run = workloads[0]
+def test_entry_points_answer_as_the_dispatcher_does(two):
+    name, model, run = two[0]
     comp = CompiledPredictor(model, "allocation").warm()
     assert comp._call is not CK.predict_launch        # the direct entry, not the dispatcher
     for a in run.allocations.to_pylist():
@@ -308,6 +321,7 @@ def corpus_traces(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_identical_to_the_batch_predictor_on_the_real_kernel_corpus(corpus_traces):
     for name, model, run in corpus_traces:
         for fallback in ("none", "allocation"):
