@@ -699,7 +699,7 @@ def elsewhere(runs) -> str:
   capacity in this document ("Oracle, and the lower bound"); on these rows that is a run
   of another replay, so template's share of oracle there is its share of that run: {items}.
   Where the runner's run is the fastest, the GPU runner's own online decisions (one launch
-  at a time, no lookahead: "The GPU runner's decisions" below) ran faster than every plan
+  at a time: "The GPU runner's decisions" below) ran faster than every plan
   oracle makes on the truth and template on its predictions: docs/cost-model.md, "Why the runner runs ahead of oracle's own plans", says what is measured of why.
 """
 
@@ -1244,8 +1244,10 @@ template's)."""
 ## The GPU runner's decisions, in the simulator
 
 `template` above plans the whole launch sequence ahead. The GPU runner (`replay --backend gpu`,
-`pagecast.prefetching`) sees one launch at a time: it predicts that launch's footprint,
-prefetches what its residency estimate lacks and evicts 2 MiB units by predicted next use.
+`pagecast.prefetching`) decides one launch at a time: it predicts that launch's footprint,
+prefetches what its residency estimate lacks and evicts 2 MiB units by predicted next use; given a
+trace of the workload (the launches ahead) it also brings the next launch's predicted footprint in
+one launch early and evicts by the plan's next use (replay/online/lookahead.py).
 Policy `runner` drives the runner's own engine with each trace's launches and replays its
 transfers in the simulator (replay/policies/runner.py; it has not run on a GPU, and neither has
 the runner). Speedups over demand, same traces, model and profile:
@@ -1253,9 +1255,10 @@ the runner). Speedups over demand, same traces, model and profile:
 {chr(10).join(rows)}
 
 The runner keeps {geo} of template's speedup (geometric means); below demand:
-{', '.join(below) or 'nowhere'}. Planning ahead is what the difference is worth: the runner
-fetches each launch's units only when it is issued, so they overlap less with earlier
-kernels, and its victims are chosen without the future. The runner predicts kernels its
+{', '.join(below) or 'nowhere'}. What is left of the difference is mostly what the runner
+moves, not when: it prefetches every launch's predicted footprint, where template leaves transfers
+to faults where its trial runs show they are cheaper and chooses its span (docs/performance.md,
+"The simulator's runner with the lookahead"). The runner predicts kernels its
 model cannot with no fallback unless it has fault feedback (`online/prediction.py`'s `default_fallback`):
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
 ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
