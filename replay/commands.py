@@ -288,10 +288,6 @@ def replay_request(args):
             warns.append("the GPU backend makes its decisions online; --plan is ignored")
         if span != "auto":
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
-        if not args.traces and not args.no_lookahead and any(
-                p in POLICIES and POLICIES[p].predicts for p in policies):
-            warns.append("without a TRACE of the workload the GPU runner cannot see the launches ahead:"
-                         " template decides one launch at a time")
         plan, span = None, "auto"
     else:
         needs = {POLICIES[p].requires for p in policies if p in POLICIES}
@@ -306,7 +302,7 @@ def replay_request(args):
                          " model); --model is not used")
         if args.repeat != 1:
             warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")
-        if args.no_lookahead:
+        if getattr(args, "no_lookahead", False):
             warns.append("--no-lookahead is for --backend gpu (the simulator's runner models the lookahead)")
         if plan and "model-or-plan" in needs and span != "auto":
             warns.append(f"--span {span} applies to oracle only: template follows the plan, made at the"
@@ -322,7 +318,7 @@ def replay_request(args):
         capacity=None if capacity is None else tuple(capacity), oversub=None if oversub is None else tuple(oversub),
         oversub_of=args.oversub_of, model=model, plan=plan, feedback=feedback, repeat=args.repeat, span=span,
         workload=tuple(args.workload), allow_oversubscription=args.allow_oversubscription,
-        placement=args.placement, lookahead=not args.no_lookahead, **sim)
+        placement=args.placement, lookahead=not getattr(args, "no_lookahead", False), **sim)
     for w in warns:
         console.warn(w)
     return req

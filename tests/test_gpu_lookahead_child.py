@@ -162,3 +162,17 @@ def test_the_child_looks_ahead_for_template_with_its_model(tmp_path, monkeypatch
     g, off, _ = _child(off_dir, monkeypatch, "template", lookahead=False, model=str(model))
     assert off["lookahead"] == 0 and off["ahead_launches"] == 0
     assert all(x[3] == STREAM for x in g.log if x[0] == "gpu")
+
+
+@pytest.mark.parametrize("flags, on", [([], True), (["--no-lookahead"], False)])
+def test_the_cli_turns_the_lookahead_off_only_when_asked(flags, on):
+    import argparse
+
+    from pagecast.replay.commands import ReplayCommand, replay_request
+    p = argparse.ArgumentParser()
+    ReplayCommand().add_arguments(p)
+    args = p.parse_args(["--backend", "gpu", "--policy", "oracle", str(TRACE), *flags, "--", "python", "w.py"])
+    req = replay_request(args)
+    assert req.lookahead is on
+    assert C.ChildJob.from_json(C.ChildJob(request=req.one_run("oracle", None), result="r.json").to_json()
+                                ).request.lookahead is on
