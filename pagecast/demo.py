@@ -308,22 +308,21 @@ def replay_case(label: str, paths: list[str], policies: list[str], oversub: list
 
 
 def fits_note(runs: list[dict]) -> str | None:
-    """The rows whose capacity holds every page the workload touches: oversubscription counts the
-    managed memory allocated (docs/cli.md), and a workload that allocates more than it touches
-    (buffers sized for the largest input) can touch less than the capacity. There demand faults
-    each page in once and evicts nothing (two such levels give the same row), template and oracle
-    save only the faults' latency, and alloc, which moves whole allocations, moves what is never
-    touched. None where no row is such."""
+    """The rows where demand paging evicted nothing: oversubscription counts the managed memory
+    allocated (docs/cli.md), and a workload that allocates more than it touches (buffers sized for
+    the largest input) can find all it touches fitting the capacity. There demand faults each page
+    in once (two such levels give the same row), template and oracle save only the faults'
+    latency, and alloc, which moves whole allocations, moves what is never touched. None where
+    demand evicted something in every row."""
     by: dict[str, list[str]] = {}
     for r in runs:
-        if r.get("policy") == "demand" and r.get("oversub") and r.get("footprint_bytes") is not None \
-                and r["footprint_bytes"] <= r["capacity_bytes"]:
+        if r.get("policy") == "demand" and r.get("oversub") and r.get("dtoh_bytes") == 0:
             by.setdefault(r["workload"], []).append(f"{r['oversub']:.0%}")
     if not by:
         return None
     where = "; ".join(f"{w} at {', '.join(levels)}" for w, levels in by.items())
-    return (f"Capacity holds all the workload touches ({where}): it allocates more than it touches, so "
-            "demand evicts nothing, template and oracle save only the faults' latency, and alloc moves "
+    return (f"Demand evicts nothing ({where}): the workload allocates more than it touches, and what it "
+            "touches fits, so template and oracle save only the faults' latency and alloc moves "
             "allocations it never touches.")
 
 

@@ -166,16 +166,14 @@ def test_an_interrupted_demo_is_resumed_by_the_next(tmp_path, capsys, monkeypatc
     one_line_error(code, err, "finished demo", "--force")
 
 
-def test_demo_note_names_the_rows_whose_capacity_holds_all_that_is_touched():
-    """cnn-infer allocates 109 MiB and touches 52 MiB: at 150% and 200% (73 and 54 MiB) the capacity
-    holds all it touches, so demand evicts nothing, the two rows are the same and alloc (whole
-    allocations) thrashes. The demo says so under its table, for the rows where it holds."""
+def test_demo_note_names_the_rows_where_demand_evicts_nothing():
+    """cnn-infer allocates 109 MiB and touches 52 MiB: at 150% and 200% (73 and 54 MiB) all it touches
+    fits, demand evicts nothing, the two rows are the same and alloc (whole allocations) thrashes.
+    The demo says so under its table, for the rows where demand evicted nothing."""
     from pagecast.demo import fits_note
-    MiB = 1 << 20
-    runs = [{"policy": p, "workload": "cnn-infer", "oversub": r, "capacity_bytes": int(109 * MiB / r),
-             "footprint_bytes": 52 * MiB} for r in (1.5, 2.0, 3.0) for p in ("demand", "alloc")]
-    runs += [{"policy": "demand", "workload": "jacobi2d", "oversub": 1.5, "capacity_bytes": 17 * MiB,
-              "footprint_bytes": 25 * MiB}]
+    runs = [{"policy": p, "workload": "cnn-infer", "oversub": r, "dtoh_bytes": 0 if r < 3 or p == "alloc" else 5}
+            for r in (1.5, 2.0, 3.0) for p in ("demand", "alloc")]
+    runs += [{"policy": "demand", "workload": "jacobi2d", "oversub": 1.5, "dtoh_bytes": 4 << 30}]
     note = fits_note(runs)
-    assert "(cnn-infer at 150%, 200%)" in note and "demand evicts nothing" in note and "jacobi2d" not in note
+    assert "(cnn-infer at 150%, 200%)" in note and "Demand evicts nothing" in note and "jacobi2d" not in note
     assert fits_note(runs[-1:]) is None
