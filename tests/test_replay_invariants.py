@@ -258,6 +258,7 @@ def test_memory_conservation_on_workload_models(tmp_path, name):
                 check_run(w, r, mem, absent, cap, tree)
 
 
+@pytest.mark.slow
 def test_memory_conservation_template_feedback_and_chunk_plans(tmp_path, monkeypatch):
     """Template with a fitted model, re-planned online (--feedback), and alloc planned on
     chunks, on a two-task mix: the same invariants after every group and launch."""
