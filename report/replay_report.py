@@ -3,6 +3,9 @@ bytes moved per policy, stall per launch over time, and the multitask timeline.
 
 Reads RESULTS.parquet (+ RESULTS.timeline.parquet) through
 pagecast.replay.results_io only.
+
+Long because the sections read one set of run rows, one colour and line style per policy and one
+chosen capacity: the plots and cards that must agree with each other are drawn in one module.
 """
 
 from __future__ import annotations

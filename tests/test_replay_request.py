@@ -163,7 +163,8 @@ def test_the_gpu_backend_checks_what_it_runs():
     for kw, needle in (({"policies": ("swap",)}, "not available on the GPU backend"),
                        ({"policies": ("template",)}, "needs --model"),
                        ({"policies": ("oracle",)}, "full-mode trace"),
-                       ({"policies": ("demand",), "oversub": (2.0,)}, "--oversub needs a trace"),
+                       ({"policies": ("demand",), "oversub": (2.0,), "oversub_of": "touched"},
+                        "--oversub-of touched needs a trace"),
                        ({"policies": ("demand",), "traces": ("a", "b")}, "at most one trace"),
                        ({"policies": ("demand",), "workload": ()}, "after '--'")):
         assert needle in _one_line_usage_error(lambda: ReplayRequest(**{**base, **kw}))
@@ -236,12 +237,13 @@ def test_the_gpu_child_is_given_its_job_as_json_not_flags(tmp_path, monkeypatch)
         assert cmd[:3] == [sys.executable, "-m", G.CHILD] and len(cmd) == 4   # one argument: the job's file
         assert not any(a.startswith("--") for a in cmd)                       # no flags, no workload in argv
         jobs.append(C.ChildJob.from_json(text))
-    assert [(j.policy, j.capacity) for j in jobs[::2]] == [("demand", 64 << 20), ("alloc", 64 << 20),
-                                                           ("demand", 128 << 20), ("alloc", 128 << 20)]
+    # repeats interleaved at each capacity: demand, alloc, demand, alloc
+    assert [(j.policy, j.capacity) for j in jobs] == [(p, c) for c in (64 << 20, 128 << 20)
+                                                      for _ in range(2) for p in ("demand", "alloc")]
     for j in jobs:
         assert j.request == req.one_run(j.policy, j.capacity) and j.request.workload == req.workload
         assert j.request.feedback is True and j.request.repeat == 1
-    assert [j.timeline for j in jobs] == [True, False] * 4   # the first repeat reports the timeline
+    assert [j.timeline for j in jobs] == [True, True, False, False] * 2   # the first repeat reports the timeline
 
 
 def test_a_bad_job_file_is_one_line_and_exit_2(tmp_path, capsys):

@@ -48,7 +48,7 @@ from pagecast.footprints import footprints
 
 from ..online.prediction import load_model_file
 from ..online.ranges import UNIT
-from ..policies import POLICIES, add_relative
+from ..policies import POLICIES, add_relative, sizing_policy
 from ..request import ReplayRequest
 from ..results_io import timeline_table
 from ..unit_space import managed_bytes
@@ -241,7 +241,7 @@ def _measure_managed(req: ReplayRequest) -> int:
     console.info("sizing --oversub: a first run of the workload measures the managed memory it allocates")
     with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp:
         res = Path(tmp) / "size.json"
-        job = ChildJob(request=req.one_run("demand", None), result=str(res), managed=True)
+        job = ChildJob(request=req.one_run(sizing_policy(), None), result=str(res), managed=True)
         proc = _run_child(_child_cmd(job, Path(tmp) / "size-job.json"))
         out = json.loads(res.read_text()) if res.exists() else None
     if proc.returncode != 0 or out is None or out.get("error"):

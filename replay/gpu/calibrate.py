@@ -46,6 +46,10 @@ quarter of it, so the GPU is never oversubscribed):
   combined bytes over the combined time.
 - launch overhead: a one-thread kernel on resident memory; device bandwidth: a
   copy kernel between two resident buffers.
+
+Long because each experiment and the fit that reads its numbers are kept side by side: the
+measuring half and the fitting half share `Measurements`' fields one for one, and splitting them
+would put every experiment's meaning in two files.
 """
 
 from __future__ import annotations

@@ -63,6 +63,10 @@ batch is retried range by range, so that one stale range does not stop the other
 
 With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
+
+Long because the ledger, the indexed launches' value reads, the lookahead and the batched calls all
+act on one launch's streams and events, in the order the module doc gives: one object holds that
+order.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 }
 
 __all__ = ["POLICIES", "Alloc", "Context", "Demand", "Given", "Options", "Oracle", "Planned", "Policy", "Runner",
-           "Swap", "Template", "add_relative", "check_policies", "online_names", "online_policy"]
+           "Swap", "Template", "add_relative", "check_policies", "online_names", "online_policy", "sizing_policy"]
 
 
 def check_policies(names: list[str]) -> list[str]:
@@ -48,6 +48,11 @@ def online_policy(policy: str | Policy) -> Policy:
     if policy not in online_names():
         raise UsageError(f"unknown policy {policy!r} for the GPU backend (choose from {', '.join(online_names())})")
     return POLICIES[policy]()
+
+
+def sizing_policy() -> str:
+    """The policy that moves nothing ahead (`Policy.sizes_runs`): what a run measuring the workload runs under."""
+    return next(n for n, p in POLICIES.items() if p.sizes_runs)
 
 
 def add_relative(rows: list[dict]) -> list[dict]:

@@ -104,6 +104,8 @@ class Policy:
     # -- how a replay builds and runs it (replay/sim/sweep.py reads these, never the names) ----
     requires = ""             # "model": needs --model; "model-or-plan": --model or --plan
     compared_as: str | None = None   # every run row's field for its time relative to this policy's (add_relative)
+    sizes_runs = False        # moves nothing ahead: the GPU backend's run that measures the managed memory
+                              # a workload allocates (--oversub without a trace) is of this policy
     reads_arguments = False   # reads the launches' pointer arguments (the trace must hold their bytes)
     runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
     chooses_span = False      # plans at the replay's --span (or chooses it)
