@@ -622,9 +622,12 @@ class Workload:
             c0 = u.unit_chunk[d0[ok]]
             c1 = u.unit_chunk[d1[ok] - 1] + 1
             l, c0, c1 = F.merge_intervals(l[ok], c0, c1, n)
-            units = F.expand_intervals(c0, c1)
+            # the ids written once, in the width `narrow` keeps them in, the launches' sizes counted
+            # per interval (as Universe.dense: an int64 expansion and a launch id per use were three
+            # int64 arrays of every chunk use, an alloc plan's peak over 10^6 launches)
+            units = ranges(c0, c1 - c0, ID if u.n_chunks <= np.iinfo(ID).max else I64)
             indptr = np.zeros(n + 1, I64)
-            np.cumsum(np.bincount(np.repeat(l, c1 - c0), minlength=n), out=indptr[1:])
+            np.cumsum(np.bincount(l, weights=c1 - c0, minlength=n).astype(I64), out=indptr[1:])
             csrs.append((indptr, units))
         return gather_steps(csrs, self.step_task, self.step_launch)
 

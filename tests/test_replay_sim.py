@@ -365,3 +365,24 @@ def test_template_beats_demand_on_data_dependent_routing(tmp_path):
         # what the fallback would add is measured in all bytes moved to the GPU: a plan that leaves a
         # unit to fault moves the tree prefetcher's region on the fault path, outside prefetch_bytes
         assert by[("template", o)]["htod_bytes"] <= h["htod_bytes"]
+
+
+def test_chunk_needs_equal_their_expansion_of_every_use(workloads):
+    """chunk_needs_from writes each step's chunk ids once and counts the steps per interval: the
+    same CSR as expanding every interval and counting a launch id per use."""
+    from pagecast import footprints as F
+    from pagecast.replay.unit_space import unit_intervals
+    tr = workloads["stream"]
+    prof = SimConfig().profile()
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    fps = [t.alloc_fp for t in w.tasks]
+    got = w.chunk_needs_from(fps)
+    u, n = w.universe, tr.n_launches
+    l, s, e = unit_intervals(fps[0], w.gran)
+    d0, d1, ok = u.dense_intervals(0, s, e)
+    l, c0, c1 = F.merge_intervals(l[ok], u.unit_chunk[d0[ok]], u.unit_chunk[d1[ok] - 1] + 1, n)
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(np.repeat(l, c1 - c0), minlength=n), out=ptr[1:])
+    assert len(got.unit) > 0 and got.unit.dtype == np.int32
+    np.testing.assert_array_equal(got.ptr, ptr)
+    np.testing.assert_array_equal(got.unit, F.expand_intervals(c0, c1))
