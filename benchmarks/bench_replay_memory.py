@@ -1,20 +1,29 @@
 """Peak memory and wall time of `pagecast replay`, this tree against an earlier commit, side by side.
 
     python benchmarks/bench_replay_memory.py --scale 3 10 --base 3c7c282 --markdown /tmp/mem.md
+    python benchmarks/bench_replay_memory.py --scale 10 --each demand,alloc,template,oracle,swap,runner
 
 For each scale: makes llm-decode at that scale (seed 1; scale 100 is 10^6 launches), fits a model
-on llm-decode at scale 1 (seed 2), then runs `pagecast replay TRACE --policy demand,template,oracle
---oversub 1.5,2,3 --model MODEL --json` twice, each in its own process: with this tree's code and
-with the code of `--base` (extracted with `git archive` into the work directory and imported ahead
-of the installed package through PYTHONPATH). Peak RSS is the child's own high-water mark
-(`os.wait4`'s ru_maxrss), so each figure is that one command's, interpreter and libraries included.
-The two runs' JSON must agree run for run (the script exits 1 where they do not).
+on llm-decode at scale 1 (seed 2), then runs `pagecast replay TRACE --policy POLICIES
+--oversub 1.5,2,3 --model MODEL --json` (POLICIES: `--policies`, by default
+demand,alloc,template,oracle: the policies a user runs together) twice, each in its own process:
+with this tree's code and with the code of `--base` (extracted with `git archive` into the work
+directory and imported ahead of the installed package through PYTHONPATH). Peak RSS is the
+child's own high-water mark (`os.wait4`'s ru_maxrss), so each figure is that one command's,
+interpreter and libraries included. The two runs' JSON must agree run for run (the script exits 1
+where they do not).
+
+`--each P,...` also replays each of those policies alone at every scale (both codes, unless
+`--old-max-scale` says otherwise) and reports each one's peak beside demand's (the `ratio` column:
+its peak over demand's peak, same code, same scale): what a policy's own state costs over the
+workload every policy shares. `swap` moves whole tasks; `runner` replays the GPU runner's
+decisions launch by launch (it needs the model).
 
 `--sample S` logs each replay's RSS and high-water mark every S seconds (Linux /proc). Scale 100
 was measured under `prlimit --as=14000000000` (address space runs ahead of RSS) with
 `--sample 10`. `--old-max-scale S` skips the earlier code above scale S (it needed 16 GB at scale 100); the new
-code still runs there. Both runs of a scale are sequential, never at once, so they do not compete
-for memory.
+code still runs there. Every replay runs alone, one after the other, never two at once, so they do
+not compete for memory.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = "demand,template,oracle"
+POLICIES = "demand,alloc,template,oracle"
 OVERSUB = "1.5,2,3"
 FOLDERS = ("collect", "datasets", "predict", "replay", "report")   # pyproject's package-dir: pagecast.<folder>
 
@@ -106,6 +115,10 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="where traces and the base tree go (default: a temporary dir)")
     ap.add_argument("--old-max-scale", type=float, default=25.0, help="run the base code only up to this scale")
     ap.add_argument("--markdown", default=None, help="write the table here")
+    ap.add_argument("--policies", default=POLICIES,
+                    help=f"the policies replayed together (default {POLICIES}; '' for none)")
+    ap.add_argument("--each", default="", metavar="P,...",
+                    help="also replay each of these policies alone (e.g. demand,alloc,template,oracle,swap,runner)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sample", type=float, default=0.0, metavar="S",
                     help="log each replay's RSS and high-water mark every S seconds (to stderr)")
@@ -121,33 +134,43 @@ def main() -> int:
             run_cli(["datasets", "make", "llm-decode", "--scale", "1", "--seed", "2", "-o", str(fit)], None)
         run_cli(["fit", str(fit), "-o", str(model)], None)
     rows = []
+    each = [p for p in (args.each or "").split(",") if p]
     for scale in args.scale:
         tr = work / f"llm-decode-s{scale:g}.pctrace"
         if not tr.exists():
             run_cli(["datasets", "make", "llm-decode", "--scale", f"{scale:g}", "--seed", "1", "-o", str(tr)], None)
         size = sum(f.stat().st_size for f in tr.rglob("*") if f.is_file())
-        argv = ["replay", str(tr), "--policy", POLICIES, "--oversub", OVERSUB, "--model", str(model), "--json"]
-        res = {}
-        for name, pp in (("this tree", None), (f"base {args.base}", shim)):
-            if pp is not None and scale > args.old_max_scale:
-                continue
-            wall, peak, out, _ = run_cli(argv, pp, args.sample)
-            res[name] = json.loads(out)
-            manifest = json.loads((tr / "manifest.json").read_text())
-            rows.append({"scale": scale, "code": name, "launches": res[name][0]["launches"], "trace_bytes": size,
-                         "wall_s": round(wall, 1), "peak_rss_bytes": peak, "workload": manifest["workload"]["name"]})
-            print(f"scale {scale:g} {name}: {wall:.1f} s, peak {peak / 2**30:.2f} GiB", file=sys.stderr)
-        if len(res) == 2:
-            a, b = res.values()
-            keys = ("policy", "oversub", "time_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes")
-            if [[r.get(k) for k in keys] for r in a] != [[r.get(k) for k in keys] for r in b]:
-                print(f"scale {scale:g}: the two codes' runs differ", file=sys.stderr)
-                return 1
-    lines = ["| scale | launches | trace on disk | code | wall s | peak RSS |",
-             "|---:|---:|---:|---|---:|---:|"]
+        manifest = json.loads((tr / "manifest.json").read_text())
+        for policies in ([args.policies] if args.policies else []) + each:
+            argv = ["replay", str(tr), "--policy", policies, "--oversub", OVERSUB, "--json"]
+            if any(p in ("template", "runner") for p in policies.split(",")):
+                argv += ["--model", str(model)]
+            res = {}
+            for name, pp in (("this tree", None), (f"base {args.base}", shim)):
+                if pp is not None and scale > args.old_max_scale:
+                    continue
+                wall, peak, out, _ = run_cli(argv, pp, args.sample)
+                res[name] = json.loads(out)
+                rows.append({"scale": scale, "policies": policies, "code": name, "launches": res[name][0]["launches"],
+                             "trace_bytes": size, "wall_s": round(wall, 1), "peak_rss_bytes": peak,
+                             "workload": manifest["workload"]["name"]})
+                print(f"scale {scale:g} {policies} {name}: {wall:.1f} s, peak {peak / 2**30:.2f} GiB", file=sys.stderr)
+            if len(res) == 2:
+                a, b = res.values()
+                keys = ("policy", "oversub", "time_s", "stall_s", "faults", "htod_bytes", "dtoh_bytes")
+                if [[r.get(k) for k in keys] for r in a] != [[r.get(k) for k in keys] for r in b]:
+                    print(f"scale {scale:g} {policies}: the two codes' runs differ", file=sys.stderr)
+                    return 1
+    demand = {(r["scale"], r["code"]): r["peak_rss_bytes"] for r in rows if r["policies"] == "demand"}
     for r in rows:
-        lines.append(f"| {r['scale']:g} | {r['launches']:,} | {r['trace_bytes'] / 2**20:.0f} MiB | {r['code']} | "
-                     f"{r['wall_s']:.0f} | {r['peak_rss_bytes'] / 2**30:.2f} GiB |")
+        d = demand.get((r["scale"], r["code"]))
+        r["ratio_to_demand"] = round(r["peak_rss_bytes"] / d, 2) if d else None
+    lines = ["| scale | launches | policies | code | wall s | peak RSS | ratio to demand |",
+             "|---:|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        ratio = "" if r["ratio_to_demand"] is None else f"{r['ratio_to_demand']:.2f}"
+        lines.append(f"| {r['scale']:g} | {r['launches']:,} | {r['policies']} | {r['code']} | "
+                     f"{r['wall_s']:.0f} | {r['peak_rss_bytes'] / 2**30:.2f} GiB | {ratio} |")
     table = "\n".join(lines)
     if args.json:
         print(json.dumps(rows, indent=1))
