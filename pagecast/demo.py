@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pagecast import console
+from pagecast import console, procs
 from pagecast.datasets.registry import DEMO_WORKLOADS, MIXES, check_scale, reuse_or_make
 from pagecast.errors import OutputExistsError, UsageError
 from pagecast.footprints import footprints
@@ -253,6 +253,10 @@ class Workers:
 
 def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+    # a parent stopped by SIGTERM (cli._terminate: os._exit) or killed outright cannot stop the pool:
+    # the workers go with it instead of running their jobs on (SIGTERM at the parent's exit)
+    os.environ.pop(procs.PARENT_ENV, None)   # not a GPU runner's child: no parent to check at start
+    procs.exit_with_parent()
 
 
 def _make_trace(job) -> str:

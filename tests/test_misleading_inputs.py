@@ -177,3 +177,23 @@ def test_demo_note_names_the_rows_where_demand_evicts_nothing():
     note = fits_note(runs)
     assert "(cnn-infer at 150%, 200%)" in note and "Demand evicts nothing" in note and "jacobi2d" not in note
     assert fits_note(runs[-1:]) is None
+
+
+def test_demo_workers_go_with_their_parent(monkeypatch):
+    """A demo stopped by SIGTERM (os._exit, no pool shutdown) left its two workers running their
+    jobs on, orphaned. Each worker now asks for SIGTERM at its parent's exit (and ignores Ctrl-C,
+    which the parent handles)."""
+    import signal
+
+    from pagecast import demo, procs
+    asked = []
+    monkeypatch.setattr(procs, "exit_with_parent", lambda *a: asked.append(True) or True)
+    monkeypatch.setenv(procs.PARENT_ENV, "1")
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        demo._worker_init()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+    import os
+    assert asked == [True] and procs.PARENT_ENV not in os.environ
