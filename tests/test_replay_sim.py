@@ -386,3 +386,22 @@ def test_chunk_needs_equal_their_expansion_of_every_use(workloads):
     assert len(got.unit) > 0 and got.unit.dtype == np.int32
     np.testing.assert_array_equal(got.ptr, ptr)
     np.testing.assert_array_equal(got.unit, F.expand_intervals(c0, c1))
+
+
+def test_group_order_is_the_lexsort_of_group_late_unit():
+    """belady.group_order (a counting sort by group, then a stable sort by unit) gives np.lexsort's
+    order, pointers and per-group counts, duplicates and either width included."""
+    from pagecast.replay.plan import belady as PB
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        G, n = int(rng.integers(1, 30)), int(rng.integers(0, 300))
+        g = rng.integers(0, G, n).astype(rng.choice([np.int32, np.int64]))
+        u = rng.integers(0, int(rng.integers(1, 40)), n).astype(rng.choice([np.int32, np.int64]))
+        own = rng.random(n) < 0.5
+        for late in (None, ~own):
+            ref = np.lexsort((u, g)) if late is None else np.lexsort((u, late, g))
+            order, ptr, first = PB.group_order(g, late, u, G)
+            np.testing.assert_array_equal(order, ref)
+            np.testing.assert_array_equal(ptr, np.searchsorted(g[ref], np.arange(G + 1)))
+            if late is not None:
+                np.testing.assert_array_equal(first, np.bincount(g[own], minlength=G))

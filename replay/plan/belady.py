@@ -600,6 +600,57 @@ def _group_ptr(sorted_g, G):
     return ptr
 
 
+def group_order(g, late, u, G):
+    """The order np.lexsort((u, late, g)) gives the entries of groups `g` (0..G-1; `late`: entries
+    that go after the group's others, None: none), with the groups' CSR pointers and, per group, how
+    many entries are not `late`: a counting sort over the (group, late) buckets, stable, and a stable
+    sort of each bucket by `u` (the lexsort of tens of millions of transfers, with its int64 keys,
+    was a seventh of a replay's time). Groups out of 0..G-1 take the lexsort."""
+    lt = np.zeros(len(g), np.uint8) if late is None else late.astype(np.uint8)
+    if len(g) and (int(g.min()) < 0 or int(g.max()) >= G):
+        order = np.lexsort((u, lt, g))
+        sg = g[order]
+        return order, _group_ptr(sg, G), _own_counts(sg, lt[order] == 0, G)
+    return _group_order(g, lt, u, G)
+
+
+@njit(cache=True)
+def _group_order(g, late, u, G):
+    n = len(g)
+    cnt = np.zeros(2 * G + 1, np.int64)
+    for k in range(n):
+        cnt[2 * g[k] + late[k] + 1] += 1
+    for b in range(2 * G):
+        cnt[b + 1] += cnt[b]
+    start = cnt.copy()
+    order = np.empty(n, np.int64)
+    for k in range(n):
+        b = 2 * g[k] + late[k]
+        order[cnt[b]] = k
+        cnt[b] += 1
+    for b in range(2 * G):
+        lo = start[b]
+        hi = start[b + 1]
+        if hi - lo > 1:
+            srt = True
+            for k in range(lo + 1, hi):
+                if u[order[k]] < u[order[k - 1]]:
+                    srt = False
+                    break
+            if not srt:
+                seg = order[lo:hi].copy()
+                o = np.argsort(u[seg], kind="mergesort")
+                for k in range(hi - lo):
+                    order[lo + k] = seg[o[k]]
+    ptr = np.empty(G + 1, np.int64)
+    first = np.empty(G, np.int64)
+    for x in range(G):
+        ptr[x] = start[2 * x]
+        first[x] = start[2 * x + 1] - start[2 * x]
+    ptr[G] = n
+    return order, ptr, first
+
+
 @njit(cache=True)
 def _own_counts(sorted_g, own, G):
     out = np.zeros(G, np.int64)
@@ -638,8 +689,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     G = len(need_ptr) - 1 - start_step
     # each transfer list is let go as soon as what is made from it exists (a plan of 10^6 launches
     # has tens of millions of transfers: every list held to the end was ~8 bytes a use more)
-    oe = np.lexsort((ev_u, ev_g))
-    ev_ptr = _group_ptr(ev_g[oe], G)
+    oe, ev_ptr, _ = group_order(ev_g, None, ev_u, G)
     ev_u = ev_u[oe]
     del oe, ev_g
     own = pf_n == pf_g
@@ -658,10 +708,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             pair = np.unique(pf_g[ga].astype(np.int64) * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
     del ga, pf_n
-    op = np.lexsort((pf_u, ~own, pf_g))
-    pf_g = pf_g[op]
-    pf_ptr = _group_ptr(pf_g, G)
-    need_now = _own_counts(pf_g, own[op], G)
+    op, pf_ptr, need_now = group_order(pf_g, ~own, pf_u, G)
     del pf_g, own
     return ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
 
