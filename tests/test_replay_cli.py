@@ -451,6 +451,7 @@ def test_demo_refuses_non_empty_dir(tmp_path, capsys):
     assert (tmp_path / "x" / "keep.txt").exists()
 
 
+@pytest.mark.slow
 def test_suite_pipeline_small(tmp_path):
     """The demo's pipeline (make, fit on two seeds, replay a third, alone and as a mix) on two workloads;
     in two processes, the same runs as in one."""
@@ -489,6 +490,7 @@ def test_suite_remakes_traces_kept_from_another_scale(tmp_path):
         assert T.read_trace(q).manifest["workload"]["scale"] == 0.04, q
 
 
+@pytest.mark.slow
 def test_demo_command_end_to_end(tmp_path, capsys):
     """`pagecast demo` at a tiny scale: traces, model, results (+ timeline) in DIR; on stdout the
     one-screen pivot (every output line counted: at most 40), every run with --all."""
