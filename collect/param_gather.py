@@ -73,21 +73,9 @@ def _gather(kernel_params, offsets, sizes, out):
 def _gather_into(kernel_params, offsets, sizes, out, base, total):
     """`_gather` into out[base:base + total] (a slot of a preallocated buffer), whose bytes are
     zeroed first: alignment gaps read as zeros, as in a fresh buffer, whatever the slot held."""
-    for j in range(total):
-        out[base + j] = 0
-    n = len(offsets)
-    table = carray(_u64_ptr(kernel_params), (n,))
-    for i in range(n):
-        p = table[i]
-        if p == 0:
-            return i
-        s = sizes[i]
-        if s > 0:
-            src = carray(_u8_ptr(p), (s,))
-            o = base + offsets[i]
-            for j in range(s):
-                out[o + j] = src[j]
-    return -1
+    slot = out[base:base + total]
+    slot[:] = 0
+    return _gather(kernel_params, offsets, sizes, slot)
 
 
 _EXAMPLE = (np.int64(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))

@@ -69,7 +69,7 @@ def results_table(runs, title: str | None = None):
             over = (f"{r['oversub']:.0%}" if r.get("oversub") else format_size(r["capacity_bytes"])
                     if r.get("capacity_bytes") else "-")
             t.add_row("" if r.get("capacity_bytes") == prev else over, name_cell(policy_label(r)),
-                      _secs(r["time_s"]), _secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
+                      secs(r["time_s"]), secs(r["stall_s"]), f"{r['faults']:,}", format_size(r["htod_bytes"]),
                       format_size(r["dtoh_bytes"]), "-" if sp is None else f"{sp:.2f}x",
                       "-" if fo is None else f"{fo:.1%}")
             prev = r.get("capacity_bytes")
@@ -87,7 +87,8 @@ def policy_label(r) -> str:
 
 
 
-def _secs(s) -> str:
+def secs(s) -> str:
+    """A time in s, ms or us."""
     if s is None:
         return "-"
     if s >= 1:

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 from rich.table import Table
 
 from pagecast.console import add_name_column, name_cell
-from pagecast.replay.results_table import OVERSUB_CAPTION, oversub_caption
+from pagecast.replay.results_table import OVERSUB_CAPTION, oversub_caption, secs
 from pagecast.units import format_size
 
 GEOMEAN = "geometric mean"
@@ -131,17 +131,6 @@ def pivot_table(pv: Pivot, title: str | None = None, note: str | None = None):
     for m in pv.means:
         t.add_row(name_cell(f"{GEOMEAN} ({m.runs})"), _over(m, format_size), "", *_cells(pv, m), style="bold")
     return t
-
-
-def secs(s) -> str:
-    """A time in s, ms or us."""
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
 
 
 def means_line(pv: Pivot) -> str:
