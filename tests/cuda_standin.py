@@ -283,3 +283,21 @@ class FakeMonitor:
 
     def stop(self) -> UvmCounts:
         return self.poll()
+
+
+class FakeHook:
+    """Stands in for LaunchHook: the test's workload calls `FakeHook.current.on_launch(...)`."""
+
+    current = None
+
+    def __init__(self, on_launch, api_callbacks=None):
+        self.on_launch = on_launch
+        self.api_callbacks = dict(api_callbacks or {})
+        self.errors = 0
+
+    def start(self):
+        FakeHook.current = self
+        return self
+
+    def stop(self):
+        FakeHook.current = None

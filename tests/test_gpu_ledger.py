@@ -23,7 +23,7 @@ from pagecast.replay.gpu import cuda_engine as E
 from pagecast.replay.gpu.backend import aggregate
 from pagecast.replay.request import ReplayRequest
 from pagecast.replay.online.ranges import UNIT
-from cuda_standin import FakeCuda, FakeMonitor
+from cuda_standin import FakeCuda, FakeHook, FakeMonitor
 
 MiB = 2**20
 BASE = 1 << 40
@@ -122,21 +122,6 @@ def test_the_ledger_forgets_what_left_by_any_cause(policy):
     assert e.residency.resident_units == 2
 
 
-class _Hook:
-    current = None
-
-    def __init__(self, on_launch, api_callbacks=None):
-        self.on_launch = on_launch
-        self.errors = 0
-
-    def start(self):
-        _Hook.current = self
-        return self
-
-    def stop(self):
-        _Hook.current = None
-
-
 def test_the_child_wires_the_counters_to_the_ledger_and_reports_the_excess(tmp_path, monkeypatch):
     """Through the child's own path: the monitor's migrations drive the ledger; the run reports what
     moved unasked, the largest excess (none) and that it is valid."""
@@ -146,7 +131,7 @@ def test_the_child_wires_the_counters_to_the_ledger_and_reports_the_excess(tmp_p
     mod = types.ModuleType("pagecast_ledger_launch")
 
     def launch(i):
-        _Hook.current.on_launch(mk_launch("gather", [table]))
+        FakeHook.current.on_launch(mk_launch("gather", [table]))
         seen.append(f.resident_chunks())
         f.touch(bufs[i % 6], UNIT // 8)
 
@@ -159,7 +144,7 @@ def test_the_child_wires_the_counters_to_the_ledger_and_reports_the_excess(tmp_p
     job = tmp_path / "job.json"
     res = tmp_path / "r.json"
     job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
-    assert C.child_main([str(job)], cuda=f, monitor=FakeMonitor(f), hook_factory=_Hook) == 0
+    assert C.child_main([str(job)], cuda=f, monitor=FakeMonitor(f), hook_factory=FakeHook) == 0
     out = json.loads(res.read_text())
     assert max(seen) <= 3
     assert out["unplanned_htod_bytes"] > 0 and out["evict_bytes"] > 0

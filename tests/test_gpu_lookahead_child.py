@@ -20,26 +20,11 @@ from pagecast.replay.online.lookahead import indexed_launches
 from pagecast.replay.online.ranges import UNIT
 from pagecast.replay.request import ReplayRequest
 from pagecast.replay.unit_space import managed_bytes
-from cuda_standin import FakeCuda, FakeMonitor
+from cuda_standin import FakeCuda, FakeHook, FakeMonitor
 
 TRACE = Path(__file__).resolve().parent / "data" / "h200" / "jacobi2d-1.pctrace"
 SHIFT = 1 << 36
 STREAM = 77
-
-
-class _Hook:
-    current = None
-
-    def __init__(self, on_launch, api_callbacks=None):
-        self.on_launch = on_launch
-        self.errors = 0
-
-    def start(self):
-        _Hook.current = self
-        return self
-
-    def stop(self):
-        _Hook.current = None
 
 
 def _workload(tr, f: FakeCuda, monkeypatch, tmp_path):
@@ -59,7 +44,7 @@ def _workload(tr, f: FakeCuda, monkeypatch, tmp_path):
         for off, size in zip(row[T.PARAM_OFFSETS], row[T.PARAM_SIZES]):
             if size == 8 and lo <= struct.unpack_from("<Q", data, off)[0] < hi:
                 struct.pack_into("<Q", data, off, struct.unpack_from("<Q", data, off)[0] + SHIFT)
-        _Hook.current.on_launch(LaunchArgs(
+        FakeHook.current.on_launch(LaunchArgs(
             kernel=row[T.KERNEL], function=0, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1, block_z=1,
             shared_mem_bytes=0, stream=STREAM, correlation_id=t, param_offsets=tuple(row[T.PARAM_OFFSETS]),
             param_sizes=tuple(row[T.PARAM_SIZES]), param_data=bytes(data), cbid=0))
@@ -81,7 +66,7 @@ def _child(tmp_path, monkeypatch, policy, *, lookahead, capacity=None, model=Non
                         lookahead=lookahead)
     job, res = tmp_path / "job.json", tmp_path / "r.json"
     job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
-    assert C.child_main([str(job)], cuda=f, monitor=FakeMonitor(f), hook_factory=_Hook) == 0
+    assert C.child_main([str(job)], cuda=f, monitor=FakeMonitor(f), hook_factory=FakeHook) == 0
     out = json.loads(res.read_text())
     assert out.get("error") is None, out
     return f, out, tr

@@ -31,7 +31,7 @@ from pagecast.replay.request import ReplayRequest
 from pagecast.replay.gpu import backend as G
 from pagecast.replay.gpu import prefetching as PF
 from pagecast.replay.policies import add_relative
-from cuda_standin import FakeCuda, FakeMonitor
+from cuda_standin import FakeCuda, FakeHook, FakeMonitor
 from pagecast.replay.gpu.driver import no_gpu_reason
 
 MiB = 2**20
@@ -628,24 +628,6 @@ def test_speedups_are_per_capacity():
 
 
 # ---- the child run, with stand-ins for the GPU, CUPTI and the hook ----------------------------------
-
-class FakeHook:
-    """Stands in for LaunchHook: the workload script calls `launch()` of a test module."""
-
-    current = None
-
-    def __init__(self, on_launch, api_callbacks=None):
-        self.on_launch = on_launch
-        self.api_callbacks = dict(api_callbacks or {})
-        self.errors = 0
-
-    def start(self):
-        FakeHook.current = self
-        return self
-
-    def stop(self):
-        FakeHook.current = None
-
 
 @pytest.fixture
 def fake_launch_module(monkeypatch):
