@@ -78,6 +78,33 @@ class TraceAllocations:
         return self._freed.get(t, [])
 
 
+class LaunchRows:
+    """The trace's launches as the hook hands them over (`LaunchArgs`, by row), made
+    `LAUNCH_CHUNK` rows at a time as they are read and let go when the next chunk is: the runner
+    reads them in launch order, and one per launch held for the run grew with the launches."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+        self._at = -1
+        self._chunk: list[LaunchArgs] = []
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, t: int) -> LaunchArgs:
+        if not 0 <= t < self.table.num_rows:
+            raise IndexError(t)
+        c = t // LAUNCH_CHUNK
+        if c != self._at:
+            self._chunk = []   # the last chunk goes before the next is made
+            rows = self.table.slice(c * LAUNCH_CHUNK, LAUNCH_CHUNK).to_pylist()
+            self._chunk, self._at = [LaunchArgs.from_row(r, stream=7) for r in rows], c
+        return self._chunk[t - c * LAUNCH_CHUNK]
+
+
+LAUNCH_CHUNK = 4096   # launches made into LaunchArgs at a time (LaunchRows)
+
+
 class Runner(Policy):
     name = "runner"
     description = ("the GPU runner's own decisions, one launch at a time (template, prefetching the next "
@@ -124,13 +151,12 @@ class Runner(Policy):
                                      capacity=ctx.cap_units * w.gran, relocator=rel, ahead=sched,
                                      predict=None if self.model is None else make_online_predict(self.model,
                                                                                                  self.fallback))
-        self.launches = [LaunchArgs.from_row(r, stream=7) for r in trace.launches.to_pylist()]
+        self.launches = LaunchRows(trace.launches)
         self.values_launches = 0   # launches predicted with values they read
         self.prefetch_bytes = 0
         self.values = V.image(trace) if trace.values is not None and self.use_values else None
         self.trace = trace
-        # launch -> step (one trace: the steps are its launches, in order)
-        self.step_of = {int(x): i for i, x in enumerate(np.asarray(w.step_launch).tolist())}
+        self.w = w   # launch -> step: the workload's own index (w.step_of), not a dict per launch
         return None
 
     def _values_for(self, t: int):
@@ -154,10 +180,13 @@ class Runner(Policy):
         if not rows:
             return None
         after = V.producers(self.trace, np.full(len(rows), t), np.array(rows))
-        st = [self.step_of.get(int(a), -1) for a in after.tolist()]
-        gate = max(st)
+        gate = max(self._step_of(int(a)) for a in after.tolist())
         nbytes = int(self.values.nbytes[np.array(rows)].sum())
         return (gate, nbytes) if 0 <= gate < step else (-1, 0)
+
+    def _step_of(self, launch: int) -> int:
+        """The step of `launch`, -1 where no step runs it."""
+        return int(self.w.step_of(0, launch)) if 0 <= launch < self.trace.n_launches else -1
 
     def on_launch(self, ctx: Context, step: int):
         w = ctx.w
