@@ -36,6 +36,12 @@ class Groups:
     gate: np.ndarray | None = None
     gate_bytes: np.ndarray | None = None
     pf_after: np.ndarray | None = None   # per prefetch entry: the step its values wait for (-1: none)
+    # per step: the transfers a runtime issues for the group (the runner's ranges, cut at allocations:
+    # online/plan_schedule.py), each charged the per-call cost; None: the runs of consecutive units moved
+    calls: np.ndarray | None = None
+    # per step: host seconds of a runtime's launch callback before it (the runner's, where it charges
+    # its own: a kernel shorter than it waits for the next launch); None: only the profile's host_launch_s
+    host_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.need_group is None:
@@ -87,7 +93,9 @@ class Groups:
         return Groups(ev_ptr, ev, pf_ptr, pf, j(self.need_now, other.need_now), j(self.wait_prev, other.wait_prev),
                       j(self.blocking, other.blocking), j(self.thrash, other.thrash),
                       j(self.need_group, other.need_group), self.front, self.faulted,
-                      j(self.gate, other.gate), j(self.gate_bytes, other.gate_bytes), pa_)
+                      j(self.gate, other.gate), j(self.gate_bytes, other.gate_bytes), pa_,
+                      None if self.calls is None or other.calls is None else j(self.calls, other.calls),
+                      None if self.host_s is None or other.host_s is None else j(self.host_s, other.host_s))
 
 
 def gate_of(pf_ptr: np.ndarray, pf_after: np.ndarray) -> np.ndarray:

@@ -19,8 +19,9 @@ Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhea
 # the step whose end the group's index values wait for, with the seconds their copy to the host takes.
 # `gate_frac`: the share of the group's planned prefetches that wait for the gate, `own_plain`: the
 # share that are the launch's own and do not (moved first), `own_gated`: whether the launch's own
-# planned units include gated ones.
-Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac own_plain own_gated")
+# planned units include gated ones; `calls`: the transfers a runtime issues for the group, each charged
+# the per-call latency (-1: the runs of consecutive units the group moved, counted by the engine).
+Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac own_plain own_gated calls")
 
 
 @njit(cache=True)
@@ -65,7 +66,7 @@ def _timing(counters, compute, gran, order, c):
     for the gated part. Returns start, end, stall per step."""
     blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
     gate, gate_s, gate_frac, own_gated = order.gate, order.gate_s, order.gate_frac, order.own_gated
-    own_plain = order.own_plain
+    own_plain, calls = order.own_plain, order.calls
     n = counters.shape[0]
     start = np.empty(n)
     end = np.empty(n)
@@ -83,7 +84,8 @@ def _timing(counters, compute, gran, order, c):
         ready = prev_end
         g_end[i] = ce
         if pf_in > 0 or g_out > 0:
-            tg = bulk_seconds(pf_in * gran, g_out * gran, k[C_TRANSFERS], c, c.duplex, c.latency)
+            nt = calls[i] if calls[i] >= 0 else k[C_TRANSFERS]
+            tg = bulk_seconds(pf_in * gran, g_out * gran, nt, c, c.duplex, c.latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
             gs = max(ce, after)
             p = gate[i]
@@ -173,11 +175,14 @@ def gate_shares(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
 def run_timing(counters, comp, gran, groups: Groups, profile):
     """start, end and stall per step of a run's counters under `profile` (see _timing)."""
     frac, own_plain, own = gate_shares(groups)
+    calls = np.full(len(counters), -1, np.int64) if groups.calls is None else np.asarray(groups.calls, np.int64)
     hl = float(getattr(profile, "host_launch_s", 0.0) or 0.0)
     if profile.charges and hl > 0:
         # the GPU runner's callback runs on the host at each launch, while the kernel before it runs:
         # a kernel shorter than the callback leaves the GPU waiting for the next launch
         comp = np.maximum(comp, hl)
+    if profile.charges and groups.host_s is not None:   # a runtime that charges its own callback
+        comp = np.maximum(comp, groups.host_s)
     return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group,
                                                       groups.gate.astype(np.int64), gate_seconds(groups, profile),
-                                                      frac, own_plain, own), costs_of(profile))
+                                                      frac, own_plain, own, calls), costs_of(profile))
