@@ -51,7 +51,8 @@ def simulated(policy: str, model, tr, cap_units: int):
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
     # the simulator's runner reads the trace's index values; the engine below reads the same bytes
     # from the stand-in's memory, written there as each launch begins
-    pol = Recording(model, policy=P.POLICIES[policy](), values=True)
+    # one launch at a time (no plan given): the decisions the engine below makes
+    pol = Recording(model, policy=P.POLICIES[policy](), values=True, planned=False)
     r = R.run_policy(w, pol, cap_units, prof, P.Options())
     # the planned policies look ahead (the launch's ranges, then the next one's), the others do not
     assert (pol.looked_ahead > 0) == (policy in ("template", "oracle")), (policy, pol.looked_ahead)

@@ -69,7 +69,7 @@ def test_runner_transfers_are_the_engines(fitted):
     prof = SimConfig().profile()
     w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
     cap = w.universe.n_units // 2
-    pol = Runner(model)
+    pol = Runner(model, planned=False)   # one launch at a time: the engine's own decisions
     ctx = R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof)
     pol.prefetch(ctx)
     asked = 0
@@ -91,6 +91,43 @@ def test_runner_transfers_are_the_engines(fitted):
                     assert d0[0] in set(pf.tolist())
         pages.update(pf.tolist())
     assert asked == pol.prefetch_bytes > 0 and pages and ahead > 0
+
+
+@pytest.mark.parametrize("name", ["jacobi2d", "llm-prefill-decode"])
+def test_the_planned_runner_carries_out_templates_plan(fitted, name):
+    """Given a plan, the runner issues template's plan launch by launch: the same units in the same
+    order, its own part first, the same evictions and flags; each range (cut at allocations) one call,
+    so it is never faster than template, and what it moves is what template moves."""
+    from pagecast.replay.policies.template import Template
+    from pagecast.replay.sim import kernels as K
+    from pagecast.replay.unit_space import build_workload
+    model, tr = fitted[name]
+    prof = SimConfig().profile()
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    cap = w.universe.n_units // 3
+    plan = Template(model).prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    pol = Runner(model)
+    assert not pol.wants_launches   # laid out at start: no per-launch hook
+    got = pol.prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group", "gate"):
+        assert np.array_equal(getattr(got, f), getattr(plan, f)), f
+    assert np.array_equal(got.prefetch_after(), plan.prefetch_after())
+    assert got.pf_unit.size > 0 and got.ev_unit.size > 0
+    sched = pol.schedule
+    for t in range(tr.n_launches):
+        la = sched.at(t)
+        assert la.calls == got.calls[t] and 0 <= la.own <= len(la.prefetch)
+        # the launch's own ranges are those its plan needs first, the rest for later launches
+        units = la.prefetch[:la.own, 1].sum() // w.gran if la.own else 0
+        assert units == plan.need_now[t]
+    runs = {p.name: R.run_policy(w, p, cap, prof, P.Options()) for p in (Template(model), Runner(model))}
+    t, r = runs["template"], runs["runner"]
+    assert np.array_equal(r.counters[:, K.C_PREFETCH_IN], t.counters[:, K.C_PREFETCH_IN])
+    assert np.array_equal(r.counters[:, K.C_GROUP_DTOH], t.counters[:, K.C_GROUP_DTOH])
+    assert r.end[-1] >= t.end[-1]
+    # a callback longer than every kernel: the runner's run is at least that long per launch
+    slow = R.run_policy(w, Runner(model, callback_s=1e-3), cap, prof, P.Options())
+    assert slow.end[-1] >= tr.n_launches * 1e-3 > r.end[-1]
 
 
 def test_runner_needs_a_model_and_one_trace(fitted):
@@ -116,7 +153,7 @@ def test_runner_predicts_an_indexed_launch_from_its_values(tmp_path):
     cap = w.universe.n_units   # room for everything
     asked = {}
     for read in (True, False):
-        pol = Runner(model, values=read)
+        pol = Runner(model, values=read, planned=False)
         ctx = R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof)
         pol.prefetch(ctx)
         gathered = 0

@@ -1,54 +1,71 @@
-"""Policy `runner`: the GPU runner's own decisions, replayed in the simulator.
+"""Policy `runner`: the GPU runner in the simulator.
 
-`template` in the simulator plans the whole timeline ahead (Belady with
-lookahead on the predicted footprints). The GPU runner (`replay --backend gpu`,
-`pagecast.prefetching`) cannot: at each launch it sees that launch only. It
-predicts its footprint, prefetches what its residency estimate says is
-missing and, to emulate a capacity, evicts 2 MiB units chosen by predicted
-next use. This policy makes those very decisions (`online.decide.LaunchDecider`
-with the template policy and the runner's default fallback: the code the GPU
-engine runs) from the trace's launches, with allocations looked up in the
-trace instead of the driver, and hands the simulator the units of the ranges
-the engine would move, launch by launch (the `on_launch` hook). A launch with indexed regions
-is predicted from its index values, as the engine reads them after the work before it (here
-from the trace's values table, `pagecast.values`). The difference
-between `template` and `runner` is what planning ahead is worth; `runner`
-against a GPU measurement is the cost model alone (scripts/gpu_validation.py).
+`template` in the simulator plans the whole timeline ahead (Belady with lookahead on the predicted
+footprints, its span and what it leaves to faults chosen by trial runs). The GPU runner (`replay
+--backend gpu`, `pagecast.prefetching`) runs the workload launch by launch. This policy is that
+runner, in two modes:
 
-Index values: a launch whose indexed regions read index values (the trace's `values` table)
-is predicted with them, as the runner does once the launch that wrote them has ended (it
-copies them from the GPU after that launch's completion event); the simulator starts the
-launch's group no earlier than the end of that writer (`pagecast.values.producers`, the launch
-that last wrote the buffer as observed) plus the copy (replay/sim/timing.py).
+Given a plan (the default, `PLANNED`; template's: the replay's `--plan` file, or the plan the replay
+makes at start from the model and the trace), the runner carries it out ahead of the kernels:
+`online.plan_schedule.PlanSchedule` lays the plan's transfers out per launch once, at start (runs
+of consecutive units as byte ranges, the launch's own apart from those for later launches, cut at
+the trace's allocation boundaries), and each launch's group is issued at the callback of the launch
+before, on the runner's copy stream: evictions as the plan has them (after the launch before ends
+where they take its units), then prefetches in need order; the launch waits for its own ranges and
+the earlier group holding ranges it needs, never for the whole copy stream. Ranges whose pages index
+values chose go once the launch that wrote the values has ended and the values are copied (the
+plan's gates): nothing is prefetched before its values exist. The simulator moves the units of those
+ranges (the groups `prefetch` returns) and charges each range one call (`Groups.calls`: the profile's
+`transfer_latency_s`), and the callback's host time per launch (`callback_s`, `CALLBACK_S`) beside
+the profile's `host_launch_s`.
 
-Lookahead (the default, `LOOKAHEAD`): the decider reads the same schedule as the GPU runner's
-child builds (online/lookahead.py: template's predictions of the trace's launches, indexed
-launches skipped), so each launch's group holds the launch's own units first and then the next
-launch's, issued while the kernel before it runs; the launch waits for its own only (the hook's
-`own`), and a group that evicts waits for the launch before, as the engine's copy stream waits
-for its evictions. Per-call and per-launch host costs are the clock's: the profile's
-`transfer_latency_s` per transfer and `host_launch_s` per launch (replay/sim/timing.py).
+Unplanned (`planned=False`): one launch at a time. The runner predicts the launch's footprint,
+prefetches what its residency estimate says is missing and, to emulate a capacity, evicts 2 MiB
+units chosen by predicted next use. This policy makes those very decisions (`online.decide.LaunchDecider`
+with the template policy and the runner's default fallback: the code the GPU engine runs) from the
+trace's launches, with allocations looked up in the trace instead of the driver, and hands the
+simulator the units of the ranges the engine would move, launch by launch (the `on_launch` hook).
+The difference between `template` and this mode is what planning ahead is worth; it against a GPU
+measurement is the cost model alone (scripts/gpu_validation.py).
 
-Not replayed: the runner's fault feedback (`--feedback` on the GPU; the
-simulator's `--feedback` refines the offline template only) and its
-host-side time per launch, including the wait for an indexed launch's values (the GPU runner
-drains the launch's stream before reading them).
+Index values (unplanned): a launch whose indexed regions read index values (the trace's `values`
+table) is predicted with them, as the runner does once the launch that wrote them has ended (it
+copies them from the GPU after that launch's completion event); the simulator starts the launch's
+group no earlier than the end of that writer (`pagecast.values.producers`, the launch that last
+wrote the buffer as observed) plus the copy (replay/sim/timing.py).
+
+Lookahead (unplanned, `LOOKAHEAD`): the decider reads the same schedule as the GPU runner's child
+builds (online/lookahead.py: template's predictions of the trace's launches, indexed launches
+skipped), so each launch's group holds the launch's own units first and then the next launch's,
+issued while the kernel before it runs; the launch waits for its own only (the hook's `own`), and a
+group that evicts waits for the launch before, as the engine's copy stream waits for its evictions.
+Per-call and per-launch host costs are the clock's: the profile's `transfer_latency_s` per transfer
+and `host_launch_s` per launch (replay/sim/timing.py).
+
+Not replayed: the runner's fault feedback (`--feedback` on the GPU; the simulator's `--feedback`
+refines the offline template only); unplanned, its host-side time per launch, including the wait for
+an indexed launch's values (the GPU runner drains the launch's stream before reading them). The GPU
+engine (replay/gpu/cuda_engine.py) does not yet read `PlanSchedule`: on a GPU the runner still
+decides one launch at a time.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pagecast import trace as T
 from pagecast import values as V
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
 
 from ..online.decide import LaunchDecider
 from ..online.lookahead import lookahead_for
+from ..online.plan_schedule import PlanSchedule
 from ..online.prediction import default_fallback, make_online_predict
 from ..online.ranges import Allocation, AllocationMap
 from ..online.relocate import Relocator
-from ..unit_space import I64
+from ..plan.groups import Groups
+from ..unit_space import I64, Workload
 from .base import Context, Policy
 from .template import Template
 
@@ -56,6 +73,13 @@ from .template import Template
 # the runner's lookahead for planned runs (online/lookahead.py), as the GPU runner's child switches it
 # on by default; False: one launch at a time, as before (benchmarks/runner_lookahead.py runs both)
 LOOKAHEAD = True
+# given a plan (template's: a plan file, or the one the replay makes from the model and the trace),
+# the runner carries it out ahead of the kernels (online/plan_schedule.py); False: it decides one
+# launch at a time with the lookahead above (benchmarks/runner_lookahead.py runs both)
+PLANNED = True
+# host seconds of the planned runner's launch callback (the lookup and its calls), charged to its own
+# runs beside the profile's host_launch_s (which every policy's run pays); None: that alone
+CALLBACK_S: float | None = None
 
 
 class TraceAllocations:
@@ -107,24 +131,31 @@ LAUNCH_CHUNK = 4096   # launches made into LaunchArgs at a time (LaunchRows)
 
 class Runner(Policy):
     name = "runner"
-    description = ("the GPU runner's own decisions, one launch at a time (template, prefetching the next "
-                   "launch one launch early), replayed in the simulator")
-    wants_launches = True
+    description = ("the GPU runner in the simulator: template's plan carried out ahead of the kernels "
+                   "(or, unplanned, its decisions one launch at a time)")
 
     requires = "model"
     reads_arguments = True
 
     @classmethod
     def for_replay(cls, setup):
-        return cls(setup.model)
+        return cls(setup.model, planner=setup.template)
 
     def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
-                 values: bool = True, lookahead: bool | None = None) -> None:
+                 values: bool = True, lookahead: bool | None = None, planned: bool | None = None,
+                 planner: Template | None = None, callback_s: float | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
         as a runner that reads none); `lookahead`: the runner's lookahead for planned runs
         (online/lookahead.py, as the GPU runner's child switches it on; False: one launch at a
-        time, as the GPU runner with --no-lookahead; None: `LOOKAHEAD`)."""
+        time, as the GPU runner with --no-lookahead; None: `LOOKAHEAD`); `planned`: carry out
+        template's plan (online/plan_schedule.py; None: `PLANNED`), made by `planner` (the replay's
+        template: from the model, or a plan file) or from `model`; only for policy template;
+        `callback_s`: host seconds of its launch callback, charged to its runs (None: `CALLBACK_S`)."""
+        self.callback_s = CALLBACK_S if callback_s is None else callback_s
+        self.planned = (PLANNED if planned is None else planned) and (policy is None or isinstance(policy, Template))
+        self.planner = planner if planner is not None else (Template(model) if model is not None else None)
+        self.schedule: PlanSchedule | None = None
         self.lookahead = LOOKAHEAD if lookahead is None else lookahead
         self.use_values = values
         self.model = model
@@ -135,12 +166,22 @@ class Runner(Policy):
         self.ahead: list[tuple[int, int]] = []     # ... and the next launch's, brought in early (lookahead)
         self.prefetch_bytes = 0
 
-    def prefetch(self, ctx: Context) -> None:
-        if self.policy.predicts and self.model is None:
+    @property
+    def wants_launches(self) -> bool:  # type: ignore[override]
+        return not self.planned   # a planned run's transfers are laid out at start: no per-launch hook
+
+    @property
+    def carries_out_plan(self) -> bool:  # type: ignore[override]
+        return self.planned
+
+    def prefetch(self, ctx: Context) -> Groups | None:
+        if self.policy.predicts and self.model is None and (self.planner is None or not self.planned):
             raise UsageError("policy runner needs --model MODEL")
         w = ctx.w
         if len(w.tasks) != 1:
             raise UsageError("policy runner replays one trace (the GPU runner runs one workload)")
+        if self.planned:
+            return self._carry_out_plan(ctx)
         trace = w.tasks[0].trace
         rel = Relocator(trace, w.tasks[0].truth)   # the workload's footprints of the trace, not computed again
         self.lookup = TraceAllocations(rel)
@@ -158,6 +199,28 @@ class Runner(Policy):
         self.trace = trace
         self.w = w   # launch -> step: the workload's own index (w.step_of), not a dict per launch
         return None
+
+    def _carry_out_plan(self, ctx: Context) -> Groups:
+        """Template's plan at this capacity (its span, what it leaves to faults, its index-value
+        gates), laid out as the runner issues it (`PlanSchedule`: ranges cut at allocations, own
+        ranges first), and the units of those ranges handed to the simulator as its groups, each
+        group charged a call per range."""
+        w = ctx.w
+        trace = w.tasks[0].trace
+        if w.n_steps != trace.n_launches or not np.array_equal(w.step_launch, np.arange(w.n_steps)):
+            raise UsageError("policy runner replays every launch of its trace in order")
+        if self.planner is None:
+            raise UsageError("policy runner needs --model MODEL")
+        g = self.planner.prefetch(ctx)
+        if g.n_steps != w.n_steps:
+            raise UsageError("policy runner: the plan's launches are not the trace's")
+        ctx.state.pop("trial_run", None)   # the runner's run is its own (its calls), not the trial's
+        self.schedule = schedule_of(g, w, trace)
+        self.prefetch_bytes = int(self.schedule.pf[:, 1].sum()) if len(self.schedule.pf) else 0
+        out = groups_of(self.schedule, g, w)
+        if self.callback_s:
+            out.host_s = np.full(w.n_steps, float(self.callback_s))
+        return out
 
     def _values_for(self, t: int):
         """(values(address, nbytes) for launch t's predictor, the rows it read): the trace's rows
@@ -218,6 +281,68 @@ class Runner(Policy):
         # launch), the launch's stream for its own units only: the first len(own) of the group
         gate = self._gate(t, step, rows)
         return (_units(w, self.to_host), np.concatenate([own, _units(w, ahead)]), bool(self.to_host), gate, len(own))
+
+
+def schedule_of(g: Groups, w: Workload, trace) -> PlanSchedule:
+    """A plan's groups (one task, a step per launch) as the runner's schedule: each group's entries
+    in runs of consecutive units (a plan file's rows), the launch's own apart from the early ones and
+    runs waiting for other launches' values apart, cut at the trace's allocation boundaries."""
+    n = w.n_steps
+    parts = []
+    for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
+        step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+        if not len(units):
+            continue
+        addr, key = w.universe.address_ranges(0, units)
+        pos = np.arange(len(units), dtype=I64) - ptr[step]
+        own = np.zeros(len(units), bool) if is_ev else pos < g.need_now[step]
+        after = np.full(len(units), -1, I64) if is_ev else g.prefetch_after().astype(I64)
+        new = np.ones(len(units), bool)
+        new[1:] = ((step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
+                   | (after[1:] != after[:-1]))
+        idx = np.flatnonzero(new)
+        cnt = np.diff(np.append(idx, len(units)))
+        need = np.where(own[idx], step[idx], step[idx] + 1)   # own, or for a later launch
+        parts.append((step[idx], np.full(len(idx), is_ev), addr[idx], cnt * w.gran, need, after[idx]))
+    cols = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, I64) for i in range(6)]
+    al = trace.allocations
+    cuts = np.unique(np.concatenate([np.asarray(al.column(T.ADDRESS).to_numpy(), I64),
+                                     np.asarray(al.column(T.ADDRESS).to_numpy(), I64)
+                                     + np.asarray(al.column(T.BYTES).to_numpy(), I64)])) if al.num_rows else None
+    return PlanSchedule(n, *cols, wait_prev=g.wait_prev, waits_for=g.need_group, gate_bytes=g.gate_bytes, cuts=cuts)
+
+
+def groups_of(sched: PlanSchedule, g: Groups, w: Workload) -> Groups:
+    """The schedule's ranges as the simulator's groups: their units in issue order, the launch's own
+    (its first `own` ranges) first, each range's index-value gate; a call per range."""
+    n = sched.n
+
+    def units_of(ptr, rng):
+        """(CSR by launch of the ranges' units, units per range, the range of each unit)."""
+        launch = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+        if not len(rng):
+            return np.zeros(n + 1, I64), np.zeros(0, I64), np.zeros(0, I64), np.zeros(0, I64)
+        s, e = rng[:, 0] // w.gran, -((-(rng[:, 0] + rng[:, 1])) // w.gran)
+        _, units = w.universe.dense(0, launch, s, e, n)
+        if len(units) != int((e - s).sum()):
+            raise ValueError("the plan names units outside the trace's footprint")
+        rid = np.repeat(np.arange(len(rng), dtype=I64), e - s)
+        # a range cut inside a unit (an allocation boundary off a unit's edge): the unit moves once
+        keep = np.ones(len(units), bool)
+        keep[1:] = (units[1:] != units[:-1]) | (launch[rid[1:]] != launch[rid[:-1]])
+        rid = rid[keep]
+        uptr = np.zeros(n + 1, I64)
+        np.cumsum(np.bincount(launch[rid], minlength=n), out=uptr[1:])
+        return uptr, units[keep], np.bincount(rid, minlength=len(rng)).astype(I64), rid
+    ev_ptr, ev, _, _ = units_of(sched.ev_ptr, sched.ev)
+    pf_ptr, pf, size, rid = units_of(sched.pf_ptr, sched.pf)
+    # the launch's own units: those of its first `own` ranges
+    csum = np.concatenate([[0], np.cumsum(size)]).astype(I64)
+    need_now = csum[sched.pf_ptr[:-1] + sched.own] - csum[sched.pf_ptr[:-1]]
+    after = sched.pf_after[rid] if (sched.pf_after >= 0).any() else None
+    return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), sched.wait_prev.astype(np.uint8),
+                  np.zeros(n, np.uint8), g.thrash, sched.waits_for, g.front, g.faulted, None, sched.gate_bytes.copy(),
+                  after, sched.calls.astype(I64))
 
 
 def _units(w, ranges: list[tuple[int, int]]) -> np.ndarray:
