@@ -14,9 +14,18 @@ memory), as `pagecast replay --backend gpu` writes it.
 Cases: tests/data/h200/jacobi2d-1 (a real H200 trace, 108 launches, repeated 20 times by default
 for stable medians) with a model fitted on jacobi2d-0.25 and -0.5; and a model llm-decode trace
 of about `--llm-launches` launches (pagecast datasets, scale launches / 10^4) with a model fitted
-on its scale 0.25. Policies demand, template, oracle; each on the path before precomputation
-(`decide.PRECOMPUTE = False`: the trace's footprint relocated launch by launch in Python) and on
-the default one, in the same run. Figures: median, mean and p99 us per launch.
+on its scale 0.25. Policies demand, template, oracle; each on three paths, run in turn (one child
+run of each before the next repeat, so that a loaded machine's drift falls on all three):
+
+- `off`: the lookahead off (`ReplayRequest(lookahead=False)`, `--no-lookahead`);
+- `before`: the lookahead with its Python step (`decide.LOOKAHEAD_STEP = "python"`: one launch
+  ahead, units counted and split in Python sets, the plan's Belady scores one Python call per
+  candidate), the code before the lookahead's step was compiled;
+- `now`: the lookahead as it runs by default (`LOOKAHEAD_STEP = "compiled"`: the window looked up,
+  fitted, relocated and split in compiled calls; the depth from the cost profile, msched-rtx5080
+  here; dead data discarded where the driver has the call, which this stand-in has not).
+
+Figures: median, mean and p99 us per launch.
 """
 
 from __future__ import annotations
@@ -126,10 +135,13 @@ def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
     return out * repeat
 
 
+PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled")}
+
+
 def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
-              precompute: bool) -> tuple[list[float], dict]:
-    """One child run (child_main, in this process) over `las`: each launch's callback time (us)
-    and the run's result."""
+              path: str) -> tuple[list[float], dict]:
+    """One child run (child_main, in this process) over `las` on `path` (PATHS): each launch's
+    callback time (us) and the run's result."""
     times: list[float] = []
     mod = types.ModuleType("pagecast_bench_workload")
 
@@ -150,17 +162,18 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
     sys.modules[mod.__name__] = mod
     script = tmp / "work.py"
     script.write_text("import pagecast_bench_workload as W\nW.run()\n")
+    lookahead, step = PATHS[path]
     req = ReplayRequest(backend="gpu", policies=(policy,), capacity=(capacity,), traces=(str(trace_path),),
-                        model=str(model_path), workload=("python", str(script)))
+                        model=str(model_path), workload=("python", str(script)), lookahead=lookahead)
     res = tmp / f"r-{policy}.json"
     job = tmp / "job.json"
     job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
-    old = D.PRECOMPUTE
-    D.PRECOMPUTE = precompute
+    old = D.LOOKAHEAD_STEP
+    D.LOOKAHEAD_STEP = step
     try:
         code = C.child_main([str(job)], cuda=BenchCuda(allocs), monitor=NullMonitor(), hook_factory=BenchHook)
     finally:
-        D.PRECOMPUTE = old
+        D.LOOKAHEAD_STEP = old
     out = json.loads(res.read_text())
     assert code == 0, out
     return times, out
@@ -170,6 +183,7 @@ def summary(times: list[float], out: dict) -> dict:
     xs = sorted(times)
     return {"median_us": statistics.median(xs), "mean_us": statistics.fmean(xs), "p99_us": xs[int(0.99 * (len(xs) - 1))],
             "launches": len(xs), "prefetch_bytes": out["prefetch_bytes"], "evict_bytes": out["evict_bytes"],
+            "ahead_launches": out.get("ahead_launches"), "lookahead": out.get("lookahead"),
             "warnings": [w for w in out.get("warnings", []) if "failed" in w or "no longer matches" in w]}
 
 
@@ -187,18 +201,18 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
     out = {"trace": trace_path.name, "launches": tr.n_launches, "child_runs": runs, "capacity_bytes": capacity,
            "policies": {}}
     for policy in POLICIES:
-        row = {}
-        for label, pre in (("before", False), ("now", True)):
-            times: list[float] = []
-            for _ in range(runs):     # each a fresh child run over the trace's launches
-                t, res = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, pre)
-                times += t
-            row[label] = summary(times, res)
-        row["ratio"] = row["before"]["median_us"] / row["now"]["median_us"]
+        times: dict[str, list[float]] = {p: [] for p in PATHS}
+        last: dict[str, dict] = {}
+        for _ in range(runs):     # each a fresh child run over the trace's launches, the paths in turn
+            for path in PATHS:
+                t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path)
+                times[path] += t
+        row = {p: summary(times[p], last[p]) for p in PATHS}
+        row["ratio_before_now"] = row["before"]["median_us"] / row["now"]["median_us"]
         out["policies"][policy] = row
-        print(f"{name} {policy}: before {row['before']['median_us']:.1f} us, now {row['now']['median_us']:.1f} us"
-              f" (x{row['ratio']:.1f}); evicted {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B",
-              file=sys.stderr, flush=True)
+        print(f"{name} {policy}: off {row['off']['median_us']:.1f} us, before {row['before']['median_us']:.1f} us,"
+              f" now {row['now']['median_us']:.1f} us (x{row['ratio_before_now']:.2f}); evicted"
+              f" {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B", file=sys.stderr, flush=True)
     return out
 
 
@@ -208,6 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20, help="child runs over jacobi2d-1 per policy and path")
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-llm", action="store_true")
+    ap.add_argument("--llm-repeat", type=int, default=1, help="child runs over the llm-decode trace per policy and path")
     a = ap.parse_args(argv)
     from pagecast.datasets.registry import make_trace
 
@@ -224,7 +239,7 @@ def main(argv=None) -> int:
             make_trace("llm-decode", big, scale=a.llm_launches / 10_000, seed=2)
             small = tmp / "llm-fit.pctrace"
             make_trace("llm-decode", small, scale=0.25, seed=1)
-            res["cases"]["llm-decode"] = case("llm-decode", big, [small], 1, tmp)
+            res["cases"]["llm-decode"] = case("llm-decode", big, [small], a.llm_repeat, tmp)
     text = json.dumps(res, indent=1)
     print(text)
     if a.json:

@@ -194,7 +194,10 @@ class ReplayCommand(Command):
                         help="let the workload allocate more than the GPU's free memory (may hang the GPU)")
         g2.add_argument("--no-lookahead", action="store_true",
                         help="template and oracle decide one launch at a time (default, with a TRACE: each"
-                             " launch's footprint is prefetched one launch early, on a copy stream)")
+                             " launch's footprint is prefetched ahead on a copy stream, as far as --costs says)")
+        g2.add_argument("--discard-unfreed", action="store_true",
+                        help="with the lookahead: discard data the program never frees after its last use in"
+                             " the trace, not only freed temporaries (off: the host may still read it)")
         p.set_defaults(workload=[])
         _split_at_double_dash(p)
 
@@ -304,10 +307,16 @@ def replay_request(args):
             warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")
         if getattr(args, "no_lookahead", False):
             warns.append("--no-lookahead is for --backend gpu (the simulator's runner models the lookahead)")
+        if getattr(args, "discard_unfreed", False):
+            warns.append("--discard-unfreed is for --backend gpu")
         if plan and "model-or-plan" in needs and span != "auto":
             warns.append(f"--span {span} applies to oracle only: template follows the plan, made at the"
                          " span its manifest names")
     sim = {}
+    if backend == "gpu":   # the lookahead's depth comes from the profile's per-call cost and bandwidth
+        sim = dict(discard_unfreed=bool(getattr(args, "discard_unfreed", False)))
+        if getattr(args, "costs", None):
+            sim["costs"] = args.costs
     if backend == "sim":
         sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
                    timeslice_ms=args.timeslice,

@@ -75,6 +75,7 @@ KINDS = {
     "repeat": "int", "costs": "str", "granularity": "int?", "eviction_unit": "int?", "eviction": "str",
     "driver_prefetch": "bool", "timeslice_ms": "float", "span": "str", "workload": "strs",
     "allow_oversubscription": "bool", "placement": "str", "lookahead": "bool",
+    "discard_unfreed": "bool",
 }
 
 
@@ -115,7 +116,7 @@ class ReplayRequest:
     feedback: bool = False                     # refine the model online from the faults it missed
     fallback: str | None = None                # None: the backend's default (sim: adaptive; GPU: by feedback)
     repeat: int = 1                            # GPU runs per (policy, capacity): the median is reported
-    costs: str = "msched-rtx5080"              # simulator: cost profile, a name or a JSON file
+    costs: str = "msched-rtx5080"              # cost profile, a name or a JSON file (GPU: the lookahead's depth)
     granularity: int | None = None             # simulator: migration unit of a fault (None: the profile's)
     eviction_unit: int | None = None           # simulator: eviction unit (None: the profile's)
     eviction: str = "driver"                   # simulator: fault-path victim order
@@ -126,6 +127,7 @@ class ReplayRequest:
     workload: tuple[str, ...] = ()             # GPU: the command after --
     allow_oversubscription: bool = False       # GPU: let the workload allocate more than the free memory
     lookahead: bool = True                     # GPU: planned policies prefetch the next launch early (with a trace)
+    discard_unfreed: bool = False              # GPU lookahead: data never freed is discarded after its last use too
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -99,7 +99,7 @@ def _callbacks(f: FakeCuda) -> list[list]:
 def test_the_child_looks_ahead_for_the_oracle_by_default(tmp_path, monkeypatch, capacity):
     cap = managed_bytes(T.read_trace(TRACE)) // 2 if capacity == "half" else None
     f, out, tr = _child(tmp_path, monkeypatch, "oracle", lookahead=True, capacity=cap)
-    assert out["lookahead"] == 1 and out["ahead_launches"] > 0
+    assert out["lookahead"] >= 1 and out["ahead_launches"] > 0   # the deepest window (lookahead.py)
     gpu = [x for x in f.log if x[0] == "gpu"]
     assert gpu and all(x[3] != STREAM for x in gpu)             # on the copy stream, never the launch's
     # launch t + 1's data that launch t does not touch went at callback t: before kernel t was queued
@@ -142,7 +142,7 @@ def test_the_child_looks_ahead_for_template_with_its_model(tmp_path, monkeypatch
     on_dir.mkdir()
     off_dir.mkdir()
     f, out, _ = _child(on_dir, monkeypatch, "template", lookahead=True, model=str(model))
-    assert out["lookahead"] == 1 and out["ahead_launches"] > 0
+    assert out["lookahead"] >= 1 and out["ahead_launches"] > 0   # the deepest window (lookahead.py)
     assert all(x[3] != STREAM for x in f.log if x[0] == "gpu")
     g, off, _ = _child(off_dir, monkeypatch, "template", lookahead=False, model=str(model))
     assert off["lookahead"] == 0 and off["ahead_launches"] == 0

@@ -34,6 +34,7 @@ from ..online.prediction import default_fallback, load_model_file, make_online_p
 from ..online.ranges import UNIT
 from ..online.lookahead import lookahead_for
 from ..online.relocate import Relocator
+from ..costs import load_profile
 from ..policies import POLICIES, online_policy
 from ..request import NO_WORKLOAD, ReplayRequest
 from . import cupti_monitor, driver
@@ -270,9 +271,11 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         if req.traces:
             trace = T.read_trace(req.traces[0])
             relocator = Relocator(trace)
-            if req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py)
+            if req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py),
+                # as far as the cost profile's per-call cost and bandwidth say (--costs: a calibrated one)
                 ahead = lookahead_for(online_policy(policy), trace, model=model, fallback=fallback,
-                                      relocator=relocator)
+                                      relocator=relocator, costs=load_profile(req.costs),
+                                      discard_unfreed=req.discard_unfreed)
         out["lookahead"] = ahead.depth if ahead is not None else 0
         engine = Engine(cuda, policy, capacity=capacity, ahead=ahead,
                         predict=predict if (predicts or capacity is not None) else None,

@@ -134,7 +134,9 @@ class EngineStats:
     values_copy_s: float = 0.0      # the copies themselves
     values_errors: int = 0          # copies that failed (those regions get the fallback)
     batch_calls: int = 0            # cuMemPrefetchBatchAsync calls (each counted once in prefetches/evictions)
-    ahead_launches: int = 0         # lookahead: launches whose footprint went at the callback before theirs
+    ahead_launches: int = 0         # lookahead: launch groups brought in at an earlier launch's callback
+    discards: int = 0               # cuMemDiscardBatchAsync calls (dead data, not copied back)
+    discard_bytes: int = 0
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
     moved_dtoh_bytes: int = 0       # device-to-host migrations reported
@@ -183,6 +185,8 @@ class Engine:
         # one batched call per launch and direction where this driver has one (the module doc)
         have = cuda.batch_calls() if hasattr(cuda, "batch_calls") else ()
         self.batch = "cuMemPrefetchBatchAsync" in have and hasattr(cuda, "prefetch_batch")
+        # dead data discarded where the driver has cuMemDiscardBatchAsync (lookahead.py's `dead`)
+        self.discard = "cuMemDiscardBatchAsync" in have and hasattr(cuda, "discard_batch")
         self.t = 0
         self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
         self.corr_launch: dict[int, int] = {}       # correlation id -> launch index (timeline), bounded
@@ -192,8 +196,8 @@ class Engine:
         self._values_event: int | None = None
         # lookahead: the copy stream, an event per launch parity, which launch the last ahead event is for
         self._copy_stream: int | None = None
-        self._ready: list[int] = []
-        self._ahead_for: tuple[int, int] | None = None   # (launch, event) of the last ahead prefetch
+        self._wait_for: dict[int, int] = {}    # launch -> the event its stream waits on (its data's, early)
+        self._free_events: list[int] = []
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -314,46 +318,99 @@ class Engine:
         st.unplanned_htod_bytes += u
 
     def _carry_out_ahead(self, t: int, la, d, stream: int) -> None:
-        """Lookahead (the module doc): evictions on their own stream after the work queued before the
-        launch, the launch's own prefetches (what was not brought in early) and the next launch's on
-        the copy stream, each followed by an event; the launch's stream waits on its own event only."""
+        """Lookahead (the module doc): dead data discarded and evictions on their own stream after the
+        work queued before the launch, the launch's own prefetches (what was not brought in early)
+        and the later launches' on the copy stream, one group per launch, each followed by an event;
+        the launch's stream waits on its own event only."""
         st, cuda = self.stats, self.cuda
         if self._copy_stream is None:
             self._copy_stream = cuda.new_stream()
-            self._ready = [cuda.new_event(), cuda.new_event()]
         copy = self._copy_stream
-        if d.evict:
+        if d.evict or d.discard:
             if self._evict_stream is None:
                 self._evict_stream = cuda.new_stream()
                 self._evict_event = cuda.new_event()
                 self._queued_event = cuda.new_event()
             cuda.record_event(self._queued_event, stream)      # after the last planned use of the victims
             cuda.stream_wait_event(self._evict_stream, self._queued_event)
-            n, nbytes = self._calls(t, la, cuda.prefetch_to_host, d.evict, self._evict_stream, to_gpu=False)
-            st.evictions += n
-            st.evict_bytes += nbytes
+            if d.discard:
+                self._discard(t, la, d.discard)
+            if d.evict:
+                n, nbytes = self._calls(t, la, cuda.prefetch_to_host, d.evict, self._evict_stream, to_gpu=False)
+                st.evictions += n
+                st.evict_bytes += nbytes
             cuda.record_event(self._evict_event, self._evict_stream)
             cuda.stream_wait_event(copy, self._evict_event)    # the room the copies need; not the kernel
-        wait = None
+        wait = self._wait_for.pop(t, None)                     # brought in at an earlier callback
+        evs = []                                               # (launch, event) of this callback's groups
         if d.prefetch:
             n, nbytes = self._calls(t, la, cuda.prefetch_to_gpu, d.prefetch, copy, to_gpu=True)
             st.prefetches += n
             st.prefetch_bytes += nbytes
-            wait = self._ready[t % 2]
+            if wait is not None:
+                self._free_events.append(wait)                 # the new event comes after it on the copy stream
+            wait = self._event()
             cuda.record_event(wait, copy)
-        elif self._ahead_for is not None and self._ahead_for[0] == t:
-            wait = self._ahead_for[1]                          # brought in at the previous callback
+            evs.append((t, wait))
         if wait is not None:
             cuda.stream_wait_event(stream, wait)
-        self._ahead_for = None
-        if d.ahead:
-            n, nbytes = self._calls(t, la, cuda.prefetch_to_gpu, d.ahead, copy, to_gpu=True)
+            self._free_events.append(wait)                     # waited on: free to record again
+        groups = d.ahead_groups if d.ahead_groups is not None else (
+            [(d.ahead_t, d.ahead)] if d.ahead else [])
+        for s, ranges in groups:
+            n, nbytes = self._calls(t, la, cuda.prefetch_to_gpu, ranges, copy, to_gpu=True)
             st.prefetches += n
             st.prefetch_bytes += nbytes
-            ev = self._ready[(t + 1) % 2]
+            ev = self._event()
             cuda.record_event(ev, copy)
-            self._ahead_for = (d.ahead_t, ev)
+            self._wait(s, ev)
+            evs.append((s, ev))
             st.ahead_launches += 1
+        if not evs:
+            return
+        # a launch of the window with no group of its own here may use units an earlier group brought
+        # in (a unit goes with the first launch of the window that uses it): it waits for the last
+        # group before it
+        upto = d.ahead_upto if d.ahead_upto is not None else (groups[-1][0] if groups else t)
+        k = 0
+        for s in range(t + 1, upto + 1):
+            while k + 1 < len(evs) and evs[k + 1][0] <= s:
+                k += 1
+            if evs[k][0] != s:
+                self._wait(s, evs[k][1])
+
+    def _wait(self, s: int, ev: int) -> None:
+        """Launch s's stream will wait on `ev` (a later event on the copy stream covers an earlier one)."""
+        old = self._wait_for.get(s)
+        if old is not None and old != ev:
+            self._free_events.append(old)
+        self._wait_for[s] = ev
+
+    def _event(self) -> int:
+        """An event no launch waits on yet (a freed one, or a new one)."""
+        pool = self._free_events
+        # free only those that no pending launch still waits on
+        while pool:
+            ev = pool.pop()
+            if ev not in self._wait_for.values():
+                return ev
+        return self.cuda.new_event()
+
+    def _discard(self, t: int, la, ranges) -> None:
+        """Dead data discarded (its contents never copied back), one cuMemDiscardBatchAsync where the
+        driver has it; where it does not, left to eviction as before (nothing is called)."""
+        if not self.discard:
+            return
+        cuda, st = self.cuda, self.stats
+        pieces = self.allocs.pieces(ranges)
+        try:
+            cuda.discard_batch(pieces, self._evict_stream)
+        except Exception as e:  # noqa: BLE001 - the data stays; eviction copies it back as before
+            st.failed_calls += 1
+            st.last_error = f"launch {t} ({la.kernel}): discard: {type(e).__name__}: {e}"
+            return
+        st.discards += 1
+        st.discard_bytes += sum(n for _, n in pieces)
 
     def _read_values(self, t: int, la, stream: int):
         """The index values launch t's indexed regions read, as `values(address, nbytes) -> bytes |

@@ -35,6 +35,18 @@ to it. A launch whose known footprint is larger than the capacity streams
 through memory: a policy with `streams_front` (template, oracle) prefetches
 only its first capacity's worth of units (address order). Victims follow the policy's
 `victims` rule (residency.py).
+
+Lookahead
+---------
+With a planned run's schedule (lookahead.py's `Lookahead`), each decision also brings in the plan's
+window: launches t + 1 .. the schedule's horizon for t, as many as fit beside launch t
+(`Decision.ahead_groups`, one group per launch, each unit with the first launch that uses it), and
+names the dead data to discard (`Decision.discard`). Per launch that is a lookup and a few
+compiled calls (`_window_step`); `LOOKAHEAD_STEP = "python"` keeps the step as it was before
+(one launch ahead, units counted in Python sets), the reference it is tested against.
+
+Long because one decider holds the capacity step and the lookahead's window step, with the Python
+reference of each that the compiled ones are tested against (`compiled=False`, `LOOKAHEAD_STEP`).
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ from .period import PeriodTracker
 from .ranges import (UNIT, AllocationMap, RangeArrays, allocation_ranges, front_units, merge_ranges, subtract_ranges,
                      units_of)
 from . import residency_kernels as RK
-from .lookahead import Lookahead
+from .lookahead import Lookahead, Windows
 from .relocate import Relocator
 from .residency import FutureNextUse, PeriodDetector, Residency, SequenceNextUse
 from .unit_residency import UnitResidency
@@ -61,6 +73,10 @@ from .unit_residency import UnitResidency
 # trace's footprint is relocated launch by launch in Python (`Relocator.footprint`), as before
 # (benchmarks/bench_child_callback.py times both)
 PRECOMPUTE = True
+# the lookahead step: "compiled" (the window and its split in compiled calls, lookahead.py), or
+# "python" (one launch ahead, units counted and split in Python sets, as before; kept as the
+# reference the compiled step is tested against, benchmarks/bench_child_callback.py times both)
+LOOKAHEAD_STEP = "compiled"
 
 
 @dataclass(slots=True)
@@ -97,8 +113,12 @@ class Decision:
     predict_s: float | None = None      # seconds the prediction took (None: not predicted)
     overflow: bool = False              # the launch alone exceeds the capacity
     period: int | None = None           # the kernel sequence's period, when one is found
-    ahead: list | None = None           # lookahead: the next launch's ranges to prefetch now, after these
-    ahead_t: int | None = None          # ... and which launch they are for
+    ahead: list | None = None           # lookahead: the later launches' ranges to prefetch now, after these
+    ahead_t: int | None = None          # ... the first launch they are for
+    ahead_groups: list | None = None    # ... per launch: [(launch, ranges)], in launch order (with ranges)
+    ahead_upto: int | None = None       # ... the last launch of the window (launches without a group in
+                                        # it may use units an earlier group of it brings in)
+    discard: list | None = None         # dead data (lookahead.py): ranges to discard, not copy back
 
 
 class LaunchDecider:
@@ -143,6 +163,7 @@ class LaunchDecider:
         self.compiled = compiled
         victims = policy.victims
         self._plan_scorer = None
+        sched = ahead if isinstance(ahead, Lookahead) else None
         if isinstance(ahead, Lookahead):   # the schedule (lookahead.py) the simulator's runner reads too
             if ahead.plan_victims and victims == "next-use":   # the plan knows the next uses: Belady on it
                 victims = "belady"
@@ -151,7 +172,18 @@ class LaunchDecider:
         self.victims = victims
         self.ahead = ahead.layout() if ahead is not None else None
         self._sent: tuple[int, list] | None = None   # (launch, ranges) prefetched ahead, without a capacity
+        self._sent_at: dict[int, list] = {}         # the same, per launch of a window
+        self._sent_upto = -1                        # the last launch brought in
         self.ahead_skip = frozenset(ahead_skip)
+        self.schedule = (sched if sched is not None else
+                         Lookahead(ahead, self.ahead_skip) if ahead is not None else None)
+        self._window_of = getattr(self.ahead, "footprint_window", None)
+        # per launch, looked up: the window's last launch, and whether data dies before it
+        sc = self.schedule
+        self._horizon = sc.horizon.tolist() if sc is not None and sc.horizon is not None else None
+        self._dead_at = (frozenset(np.flatnonzero(np.diff(sc.dead[0])).tolist())
+                         if sc is not None and sc.dead is not None else frozenset())
+        self._windows: Windows | None = None
         # the trace's footprints laid out in arrays at start: per launch a lookup, not a Python walk
         self.laid_out = bool(PRECOMPUTE and compiled and relocator is not None)
         if self.laid_out:
@@ -189,7 +221,8 @@ class LaunchDecider:
             return self._seq_next
         if victims == "belady":
             if self._plan_scorer is not None:   # the lookahead's plan (lookahead.py)
-                return self._plan_scorer.next_use_scorer(self.unit)
+                sc = self._plan_scorer.next_use_scorer(self.unit)
+                return sc if LOOKAHEAD_STEP == "compiled" else _OneAtATime(sc)
             rel = self.relocator
             if self.laid_out:
                 return rel.next_use_scorer(self.unit)
@@ -278,9 +311,15 @@ class LaunchDecider:
         evict: list[tuple[int, int]] = []
         overflow = False
         res = self.residency
-        nxt = self._next_footprint(t) if ahead is not None else None
-        if ahead is not None and self.compiled and (nxt is not None or res is None):
-            return self._ahead_step(t, view, prefetch, nxt, period, predicted, predict_s)
+        if ahead is not None and self.compiled:
+            if LOOKAHEAD_STEP == "compiled":
+                d = self._window_step(t, view, prefetch, period, predicted, predict_s)
+                if d is not None:
+                    return d
+            else:
+                nxt = self._next_footprint(t)
+                if nxt is not None or res is None:
+                    return self._ahead_step(t, view, prefetch, nxt, period, predicted, predict_s)
         if res is not None and self.compiled:
             prefetch, evict, overflow = self._capacity_step(t, view, prefetch, period)
         elif res is not None:
@@ -306,6 +345,105 @@ class LaunchDecider:
             evict = res.admit(admitted, t, streams=known)
             overflow = res.overflows > overflow_before
         return Decision(prefetch, evict, predicted, predict_s, overflow, period)
+
+    def _window(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+        """The plan's footprints of launches t0 .. t1-1 in this run's addresses: (flat pairs, the
+        pair index where each launch's start)."""
+        if self._window_of is not None:
+            return self._window_of(t0, t1)
+        parts = [_flat_of(self.ahead.footprint_arrays(s)) for s in range(t0, t1)]
+        wptr = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([len(p) // 2 for p in parts], out=wptr[1:])
+        return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), wptr
+
+    def _window_step(self, t: int, view: LaunchView, want, period, predicted, predict_s) -> Decision | None:
+        """Launch t's decision with the plan's window (launches t + 1 .. its horizon, lookahead.py)
+        brought in at its callback, in a few compiled calls: the window relocated, how much of it fits
+        beside launch t (`window_fit`), one residency step for all of it (victims are none of theirs),
+        and its prefetch split per launch (`split_groups`). None: launch t alone (no window, or not even
+        the next launch fits beside it), by the capacity step."""
+        ahead, res = self.ahead, self.residency
+        hz = self._horizon
+        h = t if not ahead.matching else (hz[t] if hz is not None and t < len(hz) else
+                                          self.schedule.horizon_at(t, ahead.n))
+        discard = self._dead(t) if t in self._dead_at else None
+        if res is None:   # no estimate: what went at an earlier callback is not asked for again
+            sent = self._sent_at.pop(t, None)
+            own = subtract_ranges(merge_ranges(list(want)), sent) if sent else list(want)
+            groups = []
+            lo = max(self._sent_upto, t) + 1
+            if h >= lo:
+                win, wptr = self._window(lo, h + 1)
+                for j in range(h + 1 - lo):
+                    flat = win[2 * wptr[j]:2 * wptr[j + 1]].tolist()
+                    if flat:
+                        r = list(zip(flat[0::2], flat[1::2]))
+                        self._sent_at[lo + j] = r
+                        groups.append((lo + j, r))
+                self._sent_upto = h
+            return _with_groups(Decision(own, [], predicted, predict_s, False, period, discard=discard), groups, h)
+        estimate, known = self._estimate(view, want)
+        if h <= t:
+            return self._alone(t, view, want, period, predicted, predict_s, discard, (estimate, known))
+        wf = want.flat if isinstance(want, RangeArrays) else _flat_of(want)
+        if estimate is want:
+            ef = own = wf
+        else:
+            ef = estimate.flat if isinstance(estimate, RangeArrays) else _flat_of(estimate)
+            own = np.concatenate((ef, wf))
+        if self._windows is None:
+            self._windows = Windows(ahead, self.unit, res.capacity_units)
+        m, win, wptr = self._windows.fit(t, h, own)
+        if m == 0:   # not even the next launch fits beside this one: t alone
+            return self._alone(t, view, want, period, predicted, predict_s, discard, (estimate, known))
+        wn = win[:2 * int(wptr[m])]
+        both_w = np.concatenate((wf, wn))
+        both_e = both_w if ef is wf else np.concatenate((ef, wn))
+        pf_flat, evict, overflow = self._capacity_step(t, view, RangeArrays(both_w), period,
+                                                       estimate=(RangeArrays(both_e), known), flat=True)
+        out, gptr = self._windows.split(pf_flat, own, win, wptr, m)
+        flat = out.tolist()
+        g = gptr.tolist()
+        g1 = 2 * g[1]
+        first = list(zip(flat[0:g1:2], flat[1:g1:2]))
+        groups = []
+        if g[m + 1] > g[1]:   # the later launches' ranges (most callbacks have none: all resident)
+            for j in range(1, m + 1):
+                a, b = 2 * g[j], 2 * g[j + 1]
+                if b > a:
+                    groups.append((t + j, list(zip(flat[a:b:2], flat[a + 1:b:2]))))
+        return _with_groups(Decision(first, evict, predicted, predict_s, overflow, period, discard=discard),
+                            groups, t + m)
+
+    def _alone(self, t, view, want, period, predicted, predict_s, discard, estimate) -> Decision:
+        prefetch, evict, overflow = self._capacity_step(t, view, want, period, estimate=estimate)
+        return Decision(prefetch, evict, predicted, predict_s, overflow, period, discard=discard)
+
+    def _dead(self, t: int) -> list | None:
+        """The ranges of this run whose data is dead at launch t's callback (lookahead.py's `dead`),
+        while the run matches the trace; each dropped from the residency estimate (they take no room
+        once discarded)."""
+        sched = self.schedule
+        if sched is None or sched.dead is None:
+            return None
+        ids = sched.dead_at(t)
+        if not len(ids):
+            return None
+        truth = self.relocator if self.relocator is not None else self.ahead
+        if not truth.matching:
+            return None
+        out = []
+        for j in ids.tolist():
+            r = truth.run_range(j)
+            if r is None:
+                continue
+            a = self.allocs.cached(r[0])
+            if a is None or a.base != r[0] or a.size != r[1] or not a.managed:
+                continue
+            out.append(r)
+        if out and self.residency is not None:
+            self.residency.release(out)
+        return out or None
 
     def _next_footprint(self, t: int) -> RangeArrays | None:
         """Launch t + 1's planned footprint in this run's addresses (what its allocations known so
@@ -345,7 +483,8 @@ class LaunchDecider:
         return Decision(merge_ranges(first), evict, predicted, predict_s, overflow, period,
                         ahead=merge_ranges(later), ahead_t=t + 1)
 
-    def _capacity_step(self, t: int, view: LaunchView, want, period, estimate=None) -> tuple[list, list, bool]:
+    def _capacity_step(self, t: int, view: LaunchView, want, period, estimate=None, flat: bool = False
+                       ) -> tuple[list, list, bool]:
         """The reference's capacity branch (decide, below it), as one UnitResidency step: the
         prefetch (its front when the launch is larger than memory and the policy streams), the
         uses recorded for next-use, the admission and its victims."""
@@ -375,9 +514,13 @@ class LaunchDecider:
         flags = self._flags | (RK.FL_KNOWN if known else 0) | ((0 if period is None else period + 1) << 8)
         r = res.step_arrays(src, wspec, espec, t, flags)
         npf, nev = r & 0xFFFFFF, (r >> 24) & 0xFFFFFF
-        flat = res.rs[res.io_at:res.io_at + 2 * (npf + nev)].tolist()
-        pf = list(zip(flat[0:2 * npf:2], flat[1:2 * npf:2]))
-        return pf, (list(zip(flat[2 * npf::2], flat[2 * npf + 1::2])) if nev else []), bool(r >> 48)
+        io = res.io_at
+        if flat:   # the prefetch as its flat array (the lookahead's split takes it)
+            ev = res.rs[io + 2 * npf:io + 2 * (npf + nev)].tolist() if nev else []
+            return (res.rs[io:io + 2 * npf].copy(), list(zip(ev[0::2], ev[1::2])), bool(r >> 48))
+        out = res.rs[io:io + 2 * (npf + nev)].tolist()
+        pf = list(zip(out[0:2 * npf:2], out[1:2 * npf:2]))
+        return pf, (list(zip(out[2 * npf::2], out[2 * npf + 1::2])) if nev else []), bool(r >> 48)
 
     def _estimate(self, view: LaunchView, want) -> tuple[list[tuple[int, int]], bool]:
         """What the launch will touch, for the residency estimate (see the module docstring), and
@@ -392,6 +535,25 @@ class LaunchDecider:
         if view.predicted is not None:
             return view.predicted, True
         return view.allocation_ranges(), False
+
+
+class _OneAtATime:
+    """A scorer's `score` alone (the residency then scores candidates one Python call each, as the
+    lookahead's Python step did)."""
+
+    def __init__(self, scorer) -> None:
+        self.score = scorer.score
+
+
+def _with_groups(d: Decision, groups: list, upto: int) -> Decision:
+    """`d` with the later launches' groups (`ahead_groups`: those with ranges to move), all their
+    ranges (`ahead`) and the window's last launch (`ahead_upto`)."""
+    d.ahead_upto = upto
+    if groups:   # the groups' ranges are disjoint (each unit goes with one launch), each in address order
+        d.ahead_groups = groups
+        d.ahead = [r for _, rs in groups for r in rs]
+        d.ahead_t = groups[0][0]
+    return d
 
 
 def _flat_of(ranges) -> np.ndarray:

@@ -1,6 +1,8 @@
-"""The lookahead schedule of a planned run: which launches' footprints a runner may bring in one
-launch early, read by the GPU engine (gpu/cuda_engine.py, through `LaunchDecider`) and by the
-simulator's `runner` policy alike, so that the rule is written once.
+"""The lookahead schedule of a planned run: which launches' footprints a runner brings in at each
+launch's callback, which data it discards once dead, read by the GPU engine (gpu/cuda_engine.py,
+through `LaunchDecider`) and by the simulator's `runner` policy alike, so that the rule is written
+once. Everything here is laid out at start, in arrays; per launch the decider looks up its row and
+makes a few compiled calls (lookahead_kernels.py: `window_kernel`, `split_groups`).
 
 A run can look ahead where it knows the launches to come: a trace of the workload (the plan's
 launch sequence). The footprints it looks ahead with are the plan's own:
@@ -12,42 +14,97 @@ launch sequence). The footprints it looks ahead with are the plan's own:
 Launches whose footprint depends on index values a producer launch writes (a kernel with an
 `indexed` region in the model) are never prefetched early: their values do not exist before the
 producer has run, so they are prefetched at their own callback, after their values are read, as
-without lookahead. The oracle's footprints are the trace's own, not values-dependent, so it
-skips none.
+without lookahead; a window never reaches past one. The oracle's footprints are the trace's own,
+not values-dependent, so it skips none.
 
 Victims: with a plan, the runner knows each unit's next use in it, so a policy whose victims are
 chosen by predicted next use (template: the kernel sequence's period) evicts by the plan's next use
 instead (Belady on the plan's footprints, as the oracle does on the trace's).
 
-How far ahead: one launch. `LaunchDecider` admits launch t and t + 1 together when both fit the
-emulated capacity, and brings t + 1 in at its own callback otherwise; a depth chosen from the
-calibrated costs (issue the next k launches' bytes while the kernels before them run) is not
-built: it needs a residency step that admits k launches at once.
+How far ahead (`depth_of`, `horizon_of`)
+----------------------------------------
+Launch s's data must be on the GPU when kernel s starts. Bringing it in takes
+`need[s] = per_call + new_bytes[s] / bandwidth`: the calibrated profile's cost of one call
+(`transfer_latency_s`) and host-to-device bandwidth (`htod_bandwidth`; `pagecast calibrate`
+measures both), and the plan's bytes of launch s in 2 MiB units launch s - 1 does not use (what
+is still resident from the launch before need not move). The copies go one after the other on
+the copy stream, while the kernels before s run: with `C[s]` the trace's kernel times of launches
+0 .. s-1 summed (end_ns - start_ns), the copy of s must start by
+`L[s] = min(C[s], L[s+1]) - need[s]` (it ends before its kernel, and before the next copy must
+start). Launch s is issued at the callback of the last launch t with `C[t] <= L[s]`: its depth is
+s - t, at least 1 and at most `MAX_DEPTH` (a bound on the host's work per callback, not a
+tuning). The horizon of launch t's callback is the furthest launch issued there; a window stops
+before an indexed launch. The capacity bounds it at run time: the decider brings in only as many
+launches of the window as fit beside launch t (`window_fit`), none where launch t and the next do
+not fit together. Without costs (no profile given) or without kernel times in the trace (a
+natural-mode trace), the depth is 1.
+
+Dead data (`dead_of`)
+---------------------
+Data whose last use has run need not be copied back to make room: it can be discarded (CUDA
+13.0's cuMemDiscardBatchAsync, where the driver has it; gpu/cuda_engine.py). A freed temporary is
+dead after its last use: an allocation the trace records as freed (its `last_launch` is set), from
+the callback after the last launch that touched it (its footprint in the trace) or passed a pointer
+into it, unless the trace records a host access to it after that launch began (a device-to-host
+`coherence` migration of its pages: the host read it before freeing it), in which case it is left
+to eviction. Data never freed may still be read by the host after the run's last launch (a result
+the program copies out, a checkpoint): it is discarded only with `discard_unfreed` (off by default;
+`ReplayRequest.discard_unfreed`), after its last use in the trace.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from pagecast import trace as T
+from pagecast.jit import entry_point
 
 from pagecast.predict.predictor import predict_footprints
 
+from .lookahead_kernels import split_groups, window_fit, window_kernel
+from .ranges import MAX_PTR, MIN_PTR, UNIT
 from .relocate import Relocator
 
-DEPTH = 1   # launches ahead (the module doc: why one)
+DEPTH = 1        # launches ahead without costs or kernel times (the module doc)
+MAX_DEPTH = 16   # the most launches one callback brings in (a bound on its host work)
 
 
 @dataclass(frozen=True)
 class Lookahead:
     """A planned run's lookahead: the plan's footprints per launch (`plan`, a Relocator, laid out by
-    the decider), launches never prefetched early (`skip`), how many launches ahead (`depth`) and
-    whether victims go by the plan's next use (`plan_victims`)."""
+    the decider), launches never prefetched early (`skip`), the furthest launch each launch's
+    callback brings in (`horizon`, int64 per launch; None: one launch ahead), the deepest window
+    (`depth`), whether victims go by the plan's next use (`plan_victims`), and the trace
+    allocations whose data dies before each launch (`dead`: (indptr per launch, allocation ids),
+    None: nothing discarded)."""
 
     plan: Relocator
     skip: frozenset
     depth: int = DEPTH
     plan_victims: bool = True   # victims by the plan's next use (Belady on its footprints), not the period's
+    horizon: np.ndarray | None = None
+    dead: tuple | None = None
+
+    def horizon_at(self, t: int, n: int) -> int:
+        """The last launch launch t's callback brings in (t: none)."""
+        h = self.horizon
+        if h is None:
+            s = t + 1
+            return s if s < n and s not in self.skip else t
+        return int(h[t]) if t < len(h) else t
+
+    def dead_at(self, t: int) -> np.ndarray:
+        """Trace allocation ids whose data is dead at launch t's callback."""
+        if self.dead is None or t + 1 >= len(self.dead[0]):
+            return _NONE
+        ptr, ids = self.dead
+        return ids[ptr[t]:ptr[t + 1]]
+
+
+_NONE = np.zeros(0, np.int64)
 
 
 def indexed_launches(model, trace) -> frozenset:
@@ -65,16 +122,240 @@ def applies(policy) -> bool:
     return bool(getattr(policy, "online", False) and (policy.predicts or policy.needs_relocator))
 
 
-def lookahead_for(policy, trace, *, model=None, fallback: str = "none", relocator: Relocator | None = None
-                  ) -> Lookahead | None:
+def lookahead_for(policy, trace, *, model=None, fallback: str = "none", relocator: Relocator | None = None,
+                  costs=None, discard_unfreed: bool = False) -> Lookahead | None:
     """The lookahead of `policy` (a policy object) over `trace`, or None where it has none (a policy
     that does not plan, or template without a model). `relocator`: the trace's own (the oracle's),
-    reused as the plan; `fallback`: the runner's, for kernels the model cannot predict."""
+    reused as the plan; `fallback`: the runner's, for kernels the model cannot predict; `costs`: a
+    cost profile (its `transfer_latency_s` and `htod_bandwidth`) the depth comes from (None: one
+    launch ahead); `discard_unfreed`: data never freed is dead after its last use too (the module
+    doc)."""
     if trace is None or not applies(policy):
         return None
+    truth = relocator if relocator is not None else Relocator(trace)
     if policy.predicts:
         if model is None:
             return None
-        return Lookahead(Relocator(trace, predict_footprints(model, trace, fallback)),
-                         indexed_launches(model, trace))
-    return Lookahead(relocator if relocator is not None else Relocator(trace), frozenset())
+        plan, skip = Relocator(trace, predict_footprints(model, trace, fallback)), indexed_launches(model, trace)
+    else:
+        plan, skip = truth, frozenset()
+    horizon, depth = None, DEPTH
+    if costs is not None:
+        d = depth_of(plan, trace, costs)
+        if d is not None:
+            horizon = horizon_of(d, skip)
+            depth = int(d.max(initial=DEPTH))
+    return Lookahead(plan, skip, depth=depth, horizon=horizon, dead=dead_of(truth, trace, discard_unfreed))
+
+
+# -- how far ahead ------------------------------------------------------------------------------------
+def kernel_times(trace) -> np.ndarray | None:
+    """Each launch's kernel time in seconds from the trace's timestamps, or None where it has none."""
+    la = trace.launches
+    if T.START_NS not in la.column_names or T.END_NS not in la.column_names or la.num_rows == 0:
+        return None
+    s, e = la.column(T.START_NS), la.column(T.END_NS)
+    if s.null_count or e.null_count:
+        return None
+    d = (np.asarray(e.to_numpy(zero_copy_only=False), np.int64)
+         - np.asarray(s.to_numpy(zero_copy_only=False), np.int64))
+    if not (d > 0).any():
+        return None
+    return np.maximum(d, 0).astype(np.float64) * 1e-9
+
+
+def new_bytes(plan: Relocator, unit: int = UNIT) -> np.ndarray:
+    """Per launch, the plan's bytes in units (of trace addresses) the launch before does not use."""
+    n = plan.n
+    ind = np.asarray(plan.fp_indptr, np.int64)
+    st, en = np.asarray(plan.fp_start, np.int64), np.asarray(plan.fp_end, np.int64)
+    lid = np.repeat(np.arange(n, dtype=np.int64), np.diff(ind))
+    s0, s1 = st // unit, (en - 1) // unit + 1
+    cnt = np.maximum(s1 - s0, 0)
+    rep = np.repeat(np.arange(len(st)), cnt)
+    k = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    u = s0[rep] + k
+    nb = np.minimum(en[rep], (u + 1) * unit) - np.maximum(st[rep], u * unit)
+    t = lid[rep]
+    out = np.zeros(n, np.float64)
+    if not len(u):
+        return out
+    key = np.stack([u, t], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    per = np.bincount(inv.reshape(-1), weights=nb, minlength=len(uniq))
+    # (unit, launch - 1) present among the keys: the unit is resident from the launch before
+    code = uniq[:, 0] * (n + 1) + uniq[:, 1]
+    prev = uniq[:, 0] * (n + 1) + (uniq[:, 1] - 1)
+    pos = np.searchsorted(code, prev)
+    had = (pos < len(code)) & (code[np.minimum(pos, len(code) - 1)] == prev) & (uniq[:, 1] > 0)
+    np.add.at(out, uniq[~had, 1], per[~had])
+    return out
+
+
+def depth_of(plan: Relocator, trace, costs, unit: int = UNIT) -> np.ndarray | None:
+    """Per launch s, how many launches early its data is issued (the module doc), or None without
+    kernel times in the trace."""
+    kt = kernel_times(trace)
+    bw = float(getattr(costs, "htod_bandwidth", 0.0) or 0.0)
+    if kt is None or bw <= 0 or plan.n == 0:
+        return None
+    need = float(getattr(costs, "transfer_latency_s", 0.0) or 0.0) + new_bytes(plan, unit) / bw
+    n = plan.n
+    C = np.concatenate([[0.0], np.cumsum(kt)])[:n]           # when kernel s starts, the first at 0
+    N = np.concatenate([[0.0], np.cumsum(need)])             # need of launches 0 .. s-1
+    # L[s] = min over j >= s of (C[j] - (N[j+1] - N[s])): the latest start of s's copy
+    L = N[:n] + np.minimum.accumulate((C - N[1:])[::-1])[::-1]
+    issue = np.searchsorted(C, L, side="right") - 1          # the last launch whose kernel starts by then
+    s = np.arange(n)
+    return np.clip(s - issue, 1, MAX_DEPTH).astype(np.int64)
+
+
+def horizon_of(depth: np.ndarray, skip: frozenset) -> np.ndarray:
+    """Per launch t, the last launch its callback brings in: the furthest s with s - depth[s] <= t,
+    never past an indexed launch after t (nor the trace's end); t itself where none."""
+    n = len(depth)
+    s = np.arange(n, dtype=np.int64)
+    at = np.maximum(s - depth, 0)
+    h = np.full(n, -1, np.int64)
+    np.maximum.at(h, at, s)
+    h = np.maximum.accumulate(h)
+    h = np.maximum(h, s)
+    if skip:
+        sk = np.zeros(n + 1, bool)
+        sk[[x for x in skip if 0 <= x < n]] = True
+        sk[n] = True
+        # the first skipped launch after t
+        nxt = np.where(sk, np.arange(n + 1), n + 1)
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+        h = np.minimum(h, nxt[np.minimum(s + 1, n)] - 1)
+    return np.maximum(np.minimum(h, n - 1), s)
+
+
+# -- dead data ----------------------------------------------------------------------------------------
+def dead_of(truth: Relocator, trace, discard_unfreed: bool = False) -> tuple | None:
+    """(indptr per launch, trace allocation ids): the allocations whose data is dead at each launch's
+    callback (the module doc), from the trace's footprints (`truth`), arguments and migrations; None
+    where none is."""
+    n = truth.n
+    na = len(truth.a_addr)
+    if n == 0 or na == 0:
+        return None
+    last = np.full(na, -1, np.int64)
+    # the last launch whose footprint touches each allocation
+    ind = np.asarray(truth.fp_indptr, np.int64)
+    st = np.asarray(truth.fp_start, np.int64)
+    lid = np.repeat(np.arange(n, dtype=np.int64), np.diff(ind))
+    pos = np.searchsorted(truth.sorted_addr, st, side="right") - 1
+    ok = pos >= 0
+    j = truth.order[np.maximum(pos, 0)]
+    ok &= st < truth.a_addr[j] + truth.a_bytes[j]
+    np.maximum.at(last, j[ok], lid[ok])
+    # ... or is passed a pointer into it
+    for t, words in enumerate(_pointer_words(truth)):
+        for jj in words:
+            if t > last[jj]:
+                last[jj] = t
+    freed = np.asarray(trace.allocations.column(T.LAST_LAUNCH).is_valid(), bool)
+    want = freed | bool(discard_unfreed)
+    cand = np.flatnonzero(want & (last >= 0) & (last + 1 < n))
+    if not len(cand):
+        return None
+    read = _host_reads_after(trace, truth, last)
+    cand = cand[~read[cand]]
+    if not len(cand):
+        return None
+    at = last[cand] + 1
+    order = np.argsort(at, kind="stable")
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(at, minlength=n)[:n], out=ptr[1:])
+    return ptr, cand[order].astype(np.int64)
+
+
+def _pointer_words(rel: Relocator):
+    """Per launch, the trace allocations its pointer arguments land in."""
+    for t in range(rel.n):
+        tr = rel.param_data[t] or b""
+        nw = len(tr) // 8
+        out = []
+        for a in (struct.unpack_from(f"<{nw}Q", tr) if nw else ()):
+            if MIN_PTR <= a < MAX_PTR:
+                jj = rel.find_alloc(a, t)
+                if jj is not None:
+                    out.append(jj)
+        yield out
+
+
+def _host_reads_after(trace, rel: Relocator, last: np.ndarray) -> np.ndarray:
+    """Per allocation: the trace records a host access to it (a device-to-host `coherence`
+    migration) at or after the start of its last use."""
+    out = np.zeros(len(rel.a_addr), bool)
+    m = trace.migrations
+    if m is None or m.num_rows == 0:
+        return out
+    d = np.asarray(m.column(T.DIRECTION).to_pylist(), dtype=object)
+    c = np.asarray(m.column(T.CAUSE).to_pylist(), dtype=object)
+    sel = np.flatnonzero((d == "dtoh") & (c == "coherence"))
+    if not len(sel):
+        return out
+    addr = np.asarray(m.column(T.ADDRESS).to_numpy(zero_copy_only=False), np.int64)[sel]
+    when = np.asarray(m.column(T.START_NS).to_numpy(zero_copy_only=False), np.int64)[sel]
+    starts = np.asarray(trace.launches.column(T.START_NS).to_numpy(zero_copy_only=False), np.int64)
+    pos = np.searchsorted(rel.sorted_addr, addr, side="right") - 1
+    ok = pos >= 0
+    j = rel.order[np.maximum(pos, 0)]
+    ok &= addr < rel.a_addr[j] + rel.a_bytes[j]
+    lu = last[j]
+    ok &= (lu >= 0) & (when >= starts[np.maximum(lu, 0)])
+    out[j[ok]] = True
+    return out
+
+
+# -- per launch: the window, in compiled calls (lookahead_kernels.py) ------------------------------------
+class Windows:
+    """The window of launch t's callback, fitted to the capacity, in one compiled call on a
+    laid-out Relocator (`window_kernel`), or relocated launch by launch and fitted (`window_fit`)
+    on any other plan (a test's stand-in)."""
+
+    def __init__(self, plan, unit: int, cap_units: int) -> None:
+        self.plan, self.unit, self.cap = plan, unit, cap_units
+        self._fast = hasattr(plan, "_ptr") and hasattr(plan, "_known")
+        self._out = np.zeros(64, np.int64)
+        self._wptr = np.zeros(MAX_DEPTH + 2, np.int64)
+        self._kernel = None
+        if self._fast:
+            p = plan
+            # the relocator's arrays (its allocations' bases and known flags change in place)
+            self._arrays = (p._ptr, p._aj, p._off, p._nb, p._base, p._known)
+            self._ptrl = p._ptr.tolist()
+            self._kernel = entry_point(window_kernel, self._arrays, 0, 0, np.zeros(2, np.int64), int(unit),
+                                       int(cap_units), self._out, self._wptr)
+            self._split = entry_point(split_groups, np.zeros(2, np.int64), np.zeros(2, np.int64),
+                                      np.zeros(2, np.int64), np.zeros(2, np.int64), 0, int(unit))
+        else:
+            self._split = split_groups
+
+    def fit(self, t: int, h: int, own: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """(m, ranges, wptr): how many of launches t+1 .. h fit beside `own`, and their ranges."""
+        if self._fast:
+            ptr = self._ptrl
+            need = 2 * (ptr[h + 1] - ptr[t + 1])
+            if need > len(self._out) or h - t + 1 > len(self._wptr):
+                self._out = np.zeros(max(2 * need, len(self._out)), np.int64)
+                self._wptr = np.zeros(max(h - t + 2, len(self._wptr)), np.int64)
+            m = self._kernel(self._arrays, t + 1, h + 1, own, self.unit, self.cap, self._out, self._wptr)
+            return m, self._out, self._wptr
+        p = self.plan
+        parts = [_flat(p.footprint_arrays(s)) for s in range(t + 1, h + 1)]
+        wptr = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([len(x) // 2 for x in parts], out=wptr[1:])
+        win = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return int(window_fit(own, win, wptr, h - t, self.unit, self.cap)), win, wptr
+
+    def split(self, pf: np.ndarray, own: np.ndarray, win: np.ndarray, wptr: np.ndarray, m: int):
+        return self._split(pf, own, win, wptr, m, self.unit)
+
+
+def _flat(r) -> np.ndarray:
+    return r.flat if hasattr(r, "flat") else np.array([x for a in r for x in a], np.int64)
+
+

@@ -58,6 +58,23 @@ def relocate_kernel(ptr, aj, off, nb, base, known, t, out):
     return k | (unmapped << 24)
 
 
+@njit(cache=True)
+def relocate_window(ptr, aj, off, nb, base, known, t0, t1, wptr):
+    """Launches t0 .. t1-1's laid-out intervals moved into this run, one launch after the other
+    (each sorted by address, as `relocate_kernel`): the flat pairs, launch j's at
+    [2*wptr[j], 2*wptr[j+1]); returns (pairs, unmapped bytes)."""
+    out = np.empty(2 * max(1, ptr[t1] - ptr[t0]), np.int64)
+    k = 0
+    unmapped = 0
+    wptr[0] = 0
+    for t in range(t0, t1):
+        r = relocate_kernel(ptr, aj, off, nb, base, known, t, out[2 * k:])
+        k += r & 0xFFFFFF
+        unmapped += r >> 24
+        wptr[t - t0 + 1] = k
+    return out[:2 * k], unmapped
+
+
 class Relocator:
     """Maps a trace's per-launch footprints into the running process's addresses.
 
@@ -178,6 +195,22 @@ class Relocator:
         self.unmapped_bytes += unmapped
         return RangeArrays(self._out[:2 * k].copy())
 
+    def footprint_window(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Launches t0 .. t1-1's footprints in this run's addresses (`layout()` first), in one
+        compiled call: (flat address, nbytes pairs; launch t0 + j's pairs at [wptr[j], wptr[j+1]])."""
+        wptr = np.zeros(max(0, t1 - t0) + 1, np.int64)
+        if not self.matching or t1 <= t0 or t1 > self.n:
+            return np.zeros(0, np.int64), wptr
+        flat, unmapped = relocate_window(self._ptr, self._aj, self._off, self._nb, self._base, self._known,
+                                         t0, t1, wptr)
+        self.unmapped_bytes += unmapped
+        return flat, wptr
+
+    def run_range(self, j: int) -> tuple[int, int] | None:
+        """Trace allocation j's (address, bytes) in this run, once an argument has shown its delta."""
+        d = self.delta.get(int(j))
+        return None if d is None else (int(self.a_addr[j]) + d, int(self.a_bytes[j]))
+
     def next_use_scorer(self, unit: int = UNIT) -> "RelocatedNextUse":
         """Belady's next use of a run-space unit, through the allocations it overlaps (`layout()`)."""
         return RelocatedNextUse(self, unit)
@@ -282,16 +315,78 @@ def _unit_origin(a: int, n: int, delta: int, unit: int) -> Iterator[tuple[int, s
         yield ra, srcs
 
 
+@njit(cache=True)
+def next_use_scores(units, t, unit, runmap, widest, uses, out):
+    """`RelocatedNextUse.score` of each of `units` at launch t, into out (float64), in one call:
+    `runmap`, the run's allocations sorted by base (bases, allocation ids) with their sizes and
+    deltas, and `uses`, the trace units' future uses as CSR (unit ids sorted, indptr, launches)."""
+    rb_base, rb_j, a_bytes, delta = runmap
+    ukeys, uptr, ulaunch = uses
+    for x in range(len(units)):
+        u = units[x]
+        lo, hi = u * unit, (u + 1) * unit
+        i = np.searchsorted(rb_base, hi) - 1
+        best = np.inf
+        while i >= 0:
+            b, j = rb_base[i], rb_j[i]
+            size = a_bytes[j]
+            if b + size <= lo:
+                if b + widest <= lo:
+                    break
+                i -= 1
+                continue
+            d = delta[j]
+            a0, a1 = max(lo, b) - d, min(hi, b + size) - d
+            for tu in range(a0 // unit, (a1 - 1) // unit + 1):
+                k = np.searchsorted(ukeys, tu)
+                if k < len(ukeys) and ukeys[k] == tu:
+                    p0, p1 = uptr[k], uptr[k + 1]
+                    q = p0 + np.searchsorted(ulaunch[p0:p1], t, side="right")
+                    if q < p1 and ulaunch[q] - t < best:
+                        best = float(ulaunch[q] - t)
+            i -= 1
+        out[x] = best
+
+
 class RelocatedNextUse:
     """Belady's victim score (the distance to the next use, larger first) of a unit in this run's
     address space: its bytes lie in allocations whose delta is known, which map them to the
-    trace's units, whose future uses the trace lists (`Relocator.future_uses`)."""
+    trace's units, whose future uses the trace lists (`Relocator.future_uses`). `scores` gives a
+    launch's candidates theirs in one compiled call (`next_use_scores`); `score` one at a time, the
+    reference."""
 
     def __init__(self, rel: Relocator, unit: int = UNIT) -> None:
         self.rel = rel
         self.unit = unit
         self.uses = rel.future_uses(unit)
         self.widest = int(rel.a_bytes.max()) if len(rel.a_bytes) else 0
+        keys = sorted(self.uses)
+        self._ukeys = np.asarray(keys, np.int64)
+        lens = np.fromiter((len(self.uses[k]) for k in keys), np.int64, len(keys))
+        self._uptr = np.zeros(len(keys) + 1, np.int64)
+        np.cumsum(lens, out=self._uptr[1:])
+        self._ulaunch = (np.concatenate([np.asarray(self.uses[k], np.int64) for k in keys]) if keys
+                         else np.zeros(0, np.int64))
+        self._delta = np.zeros(max(1, len(rel.a_addr)), np.int64)
+        self._rb: tuple | None = None   # (count, bases, allocations) of rel._run_bases when last laid out
+        self._f = None
+
+    def scores(self, units: np.ndarray, t: int) -> np.ndarray:
+        """The scores of `units` (int64) at launch t, as float64."""
+        rel = self.rel
+        rb = rel._run_bases
+        if self._rb is None or self._rb[0] != len(rb):   # allocations learned since: laid out again
+            for j, d in rel.delta.items():
+                self._delta[j] = d
+            self._rb = (len(rb), np.asarray([b for b, _ in rb], np.int64), np.asarray([j for _, j in rb], np.int64))
+            self._runmap = (self._rb[1], self._rb[2], rel.a_bytes, self._delta)
+        out = np.empty(len(units), np.float64)
+        if self._f is None:
+            self._uses = (self._ukeys, self._uptr, self._ulaunch)
+            self._f = entry_point(next_use_scores, units, int(t), int(self.unit), self._runmap, int(self.widest),
+                                  self._uses, out)
+        self._f(units, t, self.unit, self._runmap, self.widest, self._uses, out)
+        return out
 
     def score(self, u: int, t: int) -> float:
         rel, unit = self.rel, self.unit

@@ -148,8 +148,12 @@ class UnitResidency:
         """Python scores for the candidates the kernel wrote to io (victim rules with a scorer)."""
         sc, io = int(self.rs[RK.R_SCAL]), int(self.rs[RK.R_IO])
         n = int(self.rs[sc + RK.S_CANDN])
-        units = self.rs[io:io + 2 * n:2].tolist()
         view = self.rs[io:io + 2 * n].view(np.float64)
+        many = getattr(self.next_use, "scores", None)
+        if many is not None:   # all of them in one compiled call (relocate.RelocatedNextUse)
+            view[1::2] = many(self.rs[io:io + 2 * n:2].copy(), t)
+            return RK.FL_SCORED
+        units = self.rs[io:io + 2 * n:2].tolist()
         view[1::2] = [float(self.next_use.score(u, t)) for u in units]
         return RK.FL_SCORED
 
