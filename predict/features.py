@@ -233,12 +233,26 @@ def layouts(launches: pa.Table, idx: np.ndarray) -> tuple[tuple, tuple, np.ndarr
 
 # ---- allocations ---------------------------------------------------------------
 
+SMALL_ROWS = 512   # factorize_rows sorts up to this many rows, hashes more
+
+
 def factorize_rows(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(unique rows sorted, inverse) of an int64 matrix, by hashing (much faster than np.unique(axis=0))."""
-    import pandas as pd
     n, k = M.shape
     if k == 0:
         return np.zeros((1 if n else 0, 0), np.int64), np.zeros(n, np.int64)
+    if n <= SMALL_ROWS:   # a sort: the hash's per-column calls cost more on a few rows (the fitter's groups)
+        if n == 0:
+            return M[:0], np.zeros(0, np.int64)
+        o = np.lexsort(M.T[::-1])
+        s = M[o]
+        new = np.empty(n, bool)
+        new[0] = True
+        np.any(s[1:] != s[:-1], axis=1, out=new[1:])
+        inv = np.empty(n, np.int64)
+        inv[o] = np.cumsum(new) - 1
+        return s[new], inv
+    import pandas as pd
     code = np.zeros(n, np.int64)
     card = 1
     for j in range(k):

@@ -25,6 +25,7 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from pagecast.uvm import PAGE
 
@@ -136,6 +137,23 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
     Columns equal over all groups are kept once (the simplest name), columns
     whose magnitude exceeds `limit` are dropped (no exact int64 arithmetic).
     """
+    key = (tuple(feat_names), feat_vals.shape, feat_vals.dtype.str, np.ascontiguousarray(feat_vals).tobytes(),
+           np.asarray(varying, bool).tobytes(), max_degree, max_cols, limit)
+    got = _MONO_MEMO.get(key)
+    if got is None:
+        got = _monomials(feat_names, feat_vals, varying, max_degree, max_cols, limit)
+        got.values.setflags(write=False)   # shared by the solves that ask for the same columns
+        if len(_MONO_MEMO) >= MONO_MEMO:
+            _MONO_MEMO.pop(next(iter(_MONO_MEMO)))
+        _MONO_MEMO[key] = got
+    return got
+
+
+MONO_MEMO = 64   # monomial matrices kept (the fit asks for one group set's again for each stride, start, end)
+_MONO_MEMO: dict = {}
+
+
+def _monomials(feat_names, feat_vals, varying, max_degree, max_cols, limit) -> Monomials:
     U = feat_vals.shape[0]
     vi = [i for i in range(len(feat_names)) if varying[i]]
     ci = [i for i in range(len(feat_names)) if not varying[i]]
@@ -348,11 +366,96 @@ def _pick(best: list, candidates: bool):
     return out
 
 
-def _cost(c: int, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
-    """|c| + distance from 0 to the feasible constants for coefficient c (convex in c)."""
-    L = int((lo - c * g).max())
-    H = int((hi - c * g).min())
-    return abs(c) + max(L, 0, -H) + (0 if L <= H else 1e30)
+@njit(cache=True)
+def _cost_nb(c, g, lo, hi):
+    """|c| + distance from 0 to the feasible constants for coefficient c (convex in c), where
+    L = max(lo - c*g) and H = min(hi - c*g): (feasible: L <= H, |c| + max(L, 0, -H)), exact (the
+    sum as uint64: it never exceeds 2^63 + |c|; the int64 products wrap as numpy's do). An
+    infeasible cost counts as the sum plus 1e30 (`_cost_lt`)."""
+    L = lo[0] - c * g[0]
+    H = hi[0] - c * g[0]
+    for i in range(1, len(g)):
+        x = lo[i] - c * g[i]
+        if x > L:
+            L = x
+        y = hi[i] - c * g[i]
+        if y < H:
+            H = y
+    m = np.uint64(L) if L > 0 else np.uint64(0)
+    if H < 0:
+        nh = np.uint64(-(H + 1)) + np.uint64(1)
+        if nh > m:
+            m = nh
+    ac = c if c >= 0 else -c
+    return L <= H, np.uint64(ac) + m
+
+
+@njit(cache=True)
+def _cost_lt(f1, v1, f2, v2):
+    """Is cost (f1, v1) below (f2, v2) (`_cost_nb`)? A feasible one below every infeasible one;
+    two infeasible ones compared as floats, each its sum plus 1e30."""
+    if f1 and f2:
+        return v1 < v2
+    if f1 or f2:
+        return f1
+    return np.float64(v1) + 1e30 < np.float64(v2) + 1e30
+
+
+@njit(cache=True)
+def _ternary(g, lo, hi, a, b):
+    """The integer ternary search for the minimizer of `_cost_nb` over [a, b] (convex in c): the
+    interval it ends on, every value of which `_best_coef` tries."""
+    while b - a > 2:
+        m1 = a + (b - a) // 3
+        m2 = b - (b - a) // 3
+        f1, c1 = _cost_nb(m1, g, lo, hi)
+        f2, c2 = _cost_nb(m2, g, lo, hi)
+        if _cost_lt(f1, c1, f2, c2):
+            b = m2 - 1
+        elif _cost_lt(f2, c2, f1, c1):
+            a = m1 + 1
+        else:
+            a, b = m1, m2
+            if b - a <= 2:
+                break
+            a += 1
+    return a, b
+
+
+# every o * 2^k (o odd, <= 15) in int64, ascending: _best_coef's round coefficients
+_ROUND = np.unique(np.array([o << k for k in range(63) for o in range(1, 16, 2) if o << k < 1 << 63], np.int64))
+
+
+def _odd_arr(x: np.ndarray) -> np.ndarray:
+    """`odd` of each value of an int64 array (as int64; the extremes through `odd` itself)."""
+    a = np.abs(x)
+    out = np.zeros(len(x), np.int64)
+    big = (a < 0) | (a >= 1 << 62)
+    nz = (a > 0) & ~big
+    out[nz] = a[nz] // (a[nz] & -a[nz])
+    for i in np.flatnonzero(big):
+        out[i] = odd(int(x[i]))
+    return out
+
+
+def _pick_consts(L: np.ndarray, H: np.ndarray, mode: str) -> np.ndarray:
+    """`_pick_const(L[i], H[i], mode)` for each i, `mode` a name ("tight", "late", "round")."""
+    out = np.zeros(len(L), np.int64)
+    todo = np.flatnonzero(~((L <= 0) & (H >= 0)))
+    if not len(todo):
+        return out
+    far = (np.abs(L[todo]) >= 1 << 61) | (np.abs(H[todo]) >= 1 << 61)   # where int64 could wrap: as it is
+    for i in todo[far]:
+        out[i] = _pick_const(int(L[i]), int(H[i]), mode)
+    todo = todo[~far]
+    lo, hi = L[todo], H[todo]
+    if mode in ("tight", "late"):
+        pos = lo > 0
+        hi = np.where(pos, np.minimum(hi, -(-lo // PAGE) * PAGE), hi)
+        lo = np.where(pos, lo, np.maximum(lo, (hi // PAGE) * PAGE))
+    for j, (a, b) in enumerate(zip(lo.tolist(), hi.tolist())):
+        out[todo[j]] = _roundest(a, b)
+    return out
 
 
 def _best_coef(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, lo_c: int, hi_c: int,
@@ -362,47 +465,34 @@ def _best_coef(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, lo_c: int, hi_c: i
     Candidates: the minimizer of |c| + |const| (convex in c: integer ternary search)
     and every c = o * 2^k (o odd <= 15) in the interval.
     """
-    cands = set()
+    parts = []
+    g = np.ascontiguousarray(g, np.int64)
     for a, b in ((lo_c, min(hi_c, -1)), (max(lo_c, 1), hi_c)):
         if a > b:
             continue
-        while b - a > 2:
-            m1 = a + (b - a) // 3
-            m2 = b - (b - a) // 3
-            c1, c2 = _cost(m1, g, lo, hi), _cost(m2, g, lo, hi)
-            if c1 < c2:
-                b = m2 - 1
-            elif c1 > c2:
-                a = m1 + 1
-            else:
-                a, b = m1, m2
-                if b - a <= 2:
-                    break
-                a += 1
-        cands.update(range(a, b + 1))
+        a, b = _ternary(g, lo, hi, a, b)
+        parts.append(np.arange(a, b + 1, dtype=np.int64))
     for sign, a, b in ((1, max(lo_c, 1), hi_c), (-1, max(-hi_c, 1), -lo_c)):
         if a > b:
             continue
-        k = 0
-        while (1 << k) <= b:
-            for o in range(1, 16, 2):
-                v = o << k
-                if a <= v <= b:
-                    cands.add(sign * v)
-            k += 1
-    cands.discard(0)
-    if not cands:
+        parts.append(sign * _ROUND[(_ROUND >= a) & (_ROUND <= b)])
+    C = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    C = C[C != 0]
+    if not len(C):
         return None
-    C = np.array(sorted(cands), np.int64)
     L = (lo[None, :] - C[:, None] * g[None, :]).max(axis=1)
     H = (hi[None, :] - C[:, None] * g[None, :]).min(axis=1)
     ok = L <= H
     if not ok.any():
         return None
-    oddp = np.array([odd(c) for c in C], np.float64)
+    oddp = _odd_arr(C).astype(np.float64)
     cost = np.full(len(C), np.inf)
-    for i in np.flatnonzero(ok):
-        cost[i] = oddp[i] ** 2 + odd(_pick_const(int(L[i]), int(H[i]), mode))
+    okw = np.flatnonzero(ok)
+    if isinstance(mode, str):
+        cost[okw] = oddp[okw] ** 2 + _odd_arr(_pick_consts(L[okw], H[okw], mode)).astype(np.float64)
+    else:
+        for i in okw:
+            cost[i] = oddp[i] ** 2 + odd(_pick_const(int(L[i]), int(H[i]), mode))
     if mode == "late":
         # the latest start the bounds allow among simple coefficients (odd part <= 15): a start
         # known only to its big page, whose smallest simple coefficient would leave the chunk to
