@@ -1181,8 +1181,9 @@ and out at every step, and alloc's whole allocations cost it only what those ext
 
 
 def runner_runs(work: Path, costs: str, names: list[str]) -> dict:
-    """Policy `runner` (the GPU runner's own online decisions) beside demand on each workload's
-    replay trace, with the pooled model: {workload: runs}."""
+    """Policy `runner` (the GPU runner: template's plan carried out ahead of the kernels,
+    replay/policies/runner.py) beside demand on each workload's replay trace, with the pooled
+    model: {workload: runs}."""
     from pagecast.predict.model_io import load_model
     from pagecast.demo import OVERSUB, REPLAY_SEED
     from pagecast.replay.sim.sweep import SimConfig, replay_sim
@@ -1197,7 +1198,7 @@ def runner_runs(work: Path, costs: str, names: list[str]) -> dict:
 
 
 def runner_section(runner: dict, main: list[dict]) -> str:
-    """template (planned ahead) against runner (the GPU runner's own online decisions) per workload.
+    """template (planned ahead) against runner (the GPU runner carrying out template's plan) per workload.
     `runner`: runner_runs; `main`: the main table's runs (template's speedups and faults, and
     oracle's, widened by the runner's runs)."""
     import statistics
@@ -1240,38 +1241,64 @@ brings in bulk what the plan leaves to fault, the overflow of launches larger th
 template's)."""
     else:
         runner_ahead = "The runner is ahead of template (by more than 0.5%) on no row."
+    shares = [x for v in ratio.values() for x in v]
+    n_pass = sum(x >= 0.9 for x in shares)
     return f"""
 ## The GPU runner's decisions, in the simulator
 
 `template` above plans the whole launch sequence ahead. The GPU runner (`replay --backend gpu`,
-`pagecast.prefetching`) decides one launch at a time: it predicts that launch's footprint,
-prefetches what its residency estimate lacks and evicts 2 MiB units by predicted next use; given a
-trace of the workload (the launches ahead) it also brings the next launch's predicted footprint in
-one launch early and evicts by the plan's next use (replay/online/lookahead.py).
-Policy `runner` drives the runner's own engine with each trace's launches and replays its
-transfers in the simulator (replay/policies/runner.py; it has not run on a GPU, and neither has
-the runner). Speedups over demand, same traces, model and profile:
+`pagecast.prefetching`), given a plan (`pagecast plan`, or the one a replay makes at start from the
+model and the trace: template's), carries it out ahead of the kernels: replay/online/plan_schedule.py
+lays the plan's transfers out per launch once, at start (its runs of consecutive units as byte
+ranges, a launch's own apart from those for later launches, cut at allocation boundaries), and each
+launch's group is issued at the callback of the launch before, on the runner's copy stream:
+evictions first (after the launch before has ended where they take its units), then prefetches in
+need order; the launch waits for its own ranges and for the earlier group holding ranges it needs,
+never for the whole copy stream; ranges that index values chose go once the launch that wrote the
+values has ended and they are copied to the host. Policy `runner` replays those ranges in the
+simulator, each range one call (the profile's per-call `transfer_latency_s`) and the callback's
+host time per launch (replay/policies/runner.py). The runner itself ran on an H200 once, one launch
+at a time, on one small workload at one level (docs/gpu-validation.md, "Results": jacobi2d at 200%,
+template 0.76x demand); nothing below is checked against a GPU, and the GPU engine
+(replay/gpu/cuda_engine.py) does not read the plan's schedule yet: on a GPU the runner still decides
+one launch at a time, as below. Speedups over demand, same traces, model and profile:
 
 {chr(10).join(rows)}
 
-The runner keeps {geo} of template's speedup (geometric means); below demand:
-{', '.join(below) or 'nowhere'}. What is left of the difference is mostly what the runner
-moves, not when: it prefetches every launch's predicted footprint, where template leaves transfers
-to faults where its trial runs show they are cheaper and chooses its span (docs/performance.md,
-"The simulator's runner with the lookahead"). The runner predicts kernels its
+The runner keeps {geo} of template's speedup (geometric means); {n_pass} of {len(shares)} cells reach
+90% (lowest {min(shares):.0%}); below demand: {', '.join(below) or 'nowhere'}. What is left of the
+difference is the calls, each charged the profile's `transfer_latency_s`: the runner issues every
+range of the plan, resident or not, and splits a run of units where it crosses an allocation (the
+driver takes one allocation per range) or passes from the launch's own units to later launches',
+where template in the simulator counts the runs of units it moved. What each moves is the same,
+unit for unit (tests/test_replay_runner.py). benchmarks/runner_lookahead.py
+measures the runner with a plan beside the runner without one in the same run (docs/performance.md,
+"The simulator's runner with the lookahead"). The figures charge the callback the profile's
+`host_launch_s`, which msched-rtx5080 does not set: with 20 µs a launch charged to the runner alone
+it keeps far less on these traces, whose kernels run a few µs (docs/performance.md, same section).
+
+Without a plan the runner decides one launch at a time: it predicts that launch's footprint,
+prefetches what its residency estimate lacks and evicts 2 MiB units by predicted next use; given a
+trace of the workload (the launches ahead) it also brings the next launch's predicted footprint in
+one launch early and evicts by the plan's next use (replay/online/lookahead.py). What it loses
+against template is what it moves, not when: it prefetches every launch's predicted footprint,
+where template leaves transfers to faults where its trial runs show they are cheaper and chooses its
+span. It predicts kernels its
 model cannot with no fallback unless it has fault feedback (`online/prediction.py`'s `default_fallback`):
 the fit's history, which it used before, names every expert a MoE fit saw, and moe-decode
 ran at 0.26x of demand at 150% with it (1.49x without; spmv-cg, whose gathers it does
 help, 2.72x against 2.58x; measured on the revision-1 models when that default changed).
-Where launches are larger than memory the runner's residency estimate keeps, after such a
+Where launches are larger than memory its residency estimate keeps, after such a
 launch, only its last units, a capacity's worth: the driver evicts whole 2 MiB chunks as the
 launch faults, and the runner sees those evictions only through fault feedback. Counting all
 of the launch's units resident, as the runner did before, left it at 1.73x on stream at 150%
 (20,157 faults; 250 launches larger than memory; under the fault model before the driver model).
-Before such a launch the runner prefetches only its first capacity's worth, which the launch uses
+Before such a launch it prefetches only its first capacity's worth, which the launch uses
 before its faults evict it; prefetching all of it, as it did before, left only the launch's end
 resident, which its first faults evicted before the kernel got there (jacobi2d at 300% ran at
-0.83x of demand, under the same earlier model). {runner_ahead} Belady's plans issue a chunk's units with the evictions that made its room, in and out on the copy engines at once, as the runner's groups do, and after a launch larger than memory they list the next one's whole front, as the runner prefetches it (docs/cost-model.md, "Why the runner runs ahead of oracle's own plans"). The runner is a policy like the others, so its runs join
+0.83x of demand, under the same earlier model).
+
+{runner_ahead} The runner is a policy like the others, so its runs join
 oracle's family: oracle takes the runner's run where that is the fastest run of the row
 ({', '.join(adopted) or 'nowhere'}), and the tables above measure template against it there.
 These are the numbers the GPU validation (docs/gpu-validation.md) should be read against.
