@@ -238,7 +238,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         pol = cls.for_replay(setup)
         if cls.chooses_span:
             pol.spans = cfg.spans()
-        follows_plan = fixed is not None and cls.requires == "model-or-plan"   # a plan that placed memory
+        # a plan that placed memory: template, and a policy carrying its plan out (the runner)
+        follows_plan = fixed is not None and (cls.requires == "model-or-plan" or pol.carries_out_plan)
         placed = host_workload(w, traces, cls.places, predicted, extra, prof, cfg, model) \
             if cfg.placement == "auto" and not follows_plan else None
         if placed is not None or follows_plan:
