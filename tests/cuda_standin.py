@@ -198,6 +198,18 @@ class FakeCuda:
                 self.on_gpu.difference_update(gone)
                 self.dtoh += self._moved(-1, gone, "user")
 
+    def discard_batch(self, ranges, stream: int = 0) -> None:
+        """cuMemDiscardBatchAsync: the ranges' pages leave the GPU, their contents gone (nothing is
+        copied back, no migration is reported); only where `batch` has it."""
+        if "cuMemDiscardBatchAsync" not in self.batch:
+            raise CudaCallError("cuMemDiscardBatchAsync failed: CUDA_ERROR_NOT_FOUND")
+        ranges = [(int(a), int(n)) for a, n in ranges]
+        for a, n in ranges:
+            self._check_range(a, n)
+        self.log.append(("discard", tuple(ranges), stream))
+        for a, n in ranges:
+            self.on_gpu.difference_update(range(a // self.PAGE, (a + n - 1) // self.PAGE + 1))
+
     def allocation_of(self, addr: int) -> Allocation | None:
         for a in self.allocs.values():
             if a.base <= addr < a.base + a.size:
