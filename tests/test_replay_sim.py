@@ -405,3 +405,41 @@ def test_group_order_is_the_lexsort_of_group_late_unit():
             np.testing.assert_array_equal(ptr, np.searchsorted(g[ref], np.arange(G + 1)))
             if late is not None:
                 np.testing.assert_array_equal(first, np.bincount(g[own], minlength=G))
+
+
+def test_capacities_run_at_once_give_the_same_runs(workloads):
+    """A planned policy's runs at several capacities in threads (SimConfig.jobs) are the runs one
+    after the other: rows and timelines equal."""
+    from dataclasses import replace
+    trs = [workloads["jacobi2d"], workloads["spmv-cg"]]
+    cfg = SimConfig(costs="msched-rtx5080", timeslice_ms=0.05)
+    one, tl1 = replay_sim(trs, ["demand", "alloc", "oracle"], oversub=[1.5, 2.0, 3.0], config=replace(cfg, jobs=1))
+    many, tl3 = replay_sim(trs, ["demand", "alloc", "oracle"], oversub=[1.5, 2.0, 3.0], config=replace(cfg, jobs=3))
+    assert one == many
+    assert tl1.equals(tl3)
+
+
+def test_capacity_jobs_is_bounded_by_capacities():
+    from pagecast.replay.sim.sweep import capacity_jobs
+    for n in (1, 2, 3, 8):
+        assert 1 <= capacity_jobs(n) <= n
+
+
+def test_latest_at_is_maximum_at():
+    """belady._latest_at: np.maximum.at over the early prefetch entries and the gated ones."""
+    from pagecast.replay.plan import belady as PB
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        G, n = int(rng.integers(1, 40)), int(rng.integers(0, 200))
+        dt = rng.choice([np.int32, np.int64])
+        g = rng.integers(0, G, n).astype(dt)
+        s = np.minimum(g + rng.integers(0, 3, n), G - 1).astype(dt)
+        a = np.where(rng.random(n) < 0.3, rng.integers(0, G, n), -1).astype(dt)
+        ng, gt = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
+        gated = PB._latest_at(ng, gt, g, s, a)
+        ref_ng, ref_gt = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
+        np.maximum.at(ref_ng, s[s != g], g[s != g])
+        np.maximum.at(ref_gt, g[a >= 0], a[a >= 0])
+        np.testing.assert_array_equal(ng, ref_ng)
+        np.testing.assert_array_equal(gt, ref_gt)
+        assert gated == bool((a >= 0).any())

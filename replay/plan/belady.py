@@ -204,7 +204,7 @@ def _with_filler(u, c, at, c_fill, c_fill_at, resident, in_at, last_use, ev_at, 
     return a if a <= lim and a < at else at
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, knobs, unit_want, uses, chunks):
     """Plan evictions and prefetches for steps start_step.. on predicted needs.
 
@@ -587,7 +587,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_ptr(sorted_g, G):
     """CSR row pointers of G groups from ascending group numbers (one pass, no G-sized bincount)."""
     ptr = np.empty(G + 1, np.int64)
@@ -614,7 +614,7 @@ def group_order(g, late, u, G):
     return _group_order(g, lt, u, G)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_order(g, late, u, G):
     n = len(g)
     cnt = np.zeros(2 * G + 1, np.int64)
@@ -651,7 +651,7 @@ def _group_order(g, late, u, G):
     return order, ptr, first
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _own_counts(sorted_g, own, G):
     out = np.zeros(G, np.int64)
     for k in range(len(sorted_g)):
@@ -693,24 +693,42 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     ev_u = ev_u[oe]
     del oe, ev_g
     own = pf_n == pf_g
-    # the latest earlier group holding a unit a step needs (its launch waits for that group)
+    # the latest earlier group holding a unit a step needs (its launch waits for that group), and per
+    # group the latest step whose values its prefetches wait for (np.maximum.at's result, in one pass:
+    # ufunc.at took a tenth of a replay's time)
     need_group = np.full(G, -1, np.int64)
-    early = ~own
-    np.maximum.at(need_group, pf_n[early], pf_g[early])
-    del early
     gate = np.full(G, -1, np.int64)
+    gated = _latest_at(need_group, gate, pf_g, pf_n, pf_a)
     gate_bytes = np.zeros(G, np.int64)
-    ga = pf_a >= 0
-    if ga.any():
-        np.maximum.at(gate, pf_g[ga], pf_a[ga])
+    if gated:
+        ga = pf_a >= 0
         if value_bytes is not None:
             # one copy per launch whose values a group's prefetches wait for
             pair = np.unique(pf_g[ga].astype(np.int64) * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
-    del ga, pf_n
+        del ga
+    del pf_n
     op, pf_ptr, need_now = group_order(pf_g, ~own, pf_u, G)
     del pf_g, own
     return ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
+
+
+@njit(cache=True, nogil=True)
+def _latest_at(need_group, gate, pf_g, pf_n, pf_a):
+    """need_group[n] = max(need_group[n], g) over the early prefetch entries (group g != step n), and
+    gate[g] = max(gate[g], a) over the entries waiting for values (a >= 0); whether any waits."""
+    gated = False
+    for k in range(len(pf_g)):
+        g = pf_g[k]
+        n = pf_n[k]
+        if n != g and g > need_group[n]:
+            need_group[n] = g
+        a = pf_a[k]
+        if a >= 0:
+            gated = True
+            if a > gate[g]:
+                gate[g] = a
+    return gated
 
 
 @njit(cache=True)

@@ -115,6 +115,9 @@ class Policy:
     # where the run is faster), or None (the driver's default placement only)
     places: str | None = None
     lru_one_pass = False      # its LRU runs at every capacity are one stack-distance pass (sim/stack.py)
+    # its runs at different capacities keep nothing on the policy object (all in their Context), so a
+    # sweep may run them at once (sim/sweep.py, capacity_jobs)
+    concurrent_capacities = False
 
     @classmethod
     def for_replay(cls, setup: ReplaySetup) -> Policy:
@@ -164,6 +167,7 @@ class Planned(Policy):
     spans: tuple[str, ...] | None = None   # None: every one of PLAN_SPANS
     fronts: tuple[bool, ...] = (False, True)   # plans tried for launches larger than memory (plan_groups)
     faults: bool = True    # with the span chosen, also try leaving what the trial run has time to fault
+    concurrent_capacities = True   # its plan and trial runs are the run's (Context.state)
 
     def needs(self, ctx: Context) -> Needs:
         raise NotImplementedError

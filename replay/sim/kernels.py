@@ -157,7 +157,7 @@ def _batch_prefetch(missed, b0, b1, sp, m, rules, counters, row):
             _tree_prefetch(u, sp, m, rules, counters, row)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP | LAUNCH):
     """Steps s0..s1-1 of `steps`: each step's planned group (when
     rules.track_unplanned: the policy plans; group i - plan.base of `plan`),

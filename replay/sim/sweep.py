@@ -11,6 +11,8 @@ plan for one trace, its span chosen by trial runs of this simulator.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from pathlib import Path
@@ -55,6 +57,7 @@ class SimConfig:
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
     placement: str = "device"    # "auto": planned policies also try host placement (placement.py)
+    jobs: int | None = None      # a policy's capacities run at once in this many threads (None: capacity_jobs)
 
     @classmethod
     def of(cls, req: ReplayRequest) -> SimConfig:
@@ -217,6 +220,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     placed_w: dict[str, Workload] = {}   # a policy's workload with its host placement (--placement auto)
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
     setup = ReplaySetup(model=model, template=tmpl)
+    jobs = cfg.jobs if cfg.jobs is not None else capacity_jobs(len(caps))
     # without a timeline a finished run is kept as its summary reads it (run.compact)
     keep = (lambda r: r) if timeline else compact
     # a policy that runs last (oracle) is handed every other policy's run at the same capacity
@@ -246,7 +250,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             placed_w[p] = fixed.w if follows_plan else placed.w
         ws = [x for x in (w, None if placed is None else placed.w, fixed.w if follows_plan else None) if x is not None]
         made_before = [set(x.extra) for x in ws]
-        for (c, _), cu in zip(caps, cap_units):
+
+        def run_at(cu, pol=pol, placed=placed, follows_plan=follows_plan, cls=cls):
             if follows_plan:
                 r = run_policy(fixed.w, pol, cu, prof, opts)
                 r.extra["host_bytes"] = fixed.host_bytes
@@ -254,7 +259,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 r = run_policy(w, pol, cu, prof, opts)
             if placed is not None:
                 r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
-            results[(p, c)] = keep(r)
+            return keep(r)
+
+        for (c, _), r in zip(caps, _runs_at(run_at, cap_units, jobs if cls.concurrent_capacities else 1)):
+            results[(p, c)] = r
             del r
             for x in ws:
                 x.extra.pop(RUN_ONLY, None)   # the run's plan's next uses: the next run plans anew
@@ -304,6 +312,56 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     if not timeline:
         return runs, None
     return runs, (pa.concat_tables(tl_parts) if tl_parts else timeline_table({}))
+
+
+def capacity_jobs(n_caps: int) -> int:
+    """How many of a policy's runs at different capacities go at once: one per core this process
+    may use, one per capacity, and as many as the memory available holds, each taken to need what
+    the process holds now (its workload; a run's planner makes per-use arrays of the needs' size:
+    docs/performance.md, "Replay memory"). At least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    held, avail = _memory_now()
+    by_memory = max(int(avail // held), 1) if held and avail else 1
+    return max(1, min(cores, n_caps, by_memory))
+
+
+def _memory_now() -> tuple[int, int]:
+    """(this process's resident bytes, the system's available bytes), 0 where Linux's /proc does not say."""
+    held = avail = 0
+    try:
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return held, avail
+
+
+def _runs_at(run_at, cap_units: list[int], jobs: int):
+    """run_at(cu) for each capacity, in order; with jobs > 1, the first alone, then the others
+    that many at once in threads (the planner's core and the simulator's engine release the GIL:
+    plan/belady.py, sim/kernels.py). The runs are the same either way: each has its own context
+    and memory, and what they share they only read. What a policy's runs share and make once (its
+    needs, its predictions, kept in the workload's `extra`) the first run makes, before any other
+    starts, so no two threads make it at once."""
+    if not cap_units:
+        return
+    yield run_at(cap_units[0])
+    rest = cap_units[1:]
+    if jobs <= 1 or len(rest) <= 1:
+        for cu in rest:
+            yield run_at(cu)
+        return
+    with ThreadPoolExecutor(max_workers=jobs) as ex:
+        futures = [ex.submit(run_at, cu) for cu in rest]
+        for fu in futures:
+            yield fu.result()
 
 
 @dataclass
