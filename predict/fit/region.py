@@ -26,7 +26,7 @@ from ..observe import RegionObs
 from .data import KernelData
 from .index_rows import fit_by_position, fit_position_range
 from .index_values import empty_hits, fit_filtered_runs, fit_indexed, indexed_pages
-from .layout import fault_pages_loglik, fit_layouts
+from .layout import LOGLIK_LAUNCHES, fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
@@ -371,6 +371,10 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
     kd, cat, sel = rf.kd, rf.cat, rf.sel
     if not any(p.obs.trace.values is not None for p in kd.parts):
         return None
+    # a rival's log-likelihood is at most 0 and is weighed on some of these launches, so it gains
+    # no more than the range loses on all of them: under the odds, no rival is fitted
+    if _range_loss(kd, rng, cat, sel[~rf.nat]) + 1e-6 < np.log(kd.params.odds_per_term):
+        return None
     won, best = None, -np.inf
     for key in (COMPARE_TERMS, BY_POSITION, POSITION_RANGE):
         alt = {BY_POSITION: rf.by_position, POSITION_RANGE: rf.position_range}.get(key, lambda: rf.indexed(key))()
@@ -386,6 +390,13 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
         if n > 0 and (held_i or not held_r) and gain >= np.log(kd.params.odds_per_term) and gain > best:
             won, best = key, gain
     return won
+
+
+def _range_loss(kd: KernelData, rng: Region, cat: RegionObs, sel: np.ndarray) -> float:
+    """Minus the log-likelihood of the faults of every launch of `sel` under range `rng` (a sum
+    over launches: `fault_pages_loglik` reads at most LOGLIK_LAUNCHES of them a call)."""
+    return -sum(fault_pages_loglik(kd, rng, cat, sel[i:i + LOGLIK_LAUNCHES])[0]
+                for i in range(0, len(sel), LOGLIK_LAUNCHES))
 
 
 def _try_indexed(rf: RegionFit) -> Region | None:

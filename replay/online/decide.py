@@ -401,6 +401,8 @@ class LaunchDecider:
         both_e = both_w if ef is wf else np.concatenate((ef, wn))
         pf_flat, evict, overflow = self._capacity_step(t, view, RangeArrays(both_w), period,
                                                        estimate=(RangeArrays(both_e), known), flat=True)
+        if not len(pf_flat):   # all of it resident: nothing to split
+            return _with_groups(Decision([], evict, predicted, predict_s, overflow, period, discard=discard), [], t + m)
         out, gptr = self._windows.split(pf_flat, own, win, wptr, m)
         flat = out.tolist()
         g = gptr.tolist()

@@ -146,14 +146,16 @@ class UnitResidency:
 
     def _score(self, t: int) -> int:
         """Python scores for the candidates the kernel wrote to io (victim rules with a scorer)."""
-        sc, io = int(self.rs[RK.R_SCAL]), int(self.rs[RK.R_IO])
-        n = int(self.rs[sc + RK.S_CANDN])
-        view = self.rs[io:io + 2 * n].view(np.float64)
+        rs = self.rs
+        sc, io = int(rs[RK.R_SCAL]), int(rs[RK.R_IO])
+        n = int(rs[sc + RK.S_CANDN])
+        seg = rs[io:io + 2 * n]
+        view = seg.view(np.float64)
         many = getattr(self.next_use, "scores", None)
         if many is not None:   # all of them in one compiled call (relocate.RelocatedNextUse)
-            view[1::2] = many(self.rs[io:io + 2 * n:2].copy(), t)
+            view[1::2] = many(seg[0::2].copy(), t)
             return RK.FL_SCORED
-        units = self.rs[io:io + 2 * n:2].tolist()
+        units = seg[0::2].tolist()
         view[1::2] = [float(self.next_use.score(u, t)) for u in units]
         return RK.FL_SCORED
 
