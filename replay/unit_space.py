@@ -169,8 +169,11 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     if len(fp.start) and int(fp.end.max()) < np.iinfo(I64).max // 2:
         # a launch's intervals in order (a merged footprint's are): one pass, memory for the result
         # only (the sort below keeps eight arrays of every use: what needs_from peaked on)
+        # a unit's page count is at most r: written in the width `narrow` keeps it in (an int64 array
+        # of every use, narrowed after, was the largest transient of needs_from)
+        like = np.empty(0, ID if r <= np.iinfo(ID).max else I64)
         indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
-                                           fp.end.astype(I64, copy=False), int(r), int(n))
+                                           fp.end.astype(I64, copy=False), int(r), int(n), like)
         if indptr[0] == 0:
             return indptr, tot
     su, eu = fp.start // r, (fp.end - 1) // r + 1
@@ -187,15 +190,15 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     tot = np.bincount(grp, weights=pages).astype(I64)
     indptr = np.zeros(n + 1, I64)
     np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
-    return indptr, tot
+    return indptr, narrow(tot)
 
 
 @njit(cache=True)
-def _unit_pages_in_order(lid, start, end, r, n):
+def _unit_pages_in_order(lid, start, end, r, n, like):
     """unit_page_counts' (indptr, pages) where every launch's units come ascending in interval order
     (launches ascending too): then its sort keeps them where they are and each (launch, unit) is a
     run of consecutive entries, summed here in two passes (count, then fill). indptr[0] = -1 where
-    they do not come so (the caller sorts)."""
+    they do not come so (the caller sorts). The counts come in `like`'s width."""
     cnt = np.zeros(n + 1, np.int64)
     pl = -1
     pu = -1
@@ -204,14 +207,14 @@ def _unit_pages_in_order(lid, start, end, r, n):
         for u in range(start[i] // r, (end[i] - 1) // r + 1):
             if la < pl or (la == pl and u < pu):
                 cnt[0] = -1
-                return cnt, np.zeros(0, np.int64)
+                return cnt, np.zeros(0, like.dtype)
             if la != pl or u != pu:
                 cnt[la + 1] += 1
             pl = la
             pu = u
     for j in range(n):
         cnt[j + 1] += cnt[j]
-    tot = np.zeros(cnt[n], np.int64)
+    tot = np.zeros(cnt[n], like.dtype)
     j = -1
     pl = -1
     pu = -1
@@ -633,7 +636,11 @@ class Workload:
 
 
 def gather_steps(csrs, step_task, step_launch) -> Needs:
-    """Per-task CSR -> one CSR in step order (vectorized)."""
+    """Per-task CSR -> one CSR in step order (vectorized). One task whose launches are the steps, in
+    order (a replay of one trace), is its CSR as it is: nothing is copied."""
+    if len(csrs) == 1 and len(step_launch) == len(csrs[0][0]) - 1 and \
+            np.array_equal(step_launch, np.arange(len(step_launch))):
+        return Needs(np.asarray(csrs[0][0], I64), csrs[0][1])
     bases = np.concatenate([[0], np.cumsum([len(c[0]) - 1 for c in csrs])]).astype(I64)
     ptr_all = []
     unit_all = []
