@@ -370,3 +370,70 @@ def test_the_span_fingerprint_hashed_in_pieces_is_the_whole_arrays_digest(monkey
     h.update(unit.astype(I64))
     monkeypatch.setattr(S, "FINGERPRINT_PIECE", 7)
     assert S.needs_fingerprint(nd) == (len(ptr), len(unit), h.hexdigest())
+
+
+def _fitted_by_sort(block_plan, block_needs, base, block_lo, n_units, unit_s, latency_s):
+    """The fitted span's rule as it was first written (a key per prefetch entry, sorted; the base's
+    pairs and their runs; a buffer of both needs), in plain numpy and Python: fitted_needs' reference."""
+    from pagecast.replay.plan.faults import prefetch_uses
+    m = n_units + 1
+    need, own, useful = prefetch_uses(block_plan, block_needs, base)
+    fetched = need >= 0
+    pair = need[fetched] * m + block_lo[block_plan.pf_unit[fetched]]
+    keys = np.unique(pair)
+    inv = np.searchsorted(keys, pair)
+    own, useful = own[fetched], useful[fetched]
+    wasted = np.bincount(inv[~own & ~useful], minlength=len(keys))
+    n_useful = np.bincount(inv[useful], minlength=len(keys))
+    cand = (n_useful == 0) & (wasted > 0)
+    runs = {}
+    for s in range(len(base.ptr) - 1):
+        prev = None
+        for x in base.unit[base.ptr[s]:base.ptr[s + 1]].tolist():
+            k = s * m + int(block_lo[x])
+            runs[k] = runs.get(k, 0) + (1 if prev is None or k != prev[0] or x != prev[1] + 1 else 0)
+            prev = (k, x)
+    narrow = {int(k) for k, w in zip(keys[cand], wasted[cand]) if w * unit_s > max(runs.get(int(k), 1) - 1, 0) * latency_s}
+    if not narrow:
+        return block_needs
+    ptr, out = [0], []
+    for s in range(len(block_needs.ptr) - 1):
+        own_units = base.unit[base.ptr[s]:base.ptr[s + 1]].tolist()
+        done = set()
+        for x in block_needs.unit[block_needs.ptr[s]:block_needs.ptr[s + 1]].tolist():
+            k = s * m + int(block_lo[x])
+            if k not in narrow:
+                out.append(x)
+            elif k not in done:
+                done.add(k)
+                out += [y for y in own_units if block_lo[y] == block_lo[x]]
+        ptr.append(len(out))
+    return Needs(np.array(ptr, I64), np.array(out, I64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), steps=st.integers(2, 25), units=st.integers(4, 48),
+       cap=st.integers(2, 30), front=st.booleans(), latency=st.sampled_from([0.0, 1e-6, 5e-6, 1e-4]))
+def test_the_fitted_span_tallied_per_use_equals_the_sort_of_every_entry(seed, steps, units, cap, front, latency):
+    """fitted_needs (a tally per use of the block span, judged and narrowed in passes over the steps)
+    against the rule by a sort of every prefetch entry's (step, block) key."""
+    from types import SimpleNamespace
+    from pagecast.replay.plan.belady import plan_groups
+    from pagecast.replay.plan.fitted import fitted_needs
+    from pagecast.replay.plan.spans import widen_to_blocks
+    rng = np.random.default_rng(seed)
+    ptr, unit = _needs(rng, steps, units, 0.35)
+    base = Needs(ptr, unit)
+    block_lo = (np.arange(units, dtype=I64) // 4) * 4
+    block_hi = np.minimum(block_lo + 4, units)
+    bp, bu = widen_to_blocks(base.ptr, base.unit, block_lo, block_hi)
+    wide = Needs(bp, bu)
+    g = plan_groups(wide, units, cap, front=front)
+    unit_s = 2e-6
+    w = SimpleNamespace(universe=SimpleNamespace(block_lo=block_lo), gran=65536)
+    profile = SimpleNamespace(transfer_latency_s=latency, bulk_time=lambda *a: unit_s)
+    got = fitted_needs(g, wide, base, w, profile)
+    want = _fitted_by_sort(g, wide, base, block_lo, units, unit_s, latency)
+    assert (got is wide) == (want is wide)
+    np.testing.assert_array_equal(got.ptr, want.ptr)
+    np.testing.assert_array_equal(got.unit, want.unit)

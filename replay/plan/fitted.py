@@ -21,85 +21,145 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..unit_space import I64, Needs, Workload
+from ..unit_space import Needs, Workload
 from .faults import prefetch_uses, unit_move_seconds
 from .groups import Groups
 
 
 def fitted_needs(block_plan: Groups, block_needs: Needs, base: Needs, w: Workload, profile) -> Needs:
     """`block_needs` (the block span of `base`, planned as `block_plan`) with the (launch, block)
-    pairs whose widening does not pay (module doc) narrowed back to `base`'s units."""
+    pairs whose widening does not pay (module doc) narrowed back to `base`'s units.
+
+    A pair is a run of `block_needs`' uses (a step's units ascend and a block's units are
+    consecutive ids), so what the rule counts per pair is kept per use of `block_needs`, one int32
+    each (`_tally`), and the pairs are judged and narrowed in passes over the steps: no key per
+    prefetch entry, no sort, nothing the size of every use but that tally (a key, a sorted copy
+    and an inverse per entry, the base's pairs and a buffer of both needs were ~14 bytes a use of
+    the block span more, the largest transient of template's planning)."""
     u = w.universe
-    m = I64(u.n_units + 1)
     need, own, useful = prefetch_uses(block_plan, block_needs, base)
-    fetched = need >= 0
-    pair = need[fetched] * m + u.block_lo[block_plan.pf_unit[fetched]]
-    del need
-    # the pairs' keys and each entry's key (np.unique's inverse made by its argsort: five arrays of
-    # every prefetch entry; a sort and a search are two), counted on the entries that count
-    keys = np.sort(pair)
-    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys
-    inv = np.searchsorted(keys, pair)
-    del pair
-    own, useful = own[fetched], useful[fetched]
-    wasted = np.bincount(inv[~own & ~useful], minlength=len(keys))
-    n_useful = np.bincount(inv[useful], minlength=len(keys))
-    del inv, own, useful, fetched
-    cand = (n_useful == 0) & (wasted > 0)
-    if not cand.any():
+    tally = _tally(block_needs.ptr, block_needs.unit, block_plan.pf_unit, need, own, useful)
+    del need, own, useful
+    n = _judge(block_needs.ptr, block_needs.unit, base.ptr, base.unit, u.block_lo, tally,
+               unit_move_seconds(profile, w.gran), float(profile.transfer_latency_s))
+    if n == 0:
         return block_needs
-    # the transfers widening merged: the footprint's runs of consecutive units in the pair, less one
-    bkeys, bruns = _pair_runs(base.ptr, base.unit, u.block_lo, m)
-    where = np.minimum(np.searchsorted(bkeys, keys[cand]), max(len(bkeys) - 1, 0))
-    runs = np.where(bkeys[where] == keys[cand], bruns[where], 1) if len(bkeys) else np.ones(int(cand.sum()))
-    narrow = keys[cand][wasted[cand] * unit_move_seconds(profile, w.gran)
-                        > np.maximum(runs - 1, 0) * profile.transfer_latency_s]
-    if len(narrow) == 0:
-        return block_needs
-    ptr, unit = _narrowed(block_needs.ptr, block_needs.unit, base.ptr, base.unit, u.block_lo, np.sort(narrow), m)
-    return Needs(ptr, unit)
+    ptr = _narrowed_ptr(block_needs.ptr, block_needs.unit, base.ptr, base.unit, u.block_lo, tally)
+    return Needs(ptr, _narrowed(block_needs.ptr, block_needs.unit, base.ptr, base.unit, u.block_lo, tally, ptr))
+
+
+USEFUL = -1     # a tally's mark: a useful extra came in for the pair (it stays widened)
+NARROWED = -2   # at a pair's first use, once judged: it goes back to the footprint's own units
 
 
 @njit(cache=True)
-def _pair_runs(ptr, unit, block_lo, m):
-    """Per (step, block) pair of a needs CSR (ascending units in a step, so pairs come in order):
-    its key step * m + block and how many runs of consecutive units it holds."""
-    n = len(unit)
-    keys = np.empty(n, np.int64)
-    runs = np.zeros(n, np.int64)
-    p = -1
-    for s in range(len(ptr) - 1):
-        for k in range(ptr[s], ptr[s + 1]):
-            key = s * m + block_lo[unit[k]]
-            if p < 0 or keys[p] != key:
-                p += 1
-                keys[p] = key
-                runs[p] = 1
-            elif unit[k] != unit[k - 1] + 1:
-                runs[p] += 1
-    return keys[:p + 1], runs[:p + 1]
+def _find(unit, lo, hi, x):
+    """The first position of `x` in the ascending unit[lo:hi] (hi where it is not there)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if unit[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True)
-def _narrowed(s_ptr, s_unit, b_ptr, b_unit, block_lo, narrow, m):
-    """The needs `s` (widened) with the (step, block) pairs in `narrow` (sorted keys) replaced by
-    the units `b` (the footprint) holds there; units stay ascending within a step."""
-    n = len(s_ptr) - 1
-    out = np.empty(len(s_unit) + len(b_unit), s_unit.dtype)   # units of s's universe: s's width (unit_space.narrow)
-    ptr = np.zeros(n + 1, np.int64)
-    o = 0
-    q = 0
-    for s in range(n):
-        while q < len(narrow) and narrow[q] < s * m:
-            q += 1
+def _tally(n_ptr, n_unit, pf_unit, need, own, useful):
+    """Per use of the needs: USEFUL where a useful extra was fetched for that (step, unit), else how
+    many wasted extras (neither the footprint's own nor useful) were: each prefetch entry counted
+    at the use of its unit in the step it is for (`need`; -1: none)."""
+    out = np.zeros(len(n_unit), np.int32)
+    for k in range(len(need)):
+        j = need[k]
+        if j < 0 or own[k]:
+            continue
+        p = _find(n_unit, n_ptr[j], n_ptr[j + 1], pf_unit[k])
+        if useful[k]:
+            out[p] = USEFUL
+        elif out[p] != USEFUL:
+            out[p] += 1
+    return out
+
+
+@njit(cache=True)
+def _judge(s_ptr, s_unit, b_ptr, b_unit, block_lo, tally, unit_s, latency_s):
+    """Each (step, block) pair of the widened needs `s` with no useful extra and some wasted: marked
+    NARROWED at its first use where its wasted units cost more (`unit_s` each) than the transfers
+    the widening merged save (`latency_s` per run of consecutive units of the footprint `b` there,
+    less one; one run where `b` has none). Returns how many were marked."""
+    marked = 0
+    for s in range(len(s_ptr) - 1):
         k = s_ptr[s]
         kb = b_ptr[s]
         while k < s_ptr[s + 1]:
             bl = block_lo[s_unit[k]]
-            key = s * m + bl
-            while q < len(narrow) and narrow[q] < key:
+            first = k
+            wasted = 0
+            any_useful = False
+            while k < s_ptr[s + 1] and block_lo[s_unit[k]] == bl:
+                if tally[k] == USEFUL:
+                    any_useful = True
+                else:
+                    wasted += tally[k]
+                k += 1
+            if any_useful or wasted == 0:
+                continue
+            while kb < b_ptr[s + 1] and block_lo[b_unit[kb]] < bl:
+                kb += 1
+            runs = 0
+            q = kb
+            while q < b_ptr[s + 1] and block_lo[b_unit[q]] == bl:
+                if runs == 0 or b_unit[q] != b_unit[q - 1] + 1:
+                    runs += 1
                 q += 1
-            if q < len(narrow) and narrow[q] == key:
+            if runs == 0:
+                runs = 1
+            if wasted * unit_s > max(runs - 1, 0) * latency_s:
+                tally[first] = NARROWED
+                marked += 1
+    return marked
+
+
+@njit(cache=True)
+def _narrowed_ptr(s_ptr, s_unit, b_ptr, b_unit, block_lo, tally):
+    """The row pointers of `_narrowed`'s result (its first pass: memory for the result only)."""
+    n = len(s_ptr) - 1
+    ptr = np.zeros(n + 1, np.int64)
+    for s in range(n):
+        c = 0
+        k = s_ptr[s]
+        kb = b_ptr[s]
+        while k < s_ptr[s + 1]:
+            bl = block_lo[s_unit[k]]
+            if tally[k] == NARROWED:
+                while kb < b_ptr[s + 1] and block_lo[b_unit[kb]] < bl:
+                    kb += 1
+                while kb < b_ptr[s + 1] and block_lo[b_unit[kb]] == bl:
+                    c += 1
+                    kb += 1
+                while k < s_ptr[s + 1] and block_lo[s_unit[k]] == bl:
+                    k += 1
+            else:
+                c += 1
+                k += 1
+        ptr[s + 1] = ptr[s] + c
+    return ptr
+
+
+@njit(cache=True)
+def _narrowed(s_ptr, s_unit, b_ptr, b_unit, block_lo, tally, ptr):
+    """The needs `s` (widened) with the (step, block) pairs marked NARROWED at their first use
+    replaced by the units `b` (the footprint) holds there; units stay ascending within a step."""
+    n = len(s_ptr) - 1
+    out = np.empty(ptr[n], s_unit.dtype)   # units of s's universe: s's width (unit_space.narrow)
+    o = 0
+    for s in range(n):
+        k = s_ptr[s]
+        kb = b_ptr[s]
+        while k < s_ptr[s + 1]:
+            bl = block_lo[s_unit[k]]
+            if tally[k] == NARROWED:
                 while kb < b_ptr[s + 1] and block_lo[b_unit[kb]] < bl:
                     kb += 1
                 while kb < b_ptr[s + 1] and block_lo[b_unit[kb]] == bl:
@@ -112,5 +172,4 @@ def _narrowed(s_ptr, s_unit, b_ptr, b_unit, block_lo, narrow, m):
                 out[o] = s_unit[k]
                 o += 1
                 k += 1
-        ptr[s + 1] = o
-    return ptr, out[:o].copy()
+    return out
