@@ -146,7 +146,7 @@ class Runner(Policy):
                  planner: Template | None = None, callback_s: float | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
-        as a runner that reads none); `lookahead`: the runner's lookahead for planned runs
+        as a runner that reads none; one launch at a time only: a plan has its own); `lookahead`: the runner's lookahead for planned runs
         (online/lookahead.py, as the GPU runner's child switches it on; False: one launch at a
         time, as the GPU runner with --no-lookahead; None: `LOOKAHEAD`); `planned`: carry out
         template's plan (online/plan_schedule.py; None: `PLANNED`), made by `planner` (the replay's
