@@ -26,6 +26,7 @@ def test_rows_per_launch_evictions_first_own_ranges_counted_and_cut_at_allocatio
     two = sched.at(2)
     assert two.after.tolist() == [0] and two.waits_for == 1 and two.gate_bytes == 64 and two.own == 1
     assert sched.issued_at(2) == 1 and sched.issued_at(0) == 0
+    assert sched.issued_at(1) == 1   # its evictions wait for launch 0's end: issued at its own callback
     assert sched.calls.tolist() == [0, 4, 1]
 
 

@@ -12,7 +12,9 @@ Per launch l (`PlannedLaunch`):
   prefetches in need order. The plan's early prefetches (units for later launches in earlier
   groups) go further ahead: the depth is the plan's, chosen by its trial runs;
 - `wait_prev`: the evictions take units launch l - 1 uses, so the copy stream waits for its end
-  first (an event); otherwise nothing of the copy stream waits for a kernel;
+  first (an event recorded after l - 1 is launched: such a group is issued at l's own callback,
+  `issued_at`, which costs it nothing, as it could not start before l - 1 ends); otherwise nothing
+  of the copy stream waits for a kernel;
 - `own`: the first `own` prefetch ranges are l's own; l's stream waits on an event recorded after
   them and on the event of `waits_for` (the latest earlier launch whose group holds a range l
   needs), never on the whole copy stream;
@@ -97,8 +99,9 @@ class PlanSchedule:
                              bool(self.wait_prev[t]), int(self.waits_for[t]), int(self.gate_bytes[t]))
 
     def issued_at(self, t: int) -> int:
-        """The launch at whose callback launch t's group is issued."""
-        return max(t - ISSUE_AHEAD, 0)
+        """The launch at whose callback launch t's group is issued: ISSUE_AHEAD before it, or its
+        own where it waits for the launch before to end (that launch's event exists only then)."""
+        return t if self.wait_prev[t] else max(t - ISSUE_AHEAD, 0)
 
 
 def _ptr(launch: np.ndarray, n: int) -> np.ndarray:
