@@ -1252,7 +1252,8 @@ model and the trace: template's), carries it out ahead of the kernels: replay/on
 lays the plan's transfers out per launch once, at start (its runs of consecutive units as byte
 ranges, a launch's own apart from those for later launches, cut at allocation boundaries), and each
 launch's group is issued at the callback of the launch before, on the runner's copy stream:
-evictions first (after the launch before has ended where they take its units), then prefetches in
+evictions first (where they take the launch before's units, after it has ended, issued at the
+launch's own callback), then prefetches in
 need order; the launch waits for its own ranges and for the earlier group holding ranges it needs,
 never for the whole copy stream; ranges that index values chose go once the launch that wrote the
 values has ended and they are copied to the host. Policy `runner` replays those ranges in the
