@@ -11,8 +11,9 @@ makes at start from the model and the trace), the runner carries it out ahead of
 of consecutive units as byte ranges, the launch's own apart from those for later launches, cut at
 the trace's allocation boundaries), and each launch's group is issued at the callback of the launch
 before, on the runner's copy stream: evictions as the plan has them (where they take the launch
-before's units, after it ends, issued at the launch's own callback), then prefetches in need order; the launch waits for its own ranges and
-the earlier group holding ranges it needs, never for the whole copy stream. Ranges whose pages index
+before's units, after it ends, issued at the launch's own callback), then prefetches in need
+order; the launch waits for its own ranges and the earlier group holding ranges it needs, never for
+the whole copy stream. Ranges whose pages index
 values chose go once the launch that wrote the values has ended and the values are copied (the
 plan's gates): nothing is prefetched before its values exist. The simulator moves the units of those
 ranges (the groups `prefetch` returns) and charges each range one call (`Groups.calls`: the profile's
