@@ -22,7 +22,7 @@ from . import plan_io
 from .belady import plan_groups
 from .faults import leave_to_faults
 from .fitted import fitted_needs
-from .groups import Groups, same_plan
+from .groups import Groups
 
 # What choose_span keeps of a trial run when its caller wants only the times (`whole_run=False`): the
 # launches' starts and ends, what leave_to_faults and best_plan read (a whole run also holds its
@@ -153,13 +153,26 @@ FINGERPRINT_PIECE = 1 << 20   # values hashed at a time
 def needs_fingerprint(n: Needs) -> tuple:
     """Sizes and a 128-bit hash of a Needs' steps and units: choose_span's test that a wider span named
     nothing new, without holding every span's needs at once (10^6 launches: hundreds of MB each)."""
+    return _fingerprint((n.ptr, n.unit))
+
+
+def plan_fingerprint(g: Groups) -> tuple:
+    """Sizes and a 128-bit hash of the arrays `groups.same_plan` compares: choose_span's test that a
+    span's plan with fronts is the plan without, without holding the one while the other is made."""
+    return _fingerprint([getattr(g, f) for f in PLAN_FIELDS])
+
+
+PLAN_FIELDS = ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group", "gate")   # same_plan's
+
+
+def _fingerprint(arrays) -> tuple:
     h = hashlib.blake2b(digest_size=16)
-    for a in (n.ptr, n.unit):
+    for a in arrays:
         # hashed as int64 whatever the width they are held in (unit_space.narrow), a piece at a time
         # (an int64 copy of every use was the needs' size again)
         for i in range(0, len(a), FINGERPRINT_PIECE):
             h.update(np.ascontiguousarray(a[i:i + FINGERPRINT_PIECE], dtype=I64))
-    return len(n.ptr), len(n.unit), h.hexdigest()
+    return tuple(len(a) for a in arrays) + (h.hexdigest(),)
 
 
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
@@ -212,21 +225,23 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
         # launches larger than memory: also the plan that brings their front in first
         tries = fronts if trial is not None and len(sn.ptr) > 1 and \
             int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
-        plans: list[Groups] = []
+        plans: list[tuple] = []   # fingerprints of this span's plans (a plan goes before the next is made)
         for front in tries:
             g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
             if span == "block" and not front:
                 block = (g, sn)
             if trial is None or (len(spans) == 1 and len(tries) == 1):
                 return span, sn, g, None
-            if any(same_plan(g, o) for o in plans):
+            fg = plan_fingerprint(g)
+            if fg in plans:
+                del g
                 continue   # no launch's front changed anything: the same run
-            plans.append(g)
+            plans.append(fg)
             r = trial(g, sn)
             t = float(r.end[-1]) if len(r.end) else 0.0
             if best is None or t < best[3]:
                 best = (span, sn, g, t, r if whole_run else TrialTimes(r.start, r.end))
-            del r   # a loser's run goes before the next trial
+            del r, g   # a loser's run and plan go before the next trial and plan
     if faults and profile is not None and best is not None:
         g = leave_to_faults(best[2], best[1], needs, best[4], profile, w.gran)
         if g is not None:
