@@ -437,3 +437,57 @@ def test_the_fitted_span_tallied_per_use_equals_the_sort_of_every_entry(seed, st
     assert (got is wide) == (want is wide)
     np.testing.assert_array_equal(got.ptr, want.ptr)
     np.testing.assert_array_equal(got.unit, want.unit)
+
+
+def test_a_plan_made_again_from_its_choices_is_the_plan_choose_span_made(gathered):
+    """best_plan keeps how its fastest plan was made, not the plan, and makes it again (Made.again):
+    on the predicted needs and on every alternative, at capacities with and without launches larger
+    than memory, the plan made again equals choose_span's, array for array."""
+    from pagecast.replay.plan.adaptive import predicted_gated
+    from pagecast.replay.plan.alternatives import Made, value_alternatives
+    from pagecast.replay.plan.spans import PLAN_SPANS, choose_span
+    from pagecast.replay.policies.base import Options, plan_trial
+    from pagecast.replay.sim.run import run_policy
+    tr, model = gathered
+    prof = load_profile("msched-rtx5080")
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    pg = [predicted_gated(model, tr, "adaptive")]
+    needs = w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
+    alts = value_alternatives(w, model, [tr], "adaptive", pg)
+    faulted = 0
+    for cap in (max(int(w.truth.sizes().max()) // 2, 1), len(np.unique(w.truth.unit)) // 2):
+        def trial():
+            return plan_trial(w, needs, cap, prof, Options(), run_policy)
+        for i, nd in enumerate([needs, *alts]):
+            span, sn, g, run = choose_span(w, nd, cap, PLAN_SPANS, (False, True), trial(), profile=prof,
+                                           faults=True, whole_run=False)
+            faulted += g.faulted > 0
+            span2, sn2, g2 = Made(i - 1, span, g.front, g.faulted).again(w, nd, cap, trial(), prof)
+            assert span2 == span
+            for f in ("ptr", "unit", "after"):
+                x, y = getattr(sn, f), getattr(sn2, f)
+                assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+            for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "thrash", "need_group",
+                      "gate", "gate_bytes", "front", "faulted"):
+                np.testing.assert_array_equal(getattr(g, f), getattr(g2, f))
+            np.testing.assert_array_equal(g.prefetch_after(), g2.prefetch_after())
+    assert faulted   # a plan that left transfers to faults was made again too
+
+
+def test_a_plans_fingerprint_says_what_same_plan_says():
+    """choose_span tells a span's plan with fronts from the one without by fingerprints (the plan
+    goes before the next is made): equal where same_plan is true, whatever the arrays' widths."""
+    import copy
+
+    from pagecast.replay.plan.belady import plan_groups
+    from pagecast.replay.plan.groups import same_plan
+    from pagecast.replay.plan.spans import PLAN_FIELDS, plan_fingerprint
+    rng = np.random.default_rng(3)
+    ptr, unit = _needs(rng, 20, 40, 0.4)
+    a = plan_groups(Needs(ptr, unit), 40, 12)
+    b = copy.copy(a)
+    for f in PLAN_FIELDS:
+        setattr(b, f, getattr(a, f).astype(I64))
+    assert same_plan(a, b) and plan_fingerprint(a) == plan_fingerprint(b)
+    c = plan_groups(Needs(ptr, unit), 40, 6)
+    assert not same_plan(a, c) and plan_fingerprint(a) != plan_fingerprint(c)

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..unit_space import Needs, Workload
 from .adaptive import predicted_gated
-from .spans import choose_span
+from .belady import plan_groups
+from .faults import leave_to_faults
+from .spans import TrialTimes, choose_span, span_needs
 
 
 def without_indexed(model, cls: str = "irregular"):
@@ -80,29 +83,68 @@ def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> li
 
 
 def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs], cap_units: int, spans, fronts,
-              trial: Callable[[], Callable[[Any, Needs], Any] | None], profile, faults: bool) -> tuple:
+              trial: Callable[[], Callable[[Any, Needs], Any] | None], profile, faults: bool,
+              needs: Needs | None = None) -> tuple:
     """The plan on every prediction, made by `first()` (choose_span's (span, span needs, plan, its
-    trial run or None)), or the fastest alternative's: (span, span needs, plan, its trial run's time
-    or None where no trial ran). Each is judged by its
+    trial run or None) on `needs`), or the fastest alternative's: (span, span needs, plan, its trial
+    run's time or None where no trial ran). Each is judged by its
     trial run on the full predicted needs (`trial()` makes a trial function: one per plan, so that
     nothing a trial caches outlives its plan); `first`'s own plan without alternatives or trials.
 
-    Only the fastest plan so far is held while the next alternative is planned: each plan at the
-    block span of 10^6 launches is hundreds of MB (its needs, 1.7 uses a use, and its transfer
-    lists), and the one on every prediction was held through all of them. The planner is
-    deterministic, so what is kept is the plan that would have been kept."""
+    No plan is held while the next alternative is planned: each plan at the block span of 10^6
+    launches is hundreds of MB (its needs, 1.7 uses a use, and its transfer lists). What is kept of
+    the fastest so far is how it was made (`Made`: which needs, its span, front and what it left to
+    faults) and its time; unless it is the last one planned, it is made again at the end
+    (`Made.again`), the planner being deterministic: the plan that would have been kept. Without
+    `needs`, the plan on every prediction is held instead (it cannot be made again but by `first`)."""
     if not alternatives or (t := trial()) is None:
         span, sn, g, run = first()
         return span, sn, g, None if run is None else float(run.end[-1])
     span, sn, g, run = first()
     if run is None:
         run = t(g, sn)
-    best, out = run.end[-1], (span, sn, g)
+    best, made = run.end[-1], Made(-1, span, g.front, g.faulted)
+    held = (span, sn, g) if needs is None else None
+    last = (span, sn, g)
     del span, sn, g, run, t
     for i in range(len(alternatives)):
+        last = None   # the plan made before goes before the next alternative is made
         span, sn, g, run = choose_span(w, alternatives[i], cap_units, spans, fronts, trial(), profile=profile,
                                        faults=faults, whole_run=False)   # only its time is read
         if run is not None and run.end[-1] < best:
-            best, out = run.end[-1], (span, sn, g)
+            best, made, held = run.end[-1], Made(i, span, g.front, g.faulted), None
+        last = (span, sn, g)
         del span, sn, g, run   # the losers' needs and plan go before the next alternative is made
+    if made.which == len(alternatives) - 1:
+        out = last
+    elif held is not None:
+        out = held
+    else:
+        del last
+        out = made.again(w, needs if made.which < 0 else alternatives[made.which], cap_units, trial(), profile)
     return (*out, float(best))
+
+
+@dataclass(frozen=True)
+class Made:
+    """How `best_plan`'s fastest plan so far was made: on which needs (-1: the predicted needs, else
+    that alternative), at which span, with or without fronts, and whether transfers were then left
+    to faults (choose_span's choices)."""
+
+    which: int
+    span: str
+    front: bool
+    faulted: int
+
+    def again(self, w: Workload, needs: Needs, cap_units: int, trial, profile) -> tuple:
+        """(span, span needs, plan): the plan choose_span made on `needs` with these choices, made
+        again as choose_span made it (its span's needs, Belady's plan, and where it left transfers
+        to faults, those its trial run has time to fault)."""
+        sn = span_needs(needs, self.span, w, cap_units, profile)
+        g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=self.front)
+        if self.faulted:
+            r = trial(g, sn)
+            g = leave_to_faults(g, sn, needs, TrialTimes(r.start, r.end), profile, w.gran)
+            if g is None or g.faulted != self.faulted:
+                raise AssertionError("a plan made again differs from the one its trial ran")
+        return self.span, sn, g

@@ -105,7 +105,7 @@ class Template(Planned):
     def _or_values_left_to_faults(self, ctx) -> Groups:
         """The plan on every prediction, or one leaving the indexed pieces out, whichever the
         trial on the predicted needs finds faster (plan/alternatives.py). The plan on every
-        prediction is made by best_plan, which holds only the fastest plan so far."""
+        prediction is made by best_plan, which holds no plan while the next is made."""
         if self._feedback:
             return super().prefetch(ctx)
         pg = self.predicted_gates(ctx)
@@ -121,7 +121,7 @@ class Template(Planned):
                                profile=ctx.profile, faults=faults, whole_run=False)   # best_plan reads its time
 
         span, sn, g, trial_s = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
-                                         lambda: span_trial(ctx, needs), ctx.profile, faults)
+                                         lambda: span_trial(ctx, needs), ctx.profile, faults, needs=needs)
         ctx.state.update(plan_needs=sn, plan_span=span, plan_front=g.front, plan_faulted=g.faulted)
         if trial_s is not None:
             ctx.state["plan_trial_s"] = trial_s
