@@ -99,7 +99,7 @@ class _Program:
                     self.stored.extend((int(s), int(e)))
             # an indexed region is its fallback here (as an irregular region without a history): a
             # launch whose index values are at hand goes the reference path (CompiledPredictor.predict)
-            self.regions.extend((int(offsets[b.param]) + b.within, _CLS.get(r.cls, CK.CLS_IRREGULAR),
+            self.regions.extend((int(offsets[b.param]) + b.within, _CLS.get(r.predicts, CK.CLS_IRREGULAR),
                                  self.formula(r.start, local), self.formula(r.end, local),
                                  self.formula(r.count, local), self.formula(r.chunk, local),
                                  self.formula(r.stride, local), h0, len(self.stored) // 2))
@@ -248,7 +248,8 @@ class CompiledPredictor(OnlinePredictor):
         b = _Program()
         self._entries.clear()
         self._indexed = {name for name, km in self.model.kernels.items()
-                         if any(r.cls == "indexed" for kv in (km, *km.variants) for r in kv.regions)}
+                         if any(r.cls == "indexed" or r.index is not None for kv in (km, *km.variants)
+                                for r in kv.regions)}
         for i, (name, km) in enumerate(self.model.kernels.items()):
             b.kernel(km, km.param_offsets)
             grid = any(Word.parse(n).param < 0 for r in km.regions for n in r.feature_names())

@@ -24,7 +24,7 @@ from pagecast.errors import UsageError
 
 from .breakdown import buffer_breakdown
 from .features import kernel_groups
-from .model_io import CLASSES, Model
+from .model_io import ARGUMENT_CLASSES, CLASSES, Model
 from .observe import _inside
 from .predictor import _check_fallback, allocation_footprints, predict_with_unseen
 
@@ -109,9 +109,10 @@ def evaluate(model: Model, trace: T.Trace, fallback: str = "history", kernel: st
             d = _stats(inter[m], pp[m], fp[m], ps, int(m.sum()))
             d["kernels"] = int(sum(1 for n in names if (model.kernels[n].cls if n in model.kernels else "unseen") == c))
             by_class[c] = d
-    # over the kernels whose footprint the arguments determine (no irregular or indexed region, seen),
+    # over the kernels whose footprint the arguments determine (no irregular, indexed or unresolved
+    # region, seen),
     # and those whose footprint index values determine (an indexed region, none irregular)
-    det = np.array([n in model.kernels and model.kernels[n].cls not in ("irregular", "indexed") for n in names]
+    det = np.array([n in model.kernels and model.kernels[n].cls in ARGUMENT_CLASSES for n in names]
                    or [False])
     dm = (det[codes] if len(codes) else np.zeros(0, bool)) & whole
     determined = _stats(inter[dm], pp[dm], fp[dm], ps, int(dm.sum()))

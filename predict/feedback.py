@@ -189,7 +189,7 @@ def _refine(km: KernelModel, r: Region, values: dict, base: int, s_, e_, a_s: in
         before = list(r.history)
         r.history = _merge_hist(r.history, s_ - a_s, e_ - a_s)
         return r.history != before
-    if r.cls == "allocation":
+    if r.predicts == "allocation":   # an `unresolved` region too (model_io.PREDICTED_AS)
         return False  # a miss inside the allocation cannot be: the prediction already held it
     if r.cls == "strided":
         return _refine_strided(r, values, base, s_, e_, a_s, a_e, ps)

@@ -34,10 +34,18 @@ from .formula import Formula
 
 FORMAT = "pagecast-model"
 VERSION = 1
-CLASSES = ("fixed", "linear", "strided", "allocation", "indexed", "irregular")
+CLASSES = ("fixed", "linear", "strided", "allocation", "indexed", "irregular", "unresolved")
 FALLBACKS = ("allocation", "history", "none")
-# class order for a kernel's summary class: the most demanding region decides
-_RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "indexed": 4, "irregular": 5}
+# class order for a kernel's summary class: the most demanding region decides (a kernel with an
+# `unresolved` region is unresolved: what it says outranks any template beside it)
+_RANK = {"fixed": 0, "allocation": 1, "linear": 2, "strided": 3, "indexed": 4, "irregular": 5, "unresolved": 6}
+# a class with no pages of its own is predicted as another: `unresolved` (the records hold what
+# should choose the pages - index values, a table of addresses, arguments with a layout - and no
+# formula the fitter solves explains them) as its allocations, conservatively
+# (docs/template-model.md, "Recovered or said so")
+PREDICTED_AS = {"unresolved": "allocation"}
+# the classes whose pages the arguments alone determine (evaluate's `determined` share)
+ARGUMENT_CLASSES = ("fixed", "linear", "strided", "allocation")
 INDEX_ELEMS = (4, 8)   # an indexed region's values are 4- or 8-byte signed integers (int32, int64 indices)
 
 
@@ -113,6 +121,11 @@ class Region:
     fit: dict = field(default_factory=dict)
 
     @property
+    def predicts(self) -> str:
+        """The class whose prediction this region takes (`PREDICTED_AS`; its own class elsewhere)."""
+        return PREDICTED_AS.get(self.cls, self.cls)
+
+    @property
     def position_range(self) -> bool:
         """Indexed rows by position, not by index values: `count` rows of `stride` bytes from
         `start`, the count read from count_index, with no lengths (predict/indexed.py)."""
@@ -139,6 +152,12 @@ class Region:
             return indexed_text(self)
         if self.cls == "allocation":
             return f"the allocation {b} points into"
+        if self.cls == "unresolved":
+            why = self.fit.get("unresolved", "") if isinstance(self.fit, dict) else ""
+            what = f"the allocation {b} points into"
+            if self.index is not None and self.count is not None:
+                what += f" and those its first {self.count.text()} 64-bit values v64({self.index}) point into"
+            return f"unresolved: {what}" + (f" ({why})" if why else "")
         return f"irregular in the allocation {b} points into"
 
     def to_json(self) -> dict:
@@ -163,6 +182,8 @@ class Region:
                     d["lengths"] = True
                 if self.length_diff:
                     d["length_diff"] = True
+        if self.cls == "unresolved" and self.index is not None:   # a table of addresses (`count` of them)
+            d["index"] = self.index
         for k, f in self.formulas().items():
             d[k] = f.to_json()
         if self.cls == "irregular":
@@ -511,6 +532,17 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
         for n in f.names():
             _check_word(n, f"{where}: {k}", sizes, offs)
         setattr(r, k, f)
+    if cls == "unresolved" and rd.get("index") is not None:
+        # the allocations the first `count` 64-bit values at `index` point into (a table of addresses)
+        _check_word(rd["index"], f"{where}: index", sizes, offs, pointer=True)
+        try:
+            r.count = Formula.from_json(rd.get("count"))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{where}: an unresolved region with an index needs a count: {e}") from None
+        if r.count.terms or not 1 <= r.count.const <= 1 << 20:
+            raise ValueError(f"{where}: an unresolved region's count must be a constant from 1 to 2**20 (the "
+                             f"addresses its table holds)")
+        r.index, r.elem = rd["index"], 8
     if cls == "fixed" and (r.start.terms or r.end.terms):
         raise ValueError(f"{where}: a fixed region's start and end must be constants")
     if cls == "indexed":

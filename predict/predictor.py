@@ -79,6 +79,25 @@ class _Compiled:
     subs: list           # per region, the resolved pointer Word of a table's count_sub buffer (else None)
 
 
+def _pointed(trace, index, launch: np.ndarray, tptr: np.ndarray, r) -> tuple[np.ndarray, np.ndarray]:
+    """(launch, allocation) of each live allocation the first `r.count` 64-bit values recorded at
+    `tptr` point into, per launch (a table of addresses; none where no values were recorded)."""
+    im = V.image(trace)
+    rows = im.find(launch, tptr)
+    n = int(r.count.const) if r.count is not None else 0
+    ls, vs = [], []
+    for row in np.unique(rows[rows >= 0]):
+        v = im.ints(int(row), n, 8).astype(np.uint64)
+        at = np.flatnonzero(rows == row)
+        ls.append(np.repeat(launch[at], len(v)))
+        vs.append(np.tile(v, len(at)))
+    if not ls:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lv, vv = np.concatenate(ls), np.concatenate(vs)
+    a = index.lookup(vv, lv)
+    return lv[a >= 0], a[a >= 0]
+
+
 def _compile(km: KernelModel) -> _Compiled:
     names: dict[str, Word] = {}
     bases = []
@@ -88,8 +107,9 @@ def _compile(km: KernelModel) -> _Compiled:
     subs = []
 
     def word(text: str | None, cls: str) -> Word | None:
-        """An indexed region's pointer word, resolved; None where the region has none."""
-        return Word.parse(text).resolve(km.param_sizes) if cls == "indexed" and text is not None else None
+        """An indexed region's pointer word (or an unresolved one's table of addresses), resolved;
+        None where the region has none."""
+        return Word.parse(text).resolve(km.param_sizes) if cls != "irregular" and text is not None else None
 
     for r in km.regions:
         bases.append(Word.parse(r.base).resolve(km.param_sizes))
@@ -203,8 +223,11 @@ def _predict_pieces(model: Model, trace: T.Trace, fallback: str, *, baseline: bo
                 sb = st[rep] + j * sd[rep]
                 sp, ep = to_pages(sb, sb + ch[rep], ps, a_s[ac][rep], a_e[ac][rep])
                 acc.add(l[rep], sp, ep, "strided")
-            elif r.cls == "allocation":
-                acc.add(l, a_s[ac], a_e[ac], "allocation")
+            elif r.predicts == "allocation":   # an `unresolved` region too (model_io.PREDICTED_AS)
+                acc.add(l, a_s[ac], a_e[ac], r.cls)
+                if iw is not None:   # and the allocations its table's 64-bit addresses point into
+                    pl, pa = _pointed(trace, index, l, iw.pointer_batch(mat, km.param_offsets)[ok], r)
+                    acc.add(pl, a_s[pa], a_e[pa], r.cls)
             elif r.cls == "indexed":
                 vals = {n: v[ok] for n, v in values.items()}
                 im = V.image(trace)
@@ -572,7 +595,7 @@ class OnlinePredictor:
                                     for f in (r.start, r.end, r.count, r.chunk, r.stride))
                     ix = None if iw is None else _IndexWords(*((None if w is None else (w.param, w.within))
                                                                for w in (iw, cw, fw, sw)))
-                    bases.append((r, b.param, b.within, r.cls, fns, ix))
+                    bases.append((r, b.param, b.within, r.predicts, fns, ix))
                 c = (km, words, bases)
             self._compiled[key] = c
         return c
@@ -597,6 +620,8 @@ class OnlinePredictor:
         out = []
         for r, p, within, cls, fns, ix in bases:
             if cls != "indexed":
+                if ix is not None and r.count is not None:   # an unresolved region's table of addresses
+                    out.append((_pointer(param_data, offs, ix.index), 8 * int(r.count.const)))
                 continue
             if self._alloc_of(_pointer(param_data, offs, (p, within))) is None:
                 continue
@@ -674,6 +699,13 @@ class OnlinePredictor:
                         out.append((sp, ep))
             elif cls == "allocation":
                 out.append((a_s, a_e))
+                if ix is not None and values is not None and r.count is not None:
+                    # an unresolved region's table of addresses: the allocations they point into
+                    data = values(_pointer(param_data, offs, ix.index), 8 * int(r.count.const))
+                    for t in (np.frombuffer(data[:len(data) // 8 * 8], "<u8").tolist() if data else ()):
+                        b = self._alloc_of(t)
+                        if b is not None:
+                            out.append((b // ps, -(-self._ends[b] // ps)))
             else:
                 self._fallback_alloc(kernel, a, a_s, a_e, r.history, out)
         return _merge(out)

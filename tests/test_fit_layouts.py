@@ -6,12 +6,17 @@ traces (sizes 1 and 2, 0-5% of records lost) and scored at size 3, which the fit
 
 Each kernel comes out one of:
 - recovered: precision >= 99.9% and recall >= 99.75% at the unseen size;
-- declined: the fit falls back (`irregular`, or the whole allocation);
-- wrong: a template that verifies on the profile and misses the bar at the unseen size.
+- unresolved: the fit says it cannot (a region of class `unresolved`, predicted as its
+  allocation; docs/template-model.md, "Recovered or said so");
+- not pinned: the fit says its profile leaves the templates open (`Pinning.pinned` false, with
+  the argument to vary or the halves that differ);
+- wrong: anything else (a template that misses the bar at the unseen size, or a silent
+  `irregular` or `allocation` fallback).
 
-The slow test tallies them over 240 drawn kernels (issue 52 asks for recovered or a declared
-"cannot", never wrong; the tally says how far the fitter is from that). Both tests assert what the
-fitter does solve: the address map of a per-token gather and of layers in one allocation. The draw's seed and loss are printed on failure.
+Asserted: no kernel is wrong (issue 52: recover it or say so), but in the classes `OPEN` lists,
+whose wrong kernels are tallied and printed (docs/template-model.md, "Layouts it did not
+choose", has a run's tally). The default run draws one kernel of each class but the open ones;
+the slow test 240 of all classes. The draw's seed and loss are printed on failure.
 """
 
 from __future__ import annotations
@@ -52,11 +57,20 @@ def outcomes(layouts, drop: float, tmp, seed: int) -> dict:
             continue
         km = model.kernels.get(d["kernel"])
         cls = km.cls if km is not None else "unseen"
-        ok = d["precision"] >= P_BAR and d["recall"] >= R_BAR
-        declined = cls in ("irregular", "allocation")
-        out[lay.name] = ("recovered" if ok else "declined" if declined else "wrong", d["precision"], d["recall"], cls,
+        out[lay.name] = (outcome(d, km), d["precision"], d["recall"], cls,
                          {r.base: r for r in km.regions} if km is not None else {})
     return out
+
+
+def outcome(d: dict, km) -> str:
+    """recovered, unresolved, not pinned or wrong (module doc) for kernel `km`'s evaluation `d`."""
+    if d["precision"] >= P_BAR and d["recall"] >= R_BAR:
+        return "recovered"
+    if km is not None and km.cls == "unresolved":
+        return "unresolved"
+    if km is not None and km.pinned is not None and not km.pinned.pinned:
+        return "not pinned"
+    return "wrong"
 
 
 def _layouts(draw_classes, seed: int, per_class: int) -> list:
@@ -94,21 +108,35 @@ def _address_map_errors(layouts, res: dict, seed: int) -> list:
     return bad
 
 
+# classes whose drawn kernels are not yet all recovered or declared: their wrong kernels are
+# tallied, not asserted (docs/template-model.md, "Layouts it did not choose", says what each misses)
+OPEN = ("slot_div", "addr_table", "strided", "block_table")
+
+
+def _wrong(layouts, res: dict, seed: int, drop: float) -> list:
+    """The kernels outside OPEN neither recovered nor declared, each with its draw and its fit."""
+    bad = []
+    for lay in layouts:
+        oc, p, r, cls, regions = res[lay.name]
+        if oc == "wrong" and lay.cls not in OPEN:
+            bad.append(f"seed={seed} drop={drop} {lay}: P={p:.4f} R={r:.4f} {cls}: "
+                       + "; ".join(x.text() for x in regions.values()))
+    return bad
+
+
 TALLY: Counter = Counter()
 SEEN: set = set()
 
 
 @settings(max_examples=1, **SETTINGS)
 @given(seed=st.integers(0, 2**31 - 1))
-def test_drawn_tables_have_their_address_maps_recovered(tmp_path_factory, seed):
-    """The quick loop: one kernel of each of the classes whose address map the fitter solves, clean:
-    the table's region is `indexed` through the ids with the drawn row as its stride and chunk, at
-    whatever layer offset, id width and padding were drawn. (The slow test scores whole kernels,
-    where some still miss the bar; a persistent block table's map is recovered in most draws, not
-    all, and is tallied there.)"""
-    layouts = _layouts(QUICK, seed, 1)
+def test_drawn_layouts_are_recovered_or_declared(tmp_path_factory, seed):
+    """The quick loop: one kernel of each class outside OPEN, clean: each recovered at the unseen
+    size, or declared unresolved or not pinned; and the tables' address maps solved (a gather's,
+    layers in one allocation: `indexed` through the ids with the drawn row as stride and chunk)."""
+    layouts = _layouts(tuple(c for c in LG.CLASSES if c not in OPEN), seed, 1)
     res = outcomes(layouts, 0.0, tmp_path_factory.mktemp("layouts"), seed)
-    bad = _address_map_errors(layouts, res, seed)
+    bad = _wrong(layouts, res, seed, 0.0) + _address_map_errors(layouts, res, seed)
     assert not bad, "; ".join(bad)
 
 
@@ -117,10 +145,9 @@ def test_drawn_tables_have_their_address_maps_recovered(tmp_path_factory, seed):
 @given(seed=st.integers(0, 2**31 - 1), drop=st.sampled_from([0.0, 0.01, 0.05]))
 def test_two_hundred_drawn_layouts(tmp_path_factory, seed, drop):
     """10 examples x 8 classes x 3 kernels: 240 drawn kernels a run, each scored at the unseen
-    size and tallied by class as recovered, declined (`irregular`, `allocation`) or wrong (a
-    template that misses the bar there), printed with -s (docs/template-model.md, "Layouts it did
-    not choose", has a run's tally). Asserted: the address maps of the classes the fitter solves,
-    clean (the quick test's check)."""
+    size and tallied by class as recovered, unresolved, not pinned or wrong, printed with -s.
+    Asserted: no kernel outside OPEN is wrong, clean or lossy; the address maps of the quick
+    test's classes, clean."""
     if (seed, drop) in SEEN:   # hypothesis may draw an example twice: count each kernel once
         return
     SEEN.add((seed, drop))
@@ -128,6 +155,7 @@ def test_two_hundred_drawn_layouts(tmp_path_factory, seed, drop):
     res = outcomes(layouts, drop, tmp_path_factory.mktemp("layouts"), seed)
     _tally(res, TALLY, drop > 0)
     print(f"seed={seed} drop={drop}", sorted(TALLY.items()), flush=True)
+    bad = _wrong(layouts, res, seed, drop)
     if drop == 0:
-        bad = _address_map_errors(layouts, res, seed)
-        assert not bad, "; ".join(bad)
+        bad += _address_map_errors(layouts, res, seed)
+    assert not bad, "; ".join(bad)

@@ -31,11 +31,15 @@ import numpy as np
 from pagecast import PRODUCER
 from pagecast.errors import TraceError, UsageError
 
+from pagecast import values as V
+
+from .. import formula as FM
 from ..model_io import KernelModel, Model, Pinning, Region
 from ..features import layout_groups
 from ..observe import TraceObs
 from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
+from .index_counts import launch_positions, value_rows
 from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
 from .program_filters import kernel_filters, program_filtered
@@ -162,7 +166,7 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
             order.append(sig)
         elif region_score(r) < region_score(best[sig]):
             best[sig] = r
-    km.regions = [best[s] for s in order]
+    km.regions = [best[s] for s in order] + address_tables(kd)
     if not any_obs:
         km.note = "no faults observed in the allocations its parameters point into"
     if kd.skipped:
@@ -170,6 +174,61 @@ def fit_kernel(name: str, parts: list, ps: int, params: FitParams = DEFAULT, ass
     if assess:
         km.pinned = pinning(kd, km, params, evidence)
     return km
+
+
+def address_tables(kd: KernelData) -> list[Region]:
+    """Pages in allocations no pointer word of the kernel points into, at its launches, where one
+    word's recorded values, read as 64-bit addresses, point into every one of them at all launches
+    but those lost records explain (a table of addresses choosing the allocation a row comes from:
+    adapters' weights): an `unresolved` region on that word (`index`, 8-byte values; `count` the
+    most addresses a launch's row held), predicted as the allocations those addresses point into.
+    The pages inside them follow an index no formula here writes (docs/template-model.md,
+    "Recovered or said so")."""
+    if not kd.bases or not any(p.obs.trace.values is not None for p in kd.parts):
+        return []
+    part, lid = launch_positions(kd)
+    pos0, need = 0, []   # (launch position, allocation) pairs no word points into
+    for ti, (o, idx, _, _) in enumerate(kd.parts):
+        pointed = np.stack([o.index.lookup(vals[ti], idx) for _, vals in kd.bases], axis=1)
+        lk, ak = o.okey // o.nA, o.okey % o.nA
+        order = np.argsort(idx, kind="stable")
+        at = np.searchsorted(idx[order], lk)
+        m = (at < len(idx)) & (idx[order][np.minimum(at, len(idx) - 1)] == lk)
+        p = order[at[m]]
+        a = ak[m]
+        free = ~(pointed[p] == a[:, None]).any(axis=1)
+        need.append((pos0 + p[free], ti, a[free]))
+        pos0 += len(idx)
+    lpos = np.concatenate([n[0] for n in need])
+    tis = np.concatenate([np.full(len(n[0]), n[1]) for n in need])
+    allocs = np.concatenate([n[2] for n in need])
+    if not len(lpos):
+        return []
+    hit = np.unique(lpos)
+    out = []
+    for iw, ivals in kd.bases:
+        iptr = np.concatenate(ivals)
+        rows = value_rows(kd, part, lid, iptr)
+        if (rows[hit] < 0).sum() > kd.allowed(len(hit)):
+            continue
+        missed, most = set(), 0
+        for lp, ti, a in zip(lpos, tis, allocs):
+            r = rows[lp]
+            if r < 0:
+                missed.add(int(lp))
+                continue
+            im = V.image(kd.parts[ti][0].trace)
+            v = im.ints(int(r), int(im.nbytes[r]) // 8, 8)
+            most = max(most, len(v))
+            if not (kd.parts[ti][0].index.lookup(v.astype(np.uint64), int(lid[lp])) == a).any():
+                missed.add(int(lp))
+        if len(missed) <= kd.allowed(len(hit)) and most:
+            out.append(Region(iw.name, "unresolved", index=iw.name, elem=8, count=FM.Formula(most, ()),
+                              fit={"unresolved": f"pages in allocations no parameter points to, at the 64-bit "
+                                                 f"addresses {iw.name}'s buffer holds", "launches": int(len(hit)),
+                                   "unexplained": len(missed)}))
+            break
+    return out
 
 
 def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict | None = None) -> Pinning:

@@ -25,6 +25,8 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .index_rows import fit_by_position, fit_position_range
+from .index_counts import launch_positions
+from .index_values import _index_words as index_words  # noqa: PLC2701 - the words the indexed fit tries
 from .index_values import empty_hits, fit_filtered_runs, fit_indexed, indexed_pages
 from .layout import LOGLIK_LAUNCHES, fault_pages_loglik, fit_layouts
 from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
@@ -278,6 +280,32 @@ def _hull_ok(rf: RegionFit) -> bool:
                          or bool(_few_holes(kd, cat, sel, O_e - O_s).all()))
 
 
+def _one_stride(kd: KernelData, cat: RegionObs, sel: np.ndarray) -> np.ndarray:
+    """Per launch of `sel` (each with STRIDE_RUNS runs or more): do its runs start one stride apart,
+    within two big pages (the records place a run by the big pages that faulted), the gaps next
+    to its first and last run aside (a chunk cut by the edge of what the launch reads)?"""
+    own, s, _ = gather_pieces(kd, cat, sel, "O")
+    same = own[1:] == own[:-1]
+    gap, o = (s[1:] - s[:-1])[same], own[1:][same]
+    # the interior gaps: not a launch's first or last
+    first = np.r_[True, o[1:] != o[:-1]]
+    last = np.r_[o[1:] != o[:-1], True]
+    inner = ~(first | last)
+    gap, o = gap[inner], o[inner]
+    n, b = len(sel), kd.bigp
+    big = np.int64(1) << np.int64(62)
+    lo = np.full(n, big, np.int64)
+    np.minimum.at(lo, o, gap)
+    m = lo[o]
+    # each gap the smallest within two big pages, or (a stride of four big pages or more) a
+    # multiple of it within two (runs whose records were lost, chunks that merged); the smallest
+    # at least two big pages (a random lookup's dense rows leave gaps of a big page or two)
+    fits = (gap - m <= 2 * b) | ((m >= 4 * b) & (np.abs(gap - np.round(gap / np.maximum(m, 1)) * m) <= 2 * b))
+    bad = np.bincount(o[~fits], minlength=n)
+    # (one gap in eight may miss: two chunks' big pages that merged with a lost record's)
+    return (lo < big) & (lo >= 2 * b) & (8 * bad <= np.bincount(o, minlength=n))
+
+
 def _try_range(rf: RegionFit) -> Region | None:
     """`fixed` or `linear`: one range whose start and end are formulas of the arguments."""
     if not _hull_ok(rf):
@@ -332,6 +360,11 @@ def _try_range(rf: RegionFit) -> Region | None:
         if region is not None:
             return region
         if _mostly(kd, whole):
+            return None
+        many = rf.sel[cat.npieces[rf.sel] >= STRIDE_RUNS]
+        if len(many) >= 2 and int((~_one_stride(kd, cat, many)).sum()) <= kd.allowed(len(many)):
+            # the hull of runs at one stride, bent to them: the chunks' layout, which the strided
+            # attempt did not solve, is what the records show (the fallback says so: unresolved)
             return None
     region = Region(w.name, cls, start=fs, end=fe)
     alt = _indexed_likelier(rf, region)
@@ -422,10 +455,40 @@ def _try_position_range(rf: RegionFit) -> Region | None:
     return rf.take_indexed(POSITION_RANGE)
 
 
-def _try_irregular(rf: RegionFit) -> Region:
-    """What nothing else explains: the pages it touched, as history."""
+def _try_fallback(rf: RegionFit) -> Region:
+    """What nothing else explains: `unresolved` where the records hold what should choose its
+    pages (`unresolved_reason`), predicted as its allocation, the fit saying it cannot; else
+    `irregular`, the pages it touched as history (pages that follow data no buffer records: a
+    random lookup's, whose runs fall anywhere)."""
     rf.fit["exact"] = 0.0
+    why = unresolved_reason(rf)
+    if why:
+        rf.fit["unresolved"] = why
+        return Region(rf.w.name, "unresolved")
     return Region(rf.w.name, "irregular", history=_history(rf.kd, rf.obs, rf.kd.ps))
+
+
+def unresolved_reason(rf: RegionFit) -> str:
+    """Why no template explains this word's launches though the records hold what chooses its
+    pages ("" where they do not): another word's index values, recorded at most of its launches
+    (`index_values._index_words`), that no indexed formula the fitter solves maps onto the pages;
+    or, at nearly every launch, one run or runs at one stride (`_one_stride`: a wavefront's
+    diagonal, a slice whose count or start no formula of the arguments gives), which a random
+    lookup's runs are not."""
+    kd, cat, sel = rf.kd, rf.cat, rf.sel
+    if any(p.obs.trace.values is not None for p in kd.parts):
+        part, lid = launch_positions(kd)
+        words = index_words(kd, rf.w, sel, rf.nat, part, lid)
+        if words:
+            return "index values of " + ", ".join(iw.name for iw, *_ in words) + " recorded; no indexed formula verifies"
+    multi = sel[cat.npieces[sel] >= 2]
+    many = sel[cat.npieces[sel] >= STRIDE_RUNS]
+    if not len(multi) or (len(many) >= 2 and int((~_one_stride(kd, cat, many)).sum()) <= kd.allowed(len(many))):
+        return "one run or chunks at one stride per launch; no formula of the arguments gives their count and start"
+    return ""
+
+
+STRIDE_RUNS = 5   # runs a launch shows, at least, for their gaps to say chunks at one stride
 
 
 @dataclass(frozen=True)
@@ -444,7 +507,7 @@ CASCADE: list[Attempt] = [
     Attempt({"indexed": 4}, _try_indexed),
     Attempt({"allocation": 3}, _try_allocation),
     Attempt({"indexed": 4}, _try_position_range),
-    Attempt({"irregular": 5}, _try_irregular),
+    Attempt({"irregular": 5, "unresolved": 6}, _try_fallback),
 ]
 CLASS_RANK: dict[str, int] = {c: r for a in CASCADE for c, r in a.ranks.items()}
 
