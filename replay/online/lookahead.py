@@ -27,17 +27,22 @@ Launch s's data must be on the GPU when kernel s starts. Bringing it in takes
 `need[s] = per_call + new_bytes[s] / bandwidth`: the calibrated profile's cost of one call
 (`transfer_latency_s`) and host-to-device bandwidth (`htod_bandwidth`; `pagecast calibrate`
 measures both), and the plan's bytes of launch s in 2 MiB units launch s - 1 does not use (what
-is still resident from the launch before need not move). The copies go one after the other on
-the copy stream, while the kernels before s run: with `C[s]` the trace's kernel times of launches
-0 .. s-1 summed (end_ns - start_ns), the copy of s must start by
-`L[s] = min(C[s], L[s+1]) - need[s]` (it ends before its kernel, and before the next copy must
-start). Launch s is issued at the callback of the last launch t with `C[t] <= L[s]`: its depth is
-s - t, at least 1 and at most `MAX_DEPTH` (a bound on the host's work per callback, not a
-tuning). The horizon of launch t's callback is the furthest launch issued there; a window stops
-before an indexed launch. The capacity bounds it at run time: the decider brings in only as many
-launches of the window as fit beside launch t (`window_fit`), none where launch t and the next do
-not fit together. Without costs (no profile given) or without kernel times in the trace (a
-natural-mode trace), the depth is 1.
+is still resident from the launch before need not move; 0: nothing to copy). The copies go one
+after the other on the copy stream while the kernels before s run (the trace's kernel times,
+end_ns - start_ns). `copy_schedule` plays that out from the first launch: the copy of s starts as
+late as lets it end when kernel s would start, but never before the copy stream is free (the
+copies before it ended), and kernel s starts when the kernel before it has ended and its copy is
+in. Launch s is issued at the callback of the last launch whose kernel starts by then (a callback
+runs before its kernel is queued): its depth, at least 1 and at most `MAX_DEPTH` (a bound on the
+host's work per callback, not a tuning). Going further ahead than that gains nothing: an earlier
+call would wait on the copy stream all the same. So a run whose copies are shorter than its kernels
+stays one launch ahead, a run bound by its copies too (the copy stream is never idle), and a
+launch with a large copy after launches with little to move goes as far back as the idle copy
+stream lets it. The horizon of launch t's callback is the furthest launch issued there; a window
+stops before an indexed launch. The capacity bounds it at run time: the decider brings in only as
+many launches of the window as fit beside launch t (`window_kernel`), none where launch t and the
+next do not fit together. Without costs (no profile given) or without kernel times in the trace
+(a natural-mode trace), the depth is 1.
 
 Dead data (`dead_of`)
 ---------------------
@@ -64,7 +69,7 @@ from pagecast.jit import entry_point
 
 from pagecast.predict.predictor import predict_footprints
 
-from .lookahead_kernels import split_groups, window_fit, window_kernel
+from .lookahead_kernels import copy_schedule, split_groups, window_fit, window_kernel
 from .ranges import MAX_PTR, MIN_PTR, UNIT
 from .relocate import Relocator
 
@@ -199,14 +204,11 @@ def depth_of(plan: Relocator, trace, costs, unit: int = UNIT) -> np.ndarray | No
     bw = float(getattr(costs, "htod_bandwidth", 0.0) or 0.0)
     if kt is None or bw <= 0 or plan.n == 0:
         return None
-    need = float(getattr(costs, "transfer_latency_s", 0.0) or 0.0) + new_bytes(plan, unit) / bw
-    n = plan.n
-    C = np.concatenate([[0.0], np.cumsum(kt)])[:n]           # when kernel s starts, the first at 0
-    N = np.concatenate([[0.0], np.cumsum(need)])             # need of launches 0 .. s-1
-    # L[s] = min over j >= s of (C[j] - (N[j+1] - N[s])): the latest start of s's copy
-    L = N[:n] + np.minimum.accumulate((C - N[1:])[::-1])[::-1]
-    issue = np.searchsorted(C, L, side="right") - 1          # the last launch whose kernel starts by then
-    s = np.arange(n)
+    nb = new_bytes(plan, unit)
+    need = np.where(nb > 0, float(getattr(costs, "transfer_latency_s", 0.0) or 0.0) + nb / bw, 0.0)
+    S, K = copy_schedule(kt.astype(np.float64), need.astype(np.float64))
+    issue = np.searchsorted(K, S, side="right") - 1          # the last launch whose kernel starts by then
+    s = np.arange(plan.n)
     return np.clip(s - issue, 1, MAX_DEPTH).astype(np.int64)
 
 

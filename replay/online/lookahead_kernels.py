@@ -1,7 +1,8 @@
 """The lookahead's per-launch kernels (lookahead.py's `Windows` calls them): how many launches of
 a window fit beside the launch's own units, relocating them as it goes (`window_kernel`; on plain
 arrays, `window_fit`), and a prefetch cut into per-launch groups, each unit with the first launch
-that uses it (`split_groups`)."""
+that uses it (`split_groups`); and, at start, the copy stream's schedule the depth comes from
+(`copy_schedule`)."""
 
 from __future__ import annotations
 
@@ -175,3 +176,26 @@ def _claim(us, grp, u0, u1, g):
         if grp[i] > g:
             grp[i] = g
         i += 1
+
+
+@njit(cache=True)
+def copy_schedule(kt, need):
+    """One copy stream beside the kernels (lookahead.py, "How far ahead"): for each launch s, when
+    its copy starts (S[s]) and when its kernel starts (K[s]), the copy of s going as late as its
+    kernel allows but never before the copy stream is free, and the kernel waiting for its copy.
+    `kt`: kernel seconds per launch; `need`: copy seconds per launch (0: nothing to move)."""
+    n = len(kt)
+    S = np.zeros(n)
+    K = np.zeros(n)
+    free = 0.0
+    for s in range(1, n):
+        k = K[s - 1] + kt[s - 1]
+        if need[s] > 0:
+            start = max(k - need[s], free)
+            free = start + need[s]
+            S[s] = start
+            K[s] = max(k, free)
+        else:
+            S[s] = k
+            K[s] = k
+    return S, K
