@@ -280,12 +280,18 @@ class Pinning:
     cv: str = "skipped"
     differ: dict[str, list[str]] = field(default_factory=dict)
     union: list[str] = field(default_factory=list)   # regions the evidence also admits, predicted too
+    # regions whose constant end the records place only to a big page at every launch while
+    # arguments varied (an extent that moved less than a big page: constant or growing, the
+    # records cannot tell), and the varying arguments a profile should grow to tell them apart
+    open_ends: list[str] = field(default_factory=list)
+    grow: list[str] = field(default_factory=list)
 
     @property
     def pinned(self) -> bool:
-        """Both halves agree and no formula uses an argument that never varied; or nothing varied
-        at all and the templates are constants (they hold for runs with the same arguments)."""
-        return not self.unvaried and (self.cv == "agree" or self.groups == 1)
+        """Both halves agree, no formula uses an argument that never varied and no end is left
+        open; or nothing varied at all and the templates are constants (they hold for runs with
+        the same arguments)."""
+        return not self.unvaried and not self.open_ends and (self.cv == "agree" or self.groups == 1)
 
     def text(self) -> str:
         parts = [f"{self.groups} launch groups", f"cross-validation: {self.cv}"]
@@ -295,6 +301,8 @@ class Pinning:
             parts.append("never varied: " + ", ".join(self.unvaried))
         if self.union:
             parts.append("predicted as the union with " + ", ".join(self.union))
+        if self.open_ends:
+            parts.append("ends under one big page throughout: " + ", ".join(self.open_ends))
         return "; ".join(parts)
 
     def advice(self) -> str:
@@ -304,6 +312,10 @@ class Pinning:
             args = ", ".join(f"{w} (parameter {int(w[1:]) + 1})" if w[1:].isdigit() else w for w in self.unvaried)
             tips.append(f"add a profile in which {args} take{'s' if len(self.unvaried) == 1 else ''} "
                         "other values (another problem size or shape)")
+        if self.open_ends:
+            tips.append(f"add a profile in which {', '.join(self.grow)} grow{'s' if len(self.grow) == 1 else ''} "
+                        f"until the region{'s' if len(self.open_ends) > 1 else ''} of {', '.join(self.open_ends)} "
+                        "span more than a big page (constant or growing, the records cannot tell)")
         if self.cv == "differ":
             tips.append("add a profile at other sizes: halves of these launches fit different formulas")
         elif self.cv == "too few groups" and not self.pinned:
@@ -315,6 +327,8 @@ class Pinning:
              "differ": {k: list(v) for k, v in self.differ.items()}}
         if self.union:
             d["union"] = list(self.union)
+        if self.open_ends:
+            d["open_ends"], d["grow"] = list(self.open_ends), list(self.grow)
         return d
 
     @classmethod
@@ -323,13 +337,16 @@ class Pinning:
             raise ValueError(f"{where}: pinned must be an object")
         g, un, cv, df = d.get("groups", 0), d.get("unvaried", []), d.get("cv", "skipped"), d.get("differ", {})
         uu = d.get("union", [])
+        oe, gr = d.get("open_ends", []), d.get("grow", [])
+        if not all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in (oe, gr)):
+            raise ValueError(f"{where}: pinned's open_ends and grow must be lists of names")
         if type(g) is not int or g < 0 or not isinstance(un, list) or not all(isinstance(x, str) for x in un) \
                 or not isinstance(uu, list) or not all(isinstance(x, str) for x in uu) \
                 or not isinstance(cv, str) or not isinstance(df, dict) \
                 or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in df.values()):
             raise ValueError(f"{where}: pinned must hold groups (int), unvaried (names), cv (text), differ (lists), "
                              "union (texts)")
-        return cls(g, list(un), cv, {str(k): list(v) for k, v in df.items()}, list(uu))
+        return cls(g, list(un), cv, {str(k): list(v) for k, v in df.items()}, list(uu), list(oe), list(gr))
 
 
 @dataclass

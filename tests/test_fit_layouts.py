@@ -159,3 +159,30 @@ def test_two_hundred_drawn_layouts(tmp_path_factory, seed, drop):
     if drop == 0:
         bad += _address_map_errors(layouts, res, seed)
     assert not bad, "; ".join(bad)
+
+
+def test_a_table_of_addresses_is_declared_and_predicted_as_the_allocations_it_names(tmp_path):
+    """A kernel whose rows come from allocations no parameter points to, chosen through a buffer
+    of 64-bit addresses: an `unresolved` region on that buffer's word (its 8-byte values, as many
+    as a launch's row held), predicted as the allocations they point into (recall at the unseen
+    size), written to the model file and read back the same."""
+    from pagecast.predict.model_io import load_model, save_model
+
+    lay = _layouts(("addr_table",), 5, 1)[0]
+    res = outcomes([lay], 0.0, tmp_path, 5)
+    oc, p, r, cls, regions = res[lay.name]
+    reg = regions["p1"]
+    assert oc == "unresolved" and cls == "unresolved" and reg.cls == "unresolved", (oc, cls, reg.text())
+    assert reg.index == "p1" and reg.count.const == lay.layers, reg.text()
+    paths = [LG.write_trace([lay], s, tmp_path / f"r{s}.pctrace", seed=5) for s in (1, 2, 3)]
+    model = fit_model([T.read_trace(x) for x in paths[:2]])
+    # the rows' allocations (pointed to by no parameter: the breakdown's `elsewhere`) all predicted
+    name = next(iter(model.kernels))
+    doc = evaluate(model, T.read_trace(paths[2]), "none", kernel=name)
+    rows = [b for b in doc["buffers"]["rows"] if b["words"] == "elsewhere"]
+    assert rows and rows[0]["recall"] == 1.0 and rows[0]["missed_bytes"] == 0, rows
+    save_model(model, tmp_path / "m.json")
+    back = load_model(tmp_path / "m.json")
+    assert [x.text() for k in back.kernels.values() for x in k.regions] == \
+        [x.text() for k in model.kernels.values() for x in k.regions]
+    assert back.summary()["kernels_by_class"]["unresolved"] == 1

@@ -231,6 +231,26 @@ def address_tables(kd: KernelData) -> list[Region]:
     return out
 
 
+def open_ends(kd: KernelData, km: KernelModel, evidence: dict) -> list[str]:
+    """The bases of range regions whose end is a constant while some argument varied, where the
+    records place that end only to a big page at every launch (its last touched page in the one
+    big page throughout) and the allocation runs on past it: an extent that moved less than a big
+    page across the profile reads as constant whether or not it grows with an argument (issue:
+    one profile cannot tell; a decode loop's K/V extent from one short trace)."""
+    if not any(kd.sel_varying):
+        return []
+    out = []
+    for r in km.regions:
+        rf = evidence.get(r.base)
+        if r.cls not in ("fixed", "linear") or r.end.terms or rf is None or rf.shape is None:
+            continue
+        sh = rf.shape
+        last = (sh.O_e - 1) // kd.bigp
+        if len(last) and last.min() == last.max() and bool((sh.to_alloc > r.end.const).all()):
+            out.append(r.base)
+    return out
+
+
 def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict | None = None) -> Pinning:
     """How well the launches pin the kernel's templates down (model_io.Pinning): the arguments its
     formulas use that no launch varied, and split-half cross-validation across launch groups (the
@@ -239,6 +259,9 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
     used = {n for r in km.regions for f in r.formulas().values() for n in f.names()}
     const = {n for n, v in zip(kd.sel_names, kd.sel_varying) if not v}
     out = Pinning(groups=int(kd.U), unvaried=sorted(used & const))
+    out.open_ends = open_ends(kd, km, evidence or {})
+    if out.open_ends:
+        out.grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
     if kd.U < 4:
         out.cv = "too few groups"
         return out

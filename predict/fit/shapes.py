@@ -110,7 +110,12 @@ def _gathered(r: Region) -> tuple[int, tuple[str, ...]] | None:
 
 def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list, tier2: list) -> bool:
     """Give a range region whose end the records leave open the kernel's own size; True if changed."""
-    if ev is None or region.cls not in ("fixed", "linear") or (region.end.terms and not ev.guessed):
+    # an end of one term and a constant (`2048*n + 8192`, bounds of big pages fitted where
+    # `2304*n` holds as well) may take a size of the kernel's own with no constant (tier 1 only)
+    if ev is None or region.cls not in ("fixed", "linear"):
+        return False
+    offset_size = region.end.n_terms == 1 and region.end.const != 0 and not ev.guessed
+    if region.end.terms and not ev.guessed and not offset_size:
         return False
     g, e_lo, e_hi = ev.g, ev.e_lo, ev.e_hi
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
@@ -123,9 +128,13 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
     y0 = value(fe)
     ok0 = (y0 >= e_lo) & (y0 <= e_hi)
     best = None
-    for cands in (_tier1(kd, g, e_lo, e_hi, tier1), _tier2(kd, g, e_lo, e_hi, tier2)):
+    tiers = (_tier1(kd, g, e_lo, e_hi, tier1),) if offset_size else \
+        (_tier1(kd, g, e_lo, e_hi, tier1), _tier2(kd, g, e_lo, e_hi, tier2))
+    for cands in tiers:
         held = []
         for f in cands:
+            if offset_size and (f.const or f.n_terms != 1):
+                continue
             y = value(f)
             ok = (y >= e_lo) & (y <= e_hi)
             # it holds wherever the end it would replace holds (lost records included)
