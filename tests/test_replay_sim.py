@@ -415,7 +415,9 @@ def test_capacities_run_at_once_give_the_same_runs(workloads):
     cfg = SimConfig(costs="msched-rtx5080", timeslice_ms=0.05)
     one, tl1 = replay_sim(trs, ["demand", "alloc", "oracle"], oversub=[1.5, 2.0, 3.0], config=replace(cfg, jobs=1))
     many, tl3 = replay_sim(trs, ["demand", "alloc", "oracle"], oversub=[1.5, 2.0, 3.0], config=replace(cfg, jobs=3))
-    assert one == many
+    auto, _ = replay_sim(trs, ["demand", "alloc", "oracle"], oversub=[1.5, 2.0, 3.0], config=replace(cfg, jobs=None),
+                         timeline=False)
+    assert one == many == auto
     assert tl1.equals(tl3)
 
 

@@ -57,7 +57,10 @@ class SimConfig:
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
     placement: str = "device"    # "auto": planned policies also try host placement (placement.py)
-    jobs: int | None = None      # a policy's capacities run at once in this many threads (None: capacity_jobs)
+    # a planned policy's capacities run at once in this many threads (None: capacity_jobs). One by
+    # default: on a loaded 2-core machine two threads gained no wall time and raised the peak
+    # (docs/performance.md, "Replay speed"), and the demo already runs its replays in processes
+    jobs: int | None = 1
 
     @classmethod
     def of(cls, req: ReplayRequest) -> SimConfig:
