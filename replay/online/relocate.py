@@ -26,6 +26,7 @@ from numba import njit
 
 from pagecast.jit import entry_point
 
+from . import residency_kernels as RK
 from .ranges import MAX_PTR, MIN_PTR, UNIT, RangeArrays, merge_ranges, split_by_unit, units_of
 
 
@@ -348,6 +349,25 @@ def next_use_scores(units, t, unit, runmap, widest, uses, out):
         out[x] = best
 
 
+@njit(cache=True)
+def step_scored(rs, src, wspec, espec, t, flags, unit, runmap, widest, uses):
+    """`residency_kernels.step` with the plan's Belady scores filled in by `next_use_scores` where
+    it asks for them, in one compiled call (no Python between the two steps); returns the step's
+    code, or ST_GROW (Python grows the state and calls again)."""
+    r = RK.step(rs, src, wspec, espec, t, flags)
+    if r != RK.ST_SCORES:
+        return r
+    io = rs[RK.R_IO]
+    n = rs[rs[RK.R_SCAL] + RK.S_CANDN]
+    units = rs[io:io + 2 * n:2].copy()
+    out = np.empty(n, np.float64)
+    next_use_scores(units, t, unit, runmap, widest, uses, out)
+    view = rs[io:io + 2 * n].view(np.float64)
+    for i in range(n):
+        view[2 * i + 1] = out[i]
+    return RK.step(rs, src, wspec, espec, t, flags | RK.FL_SCORED)
+
+
 class RelocatedNextUse:
     """Belady's victim score (the distance to the next use, larger first) of a unit in this run's
     address space: its bytes lie in allocations whose delta is known, which map them to the
@@ -370,9 +390,9 @@ class RelocatedNextUse:
         self._delta = np.zeros(max(1, len(rel.a_addr)), np.int64)
         self._rb: tuple | None = None   # (count, bases, allocations) of rel._run_bases when last laid out
         self._f = None
+        self._step = None
 
-    def scores(self, units: np.ndarray, t: int) -> np.ndarray:
-        """The scores of `units` (int64) at launch t, as float64."""
+    def _refresh(self) -> None:
         rel = self.rel
         rb = rel._run_bases
         if self._rb is None or self._rb[0] != len(rb):   # allocations learned since: laid out again
@@ -380,9 +400,22 @@ class RelocatedNextUse:
                 self._delta[j] = d
             self._rb = (len(rb), np.asarray([b for b, _ in rb], np.int64), np.asarray([j for _, j in rb], np.int64))
             self._runmap = (self._rb[1], self._rb[2], rel.a_bytes, self._delta)
+            self._uses = (self._ukeys, self._uptr, self._ulaunch)
+
+    def step(self, rs: np.ndarray, src: np.ndarray, wspec: int, espec: int, t: int, flags: int) -> int:
+        """A residency step (unit_residency.py) scored by this plan in the same compiled call
+        (`step_scored`)."""
+        self._refresh()
+        if self._step is None:
+            self._step = entry_point(step_scored, rs, src, int(wspec), int(espec), int(t), int(flags),
+                                     int(self.unit), self._runmap, int(self.widest), self._uses)
+        return self._step(rs, src, wspec, espec, t, flags, self.unit, self._runmap, self.widest, self._uses)
+
+    def scores(self, units: np.ndarray, t: int) -> np.ndarray:
+        """The scores of `units` (int64) at launch t, as float64."""
+        self._refresh()
         out = np.empty(len(units), np.float64)
         if self._f is None:
-            self._uses = (self._ukeys, self._uptr, self._ulaunch)
             self._f = entry_point(next_use_scores, units, int(t), int(self.unit), self._runmap, int(self.widest),
                                   self._uses, out)
         self._f(units, t, self.unit, self._runmap, self.widest, self._uses, out)

@@ -68,6 +68,9 @@ class UnitResidency:
         self.rs[sc + RK.S_MAXP] = max_period
         self.inbuf = np.zeros(64, np.int64)
         self._step, self._release = RK.step, RK.release   # entry points after warm()
+        # a scorer with its own compiled step (relocate.RelocatedNextUse: the plan's Belady) scores
+        # the candidates inside it
+        self._fused = getattr(next_use, "step", None) if victim in ("belady", "next-use") else None
 
     # -- the state array -------------------------------------------------------------------------
     def _assemble(self, grow: dict | None = None) -> None:
@@ -132,8 +135,12 @@ class UnitResidency:
     def step_arrays(self, src: np.ndarray, wspec: int, espec: int, t: int, flags: int) -> int:
         """`residency_kernels.step` with growth and Python scores handled; returns its code
         (npf | nev << 24 | overflow << 48), the ranges at `out()`."""
+        fused = self._fused
         while True:
-            r = self._step(self.rs, src, wspec, espec, t, flags)
+            if fused is not None and not flags & RK.FL_SCORED:   # the scorer's own compiled step
+                r = fused(self.rs, src, wspec, espec, t, flags)
+            else:
+                r = self._step(self.rs, src, wspec, espec, t, flags)
             if r >= 0:
                 return r
             if r == RK.ST_TOOMANY:
