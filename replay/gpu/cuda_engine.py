@@ -187,6 +187,7 @@ class Engine:
         self.batch = "cuMemPrefetchBatchAsync" in have and hasattr(cuda, "prefetch_batch")
         # dead data discarded where the driver has cuMemDiscardBatchAsync (lookahead.py's `dead`)
         self.discard = "cuMemDiscardBatchAsync" in have and hasattr(cuda, "discard_batch")
+        self.decider.discards = self.discard
         self.t = 0
         self.history: deque = deque(maxlen=4096)   # (t, correlation_id, la, predicted ranges)
         self.corr_launch: dict[int, int] = {}       # correlation id -> launch index (timeline), bounded

@@ -184,6 +184,9 @@ class LaunchDecider:
         self._dead_at = (frozenset(np.flatnonzero(np.diff(sc.dead[0])).tolist())
                          if sc is not None and sc.dead is not None else frozenset())
         self._windows: Windows | None = None
+        # whoever carries the decisions out discards dead data (the GPU engine, where the driver has
+        # cuMemDiscardBatchAsync); otherwise it stays, left to eviction, and in the residency estimate
+        self.discards = False
         # the trace's footprints laid out in arrays at start: per launch a lookup, not a Python walk
         self.laid_out = bool(PRECOMPUTE and compiled and relocator is not None)
         if self.laid_out:
@@ -366,7 +369,7 @@ class LaunchDecider:
         hz = self._horizon
         h = t if not ahead.matching else (hz[t] if hz is not None and t < len(hz) else
                                           self.schedule.horizon_at(t, ahead.n))
-        discard = self._dead(t) if t in self._dead_at else None
+        discard = self._dead(t) if self.discards and t in self._dead_at else None
         if res is None:   # no estimate: what went at an earlier callback is not asked for again
             sent = self._sent_at.pop(t, None)
             own = subtract_ranges(merge_ranges(list(want)), sent) if sent else list(want)
