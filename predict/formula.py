@@ -367,52 +367,45 @@ def _pick(best: list, candidates: bool):
 
 
 @njit(cache=True)
-def _cost_nb(c, g, lo, hi):
-    """|c| + distance from 0 to the feasible constants for coefficient c (convex in c), where
-    L = max(lo - c*g) and H = min(hi - c*g): (feasible: L <= H, |c| + max(L, 0, -H)), exact (the
-    sum as uint64: it never exceeds 2^63 + |c|; the int64 products wrap as numpy's do). An
-    infeasible cost counts as the sum plus 1e30 (`_cost_lt`)."""
-    L = lo[0] - c * g[0]
-    H = hi[0] - c * g[0]
-    for i in range(1, len(g)):
-        x = lo[i] - c * g[i]
-        if x > L:
-            L = x
-        y = hi[i] - c * g[i]
-        if y < H:
-            H = y
-    m = np.uint64(L) if L > 0 else np.uint64(0)
-    if H < 0:
-        nh = np.uint64(-(H + 1)) + np.uint64(1)
-        if nh > m:
-            m = nh
-    ac = c if c >= 0 else -c
-    return L <= H, np.uint64(ac) + m
-
-
-@njit(cache=True)
-def _cost_lt(f1, v1, f2, v2):
-    """Is cost (f1, v1) below (f2, v2) (`_cost_nb`)? A feasible one below every infeasible one;
-    two infeasible ones compared as floats, each its sum plus 1e30."""
-    if f1 and f2:
-        return v1 < v2
-    if f1 or f2:
-        return f1
-    return np.float64(v1) + 1e30 < np.float64(v2) + 1e30
-
-
-@njit(cache=True)
 def _ternary(g, lo, hi, a, b):
-    """The integer ternary search for the minimizer of `_cost_nb` over [a, b] (convex in c): the
-    interval it ends on, every value of which `_best_coef` tries."""
+    """The integer ternary search for the c in [a, b] of least cost |c| + max(L, 0, -H), where
+    L = max(lo - c*g) and H = min(hi - c*g) (convex in c; plus 1e30 where L > H: no constant
+    fits): the interval it ends on, every value of which `_best_coef` tries. Exact: the sum is a
+    uint64 (at most 2^63 + |c|), the int64 products wrap as numpy's do, and two infeasible costs
+    compare as floats, each its sum plus 1e30; a feasible one is below every infeasible one."""
     while b - a > 2:
         m1 = a + (b - a) // 3
         m2 = b - (b - a) // 3
-        f1, c1 = _cost_nb(m1, g, lo, hi)
-        f2, c2 = _cost_nb(m2, g, lo, hi)
-        if _cost_lt(f1, c1, f2, c2):
+        f = np.zeros(2, np.bool_)
+        v = np.zeros(2, np.uint64)
+        for j in range(2):
+            c = m1 if j == 0 else m2
+            L = lo[0] - c * g[0]
+            H = hi[0] - c * g[0]
+            for i in range(1, len(g)):
+                x = lo[i] - c * g[i]
+                if x > L:
+                    L = x
+                y = hi[i] - c * g[i]
+                if y < H:
+                    H = y
+            m = np.uint64(L) if L > 0 else np.uint64(0)
+            if H < 0:
+                nh = np.uint64(-(H + 1)) + np.uint64(1)
+                if nh > m:
+                    m = nh
+            f[j] = L <= H
+            v[j] = np.uint64(c if c >= 0 else -c) + m
+        if f[0] and f[1]:
+            lt, gt = v[0] < v[1], v[0] > v[1]
+        elif f[0] or f[1]:
+            lt, gt = f[0], f[1]
+        else:
+            x1, x2 = np.float64(v[0]) + 1e30, np.float64(v[1]) + 1e30
+            lt, gt = x1 < x2, x1 > x2
+        if lt:
             b = m2 - 1
-        elif _cost_lt(f2, c2, f1, c1):
+        elif gt:
             a = m1 + 1
         else:
             a, b = m1, m2
@@ -466,11 +459,12 @@ def _best_coef(g: np.ndarray, lo: np.ndarray, hi: np.ndarray, lo_c: int, hi_c: i
     and every c = o * 2^k (o odd <= 15) in the interval.
     """
     parts = []
-    g = np.ascontiguousarray(g, np.int64)
+    # fresh C-ordered, writable int64 arrays: the compiled search has one signature
+    gc, loc, hic = (np.array(x, np.int64, order="C") for x in (g, lo, hi))
     for a, b in ((lo_c, min(hi_c, -1)), (max(lo_c, 1), hi_c)):
         if a > b:
             continue
-        a, b = _ternary(g, lo, hi, a, b)
+        a, b = _ternary(gc, loc, hic, int(a), int(b))
         parts.append(np.arange(a, b + 1, dtype=np.int64))
     for sign, a, b in ((1, max(lo_c, 1), hi_c), (-1, max(-hi_c, 1), -lo_c)):
         if a > b:

@@ -405,8 +405,11 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
     if not any(p.obs.trace.values is not None for p in kd.parts):
         return None
     # a rival's log-likelihood is at most 0 and is weighed on some of these launches, so it gains
-    # no more than the range loses on all of them: under the odds, no rival is fitted
-    if _range_loss(kd, rng, cat, sel[~rf.nat]) + 1e-6 < np.log(kd.params.odds_per_term):
+    # no more than the range loses on all of them: under the odds, no rival is fitted (read where
+    # that is one read of the likelihood, as each rival's is)
+    full = sel[~rf.nat]
+    if not len(full) or len(full) <= LOGLIK_LAUNCHES and \
+            -fault_pages_loglik(kd, rng, cat, full)[0] + 1e-6 < np.log(kd.params.odds_per_term):
         return None
     won, best = None, -np.inf
     for key in (COMPARE_TERMS, BY_POSITION, POSITION_RANGE):
@@ -423,13 +426,6 @@ def _indexed_likelier(rf: RegionFit, rng: Region) -> int | str | None:
         if n > 0 and (held_i or not held_r) and gain >= np.log(kd.params.odds_per_term) and gain > best:
             won, best = key, gain
     return won
-
-
-def _range_loss(kd: KernelData, rng: Region, cat: RegionObs, sel: np.ndarray) -> float:
-    """Minus the log-likelihood of the faults of every launch of `sel` under range `rng` (a sum
-    over launches: `fault_pages_loglik` reads at most LOGLIK_LAUNCHES of them a call)."""
-    return -sum(fault_pages_loglik(kd, rng, cat, sel[i:i + LOGLIK_LAUNCHES])[0]
-                for i in range(0, len(sel), LOGLIK_LAUNCHES))
 
 
 def _try_indexed(rf: RegionFit) -> Region | None:
