@@ -28,6 +28,7 @@ from pagecast.jit import entry_point
 
 from . import residency_kernels as RK
 from .ranges import MAX_PTR, MIN_PTR, UNIT, RangeArrays, merge_ranges, split_by_unit, units_of
+from .unit_residency import UnitResidency
 
 
 @njit(cache=True)
@@ -406,8 +407,9 @@ class RelocatedNextUse:
         """A residency step (unit_residency.py) scored by this plan in the same compiled call
         (`step_scored`)."""
         self._refresh()
-        if self._step is None:
-            self._step = entry_point(step_scored, rs, src, int(wspec), int(espec), int(t), int(flags),
+        if self._step is None:   # compiled on a probe's state (entry_point runs it once)
+            probe = UnitResidency(2 * self.unit, self.unit).rs
+            self._step = entry_point(step_scored, probe, np.array([0, 4096], np.int64), 1, -1, 0, RK.FL_KNOWN,
                                      int(self.unit), self._runmap, int(self.widest), self._uses)
         return self._step(rs, src, wspec, espec, t, flags, self.unit, self._runmap, self.widest, self._uses)
 
