@@ -53,17 +53,19 @@ def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = Non
     if span == "unit":
         return needs
     n = len(needs.ptr) - 1
-    step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
     if span == "block":
         u = w.universe
         ptr, units = widen_to_blocks(needs.ptr, needs.unit, u.block_lo, u.block_hi)
         if ptr is not None:
             return Needs(ptr, units)
+        # each use's step (int64, 8 bytes a use): made only where the blocks are merged as intervals
+        step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
         lid, s, e = F.merge_intervals(step, u.block_lo[needs.unit], u.block_hi[needs.unit], n)
         ptr = np.zeros(n + 1, I64)
         np.cumsum(np.bincount(lid, weights=e - s, minlength=n).astype(I64), out=ptr[1:])
         return Needs(ptr, F.expand_intervals(s, e).astype(I64, copy=False))
     if span == "allocation":
+        step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
         a = alloc_needs(w)
         astep = np.repeat(np.arange(n, dtype=I64), np.diff(a.ptr))
         m = I64(w.universe.n_units + 1)
