@@ -110,7 +110,7 @@ def _address_map_errors(layouts, res: dict, seed: int) -> list:
 
 # classes whose drawn kernels are not yet all recovered or declared: their wrong kernels are
 # tallied, not asserted (docs/template-model.md, "Layouts it did not choose", says what each misses)
-OPEN = ("slot_div", "addr_table", "strided", "block_table")
+OPEN = ("slot_div", "strided")
 
 
 def _wrong(layouts, res: dict, seed: int, drop: float) -> list:
@@ -125,7 +125,7 @@ def _wrong(layouts, res: dict, seed: int, drop: float) -> list:
 
 
 TALLY: Counter = Counter()
-SEEN: set = set()
+SEEN: dict = {}
 
 
 @settings(max_examples=1, **SETTINGS)
@@ -148,12 +148,11 @@ def test_two_hundred_drawn_layouts(tmp_path_factory, seed, drop):
     size and tallied by class as recovered, unresolved, not pinned or wrong, printed with -s.
     Asserted: no kernel outside OPEN is wrong, clean or lossy; the address maps of the quick
     test's classes, clean."""
-    if (seed, drop) in SEEN:   # hypothesis may draw an example twice: count each kernel once
-        return
-    SEEN.add((seed, drop))
     layouts = _layouts(LG.CLASSES, seed, 3)
-    res = outcomes(layouts, drop, tmp_path_factory.mktemp("layouts"), seed)
-    _tally(res, TALLY, drop > 0)
+    if (seed, drop) not in SEEN:   # hypothesis may draw (or replay) an example twice: fit and count it once
+        SEEN[seed, drop] = outcomes(layouts, drop, tmp_path_factory.mktemp("layouts"), seed)
+        _tally(SEEN[seed, drop], TALLY, drop > 0)
+    res = SEEN[seed, drop]
     print(f"seed={seed} drop={drop}", sorted(TALLY.items()), flush=True)
     bad = _wrong(layouts, res, seed, drop)
     if drop == 0:

@@ -110,11 +110,12 @@ def _gathered(r: Region) -> tuple[int, tuple[str, ...]] | None:
 
 def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list, tier2: list) -> bool:
     """Give a range region whose end the records leave open the kernel's own size; True if changed."""
-    # an end of one term and a constant (`2048*n + 8192`, bounds of big pages fitted where
-    # `2304*n` holds as well) may take a size of the kernel's own with no constant (tier 1 only)
+    # an end of one term (`2048*n + 8192`, `2048*n`: bounds of big pages, lost records among them,
+    # fitted where `2304*n` holds as well) may take a size of the kernel's own, one term and no
+    # constant (tier 1 only)
     if ev is None or region.cls not in ("fixed", "linear"):
         return False
-    offset_size = region.end.n_terms == 1 and region.end.const != 0 and not ev.guessed
+    offset_size = region.end.n_terms == 1 and not ev.guessed
     if region.end.terms and not ev.guessed and not offset_size:
         return False
     g, e_lo, e_hi = ev.g, ev.e_lo, ev.e_hi
