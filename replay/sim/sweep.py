@@ -276,7 +276,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         for x, before in zip(ws, made_before):
             for k in set(x.extra) - before:
                 del x.extra[k]
-        del pol, placed, ws
+        del pol, placed, ws, run_at   # run_at holds the policy and its placed workload too
     comp = step_compute(w)
     bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
     names = [t.name for t in w.tasks]
