@@ -46,26 +46,29 @@ PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
 # use fits), with that width's "no next use".
 PlanUses = namedtuple("PlanUses", "after width none")
 
+# The heap's sifts move the entries they pass over one place and write the moving entry once, where
+# it stops: the comparisons and every entry's place are those of swapping at each level (the order
+# of equal keys, which decides among units of the same key, included), with half the writes.
 @njit(cache=True)
 def _heap_push(hk, hu, size, k, u):
     i = size
-    hk[i] = k
-    hu[i] = u
     while i > 0:
         p = (i - 1) >> 1
-        if hk[p] >= hk[i]:
+        if hk[p] >= k:
             break
-        hk[p], hk[i] = hk[i], hk[p]
-        hu[p], hu[i] = hu[i], hu[p]
+        hk[i] = hk[p]
+        hu[i] = hu[p]
         i = p
+    hk[i] = k
+    hu[i] = u
     return size + 1
 
 
 @njit(cache=True)
 def _heap_pop(hk, hu, size):
     size -= 1
-    hk[0] = hk[size]
-    hu[0] = hu[size]
+    k = hk[size]
+    u = hu[size]
     i = 0
     while True:
         l = 2 * i + 1
@@ -75,11 +78,13 @@ def _heap_pop(hk, hu, size):
         m = l
         if r < size and hk[r] > hk[l]:
             m = r
-        if hk[m] <= hk[i]:
+        if hk[m] <= k:
             break
-        hk[m], hk[i] = hk[i], hk[m]
-        hu[m], hu[i] = hu[i], hu[m]
+        hk[i] = hk[m]
+        hu[i] = hu[m]
         i = m
+    hk[i] = k
+    hu[i] = u
     return size
 
 
