@@ -39,18 +39,25 @@ boundary knows what moved up to the last delivered buffer, not up to the instant
 
 Lookahead (planned runs)
 ------------------------
-With `ahead` (a laid-out Relocator over the plan's footprints: the trace's for the oracle, the
-model's predictions of the trace's launches for template), each launch's callback also prefetches
-the next launch's footprint (`Decision.ahead`), one launch early, on a copy stream of the runner's
-own, and records an event there for just those pages. The next launch's stream waits on that event
-alone, never on the whole copy stream, and never on an eviction: victims are neither launch's
-units, so the eviction goes on its own stream after the work queued before the launch (the last
-planned use of what it evicts has run), and only the copy stream waits for it (the room its
-prefetches need). With an emulated capacity the two launches are brought in together only when
-both fit; launches the plan cannot see ahead (indexed ones, whose values do not exist yet) are
-prefetched at their own callback, as without lookahead. The child switches it on for planned
-runs given a trace (`ReplayRequest.lookahead`, `--no-lookahead`; the schedule is
-online/lookahead.py's, which the simulator's `runner` reads too). Not run on a GPU yet.
+With `ahead` (online/lookahead.py's `Lookahead`: the plan's footprints, the trace's for the oracle,
+the model's predictions of the trace's launches for template, and how far each launch's callback
+looks ahead), each launch's callback also prefetches the plan's window: the next launches' data,
+one group per launch (`Decision.ahead_groups`; each unit with the first launch of the window that
+uses it), on a copy stream of the runner's own, each group followed by an event. A launch's
+stream waits on one event: its own group's, or, where it has none in that callback, the last
+group's before it (a unit it shares with an earlier launch came in there), never on the whole copy
+stream and never on an eviction: victims are none of the window's units, so the eviction goes on
+its own stream after the work queued before the launch (the last planned use of what it evicts has
+run), and only the copy stream waits for it (the room its prefetches need). How far ahead comes
+from the cost profile and the trace's kernel times, bounded by the emulated capacity (the window
+holds only the launches that fit beside the launch; none where the next does not); launches the
+plan cannot see ahead (indexed ones, whose values do not exist yet) are prefetched at their own
+callback, as without lookahead. Dead data (a freed temporary after its last use) is discarded on
+the eviction stream with cuMemDiscardBatchAsync where the driver has it (`Engine.discard`),
+after the work queued before the launch, and is not copied back; elsewhere it is left to eviction.
+The child switches the lookahead on for planned runs given a trace (`ReplayRequest.lookahead`,
+`--no-lookahead`; the schedule is online/lookahead.py's, which the simulator's `runner` reads too).
+Not run on a GPU yet.
 
 Batched calls
 -------------
@@ -64,9 +71,9 @@ batch is retried range by range, so that one stale range does not stop the other
 With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 
-Long because the ledger, the indexed launches' value reads, the lookahead and the batched calls all
-act on one launch's streams and events, in the order the module doc gives: one object holds that
-order.
+Long because the ledger, the indexed launches' value reads, the lookahead (its groups, events and
+discards) and the batched calls all act on one launch's streams and events, in the order the module
+doc gives: one object holds that order.
 """
 
 from __future__ import annotations
