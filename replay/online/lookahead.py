@@ -59,7 +59,6 @@ the program copies out, a checkpoint): it is discarded only with `discard_unfree
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,7 +69,7 @@ from pagecast.jit import entry_point
 from pagecast.predict.predictor import predict_footprints
 
 from .lookahead_kernels import copy_schedule, split_groups, window_fit, window_kernel
-from .ranges import MAX_PTR, MIN_PTR, UNIT
+from .ranges import UNIT
 from .relocate import Relocator
 
 DEPTH = 1        # launches ahead without costs or kernel times (the module doc)
@@ -252,11 +251,11 @@ def dead_of(truth: Relocator, trace, discard_unfreed: bool = False) -> tuple | N
     j = truth.order[np.maximum(pos, 0)]
     ok &= st < truth.a_addr[j] + truth.a_bytes[j]
     np.maximum.at(last, j[ok], lid[ok])
-    # ... or is passed a pointer into it
-    for t, words in enumerate(_pointer_words(truth)):
-        for jj in words:
-            if t > last[jj]:
-                last[jj] = t
+    # ... or is passed a pointer into it (the pointer words the relocator lays out anyway)
+    words = truth.layout()._words
+    wt = np.fromiter((t for t, ws in enumerate(words) for _ in ws), np.int64)
+    wj = np.fromiter((w[1] for ws in words for w in ws), np.int64, len(wt))
+    np.maximum.at(last, wj, wt)
     freed = np.asarray(trace.allocations.column(T.LAST_LAUNCH).is_valid(), bool)
     want = freed | bool(discard_unfreed)
     cand = np.flatnonzero(want & (last >= 0) & (last + 1 < n))
@@ -271,20 +270,6 @@ def dead_of(truth: Relocator, trace, discard_unfreed: bool = False) -> tuple | N
     ptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(at, minlength=n)[:n], out=ptr[1:])
     return ptr, cand[order].astype(np.int64)
-
-
-def _pointer_words(rel: Relocator):
-    """Per launch, the trace allocations its pointer arguments land in."""
-    for t in range(rel.n):
-        tr = rel.param_data[t] or b""
-        nw = len(tr) // 8
-        out = []
-        for a in (struct.unpack_from(f"<{nw}Q", tr) if nw else ()):
-            if MIN_PTR <= a < MAX_PTR:
-                jj = rel.find_alloc(a, t)
-                if jj is not None:
-                    out.append(jj)
-        yield out
 
 
 def _host_reads_after(trace, rel: Relocator, last: np.ndarray) -> np.ndarray:
