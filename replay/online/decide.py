@@ -142,10 +142,11 @@ class LaunchDecider:
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, warn: Callable[[str], None] | None = None,
                  unit: int = UNIT, compiled: bool = True, ahead=None, ahead_skip=frozenset()) -> None:
-        """`ahead`: a `lookahead.Lookahead` (its plan and skip set), or a Relocator over the plan's footprints (the trace's for the oracle, the
-        model's predictions of the trace's launches for template), which turns lookahead on: each
-        decision also names the next launch's ranges, prefetched one launch early (`Decision.ahead`;
-        the engine issues them on a copy stream of its own). `ahead_skip`: launches never prefetched
+        """`ahead`: a `lookahead.Lookahead` (its plan, skip set, horizon and dead data), or a
+        Relocator over the plan's footprints (the trace's for the oracle, the model's predictions of
+        the trace's launches for template; one launch ahead), which turns lookahead on: each decision
+        also names the window's ranges per launch, prefetched early (`Decision.ahead_groups`; the
+        engine issues them on a copy stream of its own). `ahead_skip`: launches never prefetched
         early (indexed ones: nothing before their values exist)."""
         if not getattr(policy, "online", False):
             raise UsageError(f"policy {policy.name!r} decides on the whole timeline, not one launch at a time")
