@@ -184,6 +184,9 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
     order, tree, track_unplanned, has_next_use = rules.order, rules.tree, rules.track_unplanned, rules.has_next_use
     weight, batch = sp.chunk_weight, rules.batch
     sentinel = len(chunk_count)
+    vict1 = np.empty(1, np.int64)
+    sc1 = InLaunch(np.empty(1, np.int64), np.empty(1, np.int64), np.zeros(2, np.int64), np.empty(1, np.int64), vict1,
+                   INF - 1)
     for i in range(s0, s1):
         row = i
         if (what & GROUP) and track_unplanned:
@@ -236,11 +239,13 @@ def run_engine(s0, s1, steps, plan, sp, m, rules, missed, counters, what=GROUP |
         # units leave furthest next use first, ties earliest first
         belady_in = track_unplanned and oversized and has_next_use
         L = hi - lo
-        hst = np.zeros(2, np.int64)
-        hst[1] = lo
-        vict = np.empty(L if belady_in else 1, np.int64)
-        sc = InLaunch(np.empty(L if belady_in else 1, np.int64), np.empty(L if belady_in else 1, np.int64), hst,
-                      np.empty(L if belady_in else 1, np.int64), vict, INF - 1)
+        if belady_in:
+            hst = np.zeros(2, np.int64)
+            hst[1] = lo
+            vict = np.empty(L, np.int64)
+            sc = InLaunch(np.empty(L, np.int64), np.empty(L, np.int64), hst, np.empty(L, np.int64), vict, INF - 1)
+        else:
+            vict, sc = vict1, sc1   # read only by Belady within the launch: the others allocate none (5 arrays a launch)
         used_group = -1
         used_pos = 0
         used_own = 0
