@@ -35,7 +35,7 @@ from pagecast import values as V
 
 from .. import formula as FM
 from ..model_io import KernelModel, Model, Pinning, Region
-from ..features import layout_groups
+from ..features import Word, layout_groups
 from ..observe import TraceObs
 from ..truth_obs import TRUTH_OBSERVATIONS
 from .data import DEFAULT, KernelData
@@ -259,6 +259,12 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
     used = {n for r in km.regions for f in r.formulas().values() for n in f.names()}
     const = {n for n, v in zip(kd.sel_names, kd.sel_varying) if not v}
     out = Pinning(groups=int(kd.U), unvaried=sorted(used & const))
+    if kd.U == 1 and not out.unvaried and km.regions:
+        # one set of arguments throughout: the templates' constants may be sizes its arguments
+        # give (3 launches of one size fit constants an argument contradicts at another size);
+        # the parameters (not the grid) that a second profile should vary are named
+        ptrs = {w.name for w, _ in kd.bases}
+        out.unvaried = sorted(n for n in const if Word.parse(n).param >= 0 and n not in ptrs)
     out.open_ends = open_ends(kd, km, evidence or {})
     if out.open_ends:
         out.grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
