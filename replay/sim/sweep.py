@@ -497,4 +497,4 @@ def _template_plan(w: Workload, model, trace: T.Trace, predicted, gates, cu: int
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
     return best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
                                             faults=faults, whole_run=False),
-                     alts, cu, spans, Template.fronts, trial, prof, faults)
+                     alts, cu, spans, Template.fronts, trial, prof, faults, needs=pneeds)
