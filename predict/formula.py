@@ -137,6 +137,8 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
     Columns equal over all groups are kept once (the simplest name), columns
     whose magnitude exceeds `limit` are dropped (no exact int64 arithmetic).
     """
+    if feat_vals.shape[0] > MONO_MEMO_ROWS:   # a large matrix: made for the one call
+        return _monomials(feat_names, feat_vals, varying, max_degree, max_cols, limit)
     key = (tuple(feat_names), feat_vals.shape, feat_vals.dtype.str, np.ascontiguousarray(feat_vals).tobytes(),
            np.asarray(varying, bool).tobytes(), max_degree, max_cols, limit)
     got = _MONO_MEMO.get(key)
@@ -150,6 +152,7 @@ def monomials(feat_names: list[str], feat_vals: np.ndarray, varying: np.ndarray,
 
 
 MONO_MEMO = 64   # monomial matrices kept (the fit asks for one group set's again for each stride, start, end)
+MONO_MEMO_ROWS = 512   # of at most this many groups (the solver's samples: FitParams.max_search_groups)
 _MONO_MEMO: dict = {}
 
 
