@@ -46,8 +46,8 @@ and `host_launch_s` per launch (replay/sim/timing.py).
 Not replayed: the runner's fault feedback (`--feedback` on the GPU; the simulator's `--feedback`
 refines the offline template only); unplanned, its host-side time per launch, including the wait for
 an indexed launch's values (the GPU runner drains the launch's stream before reading them). The GPU
-engine (replay/gpu/cuda_engine.py) does not yet read `PlanSchedule`: on a GPU the runner still
-decides one launch at a time.
+engine (replay/gpu/cuda_engine.py) carries out the same `PlanSchedule` given a plan file (`--plan`,
+online/planned.py); without one (the plan made at start here) it decides one launch at a time.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class Runner(Policy):
         self.lookup = TraceAllocations(rel)
         # the runner is given the workload's trace for --oversub: its residency estimate uses it
         sched = lookahead_for(self.policy, trace, model=self.model, fallback=self.fallback,
-                              relocator=rel) if self.lookahead else None
+                              relocator=rel, costs=ctx.profile) if self.lookahead else None
         self.decider = LaunchDecider(self.policy, AllocationMap(self.lookup.allocation_of),
                                      capacity=ctx.cap_units * w.gran, relocator=rel, ahead=sched,
                                      predict=None if self.model is None else make_online_predict(self.model,
