@@ -32,9 +32,11 @@ from pagecast.errors import NoGPUError, PagecastError, UsageError, shown
 
 from ..online.prediction import default_fallback, load_model_file, make_online_predict, model_kernel_names
 from ..online.ranges import UNIT
-from ..online.lookahead import lookahead_for
+from ..online.lookahead import dead_of, lookahead_for
+from ..online.planned import PlannedCalls, schedule_from_plan
 from ..online.relocate import Relocator
 from ..costs import load_profile
+from ..plan.plan_io import read_plan
 from ..policies import POLICIES, online_policy
 from ..request import NO_WORKLOAD, ReplayRequest
 from . import cupti_monitor, driver
@@ -267,17 +269,26 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         if fallback is None:
             fallback = default_fallback(req.feedback)
         predict = make_online_predict(model, fallback) if model is not None else None
-        relocator, ahead = None, None
+        relocator, ahead, planned = None, None, None
         if req.traces:
             trace = T.read_trace(req.traces[0])
             relocator = Relocator(trace)
-            if req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py),
+            if req.plan is not None and req.lookahead and POLICIES[policy].requires == "model-or-plan":
+                # a plan file (`pagecast plan`): its schedule carried out, as the simulator's runner
+                # does (online/planned.py); the residency estimate stays the ledger's safety net
+                plan = read_plan(req.plan, trace)
+                if capacity is not None and plan.capacity_bytes != capacity:
+                    warns(f"the plan was made for a capacity of {plan.capacity_bytes} bytes, this run has {capacity}")
+                planned = PlannedCalls(schedule_from_plan(plan.table, trace, relocator), relocator,
+                                       dead=dead_of(relocator, trace, req.discard_unfreed))
+            elif req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py),
                 # as far as the cost profile's per-call cost and bandwidth say (--costs: a calibrated one)
                 ahead = lookahead_for(online_policy(policy), trace, model=model, fallback=fallback,
                                       relocator=relocator, costs=load_profile(req.costs),
                                       discard_unfreed=req.discard_unfreed)
         out["lookahead"] = ahead.depth if ahead is not None else 0
-        engine = Engine(cuda, policy, capacity=capacity, ahead=ahead,
+        out["planned"] = planned is not None
+        engine = Engine(cuda, policy, capacity=capacity, ahead=ahead, planned=planned,
                         predict=predict if (predicts or capacity is not None) else None,
                         relocator=relocator, model_kernels=model_kernel_names(model) if model is not None else None,
                         warn=warns, moved=getattr(monitor, "take_migrations", None) if capacity is not None else None)
@@ -370,6 +381,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "evict_bytes": st["evict_bytes"],
         "prefetches": st["prefetches"],               # calls the runner made
         "ahead_launches": st["ahead_launches"],       # launches prefetched one launch early (lookahead)
+        "plan_fallbacks": st["plan_fallbacks"],       # planned: launches whose room the ledger made
         "evictions": st["evictions"],
         "overflow_launches": st["overflow_launches"],
         "failed_calls": st["failed_calls"],

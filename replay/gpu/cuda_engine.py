@@ -59,6 +59,21 @@ The child switches the lookahead on for planned runs given a trace (`ReplayReque
 `--no-lookahead`; the schedule is online/lookahead.py's, which the simulator's `runner` reads too).
 Not run on a GPU yet.
 
+Planned runs
+------------
+Given a plan's schedule (`planned`: online/planned.py's `PlannedCalls`, over the `PlanSchedule` the
+simulator's `runner` carries out; the child makes it from a `--plan` file), nothing is decided per
+launch: each callback looks up the groups due (the next launch's, one launch ahead, or the launch's
+own where its evictions wait for the launch before), moves their ranges into this run's addresses by
+their allocations' learned deltas and issues them: evictions (and dead data discarded, where the
+driver has the call) on the eviction stream after the work queued before the launch, the copy
+stream waiting for them; prefetches on the copy stream, a range gated on index values after the
+work queued before its callback; an event after each part. The launch's stream waits on its own
+event alone (with no range of its own, on the event of the earlier group holding what it needs).
+The ledger stays the safety net: where what moved is over the capacity, the launch's room is made as
+without a plan (`plan_fallbacks`). A run that leaves the plan's trace is decided launch by launch
+from there.
+
 Batched calls
 -------------
 Where the driver hands out `cuMemPrefetchBatchAsync` (CUDA 13.0's driver API; `DriverCuda.
@@ -72,7 +87,7 @@ With feedback, faults the prediction missed refine the model (feedback_loop.py's
 `FeedbackLoop`, through `Engine.feedback_from`).
 
 Long because the ledger, the indexed launches' value reads, the lookahead (its groups, events and
-discards) and the batched calls all act on one launch's streams and events, in the order the module
+discards), the planned runs and the batched calls all act on one launch's streams and events, in the order the module
 doc gives: one object holds that order.
 """
 
@@ -85,9 +100,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from pagecast.collect.launch_hook import PTSZ_CBIDS
 
 from ..online.decide import LaunchDecider
+from ..online.planned import EVICT, OWN, PlannedCalls
 from ..online.ranges import UNIT, AllocationMap
 from ..online.relocate import Relocator
 from ..policies import online_policy
@@ -144,6 +162,7 @@ class EngineStats:
     ahead_launches: int = 0         # lookahead: launch groups brought in at an earlier launch's callback
     discards: int = 0               # cuMemDiscardBatchAsync calls (dead data, not copied back)
     discard_bytes: int = 0
+    plan_fallbacks: int = 0         # planned runs: launches whose room the ledger made without the plan
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
     moved_dtoh_bytes: int = 0       # device-to-host migrations reported
@@ -174,10 +193,13 @@ class Engine:
                  predict: Callable[[Any, AllocationMap], list[tuple[int, int]]] | None = None,
                  relocator: Relocator | None = None, model_kernels: Iterable[str] | None = None,
                  warn: Callable[[str], None] | None = None, unit: int = UNIT, compiled: bool = True,
-                 moved: Callable[[], list] | None = None, ahead=None, ahead_skip=frozenset()) -> None:
+                 moved: Callable[[], list] | None = None, ahead=None, ahead_skip=frozenset(),
+                 planned: PlannedCalls | None = None) -> None:
         """`moved() -> [(order, +1 | -1, address, nbytes, cause)]`: the migrations reported since the
         last call (host to device +1, device to host -1; `cupti_monitor.CuptiMonitor.take_migrations`),
-        which drive the capacity emulation's ledger (the module doc)."""
+        which drive the capacity emulation's ledger (the module doc). `planned`: a plan's
+        `PlanSchedule` per callback (online/planned.py), carried out instead of deciding each launch
+        (the module doc's "Planned runs"; `ahead` is then not used)."""
         self.cuda = cuda
         self.moved = moved
         self.policy = online_policy(policy)
@@ -206,6 +228,18 @@ class Engine:
         self._copy_stream: int | None = None
         self._wait_for: dict[int, int] = {}    # launch -> the event its stream waits on (its data's, early)
         self._free_events: list[int] = []
+        # a planned run: its schedule per callback, the parts left for a later callback (allocations
+        # not known yet), each launch's own event and each group's last event, the freed allocations
+        self.planned = planned
+        self._later: dict[int, list] = {}
+        self._own_ev: dict[int, int] = {}
+        self._group_ev: dict[int, int] = {}
+        self._group_free: dict[int, list[int]] = {}   # callback -> group events free after it
+        self._freed: set[int] = set()
+        if planned is not None:   # the last launch waiting on each group's event
+            wf = planned.schedule.waits_for
+            self._last_waiter = np.full(planned.n, -1, np.int64)
+            np.maximum.at(self._last_waiter, wf[wf >= 0], np.flatnonzero(wf >= 0))
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -237,6 +271,8 @@ class Engine:
         forgets it (see LaunchDecider.on_free)."""
         try:
             with self.lock:
+                if self.planned is not None:
+                    self._freed.add(int(addr))
                 self.decider.on_free(addr)
         except Exception as e:  # noqa: BLE001 - never into the workload's free
             self.stats.errors += 1
@@ -270,6 +306,15 @@ class Engine:
             units = res.resident_units
             if units * self.unit > st.peak_before_evict_bytes:
                 st.peak_before_evict_bytes = units * self.unit
+        if self.planned is not None:
+            self._carry_out_plan(t, la, stream)
+            return
+        self._launch_decided(t, la, stream)
+
+    def _launch_decided(self, t: int, la, stream: int) -> None:
+        """The launch decided online (`LaunchDecider.decide`) and carried out."""
+        st = self.stats
+        res = self.decider.residency
         d = self.decider.decide(t, la, self._read_values(t, la, stream))
         if res is not None:
             over = res.resident_units * self.unit - int(self.capacity or 0)
@@ -387,6 +432,165 @@ class Engine:
             if evs[k][0] != s:
                 self._wait(s, evs[k][1])
 
+    def _carry_out_plan(self, t: int, la, stream: int) -> None:
+        """Planned runs (the module doc): the groups due at this callback, looked up and relocated;
+        evictions and dead data on the eviction stream after the work queued before the launch,
+        prefetches on the copy stream (index-value gated ones after that work too), an event after
+        each part; the launch's stream waits on its own event alone. Where what really moved is over
+        the capacity (the ledger), the launch's own evictions go as without a plan first."""
+        st, cuda, pc = self.stats, self.cuda, self.planned
+        if not pc.rel.observe(t, la.kernel, bytes(la.param_data or b"")):
+            self.warn(f"the run no longer matches the plan's trace ({pc.rel.mismatch}): from launch {t} on"
+                      " the runner decides one launch at a time")
+            self.planned = None
+            self._launch_decided(t, la, stream)
+            return
+        res = self.decider.residency
+        fallback = None
+        if res is not None and self.capacity is not None and res.resident_units * self.unit > self.capacity:
+            fallback = self.decider.decide(t, la).evict   # the safety net: room made as without a plan
+            st.plan_fallbacks += 1
+        if res is not None:
+            over = res.resident_units * self.unit - int(self.capacity or 0)
+            if over > 0:
+                st.boundaries_over += 1
+                st.max_excess_bytes = max(st.max_excess_bytes, over)
+        corr = int(getattr(la, "correlation_id", 0) or 0)
+        self.history.append((t, corr, la, None))
+        if len(self.corr_launch) < TIMELINE_MAX:
+            self.corr_launch[corr] = t
+        if self._copy_stream is None:
+            self._copy_stream = cuda.new_stream()
+        copy = self._copy_stream
+        parts = pc.at[t]
+        later = self._later.pop(t, None)
+        if later:
+            parts = [p for p in parts if p.kind == EVICT] + later + [p for p in parts if p.kind != EVICT]
+        queued = False
+        evicted = False
+        dead = pc.dead_at(t) if self.discard else ()
+        dead = [r for r in dead if r[0] not in self._freed]
+        if fallback or dead or (parts and parts[0].kind == EVICT):
+            if self._evict_stream is None:
+                self._evict_stream = cuda.new_stream()
+                self._evict_event = cuda.new_event()
+                self._queued_event = cuda.new_event()
+        for p in parts:
+            if p.kind != EVICT:
+                break
+            ranges, _ = pc.ranges(p)   # an allocation this run has not shown yet holds nothing to evict
+            if not ranges:
+                continue
+            if not queued:
+                cuda.record_event(self._queued_event, stream)   # after the last planned use of the victims
+                cuda.stream_wait_event(self._evict_stream, self._queued_event)
+                queued = True
+            n, nbytes = self._plan_calls(t, la, cuda.prefetch_to_host, ranges, self._evict_stream, False)
+            st.evictions += n
+            st.evict_bytes += nbytes
+            evicted = True
+        if dead or fallback:
+            if not queued:
+                cuda.record_event(self._queued_event, stream)
+                cuda.stream_wait_event(self._evict_stream, self._queued_event)
+                queued = True
+            if dead:
+                self._discard_ranges(t, la, dead)
+            if fallback:
+                n, nbytes = self._calls(t, la, cuda.prefetch_to_host, fallback, self._evict_stream, to_gpu=False)
+                st.evictions += n
+                st.evict_bytes += nbytes
+            evicted = True
+        if evicted:
+            cuda.record_event(self._evict_event, self._evict_stream)
+            cuda.stream_wait_event(copy, self._evict_event)    # the room the copies need; not the kernel
+        gated = False
+        for p in parts:
+            if p.kind == EVICT:
+                continue
+            ranges, rest = pc.ranges(p)
+            if rest is not None:
+                if p.launch > t:
+                    self._later.setdefault(p.launch, []).append(rest)
+                else:
+                    pc.unmapped_bytes += sum(rest.nbytes)
+            if not ranges:
+                continue
+            if p.gated and not gated:   # nothing before its values exist: after the work queued so far
+                if not queued:
+                    if self._queued_event is None:
+                        self._queued_event = cuda.new_event()
+                    cuda.record_event(self._queued_event, stream)
+                    queued = True
+                cuda.stream_wait_event(copy, self._queued_event)
+                gated = True
+            n, nbytes = self._plan_calls(t, la, cuda.prefetch_to_gpu, ranges, copy, True)
+            st.prefetches += n
+            st.prefetch_bytes += nbytes
+            ev = self._event()
+            cuda.record_event(ev, copy)
+            self._planned_event(p.launch, p.kind == OWN, ev)
+            if p.launch > t:
+                st.ahead_launches += 1
+        # the launch's stream waits on its own event alone (or, with no range of its own, on the group
+        # before holding what it needs)
+        ev = self._own_ev.pop(t, None)
+        if ev is None:
+            wf = int(pc.schedule.waits_for[t])
+            ev = self._group_ev.get(wf) if wf >= 0 else None
+        elif ev != self._group_ev.get(t):
+            self._free_events.append(ev)
+        if ev is not None:
+            cuda.stream_wait_event(stream, ev)
+        for g in self._group_free.pop(t, ()):
+            old = self._group_ev.pop(g, None)
+            if old is not None and old != self._own_ev.get(g):
+                self._free_events.append(old)
+        if fallback:   # the room made without the plan comes before the kernel, as without it
+            cuda.stream_wait_event(stream, self._evict_event)
+
+    def _planned_event(self, lid: int, own: bool, ev: int) -> None:
+        """`ev` follows a part of launch lid's group: its own event (own ranges), its group's (waited
+        on by later launches until the last of them)."""
+        if own:
+            old = self._own_ev.get(lid)
+            self._own_ev[lid] = ev
+            if old is not None and old != self._group_ev.get(lid):
+                self._free_events.append(old)
+        last = int(self._last_waiter[lid])
+        if last > lid:
+            old = self._group_ev.get(lid)
+            self._group_ev[lid] = ev
+            if old is not None and old != self._own_ev.get(lid):
+                self._free_events.append(old)
+            if old is None:
+                self._group_free.setdefault(last, []).append(lid)
+        elif not own:
+            self._free_events.append(ev)   # no launch waits on it
+
+    def _plan_calls(self, t: int, la, move, ranges: list[tuple[int, int]], stream: int,
+                    to_gpu: bool) -> tuple[int, int]:
+        """A planned part's ranges (each within one allocation already): one batched call where the
+        driver has one, else one call per range; (calls, bytes) the driver took."""
+        if self.batch and len(ranges) > 1:
+            try:
+                self.cuda.prefetch_batch(ranges, to_gpu, stream)
+                self.stats.batch_calls += 1
+                return 1, sum(m for _, m in ranges)
+            except Exception as e:  # noqa: BLE001 - range by range below
+                self.stats.last_error = f"launch {t} ({la.kernel}): batched call: {type(e).__name__}: {e}"
+        n = nbytes = 0
+        for a, m in ranges:
+            try:
+                move(a, m, stream)
+            except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
+                self.stats.failed_calls += 1
+                self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
+                continue
+            n += 1
+            nbytes += m
+        return n, nbytes
+
     def _wait(self, s: int, ev: int) -> None:
         """Launch s's stream will wait on `ev` (a later event on the copy stream covers an earlier one)."""
         old = self._wait_for.get(s)
@@ -409,8 +613,11 @@ class Engine:
         driver has it; where it does not, left to eviction as before (nothing is called)."""
         if not self.discard:
             return
+        self._discard_ranges(t, la, self.allocs.pieces(ranges))
+
+    def _discard_ranges(self, t: int, la, pieces) -> None:
+        """`pieces` (each within one allocation) discarded in one call on the eviction stream."""
         cuda, st = self.cuda, self.stats
-        pieces = self.allocs.pieces(ranges)
         try:
             cuda.discard_batch(pieces, self._evict_stream)
         except Exception as e:  # noqa: BLE001 - the data stays; eviction copies it back as before
