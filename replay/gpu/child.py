@@ -382,6 +382,9 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "prefetches": st["prefetches"],               # calls the runner made
         "ahead_launches": st["ahead_launches"],       # launches prefetched one launch early (lookahead)
         "plan_fallbacks": st["plan_fallbacks"],       # planned: launches whose room the ledger made
+        # planned: bytes of the plan's ranges whose allocation no launch had pointed into by their
+        # launch's callback (left to faults)
+        "plan_unmapped_bytes": planned.unmapped_bytes if planned is not None else None,
         "evictions": st["evictions"],
         "overflow_launches": st["overflow_launches"],
         "failed_calls": st["failed_calls"],
