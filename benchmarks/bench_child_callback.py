@@ -23,7 +23,10 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
   candidate), the code before the lookahead's step was compiled;
 - `now`: the lookahead as it runs by default (`LOOKAHEAD_STEP = "compiled"`: the window looked up,
   fitted, relocated and split in compiled calls; the depth from the cost profile, msched-rtx5080
-  here; dead data discarded where the driver has the call, which this stand-in has not).
+  here; dead data discarded where the driver has the call, which this stand-in has not);
+- `planned` (template only): a plan file (`pagecast plan`'s, made here at the same capacity with the
+  simulator's planner, `sim.sweep.make_plan`) given to the child (`--plan`): the engine carries out
+  its `PlanSchedule` (online/planned.py), a lookup per callback and the calls, no decision.
 
 Figures: median, mean and p99 us per launch.
 """
@@ -135,11 +138,13 @@ def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
     return out * repeat
 
 
-PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled")}
+PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled"),
+         "planned": (True, "compiled")}
+PLANNED = ("template",)   # the policies a plan file is for
 
 
 def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
-              path: str) -> tuple[list[float], dict]:
+              path: str, plan: Path | None = None) -> tuple[list[float], dict]:
     """One child run (child_main, in this process) over `las` on `path` (PATHS): each launch's
     callback time (us) and the run's result."""
     times: list[float] = []
@@ -164,7 +169,8 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
     script.write_text("import pagecast_bench_workload as W\nW.run()\n")
     lookahead, step = PATHS[path]
     req = ReplayRequest(backend="gpu", policies=(policy,), capacity=(capacity,), traces=(str(trace_path),),
-                        model=str(model_path), workload=("python", str(script)), lookahead=lookahead)
+                        model=str(model_path), workload=("python", str(script)), lookahead=lookahead,
+                        plan=str(plan) if path == "planned" else None)
     res = tmp / f"r-{policy}.json"
     job = tmp / "job.json"
     job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
@@ -184,6 +190,8 @@ def summary(times: list[float], out: dict) -> dict:
     return {"median_us": statistics.median(xs), "mean_us": statistics.fmean(xs), "p99_us": xs[int(0.99 * (len(xs) - 1))],
             "launches": len(xs), "prefetch_bytes": out["prefetch_bytes"], "evict_bytes": out["evict_bytes"],
             "ahead_launches": out.get("ahead_launches"), "lookahead": out.get("lookahead"),
+            "planned": out.get("planned"), "plan_fallbacks": out.get("plan_fallbacks"),
+            "plan_unmapped_bytes": out.get("plan_unmapped_bytes"),
             "warnings": [w for w in out.get("warnings", []) if "failed" in w or "no longer matches" in w]}
 
 
@@ -200,19 +208,34 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
     las = shifted_launches(tr)
     out = {"trace": trace_path.name, "launches": tr.n_launches, "child_runs": runs, "capacity_bytes": capacity,
            "policies": {}}
+    from pagecast.predict.model_io import load_model
+    from pagecast.replay.plan import plan_io
+    from pagecast.replay.sim.sweep import make_plan
+
+    t0 = time.perf_counter()
+    table, manifest = make_plan(load_model(model_path), tr, capacity=capacity, model_path=str(model_path))
+    plan = plan_io.write_plan(tmp / f"{name}.plan", table, manifest, force=True)
+    out["plan_s"] = time.perf_counter() - t0
+    out["plan_rows"] = table.num_rows
     for policy in POLICIES:
-        times: dict[str, list[float]] = {p: [] for p in PATHS}
+        paths = [p for p in PATHS if p != "planned" or policy in PLANNED]
+        times: dict[str, list[float]] = {p: [] for p in paths}
         last: dict[str, dict] = {}
         for _ in range(runs):     # each a fresh child run over the trace's launches, the paths in turn
-            for path in PATHS:
-                t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path)
+            for path in paths:
+                t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path, plan)
                 times[path] += t
-        row = {p: summary(times[p], last[p]) for p in PATHS}
+        row = {p: summary(times[p], last[p]) for p in paths}
         row["ratio_before_now"] = row["before"]["median_us"] / row["now"]["median_us"]
+        if "planned" in row:
+            assert row["planned"]["planned"], row["planned"]
+            row["ratio_now_planned"] = row["now"]["median_us"] / row["planned"]["median_us"]
         out["policies"][policy] = row
         print(f"{name} {policy}: off {row['off']['median_us']:.1f} us, before {row['before']['median_us']:.1f} us,"
-              f" now {row['now']['median_us']:.1f} us (x{row['ratio_before_now']:.2f}); evicted"
-              f" {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B", file=sys.stderr, flush=True)
+              f" now {row['now']['median_us']:.1f} us (x{row['ratio_before_now']:.2f})"
+              + (f", planned {row['planned']['median_us']:.1f} us (x{row['ratio_now_planned']:.2f} vs now)"
+                 if "planned" in row else "")
+              + f"; evicted {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B", file=sys.stderr, flush=True)
     return out
 
 
