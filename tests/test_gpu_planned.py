@@ -242,3 +242,33 @@ def test_the_child_carries_out_a_plan_file(tmp_path, monkeypatch, jacobi):
     issued = Counter((x[1] - SHIFT, x[2]) for x in f.log if x[0] == "gpu")
     assert issued and issued <= Counter(tuple(r) for r in sched.pf.tolist())
     assert not any(x[0] == "gpu" and x[3] == 77 for x in f.log)
+
+
+def test_dead_data_is_discarded_where_the_driver_has_the_call(jacobi):
+    """The trace's dead data (lookahead.dead_of, data never freed counted too here) is discarded at the
+    callback after its last use, on the eviction stream after the work queued before the launch;
+    without cuMemDiscardBatchAsync nothing is discarded."""
+    from pagecast.replay.online.lookahead import dead_of
+
+    tr, sched = jacobi
+    rel = Relocator(tr)
+    dead = dead_of(rel.layout(), tr, discard_unfreed=True)
+    assert dead is not None
+    for batch, want in ((frozenset({"cuMemDiscardBatchAsync"}), True), (frozenset(), False)):
+        f = fake_for(tr, batch=batch)
+        rel = Relocator(tr)
+        e = E.Engine(f, "template", capacity=managed_bytes(tr) // 2, predict=lambda la, allocs: [],
+                     planned=PlannedCalls(sched, rel, dead=dead))
+        marks = []
+        for t, la in shifted_rows(tr):
+            marks.append(len(f.log))
+            e.on_launch(la)
+        assert e.stats.errors == 0, e.stats.last_error
+        got = [(t, x) for t in range(sched.n) for x in ops_at(f, marks, t) if x[0] == "discard"]
+        assert bool(got) == want
+        for t, x in got:
+            ptr, ids = dead
+            assert set(x[1]) == {(int(rel.a_addr[j]) + SHIFT, int(rel.a_bytes[j])) for j in ids[ptr[t]:ptr[t + 1]]}
+            ops = ops_at(f, marks, t)
+            rec = next(o for o in ops if o[0] == "record" and o[2] == LAUNCH_STREAM)
+            assert ops.index(("wait", x[2], rec[1])) < ops.index(x)
