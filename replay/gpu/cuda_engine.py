@@ -72,7 +72,7 @@ work queued before its callback; an event after each part. The launch's stream w
 event alone (with no range of its own, on the event of the earlier group holding what it needs).
 The ledger stays the safety net: where what moved is over the capacity, the launch's room is made as
 without a plan (`plan_fallbacks`). A run that leaves the plan's trace is decided launch by launch
-from there.
+from there. Not run on a GPU yet (tests/test_gpu_planned.py: the stand-in driver).
 
 Batched calls
 -------------
