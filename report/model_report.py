@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from pagecast.predict.evaluate import evaluate
-from pagecast.predict.model_io import load_model
+from pagecast.predict.model_io import CLASSES, load_model
 from pagecast.predict.predictor import predict_footprints
 
 from pagecast import trace as T
@@ -27,7 +27,8 @@ FALLBACK = "history"
 TOP_KERNELS = 20
 WORST_KERNELS = 10
 EXAMPLE_LAUNCHES = 4
-CLASS_ORDER = ["fixed", "linear", "strided", "allocation", "irregular", "unseen"]
+# the model file's classes in their order, then kernels the model has not seen
+CLASS_ORDER = [*CLASSES, "unseen"]
 C_PREC, C_REC, C_BASE = PALETTE[0], PALETTE[2], "#999999"
 C_HIT, C_MISS, C_EXTRA = "#2ca02c", "#e3120b", "#ffb000"
 
