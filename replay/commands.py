@@ -212,12 +212,52 @@ class ReplayCommand(Command):
                 check_output_file(pth, args.force, "results.parquet")
         if req.backend == "gpu":
             from .gpu.backend import run_gpu_replay
-            runs, timeline = run_gpu_replay(req)
+            runs, timeline = run_gpu_replay(req, planner=gpu_planner(req))
         else:
             from .sim.sweep import simulate
             with console.progress("replaying", len(req.policies) * len(req.levels)) as bar:
                 runs, timeline = simulate(req, progress=bar, timeline=bool(args.output))
         return _report(args, runs, timeline)
+
+
+def gpu_planner(req):
+    """Template's plan, made at the start of a GPU replay as `pagecast plan` makes it (make_plan, the
+    simulator's planner), so that the child carries out its schedule (online/planned.py) rather
+    than deciding online: a callable (capacity in bytes, plan directory) -> that directory, or None
+    where the run has no use for one (no template, a --plan given, no model or trace, --feedback:
+    a fixed plan cannot be refined, --no-lookahead: one launch at a time). Made here, where the
+    replay stage may import both the simulator and the GPU runner (tests/layering.py)."""
+    from .policies import POLICIES
+
+    if (req.backend != "gpu" or req.plan is not None or not req.model or len(req.traces) != 1
+            or not req.lookahead or req.feedback
+            or not any(POLICIES[p].requires == "model-or-plan" for p in req.policies)):
+        return None
+    loaded: list = []
+
+    def plan_at(capacity: int, directory: Path) -> Path | None:
+        from pagecast import console
+        from pagecast.memory import return_freed_arrays
+        from pagecast.predict.model_io import load_model
+        from pagecast.trace import LAZY_TABLES, read_trace
+        from pagecast.units import format_size
+
+        from .plan import plan_io
+        from .sim.sweep import SimConfig, make_plan
+
+        if not loaded:
+            trace = read_trace(req.traces[0], lazy=LAZY_TABLES).require_launches("replay")
+            loaded.append((load_model(req.model), trace))
+        model, trace = loaded[0]
+        if trace.manifest.get("argument_bytes") is False:   # nothing to predict from (pagecast plan refuses it)
+            return None
+        return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
+        with console.progress(f"planning template at {format_size(capacity)}", None):
+            table, manifest = make_plan(model, trace, capacity=capacity, config=SimConfig(costs=req.costs),
+                                        model_path=str(req.model))
+        return plan_io.write_plan(directory, table, manifest)
+
+    return plan_at
 
 
 JSON_FIELDS = ("policy", "backend", "capacity_bytes", "oversub", "time_s", "stall_s", "faults", "htod_bytes",

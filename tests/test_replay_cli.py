@@ -429,8 +429,8 @@ def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
     import pagecast.replay.gpu.backend as G
     seen = {}
 
-    def fake(args):
-        seen.update(vars(args))
+    def fake(args, planner=None):
+        seen.update(vars(args), planner=planner)
         return [{"policy": "demand", "backend": "gpu", "capacity_bytes": None, "oversub": None, "time_s": 1.0,
                  "stall_s": 0.0, "faults": 0, "htod_bytes": 0, "dtoh_bytes": 0, "speedup_vs_demand": 1.0}], None
     monkeypatch.setattr(G, "run_gpu_replay", fake)
@@ -440,6 +440,7 @@ def test_gpu_backend_is_dispatched(monkeypatch, capsys, tmp_path):
     assert json.loads(stdout)[0]["backend"] == "gpu"
     assert seen["workload"] == ("python", "train.py", "--epochs", "1") and seen["traces"] == ()
     assert seen["policies"] == ("demand",) and seen["repeat"] == 3 and seen["capacity"] is None
+    assert seen["planner"] is None   # no template: no plan to make at start
 
 
 def test_demo_refuses_non_empty_dir(tmp_path, capsys):

@@ -38,8 +38,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pagecast import console, procs
 from pagecast import trace as T
@@ -54,6 +55,11 @@ from ..results_io import timeline_table
 from ..unit_space import managed_bytes
 from . import driver
 from .child import ChildJob, parse_workload
+
+
+# template's plan at the start of a replay: (capacity in bytes, plan directory to write) -> that
+# directory, or None where none could be made (run_gpu_replay's `planner`)
+Planner = Callable[[int, Path], "Path | None"]
 
 
 class GpuRunError(PagecastError):
@@ -117,11 +123,15 @@ def _child_cmd(job: ChildJob, job_path: Path) -> list[str]:
     return [sys.executable, "-m", CHILD, str(job_path)]
 
 
-def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
+def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[list[dict], Any]:
     """Run the workload under each policy and capacity on the GPU; rows as the simulator's.
 
     The request was validated when it was made; what is checked here needs its files (the workload
-    command's form, the model, the trace)."""
+    command's form, the model, the trace). `planner` (capacity in bytes, directory) -> a plan
+    directory or None makes template's plan at the start of the replay, once per capacity (the
+    whole GPU's memory where none is emulated), for the runs that have no --plan: the replay
+    command passes the simulator's planner (replay/commands.py, gpu_planner), which this layer may
+    not import; the plans go in the replay's temporary folder, removed with it."""
     if req.backend != "gpu":
         raise UsageError("run_gpu_replay runs a request for --backend gpu")
     policies = list(req.policies)
@@ -172,58 +182,65 @@ def run_gpu_replay(req: ReplayRequest) -> tuple[list[dict], Any]:
     rows: list[dict] = []
     timelines: list[dict] = []
     total_runs = len(caps) * len(policies) * repeat
-    with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp, \
-            console.progress("GPU replay", total_runs) as bar:
-        k = 0
-        for cap in caps:
-            # repeats interleaved (demand, template, ..., demand, template, ...): a drift in the
-            # machine (clocks, another tenant) falls on every policy alike, not on one
-            measured: dict[str, list] = {p: [] for p in policies}
-            for r in range(repeat):
+    with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp:
+        plans: dict = {}   # capacity -> template's plan made at start (None: no planner, or none made)
+        if planner is not None and any(POLICIES[p].requires == "model-or-plan" for p in policies):
+            for i, cap in enumerate(caps):
+                plans[cap] = planner(cap if cap is not None else total, Path(tmp) / f"plan-{i}.plan")
+        with console.progress("GPU replay", total_runs) as bar:
+            k = 0
+            for cap in caps:
+                # repeats interleaved (demand, template, ..., demand, template, ...): a drift in the
+                # machine (clocks, another tenant) falls on every policy alike, not on one
+                measured: dict[str, list] = {p: [] for p in policies}
+                for r in range(repeat):
+                    for policy in policies:
+                        k += 1
+                        res = Path(tmp) / f"run-{k}.json"
+                        one = req.one_run(policy, cap)
+                        if plans.get(cap) is not None and POLICIES[policy].requires == "model-or-plan":
+                            one = replace(one, plan=str(plans[cap]))
+                        job = ChildJob(request=one, result=str(res), timeline=r == 0)
+                        cmd = _child_cmd(job, Path(tmp) / f"job-{k}.json")
+                        bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
+                        # the workload's stdout goes to our stderr: stdout is kept for --json
+                        proc = _run_child(cmd)
+                        out = json.loads(res.read_text()) if res.exists() else None
+                        if proc.returncode != 0 or out is None or out.get("error"):
+                            why = (out or {}).get("error") or f"exit status {proc.returncode}"
+                            if (out or {}).get("exit_code") == 2:
+                                raise NoGPUError(why) if (out or {}).get("no_gpu") else UsageError(why)
+                            raise GpuRunError(f"the workload failed under policy {policy}: {why}")
+                        for w in out.get("warnings", []):
+                            if r == 0 and cap == caps[0]:
+                                console.warn(w)
+                        measured[policy].append(out)
+                        bar.advance()
                 for policy in policies:
-                    k += 1
-                    res = Path(tmp) / f"run-{k}.json"
-                    job = ChildJob(request=req.one_run(policy, cap), result=str(res), timeline=r == 0)
-                    cmd = _child_cmd(job, Path(tmp) / f"job-{k}.json")
-                    bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")
-                    # the workload's stdout goes to our stderr: stdout is kept for --json
-                    proc = _run_child(cmd)
-                    out = json.loads(res.read_text()) if res.exists() else None
-                    if proc.returncode != 0 or out is None or out.get("error"):
-                        why = (out or {}).get("error") or f"exit status {proc.returncode}"
-                        if (out or {}).get("exit_code") == 2:
-                            raise NoGPUError(why) if (out or {}).get("no_gpu") else UsageError(why)
-                        raise GpuRunError(f"the workload failed under policy {policy}: {why}")
-                    for w in out.get("warnings", []):
-                        if r == 0 and cap == caps[0]:
-                            console.warn(w)
-                    measured[policy].append(out)
-                    bar.advance()
-            for policy in policies:
-                runs = measured[policy]
-                tl = runs[0].pop("timeline", None)
-                for m_ in runs[1:]:
-                    m_.pop("timeline", None)
-                if tl:
-                    k_run = len(rows)
-                    nrow = len(tl["kernel"])
-                    tl.update(run=[k_run] * nrow, policy=[policy] * nrow,
-                              capacity_bytes=[cap if cap is not None else total] * nrow,
-                              task=[0] * nrow, task_name=[_workload_name(workload)] * nrow)
-                    timelines.append(tl)
-                row = aggregate(runs)
-                row.update({
-                    "policy": policy, "backend": "gpu",
-                    "capacity_bytes": cap if cap is not None else total,
-                    "oversub": levels[cap],
-                    "stall_s": None, "footprint_bytes": footprint, "oversub_of": of,
-                    "managed_bytes": managed or None,
-                    "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
-                    "feedback": bool(req.feedback), "costs": None,
-                    "device": device.get("name"), "eviction_unit": UNIT,
-                    "eviction": POLICIES[policy].victims if cap is not None else None,
-                })
-                rows.append(row)
+                    runs = measured[policy]
+                    tl = runs[0].pop("timeline", None)
+                    for m_ in runs[1:]:
+                        m_.pop("timeline", None)
+                    if tl:
+                        k_run = len(rows)
+                        nrow = len(tl["kernel"])
+                        tl.update(run=[k_run] * nrow, policy=[policy] * nrow,
+                                  capacity_bytes=[cap if cap is not None else total] * nrow,
+                                  task=[0] * nrow, task_name=[_workload_name(workload)] * nrow)
+                        timelines.append(tl)
+                    row = aggregate(runs)
+                    row.update({
+                        "policy": policy, "backend": "gpu",
+                        "capacity_bytes": cap if cap is not None else total,
+                        "oversub": levels[cap],
+                        "stall_s": None, "footprint_bytes": footprint, "oversub_of": of,
+                        "managed_bytes": managed or None,
+                        "workload": " ".join(workload), "traces": traces, "model": str(model) if model else None,
+                        "feedback": bool(req.feedback), "costs": None,
+                        "device": device.get("name"), "eviction_unit": UNIT,
+                        "eviction": POLICIES[policy].victims if cap is not None else None,
+                    })
+                    rows.append(row)
     add_relative(rows)
     for i, r in enumerate(rows):
         r["run"] = i
