@@ -221,21 +221,25 @@ class ReplayCommand(Command):
 
 
 def gpu_planner(req):
-    """Template's plan, made at the start of a GPU replay as `pagecast plan` makes it (make_plan, the
-    simulator's planner), so that the child carries out its schedule (online/planned.py) rather
-    than deciding online: a callable (capacity in bytes, plan directory) -> that directory, or None
-    where the run has no use for one (no template, a --plan given, no model or trace, --feedback:
-    a fixed plan cannot be refined, --no-lookahead: one launch at a time). Made here, where the
-    replay stage may import both the simulator and the GPU runner (tests/layering.py)."""
+    """The plans of a GPU replay's planned policies, made at its start as the simulator makes them,
+    so that the child carries out their schedule (online/planned.py) rather than deciding online:
+    template's from the model's predictions of the trace (make_plan, as `pagecast plan` makes it),
+    oracle's from the trace's true footprints (make_truth_plan). A callable (policy, capacity in
+    bytes, plan directory) -> that directory, or None where that policy gets none (template: a
+    --plan given, no model, or --feedback, which a fixed plan cannot follow); None for the whole
+    replay where no run could use one (no trace; --no-lookahead: one launch at a time). Made here,
+    where the replay stage may import both the simulator and the GPU runner (tests/layering.py)."""
     from .policies import POLICIES
 
-    if (req.backend != "gpu" or req.plan is not None or not req.model or len(req.traces) != 1
-            or not req.lookahead or req.feedback
-            or not any(POLICIES[p].requires == "model-or-plan" for p in req.policies)):
+    if req.backend != "gpu" or len(req.traces) != 1 or not req.lookahead:
         return None
-    loaded: list = []
+    template_ok = req.plan is None and bool(req.model) and not req.feedback
+    if not any(POLICIES[p].chooses_span and (POLICIES[p].requires != "model-or-plan" or template_ok)
+               for p in req.policies):
+        return None
+    loaded: dict = {}
 
-    def plan_at(capacity: int, directory: Path) -> Path | None:
+    def plan_at(policy: str, capacity: int, directory: Path) -> Path | None:
         from pagecast import console
         from pagecast.memory import return_freed_arrays
         from pagecast.predict.model_io import load_model
@@ -243,18 +247,25 @@ def gpu_planner(req):
         from pagecast.units import format_size
 
         from .plan import plan_io
-        from .sim.sweep import SimConfig, make_plan
+        from .sim.sweep import SimConfig, make_plan, make_truth_plan
 
-        if not loaded:
-            trace = read_trace(req.traces[0], lazy=LAZY_TABLES).require_launches("replay")
-            loaded.append((load_model(req.model), trace))
-        model, trace = loaded[0]
-        if trace.manifest.get("argument_bytes") is False:   # nothing to predict from (pagecast plan refuses it)
+        pol = POLICIES[policy]
+        if not pol.chooses_span or (pol.requires == "model-or-plan" and not template_ok):
             return None
+        if "trace" not in loaded:
+            loaded["trace"] = read_trace(req.traces[0], lazy=LAZY_TABLES).require_launches("replay")
+        trace, cfg = loaded["trace"], SimConfig(costs=req.costs)
         return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
-        with console.progress(f"planning template at {format_size(capacity)}", None):
-            table, manifest = make_plan(model, trace, capacity=capacity, config=SimConfig(costs=req.costs),
-                                        model_path=str(req.model))
+        with console.progress(f"planning {policy} at {format_size(capacity)}", None):
+            if pol.places == "truth":
+                table, manifest = make_truth_plan(pol, trace, capacity=capacity, config=cfg)
+            else:
+                if trace.manifest.get("argument_bytes") is False:   # nothing to predict from (as pagecast plan)
+                    return None
+                if "model" not in loaded:
+                    loaded["model"] = load_model(req.model)
+                table, manifest = make_plan(loaded["model"], trace, capacity=capacity, config=cfg,
+                                            model_path=str(req.model))
         return plan_io.write_plan(directory, table, manifest)
 
     return plan_at

@@ -1,7 +1,8 @@
 """`pagecast replay --backend gpu` with template, a model and a trace but no --plan: the replay
 makes template's plan at start for each capacity (the simulator's planner, as `pagecast plan`
-makes it) and the child carries out its schedule (the planned path), on the stand-in driver;
---no-lookahead keeps one launch at a time, with no plan."""
+makes it), and oracle's from the trace's true footprints, and the child carries out their
+schedules (the planned path), on the stand-in driver; --no-lookahead keeps one launch at a time,
+with no plan."""
 
 from __future__ import annotations
 
@@ -37,45 +38,44 @@ def _replay(tmp_path, monkeypatch, capsys, model, *flags):
 
     tr = T.read_trace(TRACE)
     script = _workload(tr, FakeCuda(), monkeypatch, tmp_path)
-    jobs, seen = [], []
+    jobs, seen = {}, {}   # policy -> its job; policy -> (its plan was there, prefetches on the launch's stream)
 
     def fake_child(cmd):
         job = json.loads(Path(cmd[-1]).read_text())
-        jobs.append(job)
-        plan = job["request"]["plan"]
-        seen.append(plan is not None and Path(plan, "manifest.json").exists())
+        policy, plan = job["request"]["policies"][0], job["request"]["plan"]
+        jobs[policy] = job
+        there = plan is not None and Path(plan, "manifest.json").exists()
         f = FakeCuda()
         _workload(tr, f, monkeypatch, tmp_path)   # this run's stand-in behind the workload's launches
         code = C.child_main(cmd[cmd.index(G.CHILD) + 1:], cuda=f, monitor=FakeMonitor(f), hook_factory=FakeHook)
-        if job["request"]["policies"] == ["template"]:
-            on_own = [x for x in f.log if x[0] == "gpu" and x[3] == STREAM]
-            seen.append(len(on_own))
+        seen[policy] = (there, sum(1 for x in f.log if x[0] == "gpu" and x[3] == STREAM))
         return subprocess.CompletedProcess(cmd, code)
 
     monkeypatch.setattr(D, "open_cuda", lambda device=0: FakeCuda())
     monkeypatch.setattr(G, "_run_child", fake_child)
     cap = managed_bytes(tr) // 2
-    assert main(["replay", str(TRACE), "--backend", "gpu", "--policy", "demand,template", "--model", str(model),
+    assert main(["replay", str(TRACE), "--backend", "gpu", "--policy", "demand,template,oracle", "--model", str(model),
                  "--capacity", str(cap), "--json", *flags, "--", "python", str(script)]) == 0
     rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
     return rows, jobs, seen, cap
 
 
-def test_template_without_a_plan_file_runs_the_plan_made_at_start(tmp_path, monkeypatch, capsys, model):
+def test_template_and_oracle_without_a_plan_file_run_the_plans_made_at_start(tmp_path, monkeypatch, capsys, model):
     rows, jobs, seen, cap = _replay(tmp_path, monkeypatch, capsys, model)
-    by = {j["request"]["policies"][0]: j for j in jobs}
-    plan = by["template"]["request"]["plan"]
-    assert plan is not None and by["demand"]["request"]["plan"] is None
-    # made for this capacity, there while the child ran, removed with the replay's temporary folder
-    assert seen[1] is True and not Path(plan).exists()
-    assert rows["template"]["planned"] is True and rows["demand"]["planned"] is False
-    assert rows["template"]["ahead_launches"] > 0
-    assert seen[2] == 0   # nothing prefetched on the launch's own stream: the copy stream's
-    assert not any("capacity of" in w for w in rows["template"]["warnings"])   # made at this run's capacity
+    assert jobs["demand"]["request"]["plan"] is None and rows["demand"]["planned"] is False
+    for p in ("template", "oracle"):
+        plan = jobs[p]["request"]["plan"]
+        # made for this capacity, there while the child ran, removed with the replay's temporary folder
+        assert plan is not None and seen[p][0] and not Path(plan).exists(), p
+        assert rows[p]["planned"] is True and rows[p]["ahead_launches"] > 0, p
+        assert seen[p][1] == 0, p   # nothing prefetched on the launch's own stream: the copy stream's
+        assert not any("capacity of" in w for w in rows[p]["warnings"]), p   # made at this run's capacity
+    assert jobs["template"]["request"]["plan"] != jobs["oracle"]["request"]["plan"]
 
 
 def test_no_lookahead_makes_no_plan_and_decides_one_launch_at_a_time(tmp_path, monkeypatch, capsys, model):
     rows, jobs, seen, _ = _replay(tmp_path, monkeypatch, capsys, model, "--no-lookahead")
-    assert all(j["request"]["plan"] is None for j in jobs)
-    assert rows["template"]["planned"] is False and rows["template"]["ahead_launches"] == 0
-    assert seen[2] > 0   # on the launch's own stream
+    assert all(j["request"]["plan"] is None for j in jobs.values())
+    for p in ("template", "oracle"):
+        assert rows[p]["planned"] is False and rows[p]["ahead_launches"] == 0, p
+        assert seen[p][1] > 0, p   # on the launch's own stream

@@ -57,9 +57,9 @@ from . import driver
 from .child import ChildJob, parse_workload
 
 
-# template's plan at the start of a replay: (capacity in bytes, plan directory to write) -> that
-# directory, or None where none could be made (run_gpu_replay's `planner`)
-Planner = Callable[[int, Path], "Path | None"]
+# a planned policy's plan at the start of a replay: (policy, capacity in bytes, plan directory to
+# write) -> that directory, or None where that policy gets none (run_gpu_replay's `planner`)
+Planner = Callable[[str, int, Path], "Path | None"]
 
 
 class GpuRunError(PagecastError):
@@ -127,11 +127,12 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     """Run the workload under each policy and capacity on the GPU; rows as the simulator's.
 
     The request was validated when it was made; what is checked here needs its files (the workload
-    command's form, the model, the trace). `planner` (capacity in bytes, directory) -> a plan
-    directory or None makes template's plan at the start of the replay, once per capacity (the
-    whole GPU's memory where none is emulated), for the runs that have no --plan: the replay
-    command passes the simulator's planner (replay/commands.py, gpu_planner), which this layer may
-    not import; the plans go in the replay's temporary folder, removed with it."""
+    command's form, the model, the trace). `planner` (policy, capacity in bytes, directory) -> a
+    plan directory or None makes the planned policies' plans (template, oracle) at the start of the
+    replay, once per capacity (the whole GPU's memory where none is emulated), which their runs'
+    children carry out: the replay command passes the simulator's planner (replay/commands.py,
+    gpu_planner), which this layer may not import; the plans go in the replay's temporary folder,
+    removed with it."""
     if req.backend != "gpu":
         raise UsageError("run_gpu_replay runs a request for --backend gpu")
     policies = list(req.policies)
@@ -183,10 +184,13 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     timelines: list[dict] = []
     total_runs = len(caps) * len(policies) * repeat
     with tempfile.TemporaryDirectory(prefix="pagecast-gpu-") as tmp:
-        plans: dict = {}   # capacity -> template's plan made at start (None: no planner, or none made)
-        if planner is not None and any(POLICIES[p].requires == "model-or-plan" for p in policies):
+        plans: dict = {}   # (capacity, policy) -> its plan made at start (None: none made)
+        if planner is not None:
             for i, cap in enumerate(caps):
-                plans[cap] = planner(cap if cap is not None else total, Path(tmp) / f"plan-{i}.plan")
+                for policy in policies:
+                    if POLICIES[policy].chooses_span:
+                        plans[cap, policy] = planner(policy, cap if cap is not None else total,
+                                                     Path(tmp) / f"{policy}-{i}.plan")
         with console.progress("GPU replay", total_runs) as bar:
             k = 0
             for cap in caps:
@@ -198,8 +202,8 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
                         k += 1
                         res = Path(tmp) / f"run-{k}.json"
                         one = req.one_run(policy, cap)
-                        if plans.get(cap) is not None and POLICIES[policy].requires == "model-or-plan":
-                            one = replace(one, plan=str(plans[cap]))
+                        if plans.get((cap, policy)) is not None:
+                            one = replace(one, plan=str(plans[cap, policy]))
                         job = ChildJob(request=one, result=str(res), timeline=r == 0)
                         cmd = _child_cmd(job, Path(tmp) / f"job-{k}.json")
                         bar.update(description=f"{policy} @ {cap if cap is not None else 'full GPU'} ({r + 1}/{repeat})")

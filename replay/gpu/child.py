@@ -273,9 +273,11 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         if req.traces:
             trace = T.read_trace(req.traces[0])
             relocator = Relocator(trace)
-            if req.plan is not None and req.lookahead and POLICIES[policy].requires == "model-or-plan":
-                # a plan file (`pagecast plan`): its schedule carried out, as the simulator's runner
-                # does (online/planned.py); the residency estimate stays the ledger's safety net
+            if req.plan is not None and req.lookahead and POLICIES[policy].chooses_span:
+                # a plan file of a policy that plans Belady at a span (template: `pagecast plan`, or
+                # made at the replay's start; oracle: made there from the trace): its schedule carried
+                # out, as the simulator's runner does (online/planned.py); the residency estimate
+                # stays the ledger's safety net
                 plan = read_plan(req.plan, trace)
                 if capacity is not None and plan.capacity_bytes != capacity:
                     warns(f"the plan was made for a capacity of {plan.capacity_bytes} bytes, this run has {capacity}")

@@ -6,7 +6,11 @@ and hands them to `replay_sim(...)`, the library's form that the demo and the
 benchmarks call with traces and a model already loaded. It builds the workload
 once, runs every (policy, capacity) pair, and returns the run rows (cli.md's
 `replay --json` fields and more) and the per-launch timeline table. `make_plan(...)` is `pagecast plan`: the template policy's
-plan for one trace, its span chosen by trial runs of this simulator.
+plan for one trace, its span chosen by trial runs of this simulator; `make_truth_plan(...)` the
+oracle's own plan on the trace's true footprints (both made at the start of a GPU replay too).
+
+Long because the planners share the sweep's workload building, capacities and trial runs, and a
+plan made outside the sweep must be made as the sweep makes it.
 """
 
 from __future__ import annotations
@@ -481,6 +485,36 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     if len(host):
         manifest[plan_io.HOST_RANGES] = [[int(a), int(b)] for a, b in zip(host.start, host.end)]
     return table, manifest
+
+
+def make_truth_plan(policy, trace: T.Trace, *, capacity: int, config: SimConfig | None = None
+                    ) -> tuple[pa.Table, dict]:
+    """The own plan of a planned policy that plans on the truth (`places == "truth"`: oracle,
+    policies/oracle.py): Belady on the trace's true footprints, at the span (and with what is left
+    to faults) its trial runs find fastest, as the simulator's Planned.prefetch makes it -> (plan
+    table, manifest). Oracle's rivals' runs, the other half of the simulator's oracle, exist only
+    in a replay; this is the plan a runner that knows the footprints ahead can carry out."""
+    if not (policy.chooses_span and policy.places == "truth"):
+        raise ValueError(f"policy {policy.name} does not plan on the true footprints")
+    cfg = config or SimConfig()
+    prof = cfg.profile()
+    w = build_workload([trace], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
+                       need_alloc=True)
+    (cap, r), = capacities_for(w.oversub_basis(cfg.oversub_of), [capacity], None)
+    cu = cap // w.gran
+    if cu < 1:
+        raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
+    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
+    spans = cfg.spans()
+    span, needs, g, _ = choose_span(w, w.truth, cu, spans, policy.fronts,
+                                    plan_trial(w, w.truth, cu, prof, opts, run_policy), profile=prof,
+                                    faults=policy.faults and len(spans) > 1, whole_run=False)
+    manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=None,
+                                    oversub=r, costs=prof.name, span=span, policy=policy.name,
+                                    thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
+                                    prefetch_bytes=int(len(g.pf_unit) * w.gran),
+                                    evict_bytes=int(len(g.ev_unit) * w.gran))
+    return groups_to_table(g, needs, w), manifest
 
 
 def _template_plan(w: Workload, model, trace: T.Trace, predicted, gates, cu: int, prof: CostProfile, opts: Options,
