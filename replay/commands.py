@@ -193,8 +193,9 @@ class ReplayCommand(Command):
         g2.add_argument("--allow-oversubscription", action="store_true",
                         help="let the workload allocate more than the GPU's free memory (may hang the GPU)")
         g2.add_argument("--no-lookahead", action="store_true",
-                        help="template and oracle decide one launch at a time (default, with a TRACE: each"
-                             " launch's footprint is prefetched ahead on a copy stream, as far as --costs says)")
+                        help="template and oracle decide one launch at a time (default, with a TRACE: their"
+                             " plans are made at start, template's from --model, as the simulator makes them,"
+                             " and carried out ahead on a copy stream)")
         g2.add_argument("--discard-unfreed", action="store_true",
                         help="with the lookahead: discard data the program never frees after its last use in"
                              " the trace, not only freed temporaries (off: the host may still read it)")
@@ -339,7 +340,8 @@ def replay_request(args):
     warns: list[str] = []   # said once the request stands (a bad flag is one line, no warnings before it)
     if backend == "gpu":
         if plan:
-            warns.append("the GPU backend makes its decisions online; --plan is ignored")
+            warns.append("--plan is for the simulator; the GPU backend makes template's plan at start from"
+                         " --model and the TRACE (without a TRACE it decides online)")
         if span != "auto":
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
         plan, span = None, "auto"
