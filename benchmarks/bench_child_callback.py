@@ -24,8 +24,9 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
 - `now`: the lookahead as it runs by default (`LOOKAHEAD_STEP = "compiled"`: the window looked up,
   fitted, relocated and split in compiled calls; the depth from the cost profile, msched-rtx5080
   here; dead data discarded where the driver has the call, which this stand-in has not);
-- `planned` (template only): a plan file (`pagecast plan`'s, made here at the same capacity with the
-  simulator's planner, `sim.sweep.make_plan`) given to the child (`--plan`): the engine carries out
+- `planned` (template and oracle): a plan file (made here at the same capacity with the simulator's
+  planners as the GPU replay makes them at start: template's `sim.sweep.make_plan`, `pagecast plan`'s;
+  oracle's `make_truth_plan`, on the true footprints) given to the child (`--plan`): the engine carries out
   its `PlanSchedule` (online/planned.py), a lookup per callback and the calls, no decision.
 
 Figures: median, mean and p99 us per launch.
@@ -140,7 +141,7 @@ def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
 
 PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled"),
          "planned": (True, "compiled")}
-PLANNED = ("template",)   # the policies a plan file is for
+PLANNED = ("template", "oracle")   # the policies a plan is made for at the start of a GPU replay
 
 
 def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
@@ -210,20 +211,27 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
            "policies": {}}
     from pagecast.predict.model_io import load_model
     from pagecast.replay.plan import plan_io
-    from pagecast.replay.sim.sweep import make_plan
+    from pagecast.replay.policies import POLICIES as REGISTRY
+    from pagecast.replay.sim.sweep import make_plan, make_truth_plan
 
-    t0 = time.perf_counter()
-    table, manifest = make_plan(load_model(model_path), tr, capacity=capacity, model_path=str(model_path))
-    plan = plan_io.write_plan(tmp / f"{name}.plan", table, manifest, force=True)
-    out["plan_s"] = time.perf_counter() - t0
-    out["plan_rows"] = table.num_rows
+    plans = {}
+    for policy in PLANNED:   # each made as `pagecast replay --backend gpu` makes it at start (commands.gpu_planner)
+        t0 = time.perf_counter()
+        if REGISTRY[policy].places == "truth":
+            table, manifest = make_truth_plan(REGISTRY[policy], tr, capacity=capacity)
+        else:
+            table, manifest = make_plan(load_model(model_path), tr, capacity=capacity, model_path=str(model_path))
+        plans[policy] = plan_io.write_plan(tmp / f"{name}.{policy}.plan", table, manifest, force=True)
+        out[f"{policy}_plan_s"] = time.perf_counter() - t0
+        out[f"{policy}_plan_rows"] = table.num_rows
     for policy in POLICIES:
         paths = [p for p in PATHS if p != "planned" or policy in PLANNED]
         times: dict[str, list[float]] = {p: [] for p in paths}
         last: dict[str, dict] = {}
         for _ in range(runs):     # each a fresh child run over the trace's launches, the paths in turn
             for path in paths:
-                t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path, plan)
+                t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path,
+                                          plans.get(policy))
                 times[path] += t
         row = {p: summary(times[p], last[p]) for p in paths}
         row["ratio_before_now"] = row["before"]["median_us"] / row["now"]["median_us"]
