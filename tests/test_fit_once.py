@@ -14,6 +14,8 @@ from pagecast import trace as T
 from pagecast.predict.fit import FitParams, fit_model, record_loss
 from pagecast.predict.synth import SynthTrace
 
+from tests.test_predict_compiled import replay
+
 SETTINGS = dict(deadline=None, derandomize=True, max_examples=15,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -307,3 +309,63 @@ def test_the_union_admits_what_explains_as_much_and_is_not_far_less_likely():
     assert km.regions[1].fit["union_of"] == chosen.text() and km.regions[1].fit["union_unexplained"] == 0
     p = Pinning(groups=8, cv="differ", differ={"p0": ["a", "b"]}, union=added)
     assert Pinning.from_json(p.to_json(), "m") == p and "predicted as the union with" in p.text()
+
+
+def _decode_program(prompts: list[int], steps: int, heads: int, head_dim: int, max_seq: int,
+                    layers: int) -> SynthTrace:
+    """A decode loop over head-major K and V caches ([heads, max_seq, head_dim] bf16 per layer):
+    each sequence of `prompts` decodes `steps` tokens, and `attn(k, v, pos, max_seq, head_dim)`
+    runs per layer and head, handed that head's part of each cache, reading its first `pos + 1`
+    rows of K and V."""
+    stt = SynthTrace()
+    row = 2 * head_dim
+    caches = [(stt.malloc(heads * max_seq * row), stt.malloc(heads * max_seq * row)) for _ in range(layers)]
+    for p0 in prompts:
+        for pos in range(p0, p0 + steps):
+            for k, v in caches:
+                for h in range(heads):
+                    o = h * max_seq * row
+                    stt.launch("attn", [("Q", k + o), ("Q", v + o), ("i", pos), ("i", max_seq), ("i", head_dim)],
+                               [(k + o, (pos + 1) * row), (v + o, (pos + 1) * row)])
+    return stt
+
+
+@settings(**{**SETTINGS, "max_examples": 3})
+@given(heads=st.sampled_from([1, 2, 4]), seed=st.integers(0, 100))
+def test_an_extent_that_grew_under_a_big_page_is_predicted_as_the_union(tmp_path_factory, heads, seed):
+    """One profile of a decode loop whose K/V extent (`(pos + 1)` rows of a head) grew by less than a
+    big page: the records cannot tell the constant end from one growing with pos. The kernel is not
+    pinned, its ends left open, and predicted as the union of the constant and the end growing with
+    pos as steeply as the profile admits (`growing_ends`): another seed's prompt lengths, shorter and
+    far longer, lose no page. The union survives the model file, and the batch, online and compiled
+    predictors predict it alike."""
+    from pagecast.predict.compiled import CompiledPredictor
+    from pagecast.predict.model_io import load_model, save_model
+    from pagecast.predict.predictor import OnlinePredictor, predict_footprints
+    d = tmp_path_factory.mktemp("decode")
+    head_dim, max_seq = 64, 4096     # rows of 128 bytes: 20 steps from 200 to 420 rows stay under a big page
+    rng = np.random.default_rng(seed)
+    fit_tr = T.read_trace(_decode_program([int(rng.integers(200, 400))], 20, heads, head_dim, max_seq, 2).write(
+        d / "fit.pctrace", seed=seed))
+    test_tr = T.read_trace(_decode_program([int(rng.integers(20, 150)), int(rng.integers(1000, 3000))], 4, heads,
+                                           head_dim, max_seq, 2).write(d / "test.pctrace", seed=seed + 1))
+    m = fit_model([fit_tr])
+    km = m.kernels["attn"]
+    texts = [r.text() for r in km.regions]
+    union = [r for r in km.regions if "union_of" in r.fit]
+    assert not km.pinned.pinned and sorted(u.text() for u in union) == sorted(km.pinned.union), (texts, km.pinned)
+    for base in ("p0", "p1"):
+        (r,) = [r for r in km.regions if r.base == base and "union_of" not in r.fit]
+        if not r.end.terms:   # the records left the end open: the union grows with pos
+            assert base in km.pinned.open_ends and km.pinned.grow == ["p2"], (texts, km.pinned)
+            assert [u.end.names() for u in union if u.fit.get("open_end") and u.base == base] == [{"p2"}], texts
+    prec, rec = _pages_scores(m, test_tr)
+    assert rec >= 0.9975, (texts, prec, rec)
+    back = load_model(save_model(m, d / "m.json"))
+    assert [r.text() for r in back.kernels["attn"].regions] == texts and back.kernels["attn"].pinned == km.pinned
+    assert [r.fit.get("union_of") for r in back.kernels["attn"].regions] == [r.fit.get("union_of") for r in km.regions]
+    batch = predict_footprints(back, test_tr, "none")
+    ref, comp = OnlinePredictor(back, "none"), CompiledPredictor(back, "none").warm()
+    for t, (a, b) in replay(test_tr, [ref, comp]):
+        s, e = batch.of(t)
+        assert a == b and [x for x in b if x[1] > x[0]] == list(zip(s.tolist(), e.tolist())), t

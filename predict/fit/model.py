@@ -44,7 +44,8 @@ from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
 from .program_filters import kernel_filters, program_filtered
 from .region import fit_region, quieter, region_score, region_terms
-from .shapes import RangeEvidence, layout_size, position_ends, shared_shape, vocabulary
+from .shapes import (RangeEvidence, growing_ends, layout_size, position_args, position_ends, shared_shape,
+                     vocabulary)
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None,
@@ -245,7 +246,9 @@ def open_ends(kd: KernelData, km: KernelModel, evidence: dict) -> list[str]:
         if r.cls not in ("fixed", "linear") or r.end.terms or rf is None or rf.shape is None:
             continue
         sh = rf.shape
-        last = (sh.O_e - 1) // kd.bigp
+        # the big page the end lies in, counted from the base's (launches of other layers point
+        # into other allocations)
+        last = (sh.O_e - 1) // kd.bigp - (sh.base // kd.ps) // kd.bigp
         if len(last) and last.min() == last.max() and bool((sh.to_alloc > r.end.const).all()):
             out.append(r.base)
     return out
@@ -265,13 +268,21 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
         # the parameters (not the grid) that a second profile should vary are named
         ptrs = {w.name for w, _ in kd.bases}
         out.unvaried = sorted(n for n in const if Word.parse(n).param >= 0 and n not in ptrs)
-    out.open_ends = open_ends(kd, km, evidence or {})
+    evidence = evidence or {}
+    out.open_ends = open_ends(kd, km, evidence)
+    grown = []
     if out.open_ends:
         out.grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
-    if kd.U < 4:
-        out.cv = "too few groups"
-        return out
-    if kd.n > params.cv_max_launches:
+        # an argument the kernel uses only to place its regions moves them, not their ends
+        # (`shapes.position_ends`)
+        place = position_args([(r, evidence[r.base].shape if r.base in evidence else None) for r in km.regions])
+        grown = [g for r in km.regions if r.base in out.open_ends
+                 for g in growing_ends(kd, r, evidence[r.base].shape, [n for n in out.grow if n not in place],
+                                       lambda alt, r=r: evidence[r.base].fault_odds(alt, r))]
+    if kd.U < 4 or kd.n > params.cv_max_launches:
+        if kd.U < 4:
+            out.cv = "too few groups"
+        out.union = admitted_union(km, {}, [], evidence, params, grown)
         return out
     order = np.argsort(np.lexsort(kd.uniq.T[::-1])) if kd.uniq.shape[1] else np.arange(kd.U)
     half_of_group = order % 2                        # neighbours in argument order go to different halves
@@ -288,45 +299,53 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
     out.differ = {b: [got[0].get(b, "none"), got[1].get(b, "none")] for b, t in full.items()
                   if got[0].get(b) != t or got[1].get(b) != t}
     out.cv = "differ" if out.differ else "agree"
-    out.union = admitted_union(km, out.differ, halves, evidence or {}, params)
+    out.union = admitted_union(km, out.differ, halves, evidence, params, grown)
     return out
 
 
-def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, params: FitParams) -> list[str]:
+def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, params: FitParams,
+                   grown: Collection[Region] = ()) -> list[str]:
     """Where the halves of the profile give other formulas than the whole (`differ`), the evidence
     admits several: each half's region that explains every launch of the whole profile the chosen
     one explains (`RegionFit.unexplained`), holding every fault, under which the faults are not
     `odds_per_term` times less likely (`RegionFit.fault_odds`), and `odds_per_term` times likelier
     for each term it has past the chosen one's, is added to the kernel's regions, flagged
     (`fit["union_of"]`), so that the prediction is their union and errs toward pages needed
-    (docs/template-model.md, "What the fit does not know"). Returns the texts of those added."""
+    (docs/template-model.md, "What the fit does not know"). Where an end is left open
+    (`open_ends`), the regions `grown` with an end that grows with a varying argument
+    (`shapes.growing_ends`) are admitted the same way, their odds asked there without the term's
+    price: the constant stays and the union holds what either predicts at another size.
+    Returns the texts of those added."""
     added = []
-    for base in differ:
+    cands = [(base, alt, True) for base in differ for regs in halves for alt in regs if alt.base == base]
+    cands += [(alt.base, alt, False) for alt in grown]
+    seen, n0s = set(), {}
+    for base, alt, ask_odds in cands:
         rf = evidence.get(base)
-        chosen = next((r for r in km.regions if r.base == base), None)
-        if rf is None or chosen is None:
+        chosen = next((r for r in km.regions if r.base == base and "union_of" not in r.fit), None)
+        if rf is None or chosen is None or alt.text() in seen | {chosen.text()}:
             continue
-        n0 = rf.unexplained(chosen)
+        seen.add(alt.text())
+        if base not in n0s:
+            n0s[base] = rf.unexplained(chosen)
+        n0 = n0s[base]
         if n0 is None:
             continue
-        seen = {chosen.text()}
-        for regs in halves:
-            for alt in regs:
-                if alt.base != base or alt.text() in seen:
-                    continue
-                seen.add(alt.text())
-                n = rf.unexplained(alt)
-                if n is None or n > n0:
-                    continue
-                odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
-                # each term more than the chosen one has must buy its likelihood, as in the fit's
-                # own choice: a formula bent through lost records fits them with extra terms
-                extra = max(region_terms(alt) - region_terms(chosen), 0)
-                if odds is None or odds * params.odds_per_term ** extra >= params.odds_per_term:
-                    continue
-                alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
-                km.regions.append(alt)
-                added.append(alt.text())
+        n = rf.unexplained(alt)
+        if n is None or n > n0:
+            continue
+        if ask_odds:
+            odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
+            # each term more than the chosen one has must buy its likelihood, as in the fit's
+            # own choice: a formula bent through lost records fits them with extra terms
+            extra = max(region_terms(alt) - region_terms(chosen), 0)
+            if odds is None or odds * params.odds_per_term ** extra >= params.odds_per_term:
+                continue
+        alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
+        if not ask_odds:
+            alt.fit["open_end"] = chosen.end.text()
+        km.regions.append(alt)
+        added.append(alt.text())
     return added
 
 

@@ -217,16 +217,7 @@ def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | No
     size (an end, chunk or count) moves where they lie, and merely correlates with this region's
     end within the profile (docs/template-model.md, "When faults cannot separate fixed from an
     argument"). Returns the regions changed."""
-    starts: set[str] = set()
-    sizes: set[str] = set()
-    for r, ev in regions:
-        if r.cls not in ("fixed", "linear", "strided"):
-            continue
-        for name, f in r.formulas().items():
-            if name == "end" and ev is not None and ev.guessed:
-                continue   # a guess (under a page everywhere) is no evidence of a size
-            (starts if name in ("start", "stride") else sizes).update(f.names())
-    positions = starts - sizes
+    positions = position_args(regions)
     changed = []
     for r, ev in regions:
         if ev is None or not ev.guessed or r.cls != "linear" or r.start.terms \
@@ -241,6 +232,21 @@ def position_ends(kd: KernelData, regions: list[tuple[Region, RangeEvidence | No
         r.cls = "fixed"
         changed.append(r)
     return changed
+
+
+def position_args(regions: list[tuple[Region, RangeEvidence | None]]) -> set[str]:
+    """The arguments the regions use in a start or stride (where a region lies) and never in a size
+    (an end, chunk or count; an end guessed under a page everywhere is no evidence of a size)."""
+    starts: set[str] = set()
+    sizes: set[str] = set()
+    for r, ev in regions:
+        if r.cls not in ("fixed", "linear", "strided"):
+            continue
+        for name, f in r.formulas().items():
+            if name == "end" and ev is not None and ev.guessed:
+                continue   # a guess (under a page everywhere) is no evidence of a size
+            (starts if name in ("start", "stride") else sizes).update(f.names())
+    return starts - sizes
 
 
 ELEMENT_SIZES = (1, 2, 4, 8)   # bytes per element: the coefficients a layout's size may have
@@ -291,3 +297,50 @@ def layout_size(kd: KernelData, region: Region, ev: RangeEvidence | None) -> boo
     region.end = f
     region.cls = "linear"
     return True
+
+
+def growing_ends(kd: KernelData, region: Region, ev: RangeEvidence | None, names: list[str],
+                 odds=None) -> list[Region]:
+    """For a range region whose constant end the records leave open (`model.open_ends`: its last
+    page in one big page at every launch while arguments varied), the ends of one term and no
+    constant, `c*n` for each varying argument `n` (a size is an element size times dimensions, as
+    in `shared_shape`), that the profile admits: inside the end's bounds and the big page of its
+    last fault at every launch, holding its fault pages, and (`odds(r)`: how many times likelier
+    the faults are under `region` than under `r`, `RegionFit.fault_odds`) under which the faults
+    are not `odds_per_term` times less likely than under the constant (a constant end that stayed
+    put while `n` tripled, its faults never past it, is told apart by them). Of each argument's
+    admitted coefficients the steepest, whose end is the union of the admitted ones wherever `n`
+    is at least the profile's (below it, the constant end covers them): the region with it, so
+    that the kernel is predicted as the union of the constant and the growing end
+    (docs/template-model.md, "What the fit does not know"). `names` leaves out the arguments the
+    kernel uses only as positions (`position_args`), as `position_ends` does."""
+    if ev is None or region.cls not in ("fixed", "linear") or region.end.terms:
+        return []
+    # and inside the big page of its last fault: were it past it, the next big page would have
+    # faulted (a driver's prefetch may have migrated pages there, which the bounds allow)
+    e_hi = np.minimum(ev.e_hi, ((ev.O_e - 1) // kd.bigp + 1) * kd.bigp * kd.ps - ev.base)
+    out = []
+    s = np.asarray(region.start.evaluate({n: kd.uniq[ev.g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
+        * np.ones(len(ev.g), np.int64)
+
+    def grown(n, c):
+        return Region(region.base, "linear", start=region.start, end=FM.Formula(0, ((c, (n,)),)))
+
+    def likely(n, c):
+        return odds is None or odds(grown(n, c)) < kd.params.odds_per_term
+
+    for n in names:
+        if n not in kd.sel_names:
+            continue
+        v = kd.uniq[ev.g, kd.sel_names.index(n)].astype(np.int64)
+        if not len(v) or (v <= 0).any() or len(np.unique(v)) < 2:
+            continue
+        c_hi = int((e_hi // v).min())                    # the end stays inside its bounds
+        c_lo = max(int((-(-ev.e_lo // v)).max()), 1)     # and holds every launch's faults
+        if c_lo > c_hi or (c_lo * v <= s).any() or not likely(n, c_lo):
+            continue
+        while c_lo < c_hi:                               # the steepest the faults allow
+            mid = (c_lo + c_hi + 1) // 2
+            c_lo, c_hi = (mid, c_hi) if likely(n, mid) else (c_lo, mid - 1)
+        out.append(grown(n, c_lo))
+    return out
