@@ -37,9 +37,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagecast import PRODUCER
-from pagecast.errors import PlanError
+from pagecast.errors import PlanError, UsageError
 from pagecast.jsonfile import read_json, write_json_atomic
 from pagecast.outputs import Output
+from pagecast.units import format_size
 from pagecast.trace import PAGE_SIZE_MAX, PAGE_SIZE_MIN, ranges_wrap
 
 from ..placement import HostRanges
@@ -237,6 +238,21 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))
     return Plan(t, m, path)
+
+
+def check_plan_capacity(plan: Plan, plan_path, caps: list[tuple[int, float | None]], by_oversub: bool) -> None:
+    """A plan holds the transfers for one capacity: replayed at another, template would follow a
+    schedule made for memory it does not have (or leave idle memory it has), and its speedup
+    would mean nothing. Refused in one line naming both (`caps`: the run's capacities in bytes, each
+    with the --oversub ratio that gave it; by_oversub: they came from --oversub). Both backends ask it."""
+    own = int(plan.capacity_bytes)
+    r_own = plan.manifest.get("oversub")
+    for c, r in caps:
+        if c != own:
+            asked = f"--oversub {r:g} gives {format_size(c)}" if by_oversub else f"--capacity {format_size(c)}"
+            made = f"{format_size(own)}" + (f" (--oversub {r_own:g})" if isinstance(r_own, (int, float)) else "")
+            raise UsageError(f"{plan_path} was planned for a capacity of {made}, but {asked}: replay it at"
+                             f" --capacity {own}, or make a plan at this capacity with 'pagecast plan'")
 
 
 def _check_host_ranges(v, mpath: Path) -> None:

@@ -27,7 +27,6 @@ import pyarrow as pa
 from pagecast import trace as T
 from pagecast.errors import UsageError
 from pagecast.memory import return_freed_arrays
-from pagecast.units import format_size
 from pagecast.predict.model_io import load_model
 
 from ..costs import CostProfile, load_profile, replace
@@ -128,20 +127,6 @@ def capacities_for(footprint_bytes: int, capacity: list[int] | None, oversub: li
     return out
 
 
-def check_plan_capacity(plan, plan_path, caps: list[tuple[int, float]], by_oversub: bool) -> None:
-    """A plan holds the transfers for one capacity: replayed at another, template would follow a
-    schedule made for memory it does not have (or leave idle memory it has), and its speedup
-    would mean nothing. Refused in one line naming both."""
-    own = int(plan.capacity_bytes)
-    r_own = plan.manifest.get("oversub")
-    for c, r in caps:
-        if c != own:
-            asked = f"--oversub {r:g} gives {format_size(c)}" if by_oversub else f"--capacity {format_size(c)}"
-            made = f"{format_size(own)}" + (f" (--oversub {r_own:g})" if isinstance(r_own, (int, float)) else "")
-            raise UsageError(f"{plan_path} was planned for a capacity of {made}, but {asked}: replay it at"
-                             f" --capacity {own}, or make a plan at this capacity with 'pagecast plan'")
-
-
 def simulate(req: ReplayRequest, *, progress=None, timeline: bool = True) -> tuple[list[dict], pa.Table | None]:
     """`pagecast replay --backend sim`: the request's traces and model read, then replay_sim."""
     # the records (faults, migrations: most of a trace) stay on disk, read a row group at a time
@@ -199,7 +184,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     basis = w.oversub_basis(cfg.oversub_of)
     caps = capacities_for(basis, capacity, oversub)
     if plan is not None and plans_on_model:
-        check_plan_capacity(plan, plan_path, caps, capacity is None)
+        plan_io.check_plan_capacity(plan, plan_path, caps, capacity is None)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
     fixed = None   # the plan's host placement (HostPlaced), where its manifest names one
