@@ -232,26 +232,38 @@ def address_tables(kd: KernelData) -> list[Region]:
     return out
 
 
-def open_ends(kd: KernelData, km: KernelModel, evidence: dict) -> list[str]:
+def open_ends(kd: KernelData, km: KernelModel, evidence: dict) -> tuple[list[str], list[Region]]:
     """The bases of range regions whose end is a constant while some argument varied, where the
     records place that end only to a big page at every launch (its last touched page in the one
     big page throughout) and the allocation runs on past it: an extent that moved less than a big
     page across the profile reads as constant whether or not it grows with an argument (issue:
-    one profile cannot tell; a decode loop's K/V extent from one short trace)."""
+    one profile cannot tell; a decode loop's K/V extent from one short trace). With them, the
+    regions whose end grows with a varying argument as the profile admits (`shapes.growing_ends`;
+    not an argument the kernel uses only to place its regions, `shapes.position_args`), to be
+    predicted beside the constant (`admitted_union`). Where the launches point into different
+    big pages (other layers' allocations, each head's part of a cache), the big page the end lies
+    in is counted from the base's, and the end is open only where a growing end is admitted: an
+    end that stayed in its pointer's big page while the pointer moved is no evidence of growth."""
     if not any(kd.sel_varying):
-        return []
-    out = []
+        return [], []
+    grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
+    # an argument the kernel uses only to place its regions moves them, not their ends
+    place = position_args([(r, evidence[r.base].shape if r.base in evidence else None) for r in km.regions])
+    out, grown = [], []
     for r in km.regions:
         rf = evidence.get(r.base)
         if r.cls not in ("fixed", "linear") or r.end.terms or rf is None or rf.shape is None:
             continue
         sh = rf.shape
-        # the big page the end lies in, counted from the base's (launches of other layers point
-        # into other allocations)
-        last = (sh.O_e - 1) // kd.bigp - (sh.base // kd.ps) // kd.bigp
-        if len(last) and last.min() == last.max() and bool((sh.to_alloc > r.end.const).all()):
+        last = (sh.O_e - 1) // kd.bigp
+        rel = last - (sh.base // kd.ps) // kd.bigp
+        if not len(last) or rel.min() != rel.max() or not bool((sh.to_alloc > r.end.const).all()):
+            continue
+        g = growing_ends(kd, r, sh, [n for n in grow if n not in place], lambda alt, r=r, rf=rf: rf.fault_odds(alt, r))
+        if g or last.min() == last.max():
             out.append(r.base)
-    return out
+            grown += g
+    return out, grown
 
 
 def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict | None = None) -> Pinning:
@@ -269,16 +281,9 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
         ptrs = {w.name for w, _ in kd.bases}
         out.unvaried = sorted(n for n in const if Word.parse(n).param >= 0 and n not in ptrs)
     evidence = evidence or {}
-    out.open_ends = open_ends(kd, km, evidence)
-    grown = []
+    out.open_ends, grown = open_ends(kd, km, evidence)
     if out.open_ends:
         out.grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
-        # an argument the kernel uses only to place its regions moves them, not their ends
-        # (`shapes.position_ends`)
-        place = position_args([(r, evidence[r.base].shape if r.base in evidence else None) for r in km.regions])
-        grown = [g for r in km.regions if r.base in out.open_ends
-                 for g in growing_ends(kd, r, evidence[r.base].shape, [n for n in out.grow if n not in place],
-                                       lambda alt, r=r: evidence[r.base].fault_odds(alt, r))]
     if kd.U < 4 or kd.n > params.cv_max_launches:
         if kd.U < 4:
             out.cv = "too few groups"
