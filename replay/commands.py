@@ -179,7 +179,8 @@ class ReplayCommand(Command):
         g.add_argument("--oversub", metavar="R,...",
                        help=OVERSUB_HELP)
         p.add_argument("--model", metavar="MODEL", help="model for the template policy (planned on the fly)")
-        p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy")
+        p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy, replayed"
+                                                      " at the capacity it was made for (GPU: with its TRACE)")
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
         p.add_argument("--backend", default="sim", choices=("sim", "gpu"), help="sim (default) or gpu")
         p.add_argument("--json", action="store_true", help="print one JSON list of runs on stdout")
@@ -195,7 +196,7 @@ class ReplayCommand(Command):
         g2.add_argument("--no-lookahead", action="store_true",
                         help="template and oracle decide one launch at a time (default, with a TRACE: their"
                              " plans are made at start, template's from --model, as the simulator makes them,"
-                             " and carried out ahead on a copy stream)")
+                             " unless --plan gives it, and carried out ahead on a copy stream)")
         g2.add_argument("--discard-unfreed", action="store_true",
                         help="with the lookahead: discard data the program never frees after its last use in"
                              " the trace, not only freed temporaries (off: the host may still read it)")
@@ -227,9 +228,10 @@ def gpu_planner(req):
     template's from the model's predictions of the trace (make_plan, as `pagecast plan` makes it),
     oracle's from the trace's true footprints (make_truth_plan). A callable (policy, capacity in
     bytes, plan directory) -> that directory, or None where that policy gets none (template: a
-    --plan given, no model, or --feedback, which a fixed plan cannot follow); None for the whole
-    replay where no run could use one (no trace; --no-lookahead: one launch at a time). Made here,
-    where the replay stage may import both the simulator and the GPU runner (tests/layering.py)."""
+    --plan given, which its runs carry out instead, no model, or --feedback, which a fixed plan
+    cannot follow); None for the whole replay where no run could use one (no trace; --no-lookahead:
+    one launch at a time). Made here, where the replay stage may import both the simulator and the
+    GPU runner (tests/layering.py)."""
     from .policies import POLICIES
 
     if req.backend != "gpu" or len(req.traces) != 1 or not req.lookahead:
@@ -339,12 +341,16 @@ def replay_request(args):
     span = args.span
     warns: list[str] = []   # said once the request stands (a bad flag is one line, no warnings before it)
     if backend == "gpu":
-        if plan:
-            warns.append("--plan is for the simulator; the GPU backend makes template's plan at start from"
-                         " --model and the TRACE (without a TRACE it decides online)")
+        if plan and not any(POLICIES[p].requires == "model-or-plan" for p in policies if p in POLICIES):
+            warns.append("--plan is for the template policy, which is not among --policy; ignored")
+            plan = None
+        elif plan and getattr(args, "no_lookahead", False):
+            warns.append("--plan is carried out ahead of the launches; with --no-lookahead template decides one"
+                         " launch at a time and the plan is not used")
+            plan = None
         if span != "auto":
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
-        plan, span = None, "auto"
+        span = "auto"
     else:
         needs = {POLICIES[p].requires for p in policies if p in POLICIES}
         if "model-or-plan" not in needs:

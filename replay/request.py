@@ -112,7 +112,8 @@ class ReplayRequest:
     oversub: tuple[float, ...] | None = None   # or: capacity = oversub basis / R (see oversub_of)
     oversub_of: str = "managed"                # managed bytes allocated (the literature's) or "touched" footprint
     model: str | None = None                   # a model file (template, runner; the GPU runner's predictions)
-    plan: str | None = None                    # a plan directory from `pagecast plan` (simulator's template)
+    plan: str | None = None                    # a plan directory from `pagecast plan` (template's; GPU: its runs'
+                                               # children also get the plans made at start, oracle's too)
     feedback: bool = False                     # refine the model online from the faults it missed
     fallback: str | None = None                # None: the backend's default (sim: adaptive; GPU: by feedback)
     repeat: int = 1                            # GPU runs per (policy, capacity): the median is reported
@@ -216,6 +217,12 @@ class ReplayRequest:
         for p in self.policies:
             if POLICIES[p].needs_relocator and not self.traces:
                 raise UsageError(f"policy {p} needs a full-mode trace of the same workload (pagecast collect --mode full)")
+        if self.plan is not None and not self.traces:
+            raise UsageError("--plan needs the TRACE it was made for (the runner matches the workload's launches to"
+                             " the plan's through it): give the trace before --")
+        if self.plan is not None and self.feedback and any(POLICIES[p].requires == "model-or-plan"
+                                                           for p in self.policies):
+            raise UsageError("--feedback refines the model online, and a fixed --plan cannot be refined: give one of them")
         if self.oversub is not None and not self.traces and self.oversub_of == "touched":
             raise UsageError("--oversub-of touched needs a trace of the workload (its launches' footprints); give one,"
                              " or size by the managed memory it allocates (--oversub-of managed, measured in a first run)")
@@ -228,9 +235,10 @@ class ReplayRequest:
         return self.capacity or self.oversub or (None,)
 
     def one_run(self, policy: str, capacity: int | None) -> ReplayRequest:
-        """This request narrowed to one policy at one capacity (None: the whole GPU), run once."""
+        """This request narrowed to one policy at one capacity (None: the whole GPU), run once; a
+        --plan stays with the policy that follows one (template), no other run carries it out."""
         return replace(self, policies=(policy,), capacity=None if capacity is None else (int(capacity),),
-                       oversub=None, repeat=1)
+                       oversub=None, repeat=1, plan=self.plan if POLICIES[policy].requires == "model-or-plan" else None)
 
     # ---- JSON ----------------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 makes template's plan at start for each capacity (the simulator's planner, as `pagecast plan`
 makes it), and oracle's from the trace's true footprints, and the child carries out their
 schedules (the planned path), on the stand-in driver; --no-lookahead keeps one launch at a time,
-with no plan."""
+with no plan. A plan given with --plan is carried out by template's runs alone, at the capacity it
+was made for; one made for another capacity or another trace is refused in one line."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def model(tmp_path_factory):
     return path
 
 
-def _replay(tmp_path, monkeypatch, capsys, model, *flags):
+def _replay(tmp_path, monkeypatch, capsys, model, *flags, capacity=True):
     """The replay command end to end, each child run in-process on a fresh stand-in; -> (rows, jobs,
     the plan directories as each child saw them)."""
     from pagecast.cli import main
@@ -55,7 +56,7 @@ def _replay(tmp_path, monkeypatch, capsys, model, *flags):
     monkeypatch.setattr(G, "_run_child", fake_child)
     cap = managed_bytes(tr) // 2
     assert main(["replay", str(TRACE), "--backend", "gpu", "--policy", "demand,template,oracle", "--model", str(model),
-                 "--capacity", str(cap), "--json", *flags, "--", "python", str(script)]) == 0
+                 *(["--capacity", str(cap)] if capacity else []), "--json", *flags, "--", "python", str(script)]) == 0
     rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
     return rows, jobs, seen, cap
 
@@ -79,3 +80,82 @@ def test_no_lookahead_makes_no_plan_and_decides_one_launch_at_a_time(tmp_path, m
     for p in ("template", "oracle"):
         assert rows[p]["planned"] is False and rows[p]["ahead_launches"] == 0, p
         assert seen[p][1] > 0, p   # on the launch's own stream
+
+
+def _plan_file(tmp_path, capsys, model, cap) -> Path:
+    from pagecast.cli import main
+
+    out = tmp_path / "given.plan"
+    assert main(["plan", str(model), str(TRACE), "--capacity", str(cap), "-o", str(out)]) == 0
+    capsys.readouterr()
+    return out
+
+
+@pytest.mark.parametrize("capacity", [True, False], ids=["at-its-capacity", "no-capacity-given"])
+def test_a_plan_file_is_carried_out_by_template_alone(tmp_path, monkeypatch, capsys, model, capacity):
+    """--plan: template's runs carry out that plan (its directory, kept), at the capacity it was made
+    for (where none is given, the replay's: every policy emulates it); oracle makes its own at start,
+    demand gets none."""
+    from pagecast.replay.plan import plan_io
+
+    cap = managed_bytes(T.read_trace(TRACE)) // 2
+    given = _plan_file(tmp_path, capsys, model, cap)
+    rows, jobs, seen, _ = _replay(tmp_path, monkeypatch, capsys, model, "--plan", str(given), capacity=capacity)
+    assert jobs["template"]["request"]["plan"] == str(given) and seen["template"][0] and given.exists()
+    assert rows["template"]["planned"] is True and seen["template"][1] == 0
+    oracle = jobs["oracle"]["request"]["plan"]
+    assert oracle is not None and oracle != str(given) and not Path(oracle).exists()   # made at start, removed
+    assert rows["oracle"]["planned"] is True
+    assert jobs["demand"]["request"]["plan"] is None and rows["demand"]["planned"] is False
+    assert plan_io.read_plan(given).capacity_bytes == cap
+    for p in ("demand", "template", "oracle"):
+        assert rows[p]["capacity_bytes"] == cap and jobs[p]["request"]["capacity"] == [cap], p
+        assert not any("capacity of" in w for w in rows[p]["warnings"]), p
+
+
+def _refused(tmp_path, monkeypatch, capsys, plan, *flags) -> str:
+    from pagecast.cli import main
+
+    tr = T.read_trace(TRACE)
+    script = _workload(tr, FakeCuda(), monkeypatch, tmp_path)
+    ran = []
+    monkeypatch.setattr(D, "open_cuda", lambda device=0: FakeCuda())
+    monkeypatch.setattr(G, "_run_child", lambda cmd: ran.append(cmd))
+    code = main(["replay", str(TRACE), "--backend", "gpu", "--policy", "demand,template", "--plan", str(plan),
+                 *flags, "--", "python", str(script)])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert not ran   # refused before any run
+    return lines[0]
+
+
+def test_a_plan_file_at_another_capacity_or_for_another_trace_is_refused(tmp_path, monkeypatch, capsys, model):
+    from pagecast.units import format_size
+
+    cap = managed_bytes(T.read_trace(TRACE)) // 2
+    given = _plan_file(tmp_path, capsys, model, cap)
+    line = _refused(tmp_path, monkeypatch, capsys, given, "--model", str(model), "--capacity", str(2 * cap))
+    assert f"planned for a capacity of {format_size(cap)}" in line and f"--capacity {format_size(2 * cap)}" in line
+    assert f"--capacity {cap}" in line   # what to run instead
+    line = _refused(tmp_path, monkeypatch, capsys, given, "--model", str(model), "--oversub", "4")
+    assert "--oversub 4 gives" in line
+    # the same plan said to be another trace's: its launch fingerprint no longer matches
+    man = given / "manifest.json"
+    m = json.loads(man.read_text())
+    m["trace"]["fingerprint"] = "0" * len(m["trace"]["fingerprint"])
+    man.write_text(json.dumps(m))
+    line = _refused(tmp_path, monkeypatch, capsys, given, "--model", str(model), "--capacity", str(cap))
+    assert "plan was made for another trace" in line
+
+
+def test_a_plan_file_needs_its_trace_and_no_feedback(tmp_path, monkeypatch, capsys, model):
+    from pagecast.cli import main
+
+    cap = managed_bytes(T.read_trace(TRACE)) // 2
+    given = _plan_file(tmp_path, capsys, model, cap)
+    line = _refused(tmp_path, monkeypatch, capsys, given, "--model", str(model), "--feedback")
+    assert "a fixed --plan cannot be refined" in line
+    assert main(["replay", "--backend", "gpu", "--policy", "template", "--model", str(model), "--plan", str(given),
+                 "--", "python", "x.py"]) == 2
+    assert "--plan needs the TRACE it was made for" in capsys.readouterr().err

@@ -49,6 +49,7 @@ from pagecast.footprints import footprints
 
 from ..online.prediction import load_model_file
 from ..online.ranges import UNIT
+from ..plan import plan_io
 from ..policies import POLICIES, add_relative, sizing_policy
 from ..request import ReplayRequest
 from ..results_io import timeline_table
@@ -132,7 +133,9 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     replay, once per capacity (the whole GPU's memory where none is emulated), which their runs'
     children carry out: the replay command passes the simulator's planner (replay/commands.py,
     gpu_planner), which this layer may not import; the plans go in the replay's temporary folder,
-    removed with it."""
+    removed with it. A plan given with --plan (`pagecast plan`) is carried out by template's runs
+    alone, at the capacity it was made for (that capacity where neither --capacity nor --oversub is
+    given): one made for another trace, or another capacity, is refused before any run."""
     if req.backend != "gpu":
         raise UsageError("run_gpu_replay runs a request for --backend gpu")
     policies = list(req.policies)
@@ -146,6 +149,8 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     for p in policies:
         if POLICIES[p].needs_relocator and trace.mode != "full":
             console.warn(f"{traces[0]} is a {trace.mode}-mode trace: the {p} policy's footprints may be incomplete")
+    # a plan file: made for this trace (its launch fingerprint; PlanError, exit 2), checked before any run
+    given = plan_io.read_plan(req.plan, trace) if req.plan is not None and trace is not None else None
     footprint = _footprint_bytes(trace) if trace is not None else None
     managed = managed_bytes(trace) if trace is not None else 0
     repeat = req.repeat
@@ -173,9 +178,14 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     elif req.capacity:
         caps = [int(c) for c in req.capacity]
         levels = {c: (basis / c if basis else None) for c in caps}
+    elif given is not None:   # the plan's own capacity, emulated for every policy alike
+        caps = [int(given.capacity_bytes)]
+        levels = {caps[0]: basis / caps[0] if basis else None}
     else:
         caps = [None]
         levels = {None: None}
+    if given is not None and any(POLICIES[p].requires == "model-or-plan" for p in policies):
+        plan_io.check_plan_capacity(given, req.plan, [(c, levels[c]) for c in caps], by_oversub=bool(req.oversub))
     for c in caps:
         if c is not None and c > free:
             console.warn(f"capacity {c} bytes is more than the GPU's free memory ({free} bytes): not emulated exactly")
