@@ -73,6 +73,7 @@ class BenchCuda(InertCuda):
         allocs = sorted(allocs)
         self._bases = [a for a, _ in allocs]
         self._allocs = [Allocation(a, n, True) for a, n in allocs]
+        self.calls = 0   # the calls that move memory, issued so far (the runner's per-call host cost)
 
     def allocation_of(self, addr: int):
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -80,8 +81,8 @@ class BenchCuda(InertCuda):
             return self._allocs[i]
         return None
 
-    def prefetch_to_gpu(self, addr, nbytes, stream=0): pass
-    def prefetch_to_host(self, addr, nbytes, stream=0): pass
+    def prefetch_to_gpu(self, addr, nbytes, stream=0): self.calls += 1
+    def prefetch_to_host(self, addr, nbytes, stream=0): self.calls += 1
     def synchronize(self): pass
     def mem_info(self): return 80 << 30, 80 << 30
     def device_info(self): return {"name": "BenchCuda (no GPU)", "index": 0, "memory_bytes": 80 << 30}
@@ -145,11 +146,13 @@ PLANNED = ("template", "oracle")   # the policies a plan is made for at the star
 
 
 def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
-              path: str, plan: Path | None = None) -> tuple[list[float], dict]:
+              path: str, plan: Path | None = None, calls: list[int] | None = None) -> tuple[list[float], dict]:
     """One child run (child_main, in this process) over `las` on `path` (PATHS): each launch's
-    callback time (us) and the run's result."""
+    callback time (us) and the run's result; `calls`, where given, gets each launch's number of
+    calls that move memory."""
     times: list[float] = []
     mod = types.ModuleType("pagecast_bench_workload")
+    cuda = BenchCuda(allocs)
 
     def run():
         on = BenchHook.current.on_launch
@@ -158,9 +161,12 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
         gc.disable()
         try:
             for la in las:
+                c0 = cuda.calls
                 t0 = clock()
                 on(la)
                 times.append(1e6 * (clock() - t0))
+                if calls is not None:
+                    calls.append(cuda.calls - c0)
         finally:
             gc.enable()
 
@@ -178,7 +184,7 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
     old = D.LOOKAHEAD_STEP
     D.LOOKAHEAD_STEP = step
     try:
-        code = C.child_main([str(job)], cuda=BenchCuda(allocs), monitor=NullMonitor(), hook_factory=BenchHook)
+        code = C.child_main([str(job)], cuda=cuda, monitor=NullMonitor(), hook_factory=BenchHook)
     finally:
         D.LOOKAHEAD_STEP = old
     out = json.loads(res.read_text())
@@ -194,6 +200,33 @@ def summary(times: list[float], out: dict) -> dict:
             "planned": out.get("planned"), "plan_fallbacks": out.get("plan_fallbacks"),
             "plan_unmapped_bytes": out.get("plan_unmapped_bytes"),
             "warnings": [w for w in out.get("warnings", []) if "failed" in w or "no longer matches" in w]}
+
+
+def fit_calls(times: list[float], calls: list[int]) -> dict:
+    """Host time per launch as base + per call x the calls it issued: the least-squares line over
+    every launch, and the medians per call count (a launch with none: the base alone)."""
+    import numpy as np
+
+    t, c = np.asarray(times, np.float64), np.asarray(calls, np.float64)
+    if len(t) == 0:
+        return {}
+    if np.ptp(c) > 0:
+        per_call, base = np.polyfit(c, t, 1)
+    else:
+        per_call, base = 0.0, float(np.mean(t))
+    by = {int(k): {"launches": int((c == k).sum()), "median_us": float(np.median(t[c == k]))}
+          for k in np.unique(c)}
+    # the medians' line, each call count weighted by its launches (robust to the p99 outliers)
+    ks = np.array(sorted(by), np.float64)
+    med = np.array([by[int(k)]["median_us"] for k in ks])
+    wts = np.array([by[int(k)]["launches"] for k in ks], np.float64)
+    if len(ks) > 1:
+        m_call, m_base = np.polyfit(ks, med, 1, w=np.sqrt(wts))
+    else:
+        m_call, m_base = 0.0, float(med[0])
+    return {"lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
+            "median_base_us": float(m_base), "median_per_call_us": float(m_call),
+            "calls_mean": float(c.mean()), "by_calls": by}
 
 
 def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Path) -> dict:
@@ -227,13 +260,21 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
     for policy in POLICIES:
         paths = [p for p in PATHS if p != "planned" or policy in PLANNED]
         times: dict[str, list[float]] = {p: [] for p in paths}
+        ncalls: list[int] = []   # the planned path's calls per launch, beside its times
         last: dict[str, dict] = {}
         for _ in range(runs):     # each a fresh child run over the trace's launches, the paths in turn
             for path in paths:
                 t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path,
-                                          plans.get(policy))
+                                          plans.get(policy), ncalls if path == "planned" else None)
                 times[path] += t
         row = {p: summary(times[p], last[p]) for p in paths}
+        if "planned" in row:
+            f = row["planned"]["calls_fit"] = fit_calls(times["planned"], ncalls)
+            print(f"{name} {policy} planned: base {f['lsq_base_us']:.2f} us + {f['lsq_per_call_us']:.2f} us a call"
+                  f" (least squares), {f['median_base_us']:.2f} + {f['median_per_call_us']:.2f} (medians by call"
+                  f" count); {f['calls_mean']:.2f} calls a launch; medians by calls "
+                  + ", ".join(f"{k}: {v['median_us']:.1f} us ({v['launches']})" for k, v in f["by_calls"].items()),
+                  file=sys.stderr, flush=True)
         row["ratio_before_now"] = row["before"]["median_us"] / row["now"]["median_us"]
         if "planned" in row:
             assert row["planned"]["planned"], row["planned"]

@@ -130,6 +130,39 @@ def test_the_planned_runner_carries_out_templates_plan(fitted, name):
     assert slow.end[-1] >= tr.n_launches * 1e-3 > r.end[-1]
 
 
+def test_the_planned_runners_host_cost_grows_with_its_calls(fitted):
+    """The planned runner's callback costs a base per launch plus a per-call cost times the calls its
+    group issues (runner option or the profile's host_call_s, the same charge): a launch that issues
+    more calls keeps the GPU waiting longer, and the run's clock grows with calls x host_call_s."""
+    import dataclasses
+
+    model, tr = fitted["jacobi2d"]
+    prof = SimConfig().profile()
+    assert prof.host_call_s == 0.0 and prof.host_launch_s == 0.0
+    from pagecast.replay.unit_space import build_workload
+    w = build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    cap = w.universe.n_units // 3
+    pol = Runner(model, call_s=1e-3)
+    got = pol.prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    calls = np.asarray(got.calls, np.float64)
+    assert calls.sum() > 0 and np.array_equal(got.host_s, 1e-3 * calls)   # no base: the profile's 0
+    base = R.run_policy(w, Runner(model), cap, prof, P.Options())
+    per_call = R.run_policy(w, Runner(model, call_s=1e-3), cap, prof, P.Options())
+    assert per_call.end[-1] >= calls.sum() * 1e-3 > base.end[-1]
+    # twice the per-call cost: the clock grows by at least the calls' share (each launch's kernel is
+    # shorter than 1 ms a call here, so the host's time is what the GPU waits for)
+    twice = R.run_policy(w, Runner(model, call_s=2e-3), cap, prof, P.Options())
+    assert twice.end[-1] - per_call.end[-1] >= 0.9 * calls.sum() * 1e-3
+    # the profile's field charges the same as the option
+    prof_calls = dataclasses.replace(prof, host_call_s=1e-3)
+    from_prof = R.run_policy(w, Runner(model), cap, prof_calls, P.Options())
+    assert from_prof.end[-1] == pytest.approx(per_call.end[-1])
+    # base + per call
+    both = Runner(model, callback_s=5e-4, call_s=1e-3).prefetch(
+        R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    assert np.allclose(both.host_s, 5e-4 + 1e-3 * calls)
+
+
 def test_runner_needs_a_model_and_one_trace(fitted):
     model, tr = fitted["jacobi2d"]
     with pytest.raises(UsageError, match="--model"):

@@ -17,8 +17,9 @@ the whole copy stream. Ranges whose pages index
 values chose go once the launch that wrote the values has ended and the values are copied (the
 plan's gates): nothing is prefetched before its values exist. The simulator moves the units of those
 ranges (the groups `prefetch` returns) and charges each range one call (`Groups.calls`: the profile's
-`transfer_latency_s`), and the callback's host time per launch (`callback_s`, `CALLBACK_S`) beside
-the profile's `host_launch_s`.
+`transfer_latency_s`), and the callback's host time per launch: a base (the lookup, the event
+record, the stream wait: `callback_s`, `CALLBACK_S`, else the profile's `host_launch_s`) plus a
+per-call cost times the calls its group issues (`call_s`, `CALL_S`, else the profile's `host_call_s`).
 
 Unplanned (`planned=False`): one launch at a time. The runner predicts the launch's footprint,
 prefetches what its residency estimate says is missing and, to emulate a capacity, evicts 2 MiB
@@ -78,9 +79,12 @@ LOOKAHEAD = True
 # the runner carries it out ahead of the kernels (online/plan_schedule.py); False: it decides one
 # launch at a time with the lookahead above (benchmarks/runner_lookahead.py runs both)
 PLANNED = True
-# host seconds of the planned runner's launch callback (the lookup and its calls), charged to its own
-# runs beside the profile's host_launch_s (which every policy's run pays); None: that alone
+# host seconds of the planned runner's launch callback, charged to its own runs: a base per launch
+# (the lookup, event record, stream wait; None: the profile's host_launch_s, which every policy's
+# run pays) plus CALL_S per call the launch issues (None: the profile's host_call_s).
+# benchmarks/bench_child_callback.py fits both on the child's own path (docs/performance.md)
 CALLBACK_S: float | None = None
+CALL_S: float | None = None
 
 
 class TraceAllocations:
@@ -144,7 +148,8 @@ class Runner(Policy):
 
     def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
                  values: bool = True, lookahead: bool | None = None, planned: bool | None = None,
-                 planner: Template | None = None, callback_s: float | None = None) -> None:
+                 planner: Template | None = None, callback_s: float | None = None,
+                 call_s: float | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
         as a runner that reads none; one launch at a time only: a plan has its own); `lookahead`: the runner's lookahead for planned runs
@@ -152,8 +157,11 @@ class Runner(Policy):
         time, as the GPU runner with --no-lookahead; None: `LOOKAHEAD`); `planned`: carry out
         template's plan (online/plan_schedule.py; None: `PLANNED`), made by `planner` (the replay's
         template: from the model, or a plan file) or from `model`; only for policy template;
-        `callback_s`: host seconds of its launch callback, charged to its runs (None: `CALLBACK_S`)."""
+        `callback_s`: host seconds of its launch callback's base, charged to its runs (None:
+        `CALLBACK_S`, else the profile's `host_launch_s`); `call_s`: host seconds each call it
+        issues there adds (None: `CALL_S`, else the profile's `host_call_s`)."""
         self.callback_s = CALLBACK_S if callback_s is None else callback_s
+        self.call_s = CALL_S if call_s is None else call_s
         self.planned = (PLANNED if planned is None else planned) and (policy is None or isinstance(policy, Template))
         self.planner = planner if planner is not None else (Template(model) if model is not None else None)
         self.schedule: PlanSchedule | None = None
@@ -219,9 +227,18 @@ class Runner(Policy):
         self.schedule = schedule_of(g, w, trace)
         self.prefetch_bytes = int(self.schedule.pf[:, 1].sum()) if len(self.schedule.pf) else 0
         out = groups_of(self.schedule, g, w)
-        if self.callback_s:
-            out.host_s = np.full(w.n_steps, float(self.callback_s))
+        out.host_s = self.host_seconds(out.calls, ctx.profile)
         return out
+
+    def host_seconds(self, calls: np.ndarray, profile) -> np.ndarray | None:
+        """Host seconds of each launch's callback: the base plus the per-call cost times the calls
+        the launch issues (None where both are 0: the profile's `host_launch_s`, charged to every run,
+        is all)."""
+        base = self.callback_s if self.callback_s is not None else float(getattr(profile, "host_launch_s", 0.0) or 0.0)
+        per_call = self.call_s if self.call_s is not None else float(getattr(profile, "host_call_s", 0.0) or 0.0)
+        if not base and not per_call:
+            return None
+        return float(base) + float(per_call) * np.asarray(calls, np.float64)
 
     def _values_for(self, t: int):
         """(values(address, nbytes) for launch t's predictor, the rows it read): the trace's rows
