@@ -491,3 +491,40 @@ def test_a_plans_fingerprint_says_what_same_plan_says():
     assert same_plan(a, b) and plan_fingerprint(a) == plan_fingerprint(b)
     c = plan_groups(Needs(ptr, unit), 40, 6)
     assert not same_plan(a, c) and plan_fingerprint(a) != plan_fingerprint(c)
+
+
+def test_choose_span_returns_the_fastest_plan_it_tried_though_it_held_none(gathered):
+    """choose_span keeps the fastest plan's span and front, not the plan, and makes it again at the
+    end: what it returns is the plan of the fastest (span, front) a trial of each finds, array for
+    array, with that plan's own trial times, at capacities with and without launches larger than
+    memory."""
+    from pagecast.replay.plan.adaptive import predicted_gated
+    from pagecast.replay.plan.belady import plan_groups
+    from pagecast.replay.plan.spans import PLAN_SPANS, SPAN_GROWTH, choose_span, span_needs
+    from pagecast.replay.policies.base import Options, plan_trial
+    from pagecast.replay.sim.run import run_policy
+    tr, model = gathered
+    prof = load_profile("msched-rtx5080")
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    pg = [predicted_gated(model, tr, "adaptive")]
+    needs = w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
+    for cap in (max(int(w.truth.sizes().max()) // 2, 1), len(np.unique(w.truth.unit)) // 2):
+        def trial():
+            return plan_trial(w, needs, cap, prof, Options(), run_policy)
+        # the second: a slower plan is the last made (the fastest is made again)
+        for spans, fronts in ((PLAN_SPANS, (False, True)), (("unit", "block"), (False,))):
+            span, sn, g, run = choose_span(w, needs, cap, spans, fronts, trial(), profile=prof,
+                                           faults=False, whole_run=False)
+            times = {}
+            for s in spans:
+                n = span_needs(needs, s, w, cap, prof)
+                if len(n.unit) > SPAN_GROWTH * len(needs.unit):
+                    continue
+                for front in fronts:
+                    p = plan_groups(n, w.universe.n_units, cap, belady_in=True, universe=w.universe, front=front)
+                    times[s, front] = float(trial()(p, n).end[-1])
+            assert times[span, g.front] == min(times.values()) == float(run.end[-1])
+            want = plan_groups(span_needs(needs, span, w, cap, prof), w.universe.n_units, cap, belady_in=True,
+                               universe=w.universe, front=g.front)
+            for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group", "gate"):
+                np.testing.assert_array_equal(getattr(g, f), getattr(want, f))

@@ -199,8 +199,15 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     the plan's `front` and `faulted` say which. When `needs` are the truth, the
     winning trial run is the run itself (the simulator then does not run it again). Without
     `whole_run`, only the winning run's times are kept and returned (TrialTimes), and a losing
-    run goes before the next trial."""
-    best = None
+    run goes before the next trial.
+
+    No plan is held while the next is made: what is kept of the fastest so far is how it was made
+    (its span and front) with its time and run, and unless it is the last one made it is made again
+    at the end (`_plan_at`; the planner is deterministic, so it is the plan that would have been
+    kept). At the block span of 10^5 launches the plan held while the fitted span was planned was
+    ~55 MB."""
+    best = None   # (span, front, time, run) of the fastest plan so far: how it was made, not the plan
+    made = None   # (span, front, its needs, its plan) of the plan made last
     tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
     block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
@@ -210,13 +217,16 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             continue  # many times the units to plan (launches pointing into one huge allocation)
         if span == "fitted":
             if block is not None and profile is not None:
+                made = None   # the plan made before goes (`block` keeps the block span's without fronts)
                 sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
                 block = None   # read by nothing after this: its needs go unless its plan is the best so far
             elif last:
+                made = None
                 sn = span_needs(needs, span, w, cap_units, profile)
             else:
                 continue   # made from the block span's plan, which was not made (or was the unit plan)
         else:
+            made = None   # the plan made before goes before this span's needs are made
             sn = span_needs(needs, span, w)
         if tried and len(sn.unit) > limit and not last:
             continue
@@ -229,6 +239,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             int(np.diff(sn.ptr).max()) > cap_units else fronts[:1]
         plans: list[tuple] = []   # fingerprints of this span's plans (a plan goes before the next is made)
         for front in tries:
+            made = None   # (the block span's plan is still `block` where the fitted span reads it)
             g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
             if span == "block" and not front:
                 block = (g, sn)
@@ -241,15 +252,32 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             plans.append(fg)
             r = trial(g, sn)
             t = float(r.end[-1]) if len(r.end) else 0.0
-            if best is None or t < best[3]:
-                best = (span, sn, g, t, r if whole_run else TrialTimes(r.start, r.end))
-            del r, g   # a loser's run and plan go before the next trial and plan
-    if faults and profile is not None and best is not None:
-        g = leave_to_faults(best[2], best[1], needs, best[4], profile, w.gran)
-        if g is not None:
-            r = trial(g, best[1])
-            t = float(r.end[-1]) if len(r.end) else 0.0
-            if t < best[3]:
-                best = (best[0], best[1], g, t, r if whole_run else TrialTimes(r.start, r.end))
+            if best is None or t < best[2]:
+                best = (span, front, t, r if whole_run else TrialTimes(r.start, r.end))
+            made = (span, front, sn, g)
+            del r, g   # a loser's run goes before the next trial and plan
+    block = sn = None
+    if made is not None and made[:2] == best[:2]:
+        span, front, sn, g = made
+    else:
+        made = None   # the last plan goes before the fastest is made again
+        span, front = best[:2]
+        sn, g = _plan_at(w, needs, span, front, cap_units, profile)
+    made = None
+    t, run = best[2:]
+    if faults and profile is not None:
+        fg = leave_to_faults(g, sn, needs, run, profile, w.gran)
+        if fg is not None:
+            r = trial(fg, sn)
+            ft = float(r.end[-1]) if len(r.end) else 0.0
+            if ft < t:
+                g, run = fg, r if whole_run else TrialTimes(r.start, r.end)
             del r
-    return best[0], best[1], best[2], best[4]
+    return span, sn, g, run
+
+
+def _plan_at(w: Workload, needs: Needs, span: str, front: bool, cap_units: int, profile) -> tuple[Needs, Groups]:
+    """(needs at `span`, Belady's plan of them with `front`): the plan choose_span made at that span,
+    made again as it made it (the fitted span from the block span's plan without fronts)."""
+    sn = span_needs(needs, span, w, cap_units, profile)
+    return sn, plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
