@@ -29,7 +29,11 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
   oracle's `make_truth_plan`, on the true footprints) given to the child (`--plan`): the engine carries out
   its `PlanSchedule` (online/planned.py), a lookup per callback and the calls, no decision.
 
-Figures: median, mean and p99 us per launch.
+Figures: median, mean and p99 us per launch. On the planned path, also the calls each launch
+issued (`BenchCuda.calls`: the prefetches to the GPU and to the host) and the host time fitted as
+base + per call x calls, by least squares over every launch and by a line through the medians per
+call count (weighted by their launches): what the simulator's runner charges per launch
+(`runner.CALLBACK_S` / `CALL_S`, the profile's `host_launch_s` / `host_call_s`).
 """
 
 from __future__ import annotations

@@ -3,15 +3,18 @@ template's plan, beside the planned template, in the same run: the share of temp
 demand each keeps, per workload and level.
 
     python benchmarks/runner_lookahead.py --work DIR [--costs msched-rtx5080] [--callback-us US]
-                                          [--workloads a,b] [--markdown FILE]
+                                          [--call-us US] [--workloads a,b] [--markdown FILE]
 
 DIR holds what `benchmarks/results.py --work DIR` (pagecast.demo.run_suite) leaves: `model.json`
 and `traces/NAME-s3.pctrace` (the replayed seed). Missing, they are made with run_suite at
 `--scale` (demand only). Both runners are the same policy (replay/policies/runner.py): *online* with
 `PLANNED` off (one launch at a time, the lookahead of online/lookahead.py), *planned* with it on
 (template's plan laid out per launch by online/plan_schedule.py: its ranges cut at allocations, a
-call per range). `--callback-us`: host time of the planned runner's launch callback, charged to it
-alone (`runner.CALLBACK_S`; the profile's `host_launch_s`, 0 in the built-in ones, applies to all).
+call per range). `--callback-us`: host time of the planned runner's launch callback, its base per
+launch (the lookup, event record, stream wait), charged to it alone (`runner.CALLBACK_S`; the
+profile's `host_launch_s`, 0 in the built-in ones, applies to all); `--call-us`: what each call the
+callback issues adds (`runner.CALL_S`; else the profile's `host_call_s`, 0 in the built-in ones).
+benchmarks/bench_child_callback.py fits both on the GPU child's own path (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=float, default=0.2)
     ap.add_argument("--costs", default="msched-rtx5080")
     ap.add_argument("--callback-us", type=float, default=0.0,
-                    help="host microseconds of the planned runner's launch callback (default 0)")
+                    help="host microseconds of the planned runner's launch callback, its base per launch (default 0)")
+    ap.add_argument("--call-us", type=float, default=0.0,
+                    help="host microseconds each call of the planned runner's callback adds (default 0)")
     ap.add_argument("--workloads", default=None, help="comma-separated (default: every DEMO workload)")
     ap.add_argument("--markdown", default=None, help="write the table here too")
     args = ap.parse_args(argv)
-    if args.callback_us < 0:
-        print("runner_lookahead: --callback-us must be >= 0", file=sys.stderr)
+    if args.callback_us < 0 or args.call_us < 0:
+        print("runner_lookahead: --callback-us and --call-us must be >= 0", file=sys.stderr)
         return 2
 
     from pagecast.demo import DEMO_WORKLOADS, OVERSUB, REPLAY_SEED, run_suite
@@ -57,6 +62,7 @@ def main(argv=None) -> int:
     rows, shares = [], {m: {o: [] for o in OVERSUB} for m in modes}
     t_all = time.perf_counter()
     R.CALLBACK_S = args.callback_us * 1e-6 or None
+    R.CALL_S = args.call_us * 1e-6 or None
     try:
         for n in names:
             tr = read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")
@@ -83,7 +89,7 @@ def main(argv=None) -> int:
             rows.append(f"| {n} | " + " | ".join(cells) + " |")
             print(rows[-1], f"({secs[False]:.1f} s, {secs[True]:.1f} s)", flush=True)
     finally:
-        R.PLANNED, R.CALLBACK_S = True, None
+        R.PLANNED, R.CALLBACK_S, R.CALL_S = True, None, None
     geo = {m: {o: math.exp(sum(map(math.log, v)) / len(v)) for o, v in shares[m].items()} for m in shares}
     head = ("| workload | " + " | ".join(f"template / runner online / runner planned at {o:.0%}" for o in OVERSUB)
             + " |\n|---|" + "---:|" * len(OVERSUB))
@@ -93,7 +99,8 @@ def main(argv=None) -> int:
     lowest = min(v for o in OVERSUB for v in shares[True][round(o, 6)])
     text = (head + "\n" + "\n".join(rows) + "\n" + foot + "\n\n"
             f"runner >= 90% of template's speedup: {n_pass[True]} of {len(names) * len(OVERSUB)} cells planned "
-            f"(lowest {lowest:.1%}), {n_pass[False]} online; callback {args.callback_us:g} us; "
+            f"(lowest {lowest:.1%}), {n_pass[False]} online; callback {args.callback_us:g} us a launch + "
+            f"{args.call_us:g} us a call; "
             f"{time.perf_counter() - t_all:.0f} s in all.\n")
     print(text)
     if args.markdown:
