@@ -528,3 +528,22 @@ def test_choose_span_returns_the_fastest_plan_it_tried_though_it_held_none(gathe
                                universe=w.universe, front=g.front)
             for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "need_group", "gate"):
                 np.testing.assert_array_equal(getattr(g, f), getattr(want, f))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 25), units=st.integers(1, 30), cap=st.integers(1, 20),
+       front=st.booleans())
+def test_needs_without_gates_list_no_value_step_per_prefetch(seed, steps, units, cap, front):
+    """Belady's core lists the step a prefetch's values wait for only where the needs have gates:
+    without, the plan is the plan of the same needs gated at -1 everywhere (no use waits), array for
+    array, and no -1 is written per prefetch (None in its place)."""
+    from pagecast.replay.plan.belady import belady_plan
+    rng = np.random.default_rng(seed)
+    ptr, unit = _needs(rng, steps, units, 0.4)
+    args = (ptr, unit, units, cap, 0, np.zeros(units, np.uint8), 4, cap, True, np.ones(units, I64),
+            np.arange(units, dtype=I64), front)
+    plain = belady_plan(*args)
+    gated = belady_plan(*args, need_after=np.full(len(unit), -1, I64))
+    assert plain[-1] is None and gated[-1] is None   # none waits: none listed
+    for a, b in zip(plain[:-1], gated[:-1]):
+        np.testing.assert_array_equal(a, b)

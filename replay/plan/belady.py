@@ -246,7 +246,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     the early ones, each by address), need_now (how many of a group's
     prefetches its own step needs), wait_prev (the group evicts units of the
     step before it, so it starts after that step ends), thrash (step could
-    not be made resident), and per prefetch the step its values wait for.
+    not be made resident), and per prefetch the step its values wait for
+    (where the needs have gates: else none is listed).
     """
     lookahead_steps, lookahead_units, belady_in, front = (knobs.lookahead_steps, knobs.lookahead_units,
                                                           knobs.belady_in, knobs.front)
@@ -292,10 +293,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     pf_g = np.empty(m0, width.dtype)
     pf_n = np.empty(m0, width.dtype)
     pf_u = np.empty(m0, need_unit.dtype)
-    pf_a = np.empty(m0, width.dtype)
     n_ev = 0
     n_pf = 0
     gated = len(need_after) == n_occ
+    pf_a = np.empty(m0 if gated else 0, width.dtype)   # written only where uses wait for values
     pend = np.empty(n_occ if gated else 1, width.dtype)   # lookahead uses set aside until their values exist
     pend_j = np.empty(n_occ if gated else 1, width.dtype)   # and their steps
     npend = 0
@@ -381,11 +382,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                         pf_u = _grow(pf_u)
                         pf_g = _grow(pf_g)
                         pf_n = _grow(pf_n)
-                        pf_a = _grow(pf_a)
+                        if gated:
+                            pf_a = _grow(pf_a)
                     pf_g[n_pf] = g
                     pf_n[n_pf] = g
                     pf_u[n_pf] = u
-                    pf_a[n_pf] = -1
+                    if gated:
+                        pf_a[n_pf] = -1
                     n_pf += 1
                 k += 1
                 continue
@@ -483,11 +486,13 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 pf_u = _grow(pf_u)
                 pf_g = _grow(pf_g)
                 pf_n = _grow(pf_n)
-                pf_a = _grow(pf_a)
+                if gated:
+                    pf_a = _grow(pf_a)
             pf_g[n_pf] = at - start_step
             pf_n[n_pf] = j - start_step
             pf_u[n_pf] = u
-            pf_a[n_pf] = need_after[kq] if gated else -1
+            if gated:
+                pf_a[n_pf] = need_after[kq]
             n_pf += 1
             if not mandatory:
                 in_flight += 1
@@ -589,7 +594,7 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         # stays in cache (a unit is pushed at every use, each push goes stale)
         if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
             hsize = _heap_rebuild(hk, hu, resident, key, last_use, n_units, n_steps)
-    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf]
+    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf if gated else 0]
 
 
 @njit(cache=True, nogil=True)
@@ -674,7 +679,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     gate (per group, the latest step whose end its values wait for; -1: none),
     gate_bytes (the index values the runtime copies before the group: those of
     the launches its gated prefetches are for; `value_bytes` per step) and, per
-    prefetch, the step its values wait for.
+    prefetch, the step its values wait for (None where none waits: not a -1 per prefetch).
 
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
@@ -703,7 +708,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     # ufunc.at took a tenth of a replay's time)
     need_group = np.full(G, -1, np.int64)
     gate = np.full(G, -1, np.int64)
-    gated = _latest_at(need_group, gate, pf_g, pf_n, pf_a)
+    gated = _latest_at(need_group, gate, pf_g, pf_n, pf_a)   # an empty pf_a: the needs have no gates
     gate_bytes = np.zeros(G, np.int64)
     if gated:
         ga = pf_a >= 0
@@ -713,21 +718,27 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
         del ga
     del pf_n
+    pf_a = pf_a if gated else None   # no prefetch waits: none is listed (Groups holds none)
     op, pf_ptr, need_now = group_order(pf_g, ~own, pf_u, G)
     del pf_g, own
-    return ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op]
+    return (ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes,
+            None if pf_a is None else pf_a[op])
 
 
 @njit(cache=True, nogil=True)
 def _latest_at(need_group, gate, pf_g, pf_n, pf_a):
     """need_group[n] = max(need_group[n], g) over the early prefetch entries (group g != step n), and
-    gate[g] = max(gate[g], a) over the entries waiting for values (a >= 0); whether any waits."""
+    gate[g] = max(gate[g], a) over the entries waiting for values (a >= 0); whether any waits. An
+    empty `pf_a`: no entry waits (the core lists none where the needs have no gates)."""
     gated = False
+    listed = len(pf_a) == len(pf_g)
     for k in range(len(pf_g)):
         g = pf_g[k]
         n = pf_n[k]
         if n != g and g > need_group[n]:
             need_group[n] = g
+        if not listed:
+            continue
         a = pf_a[k]
         if a >= 0:
             gated = True
