@@ -401,10 +401,22 @@ class Needs:
     after: np.ndarray | None = None
     value_bytes: np.ndarray | None = None
     pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
+    # makes `pages` where they are left to be made when first read (page_counts): a planner's
+    # alternative needs them only after its plans are made
+    pages_later: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
         self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow(self.pages)
+
+    def page_counts(self) -> np.ndarray | None:
+        """`pages`, made now where they were left to be made when read (`pages_later`); None where
+        the needs do not say."""
+        if self.pages is None and self.pages_later is not None:
+            pages, self.pages_later = self.pages_later(), None
+            if len(pages) == len(self.unit):
+                self.pages = narrow(pages)
+        return self.pages
 
     def of(self, i: int) -> np.ndarray:
         return self.unit[self.ptr[i]:self.ptr[i + 1]]
@@ -522,7 +534,7 @@ class Workload:
 
     def needs_from(self, per_task_fp: list[F.Footprints | None], with_pages: bool = True) -> Needs:
         """Footprints per task (None: empty) -> step needs in the global order; with `with_pages`, each
-        use's page count (Needs.pages) too."""
+        use's page count (Needs.pages) too; with "later", made when first read (Needs.page_counts)."""
         csrs = []
         per_task_fp = [self.on_device(t, fp) for t, fp in enumerate(per_task_fp)]
         for t, fp in enumerate(per_task_fp):
@@ -534,16 +546,21 @@ class Workload:
             csrs.append(self.universe.dense(t, l, s, e, n))
         needs = gather_steps(csrs, self.step_task, self.step_launch)
         del csrs
-        if not with_pages:
-            return needs
-        # per unit, the pages the footprint touches there: a missing unit's fault-buffer entries (a
-        # planner's trial run on predictions charges them as a run on the truth does)
-        pages = gather_steps([unit_page_counts(fp, self.gran) if fp is not None else
-                              (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
-                              for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
-        if len(pages) == len(needs.unit):
-            needs.pages = narrow(pages)
+        if with_pages == "later":
+            needs.pages_later = lambda: self._pages_of(per_task_fp)
+        elif with_pages:
+            pages = self._pages_of(per_task_fp)
+            if len(pages) == len(needs.unit):
+                needs.pages = narrow(pages)
         return needs
+
+    def _pages_of(self, per_task_fp: list[F.Footprints | None]) -> np.ndarray:
+        """Per use of needs_from's needs (footprints already on the device), the pages the footprint
+        touches in the unit: a missing unit's fault-buffer entries (a planner's trial run on
+        predictions charges them as a run on the truth does)."""
+        return gather_steps([unit_page_counts(fp, self.gran) if fp is not None else
+                             (np.zeros(self.tasks[t].trace.n_launches + 1, I64), np.zeros(0, I64))
+                             for t, fp in enumerate(per_task_fp)], self.step_task, self.step_launch).unit
 
     def on_device(self, task: int, fp: F.Footprints | None) -> F.Footprints | None:
         """`fp` without the task's host-placed ranges (placement.py): what GPU memory holds of it."""

@@ -547,3 +547,21 @@ def test_needs_without_gates_list_no_value_step_per_prefetch(seed, steps, units,
     assert plain[-1] is None and gated[-1] is None   # none waits: none listed
     for a, b in zip(plain[:-1], gated[:-1]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_alternatives_page_counts_are_made_when_read_and_equal_those_made_at_once(gathered):
+    """An alternative's page counts (read only where choose_span leaves transfers to faults, after its
+    plans) are not made with its needs but when first read, equal to needs_from's made at once."""
+    from pagecast.replay.plan.adaptive import predicted_gated
+    from pagecast.replay.plan.alternatives import blind_predictions, value_alternatives
+    tr, model = gathered
+    prof = load_profile("msched-rtx5080")
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    alts = value_alternatives(w, model, [tr], "adaptive", [predicted_gated(model, tr, "adaptive")])
+    for i, cls in ((1, "irregular"), (2, "allocation")):
+        a = alts[i]
+        assert a.pages is None
+        at_once = w.needs_from(blind_predictions(w, model, cls, [tr], "adaptive"))
+        assert at_once.pages is not None and len(at_once.pages) == len(a.unit)
+        np.testing.assert_array_equal(a.page_counts(), at_once.pages)
+        assert a.pages is a.page_counts() and a.pages_later is None   # made once

@@ -49,9 +49,13 @@ def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> A
     read (`Alternatives`), so that a planner going through them holds one at a time."""
     if not any(gt is not None and len(gt.launch) for _, gt in pg):
         return Alternatives([])
-    makers = [lambda: w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg])]
+    # each one's page counts are read only where choose_span leaves transfers to faults, after its
+    # plans are made: they are made then (Needs.page_counts), not held while it plans
+    makers = [lambda: w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg],
+                                   with_pages="later")]
     for cls in ("irregular", "allocation"):
-        makers.append(lambda cls=cls: w.needs_from(blind_predictions(w, model, cls, traces, fallback)))
+        makers.append(lambda cls=cls: w.needs_from(blind_predictions(w, model, cls, traces, fallback),
+                                                   with_pages="later"))
     return Alternatives(makers)
 
 

@@ -99,9 +99,10 @@ def _entries(g: Groups, base: Needs, need: np.ndarray, gran: int) -> np.ndarray:
     simulator counts a plan's needs, run.fault_entries)."""
     whole = max(int(gran) // PAGE, 1)
     out = np.full(len(g.pf_unit), whole, np.int64)
-    if base.pages is None or len(base.pages) != len(base.unit) or len(base.unit) == 0:
+    pages = base.page_counts()   # an alternative's are made here, after its plans (Workload.needs_from)
+    if pages is None or len(pages) != len(base.unit) or len(base.unit) == 0:
         return out
-    _pages_at(base.ptr, base.unit, base.pages, need, g.pf_unit, out)
+    _pages_at(base.ptr, base.unit, pages, need, g.pf_unit, out)
     return out
 
 
