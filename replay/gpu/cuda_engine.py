@@ -572,24 +572,7 @@ class Engine:
                     to_gpu: bool) -> tuple[int, int]:
         """A planned part's ranges (each within one allocation already): one batched call where the
         driver has one, else one call per range; (calls, bytes) the driver took."""
-        if self.batch and len(ranges) > 1:
-            try:
-                self.cuda.prefetch_batch(ranges, to_gpu, stream)
-                self.stats.batch_calls += 1
-                return 1, sum(m for _, m in ranges)
-            except Exception as e:  # noqa: BLE001 - range by range below
-                self.stats.last_error = f"launch {t} ({la.kernel}): batched call: {type(e).__name__}: {e}"
-        n = nbytes = 0
-        for a, m in ranges:
-            try:
-                move(a, m, stream)
-            except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
-                self.stats.failed_calls += 1
-                self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
-                continue
-            n += 1
-            nbytes += m
-        return n, nbytes
+        return self._issue(t, la, move, ranges, ranges, stream, to_gpu, forget=False)
 
     def _wait(self, s: int, ev: int) -> None:
         """Launch s's stream will wait on `ev` (a later event on the copy stream covers an earlier one)."""
@@ -668,12 +651,19 @@ class Engine:
         stop the others; the allocation is looked up afresh next time.
         """
         pieces = self.allocs.pieces(ranges)
+        merged = self._chunk_merge(pieces) if self.batch and len(pieces) > 1 else pieces
+        return self._issue(t, la, move, pieces, merged, stream, to_gpu, forget=True)
+
+    def _issue(self, t: int, la, move, pieces, batched, stream: int, to_gpu: bool,
+               forget: bool) -> tuple[int, int]:
+        """One `prefetch_batch` of `batched` where the driver batches and there are several pieces,
+        else (or where the batched call is refused) `move` per piece; (calls, bytes) the driver
+        took. `forget`: a refused piece's allocation is looked up afresh next time."""
         if self.batch and len(pieces) > 1:
-            merged = self._chunk_merge(pieces)
             try:
-                self.cuda.prefetch_batch(merged, to_gpu, stream)
+                self.cuda.prefetch_batch(batched, to_gpu, stream)
                 self.stats.batch_calls += 1
-                return 1, sum(m for _, m in merged)
+                return 1, sum(m for _, m in batched)
             except Exception as e:  # noqa: BLE001 - range by range below, the refused one counted there
                 self.stats.last_error = f"launch {t} ({la.kernel}): batched call: {type(e).__name__}: {e}"
         n = nbytes = 0
@@ -683,7 +673,8 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - CudaCallError, or the stand-in's
                 self.stats.failed_calls += 1
                 self.stats.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
-                self.allocs.forget(a)
+                if forget:
+                    self.allocs.forget(a)
                 continue
             n += 1
             nbytes += m
