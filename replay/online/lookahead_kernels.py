@@ -29,6 +29,19 @@ def _count_units(lo, hi, k):
 
 
 @njit(cache=True)
+def _own_intervals(own, unit, lo, hi):
+    """Launch t's own ranges `own` (flat address, nbytes pairs) as unit intervals [lo, hi) from
+    index 0; returns how many (empty ranges are left out)."""
+    k = 0
+    for i in range(0, len(own) - 1, 2):
+        if own[i + 1] > 0:
+            lo[k] = own[i] // unit
+            hi[k] = (own[i] + own[i + 1] - 1) // unit + 1
+            k += 1
+    return k
+
+
+@njit(cache=True)
 def window_fit(own, win, wptr, m, unit, cap):
     """How many of the window's launches (0 .. m; their ranges win[2*wptr[j]:2*wptr[j+1]]) fit in
     `cap` units beside launch t's own ranges `own` (flat address, nbytes pairs): the most m' with
@@ -36,12 +49,7 @@ def window_fit(own, win, wptr, m, unit, cap):
     tot = len(own) // 2 + wptr[m]
     lo = np.empty(max(tot, 1), np.int64)
     hi = np.empty(max(tot, 1), np.int64)
-    k = 0
-    for i in range(0, len(own) - 1, 2):
-        if own[i + 1] > 0:
-            lo[k] = own[i] // unit
-            hi[k] = (own[i] + own[i + 1] - 1) // unit + 1
-            k += 1
+    k = _own_intervals(own, unit, lo, hi)
     for j in range(m):
         for i in range(wptr[j], wptr[j + 1]):
             if win[2 * i + 1] > 0:
@@ -64,12 +72,7 @@ def window_kernel(lay, t0, t1, own, unit, cap, out, wptr):
     tot = len(own) // 2 + ptr[t1] - ptr[t0]
     lo = np.empty(max(tot, 1), np.int64)
     hi = np.empty(max(tot, 1), np.int64)
-    k = 0
-    for i in range(0, len(own) - 1, 2):
-        if own[i + 1] > 0:
-            lo[k] = own[i] // unit
-            hi[k] = (own[i] + own[i + 1] - 1) // unit + 1
-            k += 1
+    k = _own_intervals(own, unit, lo, hi)
     w = 0
     wptr[0] = 0
     for t in range(t0, t1):
