@@ -357,19 +357,23 @@ def test_gated_needs_in_pieces_equal_all_at_once(gathered):
     assert parts.after.dtype == U.ID
 
 
-def test_the_span_fingerprint_hashed_in_pieces_is_the_whole_arrays_digest(monkeypatch):
-    import hashlib
-
+def test_the_span_fingerprint_reads_values_whatever_their_width_and_tells_changes_apart():
     from pagecast.replay.plan import spans as S
     rng = np.random.default_rng(5)
     ptr, unit = _needs(rng, 12, 30, 0.4)
     nd = Needs(ptr, unit)
     assert nd.unit.dtype == U.ID
-    h = hashlib.blake2b(digest_size=16)
-    h.update(ptr.astype(I64))
-    h.update(unit.astype(I64))
-    monkeypatch.setattr(S, "FINGERPRINT_PIECE", 7)
-    assert S.needs_fingerprint(nd) == (len(ptr), len(unit), h.hexdigest())
+    fp = S.needs_fingerprint(nd)
+    assert fp[:2] == (len(ptr), len(unit))
+    assert S.needs_fingerprint(Needs(ptr.astype(I64), unit.astype(I64))) == fp   # int64 copies: the same
+    assert S._fingerprint((ptr, unit[::-1])) != fp   # order counts
+    moved = unit.copy()
+    moved[len(moved) // 2] += 1
+    assert S.needs_fingerprint(Needs(ptr, moved)) != fp
+    # values of either sign, any width
+    neg = np.array([-1, -2, 0, 7], np.int32)
+    assert S._fingerprint([neg]) == S._fingerprint([neg.astype(I64)]) != S._fingerprint([-neg])
+    assert S._fingerprint([np.array([255], np.uint8)]) == S._fingerprint([np.array([255], I64)])
 
 
 def _fitted_by_sort(block_plan, block_needs, base, block_lo, n_units, unit_s, latency_s):
