@@ -369,3 +369,53 @@ def test_an_extent_that_grew_under_a_big_page_is_predicted_as_the_union(tmp_path
     for t, (a, b) in replay(test_tr, [ref, comp]):
         s, e = batch.of(t)
         assert a == b and [x for x in b if x[1] > x[0]] == list(zip(s.tolist(), e.tolist())), t
+
+
+def _rows_decode_program(starts: list[int], steps: int, heads: int, elem: int, dim: int, max_seq: int,
+                         extra: int) -> SynthTrace:
+    """`attn(cache, n, max_seq, dim)` per head of a [heads, max_seq, dim] cache of `elem`-byte
+    elements, reading its first `n + extra` rows, for `steps` values of n from each of `starts`."""
+    stt = SynthTrace()
+    row = elem * dim
+    cache = stt.malloc(heads * max_seq * row)
+    for n0 in starts:
+        for n in range(n0, n0 + steps):
+            for h in range(heads):
+                o = cache + h * max_seq * row
+                stt.launch("attn", [("Q", o), ("i", n), ("i", max_seq), ("i", dim)], [(o, (n + extra) * row)])
+    return stt
+
+
+@settings(**{**SETTINGS, "max_examples": 10})
+@given(elem=st.sampled_from([1, 2, 4, 8]), dim=st.sampled_from([24, 40, 64, 96, 128]),
+       extra=st.sampled_from([0, 1]), heads=st.integers(2, 6), at=st.floats(0.2, 0.6), seed=st.integers(0, 1000))
+def test_an_open_end_takes_the_slope_the_arguments_describe(tmp_path_factory, elem, dim, extra, heads, at, seed):
+    """One profile of a row count `n` whose extent moved less than a big page: where exactly one
+    slope an element size times the arguments no launch varied describe (`elem*dim` bytes a row)
+    is admitted, the end is that layout's, `n + 1` rows (the union of `n` and `n + 1`), in place of
+    the constant; the kernel stays not pinned, its end open. Scored at far shorter and far longer
+    rows: recall at the bar, and precision too where the kernel reads `n + 1` rows. Where several
+    slopes are admitted, the union of the constant and the steepest holds the recall bar."""
+    d = tmp_path_factory.mktemp("rows")
+    row, max_seq = elem * dim, 8192
+    rng = np.random.default_rng(seed)
+    n0 = int(at * 65536) // row                      # the profile's extent: 20%-60% of a big page
+    steps = max(2, min(20, (65536 - (n0 + 2) * row) // row))
+    fit_tr = T.read_trace(_rows_decode_program([n0], steps, heads, elem, dim, max_seq, extra).write(
+        d / "fit.pctrace", seed=seed))
+    test_tr = T.read_trace(_rows_decode_program([int(rng.integers(1, max(2, n0 // 4))),
+                                                 int(rng.integers(4 * n0, max_seq - 8))], 4, heads, elem, dim,
+                                                max_seq, extra).write(d / "test.pctrace", seed=seed + 1))
+    m = fit_model([fit_tr])
+    km = m.kernels["attn"]
+    texts = [r.text() for r in km.regions]
+    prec, rec = _pages_scores(m, test_tr)
+    assert rec >= 0.9975, (texts, prec, rec)
+    laid = [r for r in km.regions if "layout_end" in r.fit]
+    if laid:
+        (r,) = laid
+        assert r.end.evaluate({"p1": 10, "p2": max_seq, "p3": dim}) == 11 * row, texts
+        assert not km.pinned.pinned and km.pinned.open_ends == ["p0"] and km.pinned.grow == ["p1"], km.pinned
+        assert r.fit["open_end"] and not km.pinned.union, (texts, km.pinned)
+        if extra:
+            assert prec >= 0.999, (texts, prec, rec)

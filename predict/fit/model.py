@@ -346,6 +346,10 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
             extra = max(region_terms(alt) - region_terms(chosen), 0)
             if odds is None or odds * params.odds_per_term ** extra >= params.odds_per_term:
                 continue
+        if "layout_end" in alt.fit:   # the slope the arguments describe: the end, in place of the constant
+            chosen.fit["open_end"], chosen.fit["layout_end"] = chosen.end.text(), alt.end.text()
+            chosen.end, chosen.cls = alt.end, "linear"
+            continue
         alt.fit = {"union_of": chosen.text(), "union_unexplained": n, "launches": chosen.fit.get("launches", 0)}
         if not ask_odds:
             alt.fit["open_end"] = chosen.end.text()

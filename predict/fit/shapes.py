@@ -313,7 +313,10 @@ def growing_ends(kd: KernelData, region: Region, ev: RangeEvidence | None, names
     is at least the profile's (below it, the constant end covers them): the region with it, so
     that the kernel is predicted as the union of the constant and the growing end
     (docs/template-model.md, "What the fit does not know"). `names` leaves out the arguments the
-    kernel uses only as positions (`position_args`), as `position_ends` does."""
+    kernel uses only as positions (`position_args`), as `position_ends` does. Where exactly one slope
+    the arguments describe (`layout_slopes`: rows of an element size times arguments no launch
+    varied) lies among the admitted ones, its end alone, flagged `layout_end`: it takes the
+    constant's place (`admitted_union`), the kernel still not pinned."""
     if ev is None or region.cls not in ("fixed", "linear") or region.end.terms:
         return []
     # and inside the big page of its last fault: were it past it, the next big page would have
@@ -329,6 +332,7 @@ def growing_ends(kd: KernelData, region: Region, ev: RangeEvidence | None, names
     def likely(n, c):
         return odds is None or odds(grown(n, c)) < kd.params.odds_per_term
 
+    layouts: dict[tuple[str, int], list[FM.Formula]] = {}
     for n in names:
         if n not in kd.sel_names:
             continue
@@ -343,4 +347,35 @@ def growing_ends(kd: KernelData, region: Region, ev: RangeEvidence | None, names
             mid = (c_lo + c_hi + 1) // 2
             c_lo, c_hi = (mid, c_hi) if likely(n, mid) else (c_lo, mid - 1)
         out.append(grown(n, c_lo))
+        # the slopes the arguments describe, `n` rows of c bytes or `n + 1` (row n included): their
+        # union, `c*n + c`, inside the bounds and holding every fault
+        for c, f in layout_slopes(kd, n):
+            y = c * v + c
+            if c <= c_lo and (y <= e_hi).all() and (y >= ev.e_lo).all() and (c * v > s).all():
+                layouts.setdefault((n, c), []).append(f)
+    # one slope the arguments describe among those admitted (the faults not `odds_per_term` times
+    # likelier under the constant): the layout's end, in place of the constant and the steepest
+    if len(layouts) == 1:
+        (fs,) = layouts.values()
+        f = min(fs, key=lambda f: (sum(len(t) for _, t in f.terms), f.score()))
+        r = Region(region.base, "linear", start=region.start, end=f)
+        if odds is not None and odds(r) < kd.params.odds_per_term:
+            r.fit = {"layout_end": f.text()}
+            return [r]
+    return out
+
+
+def layout_slopes(kd: KernelData, n: str) -> list[tuple[int, FM.Formula]]:
+    """The ends an argument `n` gives as a layout's dimension, `n + 1` rows of `c` bytes: `c` an
+    element size times a product of at most `LAYOUT_FACTORS - 1` of the launch's own arguments that
+    no launch varied (never grid or block dimensions, as in `layout_size`); each with its `c`."""
+    const = [(m, int(kd.uniq[0, k])) for k, m in enumerate(kd.sel_names) if not kd.sel_varying[k]] if kd.U else []
+    out = []
+    for k in range(LAYOUT_FACTORS):
+        for combo in itertools.combinations_with_replacement(const, k):
+            row = tuple(sorted(m for m, _ in combo))
+            prod = int(np.prod([x for _, x in combo], dtype=object)) if combo else 1
+            for e in ELEMENT_SIZES:
+                grow = (e, tuple(sorted(row + (n,))))
+                out.append((e * prod, FM.Formula(0, (grow, (e, row))) if row else FM.Formula(e, (grow,))))
     return out
