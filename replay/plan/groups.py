@@ -39,9 +39,10 @@ class Groups:
     # per step: the transfers a runtime issues for the group (the runner's ranges, cut at allocations:
     # online/plan_schedule.py), each charged the per-call cost; None: the runs of consecutive units moved
     calls: np.ndarray | None = None
-    # per step: host seconds of a runtime's launch callback before it (the runner's, where it charges
-    # its own: a kernel shorter than it waits for the next launch); None: only the profile's host_launch_s
+    # per step: host seconds of a runtime's launch callback at its launch (the runner's, where it charges
+    # its own: the host's clock, sim/timing.py); None: only the profile's host_launch_s
     host_s: np.ndarray | None = None
+    host_ahead: int = 0      # launches the host may run ahead of the GPU with host_s (0: no bound)
 
     def __post_init__(self) -> None:
         if self.need_group is None:
@@ -95,7 +96,8 @@ class Groups:
                       j(self.need_group, other.need_group), self.front, self.faulted,
                       j(self.gate, other.gate), j(self.gate_bytes, other.gate_bytes), pa_,
                       None if self.calls is None or other.calls is None else j(self.calls, other.calls),
-                      None if self.host_s is None or other.host_s is None else j(self.host_s, other.host_s))
+                      None if self.host_s is None or other.host_s is None else j(self.host_s, other.host_s),
+                      self.host_ahead)
 
 
 def gate_of(pf_ptr: np.ndarray, pf_after: np.ndarray) -> np.ndarray:

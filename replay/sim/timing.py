@@ -21,7 +21,10 @@ Costs = namedtuple("Costs", "charges fault_time_s faults_per_batch batch_overhea
 # share that are the launch's own and do not (moved first), `own_gated`: whether the launch's own
 # planned units include gated ones; `calls`: the transfers a runtime issues for the group, each charged
 # the per-call latency (-1: the runs of consecutive units the group moved, counted by the engine).
-Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac own_plain own_gated calls")
+# `host`: per step, the host seconds of a runtime's launch callback at that launch (empty: none), and
+# `host_ahead`: how many launches the host may run ahead of the GPU (0: as far as it likes; below).
+Order = namedtuple("Order", "blocking wait_prev need_group gate gate_s gate_frac own_plain own_gated calls "
+                            "host host_ahead")
 
 
 @njit(cache=True)
@@ -63,8 +66,20 @@ def _timing(counters, compute, gran, order, c):
     gate's step has ended and the values are copied (`gate_s`), then the units
     index values chose (`gate_frac` of its transfers' time), then the rest of
     the lookahead's; a launch whose own planned units include gated ones waits
-    for the gated part. Returns start, end, stall per step."""
+    for the gated part.
+
+    With `host` (a runtime's launch callback, the GPU runner's), the host runs its callbacks one after
+    another, asynchronously to the GPU (a launch returns before its kernel runs): callback i ends at
+    `hc` = the previous callback's end + host[i], or, with `host_ahead` = d > 0, no earlier than kernel
+    i - d started + host[i] (the host at most d launches ahead). Kernel i is queued when its callback
+    ends, so it starts no earlier than that; the group the callback issues starts no earlier either.
+    The host's time thus delays a kernel only where the GPU would otherwise wait for the launch.
+    Returns start, end, stall per step."""
     blocking, wait_prev, need_group = order.blocking, order.wait_prev, order.need_group
+    host, host_ahead = order.host, order.host_ahead
+    nh = len(host)
+    hc = 0.0
+    hc_prev = 0.0
     gate, gate_s, gate_frac, own_gated = order.gate, order.gate_s, order.gate_frac, order.own_gated
     own_plain, calls = order.own_plain, order.calls
     n = counters.shape[0]
@@ -82,12 +97,20 @@ def _timing(counters, compute, gran, order, c):
         pf_in = k[C_PREFETCH_IN]
         g_out = k[C_GROUP_DTOH]
         ready = prev_end
+        issued = 0.0
+        if nh:
+            hc_prev = hc
+            if host_ahead > 0 and i >= host_ahead:
+                hc = max(hc, start[i - host_ahead])
+            hc += host[i]
+            ready = max(ready, hc)
+            issued = hc if (blocking[i] or wait_prev[i]) else hc_prev   # the callback issuing group i
         g_end[i] = ce
         if pf_in > 0 or g_out > 0:
             nt = calls[i] if calls[i] >= 0 else k[C_TRANSFERS]
             tg = bulk_seconds(pf_in * gran, g_out * gran, nt, c, c.duplex, c.latency)
             after = prev_end if (blocking[i] or wait_prev[i]) else prev_start
-            gs = max(ce, after)
+            gs = max(ce, after, issued)
             p = gate[i]
             gated = p >= 0 and p < i
             gated_end = gs
@@ -177,12 +200,16 @@ def run_timing(counters, comp, gran, groups: Groups, profile):
     frac, own_plain, own = gate_shares(groups)
     calls = np.full(len(counters), -1, np.int64) if groups.calls is None else np.asarray(groups.calls, np.int64)
     hl = float(getattr(profile, "host_launch_s", 0.0) or 0.0)
-    if profile.charges and hl > 0:
+    host = np.zeros(0)
+    if profile.charges and groups.host_s is not None:
+        # a runtime that charges its own callback (the planned runner: its quiet launches, its base and
+        # calls; policies/runner.py): the host's clock, asynchronous to the GPU (_timing)
+        host = np.asarray(groups.host_s, np.float64)
+    elif profile.charges and hl > 0:
         # the GPU runner's callback runs on the host at each launch, while the kernel before it runs:
         # a kernel shorter than the callback leaves the GPU waiting for the next launch
         comp = np.maximum(comp, hl)
-    if profile.charges and groups.host_s is not None:   # a runtime that charges its own callback
-        comp = np.maximum(comp, groups.host_s)
     return _timing(counters, comp, float(gran), Order(groups.blocking, groups.wait_prev, groups.need_group,
                                                       groups.gate.astype(np.int64), gate_seconds(groups, profile),
-                                                      frac, own_plain, own, calls), costs_of(profile))
+                                                      frac, own_plain, own, calls, host, int(groups.host_ahead)),
+                   costs_of(profile))
