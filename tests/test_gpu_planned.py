@@ -135,7 +135,9 @@ def test_a_launchs_stream_waits_on_its_own_event_alone(jacobi):
         if sched.own[t] == 0 and sched.waits_for[t] < 0:
             assert not waits, t
             continue
-        assert waits, t
+        if not waits:   # the stream waited on a later event of the copy stream before (test_gpu_quiet.py)
+            assert sched.own[t] == 0 and e.stats.waits_covered > 0, t
+            continue
         ev = waits[0][2]
         # the last recording of that event before the wait was on the copy stream, right after one of
         # launch t's own ranges (or, with none of its own, a range of the group it waits for)

@@ -74,6 +74,20 @@ The ledger stays the safety net: where what moved is over the capacity, the laun
 without a plan (`plan_fallbacks`). A run that leaves the plan's trace is decided launch by launch
 from there. Not run on a GPU yet (tests/test_gpu_planned.py: the stand-in driver).
 
+Quiet launches (planned runs): most launches of a plan have nothing due at their callback. Which
+ones is laid out at start (`_quiet_launches`, with online/callbacks.py's rule, the one the
+simulator's runner charges): no part of any group issued there, no dead data, no ranges of the
+launch's own, no allocation whose address its arguments first show, a kernel the model knows. Such
+a launch is counted, its kernel checked against the trace's, and the callback returns: no lookup,
+no relocation, no driver call. It still needs the full path where its stream must wait for an
+earlier group (`waits_for`) not yet covered: the copy stream runs in order, so a stream that waited
+on an event recorded later on it (the engine numbers its recordings) needs no other wait, and the
+full path leaves such waits out too (`waits_covered`). The ledger is looked at by the launches that
+take the full path, and by a quiet one once `LEDGER_EVERY_S` has passed since the last of them (the
+child flushes CUPTI's buffers at that period: records arrive no sooner), and where it was over the
+capacity at the last boundary every launch takes the full path. Measured on the CPU only
+(benchmarks/bench_child_callback.py, tests/test_gpu_quiet.py: the stand-in driver).
+
 Batched calls
 -------------
 Where the driver hands out `cuMemPrefetchBatchAsync` (CUDA 13.0's driver API; `DriverCuda.
@@ -104,6 +118,7 @@ import numpy as np
 
 from pagecast.collect.launch_hook import PTSZ_CBIDS
 
+from ..online.callbacks import callback_work
 from ..online.decide import LaunchDecider
 from ..online.planned import EVICT, OWN, PlannedCalls
 from ..online.ranges import UNIT, AllocationMap
@@ -113,6 +128,10 @@ from ..policies import online_policy
 LEGACY_STREAM = 0x1             # CU_STREAM_LEGACY
 PER_THREAD_STREAM = 0x2         # CU_STREAM_PER_THREAD
 TIMELINE_MAX = 100_000          # launches per run kept in the timeline
+LEDGER_EVERY_S = 0.002          # a quiet launch takes the full path (the ledger) this long after the last one
+# planned runs: quiet launches counted and returned, waits the stream covered left out (the module doc);
+# False: every launch takes the full path and every wait is issued (benchmarks/bench_child_callback.py)
+QUIET = True
 
 _PTSZ = frozenset(PTSZ_CBIDS)
 
@@ -163,6 +182,8 @@ class EngineStats:
     discards: int = 0               # cuMemDiscardBatchAsync calls (dead data, not copied back)
     discard_bytes: int = 0
     plan_fallbacks: int = 0         # planned runs: launches whose room the ledger made without the plan
+    quiet_launches: int = 0         # planned runs: launches with nothing due, counted and returned
+    waits_covered: int = 0          # planned runs: stream waits left out (the stream waited on a later event)
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
     moved_dtoh_bytes: int = 0       # device-to-host migrations reported
@@ -240,6 +261,17 @@ class Engine:
             wf = planned.schedule.waits_for
             self._last_waiter = np.full(planned.n, -1, np.int64)
             np.maximum.at(self._last_waiter, wf[wf >= 0], np.flatnonzero(wf >= 0))
+        # a planned run's quiet launches (the module doc's "Quiet launches"): where the copy stream's
+        # events were recorded (their order) and the latest each launch stream waited on
+        self._seq = 0
+        self._ev_seq: dict[int, int] = {}
+        self._waited: dict[int, int] = {}
+        self._over = False             # the ledger was over the capacity at the last full boundary
+        self._full_at = 0.0            # when the last launch took the full path (perf_counter)
+        self._quiet = self._quiet_launches(planned, self.model_kernels) if planned is not None and QUIET else None
+        if self._quiet is not None:   # per launch, as Python objects (a numpy scalar costs more to read)
+            self._kernel_at = planned.rel.kernels
+            self._waits_for = planned.schedule.waits_for.tolist()
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -282,15 +314,50 @@ class Engine:
         t0 = time.perf_counter()
         with self.lock:
             t = self.t
-            self.t += 1
+            self.t = t + 1
             st = self.stats
             st.launches += 1
             try:
-                self._launch(t, la)
+                q = self._quiet
+                if q is None or t >= len(q) or not q[t] or not self._quiet_launch(t, la, t0):
+                    self._full_at = t0
+                    self._launch(t, la)
             except Exception as e:  # noqa: BLE001 - never break the workload's launch
                 st.errors += 1
                 st.last_error = f"launch {t} ({la.kernel}): {type(e).__name__}: {e}"
             st.callback_s += time.perf_counter() - t0
+
+    @staticmethod
+    def _quiet_launches(pc: PlannedCalls, model_kernels) -> list[bool]:
+        """Per launch of a planned run, laid out at start: its callback issues nothing (no part of
+        any group, no dead data), it has no ranges of its own to wait for, its arguments teach no
+        allocation's address, and the model knows its kernel (online/callbacks.py's rule, with what
+        only the engine knows: the parts it issues, the dead data, the pointers it learns from)."""
+        work = callback_work(pc.schedule)
+        q = ~work.own & np.array([not parts for parts in pc.at], bool) & ~pc.rel.first_pointers()
+        if pc.dead is not None:
+            ptr = np.asarray(pc.dead[0], np.int64)
+            m = min(len(ptr) - 1, pc.n)
+            q[:m] &= np.diff(ptr)[:m] == 0
+        if model_kernels is not None:
+            q &= np.array([k in model_kernels for k in pc.rel.kernels[:pc.n]], bool)
+        return q.tolist()
+
+    def _quiet_launch(self, t: int, la, now: float) -> bool:
+        """Launch t, quiet by the plan (`_quiet`), done here (the module doc): counted, its kernel
+        checked against the trace's; False where it needs the full path after all."""
+        if (self.planned is None or self._over or now - self._full_at > LEDGER_EVERY_S
+                or la.kernel != self._kernel_at[t] or t in self._later or t in self._group_free):
+            return False
+        wf = self._waits_for[t]
+        if wf >= 0:   # its data came with an earlier group: covered where its stream waited on a later event
+            ev = self._group_ev.get(wf)
+            if ev is not None and self._ev_seq.get(ev, 0) > self._waited.get(launch_stream(la), 0):
+                return False
+        self.stats.quiet_launches += 1
+        if len(self.corr_launch) < TIMELINE_MAX:
+            self.corr_launch[int(la.correlation_id or 0)] = t
+        return True
 
     def _launch(self, t: int, la) -> None:
         st = self.stats
@@ -443,8 +510,11 @@ class Engine:
             self.warn(f"the run no longer matches the plan's trace ({pc.rel.mismatch}): from launch {t} on"
                       " the runner decides one launch at a time")
             self.planned = None
+            self._quiet = None
             self._launch_decided(t, la, stream)
             return
+        if self._quiet is not None and not pc.rel.learned(t):
+            self._quiet = None   # an address not learned where the trace first shows it: every launch observed
         res = self.decider.residency
         fallback = None
         if res is not None and self.capacity is not None and res.resident_units * self.unit > self.capacity:
@@ -452,6 +522,7 @@ class Engine:
             st.plan_fallbacks += 1
         if res is not None:
             over = res.resident_units * self.unit - int(self.capacity or 0)
+            self._over = over > 0
             if over > 0:
                 st.boundaries_over += 1
                 st.max_excess_bytes = max(st.max_excess_bytes, over)
@@ -529,6 +600,8 @@ class Engine:
             st.prefetch_bytes += nbytes
             ev = self._event()
             cuda.record_event(ev, copy)
+            self._seq += 1
+            self._ev_seq[ev] = self._seq
             self._planned_event(p.launch, p.kind == OWN, ev)
             if p.launch > t:
                 st.ahead_launches += 1
@@ -540,8 +613,13 @@ class Engine:
             ev = self._group_ev.get(wf) if wf >= 0 else None
         elif ev != self._group_ev.get(t):
             self._free_events.append(ev)
-        if ev is not None:
-            cuda.stream_wait_event(stream, ev)
+        if ev is not None:   # not where the stream waited on an event recorded later on the copy stream
+            seq = self._ev_seq.get(ev, 0)
+            if seq > self._waited.get(stream, 0) or not QUIET:
+                cuda.stream_wait_event(stream, ev)
+                self._waited[stream] = seq
+            else:
+                st.waits_covered += 1
         for g in self._group_free.pop(t, ()):
             old = self._group_ev.pop(g, None)
             if old is not None and old != self._own_ev.get(g):

@@ -229,6 +229,22 @@ class Relocator:
             steps += 1
         return None
 
+    def first_pointers(self) -> np.ndarray:
+        """Per launch (after `layout`): whether one of its pointer words is the first, in launch
+        order, into its allocation (where `observe` learns that allocation's delta)."""
+        out = np.zeros(self.n, bool)
+        seen: set[int] = set()
+        for t, ws in enumerate(self._words):
+            for _, j, _ in ws:
+                if j not in seen:
+                    seen.add(j)
+                    out[t] = True
+        return out
+
+    def learned(self, t: int) -> bool:
+        """Whether every allocation launch t's pointer words point into has its delta (after `layout`)."""
+        return all(j in self.delta for _, j, _ in self._words[t])
+
     def observe(self, t: int, kernel: str, param_data: bytes) -> bool:
         """Learn deltas from launch t's arguments; False once the run stops matching the trace."""
         if not self.matching:
