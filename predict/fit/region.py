@@ -33,6 +33,7 @@ from .likelihood import aligned_odds, argument_backed, in_bounds, likeliest
 from .shapes import RangeEvidence
 from .solve import group_evidence, solve_pair, split_groups
 from .strided import clean_runs, fault_loglik, fit_strided, gather_pieces, holes_from_loss, verify_region
+from .within_runs import fit_within_runs
 
 @dataclass
 class RegionFit:
@@ -217,6 +218,19 @@ def _try_strided(rf: RegionFit) -> Region | None:
     fit.clear()
     fit.update(best[1])
     return best[0]
+
+
+def _try_within_runs(rf: RegionFit) -> Region | None:
+    """Chunks under a big page inside runs the records show whole (fit.within_runs: their faults
+    modulo a stride the arguments describe leave a gap), where the faults are far likelier
+    under them than under the runs. Full-mode launches only (natural mode faults first touches)."""
+    if rf.nat.any():
+        return None
+    found = fit_within_runs(rf.kd, rf.w, rf.cat, rf.sel)
+    if found is None:
+        return None
+    rf.fit.update(found[1])
+    return found[0]
 
 
 def _layout_or(rf: RegionFit, best):
@@ -499,6 +513,7 @@ class Attempt:
 # tried in this order; the first region returned wins (the last attempt always returns one)
 CASCADE: list[Attempt] = [
     Attempt({"strided": 2}, _try_strided),
+    Attempt({"strided": 2}, _try_within_runs),
     Attempt({"fixed": 0, "linear": 1}, _try_range),
     Attempt({"indexed": 4}, _try_indexed),
     Attempt({"allocation": 3}, _try_allocation),
