@@ -272,6 +272,7 @@ class Engine:
         if self._quiet is not None:   # per launch, as Python objects (a numpy scalar costs more to read)
             self._kernel_at = planned.rel.kernels
             self._waits_for = planned.schedule.waits_for.tolist()
+            self._first = planned.rel.first_pointers().tolist()
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -334,7 +335,7 @@ class Engine:
         allocation's address, and the model knows its kernel (online/callbacks.py's rule, with what
         only the engine knows: the parts it issues, the dead data, the pointers it learns from)."""
         work = callback_work(pc.schedule)
-        q = ~work.own & np.array([not parts for parts in pc.at], bool) & ~pc.rel.first_pointers()
+        q = ~work.own & np.array([not parts for parts in pc.at], bool) & ~pc.rel.layout().first_pointers()
         if pc.dead is not None:
             ptr = np.asarray(pc.dead[0], np.int64)
             m = min(len(ptr) - 1, pc.n)
@@ -513,7 +514,7 @@ class Engine:
             self._quiet = None
             self._launch_decided(t, la, stream)
             return
-        if self._quiet is not None and not pc.rel.learned(t):
+        if self._quiet is not None and self._first[t] and not pc.rel.learned(t):
             self._quiet = None   # an address not learned where the trace first shows it: every launch observed
         res = self.decider.residency
         fallback = None
