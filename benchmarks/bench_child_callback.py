@@ -247,7 +247,6 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
     out = {"trace": trace_path.name, "launches": tr.n_launches, "child_runs": runs, "capacity_bytes": capacity,
            "policies": {}}
     from pagecast.predict.model_io import load_model
-    from pagecast.replay.plan import plan_io
     from pagecast.replay.policies import POLICIES as REGISTRY
     from pagecast.replay.sim.sweep import make_plan, make_truth_plan
 
@@ -255,12 +254,12 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
     for policy in PLANNED:   # each made as `pagecast replay --backend gpu` makes it at start (commands.gpu_planner)
         t0 = time.perf_counter()
         if REGISTRY[policy].places == "truth":
-            table, manifest = make_truth_plan(REGISTRY[policy], tr, capacity=capacity)
+            plan = make_truth_plan(REGISTRY[policy], tr, capacity=capacity)
         else:
-            table, manifest = make_plan(load_model(model_path), tr, capacity=capacity, model_path=str(model_path))
-        plans[policy] = plan_io.write_plan(tmp / f"{name}.{policy}.plan", table, manifest, force=True)
+            plan = make_plan(load_model(model_path), tr, capacity=capacity, model_path=str(model_path))
+        plans[policy] = plan.save(tmp / f"{name}.{policy}.plan", force=True)
         out[f"{policy}_plan_s"] = time.perf_counter() - t0
-        out[f"{policy}_plan_rows"] = table.num_rows
+        out[f"{policy}_plan_rows"] = plan.table.num_rows
     for policy in POLICIES:
         paths = [p for p in PATHS if p != "planned" or policy in PLANNED]
         times: dict[str, list[float]] = {p: [] for p in paths}

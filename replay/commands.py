@@ -142,9 +142,9 @@ class PlanCommand(Command):
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
                         span=args.span, oversub_of=args.oversub_of, placement=args.placement)
         with console.progress("planning", None):
-            table, manifest = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg,
-                                        model_path=str(args.model))
-        plan_io.write_plan(out, table, manifest, force=args.force)
+            plan = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg, model_path=str(args.model))
+        plan.save(out, force=args.force)
+        table, manifest = plan.table, plan.manifest
         if args.json:
             console.emit_json(manifest)
         else:
@@ -249,7 +249,6 @@ def gpu_planner(req):
         from pagecast.trace import LAZY_TABLES, read_trace
         from pagecast.units import format_size
 
-        from .plan import plan_io
         from .sim.sweep import SimConfig, make_plan, make_truth_plan
 
         pol = POLICIES[policy]
@@ -261,15 +260,14 @@ def gpu_planner(req):
         return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
         with console.progress(f"planning {policy} at {format_size(capacity)}", None):
             if pol.places == "truth":
-                table, manifest = make_truth_plan(pol, trace, capacity=capacity, config=cfg)
+                plan = make_truth_plan(pol, trace, capacity=capacity, config=cfg)
             else:
                 if trace.manifest.get("argument_bytes") is False:   # nothing to predict from (as pagecast plan)
                     return None
                 if "model" not in loaded:
                     loaded["model"] = load_model(req.model)
-                table, manifest = make_plan(loaded["model"], trace, capacity=capacity, config=cfg,
-                                            model_path=str(req.model))
-        return plan_io.write_plan(directory, table, manifest)
+                plan = make_plan(loaded["model"], trace, capacity=capacity, config=cfg, model_path=str(req.model))
+        return plan.save(directory)
 
     return plan_at
 

@@ -78,8 +78,8 @@ def jacobi():
     from pagecast.replay.sim.sweep import make_plan
 
     tr = T.read_trace(TRACE)
-    table, _ = make_plan(fit_model([tr]), tr, capacity=managed_bytes(tr) // 2)
-    return tr, schedule_from_plan(table, tr, Relocator(tr))
+    plan = make_plan(fit_model([tr]), tr, capacity=managed_bytes(tr) // 2)
+    return tr, schedule_from_plan(plan.table, plan.launches, tr, Relocator(tr))
 
 
 def first_seen(tr) -> dict[int, int]:
@@ -213,7 +213,6 @@ def test_the_child_carries_out_a_plan_file(tmp_path, monkeypatch, jacobi):
     from pagecast.predict.fit import fit_model
     from pagecast.predict.model_io import save_model
     from pagecast.replay.gpu import child as C
-    from pagecast.replay.plan import plan_io
     from pagecast.replay.request import ReplayRequest
     from pagecast.replay.sim.sweep import make_plan
     from cuda_standin import FakeHook, FakeMonitor
@@ -223,8 +222,8 @@ def test_the_child_carries_out_a_plan_file(tmp_path, monkeypatch, jacobi):
     cap = managed_bytes(tr) // 2
     model = fit_model([tr])
     save_model(model, tmp_path / "m.json", force=True)
-    table, manifest = make_plan(model, tr, capacity=cap)
-    plan_io.write_plan(tmp_path / "p.plan", table, manifest)
+    plan = make_plan(model, tr, capacity=cap)
+    plan.save(tmp_path / "p.plan")
     outs = []
     for lookahead in (True, False):
         f = FakeCuda()
@@ -240,7 +239,7 @@ def test_the_child_carries_out_a_plan_file(tmp_path, monkeypatch, jacobi):
         outs.append((f, out))
     (f, out), (_, off) = outs
     assert out["planned"] and not off["planned"]
-    sched = schedule_from_plan(table, tr, Relocator(tr))
+    sched = schedule_from_plan(plan.table, plan.launches, tr, Relocator(tr))
     issued = Counter((x[1] - SHIFT, x[2]) for x in f.log if x[0] == "gpu")
     assert issued and issued <= Counter(tuple(r) for r in sched.pf.tolist())
     assert not any(x[0] == "gpu" and x[3] == 77 for x in f.log)

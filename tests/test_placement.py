@@ -163,10 +163,9 @@ def _plan(tmp_path, tr, **cfg):
     """`pagecast plan`'s plan for `tr` from a model fitted on its truth, written to tmp_path/p.plan."""
     from pagecast.predict.fit import fit_model
     from pagecast.predict.truth_obs import truth_observations
-    from pagecast.replay.plan import plan_io
     from pagecast.replay.sim.sweep import make_plan
-    table, manifest = make_plan(fit_model([truth_observations(tr)]), tr, capacity=64 * MiB, config=SimConfig(**cfg))
-    return plan_io.write_plan(tmp_path / "p.plan", table, manifest, force=True), manifest
+    plan = make_plan(fit_model([truth_observations(tr)]), tr, capacity=64 * MiB, config=SimConfig(**cfg))
+    return plan.save(tmp_path / "p.plan", force=True), plan.manifest
 
 
 def test_a_plan_carries_its_host_placement_and_replay_follows_it(tmp_path):

@@ -757,14 +757,13 @@ def fitted(tmp_path_factory):
 @pytest.mark.parametrize("name", ["jacobi2d", "spmv-cg", "cnn-infer", "llm-decode"])
 @pytest.mark.parametrize("oversub,tree", [(1.3, True), (2.0, False), (3.0, True)])
 def test_plan_file_replays_as_template_on_the_fly(fitted, tmp_path, name, oversub, tree):
-    from pagecast.replay.plan import plan_io
     from pagecast.replay.sim.sweep import make_plan
     model, path, tr = fitted[name]
     # one case forces the allocation span (--span), so that plans on all three spans are covered
     forced = name == "jacobi2d" and oversub >= 3
     cfg = SimConfig(driver_prefetch=tree, span="allocation" if forced else "auto")
-    table, man = make_plan(model, tr, oversub=oversub, config=cfg, model_path=str(path))
-    plan = plan_io.write_plan(tmp_path / "p.plan", table, man)
+    made = make_plan(model, tr, oversub=oversub, config=cfg, model_path=str(path))
+    plan, man = made.save(tmp_path / "p.plan"), made.manifest
     cap = [man["capacity_bytes"]]
     a, tla = replay_sim([tr], ["demand", "template", "oracle"], capacity=cap, config=cfg, plan_path=str(plan))
     b, tlb = replay_sim([tr], ["demand", "template", "oracle"], capacity=cap, config=cfg, model=model,

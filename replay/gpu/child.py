@@ -281,7 +281,7 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
                 plan = read_plan(req.plan, trace)
                 if capacity is not None and plan.capacity_bytes != capacity:
                     warns(f"the plan was made for a capacity of {plan.capacity_bytes} bytes, this run has {capacity}")
-                planned = PlannedCalls(schedule_from_plan(plan.table, trace, relocator), relocator,
+                planned = PlannedCalls(schedule_from_plan(plan.table, plan.launches, trace, relocator), relocator,
                                        dead=dead_of(relocator, trace, req.discard_unfreed))
             elif req.lookahead:   # planned policies see the trace's launches ahead (online/lookahead.py),
                 # as far as the cost profile's per-call cost and bandwidth say (--costs: a calibrated one)

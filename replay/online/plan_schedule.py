@@ -4,7 +4,9 @@ A planned run (`pagecast plan`'s plan.parquet, or the plan a replay makes at sta
 and the trace: template's) already says, launch by launch, which byte ranges go to the host and
 which come to the GPU, in need order. `PlanSchedule` lays those rows out in arrays once, so that the
 per-launch work of a runner is a lookup (`at`) and the calls; the GPU runner and the simulator's
-`runner` policy (replay/policies/runner.py) read the same object.
+`runner` policy (replay/policies/runner.py) read the same object, made by one function
+(online/planned.schedule_from_plan) from a plan's rows and its lookahead per launch (`wait_prev`,
+`waits_for`, `gate_bytes` as the planner derived them: docs/plan-format.md).
 
 Per launch l (`PlannedLaunch`):
 - issued at the callback of launch l - 1 (`ISSUE_AHEAD` launches before it: the copies run while

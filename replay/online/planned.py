@@ -18,9 +18,15 @@ ranges moved into this run's addresses by their allocations' deltas (the trace's
   waits, and the whole group's (`GROUP`), which covers the early ranges of later launches (the
   copy stream is in order: a launch's own event comes after every earlier group's).
 
-`schedule_from_plan` makes the schedule from a plan file's rows (`pagecast plan`): the trace's
-allocation boundaries as its cuts, `waits_for` from the rows' `needed_by`, and `wait_prev` where a
-launch's evictions overlap the trace's footprint of the launch before.
+`schedule_from_plan` makes the schedule from a plan's two tables, its rows (plan.parquet) and its
+lookahead per launch (launches.parquet: `wait_prev`, `waits_for`, `gate_bytes` as the planner
+derived them), with the trace's allocation boundaries as its cuts. It is the one construction: the
+GPU runner's child calls it on the plan file it is given (`pagecast plan`, or the plan the replay
+makes at start), the simulator's `runner` on the same two tables made from its planner's plan
+(plan/plan_rows.py, what `pagecast plan` writes). A plan written without its lookahead gets it
+derived here, from its rows and the trace: `waits_for` from the rows' `needed_by` (a merged row
+names its first need only), `wait_prev` where a launch's evictions overlap the trace's footprint of
+the launch before, no index-value bytes.
 """
 
 from __future__ import annotations
@@ -138,9 +144,10 @@ class PlannedCalls:
         return out
 
 
-def schedule_from_plan(table, trace, relocator: Relocator) -> PlanSchedule:
-    """A plan file's rows (plan_io's SCHEMA, sorted by launch and order) as a `PlanSchedule` for
-    `trace` (the module doc)."""
+def schedule_from_plan(table, launches, trace, relocator: Relocator | None = None) -> PlanSchedule:
+    """A plan's rows (plan_io's SCHEMA, sorted by launch and order) and lookahead per launch
+    (plan_io's LAUNCH_SCHEMA; None: a plan without it, derived from the rows and the trace, with
+    `relocator`'s footprints of it when given) as a `PlanSchedule` for `trace` (the module doc)."""
     n = trace.n_launches
     lid = np.asarray(table.column("launch_id").to_numpy(), I64)
     ev = np.asarray(table.column("action").to_numpy(zero_copy_only=False) == "evict", bool)
@@ -148,6 +155,27 @@ def schedule_from_plan(table, trace, relocator: Relocator) -> PlanSchedule:
     nb = np.asarray(table.column("bytes").to_numpy(), I64)
     need = np.asarray(table.column("needed_by").to_numpy(), I64)
     after = np.asarray(table.column("after_launch").to_numpy(), I64)
+    if launches is not None:
+        at = np.asarray(launches.column("launch_id").to_numpy(), I64)
+        wait_prev = np.zeros(n, bool)
+        wait_prev[at] = launches.column("wait_prev").to_numpy(zero_copy_only=False)
+        waits_for = np.full(n, -1, I64)
+        waits_for[at] = launches.column("waits_for").to_numpy()
+        gate_bytes = np.zeros(n, I64)
+        gate_bytes[at] = launches.column("gate_bytes").to_numpy()
+    else:
+        wait_prev, waits_for = _derived(n, lid, ev, addr, nb, need, relocator or Relocator(trace))
+        gate_bytes = None
+    al = trace.allocations
+    a = np.asarray(al.column(T.ADDRESS).to_numpy(), np.uint64).astype(I64) if al.num_rows else np.zeros(0, I64)
+    b = a + np.asarray(al.column(T.BYTES).to_numpy(), I64) if al.num_rows else a
+    cuts = np.unique(np.concatenate([a, b])) if len(a) else None
+    return PlanSchedule(n, lid, ev, addr, nb, need, after, wait_prev=wait_prev, waits_for=waits_for,
+                        gate_bytes=gate_bytes, cuts=cuts)
+
+
+def _derived(n, lid, ev, addr, nb, need, relocator: Relocator) -> tuple[np.ndarray, np.ndarray]:
+    """(wait_prev, waits_for) of a plan without its lookahead, from its rows and the trace."""
     # the latest earlier group holding a range each launch needs
     waits_for = np.full(n, -1, I64)
     early = ~ev & (need > lid) & (need < n)
@@ -164,8 +192,4 @@ def schedule_from_plan(table, trace, relocator: Relocator) -> PlanSchedule:
             int(np.searchsorted(st[lo:hi], addr[i] + nb[i] - 1, side="right"))
         if k and int(en[lo:hi][:k].max()) > int(addr[i]):
             wait_prev[lid[i]] = True
-    al = trace.allocations
-    a = np.asarray(al.column(T.ADDRESS).to_numpy(), np.uint64).astype(I64) if al.num_rows else np.zeros(0, I64)
-    b = a + np.asarray(al.column(T.BYTES).to_numpy(), I64) if al.num_rows else a
-    cuts = np.unique(np.concatenate([a, b])) if len(a) else None
-    return PlanSchedule(n, lid, ev, addr, nb, need, after, wait_prev=wait_prev, waits_for=waits_for, cuts=cuts)
+    return wait_prev, waits_for

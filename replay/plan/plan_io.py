@@ -12,6 +12,20 @@ plan.parquet, one row per transfer, in the order a runner issues them:
 | needed_by | int64 | for a prefetch, the launch that first needs it (>= launch_id); for an evict, -1 |
 | after_launch | int64 | for a prefetch of pages that index values chose, the launch that writes those values: the transfer starts only once that launch has ended and the values are read (< launch_id); else -1 (a plan without the column: -1) |
 
+launches.parquet (optional), the plan's lookahead per launch, as its planner derived it: one row per
+launch that has any of these set (a launch not listed has none of them), sorted by launch_id:
+
+| column | type | meaning |
+|---|---|---|
+| launch_id | int64 | the launch |
+| wait_prev | bool | its evictions take data the launch before uses: they start once that launch has ended |
+| waits_for | int64 | the latest earlier launch whose transfers hold data this one needs (-1: none; < launch_id) |
+| gate_bytes | int64 | bytes of index values copied to the host before its value-chosen prefetches start (>= 0) |
+
+A runner reads both files through one function (online/planned.schedule_from_plan). A plan written
+before launches.parquet existed lacks it: that function derives the lookahead from the rows and
+the trace (docs/plan-format.md).
+
 manifest.json: format `pagecast-plan`, version, the model (path), the trace
 (path, `Trace.launch_fingerprint()`, launches), capacity_bytes, page_size,
 granularity, the span the planner chose (`unit`: the predicted units; `block`: widened
@@ -49,6 +63,7 @@ FORMAT = "pagecast-plan"
 VERSION = 1
 MANIFEST = "manifest.json"
 TABLE = "plan.parquet"
+LAUNCHES = "launches.parquet"   # optional: the lookahead per launch (the module doc)
 PREFETCH, EVICT = "prefetch", "evict"
 ACTIONS = (PREFETCH, EVICT)
 SPANS = ("unit", "block", "fitted", "allocation")   # what the planner widened the predictions to (plan/spans.py)
@@ -61,6 +76,9 @@ SCHEMA = pa.schema([
     (ORDER, pa.int64()), (NEEDED_BY, pa.int64()), (AFTER_LAUNCH, pa.int64()),
 ])
 OPTIONAL = {AFTER_LAUNCH: -1}   # columns a plan written before them lacks, and what they then hold
+WAIT_PREV, WAITS_FOR, GATE_BYTES = "wait_prev", "waits_for", "gate_bytes"
+LAUNCH_SCHEMA = pa.schema([(LAUNCH_ID, pa.int64()), (WAIT_PREV, pa.bool_()), (WAITS_FOR, pa.int64()),
+                           (GATE_BYTES, pa.int64())])
 
 
 @dataclass
@@ -68,6 +86,11 @@ class Plan:
     table: pa.Table     # SCHEMA, sorted by (launch_id, order)
     manifest: dict
     path: Path | None = None
+    launches: pa.Table | None = None   # LAUNCH_SCHEMA (launches.parquet); None: a plan written without it
+
+    def save(self, path: str | Path, force: bool = False) -> Path:
+        """Write this plan (its rows, lookahead and manifest) as a plan directory (write_plan)."""
+        return write_plan(path, self.table, self.manifest, force=force, launches=self.launches)
 
     @property
     def capacity_bytes(self) -> int:
@@ -102,8 +125,10 @@ def new_manifest(*, trace, capacity_bytes: int, granularity: int, model: str | N
     return m
 
 
-def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: bool = False) -> Path:
-    """Write a plan directory (refuses an existing output without force)."""
+def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: bool = False,
+               launches: pa.Table | None = None) -> Path:
+    """Write a plan directory (refuses an existing output without force); `launches`: the plan's
+    lookahead per launch (LAUNCH_SCHEMA: launches.parquet; None: not written)."""
     path = Path(path)
     t = table if isinstance(table, pa.Table) else pa.table(table)
     arrays = []
@@ -122,6 +147,9 @@ def write_plan(path: str | Path, table: pa.Table | dict, manifest: dict, force: 
     manifest["rows"] = int(t.num_rows)
     with Output(path, force=force, directory=True, owned=_owned_plan_dir) as o:
         pq.write_table(t, o.tmp / TABLE, compression="zstd")
+        if launches is not None:
+            pq.write_table(launches.select(LAUNCH_SCHEMA.names).cast(LAUNCH_SCHEMA), o.tmp / LAUNCHES,
+                           compression="zstd")
         write_json_atomic(o.tmp / MANIFEST, manifest)
     return path
 
@@ -130,7 +158,7 @@ def _owned_plan_dir(path: Path) -> bool:
     """Whether --force may replace directory `path`: a plan, or what an interrupted `plan` of an
     earlier pagecast left (its table and manifest file names only)."""
     try:
-        return is_plan(path) or {e.name for e in path.iterdir()} <= {TABLE, MANIFEST, f".{MANIFEST}.tmp"}
+        return is_plan(path) or {e.name for e in path.iterdir()} <= {TABLE, LAUNCHES, MANIFEST, f".{MANIFEST}.tmp"}
     except OSError:
         return False
 
@@ -237,7 +265,40 @@ def read_plan(path: str | Path, trace=None) -> Plan:
         order = np.lexsort((t.column(ORDER).to_numpy(), lid))
         if not np.array_equal(order, np.arange(len(order))):
             t = t.take(pa.array(order))
-    return Plan(t, m, path)
+    return Plan(t, m, path, _read_launches(path / LAUNCHES, n))
+
+
+def _read_launches(lpath: Path, n: int) -> pa.Table | None:
+    """launches.parquet, checked (PlanError, one line); None where the plan has none."""
+    if not lpath.exists():
+        return None
+    try:
+        t = pq.read_table(lpath)
+    except Exception as e:
+        raise PlanError(f"{lpath}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    for f in LAUNCH_SCHEMA:
+        if f.name not in t.column_names:
+            raise PlanError(f"{lpath}: column {f.name!r} is missing")
+        if t.column(f.name).null_count:
+            raise PlanError(f"{lpath}: column {f.name!r} has {t.column(f.name).null_count} null values;"
+                            " it may not be null")
+    try:
+        t = pa.Table.from_arrays([t.column(f.name).cast(f.type) for f in LAUNCH_SCHEMA], schema=LAUNCH_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise PlanError(f"{lpath}: {str(e).splitlines()[0]}") from None
+    lid = t.column(LAUNCH_ID).to_numpy()
+    if len(lid) and (lid.min() < 0 or lid.max() >= n):
+        raise PlanError(f"{lpath}: launch_id outside 0..{n - 1}")
+    if (np.diff(lid) <= 0).any():
+        raise PlanError(f"{lpath}: launch_id must be sorted, each launch once")
+    wf = t.column(WAITS_FOR).to_numpy()
+    if ((wf < -1) | (wf >= lid)).any():
+        k = int(np.argmax((wf < -1) | (wf >= lid)))
+        raise PlanError(f"{lpath}: row {k}: waits_for {wf[k]} is not an earlier launch than its launch_id"
+                        f" {lid[k]} (nor -1)")
+    if (t.column(GATE_BYTES).to_numpy() < 0).any():
+        raise PlanError(f"{lpath}: column 'gate_bytes' must be >= 0")
+    return t
 
 
 def check_plan_capacity(plan: Plan, plan_path, caps: list[tuple[int, float | None]], by_oversub: bool) -> None:

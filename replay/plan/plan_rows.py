@@ -1,9 +1,12 @@
 """Plans and plan files: a plan's `Groups` as plan.parquet rows, and plan rows back as `Groups`.
 
 `groups_to_table` is what `pagecast plan` writes (merging runs of consecutive
-units into one transfer); `groups_from_plan` is how the simulator replays a
-plan file (`replay --plan`), deriving what the file does not say from the
-predictions the plan was made on, when its model can be read.
+units into one transfer), `launches_table` its lookahead per launch (launches.parquet:
+what the planner derived, which the rows alone do not say); `groups_from_plan` is how the
+simulator replays a plan file (`replay --plan`), reading the lookahead where the file has it
+and otherwise deriving it from the predictions the plan was made on, when its model can be read.
+The simulator's `runner` and the GPU runner lay a plan out from these same two tables
+(online/planned.schedule_from_plan).
 """
 
 from __future__ import annotations
@@ -70,6 +73,22 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
                     schema=plan_io.SCHEMA)
 
 
+def launches_table(g: Groups, w: Workload) -> pa.Table:
+    """A plan's lookahead per launch (plan_io.LAUNCH_SCHEMA, single task), as its planner derived
+    it: the groups whose evictions wait for the launch before (`wait_prev`), the latest earlier
+    group each waits for (`need_group`), the index-value bytes copied before its gated prefetches
+    (`gate_bytes`); only the launches with one of them set."""
+    n = w.n_steps
+    wait_prev = np.asarray(g.wait_prev, bool)
+    waits_for = np.asarray(g.need_group, I64)
+    gate_bytes = np.asarray(g.gate_bytes, I64) if g.gate_bytes is not None else np.zeros(n, I64)
+    keep = np.flatnonzero(wait_prev | (waits_for >= 0) | (gate_bytes > 0))
+    launch = w.step_launch
+    return pa.table({plan_io.LAUNCH_ID: np.asarray(launch[keep], I64), plan_io.WAIT_PREV: wait_prev[keep],
+                     plan_io.WAITS_FOR: np.where(waits_for[keep] >= 0, launch[np.maximum(waits_for[keep], 0)], -1),
+                     plan_io.GATE_BYTES: gate_bytes[keep]}, schema=plan_io.LAUNCH_SCHEMA)
+
+
 def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
     """A plan's rows -> Groups over the (single-task) workload's steps.
 
@@ -79,7 +98,8 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
     prefetches, every launch that waits for it (its `needed_by` is the first):
     both are derived from `needs` as the planner derived them, so the plan
     replays as template planned on the fly does. Without them: the launch
-    before's true footprint, and each row's `needed_by`."""
+    before's true footprint, and each row's `needed_by`. A plan with its lookahead
+    (launches.parquet) is read as written: the planner's own."""
     cols = plan.columns()
     n = w.n_steps
     gran = w.gran
@@ -117,6 +137,16 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
     g.need_now = out["pf"][2].astype(I64)
     g.pf_after = out["pf"][3]
     g.gate = gate_of(g.pf_ptr, g.pf_after)
+    if plan.launches is not None:   # the lookahead as the planner derived it (launches.parquet)
+        lt = plan.launches
+        step = w.step_of(0, lt.column(plan_io.LAUNCH_ID).to_numpy())
+        wf = lt.column(plan_io.WAITS_FOR).to_numpy()
+        g.wait_prev = np.zeros(n, np.uint8)
+        g.wait_prev[step] = lt.column(plan_io.WAIT_PREV).to_numpy(zero_copy_only=False)
+        g.need_group = np.full(n, -1, I64)
+        g.need_group[step] = np.where(wf >= 0, w.step_of(0, np.maximum(wf, 0)), -1)
+        g.gate_bytes[step] = lt.column(plan_io.GATE_BYTES).to_numpy()
+        return g
     if needs is not None and needs.value_bytes is not None:
         # one copy per launch whose values a group's prefetches wait for (as the planner counts them)
         pf_step = np.repeat(np.arange(n, dtype=I64), np.diff(g.pf_ptr))

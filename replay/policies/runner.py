@@ -7,7 +7,9 @@ runner, in two modes:
 
 Given a plan (the default, `PLANNED`; template's: the replay's `--plan` file, or the plan the replay
 makes at start from the model and the trace), the runner carries it out ahead of the kernels:
-`online.plan_schedule.PlanSchedule` lays the plan's transfers out per launch once, at start (runs
+`online.plan_schedule.PlanSchedule` lays the plan's transfers out per launch once, at start, made
+as the GPU runner makes it (`online.planned.schedule_from_plan`, from the two tables `pagecast plan`
+writes of the plan: its rows and its lookahead per launch; docs/plan-format.md) (runs
 of consecutive units as byte ranges, the launch's own apart from those for later launches, cut at
 the trace's allocation boundaries), and each launch's group is issued at the callback of the launch
 before, on the runner's copy stream: evictions as the plan has them (where they take the launch
@@ -55,7 +57,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagecast import trace as T
 from pagecast import values as V
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
@@ -63,10 +64,12 @@ from pagecast.errors import UsageError
 from ..online.decide import LaunchDecider
 from ..online.lookahead import lookahead_for
 from ..online.plan_schedule import PlanSchedule
+from ..online.planned import schedule_from_plan
 from ..online.prediction import default_fallback, make_online_predict
 from ..online.ranges import Allocation, AllocationMap
 from ..online.relocate import Relocator
 from ..plan.groups import Groups
+from ..plan.plan_rows import groups_to_table, launches_table
 from ..unit_space import I64, Workload
 from .base import Context, Policy
 from .template import Template
@@ -224,11 +227,23 @@ class Runner(Policy):
         if g.n_steps != w.n_steps:
             raise UsageError("policy runner: the plan's launches are not the trace's")
         ctx.state.pop("trial_run", None)   # the runner's run is its own (its calls), not the trial's
-        self.schedule = schedule_of(g, w, trace)
+        table, launches = self._plan_tables(g, ctx)
+        # laid out as the GPU runner lays out the same plan written to a file (one construction; a
+        # plan file without its lookahead has it derived there from the trace, as the child does)
+        self.schedule = schedule_from_plan(table, launches, trace)
         self.prefetch_bytes = int(self.schedule.pf[:, 1].sum()) if len(self.schedule.pf) else 0
         out = groups_of(self.schedule, g, w)
         out.host_s = self.host_seconds(out.calls, ctx.profile)
         return out
+
+    def _plan_tables(self, g: Groups, ctx: Context):
+        """(rows, lookahead per launch) of the plan carried out: the plan file's where the planner
+        follows one (its lookahead None where the file has none), else the two tables `pagecast
+        plan` writes of the planner's plan `g` (plan/plan_rows.py, on the needs it was made on)."""
+        fixed = getattr(self.planner, "fixed_plan", None)
+        if fixed is not None:
+            return fixed.table, fixed.launches
+        return groups_to_table(g, ctx.state["plan_needs"], ctx.w), launches_table(g, ctx.w)
 
     def host_seconds(self, calls: np.ndarray, profile) -> np.ndarray | None:
         """Host seconds of each launch's callback: the base plus the per-call cost times the calls
@@ -299,35 +314,6 @@ class Runner(Policy):
         # launch), the launch's stream for its own units only: the first len(own) of the group
         gate = self._gate(t, step, rows)
         return (_units(w, self.to_host), np.concatenate([own, _units(w, ahead)]), bool(self.to_host), gate, len(own))
-
-
-def schedule_of(g: Groups, w: Workload, trace) -> PlanSchedule:
-    """A plan's groups (one task, a step per launch) as the runner's schedule: each group's entries
-    in runs of consecutive units (a plan file's rows), the launch's own apart from the early ones and
-    runs waiting for other launches' values apart, cut at the trace's allocation boundaries."""
-    n = w.n_steps
-    parts = []
-    for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
-        step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
-        if not len(units):
-            continue
-        addr, key = w.universe.address_ranges(0, units)
-        pos = np.arange(len(units), dtype=I64) - ptr[step]
-        own = np.zeros(len(units), bool) if is_ev else pos < g.need_now[step]
-        after = np.full(len(units), -1, I64) if is_ev else g.prefetch_after().astype(I64)
-        new = np.ones(len(units), bool)
-        new[1:] = ((step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1])
-                   | (after[1:] != after[:-1]))
-        idx = np.flatnonzero(new)
-        cnt = np.diff(np.append(idx, len(units)))
-        need = np.where(own[idx], step[idx], step[idx] + 1)   # own, or for a later launch
-        parts.append((step[idx], np.full(len(idx), is_ev), addr[idx], cnt * w.gran, need, after[idx]))
-    cols = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, I64) for i in range(6)]
-    al = trace.allocations
-    cuts = np.unique(np.concatenate([np.asarray(al.column(T.ADDRESS).to_numpy(), I64),
-                                     np.asarray(al.column(T.ADDRESS).to_numpy(), I64)
-                                     + np.asarray(al.column(T.BYTES).to_numpy(), I64)])) if al.num_rows else None
-    return PlanSchedule(n, *cols, wait_prev=g.wait_prev, waits_for=g.need_group, gate_bytes=g.gate_bytes, cuts=cuts)
 
 
 def groups_of(sched: PlanSchedule, g: Groups, w: Workload) -> Groups:

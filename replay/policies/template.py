@@ -53,6 +53,7 @@ class Template(Planned):
         self.fallback = fallback
         self.fixed_needs = None
         self.fixed_span = "unit"
+        self.fixed_plan = None   # the plan file `plan_groups_fixed` was read from (plan_io.Plan), if any
 
     @property
     def wants_misses(self) -> bool:  # type: ignore[override]

@@ -34,7 +34,7 @@ from ..placement import HostRanges, host_candidates, host_split
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
 from ..plan.alternatives import best_plan, value_alternatives
-from ..plan.plan_rows import groups_from_plan, groups_to_table, plan_footprints, plan_model_predictions
+from ..plan.plan_rows import groups_from_plan, groups_to_table, launches_table, plan_footprints, plan_model_predictions
 from ..plan.spans import PLAN_SPANS, choose_span, span_needs
 from ..policies import POLICIES, Template, add_relative, check_policies
 from ..policies.base import Options, ReplaySetup, plan_trial
@@ -202,7 +202,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             pneeds = None if plan_pred is None else span_needs(wt.gated_needs_from([plan_pred[0]], [plan_pred[1]]),
                                                                span, wt, max(plan.capacity_bytes // w.gran, 1), prof)
             tmpl = Template(plan_groups_fixed=groups_from_plan(plan, wt, pneeds), fallback=cfg.fallback)
-            tmpl.fixed_needs, tmpl.fixed_span = pneeds, span
+            tmpl.fixed_needs, tmpl.fixed_span, tmpl.fixed_plan = pneeds, span, plan
             if cfg.feedback:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
         else:
@@ -435,8 +435,9 @@ def _timeline(run: int, policy: str, cap: int, r: RunResult, w: Workload, kernel
 
 
 def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: float | None = None,
-              config: SimConfig | None = None, model_path: str | None = None) -> tuple[pa.Table, dict]:
-    """Belady plan on the model's predicted footprints -> (plan table, manifest)."""
+              config: SimConfig | None = None, model_path: str | None = None) -> plan_io.Plan:
+    """Belady plan on the model's predicted footprints -> the plan (its rows, lookahead per launch
+    and manifest; `Plan.save` writes it)."""
     cfg = config or SimConfig()
     prof = cfg.profile()
     predicted, gates = predicted_gated(model, trace, cfg.fallback)
@@ -462,6 +463,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
             if trial_s is not None and hplan[3] is not None and hplan[3] < trial_s:
                 (span, needs, g, trial_s), w, host = hplan, wh, cand
     table = groups_to_table(g, needs, w)
+    launches = launches_table(g, w)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=model_path,
                                     oversub=r, costs=prof.name, fallback=cfg.fallback, span=span,
                                     thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
@@ -469,16 +471,17 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
                                     evict_bytes=int(len(g.ev_unit) * w.gran))
     if len(host):
         manifest[plan_io.HOST_RANGES] = [[int(a), int(b)] for a, b in zip(host.start, host.end)]
-    return table, manifest
+    return plan_io.Plan(table, manifest, None, launches)
 
 
 def make_truth_plan(policy, trace: T.Trace, *, capacity: int, config: SimConfig | None = None
-                    ) -> tuple[pa.Table, dict]:
+                    ) -> plan_io.Plan:
     """The own plan of a planned policy that plans on the truth (`places == "truth"`: oracle,
     policies/oracle.py): Belady on the trace's true footprints, at the span (and with what is left
-    to faults) its trial runs find fastest, as the simulator's Planned.prefetch makes it -> (plan
-    table, manifest). Oracle's rivals' runs, the other half of the simulator's oracle, exist only
-    in a replay; this is the plan a runner that knows the footprints ahead can carry out."""
+    to faults) its trial runs find fastest, as the simulator's Planned.prefetch makes it -> the plan
+    (rows, lookahead per launch, manifest). Oracle's rivals' runs, the other half of the simulator's
+    oracle, exist only in a replay; this is the plan a runner that knows the footprints ahead can
+    carry out."""
     if not (policy.chooses_span and policy.places == "truth"):
         raise ValueError(f"policy {policy.name} does not plan on the true footprints")
     cfg = config or SimConfig()
@@ -499,7 +502,7 @@ def make_truth_plan(policy, trace: T.Trace, *, capacity: int, config: SimConfig 
                                     thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
                                     prefetch_bytes=int(len(g.pf_unit) * w.gran),
                                     evict_bytes=int(len(g.ev_unit) * w.gran))
-    return groups_to_table(g, needs, w), manifest
+    return plan_io.Plan(groups_to_table(g, needs, w), manifest, None, launches_table(g, w))
 
 
 def _template_plan(w: Workload, model, trace: T.Trace, predicted, gates, cu: int, prof: CostProfile, opts: Options,
