@@ -129,3 +129,21 @@ def test_a_damaged_lookahead_table_is_one_line(workloads, tmp_path, change, word
     with pytest.raises(PlanError, match=words) as e:
         plan_io.read_plan(path, tr)
     assert "\n" not in str(e.value)
+
+
+def test_template_replays_a_plan_as_planned_without_its_model(workloads, tmp_path):
+    """A plan whose model cannot be read (none named): with its lookahead, template replaying it
+    runs as template planning on the fly does; without it the waits are guessed from the trace and
+    the run differs (jacobi2d-1 at 150%)."""
+    model, tr = workloads["jacobi2d-1"]
+    plan = make_plan(model, tr, oversub=1.5)
+    assert plan.manifest["model"] is None
+    cap = [plan.capacity_bytes]
+
+    def time_of(**kw):
+        rows, _ = replay_sim([tr], ["template"], capacity=cap, timeline=False, **kw)
+        return rows[0]["time_s"]
+    fly = time_of(model=model)
+    assert time_of(plan_path=str(plan.save(tmp_path / "new.plan"))) == fly
+    old = plan_io.Plan(plan.table, plan.manifest).save(tmp_path / "old.plan")
+    assert time_of(plan_path=str(old)) != fly
