@@ -131,10 +131,13 @@ def test_the_planned_runner_carries_out_templates_plan(fitted, name):
 
 
 def test_the_planned_runners_host_cost_grows_with_its_calls(fitted):
-    """The planned runner's callback costs a base per launch plus a per-call cost times the calls its
-    group issues (runner option or the profile's host_call_s, the same charge): a launch that issues
-    more calls keeps the GPU waiting longer, and the run's clock grows with calls x host_call_s."""
+    """The planned runner's callback costs a base plus a per-call cost times the calls issued there
+    (runner option or the profile's host_call_s, the same charge), a quiet one (nothing issued or
+    waited on: online/callbacks.py) its own cost: a callback that issues more calls keeps the GPU
+    waiting longer, and the run's clock grows with calls x host_call_s."""
     import dataclasses
+
+    from pagecast.replay.online.callbacks import callback_work
 
     model, tr = fitted["jacobi2d"]
     prof = SimConfig().profile()
@@ -144,8 +147,10 @@ def test_the_planned_runners_host_cost_grows_with_its_calls(fitted):
     cap = w.universe.n_units // 3
     pol = Runner(model, call_s=1e-3)
     got = pol.prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
-    calls = np.asarray(got.calls, np.float64)
-    assert calls.sum() > 0 and np.array_equal(got.host_s, 1e-3 * calls)   # no base: the profile's 0
+    work = callback_work(pol.schedule)
+    calls = work.calls.astype(np.float64)   # per callback: the ranges issued there
+    assert calls.sum() == np.asarray(got.calls).sum() > 0
+    assert np.array_equal(got.host_s, 1e-3 * calls)   # no base: the profile's 0
     base = R.run_policy(w, Runner(model), cap, prof, P.Options())
     per_call = R.run_policy(w, Runner(model, call_s=1e-3), cap, prof, P.Options())
     assert per_call.end[-1] >= calls.sum() * 1e-3 > base.end[-1]
@@ -160,7 +165,15 @@ def test_the_planned_runners_host_cost_grows_with_its_calls(fitted):
     # base + per call
     both = Runner(model, callback_s=5e-4, call_s=1e-3).prefetch(
         R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
-    assert np.allclose(both.host_s, 5e-4 + 1e-3 * calls)
+    assert np.allclose(both.host_s, 5e-4 + 1e-3 * calls)   # a quiet callback: the base, where none is given
+    # a quiet callback's own cost (option or the profile's host_quiet_s, the same charge)
+    assert 0 < work.quiet.sum() < len(calls)
+    quiet = Runner(model, callback_s=5e-4, call_s=1e-3, quiet_s=1e-5).prefetch(
+        R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    assert np.allclose(quiet.host_s, np.where(work.quiet, 1e-5, 5e-4 + 1e-3 * calls))
+    prof_q = dataclasses.replace(prof, host_launch_s=5e-4, host_call_s=1e-3, host_quiet_s=1e-5)
+    assert np.allclose(Runner(model).prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap),
+                                                            profile=prof_q)).host_s, quiet.host_s)
 
 
 def test_runner_needs_a_model_and_one_trace(fitted):

@@ -19,9 +19,15 @@ the whole copy stream. Ranges whose pages index
 values chose go once the launch that wrote the values has ended and the values are copied (the
 plan's gates): nothing is prefetched before its values exist. The simulator moves the units of those
 ranges (the groups `prefetch` returns) and charges each range one call (`Groups.calls`: the profile's
-`transfer_latency_s`), and the callback's host time per launch: a base (the lookup, the event
-record, the stream wait: `callback_s`, `CALLBACK_S`, else the profile's `host_launch_s`) plus a
-per-call cost times the calls its group issues (`call_s`, `CALL_S`, else the profile's `host_call_s`).
+`transfer_latency_s`), and each launch's callback its host time, as the GPU engine spends it
+(online/callbacks.py's rule): a quiet one (nothing issued, nothing to wait for: the engine counts the
+launch and returns) `quiet_s` (`QUIET_S`, else the profile's `host_quiet_s`, else the base), the others
+a base (the lookup, the event record, the stream wait: `callback_s`, `CALLBACK_S`, else the profile's
+`host_launch_s`) plus a per-call cost times the calls issued there (`call_s`, `CALL_S`, else the
+profile's `host_call_s`). The host runs the callbacks asynchronously to the GPU (CUDA's launches
+return before their kernels run), at most `host_ahead` launches ahead (`HOST_AHEAD`; 0: no bound):
+the clock (sim/timing.py) delays a kernel only where its callback had not ended by the time the GPU
+could start it.
 
 Unplanned (`planned=False`): one launch at a time. The runner predicts the launch's footprint,
 prefetches what its residency estimate says is missing and, to emulate a capacity, evicts 2 MiB
@@ -61,6 +67,7 @@ from pagecast import values as V
 from pagecast.collect.launch_hook import LaunchArgs
 from pagecast.errors import UsageError
 
+from ..online.callbacks import CallbackWork, callback_work
 from ..online.decide import LaunchDecider
 from ..online.lookahead import lookahead_for
 from ..online.plan_schedule import PlanSchedule
@@ -88,6 +95,10 @@ PLANNED = True
 # benchmarks/bench_child_callback.py fits both on the child's own path (docs/performance.md)
 CALLBACK_S: float | None = None
 CALL_S: float | None = None
+# host seconds of a quiet callback (nothing issued or waited on; None: the profile's host_quiet_s, else
+# the base), and how many launches the host may run ahead of the GPU (0: no bound; sim/timing.py)
+QUIET_S: float | None = None
+HOST_AHEAD = 0
 
 
 class TraceAllocations:
@@ -152,7 +163,8 @@ class Runner(Policy):
     def __init__(self, model=None, fallback: str | None = None, policy: Policy | None = None,
                  values: bool = True, lookahead: bool | None = None, planned: bool | None = None,
                  planner: Template | None = None, callback_s: float | None = None,
-                 call_s: float | None = None) -> None:
+                 call_s: float | None = None, quiet_s: float | None = None,
+                 host_ahead: int | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
         as a runner that reads none; one launch at a time only: a plan has its own); `lookahead`: the runner's lookahead for planned runs
@@ -162,9 +174,14 @@ class Runner(Policy):
         template: from the model, or a plan file) or from `model`; only for policy template;
         `callback_s`: host seconds of its launch callback's base, charged to its runs (None:
         `CALLBACK_S`, else the profile's `host_launch_s`); `call_s`: host seconds each call it
-        issues there adds (None: `CALL_S`, else the profile's `host_call_s`)."""
+        issues there adds (None: `CALL_S`, else the profile's `host_call_s`); `quiet_s`: host seconds
+        of a callback with nothing due (None: `QUIET_S`, else the profile's `host_quiet_s`, else the
+        base); `host_ahead`: launches the host may run ahead of the GPU (None: `HOST_AHEAD`; 0: no
+        bound)."""
         self.callback_s = CALLBACK_S if callback_s is None else callback_s
         self.call_s = CALL_S if call_s is None else call_s
+        self.quiet_s = QUIET_S if quiet_s is None else quiet_s
+        self.host_ahead = HOST_AHEAD if host_ahead is None else int(host_ahead)
         self.planned = (PLANNED if planned is None else planned) and (policy is None or isinstance(policy, Template))
         self.planner = planner if planner is not None else (Template(model) if model is not None else None)
         self.schedule: PlanSchedule | None = None
@@ -233,7 +250,8 @@ class Runner(Policy):
         self.schedule = schedule_from_plan(table, launches, trace)
         self.prefetch_bytes = int(self.schedule.pf[:, 1].sum()) if len(self.schedule.pf) else 0
         out = groups_of(self.schedule, g, w)
-        out.host_s = self.host_seconds(out.calls, ctx.profile)
+        out.host_s = self.host_seconds(callback_work(self.schedule), ctx.profile)
+        out.host_ahead = self.host_ahead
         return out
 
     def _plan_tables(self, g: Groups, ctx: Context):
@@ -245,15 +263,16 @@ class Runner(Policy):
             return fixed.table, fixed.launches
         return groups_to_table(g, ctx.state["plan_needs"], ctx.w), launches_table(g, ctx.w)
 
-    def host_seconds(self, calls: np.ndarray, profile) -> np.ndarray | None:
-        """Host seconds of each launch's callback: the base plus the per-call cost times the calls
-        the launch issues (None where both are 0: the profile's `host_launch_s`, charged to every run,
-        is all)."""
+    def host_seconds(self, work: CallbackWork, profile) -> np.ndarray | None:
+        """Host seconds of each launch's callback (online/callbacks.py's `work`): a quiet one the quiet
+        cost, the others the base plus the per-call cost times the calls issued there (None where all
+        are 0: the profile's `host_launch_s`, charged to every run, is all)."""
         base = self.callback_s if self.callback_s is not None else float(getattr(profile, "host_launch_s", 0.0) or 0.0)
         per_call = self.call_s if self.call_s is not None else float(getattr(profile, "host_call_s", 0.0) or 0.0)
-        if not base and not per_call:
+        quiet = self.quiet_s if self.quiet_s is not None else float(getattr(profile, "host_quiet_s", 0.0) or 0.0) or base
+        if not base and not per_call and not quiet:
             return None
-        return float(base) + float(per_call) * np.asarray(calls, np.float64)
+        return np.where(work.quiet, float(quiet), float(base) + float(per_call) * work.calls.astype(np.float64))
 
     def _values_for(self, t: int):
         """(values(address, nbytes) for launch t's predictor, the rows it read): the trace's rows
