@@ -27,13 +27,18 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
 - `planned` (template and oracle): a plan file (made here at the same capacity with the simulator's
   planners as the GPU replay makes them at start: template's `sim.sweep.make_plan`, `pagecast plan`'s;
   oracle's `make_truth_plan`, on the true footprints) given to the child (`--plan`): the engine carries out
-  its `PlanSchedule` (online/planned.py), a lookup per callback and the calls, no decision.
+  its `PlanSchedule` (online/planned.py), a lookup per callback and the calls, no decision; its quiet
+  launches (nothing due: counted and returned) and the stream waits already covered left out;
+- `planned-before`: the same with `cuda_engine.QUIET = False`: every launch through the full path and
+  every wait issued, the engine before quiet launches.
 
-Figures: median, mean and p99 us per launch. On the planned path, also the calls each launch
-issued (`BenchCuda.calls`: the prefetches to the GPU and to the host) and the host time fitted as
-base + per call x calls, by least squares over every launch and by a line through the medians per
-call count (weighted by their launches): what the simulator's runner charges per launch
-(`runner.CALLBACK_S` / `CALL_S`, the profile's `host_launch_s` / `host_call_s`).
+Figures: median, mean and p99 us per launch. On the planned paths, also the calls each launch
+issued (`BenchCuda.calls`: the prefetches to the GPU and to the host) and its events (`BenchCuda.events`:
+records and stream waits): the launches with neither (nothing due) apart, their median what the
+simulator's runner charges a quiet callback (`runner.QUIET_S`, the profile's `host_quiet_s`), and the
+others' host time fitted as base + per call x calls, by least squares and by a line through the
+medians per call count (weighted by their launches): what it charges the others (`runner.CALLBACK_S` /
+`CALL_S`, the profile's `host_launch_s` / `host_call_s`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from cuda_standin import InertCuda  # noqa: E402  (after the path)
 from pagecast import trace as T  # noqa: E402
 from pagecast.collect.launch_hook import LaunchArgs  # noqa: E402
 from pagecast.replay.gpu import child as C  # noqa: E402
+from pagecast.replay.gpu import cuda_engine as E  # noqa: E402
 from pagecast.replay.gpu.cupti_monitor import UvmCounts  # noqa: E402
 from pagecast.replay.online import decide as D  # noqa: E402
 from pagecast.replay.online.ranges import Allocation  # noqa: E402
@@ -78,6 +84,10 @@ class BenchCuda(InertCuda):
         self._bases = [a for a, _ in allocs]
         self._allocs = [Allocation(a, n, True) for a, n in allocs]
         self.calls = 0   # the calls that move memory, issued so far (the runner's per-call host cost)
+        self.events = 0  # event records and stream waits issued so far
+
+    def record_event(self, event, stream=0): self.events += 1
+    def stream_wait_event(self, stream, event): self.events += 1
 
     def allocation_of(self, addr: int):
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -145,15 +155,17 @@ def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
 
 
 PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled"),
-         "planned": (True, "compiled")}
+         "planned-before": (True, "compiled"), "planned": (True, "compiled")}
+PLAN_PATHS = ("planned-before", "planned")   # a plan given to the child (planned-before: QUIET off)
 PLANNED = ("template", "oracle")   # the policies a plan is made for at the start of a GPU replay
 
 
 def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, las: list, allocs, tmp: Path,
-              path: str, plan: Path | None = None, calls: list[int] | None = None) -> tuple[list[float], dict]:
+              path: str, plan: Path | None = None, calls: list[int] | None = None,
+              events: list[int] | None = None) -> tuple[list[float], dict]:
     """One child run (child_main, in this process) over `las` on `path` (PATHS): each launch's
     callback time (us) and the run's result; `calls`, where given, gets each launch's number of
-    calls that move memory."""
+    calls that move memory, `events` its event records and stream waits."""
     times: list[float] = []
     mod = types.ModuleType("pagecast_bench_workload")
     cuda = BenchCuda(allocs)
@@ -165,12 +177,14 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
         gc.disable()
         try:
             for la in las:
-                c0 = cuda.calls
+                c0, e0 = cuda.calls, cuda.events
                 t0 = clock()
                 on(la)
                 times.append(1e6 * (clock() - t0))
                 if calls is not None:
                     calls.append(cuda.calls - c0)
+                if events is not None:
+                    events.append(cuda.events - e0)
         finally:
             gc.enable()
 
@@ -181,16 +195,18 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
     lookahead, step = PATHS[path]
     req = ReplayRequest(backend="gpu", policies=(policy,), capacity=(capacity,), traces=(str(trace_path),),
                         model=str(model_path), workload=("python", str(script)), lookahead=lookahead,
-                        plan=str(plan) if path == "planned" else None)
+                        plan=str(plan) if path in PLAN_PATHS else None)
     res = tmp / f"r-{policy}.json"
     job = tmp / "job.json"
     job.write_text(C.ChildJob(request=req, result=str(res)).to_json())
     old = D.LOOKAHEAD_STEP
     D.LOOKAHEAD_STEP = step
+    E.QUIET = path != "planned-before"
     try:
         code = C.child_main([str(job)], cuda=cuda, monitor=NullMonitor(), hook_factory=BenchHook)
     finally:
         D.LOOKAHEAD_STEP = old
+        E.QUIET = True
     out = json.loads(res.read_text())
     assert code == 0, out
     return times, out
@@ -202,18 +218,22 @@ def summary(times: list[float], out: dict) -> dict:
             "launches": len(xs), "prefetch_bytes": out["prefetch_bytes"], "evict_bytes": out["evict_bytes"],
             "ahead_launches": out.get("ahead_launches"), "lookahead": out.get("lookahead"),
             "planned": out.get("planned"), "plan_fallbacks": out.get("plan_fallbacks"),
-            "plan_unmapped_bytes": out.get("plan_unmapped_bytes"),
+            "plan_unmapped_bytes": out.get("plan_unmapped_bytes"), "quiet_launches": out.get("quiet_launches"),
             "warnings": [w for w in out.get("warnings", []) if "failed" in w or "no longer matches" in w]}
 
 
-def fit_calls(times: list[float], calls: list[int]) -> dict:
-    """Host time per launch as base + per call x the calls it issued: the least-squares line over
-    every launch, and the medians per call count (a launch with none: the base alone)."""
+def fit_calls(times: list[float], calls: list[int], events: list[int]) -> dict:
+    """Host time per launch: the launches with no call and no event (nothing due) apart, their median;
+    the others' as base + per call x the calls they issued: the least-squares line, and the medians per
+    call count (a launch with no call but an event: the base alone)."""
     import numpy as np
 
-    t, c = np.asarray(times, np.float64), np.asarray(calls, np.float64)
+    t, c, e = np.asarray(times, np.float64), np.asarray(calls, np.float64), np.asarray(events, np.float64)
+    idle = (c == 0) & (e == 0)
+    nothing = {"launches": int(idle.sum()), "median_us": float(np.median(t[idle])) if idle.any() else None}
+    t, c = t[~idle], c[~idle]
     if len(t) == 0:
-        return {}
+        return {"nothing_due": nothing}
     if np.ptp(c) > 0:
         per_call, base = np.polyfit(c, t, 1)
     else:
@@ -228,7 +248,7 @@ def fit_calls(times: list[float], calls: list[int]) -> dict:
         m_call, m_base = np.polyfit(ks, med, 1, w=np.sqrt(wts))
     else:
         m_call, m_base = 0.0, float(med[0])
-    return {"lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
+    return {"nothing_due": nothing, "lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
             "median_base_us": float(m_base), "median_per_call_us": float(m_call),
             "calls_mean": float(c.mean()), "by_calls": by}
 
@@ -261,32 +281,39 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
         out[f"{policy}_plan_s"] = time.perf_counter() - t0
         out[f"{policy}_plan_rows"] = plan.table.num_rows
     for policy in POLICIES:
-        paths = [p for p in PATHS if p != "planned" or policy in PLANNED]
+        paths = [p for p in PATHS if p not in PLAN_PATHS or policy in PLANNED]
         times: dict[str, list[float]] = {p: [] for p in paths}
-        ncalls: list[int] = []   # the planned path's calls per launch, beside its times
+        ncalls: dict[str, list[int]] = {p: [] for p in PLAN_PATHS}   # the planned paths' calls per launch
+        nevents: dict[str, list[int]] = {p: [] for p in PLAN_PATHS}  # ... and events
         last: dict[str, dict] = {}
         for _ in range(runs):     # each a fresh child run over the trace's launches, the paths in turn
             for path in paths:
                 t, last[path] = run_child(trace_path, model_path, policy, capacity, las, allocs, tmp, path,
-                                          plans.get(policy), ncalls if path == "planned" else None)
+                                          plans.get(policy), ncalls.get(path), nevents.get(path))
                 times[path] += t
         row = {p: summary(times[p], last[p]) for p in paths}
-        if "planned" in row:
-            f = row["planned"]["calls_fit"] = fit_calls(times["planned"], ncalls)
-            print(f"{name} {policy} planned: base {f['lsq_base_us']:.2f} us + {f['lsq_per_call_us']:.2f} us a call"
+        for p in PLAN_PATHS:
+            if p not in row:
+                continue
+            f = row[p]["calls_fit"] = fit_calls(times[p], ncalls[p], nevents[p])
+            nd = f["nothing_due"]
+            print(f"{name} {policy} {p}: nothing due {nd['median_us']:.2f} us ({nd['launches']} launches); the"
+                  f" others base {f['lsq_base_us']:.2f} us + {f['lsq_per_call_us']:.2f} us a call"
                   f" (least squares), {f['median_base_us']:.2f} + {f['median_per_call_us']:.2f} (medians by call"
                   f" count); {f['calls_mean']:.2f} calls a launch; medians by calls "
                   + ", ".join(f"{k}: {v['median_us']:.1f} us ({v['launches']})" for k, v in f["by_calls"].items()),
                   file=sys.stderr, flush=True)
         row["ratio_before_now"] = row["before"]["median_us"] / row["now"]["median_us"]
         if "planned" in row:
-            assert row["planned"]["planned"], row["planned"]
+            assert row["planned"]["planned"] and row["planned-before"]["planned"], row["planned"]
             row["ratio_now_planned"] = row["now"]["median_us"] / row["planned"]["median_us"]
+            row["ratio_planned_before_now"] = row["planned-before"]["median_us"] / row["planned"]["median_us"]
         out["policies"][policy] = row
         print(f"{name} {policy}: off {row['off']['median_us']:.1f} us, before {row['before']['median_us']:.1f} us,"
               f" now {row['now']['median_us']:.1f} us (x{row['ratio_before_now']:.2f})"
-              + (f", planned {row['planned']['median_us']:.1f} us (x{row['ratio_now_planned']:.2f} vs now)"
-                 if "planned" in row else "")
+              + (f", planned before {row['planned-before']['median_us']:.1f} us, planned"
+                 f" {row['planned']['median_us']:.1f} us (x{row['ratio_now_planned']:.2f} vs now,"
+                 f" x{row['ratio_planned_before_now']:.2f} vs before)" if "planned" in row else "")
               + f"; evicted {row['before']['evict_bytes']} / {row['now']['evict_bytes']} B", file=sys.stderr, flush=True)
     return out
 
