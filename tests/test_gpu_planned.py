@@ -239,6 +239,7 @@ def test_the_child_carries_out_a_plan_file(tmp_path, monkeypatch, jacobi):
         outs.append((f, out))
     (f, out), (_, off) = outs
     assert out["planned"] and not off["planned"]
+    assert out["quiet_launches"] > 0 and off["quiet_launches"] == 0   # launches with nothing due, returned at once
     sched = schedule_from_plan(plan.table, plan.launches, tr, Relocator(tr))
     issued = Counter((x[1] - SHIFT, x[2]) for x in f.log if x[0] == "gpu")
     assert issued and issued <= Counter(tuple(r) for r in sched.pf.tolist())

@@ -383,6 +383,8 @@ def child_main(argv: list[str] | None = None, *, cuda=None, monitor=None, hook_f
         "evict_bytes": st["evict_bytes"],
         "prefetches": st["prefetches"],               # calls the runner made
         "ahead_launches": st["ahead_launches"],       # launches prefetched one launch early (lookahead)
+        "quiet_launches": st["quiet_launches"],       # planned: launches with nothing due, counted and returned
+        "waits_covered": st["waits_covered"],         # planned: stream waits left out (a later event waited on)
         "plan_fallbacks": st["plan_fallbacks"],       # planned: launches whose room the ledger made
         # planned: bytes of the plan's ranges whose allocation no launch had pointed into by their
         # launch's callback (left to faults)
