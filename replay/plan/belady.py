@@ -36,8 +36,9 @@ INF = np.iinfo(np.int64).max
 # push], positions set aside (the faulting block's), the victims it writes, and the cap on next uses.
 InLaunch = namedtuple("InLaunch", "hk hu hst aside out cap_next")
 # `_belady_plan`'s knobs: how far the lookahead goes (steps, units), whether a launch larger than memory
-# runs as Belady within it (the simulator's rule), and whether such a launch's front comes in first.
-PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in front")
+# runs as Belady within it (the simulator's rule), whether such a launch's front comes in first, and
+# how many uses at most (whole steps) each piece of the next occurrences is made for (`next_use_window`).
+PlanKnobs = namedtuple("PlanKnobs", "lookahead_steps lookahead_units belady_in front window")
 # Each unit's memory chunk and each chunk's weight in units (capacity is counted in chunks: sim/uvm_driver.py).
 # Also each unit's 2 MiB block (its first unit's id), for Belady within a launch.
 PlanChunks = namedtuple("PlanChunks", "unit_chunk weight unit_block")
@@ -102,6 +103,64 @@ def next_occurrence(ptr, unit_of, n_units, none, width):
             out[k] = nxt[u]
             nxt[u] = s
     return out
+
+
+def next_use_window(n_uses: int, n_units: int) -> int:
+    """The uses each piece of `_belady_plan`'s next occurrences is made for: about sqrt(uses x units),
+    which makes the piece and the pieces' starting points (a step per unit at each piece's end) about
+    the same size, both far below a step per use (10^5 launches at the block span: 9.5 M uses, 38 MB
+    as one array, ~1 MB each in pieces). At least 2^16."""
+    return max(1 << 16, int(np.sqrt(float(max(n_uses, 1)) * float(max(n_units, 1)))))
+
+
+@njit(cache=True)
+def _window_starts(ptr, start_step, window):
+    """Steps start_step.. cut into pieces of whole steps, each of at most `window` uses (a step of more
+    is a piece of its own): the pieces' first steps, then the end (len(ptr) - 1)."""
+    n = len(ptr) - 1
+    out = np.empty(n - start_step + 2, np.int64)
+    m = 0
+    s = start_step
+    while s < n:
+        out[m] = s
+        m += 1
+        t = s + 1
+        while t < n and ptr[t + 1] - ptr[s] <= window:
+            t += 1
+        s = t
+    out[m] = n
+    return out[:m + 1]
+
+
+@njit(cache=True)
+def _window_ends(ptr, unit_of, n_units, none, width, wstart):
+    """Per piece (wstart), the next occurrence of each unit at or after the piece's end step (`none`:
+    none): where `_window_fill` starts from. One backward pass over the steps."""
+    nw = len(wstart) - 1
+    ends = np.empty((max(nw, 1), n_units), width.dtype)
+    nxt = np.full(n_units, none, width.dtype)
+    n = len(ptr) - 1
+    s = n - 1
+    for w in range(nw - 1, -1, -1):
+        ends[w, :] = nxt
+        while s >= wstart[w]:
+            for k in range(ptr[s + 1] - 1, ptr[s] - 1, -1):
+                nxt[unit_of[k]] = s
+            s -= 1
+    return ends
+
+
+@njit(cache=True)
+def _window_fill(ptr, unit_of, s0, s1, after_end, out):
+    """out[k - ptr[s0]] = the step of the next occurrence of use k's unit (steps s0..s1-1), as
+    `next_occurrence` gives it, from each unit's first step at or after s1 (`after_end`)."""
+    nxt = after_end.copy()
+    base = ptr[s0]
+    for s in range(s1 - 1, s0 - 1, -1):
+        for k in range(ptr[s + 1] - 1, ptr[s] - 1, -1):
+            u = unit_of[k]
+            out[k - base] = nxt[u]
+            nxt[u] = s
 
 
 @njit(cache=True)
@@ -258,8 +317,19 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     # the next occurrences, the uses set aside and the transfer lists' steps are held in `width`'s
     # width (the wrapper's choice: int32 where steps and uses fit), `step_none` its "no next use" (INF
     # in int64): per-use arrays of the needs planned, several bytes a use each. A use's own step is
-    # not held per use (it was 4 bytes a planned use more): the walk knows it (see `j` below)
-    nocc = next_occurrence(need_ptr, need_unit, n_units, step_none, width)
+    # not held per use (it was 4 bytes a planned use more): the walk knows it (see `j` below). The
+    # next occurrences are read only for the step being planned, so they are made a piece of steps
+    # at a time (`knobs.window` uses at most, whole steps: `_window_fill`), from each unit's next
+    # step after the piece (`wends`, made in one backward pass): not an array of every use
+    wstart = _window_starts(need_ptr, start_step, knobs.window)
+    wends = _window_ends(need_ptr, need_unit, n_units, step_none, width, wstart)
+    wlen = 1
+    for w in range(len(wstart) - 1):
+        if need_ptr[wstart[w + 1]] - need_ptr[wstart[w]] > wlen:
+            wlen = need_ptr[wstart[w + 1]] - need_ptr[wstart[w]]
+    nocc = np.empty(wlen, width.dtype)   # the current piece's: nocc[k - wbase] for use k
+    wcur = -1
+    wbase = 0
     # key[u]: next predicted use at or after the current step
     key = np.full(n_units, INF, np.int64)
     for s in range(n_steps - 1, start_step - 1, -1):
@@ -309,6 +379,10 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     for i in range(start_step, n_steps):
         g = i - start_step
         n_aside = 0
+        if wcur < 0 or i >= wstart[wcur + 1]:
+            wcur += 1
+            wbase = need_ptr[wstart[wcur]]
+            _window_fill(need_ptr, need_unit, wstart[wcur], wstart[wcur + 1], wends[wcur], nocc)
         # a step larger than memory streams through it: keep one unit free for
         # its faults, as the simulator runs it (so plan and memory agree after)
         big_i = front and need_ptr[i + 1] - need_ptr[i] > cap
@@ -530,7 +604,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                 # earliest first): follow it unit by unit
                 vict2 = np.empty(L, np.int64)
                 hst2 = np.zeros(2, np.int64)
-                hst2[1] = s0
+                hst2[1] = s0 - wbase   # positions in the piece of next occurrences (`nocc`, `wunits`)
+                wunits = need_unit[wbase:]
                 sc2 = InLaunch(np.empty(L, np.int64), np.empty(L, np.int64), hst2, np.empty(L, np.int64), vict2,
                                n_steps)
                 for kk2 in range(s0, s0 + L):
@@ -538,8 +613,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     if resident[u]:
                         continue
                     if occ + _room(u, unit_chunk, ccount, chunk_weight) > cap:
-                        nv = _inlaunch_victims(need_unit, nocc, s0, s0 + L, kk2, unit_want[u], sc2, resident,
-                                               unit_block, unit_block[u])
+                        nv = _inlaunch_victims(wunits, nocc, s0 - wbase, s0 + L - wbase, kk2 - wbase, unit_want[u],
+                                               sc2, resident, unit_block, unit_block[u])
                         for a in range(nv):
                             v = vict2[a]
                             resident[v] = 0
@@ -585,10 +660,11 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         for kk2 in range(need_ptr[i], need_ptr[i + 1]):
             u = need_unit[kk2]
             last_use[u] = i
-            key[u] = INF if nocc[kk2] == step_none else nocc[kk2]
+            nx = nocc[kk2 - wbase]
+            key[u] = INF if nx == step_none else nx
             if gated and pend_step[u] <= i:
                 pend_step[u] = INF
-            if resident[u] and nocc[kk2] != i + 1:
+            if resident[u] and nx != i + 1:
                 hsize = _heap_push(hk, hu, hsize, _hkey(key[u], last_use[u], n_steps), u)
         # drop stale entries once they outnumber the units 3 to 1: a small heap
         # stays in cache (a unit is pushed at every use, each push goes stale)
@@ -661,6 +737,50 @@ def _group_order(g, late, u, G):
     return order, ptr, first
 
 
+def units_by_group(g, late_of, u, G):
+    """u[group_order(g, late, u, G)[0]] with the groups' pointers and per group how many entries are
+    not late, where an entry is late when `late_of` (an array, or None: none is) differs from its
+    group (a prefetch for a later step than its group's): the units in that order without the order
+    itself (8 bytes an entry) or a flag per entry. Only the units are kept, so entries of equal unit
+    in one (group, late) bucket are alike whatever their order. Groups out of 0..G-1: group_order."""
+    if len(g) and (int(g.min()) < 0 or int(g.max()) >= G):
+        late = None if late_of is None else late_of != g
+        order, ptr, first = group_order(g, late, u, G)
+        return u[order], ptr, first
+    return _units_by_group(g, np.empty(0, g.dtype) if late_of is None else late_of, u, G)
+
+
+@njit(cache=True, nogil=True)
+def _units_by_group(g, late_of, u, G):
+    n = len(g)
+    listed = len(late_of) == n
+    cnt = np.zeros(2 * G + 1, np.int64)
+    for k in range(n):
+        cnt[2 * g[k] + (1 if listed and late_of[k] != g[k] else 0) + 1] += 1
+    for b in range(2 * G):
+        cnt[b + 1] += cnt[b]
+    start = cnt.copy()
+    out = np.empty(n, u.dtype)
+    for k in range(n):
+        b = 2 * g[k] + (1 if listed and late_of[k] != g[k] else 0)
+        out[cnt[b]] = u[k]
+        cnt[b] += 1
+    for b in range(2 * G):
+        lo = start[b]
+        hi = start[b + 1]
+        for k in range(lo + 1, hi):
+            if out[k] < out[k - 1]:
+                out[lo:hi].sort()
+                break
+    ptr = np.empty(G + 1, np.int64)
+    first = np.empty(G, np.int64)
+    for x in range(G):
+        ptr[x] = start[2 * x]
+        first[x] = start[2 * x + 1] - start[2 * x]
+    ptr[G] = n
+    return out, ptr, first
+
+
 @njit(cache=True, nogil=True)
 def _own_counts(sorted_g, own, G):
     out = np.zeros(G, np.int64)
@@ -672,7 +792,7 @@ def _own_counts(sorted_g, own, G):
 
 def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lookahead_steps,
                 lookahead_units, belady_in=False, unit_want=None, unit_block=None, front=False,
-                need_after=None, value_bytes=None, unit_chunk=None, chunk_weight=None):
+                need_after=None, value_bytes=None, unit_chunk=None, chunk_weight=None, window=None):
     """`_belady_plan` (see there) as CSR arrays over groups start_step..:
     ev_ptr, ev_unit, pf_ptr, pf_unit, need_now, wait_prev, thrash, need_group
     (per step, the latest earlier group that prefetches a unit it needs; -1: none),
@@ -683,12 +803,14 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
 
     Inside a group: evictions by address; the prefetches its own step needs
     first, then the early ones, each by address (so neighbours merge into one
-    transfer); need_now counts the first kind."""
+    transfer); need_now counts the first kind. `window`: the uses each piece of the core's next
+    occurrences is made for (None: next_use_window's); the plan is the same whatever it is."""
     # the core's per-use arrays of steps and positions: int32 where every step and use fits (see there)
     steps = ID if max(len(need_ptr), len(need_unit)) < np.iinfo(ID).max else np.int64
     ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash, pf_a = _belady_plan(
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
-        PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front)),
+        PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front),
+                  int(next_use_window(len(need_unit), n_units) if window is None else window)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
         PlanUses(np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
                  np.empty(0, steps), np.iinfo(steps).max),
@@ -698,11 +820,10 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
                    np.zeros(1, np.int64) if unit_block is None else np.asarray(unit_block, np.int64)))
     G = len(need_ptr) - 1 - start_step
     # each transfer list is let go as soon as what is made from it exists (a plan of 10^6 launches
-    # has tens of millions of transfers: every list held to the end was ~8 bytes a use more)
-    oe, ev_ptr, _ = group_order(ev_g, None, ev_u, G)
-    ev_u = ev_u[oe]
-    del oe, ev_g
-    own = pf_n == pf_g
+    # has tens of millions of transfers: every list held to the end was ~8 bytes a use more); the
+    # units are put in group order without an order array (units_by_group)
+    ev_u, ev_ptr, _ = units_by_group(ev_g, None, ev_u, G)
+    del ev_g
     # the latest earlier group holding a unit a step needs (its launch waits for that group), and per
     # group the latest step whose values its prefetches wait for (np.maximum.at's result, in one pass:
     # ufunc.at took a tenth of a replay's time)
@@ -717,12 +838,16 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
             pair = np.unique(pf_g[ga].astype(np.int64) * (G + 1) + pf_n[ga])
             np.add.at(gate_bytes, pair // (G + 1), np.asarray(value_bytes, np.int64)[pair % (G + 1) + start_step])
         del ga
+    if not gated:
+        # no prefetch waits: none is listed (Groups holds none), and only the units are put in order
+        pf_u, pf_ptr, need_now = units_by_group(pf_g, pf_n, pf_u, G)
+        del pf_g, pf_n
+        return ev_ptr, ev_u, pf_ptr, pf_u, need_now, wait_prev, thrash, need_group, gate, gate_bytes, None
+    own = pf_n == pf_g
     del pf_n
-    pf_a = pf_a if gated else None   # no prefetch waits: none is listed (Groups holds none)
     op, pf_ptr, need_now = group_order(pf_g, ~own, pf_u, G)
     del pf_g, own
-    return (ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes,
-            None if pf_a is None else pf_a[op])
+    return (ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op])
 
 
 @njit(cache=True, nogil=True)
