@@ -434,21 +434,19 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     `after` carried over: a use `base` has keeps its own; a unit added beside it (the rest of a
     block) waits for the earliest of the uses `base` has in that step's block (-1 when one of them
     is known from the arguments, or when `base` has none there: an allocation the arguments name).
-    Made a few steps at a time (`ATTACH_USES` uses of each at most, whole steps): every step's
-    `after` reads that step's uses only, and the keys, sorts and matches of all uses at once were
-    ten times the result's memory (the peak of a planned replay of 10^6 launches)."""
+    One compiled pass over the steps (`_after_of_steps`), each step's uses matched among themselves:
+    memory for the result only (the keys, sorts and matches of all uses at once were ten times the
+    result's memory, the peak of a planned replay of 10^6 launches; made a few steps at a time with
+    numpy, they were a thirtieth of a scale-10 replay's time)."""
     if base.after is None:
         return derived
     n = len(base.ptr) - 1
-    m = I64(max(int(block_lo.max(initial=0)), int(base.unit.max(initial=0)), int(derived.unit.max(initial=0))) + 2)
-    after = np.full(len(derived.unit), -1, ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
-    for s0, s1 in step_pieces(base.ptr, derived.ptr):
-        d0, d1 = int(derived.ptr[s0]), int(derived.ptr[s1])
-        after[d0:d1] = _after_of_steps(derived, base, block_lo, m, s0, s1)
+    after = np.empty(len(derived.unit), ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
+    _after_of_steps(base.ptr, base.unit, base.after, derived.ptr, derived.unit, block_lo, after)
     return Needs(derived.ptr, derived.unit, after, base.value_bytes)
 
 
-ATTACH_USES = 1 << 19   # uses per piece of attach_after (each piece's temporaries: ~140 bytes a use, ~70 MB)
+ATTACH_USES = 1 << 19   # uses per piece of step_pieces' callers (gated_needs_from: its temporaries per use)
 
 
 def step_pieces(*ptrs: np.ndarray, uses: int | None = None):
@@ -465,33 +463,92 @@ def step_pieces(*ptrs: np.ndarray, uses: int | None = None):
         s0 = s1
 
 
-def _after_of_steps(derived: Needs, base: Needs, block_lo: np.ndarray, m, s0: int, s1: int) -> np.ndarray:
-    """attach_after's `after` for `derived`'s uses in steps s0..s1-1 (see there)."""
-    b0, b1 = int(base.ptr[s0]), int(base.ptr[s1])
-    d0, d1 = int(derived.ptr[s0]), int(derived.ptr[s1])
-    b_unit, b_after, d_unit = base.unit[b0:b1], base.after[b0:b1], derived.unit[d0:d1]
-    bstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(base.ptr[s0:s1 + 1]))
-    dstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(derived.ptr[s0:s1 + 1]))
-    bk = bstep * m + b_unit
-    dk = dstep * m + d_unit
-    order = np.argsort(bk, kind="stable")
-    bks, ba = bk[order], b_after[order]
-    p = np.minimum(np.searchsorted(bks, dk), max(len(bks) - 1, 0))
-    exact = (bks[p] == dk) if len(bks) else np.zeros(len(dk), bool)
-    after = np.full(len(dk), -1, I64)
-    after[exact] = ba[p[exact]]
-    rest = ~exact
-    if rest.any() and len(bks):
-        # per (step, block): the earliest values among base's uses there, -1 (none needed) winning
-        blk = bstep * m + block_lo[b_unit]
-        ub, inv = np.unique(blk, return_inverse=True)
-        low = np.full(len(ub), np.iinfo(I64).max, I64)
-        np.minimum.at(low, inv, b_after)
-        q = dstep[rest] * m + block_lo[d_unit[rest]]
-        j = np.minimum(np.searchsorted(ub, q), len(ub) - 1)
-        hit = ub[j] == q
-        after[rest] = np.where(hit, low[j], -1)
-    return after
+@njit(cache=True, nogil=True)
+def _after_of_steps(bptr, bunit, bafter, dptr, dunit, block_lo, out):
+    """attach_after's `after` for every use of `derived` (CSR dptr/dunit) into `out`: per step, base's
+    uses ordered by unit (stable: of a unit listed twice, the first), then each derived use found
+    there (its own `after`) or else in base's blocks of that step (the least `after` among them;
+    -1 where base has none in that block)."""
+    n = len(bptr) - 1
+    most = 0
+    for s in range(n):
+        if bptr[s + 1] - bptr[s] > most:
+            most = bptr[s + 1] - bptr[s]
+    su = np.empty(most, np.int64)      # the step's base units, ascending
+    sa = np.empty(most, np.int64)      # and their `after`
+    blk = np.empty(most, np.int64)     # its blocks, ascending
+    low = np.empty(most, np.int64)     # the least `after` in each
+    for s in range(n):
+        lo = bptr[s]
+        m = bptr[s + 1] - lo
+        asc = True
+        for k in range(lo + 1, lo + m):
+            if bunit[k] < bunit[k - 1]:
+                asc = False
+                break
+        if asc:
+            for k in range(m):
+                su[k] = bunit[lo + k]
+                sa[k] = bafter[lo + k]
+        else:
+            o = np.argsort(bunit[lo:lo + m], kind="mergesort")
+            for k in range(m):
+                su[k] = bunit[lo + o[k]]
+                sa[k] = bafter[lo + o[k]]
+        nb = 0
+        for k in range(m):
+            b = block_lo[su[k]]
+            if nb == 0 or blk[nb - 1] != b:
+                blk[nb] = b
+                low[nb] = sa[k]
+                nb += 1
+            elif sa[k] < low[nb - 1]:
+                low[nb - 1] = sa[k]
+        for k in range(1, nb):
+            if blk[k] <= blk[k - 1]:   # blocks not ascending with the units: order them, one entry each
+                nb = _merge_blocks(blk, low, nb)
+                break
+        for k in range(dptr[s], dptr[s + 1]):
+            x = dunit[k]
+            a = _first_at_least(su, m, x)
+            if a < m and su[a] == x:
+                out[k] = sa[a]
+                continue
+            b = block_lo[x]
+            a = _first_at_least(blk, nb, b)
+            out[k] = low[a] if a < nb and blk[a] == b else -1
+
+
+@njit(cache=True)
+def _merge_blocks(blk, low, nb):
+    """blk[:nb] sorted, equal blocks made one holding the least of their `low`; returns how many."""
+    o = np.argsort(blk[:nb], kind="mergesort")
+    b = blk[:nb][o]
+    v = low[:nb][o]
+    j = 0
+    for k in range(nb):
+        if j > 0 and blk[j - 1] == b[k]:
+            if v[k] < low[j - 1]:
+                low[j - 1] = v[k]
+        else:
+            blk[j] = b[k]
+            low[j] = v[k]
+            j += 1
+    return j
+
+
+@njit(cache=True, inline="always")
+def _first_at_least(a, n, x):
+    """The first place in ascending a[:n] holding x or more (n where none)."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass
