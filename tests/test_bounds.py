@@ -389,3 +389,34 @@ def test_max_resident_units_never_undercounts_the_best_chunk_choice(chunks, cap)
     assert best <= got <= cap
     if len(set(wt.tolist())) == 1:
         assert got == best   # one chunk size: exact
+
+
+def _pick_in_python(order, t_need, cost, wait, cw, n, horizon):
+    """leave_to_faults' choice of transfers as first written, a Python step per candidate."""
+    out = []
+    d = 0.0
+    at = -1
+    for t in order:
+        j = int(t_need[t])
+        while at < j:
+            at += 1
+            if at > 0:
+                d = max(0.0, d - wait[at - 1])
+        if d + cost[t] <= cw[min(j + horizon, n)] - cw[j]:
+            out.append(t)
+            d += cost[t]
+    return np.asarray(out, np.int64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), m=st.integers(0, 120), horizon=st.integers(1, 3))
+def test_pick_takes_the_transfers_the_python_rule_took(seed, n, m, horizon):
+    rng = np.random.default_rng(seed)
+    t_need = np.sort(rng.integers(0, n - 1, m)).astype(np.int32)
+    cost = rng.exponential(1e-5, m) * (rng.random(m) < 0.9)
+    wait = rng.exponential(2e-5, n) * (rng.random(n) < 0.7)
+    cw = np.concatenate([[0.0], np.cumsum(wait)])
+    order = rng.permutation(m)
+    order = order[np.argsort(t_need[order], kind="stable")]   # launch by launch, as leave_to_faults orders them
+    np.testing.assert_array_equal(PF._pick(order, t_need, cost, wait, cw, n, horizon),
+                                  _pick_in_python(order, t_need, cost, wait, cw, n, horizon))
