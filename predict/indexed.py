@@ -47,6 +47,13 @@ as another buffer's value says (a query or output buffer's rows up to the batch'
 the last entry of its query start offsets, which no argument gives). Nothing is read from an
 index; the count is read as every count from another buffer is.
 
+A divided region may place a slot within its block (`region.block_split`, model_io.BlockSplit):
+value v's chunks are `parts` pieces at `start + stride*floor(v / value_div) + slot_bytes*(v mod
+value_div) + part_stride*h`, h < parts (a head-major paged cache: a slot's row in each head's part
+of its block; `split_firsts`). A count read from another buffer may be the number of its values
+that are not negative among the first `count` (`region.count_valid`: a -1-padded slot mapping's
+live slots, the rows of keys a launch reads).
+
 Long because each form's batch path (numpy over every launch at once) and online path (one
 launch, Python ints) sit side by side: they must agree launch for launch (the tests compare them).
 """
@@ -95,6 +102,17 @@ def buffer_counts(region: Region, pos: np.ndarray, launch: np.ndarray, cptr: np.
     else:
         ok[:] = False
     cnt = np.zeros(n, I64)
+    if region.count_valid:   # the values not negative among the first `pos` (ok: the row holds them all)
+        ok = (rows >= 0) & (pos >= 0)
+        if len(im.nbytes):
+            ok &= pos * ce <= np.where(rows >= 0, im.nbytes[r], 0)
+        m = np.flatnonzero(ok & (pos > 0))
+        k = np.minimum(pos[m], MAX_INDEXED)
+        if len(m):
+            at = np.repeat(im.start[r[m]], k) + (np.arange(int(k.sum()), dtype=I64) - np.repeat(np.cumsum(k) - k, k)) * ce
+            cnt[m] = np.bincount(np.repeat(np.arange(len(m)), k), weights=ints_at(im, at, ce) >= 0,
+                                 minlength=len(m)).astype(I64)
+        return divide_count(region, cnt), rows, ok
     if ok.any():
         cnt[ok] = ints_at(im, im.start[r[ok]] + pos[ok] * ce, ce)
     return divide_count(region, np.maximum(cnt, 0)), rows, ok
@@ -166,10 +184,17 @@ def batch_pieces(region: Region, vals: dict, base: np.ndarray, iptr: np.ndarray,
         j = np.arange(len(rep), dtype=I64) - np.repeat(np.cumsum(kk) - kk, kk)
         # the bytes of value j of each row, gathered at once, read as little-endian integers
         v = ints_at(im, im.start[uk[rep, 0]] + j * e, e)
-        sp, ep, ok, neg = _value_pages(v, uk[rep, 5] + uk[rep, 1], uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7],
+        first = uk[rep, 5] + uk[rep, 1]
+        lead = None
+        if region.block_split is not None:   # each value's bytes in every part of its block
+            idx, first, lead = split_firsts(region, v, first)
+            rep, v = rep[idx], v[idx]
+        sp, ep, ok, neg = _value_pages(v, first, uk[rep, 2], uk[rep, 3], ps, uk[rep, 6], uk[rep, 7],
                                        region.value_div)
-        sentinel += int(mult[rep[neg]].sum())
-        outside += int(mult[rep[_outside(ok, neg, uk[rep, 3])]].sum())
+        once = neg if lead is None else neg & lead   # counted once a value
+        sentinel += int(mult[rep[once]].sum())
+        out_ = _outside(ok, neg, uk[rep, 3])
+        outside += int(mult[rep[out_ if lead is None else out_ & lead]].sum())
         gg, s2, e2 = FP.merge_intervals(rep[ok] - lo, sp[ok], ep[ok], hi - lo)
         ug.append(gg + lo), us.append(s2), ue.append(e2)
         lo = hi
@@ -214,6 +239,20 @@ def _position_pieces(region: Region, vals: dict, base, launch, im: V.ValueImage,
     gg, s2, e2 = FP.merge_intervals(own[ok], sp[ok], ep[ok], n)
     return {"have": have, "rows": crows, "crows": crows, "l": gg, "s": s2, "e": e2, "outside": int((~ok).sum()),
             "sentinel": 0, "short": 0, "bytes": np.zeros(n, I64)}
+
+
+def split_firsts(region: Region, v: np.ndarray, first: np.ndarray):
+    """A divided region's values with their block split (`region.block_split`): each value's
+    pieces, one per part of its block: (which value each piece is, the piece's first byte before
+    the block's stride: `first + slot_bytes*(v mod value_div) + part_stride*h`, is it the value's
+    first piece)."""
+    bs = region.block_split
+    n, P = len(v), int(bs.parts)
+    idx = np.repeat(np.arange(n), P)
+    h = np.tile(np.arange(P, dtype=I64), n)
+    f = np.asarray(first, I64)[idx] if np.ndim(first) else np.full(n * P, int(first), I64)
+    f = f + bs.slot_bytes * np.mod(v[idx], region.value_div) + bs.part_stride * h
+    return idx, f, h == 0
 
 
 def _value_pages(v, first, stride, chunk, ps: int, a_s, a_e, vdiv: int = 1):
@@ -508,7 +547,7 @@ def count_read(region: Region, values: dict, cptr: int) -> tuple[int, int]:
     if region.row_stride is not None or region.lengths:
         n = min(pos + (1 if region.length_diff and pos > 0 else 0), MAX_ROWS)   # as count_values clips
     else:
-        n = min(pos + 1, MAX_INDEXED)
+        n = min(pos + (0 if region.count_valid else 1), MAX_INDEXED)   # valid: the first `count` values
     return int(cptr), max(0, n) * region.count_elem
 
 
@@ -560,6 +599,12 @@ def decode_count(region: Region, data: bytes | None, nbytes: int):
         # fewer values than asked (a trace's clipped row): the rows they give, as the batch path reads them
         c = np.frombuffer(data, fmt, count=min(len(data), nbytes) // ce).astype(I64)
         return np.maximum(np.diff(c) if region.length_diff else c, 0)
+    if region.count_valid:   # the values not negative among those read
+        if nbytes <= 0:
+            return divide_count(region, 0)
+        if data is None or len(data) < nbytes:
+            return None
+        return divide_count(region, int((np.frombuffer(data[:nbytes], fmt, count=nbytes // ce) >= 0).sum()))
     if data is None or nbytes < ce or len(data) < nbytes:
         return None
     return divide_count(region, max(0, int(np.frombuffer(data[nbytes - ce:nbytes], fmt, count=1)[0])))
@@ -611,16 +656,24 @@ def one_pieces(region: Region, fns, values: dict, base: int, data: bytes, ps: in
     if k == 0:
         return
     v = np.frombuffer(data, "<i4" if e == 4 else "<i8", count=k)
+    bs = region.block_split
     if k <= 64:   # a few values (experts, a token): Python ints beat numpy's overhead
         for x in v.tolist():
             if x < 0:
                 continue
             b0 = base + st + sd * (x // region.value_div)
-            sp, ep = max(b0 // ps, a_s), min(-(-(b0 + ch) // ps), a_e)
-            if ep > sp and ch > 0:
-                out.append((sp, ep))
+            for h in range(1 if bs is None else bs.parts):
+                b = b0 if bs is None else b0 + bs.slot_bytes * (x % region.value_div) + bs.part_stride * h
+                sp, ep = max(b // ps, a_s), min(-(-(b + ch) // ps), a_e)
+                if ep > sp and ch > 0:
+                    out.append((sp, ep))
         return
-    sp, ep, keep, _ = _value_pages(v.astype(I64), base + st, sd, ch, ps, a_s, a_e, region.value_div)
+    v = v.astype(I64)
+    first = base + st
+    if bs is not None:
+        idx, first, _ = split_firsts(region, v, first)
+        v = v[idx]
+    sp, ep, keep, _ = _value_pages(v, first, sd, ch, ps, a_s, a_e, region.value_div)
     _append_merged(out, sp, ep, keep)
 
 

@@ -85,6 +85,26 @@ class RowFilter(RowValue):
         return {**super().to_json(), "op": self.op, "value": int(self.value)}
 
 
+@dataclass(frozen=True)
+class BlockSplit:
+    """Where a slot's bytes lie in its block, for an indexed region whose values are divided
+    (`value_div` d): the slot's offset in the block is `slot_bytes` times its value modulo d, and
+    its bytes lie in each of `parts` parts of the block, `part_stride` bytes apart (a head-major
+    paged cache: a slot's row in every head's part of its block, `[block, head, slot, bytes]`)."""
+
+    slot_bytes: int
+    parts: int = 1
+    part_stride: int = 0
+
+    def text(self, v: str, d: int) -> str:
+        """` + 384*(v mod 16) + 6144*h` (h < parts), the offsets the split adds."""
+        out = f" + {self.slot_bytes}*({v} mod {d})"
+        return out + (f" + {self.part_stride}*h" if self.parts > 1 else "")
+
+    def to_json(self) -> dict:
+        return {"slot_bytes": int(self.slot_bytes), "parts": int(self.parts), "part_stride": int(self.part_stride)}
+
+
 @dataclass
 class Region:
     """One region a kernel touches, relative to a base pointer word."""
@@ -101,9 +121,13 @@ class Region:
     elem: int = 4                    # indexed: bytes per value (int32 or int64)
     value_div: int = 1               # indexed: each value divided by it, rounded down, before the stride
                                      # multiplies it (a token's slot over the block size: its block)
+    block_split: BlockSplit | None = None  # indexed, values divided: a slot's bytes within its block
+                                           # (its offset and the parts they lie in; None: the whole block)
     count_index: str | None = None   # indexed: the count is the value at position `count` of this buffer
     count_elem: int = 4              # indexed: bytes of that value
     count_div: int = 1               # indexed: the count read from count_index is ceil(value / count_div)
+    count_valid: bool = False        # indexed, a count read from count_index: the number of values that are not
+                                     # negative among its first `count` (a -1-padded slot mapping's live slots)
     row_stride: Formula | None = None  # indexed, a 2-D table: entries per row; `count` rows, row r read up to
                                        # ceil(v(count_index)[r] / count_div) entries
     row_filter: RowFilter | None = None  # indexed, a table or chunks of their own lengths: only the rows (values)
@@ -167,11 +191,15 @@ class Region:
             d["elem"] = int(self.elem)
             if self.value_div != 1:
                 d["value_div"] = int(self.value_div)
+            if self.block_split is not None:
+                d["block_split"] = self.block_split.to_json()
             if self.count_index is not None:
                 d["count_index"] = self.count_index
                 d["count_elem"] = int(self.count_elem)
                 if self.count_div != 1:
                     d["count_div"] = int(self.count_div)
+                if self.count_valid:
+                    d["count_valid"] = True
                 if self.part_last:
                     d["part_last"] = True
                 if self.row_filter is not None:
@@ -221,12 +249,15 @@ def indexed_text(r: Region) -> str:
     if r.position_range and r.chunk == r.stride:
         # rows by position up to a count read from another buffer, read whole: one range
         n = f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{r.count.text()}]"
+        if r.count_valid:   # the values not negative among the first `count`
+            n = f"valid({'v' if r.count_elem == 4 else 'v64'}({r.count_index})[:{r.count.text()}])"
         n = n if r.count_div == 1 else f"ceil({n} / {r.count_div})"
         head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
         rows = n if r.stride.n_terms == 0 and r.stride.const == 1 else f"{_factor(r.stride)}*{n}"
         return f"[{head}, {head} + {rows})".replace("+ -", "- ")
     at = f"r*{_factor(r.row_stride)} + j" if table else "i"
     v = "i" if r.index is None else f"{'v' if r.elem == 4 else 'v64'}({r.index})[{at}]"
+    v_raw = v
     if r.value_div != 1:
         v = f"floor({v} / {r.value_div})"
     st = r.stride
@@ -234,10 +265,14 @@ def indexed_text(r: Region) -> str:
         off = v
     else:
         off = f"{_factor(st)}*{v}"
+    if r.block_split is not None:
+        off += r.block_split.text(v_raw, r.value_div)
     head = r.base if r.start.n_terms == 0 and r.start.const == 0 else f"{r.base} + {r.start.text()}"
     lengths = r.lengths and r.count_index is not None and not table
     n = r.count.text() if r.count_index is None or lengths else \
         f"{'v' if r.count_elem == 4 else 'v64'}({r.count_index})[{'r' if table else r.count.text()}]"
+    if r.count_valid and not table and not lengths:
+        n = f"valid({'v' if r.count_elem == 4 else 'v64'}({r.count_index})[:{r.count.text()}])"
     if table and r.count_sub is not None:   # less another buffer's value: `v(p11)[r] - (v(p10)[r+1] - v(p10)[r])`
         sub = r.count_sub.text()
         n = f"{n} - {f'({sub})' if r.count_sub.diff else sub}"
@@ -262,6 +297,8 @@ def indexed_text(r: Region) -> str:
         chunk = ln if r.chunk.n_terms == 0 and r.chunk.const == 1 else f"{_factor(r.chunk)}*{ln}"
         if r.row_filter is not None:   # values another buffer leaves out read nothing
             loop += f", {r.row_filter.text('i')}"
+    if r.block_split is not None and r.block_split.parts > 1:
+        loop += f", h < {r.block_split.parts}"
     return f"[{head} + {off}, +{chunk}) for {loop}".replace("+ -", "- ")
 
 
@@ -579,6 +616,9 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             raise ValueError(f"{where}: value_div must be an integer from 1 to 2**30 (each value is divided by it, "
                              f"rounded down), found {vd!r}")
         r.value_div = vd
+        bs = rd.get("block_split")
+        if bs is not None:
+            r.block_split = _block_split(bs, vd, where)
         if rd.get("count_index") is not None:
             _check_word(rd["count_index"], f"{where}: count_index", sizes, offs, pointer=True)
             ce = rd.get("count_elem", 4)
@@ -590,6 +630,13 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
                 raise ValueError(f"{where}: count_div must be an integer from 1 to 2**30 (the count is the value "
                                  f"read, divided by it, rounded up), found {cd!r}")
             r.count_div = cd
+            cv = rd.get("count_valid", False)
+            if not isinstance(cv, bool):
+                raise ValueError(f"{where}: count_valid must be true or false, found {cv!r}")
+            if cv and (rd.get("row_stride") is not None or rd.get("lengths", False)):
+                raise ValueError(f"{where}: count_valid (the count of values not negative) needs no row_stride "
+                                 f"and no lengths")
+            r.count_valid = cv
         ln = rd.get("lengths", False)
         if not isinstance(ln, bool):
             raise ValueError(f"{where}: lengths must be true or false, found {ln!r}")
@@ -618,11 +665,17 @@ def _region_from_json(rd: Any, where: str, sizes, offs) -> Region:
             if not isinstance(pl, bool):
                 raise ValueError(f"{where}: part_last must be true or false, found {pl!r}")
             r.part_last = pl
+            if r.block_split is not None:
+                raise ValueError(f"{where}: block_split (a slot's place in its block) needs values read one by one: "
+                                 f"no lengths, no row_stride, an index")
             if rd.get("row_filter") is not None:
                 r.row_filter = _row_filter(rd["row_filter"], f"{where}: row_filter", sizes, offs)
             if rd.get("count_sub") is not None:
                 r.count_sub = _row_value(rd["count_sub"], f"{where}: count_sub", sizes, offs)
         else:
+            if r.block_split is not None and (ln or r.position_range):
+                raise ValueError(f"{where}: block_split (a slot's place in its block) needs values read one by one: "
+                                 f"no lengths, no row_stride, an index")
             if rd.get("row_filter") is not None:
                 if not ln:
                     raise ValueError(f"{where}: a row_filter needs a row_stride (a two-dimensional table's rows) "
@@ -666,6 +719,22 @@ def _row_filter(fd: Any, where: str, sizes, offs) -> RowFilter:
     if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 1 << 62:
         raise ValueError(f"{where}: value must be an integer, found {value!r}")
     return RowFilter(rv.index, rv.elem, rv.diff, op, value)
+
+
+def _block_split(bs: Any, vd: int, where: str) -> BlockSplit:
+    """An indexed region's `block_split` from the model file, checked: an object of three integers
+    (slot_bytes >= 1, parts from 1 to 2**16, part_stride >= 0), on a region whose values are divided."""
+    keys = ("slot_bytes", "parts", "part_stride")
+    if not isinstance(bs, dict) or set(bs) - set(keys) or "slot_bytes" not in bs:
+        raise ValueError(f"{where}: block_split must be an object with slot_bytes, parts and part_stride, found {bs!r}")
+    x = {k: bs.get(k, 1 if k == "parts" else 0) for k in keys}
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in x.values()) or x["slot_bytes"] < 1 \
+            or not 1 <= x["parts"] <= 1 << 16 or x["part_stride"] < 0 or max(x.values()) > 1 << 40:
+        raise ValueError(f"{where}: block_split's slot_bytes (>= 1), parts (1 to 2**16) and part_stride (>= 0) must be "
+                         f"integers, found {bs!r}")
+    if vd < 2:
+        raise ValueError(f"{where}: block_split needs value_div of 2 or more (a slot's place in its block), found {vd!r}")
+    return BlockSplit(**x)
 
 
 def _check_word(name: Any, where: str, sizes, offs, pointer: bool = False) -> None:

@@ -153,6 +153,33 @@ def buffer_count_candidates(kd: KernelData, w, iw, g, sv, part, lid, row_len):
                     cu[j] = x[-1]
             for d, k in _divisors(cu[inv.reshape(-1)], row_len):
                 yield Count(pos, cw.name, ce, d, k)
+    for cw, crow, ce in count_buffers(kd, w, iw, sv, part, lid):
+        # the values not negative among the first `pos` (a -1-padded slot mapping's live slots, which
+        # no argument carries): where some are negative, a count of its own
+        for pos in positions[1:]:
+            k = _valid_counts(kd, g, sv, part, crow, ce, pos)
+            if k is not None and (k <= row_len).all():
+                yield Count(pos, cw.name, ce, 1, k, valid=True)
+
+
+def _valid_counts(kd: KernelData, g, sv, part, crow, ce: int, pos: FM.Formula):
+    """Per launch, the values not negative among the first `pos` of its values row, or None where
+    a row is shorter than that or no launch's first `pos` hold a negative value."""
+    pv = np.asarray(pos.evaluate({n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}), np.int64) \
+        * np.ones(len(sv), np.int64)
+    key = np.stack([part[sv], crow, pv], axis=1)
+    uk, inv = np.unique(key, axis=0, return_inverse=True)
+    cu = np.zeros(len(uk), np.int64)
+    neg = False
+    for j, (ti, r, p) in enumerate(uk):
+        if p < 1:
+            return None
+        x = V.image(kd.parts[int(ti)][0].trace).ints(int(r), int(p), ce)
+        if len(x) < p:
+            return None
+        cu[j] = int((x >= 0).sum())
+        neg = neg or cu[j] < p
+    return cu[inv.reshape(-1)] if neg else None
 
 
 @dataclasses.dataclass
@@ -170,6 +197,8 @@ class Count:
     rs: FM.Formula | None = None
     ext: tuple | None = None
     strides: tuple | None = None
+    valid: bool = False      # the count: the values not negative among the first `count` of cidx's
+
 
     def extremes(self):
         """(v0, v1, ok) where the values are not a prefix (None: a prefix of k values)."""
@@ -177,7 +206,7 @@ class Count:
 
     def fields(self) -> dict:
         return dict(count=self.count, count_index=self.cidx, count_elem=self.celem, count_div=self.cdiv,
-                    row_stride=self.rs, row_filter=None, count_sub=None)
+                    row_stride=self.rs, row_filter=None, count_sub=None, count_valid=self.valid)
 
 
 MAX_TABLES = 48   # table candidates tried per index word at most (each may need a solve)

@@ -164,7 +164,7 @@ def fit_position_range(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, nat: 
             continue
         tried += 1
         r = Region(w.name, "indexed", start=start, stride=sd, chunk=sd, count=c.count, index=None, elem=4,
-                   count_index=c.cidx, count_elem=c.celem, count_div=c.cdiv)
+                   count_index=c.cidx, count_elem=c.celem, count_div=c.cdiv, count_valid=c.valid)
         taken = _take(kd, r, cat, sel, sv, part, lid, best)
         if taken is not None:
             best = taken

@@ -69,6 +69,7 @@ from .data import KernelData
 from .index_counts import (MAX_LENGTH_VALUES, Count, buffer_count_candidates, count_candidates, launch_positions,
                            length_candidates, prefix_values, row_bytes, table_candidates, value_elems, value_rows)
 from .row_filters import RowForms, filtered_table_candidates, length_filters
+from .index_split import best_split, block_strides
 from .layout import fault_pages_loglik
 from .solve import solve_pair
 from .strided import verify_pages
@@ -557,9 +558,43 @@ def _divided(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, boun
                         continue
                     found_best = (r, okv, unexplained, None, c.k)
                     if _holds_own_faults(kd, r, cat, sv):
-                        return _tightest(kd, found_best, kept, cat, sel, sv, part, lid, iptr)
+                        return _split_blocks(kd, _tightest(kd, found_best, kept, cat, sel, sv, part, lid, iptr), cat, sel, sv,
+                                      part, lid, iptr)
                     first = first or found_best
-    return None if first is None else _tightest(kd, first, kept, cat, sel, sv, part, lid, iptr)
+    if first is None:
+        return _solved_blocks(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept)
+    return _split_blocks(kd, _tightest(kd, first, kept, cat, sel, sv, part, lid, iptr), cat, sel, sv, part, lid, iptr)
+
+
+def _solved_blocks(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals, bounds, kept):
+    """Where no whole block verifies (a slot's bytes in a part of each of its block's big pages):
+    the block's stride solved from where launches begin (index_split.block_strides), each d, and
+    its splits (index_split.best_split) that verify and hold every fault page. A best tuple or None."""
+    s_lo, s_hi, e_lo, e_hi = bounds
+    for c in [c for c in kept if c.rs is None][:DIVIDED_COUNTS]:
+        v0, v1, ok = _extremes(kd, part[sv], rows[sv], c.k, elem) if c.extremes() is None else c.extremes()
+        if not ok.all():
+            continue
+        for d in (1 << b for b in range(1, MAX_VALUE_DIV.bit_length())):
+            for stride in block_strides(kd, g, v0 // d, v1 // d, bounds):
+                found = start_for(kd, g, vals, stride, v0 // d, s_lo - stride.const, s_hi)
+                if found is None:
+                    continue
+                r = Region(w.name, "indexed", start=found[1], stride=stride, chunk=stride, count=c.count, index=iw.name,
+                           elem=elem, value_div=d)
+                r = dataclasses.replace(r, **c.fields())
+                best = _split_blocks(kd, (r, None, kd.allowed(len(sv)) + 1, None, c.k), cat, sel, sv, part, lid, iptr)
+                if best[0] is not r:
+                    return best
+    return None
+
+
+def _split_blocks(kd, best, cat, sel, sv, part, lid, iptr):
+    """`best`, a whole-block region, or the split of its blocks that the faults favour (fit.index_split)."""
+    def check(r):
+        okv = verify_indexed(kd, r, cat, sel, sv, part, lid, iptr)
+        return okv, int((~okv).sum())
+    return best_split(kd, best, cat, sel, sv, check, lambda r: (lambda s: indexed_pages(kd, r, cat, s)[0]))
 
 
 def _holds_own_faults(kd, r: Region, cat, sv) -> bool:
