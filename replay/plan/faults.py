@@ -48,17 +48,19 @@ def prefetch_uses(g: Groups, needs: Needs, base: Needs) -> tuple[np.ndarray, np.
     n = g.n_steps
     n_units = int(max(needs.unit.max(initial=-1), base.unit.max(initial=-1), g.pf_unit.max(initial=-1),
                       g.ev_unit.max(initial=-1))) + 1
+    # the steps in int32 where they fit (4 bytes a prefetch entry less, as `narrow` keeps steps)
+    width = np.empty(0, ID if n + 1 < np.iinfo(ID).max else I64)
     return _prefetch_uses(g.pf_ptr, g.pf_unit, g.ev_ptr, g.ev_unit, needs.ptr, needs.unit, base.ptr, base.unit,
-                          n, n_units)   # read only, either width (unit_space.narrow): no copies of every use
+                          n, n_units, width)   # read only, either width (unit_space.narrow): no copies of every use
 
 
 @njit(cache=True)
-def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_unit, n, n_units):
+def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_unit, n, n_units, width):
     none = np.int64(n + 1)
     nxt_need = np.full(n_units, none, np.int64)   # first step >= s whose needs hold the unit
     nxt_base = np.full(n_units, none, np.int64)   # the same in base
     nxt_ev = np.full(n_units, none, np.int64)     # first group > s evicting it
-    need = np.full(len(pf_unit), -1, np.int64)
+    need = np.full(len(pf_unit), -1, width.dtype)
     own = np.zeros(len(pf_unit), np.bool_)
     useful = np.zeros(len(pf_unit), np.bool_)
     for s in range(n - 1, -1, -1):
@@ -98,7 +100,7 @@ def _entries(g: Groups, base: Needs, need: np.ndarray, gran: int) -> np.ndarray:
     it is for: the pages that step touches in it (base.pages), else all of the unit's pages (as the
     simulator counts a plan's needs, run.fault_entries)."""
     whole = max(int(gran) // PAGE, 1)
-    out = np.full(len(g.pf_unit), whole, np.int64)
+    out = np.full(len(g.pf_unit), whole, ID)   # pages of one unit: int32 (the sums that read them are float64)
     pages = base.page_counts()   # an alternative's are made here, after its plans (Workload.needs_from)
     if pages is None or len(pages) != len(base.unit) or len(base.unit) == 0:
         return out

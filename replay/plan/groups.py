@@ -111,8 +111,8 @@ def gate_of(pf_ptr: np.ndarray, pf_after: np.ndarray) -> np.ndarray:
 
 
 def prefetch_steps(g: Groups) -> np.ndarray:
-    """The group (step) of each of `g`'s prefetch entries."""
-    return np.repeat(np.arange(g.n_steps, dtype=I64), np.diff(g.pf_ptr))
+    """The group (step) of each of `g`'s prefetch entries (int32 where the steps fit)."""
+    return np.repeat(np.arange(g.n_steps, dtype=ID if g.n_steps < np.iinfo(ID).max else I64), np.diff(g.pf_ptr))
 
 
 def first_need(step: np.ndarray, units: np.ndarray, needs, n: int) -> np.ndarray:
