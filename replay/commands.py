@@ -178,9 +178,12 @@ class ReplayCommand(Command):
         g.add_argument("--capacity", metavar="SIZE,...", help="GPU memory sizes, e.g. 1GiB,2GiB")
         g.add_argument("--oversub", metavar="R,...",
                        help=OVERSUB_HELP)
-        p.add_argument("--model", metavar="MODEL", help="model for the template policy (planned on the fly)")
-        p.add_argument("--plan", metavar="PLAN", help="a plan from 'pagecast plan' for the template policy, replayed"
-                                                      " at the capacity it was made for (GPU: with its TRACE)")
+        p.add_argument("--model", metavar="MODEL", help="model for the template and runner policies (planned on the fly)")
+        p.add_argument("--plan", metavar="PLAN",
+                       help="a plan from 'pagecast plan', carried out by every policy that carries out a plan"
+                            " (template; runner, the GPU runner in the simulator), replayed at the capacity it was"
+                            " made for; a plan for another capacity or trace is refused (GPU: give its TRACE, and"
+                            " --model too: the runner predicts from it where a run leaves the plan)")
         p.add_argument("--feedback", action="store_true", help="refine the model online after each missed page")
         p.add_argument("--backend", default="sim", choices=("sim", "gpu"), help="sim (default) or gpu")
         p.add_argument("--json", action="store_true", help="print one JSON list of runs on stdout")
@@ -322,6 +325,12 @@ SPAN_WORDS = {"unit": "the predicted units", "block": "whole 2 MiB blocks (faste
               "allocation": "whole allocations (faster here than units or blocks)"}
 
 
+def _followers() -> list[str]:
+    """The registered policies that carry out a --plan given (`Policy.follows_plan`)."""
+    from .policies import POLICIES
+    return [n for n, c in POLICIES.items() if c.follows_plan]
+
+
 def replay_request(args):
     """The replay command's flags -> one ReplayRequest (validated as it is made), warning about the
     flags the chosen backend or policies do not use (and leaving those out)."""
@@ -338,8 +347,10 @@ def replay_request(args):
     model, plan, feedback = args.model, args.plan, args.feedback
     span = args.span
     warns: list[str] = []   # said once the request stands (a bad flag is one line, no warnings before it)
+    known = [p for p in policies if p in POLICIES]
+    followers = [p for p in known if POLICIES[p].follows_plan]   # the policies that carry out a --plan
     if backend == "gpu":
-        if plan and not any(POLICIES[p].requires == "model-or-plan" for p in policies if p in POLICIES):
+        if plan and not followers:
             warns.append("--plan is for the template policy, which is not among --policy; ignored")
             plan = None
         elif plan and getattr(args, "no_lookahead", False):
@@ -350,15 +361,20 @@ def replay_request(args):
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
         span = "auto"
     else:
-        needs = {POLICIES[p].requires for p in policies if p in POLICIES}
-        if "model-or-plan" not in needs:
-            uses_model = "model" in needs
-            for flag, val in (("--plan", plan), ("--model", None if uses_model else model), ("--feedback", feedback)):
-                if val:
-                    warns.append(f"{flag} is for the template policy, which is not among --policy; ignored")
-            plan, model, feedback = None, model if uses_model else None, False
-        elif plan and model:
-            warns.append("--plan and --model both given: template follows the plan (its manifest names its"
+        needs = {POLICIES[p].requires for p in known}
+        if plan and not followers:
+            warns.append(f"--plan is for the policies that carry out a plan ({', '.join(_followers())}), none of"
+                         " which is among --policy; ignored")
+            plan = None
+        if model and not needs & {"model", "model-or-plan"}:
+            warns.append("--model is for the template policy, which is not among --policy; ignored")
+            model = None
+        if feedback and "model-or-plan" not in needs:
+            warns.append("--feedback is for the template policy, which is not among --policy; ignored")
+            feedback = False
+        if plan and model and all(POLICIES[p].follows_plan for p in known if POLICIES[p].requires):
+            warns.append(f"--plan and --model both given: {' and '.join(followers)}"
+                         f" follow{'s' if len(followers) == 1 else ''} the plan (its manifest names its"
                          " model); --model is not used")
         if args.repeat != 1:
             warns.append("--repeat is for --backend gpu; the simulator is deterministic and runs once")

@@ -112,8 +112,9 @@ class ReplayRequest:
     oversub: tuple[float, ...] | None = None   # or: capacity = oversub basis / R (see oversub_of)
     oversub_of: str = "managed"                # managed bytes allocated (the literature's) or "touched" footprint
     model: str | None = None                   # a model file (template, runner; the GPU runner's predictions)
-    plan: str | None = None                    # a plan directory from `pagecast plan` (template's; GPU: its runs'
-                                               # children also get the plans made at start, oracle's too)
+    plan: str | None = None                    # a plan directory from `pagecast plan`, carried out by the policies
+                                               # that follow one (template; the simulator's runner); GPU: the runs'
+                                               # children also get the plans made at start, oracle's too
     feedback: bool = False                     # refine the model online from the faults it missed
     fallback: str | None = None                # None: the backend's default (sim: adaptive; GPU: by feedback)
     repeat: int = 1                            # GPU runs per (policy, capacity): the median is reported
@@ -195,11 +196,13 @@ class ReplayRequest:
         if self.plan is not None and len(self.traces) != 1:
             raise UsageError("--plan is for one trace; with several traces give --model and plans are made on the fly")
         for p in self.policies:
-            need = POLICIES[p].requires
-            if need == "model" and self.model is None:
-                raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
-            if need == "model-or-plan" and self.model is None and self.plan is None:
+            need, follows = POLICIES[p].requires, POLICIES[p].follows_plan
+            if self.model is not None or (follows and self.plan is not None):
+                continue   # a policy that follows a plan carries out the --plan given, without the model
+            if need == "model-or-plan" or (need == "model" and follows):
                 raise UsageError(f"policy {p} needs --model MODEL or --plan PLAN")
+            if need == "model":
+                raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
         if self.feedback and self.model is None and any(POLICIES[p].requires == "model-or-plan"
                                                         for p in self.policies):
             raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
@@ -211,6 +214,11 @@ class ReplayRequest:
             raise UsageError("--placement auto is for the simulator: the GPU runner does not place memory on the host yet")
         for p in self.policies:
             if POLICIES[p].predicts and not self.model:
+                if self.plan is not None and POLICIES[p].follows_plan:
+                    raise UsageError(f"policy {p} needs --model MODEL on the GPU even with --plan: where the run"
+                                     " leaves the plan (the workload's launches stop matching the plan's trace, or"
+                                     " what moved overflows the emulated capacity) the runner decides each launch"
+                                     " from the model's predictions; give the model the plan was made from")
                 raise UsageError(f"policy {p} needs --model MODEL (make one with 'pagecast fit TRACE -o MODEL')")
         if len(self.traces) > 1:
             raise UsageError("the GPU backend replays one workload: give at most one trace (a full-mode trace of it)")
@@ -236,9 +244,9 @@ class ReplayRequest:
 
     def one_run(self, policy: str, capacity: int | None) -> ReplayRequest:
         """This request narrowed to one policy at one capacity (None: the whole GPU), run once; a
-        --plan stays with the policy that follows one (template), no other run carries it out."""
+        --plan stays with the policies that follow one (`follows_plan`), no other run carries it out."""
         return replace(self, policies=(policy,), capacity=None if capacity is None else (int(capacity),),
-                       oversub=None, repeat=1, plan=self.plan if POLICIES[policy].requires == "model-or-plan" else None)
+                       oversub=None, repeat=1, plan=self.plan if POLICIES[policy].follows_plan else None)
 
     # ---- JSON ----------------------------------------------------------------------------------
 

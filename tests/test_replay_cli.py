@@ -530,8 +530,9 @@ def test_flags_for_another_policy_or_backend_are_named_and_ignored(traces, tmp_p
                            "--plan", tmp_path / "nowhere.plan", "--model", tmp_path / "nowhere.json",
                            "--feedback", "--repeat", "3")
     assert code == 0, err
-    for flag in ("--plan", "--model", "--feedback"):
+    for flag in ("--model", "--feedback"):
         assert f"{flag} is for the template policy" in err
+    assert "--plan is for the policies that carry out a plan (template, runner)" in err
     assert "--repeat is for --backend gpu" in err
 
 
@@ -610,3 +611,46 @@ def test_running_out_of_memory_is_one_line_exit_2(traces, capsys, monkeypatch):
     monkeypatch.setattr(run, "replay_sim", boom)
     code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand", "--oversub", "2")
     one_line_error(code, err, "ran out of memory", "bytes and address columns")
+
+
+def test_runner_carries_out_a_plan_given_without_template(traces, model, tmp_path, capsys):
+    """`--policy runner --plan P` (no template): the runner carries out P, as it does beside template,
+    and needs no --model; it was ignored (the runner planned from --model, or failed without one)."""
+    plan = tmp_path / "p.plan"
+    code, out, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "--span", "block", "-o", plan,
+                             "--json")
+    assert code == 0, err
+    cap = json.loads(out)["capacity_bytes"]
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,runner", "--plan", plan,
+                             "--capacity", cap, "--json")
+    assert code == 0, err
+    assert "ignored" not in err and "--model" not in err
+    alone = next(r for r in json.loads(out) if r["policy"] == "runner")
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,template,runner", "--plan", plan,
+                             "--capacity", cap, "--json")
+    assert code == 0, err
+    beside = {r["policy"]: r for r in json.loads(out)}
+    for k in ("time_s", "faults", "htod_bytes", "dtoh_bytes"):
+        assert alone[k] == beside["runner"][k], k
+    assert beside["template"]["plan_span"] == "block"
+    # with --model too the plan is still what the runner carries out (the model is named unused)
+    code, out, err = run_cli(capsys, "replay", traces[3], "--policy", "runner", "--plan", plan, "--model", model,
+                             "--capacity", cap, "--json")
+    assert code == 0 and "runner follows the plan" in err, err
+    assert json.loads(out)[0]["htod_bytes"] == alone["htod_bytes"]
+
+
+def test_runner_refuses_a_plan_for_another_capacity_or_trace(traces, model, tmp_path, capsys):
+    from pagecast.units import format_size
+
+    plan = tmp_path / "p.plan"
+    code, out, err = run_cli(capsys, "plan", model, traces[3], "--oversub", "2", "-o", plan, "--json")
+    assert code == 0, err
+    cap = json.loads(out)["capacity_bytes"]
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "demand,runner", "--plan", plan,
+                           "--capacity", cap // 2)
+    one_line_error(code, err, f"planned for a capacity of {format_size(cap)}", f"--capacity {cap}")
+    code, _, err = run_cli(capsys, "replay", traces[1], "--policy", "runner", "--plan", plan, "--capacity", cap)
+    one_line_error(code, err, "another trace")
+    code, _, err = run_cli(capsys, "replay", traces[3], "--policy", "runner", "--capacity", cap)
+    one_line_error(code, err, "policy runner needs --model MODEL or --plan PLAN")

@@ -184,7 +184,7 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
     else:
         caps = [None]
         levels = {None: None}
-    if given is not None and any(POLICIES[p].requires == "model-or-plan" for p in policies):
+    if given is not None and any(POLICIES[p].follows_plan for p in policies):
         plan_io.check_plan_capacity(given, req.plan, [(c, levels[c]) for c in caps], by_oversub=bool(req.oversub))
     for c in caps:
         if c is not None and c > free:

@@ -110,6 +110,7 @@ class Policy:
     runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
     chooses_span = False      # plans at the replay's --span (or chooses it)
     carries_out_plan = False  # runs the replay's template plan as given (a --plan's host placement too)
+    follows_plan = False      # given the replay's --plan, carries that plan out (its model not needed then)
     # with --placement auto, what the policy judges host placement on (placement.py): "predicted"
     # (its model's footprints; kept where its plan's trial run says it is faster), "truth" (kept
     # where the run is faster), or None (the driver's default placement only)

@@ -154,6 +154,7 @@ class Runner(Policy):
                    "(or, unplanned, its decisions one launch at a time)")
 
     requires = "model"
+    follows_plan = True   # a --plan given: carried out, as template carries it out (no model needed)
     reads_arguments = True
 
     @classmethod

@@ -39,6 +39,7 @@ class Template(Planned):
     faults = True
 
     requires = "model-or-plan"
+    follows_plan = True
     reads_arguments = True
     chooses_span = True
     places = "predicted"

@@ -160,12 +160,16 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         plan = plan_io.read_plan(plan_path, traces[0])
     # the policy that plans on the model's predictions (or follows a fixed plan): template
     plans_on_model = any(POLICIES[p].requires == "model-or-plan" for p in policies)
+    # the policies that carry out a --plan given (template; the runner, without template too)
+    follows = plan is not None and any(POLICIES[p].follows_plan for p in policies)
     for p in policies:
         need = POLICIES[p].requires
-        if need == "model" and model is None:
-            raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
-        if need == "model-or-plan" and model is None and plan is None:
+        if model is not None or (plan is not None and POLICIES[p].follows_plan):
+            continue
+        if need == "model-or-plan" or (need == "model" and POLICIES[p].follows_plan):
             raise UsageError(f"policy {p} needs --model MODEL or --plan PLAN")
+        if need == "model":
+            raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
     extra = []
     predicted = None
     if plans_on_model and model is not None and plan is None:
@@ -183,13 +187,13 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
     basis = w.oversub_basis(cfg.oversub_of)
     caps = capacities_for(basis, capacity, oversub)
-    if plan is not None and plans_on_model:
+    if follows:
         plan_io.check_plan_capacity(plan, plan_path, caps, capacity is None)
     opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
     tmpl = None
     fixed = None   # the plan's host placement (HostPlaced), where its manifest names one
-    if plans_on_model:
-        if plan is not None:
+    if plans_on_model or follows:
+        if follows:
             span = plan.manifest.get("span", "unit")
             wt = w
             host = plan_io.host_ranges(plan)
@@ -203,7 +207,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                                                                span, wt, max(plan.capacity_bytes // w.gran, 1), prof)
             tmpl = Template(plan_groups_fixed=groups_from_plan(plan, wt, pneeds), fallback=cfg.fallback)
             tmpl.fixed_needs, tmpl.fixed_span, tmpl.fixed_plan = pneeds, span, plan
-            if cfg.feedback:
+            if cfg.feedback and plans_on_model:
                 raise UsageError("--feedback needs --model (a fixed --plan cannot be refined)")
         else:
             tmpl = Template(model=model, fallback=cfg.fallback)
