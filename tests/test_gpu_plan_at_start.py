@@ -159,3 +159,30 @@ def test_a_plan_file_needs_its_trace_and_no_feedback(tmp_path, monkeypatch, caps
     assert main(["replay", "--backend", "gpu", "--policy", "template", "--model", str(model), "--plan", str(given),
                  "--", "python", "x.py"]) == 2
     assert "--plan needs the TRACE it was made for" in capsys.readouterr().err
+
+
+def test_template_with_a_plan_but_no_model_says_why_the_model_is_needed(tmp_path, monkeypatch, capsys, model):
+    """--plan without --model: the GPU child's runner still predicts from the model where a run leaves
+    the plan (the workload's launches stop matching the plan's trace; what moved overflows the
+    emulated capacity and the ledger makes room as without a plan), so the model is needed: one line
+    that says why, exit 2, before any run (it was the message for a replay with no plan at all)."""
+    from pagecast.errors import UsageError
+    from pagecast.replay.gpu import cuda_engine as E
+    from pagecast.replay.online.planned import PlannedCalls, schedule_from_plan
+    from pagecast.replay.online.relocate import Relocator
+    from pagecast.replay.plan import plan_io
+
+    tr = T.read_trace(TRACE)
+    cap = managed_bytes(tr) // 2
+    given = _plan_file(tmp_path, capsys, model, cap)
+    for flags in (["--capacity", str(cap)], []):
+        line = _refused(tmp_path, monkeypatch, capsys, given, *flags)
+        assert "policy template needs --model MODEL on the GPU even with --plan" in line, line
+        assert "leaves the plan" in line and "the model the plan was made from" in line, line
+    # what makes it so: the child's engine, given the plan's schedule, keeps the decider that predicts
+    # each launch off the plan, and that decider refuses template without a predictor
+    plan = plan_io.read_plan(given, tr)
+    rel = Relocator(tr)
+    with pytest.raises(UsageError, match="needs a model"):
+        E.Engine(FakeCuda(), "template", capacity=cap, relocator=rel,
+                 planned=PlannedCalls(schedule_from_plan(plan.table, plan.launches, tr, rel), rel))
