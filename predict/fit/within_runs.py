@@ -66,48 +66,90 @@ def residue_starts(kd: KernelData, g: np.ndarray, own: np.ndarray, fpage: np.nda
                    first: np.ndarray, sd: np.ndarray):
     """Per launch, byte bounds (lo, hi) on its first chunk's start (from its base) under stride
     `sd` (per launch), from its group's fault pages modulo the stride (module doc); (-INF, INF)
-    where the group has too few faults. None where some group's residues leave no gap a page
-    wide (a contiguous run, or chunks that fill their stride). `first`: the first observed byte
-    (from the base) per launch."""
+    where the group has fewer than MIN_FAULTS faults or they leave no gap wider than MIN_GAP.
+    None where no group bounds it. `first`: the first observed byte (from the base) per launch.
+    Vectorized over the groups (a sort of the residues, the widest gap per group)."""
     ps, n = kd.ps, len(g)
     lo = np.full(n, -FM.INF, np.int64)
     hi = np.full(n, FM.INF, np.int64)
     if not len(own):
         return None
-    r = (fpage * ps - base[own]) % sd[own]
+    S_f = sd[own]
+    r = (fpage * ps - base[own]) % S_f
     gf = g[own]
-    # per group: its launches share start and stride; pool their residues
+    # per group (its launches share start and stride): its residues, sorted and without repeats
     o = np.lexsort((r, gf))
-    gs, rs = gf[o], r[o]
-    start = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-    stop = np.r_[start[1:], len(gs)]
-    reads = []   # per group read: (group, residue after the widest gap, the arc the faults span)
-    for a, b in zip(start, stop):
-        if b - a < MIN_FAULTS:
-            continue
-        x = np.unique(rs[a:b])
-        S = int(sd[own[o[a]]])
-        # the gap from each residue to the next (circularly): the widest holds no chunk's start
-        nxt = np.r_[x[1:], x[0] + S]
-        gaps = nxt - x
-        k = int(np.argmax(gaps))
-        if gaps[k] <= MIN_GAP:
-            continue   # faults fill the circle: no chunk boundary to read at this group
-        reads.append((int(gs[a]), int(nxt[k] % S), S - int(gaps[k]), S))
-    if not reads:
+    gs, rs, Ss = gf[o], r[o], S_f[o]
+    keep = np.r_[True, (gs[1:] != gs[:-1]) | (rs[1:] != rs[:-1])]
+    faults = np.bincount(gs, minlength=kd.U)
+    gs, rs, Ss = gs[keep], rs[keep], Ss[keep]
+    head = np.r_[True, gs[1:] != gs[:-1]]
+    first_i = np.flatnonzero(head)
+    start_of = first_i[np.cumsum(head) - 1]                  # each residue's group's first residue
+    last = np.r_[head[1:], True]
+    # the gap from each residue to the next (circularly, the last to the first plus the stride)
+    nxt = np.where(last, rs[start_of] + Ss, np.r_[rs[1:], 0])
+    gaps = nxt - rs
+    # the widest gap per group: the last of each group once sorted by (group, gap)
+    o2 = np.lexsort((gaps, gs))
+    w = o2[np.r_[gs[o2][1:] != gs[o2][:-1], True]]
+    grp, gap, S = gs[w], gaps[w], Ss[w]
+    res = nxt[w] % S                                          # the residue after the widest gap
+    use = (faults[grp] >= MIN_FAULTS) & (gap > MIN_GAP)
+    if not use.any():
         return None
-    for grp, res, L, S in reads:
-        # page starts lie on a grid of q = gcd(page, stride) modulo the stride: the first page a
-        # chunk touches starts in (start - page, start - page + q], so the start lies in
-        # [res + page - q, res + page - 1] (res: the first residue after the widest gap)
-        q = int(np.gcd(ps, S))
-        hi_r = res + ps - 1
-        lo_r = res + ps - q
-        m = np.flatnonzero(g == grp)
-        kk = -(-(first[m] - hi_r) // S)
-        hi[m] = hi_r + kk * S
-        lo[m] = hi[m] - (hi_r - lo_r)
+    grp, res, S = grp[use], res[use], S[use]
+    # page starts lie on a grid of q = gcd(page, stride) modulo the stride: the first page a
+    # chunk touches starts in (start - page, start - page + q], so the start lies in
+    # [res + page - q, res + page - 1]; placed at the first such position at or after the first
+    # big page the records show
+    q = np.gcd(ps, S)
+    at = np.full(kd.U, -1, np.int64)
+    at[grp] = np.arange(len(grp))
+    k = at[g]
+    m = np.flatnonzero(k >= 0)
+    hi_r = res[k[m]] + ps - 1
+    Sm = S[k[m]]
+    kk = -(-(first[m] - hi_r) // Sm)
+    hi[m] = hi_r + kk * Sm
+    lo[m] = hi[m] - (q[k[m]] - 1)
     return lo, hi
+
+
+DENSE = 16          # faults a launch group needs before a page its chunks name and none of them hit refutes them
+MAX_CLASSES = 256   # page positions modulo the stride checked per group at most
+
+
+def _unfaulted_pages(kd: KernelData, g, own, fpage, base, s0, chunk, sd) -> bool:
+    """Does the layout name, at a launch group with DENSE faults or more, a page position (a page
+    start modulo the stride, on the grid gcd(page, stride)) on which none of them landed? Every
+    chunk touches the same positions, and each touched big page faults at one of its touched
+    pages at random: at 16 faults a position of two left empty has odds of 2^-15. A start the
+    residues placed only to a page (the stride a multiple of it) may be off by the pages its
+    chunk then reaches: those are refuted here, not predicted."""
+    ps = kd.ps
+    S = sd[own]
+    q = np.gcd(ps, S)
+    dense = np.bincount(g[own], minlength=kd.U) >= DENSE
+    m = dense[g[own]] & (S // q <= MAX_CLASSES)
+    if not m.any():
+        return False
+    # the faults' positions: (launch's group, page start modulo the stride, on the grid)
+    r0 = (-base[own]) % q                       # the grid's offset at each fault's launch
+    t = ((fpage * ps - base[own]) % S - r0) // q
+    key_f = np.unique((g[own][m].astype(np.int64) << 20) | t[m])
+    # the positions each dense group's chunk names: for each launch of those groups, every grid
+    # position whose page meets [start, start + chunk) modulo the stride
+    L = np.unique(own[m])
+    nL = sd[L] // np.gcd(ps, sd[L])              # grid positions per stride at each launch
+    rep = np.repeat(L, nL)
+    j = np.arange(len(rep)) - np.repeat(np.cumsum(nL) - nL, nL)
+    qq = np.gcd(ps, sd[rep])
+    pos = ((-base[rep]) % qq) + qq * j
+    rel = (pos - (s0[rep] - base[rep])) % sd[rep]
+    named = (rel < chunk[rep]) | (rel > sd[rep] - ps)
+    key_p = np.unique((g[rep][named].astype(np.int64) << 20) | j[named])
+    return bool(len(np.setdiff1d(key_p, key_f)))
 
 
 def fit_within_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray):
@@ -172,6 +214,8 @@ def fit_within_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray):
             ll_runs = fault_pages_loglik(kd, region, cat, sel, pages=rng)[0]
         terms = sum(f.n_terms for f in region.formulas().values())
         if ll - ll_runs < np.log(kd.params.odds_per_term) * max(terms, 1):
+            continue
+        if _unfaulted_pages(kd, g, own, fpage, base, base + s0r, chunk, sd):
             continue
         fit = {"exact": round(float(ok.mean()), 6), "unexplained": int((~ok).sum()), "layout": "within runs",
                "evidence": {**group_evidence(kd, g, lo, hi, lo, hi), "of": "chunk"}}
