@@ -29,7 +29,7 @@ def jacobi():
     return tr, schedule_from_plan(plan.table, plan.launches, tr, Relocator(tr))
 
 
-def _run(tr, sched, observed=None):
+def _run(tr, sched, observed=None, moved=None):
     f = fake_for(tr)
     rel = Relocator(tr)
     if observed is not None:
@@ -40,7 +40,7 @@ def _run(tr, sched, observed=None):
             return orig(t, kernel, data)
         rel.observe = observe
     e = E.Engine(f, "template", capacity=managed_bytes(tr) // 2, predict=lambda la, allocs: [],
-                 planned=PlannedCalls(sched, rel))
+                 planned=PlannedCalls(sched, rel), moved=moved)
     marks = []
     for t, la in shifted_rows(tr):
         marks.append(len(f.log))
@@ -121,8 +121,11 @@ def test_the_simulators_rule_agrees_with_the_engine(jacobi):
 
 def test_the_ledger_is_looked_at_within_its_period(jacobi, monkeypatch):
     """A quiet launch takes the full path (the ledger, the fallback) once LEDGER_EVERY_S has passed
-    since the last launch that did: with 0, every launch does, as before quiet launches."""
+    since the last launch that did: with 0, every launch does, as before quiet launches; without a
+    ledger (no counters of what moved) it never needs to."""
     tr, sched = jacobi
     monkeypatch.setattr(E, "LEDGER_EVERY_S", 0.0)
-    f, e, _ = _run(tr, sched)
+    f, e, _ = _run(tr, sched, moved=lambda: [])
     assert e.stats.quiet_launches == 0
+    f, e, _ = _run(tr, sched)
+    assert e.stats.quiet_launches > 0

@@ -83,7 +83,8 @@ no relocation, no driver call. It still needs the full path where its stream mus
 earlier group (`waits_for`) not yet covered: the copy stream runs in order, so a stream that waited
 on an event recorded later on it (the engine numbers its recordings) needs no other wait, and the
 full path leaves such waits out too (`waits_covered`). The ledger is looked at by the launches that
-take the full path, and by a quiet one once `LEDGER_EVERY_S` has passed since the last of them (the
+take the full path, and (in a run emulating a capacity with counters of what moved) by a quiet one
+once `LEDGER_EVERY_S` has passed since the last of them (the
 child flushes CUPTI's buffers at that period: records arrive no sooner), and where it was over the
 capacity at the last boundary every launch takes the full path. Measured on the CPU only
 (benchmarks/bench_child_callback.py, tests/test_gpu_quiet.py: the stand-in driver).
@@ -273,6 +274,8 @@ class Engine:
             self._kernel_at = planned.rel.kernels
             self._waits_for = planned.schedule.waits_for.tolist()
             self._first = planned.rel.first_pointers().tolist()
+        # how long a quiet launch may go without the ledger (none to look at without a capacity to emulate)
+        self._ledger_every = LEDGER_EVERY_S if moved is not None and capacity is not None else float("inf")
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
         # main one): one at a time through the residency estimate and the caches
         self.lock = threading.RLock()
@@ -347,7 +350,7 @@ class Engine:
     def _quiet_launch(self, t: int, la, now: float) -> bool:
         """Launch t, quiet by the plan (`_quiet`), done here (the module doc): counted, its kernel
         checked against the trace's; False where it needs the full path after all."""
-        if (self.planned is None or self._over or now - self._full_at > LEDGER_EVERY_S
+        if (self.planned is None or self._over or now - self._full_at > self._ledger_every
                 or la.kernel != self._kernel_at[t] or t in self._later or t in self._group_free):
             return False
         wf = self._waits_for[t]
