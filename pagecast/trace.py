@@ -515,6 +515,16 @@ class Trace:
             raise TraceError(f"{self.path}: the trace has no launches{held}; nothing to {what}")
         return self
 
+    def has_argument_bytes(self) -> bool:
+        """Whether its launches carry the kernels' argument bytes: not where the manifest says
+        `argument_bytes: false` (`pagecast import nsys`), nor where no launch has any (collected
+        without them); a runner matches the trace's launches to a live run's through them."""
+        if self.manifest.get("argument_bytes") is False:
+            return False
+        if self.n_launches == 0:
+            return True
+        return bool(pc.sum(pc.binary_length(self.launches.column(PARAM_DATA))).as_py() or 0)
+
     def require_argument_bytes(self, what: str) -> "Trace":
         """This trace, or TraceError (one line, exit 2) when its launches carry no argument bytes
         (manifest `argument_bytes: false`, as `pagecast import nsys` writes: Nsight records none)."""

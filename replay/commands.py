@@ -199,7 +199,9 @@ class ReplayCommand(Command):
         g2.add_argument("--no-lookahead", action="store_true",
                         help="template and oracle decide one launch at a time (default, with a TRACE: their"
                              " plans are made at start, template's from --model, as the simulator makes them,"
-                             " unless --plan gives it, and carried out ahead on a copy stream)")
+                             " unless --plan gives it, and carried out ahead on a copy stream; a TRACE whose"
+                             " launches carry no argument bytes cannot be matched to the workload's: no plan"
+                             " then, with a warning)")
         g2.add_argument("--discard-unfreed", action="store_true",
                         help="with the lookahead: discard data the program never frees after its last use in"
                              " the trace, not only freed temporaries (off: the host may still read it)")

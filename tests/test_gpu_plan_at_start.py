@@ -32,9 +32,10 @@ def model(tmp_path_factory):
     return path
 
 
-def _replay(tmp_path, monkeypatch, capsys, model, *flags, capacity=True):
+def _replay(tmp_path, monkeypatch, capsys, model, *flags, capacity=True, trace=TRACE, errs=None):
     """The replay command end to end, each child run in-process on a fresh stand-in; -> (rows, jobs,
-    the plan directories as each child saw them)."""
+    the plan directories as each child saw them); `trace`: the one the replay is given (the workload
+    launches TRACE's launches); `errs`: a list the command's stderr is appended to."""
     from pagecast.cli import main
 
     tr = T.read_trace(TRACE)
@@ -55,9 +56,12 @@ def _replay(tmp_path, monkeypatch, capsys, model, *flags, capacity=True):
     monkeypatch.setattr(D, "open_cuda", lambda device=0: FakeCuda())
     monkeypatch.setattr(G, "_run_child", fake_child)
     cap = managed_bytes(tr) // 2
-    assert main(["replay", str(TRACE), "--backend", "gpu", "--policy", "demand,template,oracle", "--model", str(model),
+    assert main(["replay", str(trace), "--backend", "gpu", "--policy", "demand,template,oracle", "--model", str(model),
                  *(["--capacity", str(cap)] if capacity else []), "--json", *flags, "--", "python", str(script)]) == 0
-    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    out = capsys.readouterr()
+    if errs is not None:
+        errs.append(out.err)
+    rows = {r["policy"]: r for r in json.loads(out.out)}
     return rows, jobs, seen, cap
 
 
@@ -186,3 +190,45 @@ def test_template_with_a_plan_but_no_model_says_why_the_model_is_needed(tmp_path
     with pytest.raises(UsageError, match="needs a model"):
         E.Engine(FakeCuda(), "template", capacity=cap, relocator=rel,
                  planned=PlannedCalls(schedule_from_plan(plan.table, plan.launches, tr, rel), rel))
+
+
+def _without_argument_bytes(tmp_path, how: str) -> Path:
+    """TRACE without its launches' argument bytes: an empty param_data column (collected without
+    them), or the manifest's `argument_bytes: false` (as `pagecast import nsys` writes)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path / f"{how}.pctrace"
+    shutil.copytree(TRACE, out)
+    if how == "empty-column":
+        for part in (out / "launches").glob("*.parquet"):
+            t = pq.read_table(part)
+            for col, empty in ((T.PARAM_DATA, b""), (T.PARAM_OFFSETS, []), (T.PARAM_SIZES, [])):
+                i = t.schema.get_field_index(col)
+                t = t.set_column(i, t.schema.field(i), pa.array([empty] * t.num_rows, t.schema.field(i).type))
+            pq.write_table(t, part)
+    else:
+        man = out / "manifest.json"
+        m = json.loads(man.read_text())
+        m["argument_bytes"] = False
+        man.write_text(json.dumps(m))
+    return out
+
+
+@pytest.mark.parametrize("how", ["empty-column", "manifest"])
+def test_a_trace_without_argument_bytes_warns_that_plans_are_not_made(tmp_path, monkeypatch, capsys, model, how):
+    """A trace whose launches carry no argument bytes cannot be matched to the workload's launches: no
+    plan is made at start (template and oracle decided one launch at a time, silently); one warning
+    line says so and what to do, and the replay runs."""
+    trace = _without_argument_bytes(tmp_path, how)
+    assert not T.read_trace(trace).has_argument_bytes() and T.read_trace(TRACE).has_argument_bytes()
+    errs: list[str] = []
+    rows, jobs, _, _ = _replay(tmp_path, monkeypatch, capsys, model, trace=trace, errs=errs)
+    said = [ln for ln in errs[0].splitlines() if "argument bytes" in ln]
+    assert len(said) == 1, errs[0]
+    assert "template decides one launch at a time" in said[0] and "oracle cannot place" in said[0], said[0]
+    assert "recollect the trace" in said[0] and "pagecast collect" in said[0], said[0]
+    for p in ("demand", "template", "oracle"):
+        assert jobs[p]["request"]["plan"] is None and rows[p]["planned"] is False, p

@@ -190,6 +190,13 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
         if c is not None and c > free:
             console.warn(f"capacity {c} bytes is more than the GPU's free memory ({free} bytes): not emulated exactly")
 
+    unmatched = _without_argument_bytes(req, traces[0], trace) if trace is not None else None
+    if unmatched is not None:
+        # the runner matches a plan's launches to the run's through the trace's argument bytes: with none,
+        # no plan is made at start or carried out, and the planned policies decide one launch at a time
+        console.warn(unmatched)
+        planner, req = None, replace(req, plan=None)
+
     rows: list[dict] = []
     timelines: list[dict] = []
     total_runs = len(caps) * len(policies) * repeat
@@ -264,6 +271,32 @@ def run_gpu_replay(req: ReplayRequest, planner: Planner | None = None) -> tuple[
         timeline = timeline_table(cols)
     return rows, timeline
 
+
+
+def _without_argument_bytes(req: ReplayRequest, path: str, trace) -> str | None:
+    """One warning line where `trace`'s launches carry no argument bytes (`Trace.has_argument_bytes`)
+    and a policy of `req` needs them: the runner matches the trace's launches to the workload's
+    through their pointer arguments, so the policies that carry out a plan ahead (`chooses_span`,
+    with the lookahead) decide one launch at a time instead (25-30 us a launch on the GPU's host
+    side against about 5 with a plan: docs/performance.md), and those that relocate the trace's
+    footprints (`needs_relocator`) cannot place them; None where the trace has them or no policy
+    needs them."""
+    if trace.has_argument_bytes():
+        return None
+    online = [p for p in req.policies
+              if POLICIES[p].chooses_span and req.lookahead and not POLICIES[p].needs_relocator]
+    unplaced = [p for p in req.policies if POLICIES[p].needs_relocator]
+    if not online and not unplaced:
+        return None
+    said = []
+    if online:
+        said.append(f"{' and '.join(online)} decide{'s' if len(online) == 1 else ''} one launch at a time"
+                    " (25-30 us a launch) instead of carrying out a plan made at start")
+    if unplaced:
+        said.append(f"{' and '.join(unplaced)} cannot place the trace's footprints in the run")
+    return (f"{path}: its launches carry no kernel argument bytes (source {trace.manifest.get('source')!r}), through"
+            f" which the runner matches them to the workload's: {'; '.join(said)}; recollect the trace with"
+            " them (pagecast collect --mode full -- CMD) to have the plans made at start")
 
 
 def _measure_managed(req: ReplayRequest) -> int:
