@@ -232,3 +232,6 @@ def test_a_trace_without_argument_bytes_warns_that_plans_are_not_made(tmp_path, 
     assert "recollect the trace" in said[0] and "pagecast collect" in said[0], said[0]
     for p in ("demand", "template", "oracle"):
         assert jobs[p]["request"]["plan"] is None and rows[p]["planned"] is False, p
+    # template predicts each launch from its live arguments and moves data (a plan made at start on
+    # such a trace, as before, moved nothing: its ranges could not be placed in the run)
+    assert rows["template"]["prefetch_bytes"] > 0
