@@ -35,10 +35,11 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
 Figures: median, mean and p99 us per launch. On the planned paths, also the calls each launch
 issued (`BenchCuda.calls`: the prefetches to the GPU and to the host) and its events (`BenchCuda.events`:
 records and stream waits): the launches with neither (nothing due) apart, their median what the
-simulator's runner charges a quiet callback (`runner.QUIET_S`, the profile's `host_quiet_s`), and the
-others' host time fitted as base + per call x calls, by least squares and by a line through the
-medians per call count (weighted by their launches): what it charges the others (`runner.CALLBACK_S` /
-`CALL_S`, the profile's `host_launch_s` / `host_call_s`).
+simulator's runner charges a quiet callback (`runner.QUIET_S`, the profile's `host_quiet_s`); those
+with no call but an event (a wait) apart, their median what it charges a light one (`runner.WAIT_S`,
+`host_wait_s`); and the others' host time fitted as base + per call x calls, by least squares and by a
+line through the medians per call count (weighted by their launches): what it charges the others
+(`runner.CALLBACK_S` / `CALL_S`, the profile's `host_launch_s` / `host_call_s`).
 """
 
 from __future__ import annotations
@@ -224,16 +225,18 @@ def summary(times: list[float], out: dict) -> dict:
 
 def fit_calls(times: list[float], calls: list[int], events: list[int]) -> dict:
     """Host time per launch: the launches with no call and no event (nothing due) apart, their median;
-    the others' as base + per call x the calls they issued: the least-squares line, and the medians per
-    call count (a launch with no call but an event: the base alone)."""
+    those with no call but an event (a wait), their median; the others' as base + per call x the calls
+    they issued: the least-squares line, and the medians per call count."""
     import numpy as np
 
     t, c, e = np.asarray(times, np.float64), np.asarray(calls, np.float64), np.asarray(events, np.float64)
     idle = (c == 0) & (e == 0)
     nothing = {"launches": int(idle.sum()), "median_us": float(np.median(t[idle])) if idle.any() else None}
-    t, c = t[~idle], c[~idle]
+    light = (c == 0) & (e > 0)
+    waits = {"launches": int(light.sum()), "median_us": float(np.median(t[light])) if light.any() else None}
+    t, c = t[c > 0], c[c > 0]
     if len(t) == 0:
-        return {"nothing_due": nothing}
+        return {"nothing_due": nothing, "waits_only": waits}
     if np.ptp(c) > 0:
         per_call, base = np.polyfit(c, t, 1)
     else:
@@ -248,7 +251,7 @@ def fit_calls(times: list[float], calls: list[int], events: list[int]) -> dict:
         m_call, m_base = np.polyfit(ks, med, 1, w=np.sqrt(wts))
     else:
         m_call, m_base = 0.0, float(med[0])
-    return {"nothing_due": nothing, "lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
+    return {"nothing_due": nothing, "waits_only": waits, "lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
             "median_base_us": float(m_base), "median_per_call_us": float(m_call),
             "calls_mean": float(c.mean()), "by_calls": by}
 
@@ -296,9 +299,9 @@ def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Pat
             if p not in row:
                 continue
             f = row[p]["calls_fit"] = fit_calls(times[p], ncalls[p], nevents[p])
-            nd = f["nothing_due"]
-            print(f"{name} {policy} {p}: nothing due {nd['median_us']:.2f} us ({nd['launches']} launches); the"
-                  f" others base {f['lsq_base_us']:.2f} us + {f['lsq_per_call_us']:.2f} us a call"
+            nd, wo = f["nothing_due"], f["waits_only"]
+            print(f"{name} {policy} {p}: nothing due {nd['median_us']:.2f} us ({nd['launches']} launches);"
+                  f" a wait only {wo['median_us']:.2f} us ({wo['launches']}); the launches with calls base {f['lsq_base_us']:.2f} us + {f['lsq_per_call_us']:.2f} us a call"
                   f" (least squares), {f['median_base_us']:.2f} + {f['median_per_call_us']:.2f} (medians by call"
                   f" count); {f['calls_mean']:.2f} calls a launch; medians by calls "
                   + ", ".join(f"{k}: {v['median_us']:.1f} us ({v['launches']})" for k, v in f["by_calls"].items()),

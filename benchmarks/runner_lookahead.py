@@ -3,7 +3,7 @@ template's plan, beside the planned template, in the same run: the share of temp
 demand each keeps, per workload and level.
 
     python benchmarks/runner_lookahead.py --work DIR [--costs msched-rtx5080] [--callback-us US]
-                                          [--call-us US] [--quiet-us US] [--host-ahead N[,N...]]
+                                          [--call-us US] [--quiet-us US] [--wait-us US] [--host-ahead N[,N...]]
                                           [--no-online] [--workloads a,b] [--markdown FILE]
 
 DIR holds what `benchmarks/results.py --work DIR` (pagecast.demo.run_suite) leaves: `model.json`
@@ -16,7 +16,8 @@ launch (the lookup, event record, stream wait), charged to it alone (`runner.CAL
 profile's `host_launch_s`, 0 in the built-in ones, applies to all); `--call-us`: what each call the
 callback issues adds (`runner.CALL_S`; else the profile's `host_call_s`, 0 in the built-in ones).
 `--quiet-us`: a quiet callback's (nothing issued or waited on: online/callbacks.py; `runner.QUIET_S`,
-else the profile's `host_quiet_s`, else the base). The host runs the callbacks asynchronously to the
+else the profile's `host_quiet_s`, else the base); `--wait-us`: a light one's (nothing issued, the
+stream's wait alone: `runner.WAIT_S`, else `host_wait_s`, else the base). The host runs the callbacks asynchronously to the
 GPU (sim/timing.py): `--host-ahead` N, at most N launches ahead of it (0: no bound; `runner.HOST_AHEAD`),
 one planned column per N given. `--no-online`: the planned runner(s) alone beside template.
 benchmarks/bench_child_callback.py measures these costs on the GPU child's own path (docs/performance.md).
@@ -44,6 +45,8 @@ def main(argv=None) -> int:
                     help="host microseconds each call of the planned runner's callback adds (default 0)")
     ap.add_argument("--quiet-us", type=float, default=None,
                     help="host microseconds of a quiet callback (default: the profile's host_quiet_s, else the base)")
+    ap.add_argument("--wait-us", type=float, default=None,
+                    help="host microseconds of a callback that only waits (default: the profile's host_wait_s, else the base)")
     ap.add_argument("--host-ahead", default="0",
                     help="launches the host may run ahead of the GPU, comma-separated: one planned column each (0: no bound)")
     ap.add_argument("--no-online", action="store_true", help="leave out the runner deciding one launch at a time")
@@ -54,8 +57,10 @@ def main(argv=None) -> int:
         aheads = [int(x) for x in args.host_ahead.split(",")]
     except ValueError:
         aheads = [-1]
-    if args.callback_us < 0 or args.call_us < 0 or (args.quiet_us or 0) < 0 or min(aheads) < 0:
-        print("runner_lookahead: --callback-us, --call-us, --quiet-us and --host-ahead must be >= 0", file=sys.stderr)
+    if args.callback_us < 0 or args.call_us < 0 or (args.quiet_us or 0) < 0 or (args.wait_us or 0) < 0 \
+            or min(aheads) < 0:
+        print("runner_lookahead: --callback-us, --call-us, --quiet-us, --wait-us and --host-ahead must be >= 0",
+              file=sys.stderr)
         return 2
 
     from pagecast.demo import DEMO_WORKLOADS, OVERSUB, REPLAY_SEED, run_suite
@@ -79,6 +84,7 @@ def main(argv=None) -> int:
     R.CALLBACK_S = args.callback_us * 1e-6 or None
     R.CALL_S = args.call_us * 1e-6 or None
     R.QUIET_S = None if args.quiet_us is None else args.quiet_us * 1e-6
+    R.WAIT_S = None if args.wait_us is None else args.wait_us * 1e-6
     try:
         for n in names:
             tr = read_trace(work / "traces" / f"{n}-s{REPLAY_SEED}.pctrace")
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
             rows.append(f"| {n} | " + " | ".join(cells) + " |")
             print(rows[-1], "(" + ", ".join(f"{secs[m]:.1f} s" for m in modes) + ")", flush=True)
     finally:
-        R.PLANNED, R.CALLBACK_S, R.CALL_S, R.QUIET_S, R.HOST_AHEAD = True, None, None, None, 0
+        R.PLANNED, R.CALLBACK_S, R.CALL_S, R.QUIET_S, R.WAIT_S, R.HOST_AHEAD = True, None, None, None, None, 0
     geo = {m: {o: math.exp(sum(map(math.log, v)) / len(v)) for o, v in shares[m].items()} for m in shares}
 
     def label(m):
@@ -121,6 +127,7 @@ def main(argv=None) -> int:
     n_pass = {m: sum(v >= 0.9 for o in OVERSUB for v in shares[m][round(o, 6)]) for m in modes}
     lowest = {m: min(v for o in OVERSUB for v in shares[m][round(o, 6)]) for m in modes}
     quiet = "the base" if args.quiet_us is None else f"{args.quiet_us:g} us"
+    quiet += ", a light one " + ("the base" if args.wait_us is None else f"{args.wait_us:g} us")
     text = (head + "\n" + "\n".join(rows) + "\n" + foot + "\n\n"
             "runner >= 90% of template's speedup: "
             + "; ".join(f"{label(m)} {n_pass[m]} of {len(names) * len(OVERSUB)} cells (lowest {lowest[m]:.1%})"

@@ -171,9 +171,14 @@ def test_the_planned_runners_host_cost_grows_with_its_calls(fitted):
     quiet = Runner(model, callback_s=5e-4, call_s=1e-3, quiet_s=1e-5).prefetch(
         R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
     assert np.allclose(quiet.host_s, np.where(work.quiet, 1e-5, 5e-4 + 1e-3 * calls))
-    prof_q = dataclasses.replace(prof, host_launch_s=5e-4, host_call_s=1e-3, host_quiet_s=1e-5)
+    # ... and a light one's (nothing issued, the stream's wait alone)
+    assert work.light.sum() > 0
+    light = Runner(model, callback_s=5e-4, call_s=1e-3, quiet_s=1e-5, wait_s=2e-5).prefetch(
+        R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap), profile=prof))
+    assert np.allclose(light.host_s, np.where(work.quiet, 1e-5, np.where(work.light, 2e-5, 5e-4 + 1e-3 * calls)))
+    prof_q = dataclasses.replace(prof, host_launch_s=5e-4, host_call_s=1e-3, host_quiet_s=1e-5, host_wait_s=2e-5)
     assert np.allclose(Runner(model).prefetch(R.new_context(w, cap, P.Options(), memory=R.Memory(w, cap),
-                                                            profile=prof_q)).host_s, quiet.host_s)
+                                                            profile=prof_q)).host_s, light.host_s)
 
 
 def test_runner_needs_a_model_and_one_trace(fitted):

@@ -74,15 +74,18 @@ The ledger stays the safety net: where what moved is over the capacity, the laun
 without a plan (`plan_fallbacks`). A run that leaves the plan's trace is decided launch by launch
 from there. Not run on a GPU yet (tests/test_gpu_planned.py: the stand-in driver).
 
-Quiet launches (planned runs): most launches of a plan have nothing due at their callback. Which
-ones is laid out at start (`_quiet_launches`, with online/callbacks.py's rule, the one the
-simulator's runner charges): no part of any group issued there, no dead data, no ranges of the
-launch's own, no allocation whose address its arguments first show, a kernel the model knows. Such
-a launch is counted, its kernel checked against the trace's, and the callback returns: no lookup,
-no relocation, no driver call. It still needs the full path where its stream must wait for an
-earlier group (`waits_for`) not yet covered: the copy stream runs in order, so a stream that waited
-on an event recorded later on it (the engine numbers its recordings) needs no other wait, and the
-full path leaves such waits out too (`waits_covered`). The ledger is looked at by the launches that
+Quiet launches (planned runs): most launches of a plan have nothing to issue at their callback.
+Which ones is laid out at start (`_quiet_launches`): no part of any group issued there, no dead
+data, no allocation whose address its arguments first show, a kernel the model knows. Such a
+launch is counted, its kernel checked against the trace's, its stream made to wait on the event it
+needs (its own ranges', brought in at an earlier callback, or that of the earlier group holding
+what it needs: `_plan_wait`, as on the full path), and the callback returns: no lookup, no
+relocation, no other driver call. The copy stream runs in order, so a stream that waited on an
+event recorded later on it (the engine numbers its recordings) needs no other wait: such waits are
+left out on both paths (`waits_covered`). A launch that neither issues nor waits is quiet
+(`quiet_launches`), one that only waits light (`light_launches`); online/callbacks.py lays the same
+out from the schedule for the simulator's runner, which charges each kind (tests/test_gpu_quiet.py
+checks that the two agree). The ledger is looked at by the launches that
 take the full path, and (in a run emulating a capacity with counters of what moved) by a quiet one
 once `LEDGER_EVERY_S` has passed since the last of them (the
 child flushes CUPTI's buffers at that period: records arrive no sooner), and where it was over the
@@ -119,7 +122,6 @@ import numpy as np
 
 from pagecast.collect.launch_hook import PTSZ_CBIDS
 
-from ..online.callbacks import callback_work
 from ..online.decide import LaunchDecider
 from ..online.planned import EVICT, OWN, PlannedCalls
 from ..online.ranges import UNIT, AllocationMap
@@ -184,6 +186,7 @@ class EngineStats:
     discard_bytes: int = 0
     plan_fallbacks: int = 0         # planned runs: launches whose room the ledger made without the plan
     quiet_launches: int = 0         # planned runs: launches with nothing due, counted and returned
+    light_launches: int = 0         # planned runs: launches with nothing to issue but their stream's wait
     waits_covered: int = 0          # planned runs: stream waits left out (the stream waited on a later event)
     # the ledger (capacity emulation driven by what moved; the module doc)
     moved_htod_bytes: int = 0       # host-to-device migrations reported, every cause
@@ -337,8 +340,7 @@ class Engine:
         any group, no dead data), it has no ranges of its own to wait for, its arguments teach no
         allocation's address, and the model knows its kernel (online/callbacks.py's rule, with what
         only the engine knows: the parts it issues, the dead data, the pointers it learns from)."""
-        work = callback_work(pc.schedule)
-        q = ~work.own & np.array([not parts for parts in pc.at], bool) & ~pc.rel.layout().first_pointers()
+        q = np.array([not parts for parts in pc.at], bool) & ~pc.rel.layout().first_pointers()
         if pc.dead is not None:
             ptr = np.asarray(pc.dead[0], np.int64)
             m = min(len(ptr) - 1, pc.n)
@@ -348,17 +350,16 @@ class Engine:
         return q.tolist()
 
     def _quiet_launch(self, t: int, la, now: float) -> bool:
-        """Launch t, quiet by the plan (`_quiet`), done here (the module doc): counted, its kernel
-        checked against the trace's; False where it needs the full path after all."""
+        """Launch t, with nothing to issue by the plan (`_quiet`), done here (the module doc): counted,
+        its kernel checked against the trace's, its stream's wait made where it needs one (a light
+        launch); False where it needs the full path after all."""
         if (self.planned is None or self._over or now - self._full_at > self._ledger_every
-                or la.kernel != self._kernel_at[t] or t in self._later or t in self._group_free):
+                or la.kernel != self._kernel_at[t] or t in self._later):
             return False
-        wf = self._waits_for[t]
-        if wf >= 0:   # its data came with an earlier group: covered where its stream waited on a later event
-            ev = self._group_ev.get(wf)
-            if ev is not None and self._ev_seq.get(ev, 0) > self._waited.get(launch_stream(la), 0):
-                return False
-        self.stats.quiet_launches += 1
+        if self._plan_wait(t, self._waits_for[t], launch_stream(la)):
+            self.stats.light_launches += 1
+        else:
+            self.stats.quiet_launches += 1
         if len(self.corr_launch) < TIMELINE_MAX:
             self.corr_launch[int(la.correlation_id or 0)] = t
         return True
@@ -609,27 +610,34 @@ class Engine:
             self._planned_event(p.launch, p.kind == OWN, ev)
             if p.launch > t:
                 st.ahead_launches += 1
-        # the launch's stream waits on its own event alone (or, with no range of its own, on the group
-        # before holding what it needs)
+        self._plan_wait(t, int(pc.schedule.waits_for[t]), stream)
+        if fallback:   # the room made without the plan comes before the kernel, as without it
+            cuda.stream_wait_event(stream, self._evict_event)
+
+    def _plan_wait(self, t: int, wf: int, stream: int) -> bool:
+        """Launch t's stream waits on its own event alone (or, with no range of its own, on that of the
+        group `wf` before holding what it needs), not where it waited on an event recorded later on
+        the copy stream; the group events no later launch waits on are freed. Whether it waited."""
         ev = self._own_ev.pop(t, None)
         if ev is None:
-            wf = int(pc.schedule.waits_for[t])
             ev = self._group_ev.get(wf) if wf >= 0 else None
         elif ev != self._group_ev.get(t):
             self._free_events.append(ev)
-        if ev is not None:   # not where the stream waited on an event recorded later on the copy stream
+        waited = False
+        if ev is not None:
             seq = self._ev_seq.get(ev, 0)
             if seq > self._waited.get(stream, 0) or not QUIET:
-                cuda.stream_wait_event(stream, ev)
+                self.cuda.stream_wait_event(stream, ev)
                 self._waited[stream] = seq
+                waited = True
             else:
-                st.waits_covered += 1
-        for g in self._group_free.pop(t, ()):
-            old = self._group_ev.pop(g, None)
-            if old is not None and old != self._own_ev.get(g):
-                self._free_events.append(old)
-        if fallback:   # the room made without the plan comes before the kernel, as without it
-            cuda.stream_wait_event(stream, self._evict_event)
+                self.stats.waits_covered += 1
+        if self._group_free:
+            for g in self._group_free.pop(t, ()):
+                old = self._group_ev.pop(g, None)
+                if old is not None and old != self._own_ev.get(g):
+                    self._free_events.append(old)
+        return waited
 
     def _planned_event(self, lid: int, own: bool, ev: int) -> None:
         """`ev` follows a part of launch lid's group: its own event (own ranges), its group's (waited

@@ -13,7 +13,7 @@ engine spends there. Both read the rule here, laid out once per schedule:
   stream); here the streams are one (a trace's launches replayed in order) and an event's place on
   the copy stream is (the callback that recorded it, its launch);
 - `quiet`: nothing is issued and nothing waited on: such a callback only counts the launch (the
-  engine's quiet path, a few hundred nanoseconds of Python where the rest costs microseconds).
+  engine's quiet path); `light`: nothing issued, one wait (the engine's light path: the wait alone).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class CallbackWork:
     def quiet(self) -> np.ndarray:
         """Callbacks that issue nothing and wait on nothing."""
         return (self.calls == 0) & ~self.waits
+
+    @property
+    def light(self) -> np.ndarray:
+        """Callbacks that issue nothing but make the launch's stream wait."""
+        return (self.calls == 0) & self.waits
 
 
 def issue_callbacks(schedule: PlanSchedule) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,9 @@ plan's gates): nothing is prefetched before its values exist. The simulator move
 ranges (the groups `prefetch` returns) and charges each range one call (`Groups.calls`: the profile's
 `transfer_latency_s`), and each launch's callback its host time, as the GPU engine spends it
 (online/callbacks.py's rule): a quiet one (nothing issued, nothing to wait for: the engine counts the
-launch and returns) `quiet_s` (`QUIET_S`, else the profile's `host_quiet_s`, else the base), the others
+launch and returns) `quiet_s` (`QUIET_S`, else the profile's `host_quiet_s`, else the base), a light
+one (nothing issued, the launch's stream made to wait) `wait_s` (`WAIT_S`, else the profile's
+`host_wait_s`, else the base), the others
 a base (the lookup, the event record, the stream wait: `callback_s`, `CALLBACK_S`, else the profile's
 `host_launch_s`) plus a per-call cost times the calls issued there (`call_s`, `CALL_S`, else the
 profile's `host_call_s`). The host runs the callbacks asynchronously to the GPU (CUDA's launches
@@ -98,6 +100,7 @@ CALL_S: float | None = None
 # host seconds of a quiet callback (nothing issued or waited on; None: the profile's host_quiet_s, else
 # the base), and how many launches the host may run ahead of the GPU (0: no bound; sim/timing.py)
 QUIET_S: float | None = None
+WAIT_S: float | None = None      # ... of a light callback (nothing issued, one wait; None: host_wait_s, else the base)
 HOST_AHEAD = 0
 
 
@@ -165,7 +168,7 @@ class Runner(Policy):
                  values: bool = True, lookahead: bool | None = None, planned: bool | None = None,
                  planner: Template | None = None, callback_s: float | None = None,
                  call_s: float | None = None, quiet_s: float | None = None,
-                 host_ahead: int | None = None) -> None:
+                 wait_s: float | None = None, host_ahead: int | None = None) -> None:
         """`policy`: whose per-launch decisions to replay (default: template, the runner's);
         `values`: predict indexed regions with the trace's index values (False: their fallback,
         as a runner that reads none; one launch at a time only: a plan has its own); `lookahead`: the runner's lookahead for planned runs
@@ -177,11 +180,13 @@ class Runner(Policy):
         `CALLBACK_S`, else the profile's `host_launch_s`); `call_s`: host seconds each call it
         issues there adds (None: `CALL_S`, else the profile's `host_call_s`); `quiet_s`: host seconds
         of a callback with nothing due (None: `QUIET_S`, else the profile's `host_quiet_s`, else the
-        base); `host_ahead`: launches the host may run ahead of the GPU (None: `HOST_AHEAD`; 0: no
-        bound)."""
+        base); `wait_s`: of a callback that issues nothing but the stream's wait (None: `WAIT_S`, else
+        the profile's `host_wait_s`, else the base); `host_ahead`: launches the host may run ahead of
+        the GPU (None: `HOST_AHEAD`; 0: no bound)."""
         self.callback_s = CALLBACK_S if callback_s is None else callback_s
         self.call_s = CALL_S if call_s is None else call_s
         self.quiet_s = QUIET_S if quiet_s is None else quiet_s
+        self.wait_s = WAIT_S if wait_s is None else wait_s
         self.host_ahead = HOST_AHEAD if host_ahead is None else int(host_ahead)
         self.planned = (PLANNED if planned is None else planned) and (policy is None or isinstance(policy, Template))
         self.planner = planner if planner is not None else (Template(model) if model is not None else None)
@@ -266,14 +271,16 @@ class Runner(Policy):
 
     def host_seconds(self, work: CallbackWork, profile) -> np.ndarray | None:
         """Host seconds of each launch's callback (online/callbacks.py's `work`): a quiet one the quiet
-        cost, the others the base plus the per-call cost times the calls issued there (None where all
-        are 0: the profile's `host_launch_s`, charged to every run, is all)."""
+        cost, a light one the wait's, the others the base plus the per-call cost times the calls issued
+        there (None where all are 0: the profile's `host_launch_s`, charged to every run, is all)."""
         base = self.callback_s if self.callback_s is not None else float(getattr(profile, "host_launch_s", 0.0) or 0.0)
         per_call = self.call_s if self.call_s is not None else float(getattr(profile, "host_call_s", 0.0) or 0.0)
         quiet = self.quiet_s if self.quiet_s is not None else float(getattr(profile, "host_quiet_s", 0.0) or 0.0) or base
-        if not base and not per_call and not quiet:
+        wait = self.wait_s if self.wait_s is not None else float(getattr(profile, "host_wait_s", 0.0) or 0.0) or base
+        if not base and not per_call and not quiet and not wait:
             return None
-        return np.where(work.quiet, float(quiet), float(base) + float(per_call) * work.calls.astype(np.float64))
+        return np.where(work.quiet, float(quiet), np.where(work.light, float(wait), float(base)
+                                                           + float(per_call) * work.calls.astype(np.float64)))
 
     def _values_for(self, t: int):
         """(values(address, nbytes) for launch t's predictor, the rows it read): the trace's rows
