@@ -527,8 +527,9 @@ class Trace:
 
     def require_argument_bytes(self, what: str) -> "Trace":
         """This trace, or TraceError (one line, exit 2) when its launches carry no argument bytes
-        (manifest `argument_bytes: false`, as `pagecast import nsys` writes: Nsight records none)."""
-        if self.manifest.get("argument_bytes") is False:
+        (`has_argument_bytes`: manifest `argument_bytes: false`, as `pagecast import nsys` writes,
+        Nsight recording none; or no launch with any, as a trace collected without them)."""
+        if not self.has_argument_bytes():
             raise TraceError(f"{self.path}: {what} needs the kernels' argument bytes, which this trace (source"
                              f" {self.manifest.get('source')!r}) does not have; record the workload with pagecast collect")
         return self

@@ -235,3 +235,19 @@ def test_a_trace_without_argument_bytes_warns_that_plans_are_not_made(tmp_path, 
     # template predicts each launch from its live arguments and moves data (a plan made at start on
     # such a trace, as before, moved nothing: its ranges could not be placed in the run)
     assert rows["template"]["prefetch_bytes"] > 0
+
+
+@pytest.mark.parametrize("how", ["empty-column", "manifest"])
+def test_fit_and_plan_refuse_a_trace_without_argument_bytes_in_one_line(tmp_path, capsys, model, how):
+    """fit and plan need the launches' argument bytes: a trace collected without them (an empty
+    param_data column, no manifest flag) is refused as the manifest's `argument_bytes: false` is, in
+    one line with exit 2, not fitted or planned from nothing."""
+    from pagecast.cli import main
+
+    trace = _without_argument_bytes(tmp_path, how)
+    for argv in (["fit", str(trace), "-o", str(tmp_path / "m.json")],
+                 ["plan", str(model), str(trace), "--capacity", "64MiB", "-o", str(tmp_path / "p")]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "needs the kernels' argument bytes" in err[0], err
