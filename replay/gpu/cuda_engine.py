@@ -277,6 +277,8 @@ class Engine:
             self._kernel_at = planned.rel.kernels
             self._waits_for = planned.schedule.waits_for.tolist()
             self._first = planned.rel.first_pointers().tolist()
+            # a launch with ranges of its own or data of an earlier group may need its stream's wait
+            self._may_wait = ((planned.schedule.own > 0) | (planned.schedule.waits_for >= 0)).tolist()
         # how long a quiet launch may go without the ledger (none to look at without a capacity to emulate)
         self._ledger_every = LEDGER_EVERY_S if moved is not None and capacity is not None else float("inf")
         # launches (and frees) can come from several threads (PyTorch's autograd thread beside the
@@ -356,7 +358,7 @@ class Engine:
         if (self.planned is None or self._over or now - self._full_at > self._ledger_every
                 or la.kernel != self._kernel_at[t] or t in self._later):
             return False
-        if self._plan_wait(t, self._waits_for[t], launch_stream(la)):
+        if self._may_wait[t] and self._plan_wait(t, self._waits_for[t], launch_stream(la)):
             self.stats.light_launches += 1
         else:
             self.stats.quiet_launches += 1
