@@ -95,6 +95,10 @@ class KernelData:
         varying = np.array([len(np.unique(F[:, j][:4096])) > 1 or np.any(F[:, j] != F[0, j]) for j in range(F.shape[1])],
                            bool) if self.n else np.zeros(F.shape[1], bool)
         is_grid = np.array([n in GRID_NAMES for n in self.feat_names], bool)
+        # the integer words no launch varied, whatever their size (never grid or block dimensions):
+        # what a size read from one set of arguments may be a product of (`shapes.one_set_layouts`)
+        self.const_words = {self.feat_names[j]: int(F[0, j]) for j in range(F.shape[1])
+                            if not varying[j] and not is_grid[j] and abs(int(F[0, j])) > 1} if self.n else {}
         small = np.array([self.n > 0 and 1 < abs(int(F[0, j])) <= 1 << 16 for j in range(F.shape[1])], bool)
         vi = [j for j in range(F.shape[1]) if varying[j]]
         vi = sorted(vi, key=lambda j: is_grid[j])[:params.max_varying]

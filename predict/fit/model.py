@@ -44,8 +44,8 @@ from .index_rows import rows_of_tables
 from .params import FitParams, record_loss
 from .program_filters import kernel_filters, program_filtered
 from .region import fit_region, quieter, region_score, region_terms
-from .shapes import (RangeEvidence, growing_ends, layout_size, position_args, position_ends, shared_shape,
-                     vocabulary)
+from .shapes import (RangeEvidence, described_growth, growing_ends, layout_size, one_set_layouts, position_args,
+                     position_ends, shared_shape, vocabulary)
 
 
 def fit_model(traces: list, progress=None, params: FitParams | None = None,
@@ -279,9 +279,14 @@ def pinning(kd: KernelData, km: KernelModel, params: FitParams, evidence: dict |
         # give (3 launches of one size fit constants an argument contradicts at another size);
         # the parameters (not the grid) that a second profile should vary are named
         ptrs = {w.name for w, _ in kd.bases}
-        out.unvaried = sorted(n for n in const if Word.parse(n).param >= 0 and n not in ptrs)
+        # from one profile, the words past the fit's features too (a count past 65536)
+        words = const | set(kd.const_words) if kd.traces == 1 else const
+        out.unvaried = sorted(n for n in words if Word.parse(n).param >= 0 and n not in ptrs)
     evidence = evidence or {}
     out.open_ends, grown = open_ends(kd, km, evidence)
+    if kd.U == 1 and kd.traces == 1:   # sizes the one set of arguments describes, beside the constants
+        grown += [g for r in km.regions if r.base in evidence
+                  for g in one_set_layouts(kd, r, evidence[r.base].shape)]
     if out.open_ends:
         out.grow = [n for n, v in zip(kd.sel_names, kd.sel_varying) if v]
     if kd.U < 4 or kd.n > params.cv_max_launches:
@@ -336,10 +341,16 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
         n0 = n0s[base]
         if n0 is None:
             continue
-        n = rf.unexplained(alt)
+        kd = getattr(rf, "kd", None)
+        n = rf.unexplained(_at_constants(kd, alt) if kd is not None else alt)
         if n is None or n > n0:
             continue
         if ask_odds:
+            # a half's constant beside an end growing as the arguments describe: the layout
+            # explains the growth the constant would deny (an open end takes it alone too)
+            if kd is not None and alt.cls in ("fixed", "linear") and not alt.end.terms \
+                    and described_growth(kd, chosen):
+                continue
             odds = rf.fault_odds(alt, chosen)   # the faults far likelier under the chosen: not admitted
             # each term more than the chosen one has must buy its likelihood, as in the fit's
             # own choice: a formula bent through lost records fits them with extra terms
@@ -356,6 +367,26 @@ def admitted_union(km: KernelModel, differ: dict, halves: list, evidence: dict, 
         km.regions.append(alt)
         added.append(alt.text())
     return added
+
+
+def _at_constants(kd: KernelData, r: Region) -> Region:
+    """`r` with the words its formulas use outside the fit's features (`KernelData.const_words`,
+    one value at every launch: `shapes.one_set_layouts`) put in as numbers, to check it against
+    the records."""
+    if not any(n not in kd.sel_names for f in r.formulas().values() for n in f.names()):
+        return r
+
+    def sub(f: FM.Formula) -> FM.Formula:
+        const, terms = f.const, []
+        for c, fac in f.terms:
+            keep = tuple(n for n in fac if n in kd.sel_names)
+            c *= int(np.prod([kd.const_words[n] for n in fac if n not in kd.sel_names], dtype=object))
+            if keep:
+                terms.append((c, keep))
+            else:
+                const += c
+        return FM.Formula(const, tuple(terms))
+    return dataclasses.replace(r, **{k: sub(f) for k, f in r.formulas().items()})
 
 
 def _fences(kd: KernelData) -> list[list]:

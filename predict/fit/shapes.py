@@ -379,3 +379,48 @@ def layout_slopes(kd: KernelData, n: str) -> list[tuple[int, FM.Formula]]:
                 grow = (e, tuple(sorted(row + (n,))))
                 out.append((e * prod, FM.Formula(0, (grow, (e, row))) if row else FM.Formula(e, (grow,))))
     return out
+
+
+def described_growth(kd: KernelData, region: Region) -> bool:
+    """The region's end grows with a varying argument `n` at a slope the arguments describe (one
+    term `c*n`, `c` among `layout_slopes`, or such a layout's `c*n + c`)."""
+    if region.cls not in ("fixed", "linear") or not region.end.terms:
+        return False
+    t = region.end.terms
+    varying = {m for m, v in zip(kd.sel_names, kd.sel_varying) if v}
+    if len(t) == 1 and len(t[0][1]) == 1 and t[0][1][0] in varying:
+        n, c = t[0][1][0], t[0][0]
+        return any(x == c for x, _ in layout_slopes(kd, n))
+    return any(f == region.end for n in region.end.names() & varying for _, f in layout_slopes(kd, n))
+
+
+ONE_SET_LAYOUTS = 4   # sizes the arguments of one set describe, at most, that are predicted beside a constant
+
+
+def one_set_layouts(kd: KernelData, region: Region, ev: RangeEvidence | None) -> list[Region]:
+    """For a kernel fitted from one set of arguments (nothing varied), the ends of a constant-size
+    range region that a layout of its arguments describes: an element size times a product of at
+    most `LAYOUT_FACTORS` of its integer words (`KernelData.const_words`, of any size: a node count
+    of 300,000 too), inside the end's bounds at every launch. The records pin the size at these
+    arguments only, so the kernel is predicted as the union of the constant and these (at most
+    `ONE_SET_LAYOUTS` sizes, else none: the arguments then say nothing), and another set of
+    arguments is predicted from them too (docs/template-model.md, "What the fit does not know").
+    Regions under a big page are left out (any small product fits them)."""
+    if ev is None or kd.U != 1 or region.cls not in ("fixed", "linear") or region.start.terms or region.end.terms:
+        return []
+    s0, e0 = int(region.start.const), int(region.end.const)
+    if e0 - s0 < kd.bigp * kd.ps:
+        return []
+    words = sorted(kd.const_words.items())
+    hits: dict[int, list[FM.Formula]] = {}
+    for k in range(1, LAYOUT_FACTORS + 1):
+        for combo in itertools.combinations_with_replacement(words, k):
+            prod = int(np.prod([x for _, x in combo], dtype=object))
+            for c in ELEMENT_SIZES:
+                y = s0 + c * prod
+                if (y >= ev.e_lo).all() and (y <= ev.e_hi).all():
+                    hits.setdefault(y, []).append(FM.Formula(s0, ((c, tuple(m for m, _ in combo)),)))
+    if len(hits) > ONE_SET_LAYOUTS:
+        return []
+    return [Region(region.base, "linear", start=region.start,
+                   end=min(fs, key=lambda f: (len(f.terms[0][1]), f.score()))) for _, fs in sorted(hits.items())]
