@@ -88,6 +88,14 @@ class RegionFit:
             self._indexed[max_terms] = (r, f)
         return self._indexed[max_terms][0]
 
+    def index_words(self) -> bool:
+        """Does another base word of the kernel have its values recorded at most of these launches
+        (an index word fit.index_values would try)?"""
+        if not any(o.trace.values is not None for o, _, _, _ in self.kd.parts):
+            return False
+        part, lid = launch_positions(self.kd)
+        return bool(index_words(self.kd, self.w, self.sel, self.nat, part, lid))
+
     def by_position(self) -> Region | None:
         """Rows chosen by their position, read to their lengths (fit.index_rows), tried once."""
         if BY_POSITION not in self._indexed:
@@ -224,8 +232,8 @@ def _try_within_runs(rf: RegionFit) -> Region | None:
     """Chunks under a big page inside runs the records show whole (fit.within_runs: their faults
     modulo a stride the arguments describe leave a gap), where the faults are far likelier
     under them than under the runs. Full-mode launches only (natural mode faults first touches)."""
-    if rf.nat.any():
-        return None
+    if rf.nat.any() or rf.index_words():
+        return None   # where another word's index values are recorded, the indexed attempts decide
     found = fit_within_runs(rf.kd, rf.w, rf.cat, rf.sel)
     if found is None:
         return None

@@ -95,7 +95,9 @@ def residue_starts(kd: KernelData, g: np.ndarray, own: np.ndarray, fpage: np.nda
     w = o2[np.r_[gs[o2][1:] != gs[o2][:-1], True]]
     grp, gap, S = gs[w], gaps[w], Ss[w]
     res = nxt[w] % S                                          # the residue after the widest gap
-    use = (faults[grp] >= MIN_FAULTS) & (gap > MIN_GAP)
+    # a gap must leave a page position empty (positions lie q = gcd(page, stride) apart: a stride
+    # of one page has one position, and its residues say nothing)
+    use = (faults[grp] >= MIN_FAULTS) & (gap > np.maximum(MIN_GAP, 2 * np.gcd(ps, S) - 1))
     if not use.any():
         return None
     grp, res, S = grp[use], res[use], S[use]
