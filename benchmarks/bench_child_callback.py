@@ -33,8 +33,9 @@ run of each before the next repeat, so that a loaded machine's drift falls on al
   every wait issued, the engine before quiet launches.
 
 Figures: median, mean and p99 us per launch. On the planned paths, also the calls each launch
-issued (`BenchCuda.calls`: the prefetches to the GPU and to the host) and its events (`BenchCuda.events`:
-records and stream waits): the launches with neither (nothing due) apart, their median what the
+issued (the prefetches to the GPU and to the host) and its events (records and stream waits), counted
+and timed by replay/gpu/callback_timing.py (`CountingCuda`, `time_callbacks`, `fit_callbacks`), the
+code `pagecast calibrate` times the planned callback with on the real driver: the launches with neither (nothing due) apart, their median what the
 simulator's runner charges a quiet callback (`runner.QUIET_S`, the profile's `host_quiet_s`); those
 with no call but an event (a wait) apart, their median what it charges a light one (`runner.WAIT_S`,
 `host_wait_s`); and the others' host time fitted as base + per call x calls, by least squares and by a
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gc
 import json
 import platform
 import statistics
@@ -66,6 +66,8 @@ from pagecast import trace as T  # noqa: E402
 from pagecast.collect.launch_hook import LaunchArgs  # noqa: E402
 from pagecast.replay.gpu import child as C  # noqa: E402
 from pagecast.replay.gpu import cuda_engine as E  # noqa: E402
+from pagecast.replay.gpu.callback_timing import (CallbackTimes, CountingCuda, fit_callbacks,  # noqa: E402
+                                                 time_callbacks, trace_launches)
 from pagecast.replay.gpu.cupti_monitor import UvmCounts  # noqa: E402
 from pagecast.replay.online import decide as D  # noqa: E402
 from pagecast.replay.online.ranges import Allocation  # noqa: E402
@@ -77,18 +79,14 @@ POLICIES = ("demand", "template", "oracle")
 
 
 class BenchCuda(InertCuda):
-    """The trace's allocations at shifted addresses; calls that move memory do nothing."""
+    """The trace's allocations at shifted addresses; calls that move memory do nothing (counted by
+    the `CountingCuda` wrapped around it, replay/gpu/callback_timing.py)."""
 
     def __init__(self, allocs: list[tuple[int, int]]) -> None:
         super().__init__()
         allocs = sorted(allocs)
         self._bases = [a for a, _ in allocs]
         self._allocs = [Allocation(a, n, True) for a, n in allocs]
-        self.calls = 0   # the calls that move memory, issued so far (the runner's per-call host cost)
-        self.events = 0  # event records and stream waits issued so far
-
-    def record_event(self, event, stream=0): self.events += 1
-    def stream_wait_event(self, stream, event): self.events += 1
 
     def allocation_of(self, addr: int):
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -96,8 +94,8 @@ class BenchCuda(InertCuda):
             return self._allocs[i]
         return None
 
-    def prefetch_to_gpu(self, addr, nbytes, stream=0): self.calls += 1
-    def prefetch_to_host(self, addr, nbytes, stream=0): self.calls += 1
+    def prefetch_to_gpu(self, addr, nbytes, stream=0): pass
+    def prefetch_to_host(self, addr, nbytes, stream=0): pass
     def synchronize(self): pass
     def mem_info(self): return 80 << 30, 80 << 30
     def device_info(self): return {"name": "BenchCuda (no GPU)", "index": 0, "memory_bytes": 80 << 30}
@@ -130,29 +128,9 @@ class BenchHook:
 
 def shifted_launches(tr, repeat: int = 1) -> list[LaunchArgs]:
     """The trace's launches as the hook hands them over, pointer words moved by SHIFT."""
-    import struct
-
     al = tr.allocations
-    lo = int(min(al.column(T.ADDRESS).to_pylist()))
-    hi = max(a + n for a, n in zip(al.column(T.ADDRESS).to_pylist(), al.column(T.BYTES).to_pylist()))
-    out = []
-    cols = {c: tr.launches.column(c).to_pylist() for c in (T.KERNEL, T.GRID_X, T.GRID_Y, T.GRID_Z, T.BLOCK_X,
-                                                          T.BLOCK_Y, T.BLOCK_Z, T.SHARED_MEM_BYTES, T.PARAM_OFFSETS,
-                                                          T.PARAM_SIZES, T.PARAM_DATA)}
-    for i in range(tr.n_launches):
-        data = bytearray(cols[T.PARAM_DATA][i] or b"")
-        for off, size in zip(cols[T.PARAM_OFFSETS][i], cols[T.PARAM_SIZES][i]):
-            if size == 8:
-                (w,) = struct.unpack_from("<Q", data, off)
-                if lo <= w < hi:
-                    struct.pack_into("<Q", data, off, w + SHIFT)
-        out.append(LaunchArgs(kernel=cols[T.KERNEL][i], function=0, grid_x=cols[T.GRID_X][i],
-                              grid_y=cols[T.GRID_Y][i], grid_z=cols[T.GRID_Z][i], block_x=cols[T.BLOCK_X][i],
-                              block_y=cols[T.BLOCK_Y][i], block_z=cols[T.BLOCK_Z][i],
-                              shared_mem_bytes=cols[T.SHARED_MEM_BYTES][i], stream=7, correlation_id=i,
-                              param_offsets=tuple(cols[T.PARAM_OFFSETS][i]), param_sizes=tuple(cols[T.PARAM_SIZES][i]),
-                              param_data=bytes(data), cbid=0))
-    return out * repeat
+    moved = {int(a): int(a) + SHIFT for a in al.column(T.ADDRESS).to_pylist()}
+    return trace_launches(tr, moved, stream=7) * repeat
 
 
 PATHS = {"off": (False, "compiled"), "before": (True, "python"), "now": (True, "compiled"),
@@ -167,27 +145,12 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
     """One child run (child_main, in this process) over `las` on `path` (PATHS): each launch's
     callback time (us) and the run's result; `calls`, where given, gets each launch's number of
     calls that move memory, `events` its event records and stream waits."""
-    times: list[float] = []
     mod = types.ModuleType("pagecast_bench_workload")
-    cuda = BenchCuda(allocs)
+    cuda = CountingCuda(BenchCuda(allocs))
+    got = CallbackTimes()
 
-    def run():
-        on = BenchHook.current.on_launch
-        clock = time.perf_counter
-        gc.collect()
-        gc.disable()
-        try:
-            for la in las:
-                c0, e0 = cuda.calls, cuda.events
-                t0 = clock()
-                on(la)
-                times.append(1e6 * (clock() - t0))
-                if calls is not None:
-                    calls.append(cuda.calls - c0)
-                if events is not None:
-                    events.append(cuda.events - e0)
-        finally:
-            gc.enable()
+    def run():   # the shared timing loop (replay/gpu/callback_timing.py), as calibrate runs it
+        time_callbacks(BenchHook.current.on_launch, las, cuda, got)
 
     mod.run = run
     sys.modules[mod.__name__] = mod
@@ -210,7 +173,11 @@ def run_child(trace_path: Path, model_path: Path, policy: str, capacity: int, la
         E.QUIET = True
     out = json.loads(res.read_text())
     assert code == 0, out
-    return times, out
+    if calls is not None:
+        calls += got.calls
+    if events is not None:
+        events += got.events
+    return [1e6 * x for x in got.seconds], out
 
 
 def summary(times: list[float], out: dict) -> dict:
@@ -224,36 +191,21 @@ def summary(times: list[float], out: dict) -> dict:
 
 
 def fit_calls(times: list[float], calls: list[int], events: list[int]) -> dict:
-    """Host time per launch: the launches with no call and no event (nothing due) apart, their median;
-    those with no call but an event (a wait), their median; the others' as base + per call x the calls
-    they issued: the least-squares line, and the medians per call count."""
-    import numpy as np
+    """Host time per launch (us) by kind, fitted by `callback_timing.fit_callbacks` (as calibrate
+    fits it): nothing due, a wait only, and the others' base + per call x the calls they issued."""
+    f = fit_callbacks(CallbackTimes([1e-6 * x for x in times], list(calls), list(events)))
 
-    t, c, e = np.asarray(times, np.float64), np.asarray(calls, np.float64), np.asarray(events, np.float64)
-    idle = (c == 0) & (e == 0)
-    nothing = {"launches": int(idle.sum()), "median_us": float(np.median(t[idle])) if idle.any() else None}
-    light = (c == 0) & (e > 0)
-    waits = {"launches": int(light.sum()), "median_us": float(np.median(t[light])) if light.any() else None}
-    t, c = t[c > 0], c[c > 0]
-    if len(t) == 0:
-        return {"nothing_due": nothing, "waits_only": waits}
-    if np.ptp(c) > 0:
-        per_call, base = np.polyfit(c, t, 1)
-    else:
-        per_call, base = 0.0, float(np.mean(t))
-    by = {int(k): {"launches": int((c == k).sum()), "median_us": float(np.median(t[c == k]))}
-          for k in np.unique(c)}
-    # the medians' line, each call count weighted by its launches (robust to the p99 outliers)
-    ks = np.array(sorted(by), np.float64)
-    med = np.array([by[int(k)]["median_us"] for k in ks])
-    wts = np.array([by[int(k)]["launches"] for k in ks], np.float64)
-    if len(ks) > 1:
-        m_call, m_base = np.polyfit(ks, med, 1, w=np.sqrt(wts))
-    else:
-        m_call, m_base = 0.0, float(med[0])
-    return {"nothing_due": nothing, "waits_only": waits, "lsq_base_us": float(base), "lsq_per_call_us": float(per_call),
-            "median_base_us": float(m_base), "median_per_call_us": float(m_call),
-            "calls_mean": float(c.mean()), "by_calls": by}
+    def us(x):
+        return None if x is None else 1e6 * x
+
+    out = {"nothing_due": {"launches": f.quiet_n, "median_us": us(f.quiet_s)},
+           "waits_only": {"launches": f.wait_n, "median_us": us(f.wait_s)}}
+    if not f.calls_n:
+        return out
+    return {**out, "lsq_base_us": us(f.lsq_base_s), "lsq_per_call_us": us(f.lsq_per_call_s),
+            "median_base_us": us(f.median_base_s), "median_per_call_us": us(f.median_per_call_s),
+            "calls_mean": f.calls_mean, "by_calls": {k: {"launches": n, "median_us": us(m)}
+                                                     for k, (n, m) in f.by_calls.items()}}
 
 
 def case(name: str, trace_path: Path, fit_paths: list[Path], runs: int, tmp: Path) -> dict:
