@@ -411,3 +411,71 @@ def test_measure_recovers_the_stand_ins_per_call_cost_and_times_the_callback():
     assert p.transfer_latency_s == pytest.approx(10e-6, rel=0.10)
     assert len(m.callback_s) == C.CALLBACK_LAUNCHES and p.host_launch_s > 0
     assert m.batch_calls == []   # the stand-in has no batched calls
+
+
+# ---- the planned callback's host time (callback_timing.py, on the stand-in driver) ----------------
+
+def test_measure_fills_the_planned_callbacks_host_costs_and_the_simulator_reads_them(tmp_path, monkeypatch):
+    """The planned probe carries out the simulator's oracle plan of a small trace through the engine's
+    planned path on the stand-in driver: every kind of callback is seen (nothing due, a wait only,
+    calls), the profile gets host_quiet_s, host_wait_s, host_launch_s and host_call_s, all > 0 with
+    their source, the probe's buffers are freed within a quarter of the free memory, and the
+    simulator's planned runner charges the saved profile's figures."""
+    import numpy as np
+
+    from pagecast.replay.costs import save_profile
+    from pagecast.replay.gpu.commands import oracle_planner
+    from pagecast.replay.online.callbacks import CallbackWork
+    from pagecast.replay.policies.runner import Runner
+
+    monkeypatch.setattr(C, "PROBE_RUNS", 2)
+    fake = ClockedFake(total=16 * GiB, free=8 * GiB)
+    m = C.measure(fake, FakeMonitor(fake), repeats=1, plan_for=oracle_planner)
+    allocs = [e for e in fake.log if e[0] == "alloc"]
+    assert {e[1] for e in fake.log if e[0] == "free"} == {e[1] for e in allocs}
+    rows = np.array(m.planned_callbacks, dtype=np.float64)
+    assert len(rows) == 2 * 84 and m.planned_note is None
+    quiet = (rows[:, 1] == 0) & (rows[:, 2] == 0)
+    light = (rows[:, 1] == 0) & (rows[:, 2] > 0)
+    assert quiet.any() and light.any() and (rows[:, 1] > 0).any() and (rows[:, 0] > 0).all()
+    prof = C.fit_profile(m, name="fake")
+    for k in ("host_quiet_s", "host_wait_s", "host_launch_s", "host_call_s"):
+        assert getattr(prof, k) > 0, k
+        assert prof.source[k].startswith("calibrate on FakeCuda"), prof.source[k]
+    assert prof.host_quiet_s == pytest.approx(float(np.median(rows[quiet, 0])))
+    assert prof.host_wait_s == pytest.approx(float(np.median(rows[light, 0])))
+    s = C.summary(prof)
+    assert s["host_call_us"] == pytest.approx(prof.host_call_s * 1e6)
+    save_profile(prof, tmp_path / "p.json")
+    loaded = load_profile(str(tmp_path / "p.json"))
+    work = CallbackWork(calls=np.array([0, 0, 3]), own=np.array([False, False, True]),
+                        waits=np.array([False, True, True]))
+    charged = Runner().host_seconds(work, loaded)
+    assert charged.tolist() == pytest.approx([prof.host_quiet_s, prof.host_wait_s,
+                                              prof.host_launch_s + 3 * prof.host_call_s])
+
+
+def test_without_a_planner_or_room_the_planned_probe_is_left_out_and_says_why():
+    from pagecast.replay.gpu.commands import oracle_planner
+
+    fake = FakeCuda()
+    assert "more than the 1048576 allowed" in C.planned_callback_times(fake, oracle_planner, 1 << 20)
+    assert not [e for e in fake.log if e[0] == "alloc"]
+    m = C.Measurements(device={"name": "X"}, planned_note="no planner given")
+    base = load_profile("msched-rtx5080")
+    src: dict = {}
+    assert C.planned_host(m, "X", base, src) == {}
+    assert src["host_call_s"].startswith("not measured on X: no planner given")
+
+
+def test_the_callback_fit_splits_by_kind_and_recovers_a_line():
+    from pagecast.replay.gpu.callback_timing import CallbackTimes, fit_callbacks
+
+    secs = [1e-6] * 5 + [2e-6] * 3 + [10e-6 + k * 1e-6 for k in (1, 1, 2, 2, 4, 4)]
+    calls = [0] * 8 + [1, 1, 2, 2, 4, 4]
+    events = [0] * 5 + [1] * 3 + [2] * 6
+    f = fit_callbacks(CallbackTimes(secs, calls, events))
+    assert (f.quiet_n, f.wait_n, f.calls_n) == (5, 3, 6)
+    assert f.quiet_s == pytest.approx(1e-6) and f.wait_s == pytest.approx(2e-6)
+    assert f.median_base_s == pytest.approx(10e-6) and f.median_per_call_s == pytest.approx(1e-6)
+    assert f.lsq_base_s == pytest.approx(10e-6) and f.lsq_per_call_s == pytest.approx(1e-6)

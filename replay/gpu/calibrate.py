@@ -40,6 +40,12 @@ quarter of it, so the GPU is never oversubscribed):
   bytes / bandwidth;
 - the host time of the GPU runner's launch callback (its `Engine.on_launch`, demand at an
   emulated capacity, on a launch that needs no call: the decision alone);
+- the planned callback's host time by kind (`planned_callback_times`, given a planner: the
+  simulator's oracle plan of a small trace, PROBE_WORKLOAD, carried out by the engine's planned
+  path on managed buffers of the trace's sizes with this driver's calls, each callback timed by
+  callback_timing.py as benchmarks/bench_child_callback.py times it): quiet launches
+  (`host_quiet_s`), light ones (`host_wait_s`), and the others' base + per range
+  (`host_launch_s`, `host_call_s`);
 - overlap: one buffer evicted to the host on one stream while another is
   populated on a second stream; `duplex` when that takes clearly less than
   the two one after the other (two copy engines), `pipelined_bandwidth` the
@@ -57,18 +63,24 @@ from __future__ import annotations
 import json
 import statistics
 import struct
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pagecast import trace as T
 from pagecast.collect.launch_hook import LaunchArgs
+from pagecast.datasets.registry import make_trace
 from pagecast.errors import ProfileError
 from pagecast.uvm import BIG_PAGE, VA_BLOCK
 
 from ..costs import CostProfile, load_profile, profile_from_dict
+from ..online.planned import PlannedCalls, schedule_from_plan
+from ..online.relocate import Relocator
+from .callback_timing import CallbackTimes, CountingCuda, fit_callbacks, time_callbacks, trace_launches
 from .cuda_engine import Engine
 
 FAULT_NS = (256, 1024, 2048, 4096)       # pages touched per fault run
@@ -78,6 +90,8 @@ REPEATS = 3
 CALL_SIZES = (4096, 64 * 1024, 2 * 2**20, 32 * 2**20)   # cuMemPrefetchAsync sizes plans use
 CALLS_PER_RUN = 32                       # calls per timed run (at most; a quarter of it too)
 CALLBACK_LAUNCHES = 200                  # launches timed through the runner's callback
+PROBE_WORKLOAD = ("jacobi2d", 0.01)      # the planned-callback probe's trace (84 launches, 12.8 MiB managed)
+PROBE_RUNS = 10                          # runs of the planned probe over that trace (each a fresh engine)
 DUPLEX_RATIO = 0.8                       # overlap when both together take < 80% of one after the other
 MAX_FRACTION_OF_FREE = 0.25
 SETTLE_QUIET_S = 0.02                    # fault counts read once two flushes this far apart agree ...
@@ -100,6 +114,8 @@ class Measurements:
     prefetch_calls: list = field(default_factory=list)  # [htod|dtoh, bytes per call, calls, seconds]
     batch_calls: list = field(default_factory=list)     # [driver function, bytes per range, ranges, seconds]
     callback_s: list = field(default_factory=list)      # host seconds of the runner's launch callback
+    planned_callbacks: list = field(default_factory=list)  # [host seconds, ranges, events] per planned callback
+    planned_note: str | None = None                     # why the planned probe did not run, where it did not
     driver_prefetch: bool | None = None
     unsettled: int = 0                               # fault counts read before they stopped changing
     elapsed_s: float | None = None
@@ -315,6 +331,9 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     if m.callback_s:
         src["host_launch_s"] = (f"calibrate on {dev}: median host time of the GPU runner's launch callback"
                                 f" (demand at an emulated capacity, no call needed) over {len(m.callback_s)} launches")
+    host = planned_host(m, dev, base, src)
+    if "host_launch_s" in host:
+        host_launch = host.pop("host_launch_s")
     src["batch_overhead_s"] = "0: calibrate's per-fault slope already includes the batch overhead"
 
     if m.duplex:
@@ -348,7 +367,7 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     d.update(name=name, description=desc, fault_time_s=fault_s, batch_overhead_s=0.0,
              htod_bandwidth=h_bw, dtoh_bandwidth=d_bw, duplex=bool(duplex), pipelined_bandwidth=pipelined,
              transfer_latency_s=latency, launch_overhead_s=max(0.0, launch), device_bandwidth=bw,
-             host_launch_s=host_launch, charges=True, source=src)
+             host_launch_s=host_launch, charges=True, source=src, **host)
     if m.page_runs and m.block_runs and _HAS_BLOCK_FIELD:
         sp = fit_fault_split(m.page_runs, m.block_runs, launch if m.launch_s else 0.0)
         pn = sorted({int(r[0]) for r in m.page_runs})
@@ -365,6 +384,36 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
     prof = profile_from_dict(d, f"calibrated profile {name}")
     assert isinstance(prof, CostProfile)
     return prof
+
+
+def planned_host(m: Measurements, dev: str, base, src: dict) -> dict:
+    """host_quiet_s, host_wait_s, host_launch_s and host_call_s from the planned probe's callbacks
+    (`fit_callbacks`: medians by kind, the medians' line for the launches with calls), each with its
+    source; those the probe did not measure (or fitted at or below 0) are left to `base`, and say why."""
+    if not m.planned_callbacks:
+        for k in ("host_quiet_s", "host_wait_s", "host_call_s"):
+            src[k] = f"not measured on {dev}: {m.planned_note or 'the planned probe did not run'}; {base.name}'s"
+        return {}
+    s, c, e = (list(x) for x in zip(*m.planned_callbacks))
+    f = fit_callbacks(CallbackTimes(s, c, e))
+    how = (f"calibrate on {dev}: the planned runner's callback (cuda_engine.py's planned path carrying out the"
+           f" simulator's oracle plan of {PROBE_WORKLOAD[0]} at scale {PROBE_WORKLOAD[1]}, half its managed memory,"
+           f" with this driver's calls; {len(s)} callbacks), ")
+    got = {"host_quiet_s": (f.quiet_s, f"median of the {f.quiet_n} launches with nothing due"),
+           "host_wait_s": (f.wait_s, f"median of the {f.wait_n} launches with a stream wait and no call"),
+           "host_launch_s": (f.median_base_s, f"base of the {f.calls_n} launches with calls ({f.calls_mean or 0:.2f}"
+                                              " ranges each on average): the line through the medians per range"
+                                              " count, weighted by their launches"),
+           "host_call_s": (f.median_per_call_s, "per range of that line")}
+    out = {}
+    for k, (v, what) in got.items():
+        if v is not None and v > 0:
+            out[k] = float(v)
+            src[k] = how + what
+        else:
+            kept = "the demand probe's median (above)" if k == "host_launch_s" and m.callback_s else f"{base.name}'s"
+            src[k] = how + f"{what}: {'none' if v is None else f'{v * 1e6:.2f} us'}, not > 0; {kept} kept"
+    return out
 
 
 # Whether this simulator's cost profile charges a per-block service (the driver model's field).
@@ -428,8 +477,13 @@ def settled_faults(monitor, quiet_s: float | None = None, timeout_s: float | Non
             return now, False
 
 
-def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_monitor: bool = True) -> Measurements:
+def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_monitor: bool = True,
+            plan_for: Planner | None = None) -> Measurements:
     """Run the calibration experiments; never allocates more than a quarter of the free memory.
+
+    `plan_for` (trace, capacity) -> plan: the planner the planned-callback probe carries out
+    (`planned_callback_times`; the calibrate command passes the simulator's oracle planner, which
+    this layer may not import); None: that probe is left out (`Measurements.planned_note`).
 
     `monitor` (a UvmMonitor, or None to fit against pages touched) is started
     here unless `start_monitor` is false (the caller started it before the
@@ -454,6 +508,16 @@ def measure(cuda, monitor=None, *, repeats: int = REPEATS, progress=None, start_
         monitor.start(keep_records=False)
     bufs: list[int] = []
     try:
+        # -- the planned callback's host time by kind (its buffers freed before the rest) ----
+        if plan_for is None:
+            m.planned_note = "no planner given"
+        else:
+            got = planned_callback_times(cuda, plan_for, int(free * MAX_FRACTION_OF_FREE))
+            if isinstance(got, str):
+                m.planned_note = got
+            else:
+                m.planned_callbacks = [list(r) for r in zip(got.seconds, got.calls, got.events)]
+        step()
         # -- cost per fault ---------------------------------------------------
         fb = cuda.alloc_managed(sz["fault_bytes"])
         bufs.append(fb)
@@ -609,9 +673,59 @@ def callback_times(cuda, buf: int, nbytes: int, n: int = CALLBACK_LAUNCHES) -> l
     return out
 
 
+Planner = Callable[[Any, int], Any]   # (trace, capacity in bytes) -> a plan (plan_io.Plan)
+
+
+def planned_callback_times(cuda, plan_for: Planner, budget: int, runs: int | None = None,
+                           workload: tuple[str, float] = PROBE_WORKLOAD) -> CallbackTimes | str:
+    """Host time of the planned runner's callback, launch by launch, on this driver: the trace of
+    `workload` (made here, in a temporary folder), `plan_for`'s plan of it at half its managed
+    memory, and `runs` (None: PROBE_RUNS) fresh engines carrying that plan out (cuda_engine.py's planned path, quiet
+    launches included) over its launches, pointers moved to managed buffers of the trace's sizes
+    allocated here (freed before returning). Each callback's calls are real (prefetches, events,
+    stream waits); no kernel runs. -> the times (callback_timing.py), or why the probe did not run
+    (a string: more than `budget` bytes needed)."""
+    with tempfile.TemporaryDirectory(prefix="pagecast-calibrate-") as d:
+        tr = T.read_trace(make_trace(workload[0], Path(d) / "probe.pctrace", scale=workload[1], seed=1))
+    al = tr.allocations
+    sizes = {int(a): int(n) for a, n in zip(al.column(T.ADDRESS).to_pylist(), al.column(T.BYTES).to_pylist())}
+    need = sum(-(-n // VA_BLOCK) * VA_BLOCK for n in sizes.values())
+    if need > budget:
+        return f"its trace needs {need} bytes of managed memory, more than the {budget} allowed"
+    capacity = max(1, sum(sizes.values()) // 2)
+    plan = plan_for(tr, capacity)
+    counting = CountingCuda(cuda)
+    moved: dict[int, int] = {}
+    out = CallbackTimes()
+    runs = PROBE_RUNS if runs is None else runs
+    try:
+        for a, n in sizes.items():
+            moved[a] = cuda.alloc_managed(n)
+        stream = cuda.new_stream()
+        las = trace_launches(tr, moved, stream=stream)
+        for _ in range(runs):
+            for a, n in sizes.items():   # each run from the same start: the data on the host
+                cuda.prefetch_to_host(moved[a], n, stream)
+            cuda.synchronize()
+            rel = Relocator(tr)
+            e = Engine(counting, "template", capacity=capacity, predict=lambda la, allocs: [],
+                       planned=PlannedCalls(schedule_from_plan(plan.table, plan.launches, tr, rel), rel))
+            time_callbacks(e.on_launch, las, counting, out)
+            cuda.synchronize()
+            if e.stats.errors:
+                raise ProfileError(f"the planned probe's callback failed: {e.stats.last_error}")
+    finally:
+        try:
+            cuda.synchronize()
+        finally:
+            for base in moved.values():
+                cuda.free(base)
+    return out
+
+
 def steps(repeats: int = REPEATS, n_fault_sizes: int = len(FAULT_NS)) -> int:
     """How many progress steps measure() reports."""
-    return repeats * n_fault_sizes + repeats + 1 + repeats + 3 + 1 + 1
+    return repeats * n_fault_sizes + repeats + 1 + repeats + 3 + 1 + 1 + 1
 
 
 def summary(profile) -> dict:
@@ -627,6 +741,9 @@ def summary(profile) -> dict:
         "duplex": profile.duplex, "pipelined_GBps": profile.pipelined_bandwidth / 1e9,
         "transfer_latency_us": profile.transfer_latency_s * 1e6,
         "host_launch_us": getattr(profile, "host_launch_s", 0.0) * 1e6,
+        "host_call_us": getattr(profile, "host_call_s", 0.0) * 1e6,
+        "host_quiet_us": getattr(profile, "host_quiet_s", 0.0) * 1e6,
+        "host_wait_us": getattr(profile, "host_wait_s", 0.0) * 1e6,
         "launch_overhead_us": profile.launch_overhead_s * 1e6,
         "device_GBps": profile.device_bandwidth / 1e9,
     }

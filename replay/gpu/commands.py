@@ -56,7 +56,8 @@ class CalibrateCommand(Command):
         if monitor is None:
             console.warn(f"{why}; fitting the fault cost against pages touched instead of faults counted")
         with console.progress("calibrating", C.steps(args.repeats)) as bar:
-            m = C.measure(cuda, monitor, repeats=args.repeats, progress=bar, start_monitor=False)
+            m = C.measure(cuda, monitor, repeats=args.repeats, progress=bar, start_monitor=False,
+                          plan_for=oracle_planner)
         profile = C.fit_profile(m, name=name)
         save_profile(profile, out, force=args.force)
         s = C.summary(profile)
@@ -82,6 +83,9 @@ class CalibrateCommand(Command):
             t.add_row("both directions together", f"{s['pipelined_GBps']:.1f} GB/s")
             t.add_row("transfer latency", f"{s['transfer_latency_us']:.1f} us")
             t.add_row("kernel launch", f"{s['launch_overhead_us']:.1f} us")
+            t.add_row("launch callback (host): nothing due", f"{s['host_quiet_us']:.2f} us")
+            t.add_row("  a stream wait only", f"{s['host_wait_us']:.2f} us")
+            t.add_row("  with calls", f"{s['host_launch_us']:.2f} us + {s['host_call_us']:.2f} us a call")
             t.add_row("device memory", f"{s['device_GBps']:.0f} GB/s")
             console.stdout().print(t)
         console.wrote(out, "cost profile",
@@ -91,3 +95,13 @@ class CalibrateCommand(Command):
 
 
 COMMANDS: list[Command] = [CalibrateCommand()]
+
+
+def oracle_planner(trace, capacity: int):
+    """The simulator's oracle plan of `trace` at `capacity` bytes (sim/sweep.make_truth_plan, as a GPU
+    replay makes it at start): what calibrate's planned-callback probe carries out. Here, where the
+    CLI layer may import both the simulator and the GPU runner (tests/layering.py)."""
+    from pagecast.replay.policies import POLICIES
+    from pagecast.replay.sim.sweep import make_truth_plan
+
+    return make_truth_plan(POLICIES["oracle"], trace, capacity=capacity)
