@@ -301,6 +301,11 @@ def test_calibrate_on_the_gpu(tmp_path):
     assert prof.fault_time_s + prof.block_service_s + prof.batch_overhead_s > 0
     assert prof.htod_bandwidth > 1e9 and prof.dtoh_bandwidth > 1e9
     assert doc["elapsed_s"] < 60
+    # the planned callback's host time by kind, measured with this driver (calibrate.planned_callback_times)
+    for k in ("host_quiet_s", "host_wait_s", "host_launch_s", "host_call_s"):
+        assert getattr(prof, k) > 0 and prof.source[k].startswith("calibrate on"), (k, prof.source[k])
+    print("OBSERVED calibrate planned callback host us: quiet %.2f, wait %.2f, with calls %.2f + %.2f a call"
+          % tuple(1e6 * getattr(prof, k) for k in ("host_quiet_s", "host_wait_s", "host_launch_s", "host_call_s")))
     # what calibrate assumes of the touch kernel and the counters: one fault per 64 KiB page touched,
     # counted by CUPTI within the run (poll() right after the kernel's event); recorded for the report
     runs = json.loads(prof.source["measurements"])["fault_runs"]

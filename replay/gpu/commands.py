@@ -16,8 +16,10 @@ class CalibrateCommand(Command):
         "one per 64 KiB, under demand paging, for several N) split into its per-fault, per-2 MiB-block\n"
         "and per-batch parts (N pages of one block; one page of each of N blocks; a lone fault),\n"
         "the bulk prefetch bandwidth each way,\n"
-        "whether eviction and population overlap (two streams), the launch overhead and the device\n"
-        "bandwidth, and write a cost profile that 'pagecast replay --backend sim --costs PROFILE.json'\n"
+        "whether eviction and population overlap (two streams), the launch overhead, the device\n"
+        "bandwidth and the host time of the planned runner's launch callback by kind (nothing due,\n"
+        "a stream wait only, a base plus a cost per call: the simulator's oracle plan of a small\n"
+        "trace carried out on this driver), and write a cost profile that 'pagecast replay --backend sim --costs PROFILE.json'\n"
         "loads. Takes well under a minute; never allocates more than a quarter of the free GPU memory.\n"
         "Needs an NVIDIA GPU with a CUDA 13 driver (exit 2 without one).")
 
