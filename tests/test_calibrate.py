@@ -484,3 +484,21 @@ def test_the_callback_fit_splits_by_kind_and_recovers_a_line():
     assert f.quiet_s == pytest.approx(1e-6) and f.wait_s == pytest.approx(2e-6)
     assert f.median_base_s == pytest.approx(10e-6) and f.median_per_call_s == pytest.approx(1e-6)
     assert f.lsq_base_s == pytest.approx(10e-6) and f.lsq_per_call_s == pytest.approx(1e-6)
+
+
+def test_a_failing_driver_call_leaves_the_planned_probe_out_and_frees_its_buffers(monkeypatch):
+    from pagecast.replay.gpu.commands import oracle_planner
+
+    class Refusing(FakeCuda):
+        def prefetch_to_gpu(self, addr, nbytes, stream=0):
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+        def prefetch_batch(self, ranges, to_gpu, stream=0):
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(C, "PROBE_RUNS", 1)
+    fake = Refusing()
+    got = C.planned_callback_times(fake, oracle_planner, 1 << 30)
+    assert isinstance(got, str) and "CUDA_ERROR_INVALID_VALUE" in got
+    allocs = {e[1] for e in fake.log if e[0] == "alloc"}
+    assert allocs and {e[1] for e in fake.log if e[0] == "free"} == allocs

@@ -713,8 +713,9 @@ def planned_callback_times(cuda, plan_for: Planner, budget: int, runs: int | Non
                            planned=PlannedCalls(schedule_from_plan(plan.table, plan.launches, tr, rel), rel))
                 time_callbacks(e.on_launch, las, counting, out)
                 cuda.synchronize()
-                if e.stats.errors:   # the probe left out (measure says why), not the calibration
-                    return f"its callback failed on {e.stats.errors} launch(es): {e.stats.last_error}"
+                if e.stats.errors or e.stats.failed_calls:   # the probe left out (measure says why)
+                    return (f"its callback failed on {e.stats.errors} launch(es), the driver refused"
+                            f" {e.stats.failed_calls} call(s): {e.stats.last_error}")
         finally:
             try:
                 cuda.synchronize()

@@ -6,9 +6,9 @@ stream's wait (a light launch), or calls that move memory (a base plus a cost pe
 `pagecast calibrate` (calibrate.py, on this machine's driver) and benchmarks/bench_child_callback.py
 (the child's own code with a CUDA stand-in) measure those costs the same way, here:
 
-- `CountingCuda` wraps a `CudaIface` (driver.py's, or a stand-in) and counts, as they are issued,
-  the ranges moved (each `cuMemPrefetchAsync`, each range of a batched call) and the events
-  (records and stream waits);
+- `CountingCuda` wraps a `CudaIface` (driver.py's, or a stand-in) and counts, as the driver takes
+  them (a refused call is not counted), the ranges moved (each `cuMemPrefetchAsync`, each range of
+  a batched call) and the events (records and stream waits);
 - `time_callbacks` calls the callback on each launch and records its host time, the ranges and
   the events it issued;
 - `fit_callbacks` splits the launches into those with no range and no event (quiet), no range but
@@ -44,32 +44,39 @@ class CountingCuda:
         return getattr(self._cuda, name)
 
     def prefetch_to_gpu(self, addr, nbytes, stream=0):
-        self.calls += 1
-        return self._cuda.prefetch_to_gpu(addr, nbytes, stream)
+        r = self._cuda.prefetch_to_gpu(addr, nbytes, stream)
+        self.calls += 1   # counted once the driver took it (a refused call raises)
+        return r
 
     def prefetch_to_host(self, addr, nbytes, stream=0):
-        self.calls += 1
-        return self._cuda.prefetch_to_host(addr, nbytes, stream)
+        r = self._cuda.prefetch_to_host(addr, nbytes, stream)
+        self.calls += 1   # counted once the driver took it (a refused call raises)
+        return r
 
     def prefetch_batch(self, ranges, to_gpu, stream=0):
+        r = self._cuda.prefetch_batch(ranges, to_gpu, stream)
         self.calls += len(ranges)
-        return self._cuda.prefetch_batch(ranges, to_gpu, stream)
+        return r
 
     def discard_batch(self, ranges, stream=0):
+        r = self._cuda.discard_batch(ranges, stream)
         self.calls += len(ranges)
-        return self._cuda.discard_batch(ranges, stream)
+        return r
 
     def discard_and_prefetch_batch(self, ranges, to_gpu, stream=0):
+        r = self._cuda.discard_and_prefetch_batch(ranges, to_gpu, stream)
         self.calls += len(ranges)
-        return self._cuda.discard_and_prefetch_batch(ranges, to_gpu, stream)
+        return r
 
     def record_event(self, event, stream=0):
+        r = self._cuda.record_event(event, stream)
         self.events += 1
-        return self._cuda.record_event(event, stream)
+        return r
 
     def stream_wait_event(self, stream, event):
+        r = self._cuda.stream_wait_event(stream, event)
         self.events += 1
-        return self._cuda.stream_wait_event(stream, event)
+        return r
 
 
 @dataclass
