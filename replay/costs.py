@@ -56,6 +56,7 @@ class CostProfile:
     block_service_s: float = 0.0  # per 2 MiB VA block serviced in a batch (a lone fault: the three charges)
     host_bandwidth: float = 0.0  # a kernel's accesses to host-placed memory over the link (0: half htod_bandwidth)
     host_launch_s: float = 0.0   # host time of the GPU runner's launch callback (a kernel shorter than it waits)
+    host_base_s: float = 0.0     # the planned runner's callback at a launch with calls, before its calls (0: host_launch_s)
     host_call_s: float = 0.0     # ... and what each call it issues there adds (the runner's planned path: Groups.calls)
     host_quiet_s: float = 0.0    # ... a callback with nothing due (the planned path's quiet launches; 0: host_launch_s)
     host_wait_s: float = 0.0     # ... one that only makes the launch's stream wait (light launches; 0: host_launch_s)
@@ -120,7 +121,7 @@ _REQUIRED = [f.name for f in dataclasses.fields(CostProfile)
 _POSITIVE = ("htod_bandwidth", "dtoh_bandwidth", "pipelined_bandwidth", "device_bandwidth",
              "granularity", "eviction_unit", "faults_per_batch")
 _NONNEG = ("fault_time_s", "batch_overhead_s", "transfer_latency_s", "launch_overhead_s", "block_service_s",
-           "host_launch_s", "host_call_s", "host_quiet_s", "host_wait_s")
+           "host_launch_s", "host_base_s", "host_call_s", "host_quiet_s", "host_wait_s")
 
 
 _RANGES = {   # what a profile may say: far beyond any GPU and link, short of overflowing a run

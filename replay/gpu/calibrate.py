@@ -45,7 +45,7 @@ quarter of it, so the GPU is never oversubscribed):
   path on managed buffers of the trace's sizes with this driver's calls, each callback timed by
   callback_timing.py as benchmarks/bench_child_callback.py times it): quiet launches
   (`host_quiet_s`), light ones (`host_wait_s`), and the others' base + per range
-  (`host_launch_s`, `host_call_s`);
+  (`host_base_s`, `host_call_s`);
 - overlap: one buffer evicted to the host on one stream while another is
   populated on a second stream; `duplex` when that takes clearly less than
   the two one after the other (two copy engines), `pipelined_bandwidth` the
@@ -332,8 +332,6 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
         src["host_launch_s"] = (f"calibrate on {dev}: median host time of the GPU runner's launch callback"
                                 f" (demand at an emulated capacity, no call needed) over {len(m.callback_s)} launches")
     host = planned_host(m, dev, base, src)
-    if "host_launch_s" in host:
-        host_launch = host.pop("host_launch_s")
     src["batch_overhead_s"] = "0: calibrate's per-fault slope already includes the batch overhead"
 
     if m.duplex:
@@ -387,11 +385,11 @@ def fit_profile(m: Measurements, name: str = "calibrated", base: Any = None):
 
 
 def planned_host(m: Measurements, dev: str, base, src: dict) -> dict:
-    """host_quiet_s, host_wait_s, host_launch_s and host_call_s from the planned probe's callbacks
+    """host_quiet_s, host_wait_s, host_base_s and host_call_s from the planned probe's callbacks
     (`fit_callbacks`: medians by kind, the medians' line for the launches with calls), each with its
     source; those the probe did not measure (or fitted at or below 0) are left to `base`, and say why."""
     if not m.planned_callbacks:
-        for k in ("host_quiet_s", "host_wait_s", "host_call_s"):
+        for k in ("host_quiet_s", "host_wait_s", "host_base_s", "host_call_s"):
             src[k] = f"not measured on {dev}: {m.planned_note or 'the planned probe did not run'}; {base.name}'s"
         return {}
     s, c, e = (list(x) for x in zip(*m.planned_callbacks))
@@ -401,7 +399,7 @@ def planned_host(m: Measurements, dev: str, base, src: dict) -> dict:
            f" with this driver's calls; {len(s)} callbacks), ")
     got = {"host_quiet_s": (f.quiet_s, f"median of the {f.quiet_n} launches with nothing due"),
            "host_wait_s": (f.wait_s, f"median of the {f.wait_n} launches with a stream wait and no call"),
-           "host_launch_s": (f.median_base_s, f"base of the {f.calls_n} launches with calls ({f.calls_mean or 0:.2f}"
+           "host_base_s": (f.median_base_s, f"base of the {f.calls_n} launches with calls ({f.calls_mean or 0:.2f}"
                                               " ranges each on average): the line through the medians per range"
                                               " count, weighted by their launches"),
            "host_call_s": (f.median_per_call_s, "per range of that line")}
@@ -411,7 +409,7 @@ def planned_host(m: Measurements, dev: str, base, src: dict) -> dict:
             out[k] = float(v)
             src[k] = how + what
         else:
-            kept = "the demand probe's median (above)" if k == "host_launch_s" and m.callback_s else f"{base.name}'s"
+            kept = f"{base.name}'s (0: the runner takes host_launch_s)"
             src[k] = how + f"{what}: {'none' if v is None else f'{v * 1e6:.2f} us'}, not > 0; {kept} kept"
     return out
 
@@ -743,6 +741,7 @@ def summary(profile) -> dict:
         "duplex": profile.duplex, "pipelined_GBps": profile.pipelined_bandwidth / 1e9,
         "transfer_latency_us": profile.transfer_latency_s * 1e6,
         "host_launch_us": getattr(profile, "host_launch_s", 0.0) * 1e6,
+        "host_base_us": getattr(profile, "host_base_s", 0.0) * 1e6,
         "host_call_us": getattr(profile, "host_call_s", 0.0) * 1e6,
         "host_quiet_us": getattr(profile, "host_quiet_s", 0.0) * 1e6,
         "host_wait_us": getattr(profile, "host_wait_s", 0.0) * 1e6,

@@ -85,9 +85,10 @@ class CalibrateCommand(Command):
             t.add_row("both directions together", f"{s['pipelined_GBps']:.1f} GB/s")
             t.add_row("transfer latency", f"{s['transfer_latency_us']:.1f} us")
             t.add_row("kernel launch", f"{s['launch_overhead_us']:.1f} us")
-            t.add_row("launch callback (host): nothing due", f"{s['host_quiet_us']:.2f} us")
+            t.add_row("launch callback (host), deciding online", f"{s['host_launch_us']:.2f} us")
+            t.add_row("  planned, nothing due", f"{s['host_quiet_us']:.2f} us")
             t.add_row("  a stream wait only", f"{s['host_wait_us']:.2f} us")
-            t.add_row("  with calls", f"{s['host_launch_us']:.2f} us + {s['host_call_us']:.2f} us a call")
+            t.add_row("  with calls", f"{s['host_base_us']:.2f} us + {s['host_call_us']:.2f} us a call")
             t.add_row("device memory", f"{s['device_GBps']:.0f} GB/s")
             console.stdout().print(t)
         console.wrote(out, "cost profile",

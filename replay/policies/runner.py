@@ -25,7 +25,7 @@ launch and returns) `quiet_s` (`QUIET_S`, else the profile's `host_quiet_s`, els
 one (nothing issued, the launch's stream made to wait) `wait_s` (`WAIT_S`, else the profile's
 `host_wait_s`, else the base), the others
 a base (the lookup, the event record, the stream wait: `callback_s`, `CALLBACK_S`, else the profile's
-`host_launch_s`) plus a per-call cost times the calls issued there (`call_s`, `CALL_S`, else the
+`host_base_s`, else its `host_launch_s`) plus a per-call cost times the calls issued there (`call_s`, `CALL_S`, else the
 profile's `host_call_s`). The host runs the callbacks asynchronously to the GPU (CUDA's launches
 return before their kernels run), at most `host_ahead` launches ahead (`HOST_AHEAD`; 0: no bound):
 the clock (sim/timing.py) delays a kernel only where its callback had not ended by the time the GPU
@@ -177,7 +177,7 @@ class Runner(Policy):
         template's plan (online/plan_schedule.py; None: `PLANNED`), made by `planner` (the replay's
         template: from the model, or a plan file) or from `model`; only for policy template;
         `callback_s`: host seconds of its launch callback's base, charged to its runs (None:
-        `CALLBACK_S`, else the profile's `host_launch_s`); `call_s`: host seconds each call it
+        `CALLBACK_S`, else the profile's `host_base_s`, else its `host_launch_s`); `call_s`: host seconds each call it
         issues there adds (None: `CALL_S`, else the profile's `host_call_s`); `quiet_s`: host seconds
         of a callback with nothing due (None: `QUIET_S`, else the profile's `host_quiet_s`, else the
         base); `wait_s`: of a callback that issues nothing but the stream's wait (None: `WAIT_S`, else
@@ -273,7 +273,8 @@ class Runner(Policy):
         """Host seconds of each launch's callback (online/callbacks.py's `work`): a quiet one the quiet
         cost, a light one the wait's, the others the base plus the per-call cost times the calls issued
         there (None where all are 0: the profile's `host_launch_s`, charged to every run, is all)."""
-        base = self.callback_s if self.callback_s is not None else float(getattr(profile, "host_launch_s", 0.0) or 0.0)
+        base = self.callback_s if self.callback_s is not None else float(
+            getattr(profile, "host_base_s", 0.0) or getattr(profile, "host_launch_s", 0.0) or 0.0)
         per_call = self.call_s if self.call_s is not None else float(getattr(profile, "host_call_s", 0.0) or 0.0)
         quiet = self.quiet_s if self.quiet_s is not None else float(getattr(profile, "host_quiet_s", 0.0) or 0.0) or base
         wait = self.wait_s if self.wait_s is not None else float(getattr(profile, "host_wait_s", 0.0) or 0.0) or base
