@@ -477,9 +477,10 @@ def test_suite_pipeline_small(tmp_path):
 
 
 def test_suite_remakes_traces_kept_from_another_scale(tmp_path):
-    """A --work directory kept from a run at another scale: its traces are made again, not reused."""
+    """A --work directory kept from a run at another scale: its traces are made again, not reused.
+    In this process (jobs=1: no worker processes to start; the test above runs both)."""
     from pagecast.demo import run_suite
-    kw = dict(costs="none", policies=["demand"], workloads=["stream"], mixes={}, oversub=(2.0,))
+    kw = dict(costs="none", policies=["demand"], workloads=["stream"], mixes={}, oversub=(2.0,), jobs=1)
     run_suite(tmp_path, scale=0.02, **kw)
     p = tmp_path / "traces" / "stream-s3.pctrace"
     assert T.read_trace(p).manifest["workload"]["scale"] == 0.02
