@@ -80,16 +80,16 @@ def best_split(kd: KernelData, best: tuple, cat, sel, sv, check, pages) -> tuple
     return top
 
 
-def block_strides(kd: KernelData, g, q0, q1, bounds) -> list:
+def block_strides(kd: KernelData, g, q0, q1, bounds, with_values) -> list:
     """Constant block strides S for values over a divisor, from where each launch's touched bytes
     begin and end: the first lies in the smallest value's block q0, at most a block past its
     start (`start + S*q0` in [first - S, first]), the last in the largest value's block q1
     (`start + S*(q1+1)` in [last, last + S]); one solve over q0 with the first's bounds loosened
     by a big page at a time (the upper bound hard: the first observed byte is touched), each S
-    found checked against every launch's blocks. Fewest big pages of slack first (module doc)."""
-    from .index_values import _WithValues   # the solver's view with a value's feature
+    found checked against every launch's blocks. Fewest big pages of slack first (module doc).
+    `with_values`: the solver's view of the launches with a value's feature (index_values' own)."""
     s_lo, s_hi, e_lo, e_hi = (np.asarray(x, np.int64) for x in bounds)
-    ex = _WithValues(kd, g, q0, q0, True, True)
+    ex = with_values(kd, g, q0, q0, True, True)
     out = []
     for slack in (1, 2, 4):
         w = slack * kd.bigp * kd.ps

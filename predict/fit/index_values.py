@@ -576,7 +576,7 @@ def _solved_blocks(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals
         if not ok.all():
             continue
         for d in (1 << b for b in range(1, MAX_VALUE_DIV.bit_length())):
-            for stride in block_strides(kd, g, v0 // d, v1 // d, bounds):
+            for stride in block_strides(kd, g, v0 // d, v1 // d, bounds, _WithValues):
                 found = start_for(kd, g, vals, stride, v0 // d, s_lo - stride.const, s_hi)
                 if found is None:
                     continue
