@@ -51,11 +51,12 @@ def prefetch_uses(g: Groups, needs: Needs, base: Needs) -> tuple[np.ndarray, np.
     # the steps in int32 where they fit (4 bytes a prefetch entry less, as `narrow` keeps steps)
     width = np.empty(0, ID if n + 1 < np.iinfo(ID).max else I64)
     return _prefetch_uses(g.pf_ptr, g.pf_unit, g.ev_ptr, g.ev_unit, needs.ptr, needs.unit, base.ptr, base.unit,
-                          n, n_units, width)   # read only, either width (unit_space.narrow): no copies of every use
+                          (n, n_units), width)   # read only, either width (unit_space.narrow): no copies of every use
 
 
 @njit(cache=True)
-def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_unit, n, n_units, width):
+def _prefetch_uses(pf_ptr, pf_unit, ev_ptr, ev_unit, n_ptr, n_unit, b_ptr, b_unit, dims, width):
+    n, n_units = dims   # (steps, units)
     none = np.int64(n + 1)
     nxt_need = np.full(n_units, none, np.int64)   # first step >= s whose needs hold the unit
     nxt_base = np.full(n_units, none, np.int64)   # the same in base
