@@ -116,11 +116,38 @@ def prefetch_steps(g: Groups) -> np.ndarray:
 
 
 def first_need(step: np.ndarray, units: np.ndarray, needs, n: int) -> np.ndarray:
-    """For each (group step, unit), the first step >= group step whose needs contain the unit (-1: none)."""
-    occ_step = np.repeat(np.arange(n, dtype=I64), np.diff(needs.ptr))
-    key = np.sort(needs.unit.astype(I64) * (n + 1) + occ_step)
-    hit = first_at_or_after(key, units, step, n + 1)
-    return np.where(hit < n + 1, hit, -1)
+    """For each (group step, unit), the first step >= group step whose needs contain the unit (-1: none).
+
+    Made over ranges of unit ids holding about `FIRST_NEED_PIECE` need entries each: a unit's
+    entries all fall in its range, so each answer is the one a sort of every entry gives, and the
+    sorted keys (and the step of each entry) exist for one range at a time, not for all the needs."""
+    units = np.asarray(units)
+    step = np.asarray(step, I64)
+    out = np.full(len(units), -1, I64)
+    nu = needs.unit
+    if not len(nu) or not len(units):
+        return out
+    ptr = np.asarray(needs.ptr, I64)
+    # unit range bounds: cut where the entries so far pass a multiple of the piece
+    cum = np.cumsum(np.bincount(nu))
+    cuts = np.searchsorted(cum, np.arange(FIRST_NEED_PIECE, int(cum[-1]), FIRST_NEED_PIECE), side="left") + 1
+    bounds = np.unique(np.concatenate([[0], cuts, [len(cum)]]))
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        at = np.flatnonzero((nu >= lo) & (nu < hi)) if len(bounds) > 2 else np.arange(len(nu), dtype=I64)
+        q = np.flatnonzero((units >= lo) & (units < hi)) if len(bounds) > 2 else np.arange(len(units), dtype=I64)
+        if not len(q) or not len(at):
+            continue
+        occ_step = np.searchsorted(ptr, at, side="right") - 1
+        key = nu[at].astype(I64) * (n + 1) + occ_step
+        del at, occ_step
+        key.sort()
+        hit = first_at_or_after(key, units[q], step[q], n + 1)
+        del key
+        out[q] = np.where(hit < n + 1, hit, -1)
+    return out
+
+
+FIRST_NEED_PIECE = 1 << 20   # need entries whose keys first_need sorts at a time (8 bytes each)
 
 
 def first_at_or_after(keys: np.ndarray, units: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:

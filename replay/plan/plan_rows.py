@@ -52,6 +52,8 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
         row_need = np.where(row_need == np.iinfo(I64).max, -1, row_need)
         parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
                       row_need, idx, after[idx]))
+        # the per-unit arrays go before the next pass makes its own (a row per run is what stays)
+        del step, need_by, after, addr, key, new, own, idx, cnt, row_need
     if not parts:
         return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
     lid = np.concatenate([p[0] for p in parts])
