@@ -9,6 +9,7 @@ simulator, reports) takes footprints from here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import trace as T
+from .memory import release_arrow_memory
 
 _I64 = np.int64
 
@@ -272,6 +274,7 @@ def _observed(trace: T.Trace, include_prefetch: bool) -> Footprints:
     clock = LaunchClock(trace)
     causes = pa.array(["coherence"] + (["prefetch"] if include_prefetch else []))
     ls, ss, es = [], [], []
+    merged = [0]   # intervals in the last merge of the pieces so far
     cover = None   # the migrations' intervals, merged: what a fault inside them adds nothing to
 
     def add(lid, s, e):
@@ -287,21 +290,53 @@ def _observed(trace: T.Trace, include_prefetch: bool) -> Footprints:
         ls.append(piece.launch_of_interval())
         ss.append(piece.start)
         es.append(piece.end)
+        # the pieces' intervals merged into one as they grow past what was merged before: the
+        # merge at the end (some ten 8-byte temporaries an interval) then sees at most twice the
+        # result, not every piece's intervals at once (a launch's faults fall in several pieces)
+        held = sum(len(x) for x in ss)
+        if held > 2 * merged[0] and held > OBSERVED_ROWS:
+            acc = Footprints.from_intervals(np.concatenate(ls), np.concatenate(ss), np.concatenate(es), n, ps)
+            ls[:], ss[:], es[:] = [acc.launch_of_interval()], [acc.start], [acc.end]
+            merged[0] = len(acc.start)
 
-    for m in trace.batches(T.MIGRATIONS, (T.START_NS, T.ADDRESS, T.BYTES, T.CAUSE, T.LAUNCH_ID)):
+    for m in _pieces(trace, T.MIGRATIONS, (T.START_NS, T.ADDRESS, T.BYTES, T.CAUSE, T.LAUNCH_ID)):
         m = m.filter(pc.is_in(m.column(T.CAUSE), value_set=causes))
         if m.num_rows:
             s, e = page_span(m.column(T.ADDRESS).to_numpy(), m.column(T.BYTES).to_numpy(), ps)
             add(clock.attribute(m.column(T.LAUNCH_ID), m.column(T.START_NS)), s, e)
     if ls:
         cover = Footprints.from_intervals(np.concatenate(ls), np.concatenate(ss), np.concatenate(es), n, ps)
-        ls, ss, es = [cover.launch_of_interval()], [cover.start], [cover.end]
-    for f in trace.batches(T.FAULTS, (T.TIME_NS, T.ADDRESS, T.LAUNCH_ID)):
+        ls[:], ss[:], es[:] = [cover.launch_of_interval()], [cover.start], [cover.end]
+        merged[0] = len(cover.start)
+    for f in _pieces(trace, T.FAULTS, (T.TIME_NS, T.ADDRESS, T.LAUNCH_ID)):
         page = (f.column(T.ADDRESS).to_numpy().astype(np.uint64) // np.uint64(ps)).astype(_I64)
         add(clock.attribute(f.column(T.LAUNCH_ID), f.column(T.TIME_NS)), page, page + 1)
+    # the records' buffers (every row group of both tables, read and freed here) go back to the
+    # system, not kept by pyarrow's pool: ~65 MB after a scale-10 llm-decode trace, which stayed in
+    # a planned replay's high (pagecast/memory.py, docs/performance.md)
+    release_arrow_memory()
     if not ls:
         return Footprints.empty(n, ps, "observed")
     return Footprints.from_intervals(np.concatenate(ls), np.concatenate(ss), np.concatenate(es), n, ps, "observed")
+
+
+OBSERVED_ROWS = 1 << 18   # records per piece of _observed
+
+
+def _pieces(trace: T.Trace, name: str, columns) -> Iterable[pa.Table]:
+    """`trace.batches(name, columns)` cut to at most OBSERVED_ROWS records a piece. A row group (a
+    piece of `batches`) holds up to 2^20 records, and each record takes some ten 8-byte temporaries
+    in `_observed` (its page, launch, search bounds and merge); at 2^20 those were the high of a
+    planned replay of 10^5 launches (~220 MB, docs/performance.md). The union is the same piece by
+    piece, so the result does not depend on the cut."""
+    for t in trace.batches(name, columns):
+        if t.num_rows <= OBSERVED_ROWS:
+            yield t
+        else:
+            for off in range(0, t.num_rows, OBSERVED_ROWS):
+                yield t.slice(off, OBSERVED_ROWS)
+        del t
+        release_arrow_memory()   # the row group read and its decoding buffers, before the next is read
 
 
 def _covered(cover: Footprints, lid: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -8,12 +8,20 @@ freed memory stays with the process while anything above it is live (mallopt(3),
 1-30 MB between its runs; the heap then grows with freed blocks it cannot return. Setting the
 threshold (which turns its dynamic adjustment off) keeps those arrays in mappings of their own,
 returned as soon as they are freed: the peak is what is live.
+
+pyarrow's default pool (mimalloc) keeps freed memory of its own for reuse: after a pass that reads
+a trace's large tables row group by row group (the faults and migrations of observed footprints,
+the index values a model's predictions read), tens of MB the process no longer uses stay in it
+until later arrow work reuses them. `release_arrow_memory` hands them back at the end of such a
+pass (the pool's `release_unused`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+
+import pyarrow as pa
 
 M_MMAP_THRESHOLD = -3   # <malloc.h>
 MMAP_THRESHOLD = 1 << 20   # arrays from 1 MiB on get their own mapping
@@ -31,3 +39,10 @@ def return_freed_arrays(threshold: int = MMAP_THRESHOLD) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+def release_arrow_memory() -> None:
+    """Return what pyarrow's default pool holds freed to the system (see the module doc): called
+    where a pass over a trace's large tables ends, before the work that follows allocates again.
+    Results do not depend on it."""
+    pa.default_memory_pool().release_unused()

@@ -462,8 +462,9 @@ class Trace:
 
     def batches(self, name: str, columns: Iterable[str] | None = None) -> Iterable[pa.Table]:
         """Table `name` piece by piece, in stored order, each piece conformed to the schema and
-        checked as read_trace checks the whole table: from disk one Parquet row group at a time
-        when the table was read lazily (memory: one row group), else slices of the loaded table.
+        checked as read_trace checks the whole table: from disk up to LAZY_ROWS rows of a Parquet
+        row group at a time when the table was read lazily (memory: one piece), else slices of the
+        loaded table.
         `columns` narrows what is read (the schema's order)."""
         cols = None if columns is None else [f.name for f in SCHEMAS[name] if f.name in set(columns)]
         if name in self.lazy:
@@ -622,8 +623,14 @@ def _concat(tables: list[pa.Table], name: str) -> pa.Table:
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
+LAZY_ROWS = 1 << 18   # rows per piece of a lazily read table (Trace.batches)
+
+
 def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | None) -> Iterable[pa.Table]:
-    """A lazily read table's row groups, each conformed to the schema and checked (_check_table)."""
+    """A lazily read table's row groups in pieces of at most LAZY_ROWS rows, each conformed to the
+    schema and checked (_check_table). A row group (up to 2^20 rows) decoded whole, with the copies
+    conforming and checking make, was ~75 MB of pyarrow's memory for a fault table's three columns:
+    the high of the pass over it (footprints.observed_footprints, docs/performance.md)."""
     schema = SCHEMAS[name]
     if columns is not None:
         schema = pa.schema([schema.field(c) for c in columns])
@@ -636,13 +643,18 @@ def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | N
         except Exception as e:  # pyarrow raises several kinds for a damaged file
             raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
         for g in groups:
-            try:
-                t = pf.read_row_group(g, columns=want)
-            except Exception as e:
-                raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
-            t = _conform(t, schema, NULLABLE[name], part)
-            _check_table(path, name, t)
-            yield t
+            batches = pf.iter_batches(batch_size=LAZY_ROWS, row_groups=[g], columns=want)
+            while True:
+                try:
+                    b = next(batches, None)
+                except Exception as e:
+                    raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
+                if b is None:
+                    break
+                t = _conform(pa.Table.from_batches([b]), schema, NULLABLE[name], part)
+                del b
+                _check_table(path, name, t)
+                yield t
 
 
 PAGE_SIZE_MIN, PAGE_SIZE_MAX = 512, 1 << 21   # bytes; x86-64 UVM pages are 4096

@@ -340,6 +340,22 @@ def test_observed_footprints_in_pieces_equal_one_piece(tmp_path, monkeypatch):
     many = FP._observed(T.read_trace(p), False)           # the same table in pieces of 13 rows
     assert np.array_equal(one.indptr, many.indptr) and np.array_equal(one.start, many.start)
     assert np.array_equal(one.end, many.end)
+    # row groups cut into pieces of 5 records, and the pieces' intervals merged as they grow
+    # (each merge past OBSERVED_ROWS intervals): from disk, with and without the prefetches
+    monkeypatch.setattr(FP, "OBSERVED_ROWS", 5)
+    merges = []
+    real = FP.Footprints.from_intervals.__func__
+    monkeypatch.setattr(FP.Footprints, "from_intervals",
+                        classmethod(lambda cls, *a, **k: merges.append(len(a[1])) or real(cls, *a, **k)))
+    for prefetch in (False, True):
+        want = FP._observed(T.read_trace(p), prefetch)
+        got = FP._observed(T.read_trace(p, lazy=T.LAZY_TABLES), prefetch)
+        assert want.total_pages() > 0
+        for f in ("indptr", "start", "end"):
+            assert np.array_equal(getattr(got, f), getattr(want, f))
+            if not prefetch:
+                assert np.array_equal(getattr(want, f), getattr(one, f))
+    assert max(merges) > 5 and len(merges) > 2 * 5000 // 5   # every piece, and merges of several pieces
 
 
 def test_replacing_records_drops_what_was_made_from_them(tmp_path):

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from pagecast import footprints as F
 from pagecast import trace as T
+from pagecast.memory import release_arrow_memory
 from pagecast.predict.predictor import Gates, predict_footprints, predict_gated
 
 MIN_PRECISION = 0.5   # keep a kernel's history while at least half of what it adds is used
@@ -55,6 +56,14 @@ def predicted_gated(model, trace: T.Trace, fallback: str = "adaptive",
                     min_precision: float = MIN_PRECISION) -> tuple[F.Footprints, Gates]:
     """predicted_footprints, and the pieces of it that index values chose with the launch after
     which their values exist (predict.predictor.Gates; its `plain`: the rest, by the same rule)."""
+    fp, g = _predicted_gated(model, trace, fallback, min_precision)
+    # the predictions read the trace's index values and records through pyarrow; what its pool
+    # freed goes back before the planner's per-use arrays are made (pagecast/memory.py)
+    release_arrow_memory()
+    return fp, g
+
+
+def _predicted_gated(model, trace, fallback, min_precision):
     if fallback != "adaptive":
         fp, g, _ = predict_gated(model, trace, fallback)
         return fp, g
