@@ -57,6 +57,25 @@ def narrow(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
+UNIT = np.int16   # what unit ids and page counts are held in where every value fits: `narrow_small`
+
+
+def narrow_small(a: np.ndarray | None) -> np.ndarray | None:
+    """`narrow` for per-use arrays whose values are bounded by the universe, not by the trace's
+    length: unit ids (fewer than 2^15 units is 2 GiB of memory at 64 KiB units) and page counts (a
+    unit's pages). These as int16 where every value fits halve the arrays a planned replay holds
+    most of (Needs.unit and .pages, a plan's transfers); steps stay in `narrow`'s width. Readers take
+    any width (numba compiles for each, numpy widens where it meets a wider array)."""
+    if a is None or a.dtype == UNIT or a.dtype.kind not in "iu":
+        return a
+    if len(a) == 0:
+        return a.astype(UNIT)
+    info = np.iinfo(UNIT)
+    if int(a.min()) >= info.min and int(a.max()) < info.max:   # below it: an id + 1 (a run's end) fits too
+        return a.astype(UNIT)
+    return narrow(a)
+
+
 @dataclass
 class Task:
     name: str
@@ -175,7 +194,7 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
         indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
                                            fp.end.astype(I64, copy=False), int(r), int(n), like)
         if indptr[0] == 0:
-            return indptr, tot
+            return indptr, narrow_small(tot)
     su, eu = fp.start // r, (fp.end - 1) // r + 1
     k = eu - su
     u = F._ranges(su.astype(I64), k.astype(I64))
@@ -190,7 +209,7 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     tot = np.bincount(grp, weights=pages).astype(I64)
     indptr = np.zeros(n + 1, I64)
     np.cumsum(np.bincount(key[new], minlength=n), out=indptr[1:])
-    return indptr, narrow(tot)
+    return indptr, narrow_small(tot)
 
 
 @njit(cache=True)
@@ -356,14 +375,15 @@ class Universe:
         counts = d1 - d0
         rest = np.flatnonzero(~inside & (e > s))
         if not len(rest):
-            # every interval inside the universe: the ids written once, in the width `narrow` keeps
+            # every interval inside the universe: the ids written once, in the width `narrow_small` keeps
             # them in, and the launches' sizes counted per interval (F._ranges and a launch id per
             # use were three int64 arrays of every use beside the result)
-            units = ranges(d0, counts, ID if self.n_units <= np.iinfo(ID).max else I64)
+            units = ranges(d0, counts, UNIT if self.n_units < np.iinfo(UNIT).max
+                           else ID if self.n_units <= np.iinfo(ID).max else I64)
             nz = counts > 0
             indptr = np.zeros(n_launches + 1, I64)
             np.cumsum(np.bincount(launch[nz], weights=counts[nz], minlength=n_launches).astype(I64), out=indptr[1:])
-            return indptr, narrow(units)
+            return indptr, narrow_small(units)
         units = F._ranges(d0, counts)
         lid = np.repeat(launch, counts)
         if len(rest):
@@ -378,7 +398,7 @@ class Universe:
             units, lid = units[o], lid[o]
         indptr = np.zeros(n_launches + 1, I64)
         np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
-        return indptr, narrow(units.astype(I64, copy=False))
+        return indptr, narrow_small(units.astype(I64, copy=False))
 
     def address_ranges(self, task: int, dense_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dense unit ids -> (byte address, unit key) for plans."""
@@ -407,7 +427,7 @@ class Needs:
 
     def __post_init__(self) -> None:
         # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
-        self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow(self.pages)
+        self.unit, self.after, self.pages = narrow_small(self.unit), narrow(self.after), narrow_small(self.pages)
 
     def page_counts(self) -> np.ndarray | None:
         """`pages`, made now where they were left to be made when read (`pages_later`); None where
@@ -415,7 +435,7 @@ class Needs:
         if self.pages is None and self.pages_later is not None:
             pages, self.pages_later = self.pages_later(), None
             if len(pages) == len(self.unit):
-                self.pages = narrow(pages)
+                self.pages = narrow_small(pages)
         return self.pages
 
     def of(self, i: int) -> np.ndarray:
@@ -608,7 +628,7 @@ class Workload:
         elif with_pages:
             pages = self._pages_of(per_task_fp)
             if len(pages) == len(needs.unit):
-                needs.pages = narrow(pages)
+                needs.pages = narrow_small(pages)
         return needs
 
     def _pages_of(self, per_task_fp: list[F.Footprints | None]) -> np.ndarray:
@@ -699,10 +719,11 @@ class Workload:
             c0 = u.unit_chunk[d0[ok]]
             c1 = u.unit_chunk[d1[ok] - 1] + 1
             l, c0, c1 = F.merge_intervals(l[ok], c0, c1, n)
-            # the ids written once, in the width `narrow` keeps them in, the launches' sizes counted
+            # the ids written once, in the width `narrow_small` keeps them in, the launches' sizes counted
             # per interval (as Universe.dense: an int64 expansion and a launch id per use were three
             # int64 arrays of every chunk use, an alloc plan's peak over 10^6 launches)
-            units = ranges(c0, c1 - c0, ID if u.n_chunks <= np.iinfo(ID).max else I64)
+            units = ranges(c0, c1 - c0, UNIT if u.n_chunks < np.iinfo(UNIT).max
+                           else ID if u.n_chunks <= np.iinfo(ID).max else I64)
             indptr = np.zeros(n + 1, I64)
             np.cumsum(np.bincount(l, weights=c1 - c0, minlength=n).astype(I64), out=indptr[1:])
             csrs.append((indptr, units))

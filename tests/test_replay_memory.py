@@ -1,7 +1,7 @@
 """What a replay keeps smaller to bound its memory, against the full-size computation it replaces:
 `attach_after` made a few steps at a time, a finished run kept as its summary (`run.compact`), the
 value alternatives made one at a time, the glibc threshold that returns freed arrays, the per-use
-arrays held as int32 (`unit_space.narrow`) against the same replay all in int64."""
+arrays held narrowed (`unit_space.narrow`, `narrow_small`) against the same replay all in int64."""
 
 from __future__ import annotations
 
@@ -143,7 +143,24 @@ def test_narrow_keeps_int32_only_where_every_value_fits():
     f = np.zeros(3)
     assert U.narrow(f) is f
     nd = Needs(np.array([0, 2], I64), np.array([3, 4], I64), np.array([-1, 0], I64), None, np.array([1, 16], I64))
-    assert nd.unit.dtype == nd.after.dtype == nd.pages.dtype == U.ID and nd.ptr.dtype == I64
+    # unit ids and page counts as int16 (narrow_small), steps as int32, the step pointers as given
+    assert nd.unit.dtype == nd.pages.dtype == U.UNIT and nd.after.dtype == U.ID and nd.ptr.dtype == I64
+
+
+def test_narrow_small_keeps_int16_only_below_its_largest_value():
+    a = np.array([-1, 0, 5, 2**15 - 2], I64)
+    n = U.narrow_small(a)
+    assert n.dtype == U.UNIT
+    np.testing.assert_array_equal(n, a)
+    # the largest int16 itself is left to `narrow`: an id + 1 (a run's end) must not wrap
+    assert U.narrow_small(np.array([0, 2**15 - 1], I64)).dtype == U.ID
+    assert U.narrow_small(np.array([0, 2**20], I64)).dtype == U.ID
+    big = np.array([0, 2**31], I64)
+    assert U.narrow_small(big) is big
+    assert U.narrow_small(None) is None
+    assert U.narrow_small(np.zeros(0, I64)).dtype == U.UNIT
+    # a universe of 2^15 - 1 units or more: dense ids in int32
+    assert U.narrow_small(np.arange(2**15, dtype=I64)).dtype == U.ID
 
 
 def _wide(monkeypatch):
@@ -152,19 +169,23 @@ def _wide(monkeypatch):
     from pagecast.replay.plan import groups as G
     monkeypatch.setattr(U, "narrow", lambda a: a)
     monkeypatch.setattr(G, "narrow", lambda a: a)
+    monkeypatch.setattr(U, "narrow_small", lambda a: a)
+    monkeypatch.setattr(G, "narrow_small", lambda a: a)
+    monkeypatch.setattr(U, "UNIT", I64)   # the dense ids `dense` writes
     monkeypatch.setattr(U, "ID", I64)   # the steps attach_after and gated_needs_from write
     monkeypatch.setattr(B, "ID", I64)   # the Belady core's steps and positions
 
 
-def test_a_replay_in_int32_equals_the_same_replay_in_int64(gathered, monkeypatch):
+def test_a_replay_in_narrow_widths_equals_the_same_replay_in_int64(gathered, monkeypatch):
     """The whole planned replay (template's spans, alternatives and faults left out; oracle; the
-    bound) gives the same rows, timeline included, with its per-use arrays in int32 as in int64."""
+    bound) gives the same rows, timeline included, with its per-use arrays narrowed (unit ids and
+    page counts in int16, steps in int32) as in int64."""
     tr, model = gathered
     pols = ["demand", "template", "oracle"]
     runs32, tl32 = SW.replay_sim([tr], pols, oversub=[1.5, 2, 3], model=model)
     prof = load_profile("msched-rtx5080")
     w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
-    assert w.truth.unit.dtype == w.truth.pages.dtype == U.ID   # what the replay above ran on
+    assert w.truth.unit.dtype == w.truth.pages.dtype == U.UNIT   # what the replay above ran on
     with monkeypatch.context() as m:
         _wide(m)
         w64 = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
@@ -177,9 +198,10 @@ def test_a_replay_in_int32_equals_the_same_replay_in_int64(gathered, monkeypatch
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), steps=st.integers(2, 25), units=st.integers(2, 48),
        cap=st.integers(1, 30), front=st.booleans(), gated=st.booleans())
-def test_the_planner_kernels_agree_in_int32_and_int64(seed, steps, units, cap, front, gated):
+def test_the_planner_kernels_agree_in_every_width(seed, steps, units, cap, front, gated):
     """Belady's plan, the block span, the uses of a plan's prefetches, the pages they fault and the
-    next uses: equal whether the per-use arrays come in int32 or int64 (numba compiles each)."""
+    next uses: equal whether the per-use arrays come narrowed (int16 units and pages, int32 steps),
+    in int32 or in int64 (numba compiles each)."""
     from pagecast.replay.plan import faults as FL
     from pagecast.replay.plan import belady as B
     from pagecast.replay.plan.belady import plan_groups
@@ -193,38 +215,44 @@ def test_the_planner_kernels_agree_in_int32_and_int64(seed, steps, units, cap, f
     block_lo = (np.arange(units, dtype=I64) // 4) * 4
     block_hi = np.minimum(block_lo + 4, units)
 
-    def build(dtype):
+    def build(small, step):
         nd = Needs(ptr, unit, after, np.ones(steps, I64), pages)
-        for f in ("unit", "after", "pages"):   # set after construction: Needs narrows what it is given
+        # set after construction: Needs narrows what it is given
+        for f, dtype in (("unit", small), ("after", step), ("pages", small)):
             if getattr(nd, f) is not None:
                 setattr(nd, f, getattr(nd, f).astype(dtype))
         return nd
 
+    # (unit ids and page counts, steps): as narrow_small and narrow keep them, all int32, all int64
+    widths = ((U.UNIT, U.ID), (U.ID, U.ID), (I64, I64))
     out = {}
-    for dtype in (U.ID, I64):
-        nd = build(dtype)
+    for small, step in widths:
+        nd = build(small, step)
         old = B.ID
         try:
-            B.ID = dtype   # the Belady core's steps and positions in that width too (belady_plan's choice)
+            B.ID = step   # the Belady core's steps and positions in that width too (belady_plan's choice)
             g = plan_groups(nd, units, cap, front=front)
         finally:
             B.ID = old
-        for f in ("ev_unit", "pf_unit", "pf_after"):
+        for f, dtype in (("ev_unit", small), ("pf_unit", small), ("pf_after", step)):
             setattr(g, f, getattr(g, f).astype(dtype))
         bp, bu = widen_to_blocks(nd.ptr, nd.unit, block_lo, block_hi)
         wide = Needs(bp, bu)
-        wide.unit = wide.unit.astype(dtype)
+        wide.unit = wide.unit.astype(small)
         uses = FL.prefetch_uses(g, wide, nd)
         ent = FL._entries(g, nd, uses[0], 65536)
-        out[dtype] = (g, bp, bu, uses, ent, next_use_of(nd, wide))
-    a, b = out[U.ID], out[I64]
-    assert a[0].pf_unit.dtype == U.ID and b[0].pf_unit.dtype == I64
-    for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "thrash", "need_group", "gate",
-              "gate_bytes", "pf_after"):
-        np.testing.assert_array_equal(getattr(a[0], f), getattr(b[0], f))
-    for x, y in zip(a[1:], b[1:]):
-        for xx, yy in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
-            np.testing.assert_array_equal(xx, yy)
+        out[small, step] = (g, bp, bu, uses, ent, next_use_of(nd, wide))
+    b = out[I64, I64]
+    assert b[0].pf_unit.dtype == I64
+    for key in widths[:2]:
+        a = out[key]
+        assert a[0].pf_unit.dtype == key[0]
+        for f in ("ev_ptr", "ev_unit", "pf_ptr", "pf_unit", "need_now", "wait_prev", "thrash", "need_group", "gate",
+                  "gate_bytes", "pf_after"):
+            np.testing.assert_array_equal(getattr(a[0], f), getattr(b[0], f))
+        for x, y in zip(a[1:], b[1:]):
+            for xx, yy in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
+                np.testing.assert_array_equal(xx, yy)
 
 
 def test_the_pages_a_plan_faults_match_the_search_over_every_use():
@@ -365,7 +393,7 @@ def test_the_span_fingerprint_reads_values_whatever_their_width_and_tells_change
     rng = np.random.default_rng(5)
     ptr, unit = _needs(rng, 12, 30, 0.4)
     nd = Needs(ptr, unit)
-    assert nd.unit.dtype == U.ID
+    assert nd.unit.dtype == U.UNIT
     fp = S.needs_fingerprint(nd)
     assert fp[:2] == (len(ptr), len(unit))
     assert S.needs_fingerprint(Needs(ptr.astype(I64), unit.astype(I64))) == fp   # int64 copies: the same
@@ -572,3 +600,151 @@ def test_the_alternatives_page_counts_are_made_when_read_and_equal_those_made_at
         assert at_once.pages is not None and len(at_once.pages) == len(a.unit)
         np.testing.assert_array_equal(a.page_counts(), at_once.pages)
         assert a.pages is a.page_counts() and a.pages_later is None   # made once
+
+
+def _gate_shares_by_arrays(groups):
+    """gate_shares as it was: the step, position and flag of every prefetch as arrays (the peer)."""
+    n = groups.n_steps
+    ptr = groups.pf_ptr
+    size = np.diff(ptr)
+    unlisted = (groups.gate >= 0) & (size == 0)
+    frac, own, own_plain = unlisted.astype(np.float64), unlisted.copy(), np.zeros(n)
+    if not groups.waits_for_values():
+        return frac, own_plain, own
+    pa = groups.pf_after
+    step = np.repeat(np.arange(n), size)
+    g = pa >= 0
+    mine = (np.arange(len(pa)) - ptr[step]) < groups.need_now[step]
+    frac = np.maximum(frac, np.bincount(step[g], minlength=n) / np.maximum(size, 1))
+    own_plain = np.bincount(step[~g & mine], minlength=n) / np.maximum(size, 1)
+    own |= np.bincount(step[g & mine], minlength=n) > 0
+    return frac, own_plain, own
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 30), gated=st.floats(0, 1))
+def test_gate_shares_in_one_pass_equal_the_per_prefetch_arrays(seed, steps, gated):
+    """timing.gate_shares (one compiled pass over the prefetches) against the per-prefetch arrays it
+    replaced, bit for bit, in either width of pf_after."""
+    from pagecast.replay.plan.groups import Groups
+    from pagecast.replay.sim.timing import gate_shares
+    rng = np.random.default_rng(seed)
+    size = rng.integers(0, 6, steps)
+    ptr = np.concatenate([[0], np.cumsum(size)]).astype(I64)
+    m = int(ptr[-1])
+    g = Groups.empty(steps)
+    g.pf_ptr, g.pf_unit = ptr, rng.integers(0, 50, m).astype(I64)
+    g.need_now = np.minimum(rng.integers(0, 7, steps), size).astype(I64)
+    g.pf_after = np.where(rng.random(m) < gated, rng.integers(0, steps, m), -1).astype(I64)
+    g.gate = np.where(rng.random(steps) < 0.3, rng.integers(0, steps, steps), -1).astype(I64)
+    for after in (g.pf_after, g.pf_after.astype(U.ID)):
+        g.pf_after = after
+        for x, y in zip(gate_shares(g), _gate_shares_by_arrays(g)):
+            np.testing.assert_array_equal(x, y)
+            assert x.dtype == y.dtype
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64])
+def test_plan_rows_merged_a_few_steps_at_a_time_equal_the_whole_pass(gathered, monkeypatch, piece):
+    """groups_to_table merges each pass `ROWS_PIECE` entries at a time (whole steps): the rows, their
+    order and every column equal those of the pass merged at once (indexed prefetches included)."""
+    from pagecast.replay.plan import plan_rows as PR
+    tr, model = gathered
+    monkeypatch.setattr(PR, "ROWS_PIECE", 1 << 40)
+    whole = SW.make_plan(model, tr, oversub=2.0)
+    monkeypatch.setattr(PR, "ROWS_PIECE", piece)
+    parts = SW.make_plan(model, tr, oversub=2.0)
+    assert whole.table.num_rows > 10 and parts.table.equals(whole.table)
+    assert parts.launches.equals(whole.launches)
+
+
+def _schedule_units_per_unit(ptr, rng, w):
+    """runner.schedule_units as it was: the launch of every unit compared (the peer)."""
+    n = len(ptr) - 1
+    launch = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+    s, e = rng[:, 0] // w.gran, -((-(rng[:, 0] + rng[:, 1])) // w.gran)
+    _, units = w.universe.dense(0, launch, s, e, n)
+    rid = np.repeat(np.arange(len(rng), dtype=I64), e - s)
+    keep = np.ones(len(units), bool)
+    keep[1:] = (units[1:] != units[:-1]) | (launch[rid[1:]] != launch[rid[:-1]])
+    rid = rid[keep]
+    uptr = np.zeros(n + 1, I64)
+    np.cumsum(np.bincount(launch[rid], minlength=n), out=uptr[1:])
+    return uptr, units[keep], np.bincount(rid, minlength=len(rng)).astype(I64), rid
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), launches=st.integers(1, 12))
+def test_schedule_units_compared_per_range_equal_the_per_unit_launches(gathered, seed, launches):
+    """The runner's ranges -> units, launches compared per range, against the per-unit launch arrays
+    it replaced: ranges cut inside a unit (the unit moves once), a launch's first range starting in
+    the unit the launch before ended in (it moves again), launches with no range."""
+    from pagecast.replay.policies.runner import schedule_units
+    tr, _ = gathered
+    prof = load_profile("msched-rtx5080")
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    us, ue, _ = w.universe.iv[0]
+    rng_ = np.random.default_rng(seed)
+    per = rng_.integers(0, 4, launches)
+    ptr = np.concatenate([[0], np.cumsum(per)]).astype(I64)
+    rows = []
+    for _ in range(int(ptr[-1])):
+        k = int(rng_.integers(0, len(us)))
+        lo, hi = int(us[k]) * w.gran, int(ue[k]) * w.gran
+        a = int(rng_.integers(lo, hi))
+        if rows and rng_.random() < 0.4:   # start inside the unit the range before ended in, if it fits
+            prev_end = rows[-1][0] + rows[-1][1]
+            if lo <= prev_end - 1 < hi:
+                a = prev_end - int(rng_.integers(0, min(w.gran, prev_end - lo)))
+        b = int(rng_.integers(1, max(2, min(hi - a, 3 * w.gran))))
+        rows.append((a, b))
+    rng = np.array(rows, I64).reshape(-1, 2)
+    got, want = schedule_units(ptr, rng, w), _schedule_units_per_unit(ptr, rng, w)
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 20), gran=st.sampled_from([65536, 1 << 21]))
+def test_transfer_costs_in_two_passes_equal_the_per_entry_arrays(seed, steps, gran):
+    """faults._transfer_ids/_transfer_costs against the per-entry arrays and bincounts they replaced
+    (the peer, below): the same transfers and, bit for bit, the same saving and fault cost of each."""
+    from pagecast.replay.costs import load_profile
+    from pagecast.replay.plan import faults as FL
+    prof = load_profile("msched-rtx5080")
+    rng = np.random.default_rng(seed)
+    size = rng.integers(0, 8, steps)
+    ptr = np.concatenate([[0], np.cumsum(size)]).astype(I64)
+    m = int(ptr[-1])
+    unit = np.cumsum(rng.integers(1, 3, m)).astype(np.int16)   # runs of consecutive units, and gaps
+    need = np.where(rng.random(m) < 0.2, -1, rng.integers(0, steps, m)).astype(U.ID)
+    need = np.sort(need)   # runs of one step
+    own, useful = rng.random(m) < 0.6, rng.random(m) < 0.1
+    ent = rng.integers(1, 17, m).astype(U.ID)
+    # the peer: the arrays leave_to_faults made
+    new = np.ones(m, bool)
+    new[1:] = (np.diff(unit) != 1) | (need[1:] != need[:-1])
+    first = ptr[:-1]
+    new[first[first < m]] = True
+    tid_w = np.cumsum(new, dtype=U.ID) - 1
+    nt_w = int(tid_w[-1]) + 1 if m else 0
+    fault_count = np.bincount(tid_w[own], minlength=nt_w)
+    save_w = prof.transfer_latency_s + np.bincount(tid_w, minlength=nt_w) * FL.unit_move_seconds(prof, gran)
+    e = np.bincount(tid_w[own], weights=ent[own], minlength=nt_w).astype(float)
+    b = np.where(e > 0, np.maximum(np.ceil(fault_count / max(FL.BLOCK // gran, 1)), 1.0), 0.0)
+    cost_w = (e * prof.fault_time_s + b * prof.block_service_s
+              + np.ceil(e / max(int(prof.faults_per_batch), 1)) * prof.batch_overhead_s)
+    useful_w = np.bincount(tid_w[useful], minlength=nt_w) > 0
+    # the compiled passes
+    tid = np.empty(m, U.ID)
+    nt = FL._transfer_ids(ptr, unit, need, tid)
+    fl = np.array([prof.transfer_latency_s, FL.unit_move_seconds(prof, gran), prof.fault_time_s,
+                   prof.block_service_s, prof.batch_overhead_s], np.float64)
+    t_need, save, cost, has_useful = FL._transfer_costs(tid, nt, need, own, useful, ent, fl,
+                                                        (max(FL.BLOCK // gran, 1), max(int(prof.faults_per_batch), 1)))
+    assert nt == nt_w
+    np.testing.assert_array_equal(tid, tid_w)
+    np.testing.assert_array_equal(t_need, need[new])
+    np.testing.assert_array_equal(save, save_w)
+    np.testing.assert_array_equal(cost, cost_w)
+    np.testing.assert_array_equal(has_useful, useful_w)

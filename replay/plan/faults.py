@@ -2,7 +2,7 @@
 
 A planned prefetch costs the copy engines its transfer's fixed charge and its
 bytes (`transfer_latency_s` + bytes at the bulk rate); leaving its units to
-fault costs the launch that touches them their faults instead (`fault_seconds`: an entry
+fault costs the launch that touches them their faults instead (`_transfer_costs`: an entry
 per page the launch touches in a unit, a block service per VA block, a batch's overhead). Which is
 cheaper depends on which of the two is on the run's critical path there: where
 the copy engines are behind (the launch after this one waits for its
@@ -86,16 +86,6 @@ HORIZON = 1
 BLOCK = 2 << 20   # a VA block: the driver services each once per fault batch
 
 
-def fault_seconds(profile, entries, blocks):
-    """What faults making `entries` fault-buffer entries in `blocks` VA blocks cost the launch, as
-    the simulator charges them (timing.fault_seconds): fault_time_s per entry, block_service_s per
-    block and batch_overhead_s per batch of up to faults_per_batch entries."""
-    e = np.asarray(entries, float)
-    b = np.where(e > 0, np.maximum(np.asarray(blocks, float), 1.0), 0.0)
-    return (e * profile.fault_time_s + b * profile.block_service_s
-            + np.ceil(e / max(int(profile.faults_per_batch), 1)) * profile.batch_overhead_s)
-
-
 def _entries(g: Groups, base: Needs, need: np.ndarray, gran: int) -> np.ndarray:
     """Per prefetch entry of `g`, the fault-buffer entries its unit makes when it faults at the step
     it is for: the pages that step touches in it (base.pages), else all of the unit's pages (as the
@@ -156,6 +146,55 @@ def _pick(order, t_need, cost, wait, cw, n, horizon):
     return out[:m]
 
 
+@njit(cache=True, nogil=True)
+def _transfer_ids(pf_ptr, pf_unit, need, tid):
+    """tid[i]: the transfer of prefetch entry i (a new one where a group starts, the unit is not the
+    one after the entry before's, or the step it is for changes); returns how many."""
+    t = -1
+    for s in range(len(pf_ptr) - 1):
+        for i in range(pf_ptr[s], pf_ptr[s + 1]):
+            if i == pf_ptr[s] or pf_unit[i] - pf_unit[i - 1] != 1 or need[i] != need[i - 1]:
+                t += 1
+            tid[i] = t
+    return t + 1
+
+
+@njit(cache=True, nogil=True)
+def _transfer_costs(tid, nt, need, own, useful, ent, fl, per):
+    """Per transfer: the step it is for, the seconds not moving it saves (transfer_latency_s + its
+    units at the bulk rate), the seconds its launch's faults on it cost (as the simulator charges
+    them, timing.fault_seconds: fault_time_s per page its own entries touch, block_service_s per
+    block of ceil(own entries / units a block), batch_overhead_s per batch of up to
+    faults_per_batch pages), and whether a later step uses a unit it brings (see leave_to_faults)."""
+    latency, unit_s, fault_s, block_s, batch_s = fl[0], fl[1], fl[2], fl[3], fl[4]
+    per_block, per_batch = per
+    t_need = np.empty(nt, need.dtype)
+    size = np.zeros(nt, np.int64)
+    faults = np.zeros(nt, np.int64)
+    pages = np.zeros(nt, np.float64)
+    has_useful = np.zeros(nt, np.bool_)
+    for i in range(len(tid)):
+        t = tid[i]
+        if size[t] == 0:
+            t_need[t] = need[i]
+        size[t] += 1
+        if own[i]:
+            faults[t] += 1
+            pages[t] += ent[i]
+        if useful[i]:
+            has_useful[t] = True
+    save = np.empty(nt, np.float64)
+    cost = np.empty(nt, np.float64)
+    for t in range(nt):
+        save[t] = latency + size[t] * unit_s
+        e = pages[t]
+        b = 0.0
+        if e > 0:
+            b = max(np.ceil(faults[t] / per_block), 1.0)
+        cost[t] = e * fault_s + b * block_s + np.ceil(e / per_batch) * batch_s
+    return t_need, save, cost, has_useful
+
+
 def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: int) -> Groups | None:
     """The plan `g` (made on `needs`, widened from `base`) with the transfers whose faults the
     trial `run` has time for left to fault (see the module doc), or None when none qualifies."""
@@ -164,28 +203,19 @@ def leave_to_faults(g: Groups, needs: Needs, base: Needs, run, profile, gran: in
         return None
     need, own, useful = prefetch_uses(g, needs, base)
     # a transfer: consecutive units of one group for one step (what the copy engines count as one).
-    # Per prefetch entry (a plan of 10^6 launches has tens of millions) only what the rule reads is
-    # made, in the narrowest width that holds it, and let go before the plan is made again: a group
-    # starts a transfer where it starts (no step per entry), ids are compared by their difference in
-    # their own width (no int64 copy), counts are counted on the entries that have them
-    new = np.ones(len(need), bool)
-    new[1:] = (np.diff(g.pf_unit) != 1) | (need[1:] != need[:-1])
-    first = g.pf_ptr[:-1]
-    new[first[first < len(new)]] = True
-    tid = np.cumsum(new, dtype=ID if len(new) < np.iinfo(ID).max else I64)
-    tid -= 1
-    nt = int(tid[-1]) + 1
-    size = np.bincount(tid, minlength=nt)
-    faults = np.bincount(tid[own], minlength=nt)
-    has_useful = np.bincount(tid[useful], minlength=nt) > 0
-    del useful
-    t_need = need[new]
-    del new
-    save = profile.transfer_latency_s + size * unit_move_seconds(profile, gran)
-    ent = _entries(g, base, need, gran)[own]
-    cost = fault_seconds(profile, np.bincount(tid[own], weights=ent, minlength=nt),
-                         np.ceil(faults / max(BLOCK // int(gran), 1)))
-    del ent, own
+    # Per prefetch entry (a plan of 10^6 launches has tens of millions) only its transfer's id is
+    # made (int32 where it fits); what the rule reads of each transfer (its step, the saving of not
+    # moving it, the cost of its faults, whether it holds a unit used later) comes from two compiled
+    # passes, with the float64 operations the per-entry arrays and bincounts made, in their order:
+    # those arrays (some nine of 8 bytes a transfer) were a planned replay's high at scale 10
+    tid = np.empty(len(need), ID if len(need) < np.iinfo(ID).max else I64)
+    nt = _transfer_ids(g.pf_ptr, g.pf_unit, need, tid)
+    ent = _entries(g, base, need, gran)
+    fl = np.array([profile.transfer_latency_s, unit_move_seconds(profile, gran), profile.fault_time_s,
+                   profile.block_service_s, profile.batch_overhead_s], np.float64)
+    t_need, save, cost, has_useful = _transfer_costs(tid, nt, need, own, useful, ent, fl,
+                                                     (max(BLOCK // int(gran), 1), max(int(profile.faults_per_batch), 1)))
+    del ent, own, useful
     # the time launch j + 1 waited after launch j ended: j's own faults fit in it
     wait = np.zeros(n)
     wait[:-1] = np.maximum(run.start[1:] - run.end[:-1], 0.0)

@@ -18,42 +18,69 @@ from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.predict.model_io import load_model
 
-from ..unit_space import I64, Workload
+from ..unit_space import I64, Workload, step_pieces
 from . import plan_io
 from .adaptive import predicted_gated
 from .groups import Groups, first_need, gate_of
 
 def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
-    """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer."""
+    """Groups (single task) -> plan rows, merging runs of consecutive units into one transfer.
+
+    Each pass (evictions, prefetches) is merged a few steps at a time (`ROWS_PIECE` entries): a row
+    never spans two steps, so the rows are those of the whole pass at once, and its per-entry arrays
+    (step, need, gate, address, key: ~8 bytes an entry each) exist for one piece, not for the plan
+    (the runner makes these rows at every capacity; whole, they were its high at scale 10)."""
     n = w.n_steps
     parts = []
     for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
         if len(units) == 0:
             continue
-        step = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
-        if is_ev:
-            need_by = np.full(len(units), -1, I64)
-            after = np.full(len(units), -1, I64)
-        else:
-            # the step that first needs each prefetched unit at or after its group
-            need_by = first_need(step, units, needs, n)
-            after = g.prefetch_after()
-        addr, key = w.universe.address_ranges(0, units)
-        # merge consecutive entries of the same step with consecutive addresses and the same need
-        new = np.ones(len(units), bool)
-        # (a group's own needs and its early prefetches stay apart: a runner waits for the first;
-        # so do transfers that wait for other launches' index values)
-        own = need_by == step
-        new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1]) | \
-            (after[1:] != after[:-1])
-        idx = np.flatnonzero(new)
-        cnt = np.diff(np.concatenate([idx, [len(units)]]))
-        row_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
-        row_need = np.where(row_need == np.iinfo(I64).max, -1, row_need)
-        parts.append((step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
-                      row_need, idx, after[idx]))
-        # the per-unit arrays go before the next pass makes its own (a row per run is what stays)
-        del step, need_by, after, addr, key, new, own, idx, cnt, row_need
+        ptr = np.asarray(ptr, I64)
+        after_all = None if is_ev else g.prefetch_after()
+        for s0, s1 in step_pieces(ptr, uses=ROWS_PIECE):
+            a, b = int(ptr[s0]), int(ptr[s1])
+            if a == b:
+                continue
+            parts.append(_rows(is_ev, ptr[s0:s1 + 1] - a, s0, units[a:b], None if is_ev else after_all[a:b],
+                               needs, w, a))
+    return _table(parts, w)
+
+
+ROWS_PIECE = 1 << 20   # entries of a pass merged into rows at a time (groups_to_table)
+
+
+def _rows(is_ev: bool, ptr: np.ndarray, s0: int, units: np.ndarray, after, needs, w: Workload, base: int) -> tuple:
+    """The rows of steps s0.. of one pass: `ptr` their entries' offsets within `units` (those
+    steps' entries), `base` the first one's position in the pass."""
+    n = w.n_steps
+    step = np.repeat(np.arange(s0, s0 + len(ptr) - 1, dtype=I64), np.diff(ptr))
+    if is_ev:
+        need_by = np.full(len(units), -1, I64)
+        after = np.full(len(units), -1, I64)
+    else:
+        # the step that first needs each prefetched unit at or after its group
+        need_by = first_need(step, units, needs, n)
+    addr, key = w.universe.address_ranges(0, units)
+    # merge consecutive entries of the same step with consecutive addresses and the same need
+    new = np.ones(len(units), bool)
+    # (a group's own needs and its early prefetches stay apart: a runner waits for the first;
+    # so do transfers that wait for other launches' index values)
+    own = need_by == step
+    new[1:] = (step[1:] != step[:-1]) | (key[1:] != key[:-1] + 1) | (own[1:] != own[:-1]) | \
+        (after[1:] != after[:-1])
+    del key, own
+    idx = np.flatnonzero(new)
+    del new
+    cnt = np.diff(np.concatenate([idx, [len(units)]]))
+    row_need = np.minimum.reduceat(np.where(need_by < 0, np.iinfo(I64).max, need_by), idx)
+    row_need = np.where(row_need == np.iinfo(I64).max, -1, row_need)
+    return (step[idx], np.full(len(idx), is_ev), addr[idx].astype(np.uint64), cnt * w.gran,
+            row_need, idx + base, after[idx])
+
+
+def _table(parts: list[tuple], w: Workload) -> pa.Table:
+    """The passes' rows as plan.parquet's table: per launch, evictions first, then prefetches in
+    need order."""
     if not parts:
         return pa.Table.from_pylist([], schema=plan_io.SCHEMA)
     lid = np.concatenate([p[0] for p in parts])

@@ -79,7 +79,7 @@ from ..online.ranges import Allocation, AllocationMap
 from ..online.relocate import Relocator
 from ..plan.groups import Groups
 from ..plan.plan_rows import groups_to_table, launches_table
-from ..unit_space import I64, Workload
+from ..unit_space import I64, ID, Workload
 from .base import Context, Policy
 from .template import Template
 
@@ -246,6 +246,8 @@ class Runner(Policy):
             raise UsageError("policy runner replays every launch of its trace in order")
         if self.planner is None:
             raise UsageError("policy runner needs --model MODEL")
+        # the last capacity's schedule (read by nothing once its run ended) goes before this one's plan
+        self.schedule = None
         g = self.planner.prefetch(ctx)
         if g.n_steps != w.n_steps:
             raise UsageError("policy runner: the plan's launches are not the trace's")
@@ -348,26 +350,8 @@ def groups_of(sched: PlanSchedule, g: Groups, w: Workload) -> Groups:
     """The schedule's ranges as the simulator's groups: their units in issue order, the launch's own
     (its first `own` ranges) first, each range's index-value gate; a call per range."""
     n = sched.n
-
-    def units_of(ptr, rng):
-        """(CSR by launch of the ranges' units, units per range, the range of each unit)."""
-        launch = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
-        if not len(rng):
-            return np.zeros(n + 1, I64), np.zeros(0, I64), np.zeros(0, I64), np.zeros(0, I64)
-        s, e = rng[:, 0] // w.gran, -((-(rng[:, 0] + rng[:, 1])) // w.gran)
-        _, units = w.universe.dense(0, launch, s, e, n)
-        if len(units) != int((e - s).sum()):
-            raise ValueError("the plan names units outside the trace's footprint")
-        rid = np.repeat(np.arange(len(rng), dtype=I64), e - s)
-        # a range cut inside a unit (an allocation boundary off a unit's edge): the unit moves once
-        keep = np.ones(len(units), bool)
-        keep[1:] = (units[1:] != units[:-1]) | (launch[rid[1:]] != launch[rid[:-1]])
-        rid = rid[keep]
-        uptr = np.zeros(n + 1, I64)
-        np.cumsum(np.bincount(launch[rid], minlength=n), out=uptr[1:])
-        return uptr, units[keep], np.bincount(rid, minlength=len(rng)).astype(I64), rid
-    ev_ptr, ev, _, _ = units_of(sched.ev_ptr, sched.ev)
-    pf_ptr, pf, size, rid = units_of(sched.pf_ptr, sched.pf)
+    ev_ptr, ev, _, _ = schedule_units(sched.ev_ptr, sched.ev, w)
+    pf_ptr, pf, size, rid = schedule_units(sched.pf_ptr, sched.pf, w)
     # the launch's own units: those of its first `own` ranges
     csum = np.concatenate([[0], np.cumsum(size)]).astype(I64)
     need_now = csum[sched.pf_ptr[:-1] + sched.own] - csum[sched.pf_ptr[:-1]]
@@ -375,6 +359,34 @@ def groups_of(sched: PlanSchedule, g: Groups, w: Workload) -> Groups:
     return Groups(ev_ptr, ev, pf_ptr, pf, need_now.astype(I64), sched.wait_prev.astype(np.uint8),
                   np.zeros(n, np.uint8), g.thrash, sched.waits_for, g.front, g.faulted, None, sched.gate_bytes.copy(),
                   after, sched.calls.astype(I64))
+
+
+def schedule_units(ptr: np.ndarray, rng: np.ndarray, w: Workload):
+    """A schedule's byte ranges (`rng`: address, bytes; CSR `ptr` by launch) as units: (CSR by launch
+    of the ranges' units, units per range, the range of each unit). Per unit only the ids, their
+    range (int32 where it fits) and a flag are made, and launches are compared per range: per-unit
+    launch arrays were the runner's high after its plan rows at scale 10 (docs/performance.md)."""
+    ptr = np.asarray(ptr, I64)
+    n = len(ptr) - 1
+    launch = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))   # per range
+    if not len(rng):
+        return np.zeros(n + 1, I64), np.zeros(0, I64), np.zeros(0, I64), np.zeros(0, I64)
+    s, e = rng[:, 0] // w.gran, -((-(rng[:, 0] + rng[:, 1])) // w.gran)
+    _, units = w.universe.dense(0, launch, s, e, n)
+    cnt = e - s
+    if len(units) != int(cnt.sum()):
+        raise ValueError("the plan names units outside the trace's footprint")
+    # a range cut inside a unit (an allocation boundary off a unit's edge): the unit moves once,
+    # unless the unit before it is another launch's (the first unit of a launch's first range)
+    keep = np.ones(len(units), bool)
+    keep[1:] = units[1:] != units[:-1]
+    full = np.flatnonzero(cnt > 0)
+    first = (np.cumsum(cnt) - cnt)[full]
+    keep[first[1:][launch[full][1:] != launch[full][:-1]]] = True
+    rid = np.repeat(np.arange(len(rng), dtype=ID if len(rng) < np.iinfo(ID).max else I64), cnt)[keep]
+    size = np.bincount(rid, minlength=len(rng)).astype(I64)
+    csum = np.concatenate([[0], np.cumsum(size)]).astype(I64)
+    return csum[ptr], units[keep], size, rid
 
 
 def _units(w, ranges: list[tuple[int, int]]) -> np.ndarray:

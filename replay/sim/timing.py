@@ -185,14 +185,34 @@ def gate_shares(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
     own_plain = np.zeros(n)
     if not groups.waits_for_values():
         return frac, own_plain, own
-    pa = groups.pf_after
-    step = np.repeat(np.arange(n), size)
-    g = pa >= 0
-    mine = (np.arange(len(pa)) - ptr[step]) < groups.need_now[step]
-    frac = np.maximum(frac, np.bincount(step[g], minlength=n) / np.maximum(size, 1))
-    own_plain = np.bincount(step[~g & mine], minlength=n) / np.maximum(size, 1)
-    own |= np.bincount(step[g & mine], minlength=n) > 0
+    gated, plain_own, gated_own = _gate_counts(ptr, groups.pf_after, groups.need_now)
+    frac = np.maximum(frac, gated / np.maximum(size, 1))
+    own_plain = plain_own / np.maximum(size, 1)
+    own |= gated_own > 0
     return frac.astype(np.float64), own_plain.astype(np.float64), own
+
+
+@njit(cache=True, nogil=True)
+def _gate_counts(ptr, pf_after, need_now):
+    """Per group: its prefetches that wait for index values, its launch's own (the first
+    `need_now`) that do not, and its launch's own that do. One pass over the prefetches; the step,
+    position and flag of every prefetch as arrays (some six 8-byte arrays a prefetch) were a
+    planned replay's high at scale 10 (+70 MB in a trial run; docs/performance.md)."""
+    n = len(ptr) - 1
+    gated = np.zeros(n, np.int64)
+    plain_own = np.zeros(n, np.int64)
+    gated_own = np.zeros(n, np.int64)
+    for s in range(n):
+        lo = ptr[s]
+        for k in range(lo, ptr[s + 1]):
+            mine = k - lo < need_now[s]
+            if pf_after[k] >= 0:
+                gated[s] += 1
+                if mine:
+                    gated_own[s] += 1
+            elif mine:
+                plain_own[s] += 1
+    return gated, plain_own, gated_own
 
 
 def run_timing(counters, comp, gran, groups: Groups, profile):
