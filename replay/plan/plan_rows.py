@@ -30,7 +30,6 @@ def groups_to_table(g: Groups, needs, w: Workload) -> pa.Table:
     never spans two steps, so the rows are those of the whole pass at once, and its per-entry arrays
     (step, need, gate, address, key: ~8 bytes an entry each) exist for one piece, not for the plan
     (the runner makes these rows at every capacity; whole, they were its high at scale 10)."""
-    n = w.n_steps
     parts = []
     for is_ev, ptr, units in ((True, g.ev_ptr, g.ev_unit), (False, g.pf_ptr, g.pf_unit)):
         if len(units) == 0:
