@@ -188,9 +188,10 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
     if len(fp.start) and int(fp.end.max()) < np.iinfo(I64).max // 2:
         # a launch's intervals in order (a merged footprint's are): one pass, memory for the result
         # only (the sort below keeps eight arrays of every use: what needs_from peaked on)
-        # a unit's page count is at most r: written in the width `narrow` keeps it in (an int64 array
-        # of every use, narrowed after, was the largest transient of needs_from)
-        like = np.empty(0, ID if r <= np.iinfo(ID).max else I64)
+        # a unit's page count is at most r (the kernel takes disjoint intervals only): written in the
+        # width `narrow_small` keeps it in (an int64 array of every use, narrowed after, was the
+        # largest transient of needs_from; an int32 one narrowed after, of an alternative's pages)
+        like = np.empty(0, UNIT if r < np.iinfo(UNIT).max else ID if r <= np.iinfo(ID).max else I64)
         indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
                                            fp.end.astype(I64, copy=False), int(r), int(n), like)
         if indptr[0] == 0:
@@ -217,12 +218,20 @@ def _unit_pages_in_order(lid, start, end, r, n, like):
     """unit_page_counts' (indptr, pages) where every launch's units come ascending in interval order
     (launches ascending too): then its sort keeps them where they are and each (launch, unit) is a
     run of consecutive entries, summed here in two passes (count, then fill). indptr[0] = -1 where
-    they do not come so (the caller sorts). The counts come in `like`'s width."""
+    they do not come so, or where two intervals of a launch overlap (the caller sorts): a unit's
+    count is then at most r, and comes in `like`'s width."""
     cnt = np.zeros(n + 1, np.int64)
     pl = -1
     pu = -1
+    prev_l = -1
+    prev_e = 0
     for i in range(len(start)):
         la = lid[i]
+        if la == prev_l and start[i] < prev_e:
+            cnt[0] = -1
+            return cnt, np.zeros(0, like.dtype)
+        prev_l = la
+        prev_e = end[i]
         for u in range(start[i] // r, (end[i] - 1) // r + 1):
             if la < pl or (la == pl and u < pu):
                 cnt[0] = -1
