@@ -66,6 +66,7 @@ class StandInSource(CuptiActivitySource):
         self.info = {"source": "stand-in", "uvm_counters": True}
         self._queue: list = []
         self._qlock = threading.Lock()
+        self._dlock = threading.RLock()   # a batch taken is delivered before another delivery starts
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,10 +78,16 @@ class StandInSource(CuptiActivitySource):
             self._queue.extend(recs)
 
     def _deliver(self) -> None:
-        with self._qlock:
-            batch, self._queue = self._queue, []
-        if batch:
-            self._buffer_completed(batch)  # the real callback: snapshots taken there
+        # taken and delivered under one lock: a flush waits for a batch the source's thread has taken
+        # and not yet delivered, as `activity_flush_all` returns only once every completed buffer was
+        # delivered (collect/activity.py). Taken and delivered apart, a loaded machine let the final
+        # flush find the queue empty while the last batch was still on its way, and that launch was
+        # written without its kernel record.
+        with self._dlock:
+            with self._qlock:
+                batch, self._queue = self._queue, []
+            if batch:
+                self._buffer_completed(batch)  # the real callback: snapshots taken there
 
     def start(self, on_records) -> None:
         self._on_records = on_records
