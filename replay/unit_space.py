@@ -37,7 +37,7 @@ from pagecast.uvm import BIG_PAGE, VA_BLOCK
 from .placement import host_split, split_footprints
 
 I64 = np.int64
-ID = np.int32   # what a per-use array holds (unit ids, steps, page counts) where every value fits: `narrow`
+ID = np.int32   # what a per-use array of steps holds where every value fits (`narrow`; unit ids and page counts: UNIT)
 
 
 def narrow(a: np.ndarray | None) -> np.ndarray | None:
