@@ -37,17 +37,18 @@ from pagecast.uvm import BIG_PAGE, VA_BLOCK
 from .placement import host_split, split_footprints
 
 I64 = np.int64
-ID = np.int32   # what a per-use array of steps holds where every value fits (`narrow`; unit ids and page counts: UNIT)
+ID = np.int32   # what a per-use array of steps holds where every value fits (`narrow`; unit ids and page counts: UNIT_ID)
 
 
 def narrow(a: np.ndarray | None) -> np.ndarray | None:
     """A per-use integer array (unit ids, steps, page counts: Needs, Groups) as int32 where every
-    value fits, else as it is. Those arrays are most of a replay's memory (10^6 launches: tens of
+    value fits, else as it is; int16 unit ids (UNIT_ID: made so by the universe, see `narrow_small`)
+    are kept as they are. Those arrays are most of a replay's memory (10^6 launches: tens of
     millions of uses, each in several of them) and their values stay far below 2^31 (units and
     steps of a workload); a value that does not fit keeps the array int64, so nothing wraps. Every
     reader takes either width (the numba kernels compile for each; numpy widens where it meets
     int64), so results do not depend on it."""
-    if a is None or a.dtype == ID or a.dtype.kind not in "iu":
+    if a is None or a.dtype == ID or a.dtype == UNIT_ID or a.dtype.kind not in "iu":
         return a
     if len(a) == 0:
         return a.astype(ID)
@@ -57,22 +58,30 @@ def narrow(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
-UNIT = np.int16   # what unit ids and page counts are held in where every value fits: `narrow_small`
+UNIT_ID = np.int16   # unit ids where the universe has fewer units than its largest value; page counts that fit
+
+
+def unit_width(n_units: int):
+    """The width dense unit ids of a universe of `n_units` are written in: int16 (UNIT_ID) below
+    2^15 - 1 units (2 GiB at 64 KiB units), else int32 (ID), else int64. Chosen by the universe,
+    never by the values of one array: the planner's kernels write ids an array does not hold (a
+    step's whole blocks, a victim resident from before) in that array's width, so every id of the
+    universe must fit it. Unit ids in int16 halve the arrays a planned replay holds most of
+    (Needs.unit, a plan's transfers)."""
+    return UNIT_ID if n_units < np.iinfo(UNIT_ID).max else ID if n_units <= np.iinfo(ID).max else I64
 
 
 def narrow_small(a: np.ndarray | None) -> np.ndarray | None:
-    """`narrow` for per-use arrays whose values are bounded by the universe, not by the trace's
-    length: unit ids (fewer than 2^15 units is 2 GiB of memory at 64 KiB units) and page counts (a
-    unit's pages). These as int16 where every value fits halve the arrays a planned replay holds
-    most of (Needs.unit and .pages, a plan's transfers); steps stay in `narrow`'s width. Readers take
-    any width (numba compiles for each, numpy widens where it meets a wider array)."""
-    if a is None or a.dtype == UNIT or a.dtype.kind not in "iu":
+    """`narrow` for page counts (Needs.pages: a unit's pages, bounded by the unit's size, never an
+    id): int16 where every value fits, else `narrow`'s width. Readers take any width (numba
+    compiles for each; numpy widens where it meets a wider array). Not for unit ids: `unit_width`."""
+    if a is None or a.dtype == UNIT_ID or a.dtype.kind not in "iu":
         return a
     if len(a) == 0:
-        return a.astype(UNIT)
-    info = np.iinfo(UNIT)
+        return a.astype(UNIT_ID)
+    info = np.iinfo(UNIT_ID)
     if int(a.min()) >= info.min and int(a.max()) < info.max:   # below it: an id + 1 (a run's end) fits too
-        return a.astype(UNIT)
+        return a.astype(UNIT_ID)
     return narrow(a)
 
 
@@ -191,7 +200,7 @@ def unit_page_counts(fp: F.Footprints, gran: int) -> tuple[np.ndarray, np.ndarra
         # a unit's page count is at most r (the kernel takes disjoint intervals only): written in the
         # width `narrow_small` keeps it in (an int64 array of every use, narrowed after, was the
         # largest transient of needs_from; an int32 one narrowed after, of an alternative's pages)
-        like = np.empty(0, UNIT if r < np.iinfo(UNIT).max else ID if r <= np.iinfo(ID).max else I64)
+        like = np.empty(0, UNIT_ID if r < np.iinfo(UNIT_ID).max else ID if r <= np.iinfo(ID).max else I64)
         indptr, tot = _unit_pages_in_order(lid.astype(I64, copy=False), fp.start.astype(I64, copy=False),
                                            fp.end.astype(I64, copy=False), int(r), int(n), like)
         if indptr[0] == 0:
@@ -384,15 +393,14 @@ class Universe:
         counts = d1 - d0
         rest = np.flatnonzero(~inside & (e > s))
         if not len(rest):
-            # every interval inside the universe: the ids written once, in the width `narrow_small` keeps
+            # every interval inside the universe: the ids written once, in the universe's width (`unit_width`)
             # them in, and the launches' sizes counted per interval (F._ranges and a launch id per
             # use were three int64 arrays of every use beside the result)
-            units = ranges(d0, counts, UNIT if self.n_units < np.iinfo(UNIT).max
-                           else ID if self.n_units <= np.iinfo(ID).max else I64)
+            units = ranges(d0, counts, unit_width(self.n_units))
             nz = counts > 0
             indptr = np.zeros(n_launches + 1, I64)
             np.cumsum(np.bincount(launch[nz], weights=counts[nz], minlength=n_launches).astype(I64), out=indptr[1:])
-            return indptr, narrow_small(units)
+            return indptr, units
         units = F._ranges(d0, counts)
         lid = np.repeat(launch, counts)
         if len(rest):
@@ -407,7 +415,7 @@ class Universe:
             units, lid = units[o], lid[o]
         indptr = np.zeros(n_launches + 1, I64)
         np.cumsum(np.bincount(lid, minlength=n_launches), out=indptr[1:])
-        return indptr, narrow_small(units.astype(I64, copy=False))
+        return indptr, units.astype(unit_width(self.n_units))
 
     def address_ranges(self, task: int, dense_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dense unit ids -> (byte address, unit key) for plans."""
@@ -436,7 +444,7 @@ class Needs:
 
     def __post_init__(self) -> None:
         # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
-        self.unit, self.after, self.pages = narrow_small(self.unit), narrow(self.after), narrow_small(self.pages)
+        self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow_small(self.pages)
 
     def page_counts(self) -> np.ndarray | None:
         """`pages`, made now where they were left to be made when read (`pages_later`); None where
@@ -728,11 +736,10 @@ class Workload:
             c0 = u.unit_chunk[d0[ok]]
             c1 = u.unit_chunk[d1[ok] - 1] + 1
             l, c0, c1 = F.merge_intervals(l[ok], c0, c1, n)
-            # the ids written once, in the width `narrow_small` keeps them in, the launches' sizes counted
+            # the ids written once, in the chunks' width (`unit_width`), the launches' sizes counted
             # per interval (as Universe.dense: an int64 expansion and a launch id per use were three
             # int64 arrays of every chunk use, an alloc plan's peak over 10^6 launches)
-            units = ranges(c0, c1 - c0, UNIT if u.n_chunks < np.iinfo(UNIT).max
-                           else ID if u.n_chunks <= np.iinfo(ID).max else I64)
+            units = ranges(c0, c1 - c0, unit_width(u.n_chunks))
             indptr = np.zeros(n + 1, I64)
             np.cumsum(np.bincount(l, weights=c1 - c0, minlength=n).astype(I64), out=indptr[1:])
             csrs.append((indptr, units))

@@ -143,14 +143,15 @@ def test_narrow_keeps_int32_only_where_every_value_fits():
     f = np.zeros(3)
     assert U.narrow(f) is f
     nd = Needs(np.array([0, 2], I64), np.array([3, 4], I64), np.array([-1, 0], I64), None, np.array([1, 16], I64))
-    # unit ids and page counts as int16 (narrow_small), steps as int32, the step pointers as given
-    assert nd.unit.dtype == nd.pages.dtype == U.UNIT and nd.after.dtype == U.ID and nd.ptr.dtype == I64
+    # unit ids and steps as int32 (narrow), page counts as int16 (narrow_small), the step pointers as given
+    assert nd.unit.dtype == nd.after.dtype == U.ID and nd.pages.dtype == U.UNIT_ID and nd.ptr.dtype == I64
+    assert Needs(np.array([0, 1], I64), np.array([7], np.int16)).unit.dtype == np.int16   # a universe's width kept
 
 
 def test_narrow_small_keeps_int16_only_below_its_largest_value():
     a = np.array([-1, 0, 5, 2**15 - 2], I64)
     n = U.narrow_small(a)
-    assert n.dtype == U.UNIT
+    assert n.dtype == U.UNIT_ID
     np.testing.assert_array_equal(n, a)
     # the largest int16 itself is left to `narrow`: an id + 1 (a run's end) must not wrap
     assert U.narrow_small(np.array([0, 2**15 - 1], I64)).dtype == U.ID
@@ -158,9 +159,25 @@ def test_narrow_small_keeps_int16_only_below_its_largest_value():
     big = np.array([0, 2**31], I64)
     assert U.narrow_small(big) is big
     assert U.narrow_small(None) is None
-    assert U.narrow_small(np.zeros(0, I64)).dtype == U.UNIT
-    # a universe of 2^15 - 1 units or more: dense ids in int32
+    assert U.narrow_small(np.zeros(0, I64)).dtype == U.UNIT_ID
     assert U.narrow_small(np.arange(2**15, dtype=I64)).dtype == U.ID
+
+
+def test_unit_ids_take_the_universes_width_not_their_values():
+    """Unit ids are int16 only in a universe of fewer than 2^15 - 1 units: the planner's kernels
+    write ids an array does not hold (a step's whole blocks) in that array's width. Ids below 2^15
+    of a larger universe stay int32, and their blocks widen past 2^15 without wrapping."""
+    from pagecast.replay.plan.spans import widen_to_blocks
+    assert U.unit_width(2**15 - 2) == U.UNIT_ID and U.unit_width(2**15 - 1) == U.ID
+    assert U.unit_width(2**31) == I64
+    nd = Needs(np.array([0, 1], I64), np.array([32760], I64))
+    assert nd.unit.dtype == U.ID   # no int16 from the values alone
+    n_units = 32800
+    ids = np.arange(n_units, dtype=I64)   # blocks of 32 units, the last one 32736..32799
+    block_lo = np.where(ids >= 32736, 32736, ids // 32 * 32).astype(I64)
+    block_hi = np.where(ids >= 32736, n_units, block_lo + 32).astype(I64)
+    ptr, units = widen_to_blocks(nd.ptr, nd.unit, block_lo, block_hi)
+    assert units.tolist() == list(range(32736, 32800)) and ptr.tolist() == [0, 64]
 
 
 def _wide(monkeypatch):
@@ -170,8 +187,8 @@ def _wide(monkeypatch):
     monkeypatch.setattr(U, "narrow", lambda a: a)
     monkeypatch.setattr(G, "narrow", lambda a: a)
     monkeypatch.setattr(U, "narrow_small", lambda a: a)
-    monkeypatch.setattr(G, "narrow_small", lambda a: a)
-    monkeypatch.setattr(U, "UNIT", I64)   # the dense ids `dense` writes
+    monkeypatch.setattr(U, "unit_width", lambda n: I64)   # the dense ids `dense` and the chunk needs write
+    monkeypatch.setattr(G, "unit_width", lambda n: I64)   # a plan over chunks expanded to its units
     monkeypatch.setattr(U, "ID", I64)   # the steps attach_after and gated_needs_from write
     monkeypatch.setattr(B, "ID", I64)   # the Belady core's steps and positions
 
@@ -185,7 +202,7 @@ def test_a_replay_in_narrow_widths_equals_the_same_replay_in_int64(gathered, mon
     runs32, tl32 = SW.replay_sim([tr], pols, oversub=[1.5, 2, 3], model=model)
     prof = load_profile("msched-rtx5080")
     w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
-    assert w.truth.unit.dtype == w.truth.pages.dtype == U.UNIT   # what the replay above ran on
+    assert w.truth.unit.dtype == w.truth.pages.dtype == U.UNIT_ID   # what the replay above ran on
     with monkeypatch.context() as m:
         _wide(m)
         w64 = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
@@ -224,7 +241,7 @@ def test_the_planner_kernels_agree_in_every_width(seed, steps, units, cap, front
         return nd
 
     # (unit ids and page counts, steps): as narrow_small and narrow keep them, all int32, all int64
-    widths = ((U.UNIT, U.ID), (U.ID, U.ID), (I64, I64))
+    widths = ((U.UNIT_ID, U.ID), (U.ID, U.ID), (I64, I64))
     out = {}
     for small, step in widths:
         nd = build(small, step)
@@ -394,7 +411,7 @@ def test_the_span_fingerprint_reads_values_whatever_their_width_and_tells_change
     rng = np.random.default_rng(5)
     ptr, unit = _needs(rng, 12, 30, 0.4)
     nd = Needs(ptr, unit)
-    assert nd.unit.dtype == U.UNIT
+    assert nd.unit.dtype == U.ID
     fp = S.needs_fingerprint(nd)
     assert fp[:2] == (len(ptr), len(unit))
     assert S.needs_fingerprint(Needs(ptr.astype(I64), unit.astype(I64))) == fp   # int64 copies: the same

@@ -317,7 +317,7 @@ def test_chunk_groups_expand_to_units():
     assert out.pf_unit.tolist() == [3, 4, 0, 1, 2, 5, 6, 7, 8]
     assert out.pf_ptr.tolist() == [0, 5, 9] and out.need_now.tolist() == [2, 4]
     assert out.ev_unit.tolist() == [0, 1, 2] and out.ev_ptr.tolist() == [0, 0, 3]
-    # the units held in int16 where they fit (unit_space.narrow_small); no prefetch waits for values:
+    # the units held in the universe's width (int16 here: unit_space.unit_width); no prefetch waits for values:
     # no -1 per prefetch held
     assert out.pf_unit.dtype == np.int16 and len(out.pf_after) == 0 and not out.waits_for_values()
     assert out.prefetch_after().tolist() == [-1] * 9 and (out.gate == -1).all()
@@ -384,7 +384,7 @@ def test_chunk_needs_equal_their_expansion_of_every_use(workloads):
     l, c0, c1 = F.merge_intervals(l[ok], u.unit_chunk[d0[ok]], u.unit_chunk[d1[ok] - 1] + 1, n)
     ptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(np.repeat(l, c1 - c0), minlength=n), out=ptr[1:])
-    assert len(got.unit) > 0 and got.unit.dtype == np.int16   # narrow_small
+    assert len(got.unit) > 0 and got.unit.dtype == np.int16   # the chunks' width (unit_space.unit_width)
     np.testing.assert_array_equal(got.ptr, ptr)
     np.testing.assert_array_equal(got.unit, F.expand_intervals(c0, c1))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..unit_space import I64, ID, UNIT, narrow, narrow_small, ranges
+from ..unit_space import I64, ID, narrow, ranges, unit_width
 
 @dataclass
 class Groups:
@@ -51,9 +51,9 @@ class Groups:
         # (most plans have none: an array the size of the prefetch list for nothing; prefetch_after)
         if self.pf_after is None or (len(self.pf_after) == len(self.pf_unit) and not (self.pf_after >= 0).any()):
             self.pf_after = np.zeros(0, ID)
-        # the per-transfer arrays narrowed where they fit (unit_space: unit ids in int16 by narrow_small,
-        # steps in int32 by narrow); the per-step ones as given
-        self.ev_unit, self.pf_unit, self.pf_after = narrow_small(self.ev_unit), narrow_small(self.pf_unit), narrow(self.pf_after)
+        # the per-transfer arrays as int32 where they fit (unit_space.narrow: unit ids the universe made
+        # int16 stay so); the per-step ones as given
+        self.ev_unit, self.pf_unit, self.pf_after = narrow(self.ev_unit), narrow(self.pf_unit), narrow(self.pf_after)
         if self.gate is None:
             self.gate = gate_of(self.pf_ptr, self.pf_after)
         if self.gate_bytes is None:
@@ -193,12 +193,11 @@ def same_plan(a: Groups, b: Groups) -> bool:
 def chunk_groups_to_units(g: Groups, chunk_lo: np.ndarray, chunk_hi: np.ndarray) -> Groups:
     """A plan over chunk ids -> the same plan over their units (order kept)."""
     size = chunk_hi - chunk_lo
-    top = int(chunk_hi.max(initial=0))
-    width = UNIT if top < np.iinfo(UNIT).max else ID if top <= np.iinfo(ID).max else I64
+    width = unit_width(int(chunk_hi.max(initial=0)))
 
     def expand(ptr, ch):
         cs = np.concatenate([[0], np.cumsum(size[ch])]).astype(I64)
-        # the units written once in the width `narrow_small` keeps (F._ranges made three int64 arrays of
+        # the units written once in the universe's width (F._ranges made three int64 arrays of
         # every unit: the peak of an alloc plan over chunks)
         return cs[ptr], ranges(chunk_lo[ch], size[ch], width), cs
     ev_ptr, ev, _ = expand(g.ev_ptr, g.ev_unit)
