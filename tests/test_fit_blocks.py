@@ -72,10 +72,6 @@ def test_a_head_major_slot_write_is_split_into_its_heads_parts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open (docs/template-model.md, 'Drawn cases still open'): with stale entries"
-                   " past the live slots the block split is recovered exactly but predicts the stale slots' rows"
-                   " too (seed 0, 2 heads, 768-byte rows: precision 96.7%); the draws are derandomized, so this"
-                   " fails the same way each run and turns into a pass (an error here) once the fitter reads them")
 @settings(max_examples=4, **SETTINGS)
 @given(seed=st.integers(0, 2**31 - 1), heads=st.sampled_from([2, 4, 8]), block=st.sampled_from([16, 32]),
        head_bytes=st.sampled_from([512, 768, 1024, 1536]), drop=st.sampled_from([0.0, 0.01]))

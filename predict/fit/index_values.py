@@ -585,7 +585,9 @@ def _solved_blocks(kd, w, iw, elem, cat, sel, sv, part, lid, rows, iptr, g, vals
                 r = dataclasses.replace(r, **c.fields())
                 best = _split_blocks(kd, (r, None, kd.allowed(len(sv)) + 1, None, c.k), cat, sel, sv, part, lid, iptr)
                 if best[0] is not r:
-                    return best
+                    # tightened as a whole block is (`_divided`): a padded mapping's whole row
+                    # verifies as well as the live slots an argument counts
+                    return _tightest(kd, best, kept, cat, sel, sv, part, lid, iptr)
     return None
 
 

@@ -98,14 +98,17 @@ def vocabulary(kd: KernelData, regions: list[tuple[Region, RangeEvidence | None]
 
 def _gathered(r: Region) -> tuple[int, tuple[str, ...]] | None:
     """The one term `chunk * count` of an indexed region whose count is an argument formula and
-    whose chunk and count have at most one term and no constant beside it, or None."""
+    whose chunk and count have at most one term and no constant beside it, or None. A block split
+    moves a chunk in each of its parts (a head-major cache's slot: its bytes in every head): the
+    bytes of one value are the chunk times the parts."""
     if r.cls != "indexed" or r.count_index is not None or r.count is None or r.chunk is None:
         return None
     ch, cn = r.chunk, r.count
     if ch.n_terms + cn.n_terms != 1 or (ch.terms and ch.const) or (cn.terms and cn.const):
         return None
     (c, fac), k = (ch.terms[0], cn.const) if ch.terms else (cn.terms[0], ch.const)
-    return (int(c) * int(k), tuple(fac)) if c * k > 0 else None
+    parts = r.block_split.parts if r.block_split is not None else 1
+    return (int(c) * int(k) * parts, tuple(fac)) if c * k > 0 else None
 
 
 def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list, tier2: list) -> bool:
@@ -113,10 +116,15 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
     # an end of one term (`2048*n + 8192`, `2048*n`: bounds of big pages, lost records among them,
     # fitted where `2304*n` holds as well) may take a size of the kernel's own, one term and no
     # constant (tier 1 only)
+    # an end of several terms (`20628*p3 - 651*p3^2 + 8*p3^3 - 131072`: bent through the bounds of
+    # a launch whose records were lost) may take one too, where it holds the positive evidence
+    # (every launch's last observed byte) wherever the bent one does, and passes the upper bounds
+    # the bent one holds at no more launches than lost records explain (they only hide pages)
     if ev is None or region.cls not in ("fixed", "linear"):
         return False
     offset_size = region.end.n_terms == 1 and not ev.guessed
-    if region.end.terms and not ev.guessed and not offset_size:
+    bent = region.end.n_terms > 1 and not ev.guessed
+    if region.end.terms and not ev.guessed and not offset_size and not bent:
         return False
     g, e_lo, e_hi = ev.g, ev.e_lo, ev.e_hi
     vals = {n: kd.uniq[g, k] for k, n in enumerate(kd.sel_names)}
@@ -128,6 +136,9 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
     fs, fe = region.start, region.end
     y0 = value(fe)
     ok0 = (y0 >= e_lo) & (y0 <= e_hi)
+    # the launches at which a candidate may pass the upper bound the end holds (a bent end's)
+    loose = kd.allowed(len(g)) if bent else 0
+    offset_size = offset_size or bent
     best = None
     tiers = (_tier1(kd, g, e_lo, e_hi, tier1),) if offset_size else \
         (_tier1(kd, g, e_lo, e_hi, tier1), _tier2(kd, g, e_lo, e_hi, tier2))
@@ -144,7 +155,7 @@ def shared_shape(kd: KernelData, region: Region, ev: RangeEvidence, tier1: list,
             # (`128*pos - 76416`) is a fit of this profile's bounds, empty at smaller arguments
             # and a constant above what the terms add at every launch makes the size that constant
             # with an argument's crumbs (`4*M + 1536000` for a 1536000-byte weight matrix)
-            if f == fe or (ok0 & ~ok).any() or ((y < e_lo) & (y0 >= e_lo)).any() or \
+            if f == fe or int((ok0 & ~ok).sum()) > loose or ((y < e_lo) & (y0 >= e_lo)).any() or \
                     (y <= value(fs)).any() or any(c <= 0 for c, _ in f.terms) or \
                     f.const < -max(c for c, _ in f.terms) or (f.const > 0 and (y - f.const < f.const).all()):
                 continue
