@@ -149,7 +149,10 @@ def run_policy(w: Workload, policy: Policy, cap_units: int, profile, options: Op
                     # the group's index values: read once their writer (step) has ended, a copy of bytes
                     groups.gate[s0], groups.gate_bytes[s0] = int(mv[3][0]), int(mv[3][1])
         plan = C.PlanArrays(groups.ev_ptr, groups.ev_unit, groups.pf_ptr, groups.pf_unit, groups.need_now, 0)
-        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, truth, plan, sp, m, rules, missed, counters)
+        # `what` passed, as _apply_now does: an omitted default is its own numba signature (one more
+        # compile of the engine for each set of array widths)
+        s, nm = C.run_engine(s, s + 1 if (on_launch or on_evict) else n, truth, plan, sp, m, rules, missed, counters,
+                             C.GROUP | C.LAUNCH)
         if on_evict:
             gone = np.flatnonzero((before == 1) & (mem.resident == 0))
             if len(gone):
