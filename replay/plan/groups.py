@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from ..unit_space import I64, ID, narrow, ranges, unit_width
 
@@ -166,23 +167,45 @@ def first_at_or_after(keys: np.ndarray, units: np.ndarray, step: np.ndarray, m: 
 def keep_prefetches(g: Groups, keep: np.ndarray, need: np.ndarray) -> Groups:
     """`g` with only the prefetch entries `keep` marks (its evictions unchanged): what each launch
     waits for (`need_now`, `need_group`) follows from the entries left. `need`: the step each
-    entry is for (first_need on the plan's needs)."""
-    n = g.n_steps
-    step = prefetch_steps(g)
-    ptr = np.zeros(n + 1, I64)
-    np.cumsum(np.bincount(step[keep], minlength=n), out=ptr[1:])
-    own = keep & (need == step)
-    need_now = np.bincount(step[own], minlength=n).astype(I64)
-    del own
-    need_group = np.full(n, -1, I64)
-    early = keep & (need > step)
-    np.maximum.at(need_group, need[early], step[early])
-    del early, step
+    entry is for (first_need on the plan's needs). One compiled pass over the groups: the step of
+    every entry, and its kept and own subsets, were a planned replay's high (plan/faults.py's caller,
+    ~15 bytes a prefetch entry)."""
+    ptr, need_now, need_group, units = _kept(g.pf_ptr, keep, need, g.pf_unit)
     pa_ = g.pf_after[keep] if g.waits_for_values() else None
     gate = gate_of(ptr, np.zeros(0, I64) if pa_ is None else pa_)
-    return Groups(g.ev_ptr, g.ev_unit, ptr, g.pf_unit[keep], need_now,
-                  g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int((~keep).sum()),
+    return Groups(g.ev_ptr, g.ev_unit, ptr, units, need_now,
+                  g.wait_prev, g.blocking, g.thrash, need_group, g.front, g.faulted + int(len(keep) - len(units)),
                   gate, np.where(gate >= 0, g.gate_bytes, 0), pa_)
+
+
+@njit(cache=True, nogil=True)
+def _kept(pf_ptr, keep, need, pf_unit):
+    """keep_prefetches' arrays: per group its kept entries' pointers, how many its own step needs
+    (need == group), per step the latest earlier group keeping an entry for it (need > group), and
+    the kept units in order."""
+    n = len(pf_ptr) - 1
+    ptr = np.zeros(n + 1, np.int64)
+    need_now = np.zeros(n, np.int64)
+    need_group = np.full(n, -1, np.int64)
+    m = 0
+    for k in range(len(keep)):
+        if keep[k]:
+            m += 1
+    units = np.empty(m, pf_unit.dtype)
+    m = 0
+    for s in range(n):
+        for k in range(pf_ptr[s], pf_ptr[s + 1]):
+            if not keep[k]:
+                continue
+            units[m] = pf_unit[k]
+            m += 1
+            j = need[k]
+            if j == s:
+                need_now[s] += 1
+            elif j > s and s > need_group[j]:
+                need_group[j] = s
+        ptr[s + 1] = m
+    return ptr, need_now, need_group, units
 
 
 def same_plan(a: Groups, b: Groups) -> bool:
