@@ -25,7 +25,7 @@ shares; split, each part would re-derive the others' indexing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 import pyarrow.compute as pc
@@ -430,21 +430,42 @@ class Needs:
     """Per-step units in CSR form (ascending within a step). `after`, where some units are known
     only from index values: per occurrence, the step after whose end that use's values exist
     (-1: known from the arguments, or before the first step); no plan may bring the unit in for
-    that use earlier (plan/belady.py). `value_bytes`: per step, the bytes of index values its
-    launch reads (what a runtime copies from the GPU before it can prefetch those units)."""
+    that use earlier (plan/belady.py). It is given per use and held sparse: the uses that wait
+    (`gate_use`, ascending positions) and their steps (`gate_step`). Few uses wait (580 of 3.6 M at
+    llm-decode's scale 10), and a per-use array of them was held through every plan of the predicted
+    needs (4 bytes a use); `after` makes the per-use array again where one is read. `value_bytes`:
+    per step, the bytes of index values its launch reads (what a runtime copies from the GPU before
+    it can prefetch those units)."""
 
     ptr: np.ndarray
     unit: np.ndarray
-    after: np.ndarray | None = None
+    after: InitVar[np.ndarray | None] = None
     value_bytes: np.ndarray | None = None
     pages: np.ndarray | None = None   # per occurrence, the pages the launch touches in the unit (faults it makes)
     # makes `pages` where they are left to be made when first read (page_counts): a planner's
     # alternative needs them only after its plans are made
     pages_later: object = field(default=None, repr=False, compare=False)
+    gate_use: np.ndarray = field(init=False, repr=False, compare=False)
+    gate_step: np.ndarray = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, after: np.ndarray | None) -> None:
         # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
-        self.unit, self.after, self.pages = narrow(self.unit), narrow(self.after), narrow_small(self.pages)
+        self.unit, self.pages = narrow(self.unit), narrow_small(self.pages)
+        if after is None:
+            self.gate_use, self.gate_step = np.zeros(0, I64), np.zeros(0, ID)
+        else:
+            after = np.asarray(after)
+            self.gate_use = np.flatnonzero(after >= 0).astype(I64, copy=False)
+            self.gate_step = narrow(after[self.gate_use].astype(I64, copy=False))
+
+    def dense_after(self) -> np.ndarray | None:
+        """`after` per use (-1: none; steps in int32 where they fit, as `narrow` keeps them), or None
+        where no use waits: made from the sparse form, for a reader of every use (plan/belady.py)."""
+        if not self.gated:
+            return None
+        out = np.full(len(self.unit), -1, self.gate_step.dtype if self.gate_step.dtype == I64 else ID)
+        out[self.gate_use] = self.gate_step
+        return out
 
     def page_counts(self) -> np.ndarray | None:
         """`pages`, made now where they were left to be made when read (`pages_later`); None where
@@ -463,7 +484,12 @@ class Needs:
 
     @property
     def gated(self) -> bool:
-        return self.after is not None and bool((self.after >= 0).any())
+        return len(self.gate_use) > 0
+
+
+# `after`, read as an attribute: the per-use array (dense_after). Set once the dataclass has taken the
+# field's default for its __init__ (a property in the class body would be taken as that default).
+Needs.after = property(Needs.dense_after)   # type: ignore[assignment,method-assign]
 
 
 def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
@@ -471,16 +497,18 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
     `after` carried over: a use `base` has keeps its own; a unit added beside it (the rest of a
     block) waits for the earliest of the uses `base` has in that step's block (-1 when one of them
     is known from the arguments, or when `base` has none there: an allocation the arguments name).
-    One compiled pass over the steps (`_after_of_steps`), each step's uses matched among themselves:
-    memory for the result only (the keys, sorts and matches of all uses at once were ten times the
-    result's memory, the peak of a planned replay of 10^6 launches; made a few steps at a time with
-    numpy, they were a thirtieth of a scale-10 replay's time)."""
-    if base.after is None:
+    One compiled pass over the steps that hold a use that waits (`_after_of_steps`; in any other step
+    every derived use is -1), each step's uses matched among themselves: memory for the uses that wait
+    only (the keys, sorts and matches of all uses at once were ten times a per-use result's memory,
+    the peak of a planned replay of 10^6 launches)."""
+    if not base.gated and base.value_bytes is None:
         return derived
-    n = len(base.ptr) - 1
-    after = np.empty(len(derived.unit), ID if n < np.iinfo(ID).max else I64)   # steps: as `narrow` keeps them
-    _after_of_steps(base.ptr, base.unit, base.after, derived.ptr, derived.unit, block_lo, after)
-    return Needs(derived.ptr, derived.unit, after, base.value_bytes)
+    out = Needs(derived.ptr, derived.unit, None, base.value_bytes)
+    if base.gated:
+        use, step = _after_of_steps(base.ptr, base.unit, base.gate_use, base.gate_step, derived.ptr, derived.unit,
+                                    block_lo)
+        out.gate_use, out.gate_step = use, narrow(step)
+    return out
 
 
 ATTACH_USES = 1 << 19   # uses per piece of step_pieces' callers (gated_needs_from: its temporaries per use)
@@ -501,23 +529,37 @@ def step_pieces(*ptrs: np.ndarray, uses: int | None = None):
 
 
 @njit(cache=True, nogil=True)
-def _after_of_steps(bptr, bunit, bafter, dptr, dunit, block_lo, out):
-    """attach_after's `after` for every use of `derived` (CSR dptr/dunit) into `out`: per step, base's
-    uses ordered by unit (stable: of a unit listed twice, the first), then each derived use found
-    there (its own `after`) or else in base's blocks of that step (the least `after` among them;
-    -1 where base has none in that block)."""
+def _after_of_steps(bptr, bunit, gate_use, gate_step, dptr, dunit, block_lo):
+    """attach_after's waiting uses of `derived` (CSR dptr/dunit): (positions, steps), ascending. Per
+    step holding one of base's waiting uses (`gate_use` ascending, `gate_step` theirs; base's other
+    uses wait for nothing, -1): base's uses ordered by unit (stable: of a unit listed twice, the
+    first), then each derived use found there (its own `after`) or else in base's blocks of that step
+    (the least `after` among them; -1 where base has none in that block)."""
     n = len(bptr) - 1
     most = 0
     for s in range(n):
         if bptr[s + 1] - bptr[s] > most:
             most = bptr[s + 1] - bptr[s]
+    raw = np.empty(most, np.int64)     # the step's `after`, per base use in base's order
     su = np.empty(most, np.int64)      # the step's base units, ascending
     sa = np.empty(most, np.int64)      # and their `after`
     blk = np.empty(most, np.int64)     # its blocks, ascending
     low = np.empty(most, np.int64)     # the least `after` in each
-    for s in range(n):
+    out_u = np.empty(16, np.int64)
+    out_s = np.empty(16, np.int64)
+    n_out = 0
+    g = 0
+    s = 0
+    while g < len(gate_use):
+        while bptr[s + 1] <= gate_use[g]:
+            s += 1
         lo = bptr[s]
         m = bptr[s + 1] - lo
+        for k in range(m):
+            raw[k] = -1
+        while g < len(gate_use) and gate_use[g] < lo + m:
+            raw[gate_use[g] - lo] = gate_step[g]
+            g += 1
         asc = True
         for k in range(lo + 1, lo + m):
             if bunit[k] < bunit[k - 1]:
@@ -526,12 +568,12 @@ def _after_of_steps(bptr, bunit, bafter, dptr, dunit, block_lo, out):
         if asc:
             for k in range(m):
                 su[k] = bunit[lo + k]
-                sa[k] = bafter[lo + k]
+                sa[k] = raw[k]
         else:
             o = np.argsort(bunit[lo:lo + m], kind="mergesort")
             for k in range(m):
                 su[k] = bunit[lo + o[k]]
-                sa[k] = bafter[lo + o[k]]
+                sa[k] = raw[o[k]]
         nb = 0
         for k in range(m):
             b = block_lo[su[k]]
@@ -549,11 +591,27 @@ def _after_of_steps(bptr, bunit, bafter, dptr, dunit, block_lo, out):
             x = dunit[k]
             a = _first_at_least(su, m, x)
             if a < m and su[a] == x:
-                out[k] = sa[a]
-                continue
-            b = block_lo[x]
-            a = _first_at_least(blk, nb, b)
-            out[k] = low[a] if a < nb and blk[a] == b else -1
+                v = sa[a]
+            else:
+                b = block_lo[x]
+                a = _first_at_least(blk, nb, b)
+                v = low[a] if a < nb and blk[a] == b else -1
+            if v >= 0:
+                if n_out == len(out_u):
+                    out_u = _twice(out_u)
+                    out_s = _twice(out_s)
+                out_u[n_out] = k
+                out_s[n_out] = v
+                n_out += 1
+        s += 1
+    return out_u[:n_out].copy(), out_s[:n_out].copy()
+
+
+@njit(cache=True)
+def _twice(a):
+    b = np.empty(2 * len(a), a.dtype)
+    b[:len(a)] = a
+    return b
 
 
 @njit(cache=True)
@@ -705,7 +763,7 @@ class Workload:
                                  for fp, g in zip(per_task_fp, per_task_gates)], with_pages=False)
         # per use, the step its values wait for: made a few steps at a time (`step_pieces`), as
         # attach_after is (the keys and matches of every use at once: ten arrays of every use)
-        out = np.full(len(needs.unit), -1, ID if self.n_steps < np.iinfo(ID).max else I64)   # as `narrow` keeps steps
+        uses, steps = [], []   # the uses that wait, and their steps (Needs holds them sparse)
         for s0, s1 in step_pieces(needs.ptr, plain.ptr):
             a, b = int(needs.ptr[s0]), int(needs.ptr[s1])
             nstep = np.repeat(np.arange(s0, s1, dtype=I64), np.diff(needs.ptr[s0:s1 + 1]))
@@ -720,10 +778,16 @@ class Workload:
             if len(pk):
                 q = np.minimum(np.searchsorted(pk, nk), len(pk) - 1)
                 gated &= pk[q] != nk
-            out[a:b] = np.where(gated, low[j], -1)
-        gated = Needs(needs.ptr, needs.unit, out, vb)
-        gated.pages = needs.pages
-        return gated
+            at = np.flatnonzero(gated)
+            uses.append(at + a)
+            steps.append(low[j[at]])
+        out = Needs(needs.ptr, needs.unit, None, vb)
+        out.pages = needs.pages
+        use = np.concatenate(uses).astype(I64, copy=False) if uses else np.zeros(0, I64)
+        step = np.concatenate(steps).astype(I64, copy=False) if steps else np.zeros(0, I64)
+        wait = step >= 0
+        out.gate_use, out.gate_step = use[wait], narrow(step[wait])
+        return out
 
     def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:
         """As needs_from, in eviction-chunk ids (for plans that move whole chunks)."""

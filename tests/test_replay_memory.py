@@ -52,7 +52,11 @@ def test_attach_after_carries_each_uses_after_over(seed, steps, units, shuffled,
     dptr, dunit = _needs(rng, steps, units, 0.5)
     derived = Needs(dptr, dunit)
     parts = U.attach_after(derived, base, block_lo)
-    assert parts.after.dtype == U.ID   # steps fit in int32 (unit_space.narrow)
+    # held sparse: the uses that wait, ascending, with their steps in int32 (unit_space.narrow)
+    assert (np.diff(parts.gate_use) > 0).all() and (parts.gate_step >= 0).all()
+    got = parts.after if parts.gated else np.full(len(dunit), -1, I64)
+    if parts.gated:
+        assert parts.after.dtype == parts.gate_step.dtype == U.ID
     assert parts.value_bytes is base.value_bytes and parts.unit is derived.unit
     # and the rule itself, use by use: an exact use keeps its own, else the earliest in its block
     for s in range(steps):
@@ -64,7 +68,7 @@ def test_attach_after_carries_each_uses_after_over(seed, steps, units, shuffled,
             else:
                 same = block_lo[bu] == block_lo[x]
                 want = ba[same].min() if same.any() else -1
-            assert parts.after[k] == want
+            assert got[k] == want
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +239,7 @@ def test_the_planner_kernels_agree_in_every_width(seed, steps, units, cap, front
     def build(small, step):
         nd = Needs(ptr, unit, after, np.ones(steps, I64), pages)
         # set after construction: Needs narrows what it is given
-        for f, dtype in (("unit", small), ("after", step), ("pages", small)):
+        for f, dtype in (("unit", small), ("gate_step", step), ("pages", small)):
             if getattr(nd, f) is not None:
                 setattr(nd, f, getattr(nd, f).astype(dtype))
         return nd
@@ -401,7 +405,7 @@ def test_gated_needs_in_pieces_equal_all_at_once(gathered):
         U.ATTACH_USES = old
     assert whole.gated and (whole.after >= 0).sum() > 0 and (whole.after < 0).sum() > 0   # both kinds there
     assert len(list(U.step_pieces(whole.ptr, uses=5))) > 10   # many pieces
-    for f in ("ptr", "unit", "after", "value_bytes", "pages"):
+    for f in ("ptr", "unit", "after", "gate_use", "gate_step", "value_bytes", "pages"):
         np.testing.assert_array_equal(getattr(parts, f), getattr(whole, f))
     assert parts.after.dtype == U.ID
 
