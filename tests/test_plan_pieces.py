@@ -82,6 +82,9 @@ def test_units_by_group_is_the_units_in_group_order():
         u = rng.integers(0, 30, n).astype(np.int32)
         for lo in (None, late_of):
             order, ptr, first = PB.group_order(g, None if lo is None else lo != g, u, G)
-            got_u, got_ptr, got_first = PB.units_by_group(g, lo, u, G)
+            got_u, got_ptr, got_first = PB.units_by_group(g, None if lo is None else lo != g, u, G)
+            if lo is not None:   # the core's flags: uint8, 1 where late
+                flags = PB.units_by_group(g, (lo != g).astype(np.uint8), u, G)
+                assert all(np.array_equal(x, y) for x, y in zip(flags, (got_u, got_ptr, got_first)))
             assert np.array_equal(got_u, u[order]) and got_u.dtype == u.dtype
             assert np.array_equal(got_ptr, ptr) and np.array_equal(got_first, first)

@@ -428,21 +428,58 @@ def test_capacity_jobs_is_bounded_by_capacities():
         assert 1 <= capacity_jobs(n) <= n
 
 
-def test_latest_at_is_maximum_at():
-    """belady._latest_at: np.maximum.at over the early prefetch entries and the gated ones."""
+def test_gate_at_is_maximum_at():
+    """belady._gate_at: np.maximum.at over the gated prefetch entries."""
     from pagecast.replay.plan import belady as PB
     rng = np.random.default_rng(3)
     for _ in range(100):
         G, n = int(rng.integers(1, 40)), int(rng.integers(0, 200))
         dt = rng.choice([np.int32, np.int64])
         g = rng.integers(0, G, n).astype(dt)
-        s = np.minimum(g + rng.integers(0, 3, n), G - 1).astype(dt)
         a = np.where(rng.random(n) < 0.3, rng.integers(0, G, n), -1).astype(dt)
-        ng, gt = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
-        gated = PB._latest_at(ng, gt, g, s, a)
-        ref_ng, ref_gt = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
-        np.maximum.at(ref_ng, s[s != g], g[s != g])
+        gt = np.full(G, -1, np.int64)
+        gated = PB._gate_at(gt, g, a)
+        ref_gt = np.full(G, -1, np.int64)
         np.maximum.at(ref_gt, g[a >= 0], a[a >= 0])
-        np.testing.assert_array_equal(ng, ref_ng)
         np.testing.assert_array_equal(gt, ref_gt)
         assert gated == bool((a >= 0).any())
+        assert not PB._gate_at(gt, g, a[:0])   # no list: nothing waits
+
+
+def test_the_core_writes_need_group_and_late_flags_from_each_prefetchs_step(monkeypatch):
+    """The Belady core's need_group (per step, the latest earlier group prefetching for it) and late
+    flags, against np.maximum.at over the steps it lists where the needs have gates (every use -1:
+    the plan is the same), and the plan without gates equal to it."""
+    from pagecast.replay.plan import belady as PB
+    seen = []
+    core = PB._belady_plan
+
+    def spy(*a):
+        out = core(*a)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(PB, "_belady_plan", spy)
+    rng = np.random.default_rng(5)
+    early = 0
+    for _ in range(40):
+        steps, units = int(rng.integers(2, 30)), int(rng.integers(2, 25))
+        sizes = np.minimum(rng.integers(0, 6, steps), units)
+        ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        unit = np.concatenate([np.sort(rng.choice(units, int(k), replace=False)) for k in sizes]).astype(np.int64)
+        cap = int(rng.integers(1, units + 1))
+        args = (ptr, unit, units, cap, 0, np.zeros(units, np.uint8), PB.LOOKAHEAD_STEPS, cap)
+        seen.clear()
+        plain = PB.belady_plan(*args)
+        gated = PB.belady_plan(*args, need_after=np.full(len(unit), -1, np.int64))
+        for x, y in zip(plain[:10], gated[:10]):
+            np.testing.assert_array_equal(x, y)
+        pf_g, late, pf_n, need_group = seen[1][2], seen[1][3], seen[1][8], seen[1][9]
+        assert len(pf_n) == len(pf_g) and len(seen[0][8]) == 0   # listed only where the needs have gates
+        np.testing.assert_array_equal(late, (pf_n != pf_g).astype(np.uint8))
+        ref = np.full(steps, -1, np.int64)
+        np.maximum.at(ref, pf_n[pf_n != pf_g].astype(np.int64), pf_g[pf_n != pf_g].astype(np.int64))
+        np.testing.assert_array_equal(need_group, ref)
+        np.testing.assert_array_equal(seen[0][9], ref)
+        early += int((ref >= 0).sum())
+    assert early > 0   # prefetches for later steps were drawn

@@ -361,12 +361,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
     ev_g = np.empty(m0, width.dtype)
     ev_u = np.empty(m0, need_unit.dtype)   # unit ids: the width the needs have them in
     pf_g = np.empty(m0, width.dtype)
-    pf_n = np.empty(m0, width.dtype)
+    pf_late = np.empty(m0, np.uint8)   # 1: for a later step than its group's (else its own step's)
     pf_u = np.empty(m0, need_unit.dtype)
     n_ev = 0
     n_pf = 0
     gated = len(need_after) == n_occ
     pf_a = np.empty(m0 if gated else 0, width.dtype)   # written only where uses wait for values
+    pf_n = np.empty(m0 if gated else 0, width.dtype)   # and the step each is for (gate_bytes reads it)
+    # per step, the latest earlier group prefetching a unit it needs (written here: a list of every
+    # prefetch's step, 4 bytes an entry, was made for it and the late flags alone)
+    need_group = np.full(G, -1, np.int64)
     pend = np.empty(n_occ if gated else 1, width.dtype)   # lookahead uses set aside until their values exist
     pend_j = np.empty(n_occ if gated else 1, width.dtype)   # and their steps
     npend = 0
@@ -455,14 +459,16 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     if n_pf >= len(pf_u):
                         pf_u = _grow(pf_u)
                         pf_g = _grow(pf_g)
-                        pf_n = _grow(pf_n)
+                        pf_late = _grow(pf_late)
                         if gated:
                             pf_a = _grow(pf_a)
+                            pf_n = _grow(pf_n)
                     pf_g[n_pf] = g
-                    pf_n[n_pf] = g
+                    pf_late[n_pf] = 0
                     pf_u[n_pf] = u
                     if gated:
                         pf_a[n_pf] = -1
+                        pf_n[n_pf] = g
                     n_pf += 1
                 k += 1
                 continue
@@ -559,14 +565,18 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             if n_pf >= len(pf_u):
                 pf_u = _grow(pf_u)
                 pf_g = _grow(pf_g)
-                pf_n = _grow(pf_n)
+                pf_late = _grow(pf_late)
                 if gated:
                     pf_a = _grow(pf_a)
+                    pf_n = _grow(pf_n)
             pf_g[n_pf] = at - start_step
-            pf_n[n_pf] = j - start_step
+            pf_late[n_pf] = 1 if j != at else 0
+            if j != at and at - start_step > need_group[j - start_step]:
+                need_group[j - start_step] = at - start_step
             pf_u[n_pf] = u
             if gated:
                 pf_a[n_pf] = need_after[kq]
+                pf_n[n_pf] = j - start_step
             n_pf += 1
             if not mandatory:
                 in_flight += 1
@@ -670,7 +680,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
         # stays in cache (a unit is pushed at every use, each push goes stale)
         if hsize > cap_heap - n_units - 8 or hsize > 4 * n_units + 1024:
             hsize = _heap_rebuild(hk, hu, resident, key, last_use, n_units, n_steps)
-    return ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_n[:n_pf], pf_u[:n_pf], wait_prev, thrash, pf_a[:n_pf if gated else 0]
+    return (ev_g[:n_ev], ev_u[:n_ev], pf_g[:n_pf], pf_late[:n_pf], pf_u[:n_pf], wait_prev, thrash,
+            pf_a[:n_pf if gated else 0], pf_n[:n_pf if gated else 0], need_group)
 
 
 @njit(cache=True, nogil=True)
@@ -737,32 +748,32 @@ def _group_order(g, late, u, G):
     return order, ptr, first
 
 
-def units_by_group(g, late_of, u, G):
+def units_by_group(g, late, u, G):
     """u[group_order(g, late, u, G)[0]] with the groups' pointers and per group how many entries are
-    not late, where an entry is late when `late_of` (an array, or None: none is) differs from its
-    group (a prefetch for a later step than its group's): the units in that order without the order
-    itself (8 bytes an entry) or a flag per entry. Only the units are kept, so entries of equal unit
-    in one (group, late) bucket are alike whatever their order. Groups out of 0..G-1: group_order."""
+    not late (`late`: per entry, nonzero where it goes after its group's others, a prefetch for a
+    later step than its group's; None: none is): the units in that order without the order itself
+    (8 bytes an entry). Only the units are kept, so entries of equal unit in one (group, late) bucket
+    are alike whatever their order. Groups out of 0..G-1: group_order."""
     if len(g) and (int(g.min()) < 0 or int(g.max()) >= G):
-        late = None if late_of is None else late_of != g
         order, ptr, first = group_order(g, late, u, G)
         return u[order], ptr, first
-    return _units_by_group(g, np.empty(0, g.dtype) if late_of is None else late_of, u, G)
+    return _units_by_group(g, np.empty(0, np.uint8) if late is None else late.view(np.uint8)
+                           if late.dtype == np.bool_ else late, u, G)
 
 
 @njit(cache=True, nogil=True)
-def _units_by_group(g, late_of, u, G):
+def _units_by_group(g, late, u, G):
     n = len(g)
-    listed = len(late_of) == n
+    listed = len(late) == n
     cnt = np.zeros(2 * G + 1, np.int64)
     for k in range(n):
-        cnt[2 * g[k] + (1 if listed and late_of[k] != g[k] else 0) + 1] += 1
+        cnt[2 * g[k] + (1 if listed and late[k] != 0 else 0) + 1] += 1
     for b in range(2 * G):
         cnt[b + 1] += cnt[b]
     start = cnt.copy()
     out = np.empty(n, u.dtype)
     for k in range(n):
-        b = 2 * g[k] + (1 if listed and late_of[k] != g[k] else 0)
+        b = 2 * g[k] + (1 if listed and late[k] != 0 else 0)
         out[cnt[b]] = u[k]
         cnt[b] += 1
     for b in range(2 * G):
@@ -807,7 +818,7 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     occurrences is made for (None: next_use_window's); the plan is the same whatever it is."""
     # the core's per-use arrays of steps and positions: int32 where every step and use fits (see there)
     steps = ID if max(len(need_ptr), len(need_unit)) < np.iinfo(ID).max else np.int64
-    ev_g, ev_u, pf_g, pf_n, pf_u, wait_prev, thrash, pf_a = _belady_plan(
+    ev_g, ev_u, pf_g, pf_late, pf_u, wait_prev, thrash, pf_a, pf_n, need_group = _belady_plan(
         need_ptr, need_unit, n_units, cap, start_step, init_resident,
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front),
                   int(next_use_window(len(need_unit), n_units) if window is None else window)),
@@ -824,12 +835,10 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
     # units are put in group order without an order array (units_by_group)
     ev_u, ev_ptr, _ = units_by_group(ev_g, None, ev_u, G)
     del ev_g
-    # the latest earlier group holding a unit a step needs (its launch waits for that group), and per
-    # group the latest step whose values its prefetches wait for (np.maximum.at's result, in one pass:
-    # ufunc.at took a tenth of a replay's time)
-    need_group = np.full(G, -1, np.int64)
+    # per group the latest step whose values its prefetches wait for (np.maximum.at's result, in one
+    # pass: ufunc.at took a tenth of a replay's time); the core made need_group
     gate = np.full(G, -1, np.int64)
-    gated = _latest_at(need_group, gate, pf_g, pf_n, pf_a)   # an empty pf_a: the needs have no gates
+    gated = _gate_at(gate, pf_g, pf_a)   # an empty pf_a: the needs have no gates
     gate_bytes = np.zeros(G, np.int64)
     if gated:
         ga = pf_a >= 0
@@ -840,33 +849,27 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         del ga
     if not gated:
         # no prefetch waits: none is listed (Groups holds none), and only the units are put in order
-        pf_u, pf_ptr, need_now = units_by_group(pf_g, pf_n, pf_u, G)
-        del pf_g, pf_n
+        pf_u, pf_ptr, need_now = units_by_group(pf_g, pf_late, pf_u, G)
+        del pf_g, pf_late
         return ev_ptr, ev_u, pf_ptr, pf_u, need_now, wait_prev, thrash, need_group, gate, gate_bytes, None
-    own = pf_n == pf_g
     del pf_n
-    op, pf_ptr, need_now = group_order(pf_g, ~own, pf_u, G)
-    del pf_g, own
+    op, pf_ptr, need_now = group_order(pf_g, pf_late, pf_u, G)
+    del pf_g, pf_late
     return (ev_ptr, ev_u, pf_ptr, pf_u[op], need_now, wait_prev, thrash, need_group, gate, gate_bytes, pf_a[op])
 
 
 @njit(cache=True, nogil=True)
-def _latest_at(need_group, gate, pf_g, pf_n, pf_a):
-    """need_group[n] = max(need_group[n], g) over the early prefetch entries (group g != step n), and
-    gate[g] = max(gate[g], a) over the entries waiting for values (a >= 0); whether any waits. An
-    empty `pf_a`: no entry waits (the core lists none where the needs have no gates)."""
+def _gate_at(gate, pf_g, pf_a):
+    """gate[g] = max(gate[g], a) over the prefetch entries waiting for values (a >= 0); whether any
+    waits. An empty `pf_a`: no entry waits (the core lists none where the needs have no gates)."""
     gated = False
-    listed = len(pf_a) == len(pf_g)
+    if len(pf_a) != len(pf_g):
+        return gated
     for k in range(len(pf_g)):
-        g = pf_g[k]
-        n = pf_n[k]
-        if n != g and g > need_group[n]:
-            need_group[n] = g
-        if not listed:
-            continue
         a = pf_a[k]
         if a >= 0:
             gated = True
+            g = pf_g[k]
             if a > gate[g]:
                 gate[g] = a
     return gated
@@ -910,7 +913,7 @@ def plan_groups(needs: Needs, n_units: int, cap_units: int, start_step: int = 0,
         # a fault's eviction in such a launch: a chunk's worth, at most all of memory (as the simulator runs it)
         csize = (universe.chunk_hi - universe.chunk_lo)[universe.unit_chunk]
         want = np.minimum(csize, max(cap_units, 1)).astype(I64)
-    after = needs.after if needs.after is not None and needs.gated else None
+    after = needs.dense_after()   # per use, while this plan is made (Needs holds it sparse)
     ev_ptr, ev, pf_ptr, pf, nn, wp, th, ng, gt, gb, pa_ = belady_plan(
         needs.ptr, needs.unit, n_units, cap_units, start_step, res, lookahead_steps, la_units, belady_in, want,
         None if want is None else universe.block_lo, front, after, needs.value_bytes,
