@@ -81,6 +81,25 @@ def gathered(tmp_path_factory):
     return T.read_trace(paths[2]), model
 
 
+def test_a_prediction_pass_lets_the_tables_views_go_and_predicts_the_same(gathered):
+    """predicted_gated forgets the per-table views the predictor cached (predict.features), and a
+    second pass, which makes them again, predicts the same pieces and gates."""
+    from pagecast.predict import features as FT
+    from pagecast.replay.plan.adaptive import predicted_gated
+    tr, model = gathered
+    fp1, g1 = predicted_gated(model, tr, "adaptive")
+    assert not FT._CACHE
+    FT.layouts(tr.launches, np.arange(2))   # a view made outside a pass is forgotten by the next
+    assert FT._CACHE
+    fp2, g2 = predicted_gated(model, tr, "adaptive")
+    assert not FT._CACHE
+    for f in ("start", "end", "indptr"):
+        np.testing.assert_array_equal(getattr(fp1, f), getattr(fp2, f))
+    assert len(g1.launch) > 0   # the gathered model's indexed kernel predicts gated pieces
+    for f in ("launch", "start", "end", "after"):
+        np.testing.assert_array_equal(getattr(g1, f), getattr(g2, f))
+
+
 def test_a_replay_without_timeline_reports_what_the_full_runs_report(gathered, monkeypatch):
     """The runs kept compact (no timeline) give the rows the full runs give, number for number, and
     oracle still sees its rivals' runs."""

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.memory import release_arrow_memory
+from pagecast.predict.features import release_views
 from pagecast.predict.predictor import Gates, predict_footprints, predict_gated
 
 MIN_PRECISION = 0.5   # keep a kernel's history while at least half of what it adds is used
@@ -57,8 +58,10 @@ def predicted_gated(model, trace: T.Trace, fallback: str = "adaptive",
     """predicted_footprints, and the pieces of it that index values chose with the launch after
     which their values exist (predict.predictor.Gates; its `plain`: the rest, by the same rule)."""
     fp, g = _predicted_gated(model, trace, fallback, min_precision)
-    # the predictions read the trace's index values and records through pyarrow; what its pool
-    # freed goes back before the planner's per-use arrays are made (pagecast/memory.py)
+    # the predictions read the trace's index values and records through pyarrow; the views of its
+    # tables they kept, and what its pool freed, go back before the planner's per-use arrays are made
+    # (pagecast/memory.py)
+    release_views()
     release_arrow_memory()
     return fp, g
 
