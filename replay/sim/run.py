@@ -20,7 +20,7 @@ from pagecast.uvm import FAULT_BATCH, PAGE
 
 from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
-from ..unit_space import I64, Needs, Workload
+from ..unit_space import I64, Needs, Workload, unit_width
 from . import kernels as C
 from .uvm_driver import DriverRules, chunk_weights
 from .timing import run_timing
@@ -200,6 +200,9 @@ def _apply_now(mv, truth: C.Steps, sp: C.Space, m: C.Mem, rules: C.Rules, n_unit
     bad = [x for x in (ev, pf) if len(x) and (x.min() < 0 or x.max() >= n_units)]
     if bad:
         raise ValueError(f"on_launch named units outside 0..{n_units - 1}")
+    # in the universe's width (every id checked above fits it), as a planned policy's groups and the
+    # trace's own ids are: the engine is not compiled once more for int64 groups
+    ev, pf = (x.astype(unit_width(n_units), copy=False) for x in (ev, pf))
     need = len(pf) if len(mv) < 5 or mv[4] is None else min(int(mv[4]), len(pf))   # the launch's own: the first
     one = C.PlanArrays(np.array([0, len(ev)], I64), ev, np.array([0, len(pf)], I64), pf, np.array([need], I64),
                        step)   # one group, for this step
