@@ -616,6 +616,7 @@ def test_needs_without_gates_list_no_value_step_per_prefetch(seed, steps, units,
     from pagecast.replay.plan.belady import belady_plan
     rng = np.random.default_rng(seed)
     ptr, unit = _needs(rng, steps, units, 0.4)
+    unit = unit.astype(U.unit_width(units))   # the universe's width, as the planner passes them
     args = (ptr, unit, units, cap, 0, np.zeros(units, np.uint8), 4, cap, True, np.ones(units, I64),
             np.arange(units, dtype=I64), front)
     plain = belady_plan(*args)
