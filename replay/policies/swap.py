@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan.groups import Groups
-from ..unit_space import I64
+from ..unit_space import I64, narrow
 from .base import Policy
 
 
@@ -29,7 +29,9 @@ class Swap(Policy):
         np.cumsum(sizes, out=pf_ptr[1:])
         pf = np.concatenate([sets[t] for t in w.step_task[sw]]) if len(sw) else np.zeros(0, I64)
         g = Groups.empty(n)
-        g.pf_ptr, g.pf_unit = pf_ptr, pf
+        # in the width Groups gives its transfers (set after it is made, so narrowed here): the engine
+        # then runs swap's plan in a compile it has for other plans
+        g.pf_ptr, g.pf_unit = pf_ptr, narrow(pf)
         g.need_now = sizes.copy()
         g.blocking = switch.astype(np.uint8)
         return g
