@@ -152,7 +152,8 @@ def run_checked(w, policy, cap, profile, options):
         out = mem.resident[w.truth.of(i)] == 0
         absent[i] = int(out.sum())
         absent_pages[i] = int(pages[w.truth.ptr[i]:w.truth.ptr[i + 1]][out].sum())
-        no_plan = C.PlanArrays(*[np.zeros(1, I64)] * 5, 0)
+        ids = np.zeros(1, w.truth.unit.dtype)   # in the trace's width, as a planned group's (one compile)
+        no_plan = C.PlanArrays(np.zeros(1, I64), ids, np.zeros(1, I64), ids, np.zeros(1, I64), 0)
         _, nm = C.run_engine(i, i + 1, steps, no_plan, sp, mem.state(), rules(True), missed, counters, C.LAUNCH)
         check_memory(mem, w, cap, ("launch", i))
         if policy.wants_misses and nm > 0 and i + 1 < n:
