@@ -18,7 +18,7 @@ from pagecast import footprints as F
 from pagecast import trace as T
 from pagecast.predict.model_io import load_model
 
-from ..unit_space import I64, Workload, step_pieces
+from ..unit_space import I64, Workload, narrow, step_pieces
 from . import plan_io
 from .adaptive import predicted_gated
 from .groups import Groups, first_need, gate_of
@@ -160,8 +160,9 @@ def groups_from_plan(plan: plan_io.Plan, w: Workload, needs=None) -> Groups:
         out[name] = (ptr, d, np.bincount(step[need[row_of]], minlength=n) if name == "pf" else None,
                      np.where(aft >= 0, w.step_of(0, np.maximum(aft, 0)), -1).astype(I64))
     g = Groups.empty(n)
-    g.ev_ptr, g.ev_unit = out["ev"][0], out["ev"][1]
-    g.pf_ptr, g.pf_unit = out["pf"][0], out["pf"][1]
+    # narrowed as Groups narrows what it is made with (these are set after): no engine compile of their own
+    g.ev_ptr, g.ev_unit = out["ev"][0], narrow(out["ev"][1])
+    g.pf_ptr, g.pf_unit = out["pf"][0], narrow(out["pf"][1])
     g.need_now = out["pf"][2].astype(I64)
     g.pf_after = out["pf"][3]
     g.gate = gate_of(g.pf_ptr, g.pf_after)

@@ -20,7 +20,7 @@ from pagecast.uvm import FAULT_BATCH, PAGE
 
 from ..plan.groups import Groups
 from ..policies.base import Context, Options, Policy
-from ..unit_space import I64, Needs, Workload, unit_width
+from ..unit_space import I64, UNIT_ID, Needs, Workload, unit_width
 from . import kernels as C
 from .uvm_driver import DriverRules, chunk_weights
 from .timing import run_timing
@@ -172,7 +172,9 @@ def fault_entries(w: Workload) -> np.ndarray:
     if w.truth.pages is not None and len(w.truth.pages) == len(w.truth.unit):
         return w.truth.pages   # read only, either width (unit_space.narrow): no copy of every use per run
     ps = w.tasks[0].trace.page_size if w.tasks else PAGE
-    return np.full(len(w.truth.unit), max(w.gran // ps, 1), I64)
+    per_unit = max(w.gran // ps, 1)
+    # int16 where it fits, as Needs.pages are (unit_space.narrow_small): one engine compile for both
+    return np.full(len(w.truth.unit), per_unit, UNIT_ID if per_unit < np.iinfo(UNIT_ID).max else I64)
 
 
 def driver_rules(policy: Policy, profile, options: Options) -> DriverRules:
