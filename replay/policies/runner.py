@@ -79,7 +79,7 @@ from ..online.ranges import Allocation, AllocationMap
 from ..online.relocate import Relocator
 from ..plan.groups import Groups
 from ..plan.plan_rows import groups_to_table, launches_table
-from ..unit_space import I64, ID, Workload
+from ..unit_space import I64, ID, Workload, unit_width
 from .base import Context, Policy
 from .template import Template
 
@@ -370,7 +370,8 @@ def schedule_units(ptr: np.ndarray, rng: np.ndarray, w: Workload):
     n = len(ptr) - 1
     launch = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))   # per range
     if not len(rng):
-        return np.zeros(n + 1, I64), np.zeros(0, I64), np.zeros(0, I64), np.zeros(0, I64)
+        # no unit: none in the universe's width, as `dense` gives them (one engine compile for both)
+        return np.zeros(n + 1, I64), np.zeros(0, unit_width(w.universe.n_units)), np.zeros(0, I64), np.zeros(0, I64)
     s, e = rng[:, 0] // w.gran, -((-(rng[:, 0] + rng[:, 1])) // w.gran)
     _, units = w.universe.dense(0, launch, s, e, n)
     cnt = e - s
