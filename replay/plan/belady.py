@@ -823,7 +823,8 @@ def belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, lo
         PlanKnobs(int(lookahead_steps), int(lookahead_units), bool(belady_in and unit_want is not None), bool(front),
                   int(next_use_window(len(need_unit), n_units) if window is None else window)),
         np.zeros(1, np.int64) if unit_want is None else np.asarray(unit_want, np.int64),
-        PlanUses(np.zeros(0, np.int64) if need_after is None else need_after,   # either width: no copy
+        # either width, no copy; none given: empty in the width gated needs come in (one compile for both)
+        PlanUses(np.zeros(0, ID) if need_after is None else need_after,
                  np.empty(0, steps), np.iinfo(steps).max),
         PlanChunks(np.arange(n_units, dtype=np.int64) if unit_chunk is None else np.asarray(unit_chunk, np.int64),
                    np.ones(n_units, np.int64) if chunk_weight is None
