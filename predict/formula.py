@@ -214,6 +214,12 @@ def _roundest(lo: int, hi: int) -> int:
     return int(best[2])
 
 
+def roundest(lo: int, hi: int) -> int:
+    """The value in [lo, hi] the solver prefers for a coefficient: the smallest odd part times
+    its size (ties: the smallest); lo <= hi."""
+    return _roundest(int(lo), int(hi))
+
+
 def _pick_const(lo: int, hi: int, mode: str = "tight") -> int:
     """A constant in [lo, hi]: 0 when allowed; else the roundest value, either anywhere in the
     interval (mode "round": strides) or within a page of the tight end (mode "tight": the

@@ -21,9 +21,10 @@ v0 (the map is increasing in v), so the first observed big page bounds `start + 
 part's width, and one solve over q0 (`solve.solve_pair`, the value's own term) gives S. Where the
 smallest blocks lie in the first big pages at every launch (a few launches, or a pool whose low
 blocks every batch touches), that edge leaves S loose (any S a few big pages over q0 holds, and
-the simplest of them is checked and refused); the last touched byte, in the largest value's
-block q1, bounds `start + S*(q1 + 1)` from the last observed byte up to a big page past the last
-observed big page, and one solve over q1 + 1 pins S to within a big page over q1.
+the simplest of them is checked and refused); there the last touched byte, in the largest
+value's block q1, bounds `start + S*(q1 + 1)` from the last observed byte up to a big page past
+it, and one solve over q1 + 1 pins S to within a big page over q1 (only where the first edge's S
+was refused: each solve and each split it leads to costs fit time at every index word).
 """
 
 from __future__ import annotations
@@ -90,35 +91,41 @@ def block_strides(kd: KernelData, g, q0, q1, bounds, with_values) -> list:
     begin and end: the first lies in the smallest value's block q0, at most a block past its
     start (`start + S*q0` in [first - S, first]), the last in the largest value's block q1
     (`start + S*(q1+1)` in [last, last + S]); one solve over q0 with the first's bounds loosened
-    by a big page at a time (the upper bound hard: the first observed byte is touched), then one
-    over q1 + 1 with the last's loosened the same way (the lower bound hard: the last observed
-    byte is touched), each S found checked against every launch's blocks. Fewest big pages of
-    slack first, the first edge before the last at each (module doc). `with_values`: the
-    solver's view of the launches with a value's feature (index_values' own)."""
+    by a big page at a time (the upper bound hard: the first observed byte is touched), each S
+    found checked against every launch's blocks. Where the check refuses the S the first edge
+    gives (that edge leaves S loose), one solve over q1 + 1 with the last's bounds loosened the
+    same way (the lower bound hard: the last observed byte is touched). Fewest big pages of
+    slack first (module doc). `with_values`: the solver's view of the launches with a value's
+    feature (index_values' own)."""
     s_lo, s_hi, e_lo, e_hi = (np.asarray(x, np.int64) for x in bounds)
     first = with_values(kd, g, q0, q0, True, True)
-    last = with_values(kd, g, q1 + 1, q1 + 1, True, True)
-    out = []
+    last = None
+    out: list = []
     for slack in (1, 2, 4):
         w = slack * kd.bigp * kd.ps
-        for ex, edge, side in ((first, (s_lo - w, s_hi), "hi"), (last, (e_lo, np.minimum(e_hi, FM.INF) + w), "lo")):
-            _add_block_stride(kd, g, q0, q1, (s_hi, e_lo, e_hi), ex, edge, side, out)
+        if _add_block_stride(kd, g, q0, q1, (s_hi, e_lo, e_hi), first, (s_lo - w, s_hi), "hi", out) != "refused":
+            continue
+        last = last or with_values(kd, g, q1 + 1, q1 + 1, True, True)
+        _add_block_stride(kd, g, q0, q1, (s_hi, e_lo, e_hi), last, (e_lo, np.minimum(e_hi, FM.INF) + w), "lo", out)
     return out
 
 
-def _add_block_stride(kd: KernelData, g, q0, q1, bounds, ex, edge, side: str, out: list) -> None:
+def _add_block_stride(kd: KernelData, g, q0, q1, bounds, ex, edge, side: str, out: list) -> str:
     """The stride of one edge's solve (`block_strides`), appended to `out` where it is a positive
     constant times the value and every launch's blocks hold its touched bytes (but those lost
-    records explain)."""
+    records explain): "kept", "refused" by that check, or "none" (no such stride solved)."""
     s_hi, e_lo, e_hi = bounds
     res = solve_pair(ex, ex.group, [edge], hard={0: side}, min_terms={0: 1}, max_terms=1)
     if res is None:
-        return
+        return "none"
     f = res[0][0]
     if len(f.terms) != 1 or f.terms[0][0] <= 0:
-        return
+        return "none"
     S = int(f.terms[0][0])
     c0 = s_hi - S * q0           # the start each launch allows at most
     ok = (c0.min() + S * (q1 + 1) >= e_lo) & (c0.min() + S * q1 < np.minimum(e_hi, FM.INF))
-    if int((~ok).sum()) <= kd.allowed(len(g)) and FM.Formula(S, ()) not in out:
+    if int((~ok).sum()) > kd.allowed(len(g)):
+        return "refused"
+    if FM.Formula(S, ()) not in out:
         out.append(FM.Formula(S, ()))
+    return "kept"

@@ -33,7 +33,7 @@ from ..model_io import Region
 from ..observe import RegionObs
 from .data import KernelData
 from .layout import _argument_chunk, candidate_layouts, chunk_bounds, fault_pages_loglik
-from .solve import group_evidence, solve_pair
+from .solve import group_bounds, group_evidence, solve_pair
 from .strided import chunk_pages, gather_pieces, verify_pages
 from .. import formula as FM
 
@@ -65,10 +65,12 @@ def fault_pages(kd: KernelData, cat: RegionObs, sel: np.ndarray):
 def residue_starts(kd: KernelData, g: np.ndarray, own: np.ndarray, fpage: np.ndarray, base: np.ndarray,
                    first: np.ndarray, sd: np.ndarray):
     """Per launch, byte bounds (lo, hi) on its first chunk's start (from its base) under stride
-    `sd` (per launch), from its group's fault pages modulo the stride (module doc); (-INF, INF)
-    where the group has fewer than MIN_FAULTS faults or they leave no gap wider than MIN_GAP.
-    None where no group bounds it. `first`: the first observed byte (from the base) per launch.
-    Vectorized over the groups (a sort of the residues, the widest gap per group)."""
+    `sd` (per launch), from its group's fault pages modulo the stride (module doc), and how far
+    its lower bound may give way where its faults may have missed the arc's first position
+    (`give`, bytes); (-INF, INF) where the group has fewer than MIN_FAULTS faults or they leave
+    no gap wider than MIN_GAP. None where no group bounds it. `first`: the first observed byte
+    (from the base) per launch. Vectorized over the groups (a sort of the residues, the widest
+    gap per group)."""
     ps, n = kd.ps, len(g)
     lo = np.full(n, -FM.INF, np.int64)
     hi = np.full(n, FM.INF, np.int64)
@@ -100,11 +102,20 @@ def residue_starts(kd: KernelData, g: np.ndarray, own: np.ndarray, fpage: np.nda
     use = (faults[grp] >= MIN_FAULTS) & (gap > np.maximum(MIN_GAP, 2 * np.gcd(ps, S) - 1))
     if not use.any():
         return None
-    grp, res, S = grp[use], res[use], S[use]
+    grp, res, S, span = grp[use], res[use], S[use], (S - gap)[use]
     # page starts lie on a grid of q = gcd(page, stride) modulo the stride: the first page a
     # chunk touches starts in (start - page, start - page + q], so the start lies in
     # [res + page - q, res + page - 1]; placed at the first such position at or after the first
-    # big page the records show
+    # big page the records show. The upper bound is positive evidence (a fault at `res`); the
+    # lower one holds only where the faults hit the arc's first position: a group whose faults
+    # span less of the circle than the widest span at its stride may have missed positions at
+    # either end, so its lower bound may give way by the difference (`give`: a few faults over 6
+    # positions miss the first one often: 17 faults, one time in 22)
+    widest = np.zeros(len(S), np.int64)
+    for val in np.unique(S):
+        at_s = S == val
+        widest[at_s] = span[at_s].max()
+    slack = widest - span
     q = np.gcd(ps, S)
     at = np.full(kd.U, -1, np.int64)
     at[grp] = np.arange(len(grp))
@@ -115,10 +126,13 @@ def residue_starts(kd: KernelData, g: np.ndarray, own: np.ndarray, fpage: np.nda
     kk = -(-(first[m] - hi_r) // Sm)
     hi[m] = hi_r + kk * Sm
     lo[m] = hi[m] - (q[k[m]] - 1)
-    return lo, hi
+    give = np.zeros(n, np.int64)
+    give[m] = slack[k[m]]
+    return lo, hi, give
 
 
 DENSE = 16          # faults a launch group needs before a page its chunks name and none of them hit refutes them
+EMPTY_ODDS = 2.0 ** -15   # the chance of a named position left empty by the faults, at most, for it to refute
 MAX_CLASSES = 256   # page positions modulo the stride checked per group at most
 
 
@@ -126,9 +140,11 @@ def _unfaulted_pages(kd: KernelData, g, own, fpage, base, s0, chunk, sd) -> bool
     """Does the layout name, at a launch group with DENSE faults or more, a page position (a page
     start modulo the stride, on the grid gcd(page, stride)) on which none of them landed? Every
     chunk touches the same positions, and each touched big page faults at one of its touched
-    pages at random: at 16 faults a position of two left empty has odds of 2^-15. A start the
-    residues placed only to a page (the stride a multiple of it) may be off by the pages its
-    chunk then reaches: those are refuted here, not predicted."""
+    pages at random: at 16 faults a position of two left empty has odds of 2^-15, and a group
+    refutes only at those odds or below (m positions named: m*(1 - 1/m)^faults; a pitch of 2.25
+    pages names 6 of 9 positions, and 17 faults leave one of them empty one time in four). A
+    start the residues placed only to a page (the stride a multiple of it) may be off by the
+    pages its chunk then reaches: those are refuted here, not predicted."""
     ps = kd.ps
     S = sd[own]
     q = np.gcd(ps, S)
@@ -151,7 +167,17 @@ def _unfaulted_pages(kd: KernelData, g, own, fpage, base, s0, chunk, sd) -> bool
     rel = (pos - (s0[rep] - base[rep])) % sd[rep]
     named = (rel < chunk[rep]) | (rel > sd[rep] - ps)
     key_p = np.unique((g[rep][named].astype(np.int64) << 20) | j[named])
-    return bool(len(np.setdiff1d(key_p, key_f)))
+    empty = np.setdiff1d(key_p, key_f)
+    if not len(empty):
+        return False
+    # a group refutes where its faults would leave one of the m positions it names empty by
+    # chance at odds below EMPTY_ODDS: m * (1 - 1/m)^faults (m = 2 at DENSE faults: 2^-15)
+    per = np.bincount(key_p >> 20, minlength=kd.U)
+    faults = np.bincount(g[own], minlength=kd.U)
+    grp = np.unique(empty >> 20)
+    mm = per[grp].astype(np.float64)
+    chance = np.where(mm > 1, np.log(mm) + faults[grp] * np.log1p(-1.0 / np.maximum(mm, 2.0)), -np.inf)
+    return bool((chance <= np.log(EMPTY_ODDS)).any())
 
 
 def fit_within_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray):
@@ -166,11 +192,9 @@ def fit_within_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray):
     if len(own) < MIN_FAULTS:
         return None
     first = cat.O_s[sel] * ps - base
-    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
-    one = np.ones(len(g), np.int64)
     bud = (0.0, 0.0, kd.params.strided_budget)
     rng = lambda s: gather_pieces(kd, cat, s, "O")   # noqa: E731 - the runs as template pages
-    ll_runs = None
+    ll_runs: list = []
     tried = 0
     for fc, fst, c, sd in candidate_layouts(kd, cat, sel, first):
         if (sd >= kd.bigp * ps).all():
@@ -181,45 +205,180 @@ def fit_within_runs(kd: KernelData, w, cat: RegionObs, sel: np.ndarray):
         tried += 1
         if tried > MAX_FINE_LAYOUTS:
             break
-        res = (solve_pair(kd, g, [b], budgets=bud, max_terms=1, hard={0: "hi"})
-               or solve_pair(kd, g, [b], hard={0: "hi"}))
-        if res is None:
-            continue
-        (fs,), _, _ = res
-        s0r = np.asarray(fs.evaluate(vals), np.int64) * one
-        lo, hi = chunk_bounds(kd, cat, sel, base + s0r, c, sd)
-        r2 = solve_pair(kd, g, [(lo, hi)], budgets=bud, max_terms=1, hard={0: "lo"}) \
-            or solve_pair(kd, g, [(lo, hi)], hard={0: "lo"})
-        if r2 is None:
-            continue
-        (fch,), _, _ = r2
-        if not fch.terms:
-            # a constant chunk: the least that reaches every slot's last fault (positive evidence;
-            # the simplest constant within the bounds may reach pages no fault shows touched)
-            fch = FM.Formula(int(np.clip(lo, 1, None).max()), ())
-        region = Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
-        if not fch.terms:
-            fch = _argument_chunk(kd, cat, sel, region, lo, hi)
-            region = Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
-        chunk = np.asarray(fch.evaluate(vals), np.int64) * one
-        if (chunk <= 0).any() or not (chunk < sd).all():
-            continue   # chunks that fill their stride are one range
-        # at big-page grain the chunks are one run: verified as such (verify_region refuses chunks
-        # that show no gap a big page wide, which these never do)
-        ok = verify_pages(kd, cat, sel, kd.bigp, *chunk_pages(kd, region, cat, sel))
-        if int((~ok).sum()) > kd.allowed(len(sel), 2 * cat.npieces[sel]):
-            continue
-        ll, held, _ = fault_pages_loglik(kd, region, cat, sel)
-        if not held:
-            continue
-        if ll_runs is None:
-            ll_runs = fault_pages_loglik(kd, region, cat, sel, pages=rng)[0]
-        terms = sum(f.n_terms for f in region.formulas().values())
-        if ll - ll_runs < np.log(kd.params.odds_per_term) * max(terms, 1):
-            continue
-        if _unfaulted_pages(kd, g, own, fpage, base, base + s0r, chunk, sd):
-            continue
-        fit = {"exact": round(float(ok.mean()), 6), "unexplained": int((~ok).sum()), "layout": "within runs",
-               "evidence": {**group_evidence(kd, g, lo, hi, lo, hi), "of": "chunk"}}
-        return region, fit
+        # of the starts whose layout passes every check, the likeliest (each term at `odds_per_term`)
+        best = None
+        for fs in start_candidates(kd, g, b, bud):
+            found = _with_start(kd, w, cat, sel, fs, fc, fst, c, sd, own, fpage, base, rng, ll_runs)
+            if found is not None and (best is None or found[2] > best[2]):
+                best = found
+        if best is not None:
+            return best[0], best[1]
     return None
+
+
+MAX_STARTS = 4   # start formulas tried per layout at most (the solver's simplest first)
+
+
+def start_candidates(kd: KernelData, g: np.ndarray, b, bud):
+    """Start formulas for the bounds `b` (lo, hi, give) per launch that `residue_starts` gives,
+    at most MAX_STARTS: first a column times a row's bytes (`pure_starts`: one term, no
+    constant), then the robust solve's simplest, then the simplest of each monomial that every
+    bounded launch group allows (formula.solve's candidates), the last two within the bounds as
+    far as they may give way. Only launches whose residues bound the start take part: a launch
+    whose chunks touch every page position modulo the stride says nothing of where they start,
+    and its check is the fault pages the layout must hold (`_with_start`). The simplest formula
+    within the bounds need not be the kernel's (`512*c*c` and `1024*c + 1024` put columns 0 and
+    3 of 1536-byte chunks a 6144-byte pitch apart in the same pages as `1536*c`, and columns 1
+    and 2 elsewhere), so each is checked against every launch's faults, and the likeliest kept."""
+    lo, hi, give = b
+    m = (lo > -FM.INF) | (hi < FM.INF)
+    if not m.any():
+        return
+    gm, tight, loose = g[m], (lo[m], hi[m]), (lo[m] - give[m], hi[m])
+    seen: list = []
+
+    def new(f):
+        if f in seen or len(seen) >= MAX_STARTS:
+            return False
+        seen.append(f)
+        return True
+    for f in pure_starts(kd, gm, tight, loose):
+        if new(f):
+            yield f
+    res = solve_pair(kd, gm, [loose], budgets=bud, max_terms=1, hard={0: "hi"}) or \
+        solve_pair(kd, gm, [loose], hard={0: "hi"})
+    if res is not None and new(res[0][0]):
+        yield res[0][0]
+    groups, lo_g, hi_g, w = group_bounds(gm, *loose, kd.U, "hi")
+    for f in FM.solve(kd.mono(groups), lo_g, hi_g, w, 0.0, max_terms=1, hard="hi", candidates=True) or []:
+        if new(f):
+            yield f
+
+
+def pure_starts(kd: KernelData, g: np.ndarray, tight, loose) -> list:
+    """Starts of one term and no constant, `x*m` for a monomial m of the arguments (a column
+    times a row's bytes), simplest first: each launch's bounds give x an interval
+    ([ceil(lo/m), floor(hi/m)]), the interval most launches share is taken (`solve.group_bounds`
+    over one group: a launch whose faults missed its arc's first position is outvoted, not
+    obeyed), and its roundest value (`formula.roundest`) kept where no more launches than
+    lost records, and the share of launches the strided fit's robust solve may leave out
+    (`FitParams.strided_budget`), leave outside the bounds as far as they may give way (`loose`;
+    the interval is read from the `tight` ones, which the wider ones would leave to the roundest
+    of a wider range)."""
+    lo, hi = (np.asarray(x, np.int64) for x in tight)
+    lo_l = np.asarray(loose[0], np.int64)
+    mono = kd.mono(g)
+    allowed = kd.allowed(len(g)) + int(kd.params.strided_budget * len(g))
+    one = np.zeros(len(g), np.int64)
+    out = []
+    for j, names in enumerate(mono.names):
+        v = mono.values[:, j].astype(np.int64)
+        if (v < 0).any() or not (v > 0).any():
+            continue
+        pos = v > 0
+        # a launch at m = 0 puts its start at 0: outside its bounds, it is one that falls outside
+        zero_bad = int(((~pos) & ((lo_l > 0) | (hi < 0))).sum())
+        if zero_bad > allowed:
+            continue
+        vp = v[pos]
+        x_lo = np.where(lo[pos] > -FM.INF, -(-lo[pos] // vp), -FM.INF)
+        x_hi = np.where(hi[pos] < FM.INF, hi[pos] // vp, FM.INF)
+        _, a, z, _ = group_bounds(one[pos], x_lo, x_hi, 1, "hi")
+        if not len(a) or max(int(a[0]), 1) > min(int(z[0]), FM.MAX_COEF):
+            continue
+        x = FM.roundest(max(int(a[0]), 1), min(int(z[0]), FM.MAX_COEF))
+        bad = zero_bad + int(((x * vp < lo_l[pos]) | (x * vp > hi[pos])).sum())
+        if bad <= allowed:
+            out.append(FM.Formula(0, ((int(x), tuple(names)),)))
+    return sorted(out, key=lambda f: f.score())
+
+
+def fault_reach(kd: KernelData, own, fpage, s0, sd) -> np.ndarray:
+    """Per launch, the chunk its fault pages need at least under chunks every `sd` bytes from `s0`
+    (absolute): a fault page starting d bytes past a chunk's start, modulo the stride (d in [1,
+    stride - page]: a page that does not hold the chunk's first byte), is touched only if the
+    chunk is longer than d. Positive evidence (a fault record's page was touched), exact to the
+    byte where the page grid and the stride are not aligned (a 6144-byte pitch puts pages at 3
+    offsets, and the faults at the last one the chunk reaches bound it)."""
+    ps = kd.ps
+    out = np.ones(len(s0), np.int64)
+    if not len(own):
+        return out
+    S = sd[own]
+    d = (fpage * ps - s0[own]) % S
+    need = np.where((d >= 1) & (d <= S - ps), d + 1, 1)
+    np.maximum.at(out, own, need)
+    return out
+
+
+def placement_price(kd: KernelData, own, s0r, sd) -> float:
+    """The log-odds a layout's empty arc is worth by chance: its start was placed where the
+    faults left the circle empty (the widest gap of each group's residues), so each placement
+    (a start modulo the stride, at the launches with faults) chose one of the stride's `m` page
+    positions, and random faults over a contiguous range leave some arc empty: its price is
+    log m per placement. A contiguous tensor read in three launches of one size, 960 faults over
+    the 2019 positions of an 8076-byte stride, leaves 16 positions empty where the widest gap
+    falls, 8 nats likelier under chunks than under the runs, and log 2019 = 7.6 of it chance."""
+    if not len(own):
+        return 0.0
+    L = np.unique(own)
+    S = sd[L]
+    key = np.unique(np.stack([S, s0r[L] % S], axis=1), axis=0)
+    m = key[:, 0] // np.gcd(kd.ps, key[:, 0])
+    return float(np.log(np.maximum(m, 1)).sum())
+
+
+def _with_start(kd: KernelData, w, cat: RegionObs, sel: np.ndarray, fs, fc, fst, c, sd, own, fpage, base, rng,
+                ll_runs: list):
+    """The layout (count fc, stride fst) with start `fs`: its chunk bounded and solved, checked
+    (`fit_within_runs`); (region, fit, the faults' log-likelihood less `odds_per_term` per term)
+    or None. `ll_runs`: a one-item cache of the runs' fault log-likelihood."""
+    g = kd.group[sel]
+    vals = {nm: kd.uniq[g, k] for k, nm in enumerate(kd.sel_names)}
+    one = np.ones(len(g), np.int64)
+    bud = (0.0, 0.0, kd.params.strided_budget)
+    s0r = np.asarray(fs.evaluate(vals), np.int64) * one
+    lo, hi = chunk_bounds(kd, cat, sel, base + s0r, c, sd)
+    lo = np.maximum(lo, fault_reach(kd, own, fpage, base + s0r, sd))
+    r2 = solve_pair(kd, g, [(lo, hi)], budgets=bud, max_terms=1, hard={0: "lo"}) \
+        or solve_pair(kd, g, [(lo, hi)], hard={0: "lo"})
+    if r2 is None:
+        return None
+    (fch,), _, _ = r2
+    if not fch.terms:
+        # a constant chunk: the least that reaches every slot's last fault (positive evidence;
+        # the simplest constant within the bounds may reach pages no fault shows touched), or,
+        # where the start is a column times its width (`x*c`, one term and no constant) and the
+        # bounds allow x at every launch, the column's width: chunks as wide as the columns they
+        # start at (where no launch's column put the chunk's end in another page, the least
+        # reaching the faults says nothing of where the end lies at other columns)
+        fch = FM.Formula(int(np.clip(lo, 1, None).max()), ())
+        if fs.n_terms == 1 and not fs.const and len(fs.terms[0][1]) == 1:
+            x = int(fs.terms[0][0])
+            if x > fch.const and bool(((x >= lo) & (x <= hi)).all()):
+                fch = FM.Formula(x, ())
+    region = Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
+    if not fch.terms:
+        fch = _argument_chunk(kd, cat, sel, region, lo, hi)
+        region = Region(w.name, "strided", start=fs, count=fc, chunk=fch, stride=fst)
+    chunk = np.asarray(fch.evaluate(vals), np.int64) * one
+    if (chunk <= 0).any() or not (chunk < sd).all():
+        return None   # chunks that fill their stride are one range
+    # at big-page grain the chunks are one run: verified as such (verify_region refuses chunks
+    # that show no gap a big page wide, which these never do)
+    ok = verify_pages(kd, cat, sel, kd.bigp, *chunk_pages(kd, region, cat, sel))
+    if int((~ok).sum()) > kd.allowed(len(sel), 2 * cat.npieces[sel]):
+        return None
+    ll, held, _ = fault_pages_loglik(kd, region, cat, sel)
+    if not held:
+        return None
+    if not ll_runs:
+        ll_runs.append(fault_pages_loglik(kd, region, cat, sel, pages=rng)[0])
+    terms = sum(f.n_terms for f in region.formulas().values())
+    if ll - ll_runs[0] - placement_price(kd, own, s0r, sd) < np.log(kd.params.odds_per_term) * max(terms, 1):
+        return None
+    if _unfaulted_pages(kd, g, own, fpage, base, base + s0r, chunk, sd):
+        return None
+    fit = {"exact": round(float(ok.mean()), 6), "unexplained": int((~ok).sum()), "layout": "within runs",
+           "evidence": {**group_evidence(kd, g, lo, hi, lo, hi), "of": "chunk"}}
+    return region, fit, ll - np.log(kd.params.odds_per_term) * terms
