@@ -620,7 +620,7 @@ def test_needs_without_gates_list_no_value_step_per_prefetch(seed, steps, units,
     args = (ptr, unit, units, cap, 0, np.zeros(units, np.uint8), 4, cap, True, np.ones(units, I64),
             np.arange(units, dtype=I64), front)
     plain = belady_plan(*args)
-    gated = belady_plan(*args, need_after=np.full(len(unit), -1, I64))
+    gated = belady_plan(*args, need_after=np.full(len(unit), -1, U.ID))   # int32, as gated needs give it
     assert plain[-1] is None and gated[-1] is None   # none waits: none listed
     for a, b in zip(plain[:-1], gated[:-1]):
         np.testing.assert_array_equal(a, b)

@@ -17,7 +17,7 @@ from pagecast.replay.sim import run as R
 from pagecast.replay.sim import stack as ST
 from pagecast.replay.costs import load_profile
 from pagecast.replay.sim.sweep import SimConfig, replay_sim
-from pagecast.replay.unit_space import build_workload
+from pagecast.replay.unit_space import ID, build_workload, unit_width
 
 lcs = pytest.importorskip("libcachesim")
 
@@ -466,12 +466,13 @@ def test_the_core_writes_need_group_and_late_flags_from_each_prefetchs_step(monk
         steps, units = int(rng.integers(2, 30)), int(rng.integers(2, 25))
         sizes = np.minimum(rng.integers(0, 6, steps), units)
         ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        unit = np.concatenate([np.sort(rng.choice(units, int(k), replace=False)) for k in sizes]).astype(np.int64)
+        # ids in the universe's width and gates in int32, as the planner passes them (the core's compiles)
+        unit = np.concatenate([np.sort(rng.choice(units, int(k), replace=False)) for k in sizes]).astype(unit_width(units))
         cap = int(rng.integers(1, units + 1))
         args = (ptr, unit, units, cap, 0, np.zeros(units, np.uint8), PB.LOOKAHEAD_STEPS, cap)
         seen.clear()
         plain = PB.belady_plan(*args)
-        gated = PB.belady_plan(*args, need_after=np.full(len(unit), -1, np.int64))
+        gated = PB.belady_plan(*args, need_after=np.full(len(unit), -1, ID))
         for x, y in zip(plain[:10], gated[:10]):
             np.testing.assert_array_equal(x, y)
         pf_g, late, pf_n, need_group = seen[1][2], seen[1][3], seen[1][8], seen[1][9]
