@@ -224,7 +224,9 @@ def start_candidates(kd: KernelData, g: np.ndarray, b, bud):
     at most MAX_STARTS: first a column times a row's bytes (`pure_starts`: one term, no
     constant), then the robust solve's simplest, then the simplest of each monomial that every
     bounded launch group allows (formula.solve's candidates), the last two within the bounds as
-    far as they may give way. Only launches whose residues bound the start take part: a launch
+    they are (the robust solve leaves out a share of launches of its own; within the bounds as
+    far as they give way, its simplest is a rounder and wider guess, and the solve takes longer).
+    Only launches whose residues bound the start take part: a launch
     whose chunks touch every page position modulo the stride says nothing of where they start,
     and its check is the fault pages the layout must hold (`_with_start`). The simplest formula
     within the bounds need not be the kernel's (`512*c*c` and `1024*c + 1024` put columns 0 and
@@ -245,11 +247,11 @@ def start_candidates(kd: KernelData, g: np.ndarray, b, bud):
     for f in pure_starts(kd, gm, tight, loose):
         if new(f):
             yield f
-    res = solve_pair(kd, gm, [loose], budgets=bud, max_terms=1, hard={0: "hi"}) or \
-        solve_pair(kd, gm, [loose], hard={0: "hi"})
+    res = solve_pair(kd, gm, [tight], budgets=bud, max_terms=1, hard={0: "hi"}) or \
+        solve_pair(kd, gm, [tight], hard={0: "hi"})
     if res is not None and new(res[0][0]):
         yield res[0][0]
-    groups, lo_g, hi_g, w = group_bounds(gm, *loose, kd.U, "hi")
+    groups, lo_g, hi_g, w = group_bounds(gm, *tight, kd.U, "hi")
     for f in FM.solve(kd.mono(groups), lo_g, hi_g, w, 0.0, max_terms=1, hard="hi", candidates=True) or []:
         if new(f):
             yield f
@@ -264,11 +266,13 @@ def pure_starts(kd: KernelData, g: np.ndarray, tight, loose) -> list:
     lost records, and the share of launches the strided fit's robust solve may leave out
     (`FitParams.strided_budget`), leave outside the bounds as far as they may give way (`loose`;
     the interval is read from the `tight` ones, which the wider ones would leave to the roundest
-    of a wider range)."""
+    of a wider range). None where a start at 0 holds as well."""
     lo, hi = (np.asarray(x, np.int64) for x in tight)
     lo_l = np.asarray(loose[0], np.int64)
     mono = kd.mono(g)
     allowed = kd.allowed(len(g)) + int(kd.params.strided_budget * len(g))
+    if int(((lo > 0) | (hi < 0)).sum()) <= allowed:
+        return []   # a start at 0 holds: simpler than any product (the solves below give it)
     one = np.zeros(len(g), np.int64)
     out = []
     for j, names in enumerate(mono.names):
