@@ -433,8 +433,22 @@ def test_measure_fills_the_planned_callbacks_host_costs_and_the_simulator_reads_
     from pagecast.replay.online.callbacks import CallbackWork
     from pagecast.replay.policies.runner import Runner
 
+    from types import SimpleNamespace
+
+    from pagecast.replay.gpu import callback_timing as CT
+
     monkeypatch.setattr(C, "PROBE_RUNS", 2)
     fake = ClockedFake(total=16 * GiB, free=8 * GiB)
+    # the callbacks timed on a virtual clock: the stand-in's calls take no time, so on a loaded
+    # machine the wall clock fitted a per-call cost at or below 0 (then left to the base profile).
+    # Each read advances it 1 us, each call the stand-in logs 2 us
+    reads = [0]
+
+    def clock():
+        reads[0] += 1
+        return 1e-6 * reads[0] + 2e-6 * len(fake.log)
+
+    monkeypatch.setattr(CT, "time", SimpleNamespace(perf_counter=clock))
     m = C.measure(fake, FakeMonitor(fake), repeats=1, plan_for=oracle_planner)
     allocs = [e for e in fake.log if e[0] == "alloc"]
     assert {e[1] for e in fake.log if e[0] == "free"} == {e[1] for e in allocs}
