@@ -324,19 +324,15 @@ OBSERVED_ROWS = 1 << 18   # records per piece of _observed
 
 
 def _pieces(trace: T.Trace, name: str, columns) -> Iterable[pa.Table]:
-    """`trace.batches(name, columns)` cut to at most OBSERVED_ROWS records a piece. A row group (a
-    piece of `batches`) holds up to 2^20 records, and each record takes some ten 8-byte temporaries
-    in `_observed` (its page, launch, search bounds and merge); at 2^20 those were the high of a
-    planned replay of 10^5 launches (~220 MB, docs/performance.md). The union is the same piece by
-    piece, so the result does not depend on the cut."""
-    for t in trace.batches(name, columns):
-        if t.num_rows <= OBSERVED_ROWS:
-            yield t
-        else:
-            for off in range(0, t.num_rows, OBSERVED_ROWS):
-                yield t.slice(off, OBSERVED_ROWS)
+    """`trace.batches(name, columns)` in pieces of at most OBSERVED_ROWS records. Each record takes
+    some ten 8-byte temporaries in `_observed` (its page, launch, search bounds and merge); a row
+    group at once (2^20) was the high of a planned replay of 10^5 launches (~220 MB,
+    docs/performance.md). The union is the same piece by piece, so the result does not depend on
+    the cut."""
+    for t in trace.batches(name, columns, rows=OBSERVED_ROWS):
+        yield t
         del t
-        release_arrow_memory()   # the row group read and its decoding buffers, before the next is read
+        release_arrow_memory()   # the piece read and its decoding buffers, before the next is read
 
 
 def _covered(cover: Footprints, lid: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -460,23 +460,25 @@ class Trace:
         field: a copy (dataclasses.replace) holds what it was given."""
         return self.__dict__.setdefault("_lazy", {})
 
-    def batches(self, name: str, columns: Iterable[str] | None = None) -> Iterable[pa.Table]:
+    def batches(self, name: str, columns: Iterable[str] | None = None,
+                rows: int | None = None) -> Iterable[pa.Table]:
         """Table `name` piece by piece, in stored order, each piece conformed to the schema and
-        checked as read_trace checks the whole table: from disk up to LAZY_ROWS rows of a Parquet
-        row group at a time when the table was read lazily (memory: one piece), else slices of the
-        loaded table.
+        checked as read_trace checks the whole table: from disk up to `rows` (LAZY_ROWS) rows of a
+        Parquet row group at a time when the table was read lazily (memory: one piece), else slices
+        of `rows` (BATCH_ROWS) rows of the loaded table.
         `columns` narrows what is read (the schema's order)."""
         cols = None if columns is None else [f.name for f in SCHEMAS[name] if f.name in set(columns)]
         if name in self.lazy:
-            yield from _iter_parts(self.path, name, self.lazy[name], cols)
+            yield from _iter_parts(self.path, name, self.lazy[name], cols, rows or LAZY_ROWS)
             return
         t = getattr(self, name) if name in REQUIRED_TABLES or name == TRUTH else self.extra.get(name)
         if t is None:
             return
         if cols is not None:
             t = t.select(cols)
-        for off in range(0, t.num_rows, BATCH_ROWS):
-            yield t.slice(off, BATCH_ROWS)
+        rows = rows or BATCH_ROWS
+        for off in range(0, t.num_rows, rows):
+            yield t.slice(off, rows)
 
     @property
     def page_size(self) -> int:
@@ -626,8 +628,9 @@ def _concat(tables: list[pa.Table], name: str) -> pa.Table:
 LAZY_ROWS = 1 << 18   # rows per piece of a lazily read table (Trace.batches)
 
 
-def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | None) -> Iterable[pa.Table]:
-    """A lazily read table's row groups in pieces of at most LAZY_ROWS rows, each conformed to the
+def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | None,
+                rows: int = LAZY_ROWS) -> Iterable[pa.Table]:
+    """A lazily read table's row groups in pieces of at most `rows` rows, each conformed to the
     schema and checked (_check_table). A row group (up to 2^20 rows) decoded whole, with the copies
     conforming and checking make, was ~75 MB of pyarrow's memory for a fault table's three columns:
     the high of the pass over it (footprints.observed_footprints, docs/performance.md)."""
@@ -643,7 +646,7 @@ def _iter_parts(path: Path, name: str, parts: list[Path], columns: list[str] | N
         except Exception as e:  # pyarrow raises several kinds for a damaged file
             raise TraceError(f"{part}: unreadable Parquet part ({_first_line(e)})") from None
         for g in groups:
-            batches = pf.iter_batches(batch_size=LAZY_ROWS, row_groups=[g], columns=want)
+            batches = pf.iter_batches(batch_size=rows, row_groups=[g], columns=want)
             while True:
                 try:
                     b = next(batches, None)
