@@ -161,8 +161,8 @@ def _cached(launches: pa.Table, what: str, make):
 def release_views() -> None:
     """Forget the per-table views `_cached` made (and the tables they keep alive): called where a
     prediction pass over a trace ends (replay/plan/adaptive.py), so that they are not held through the
-    planning that follows (llm-decode at scale 10: 11 MB, ten times that at scale 100). The next
-    pass makes them again."""
+    planning that follows (a few int64 arrays a launch: docs/performance.md has a measured case).
+    The next pass makes them again."""
     _CACHE.clear()
 
 

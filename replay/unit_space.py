@@ -430,10 +430,11 @@ class Needs:
     """Per-step units in CSR form (ascending within a step). `after`, where some units are known
     only from index values: per occurrence, the step after whose end that use's values exist
     (-1: known from the arguments, or before the first step); no plan may bring the unit in for
-    that use earlier (plan/belady.py). It is given per use and held sparse: the uses that wait
-    (`gate_use`, ascending positions) and their steps (`gate_step`). Few uses wait (580 of 3.6 M at
-    llm-decode's scale 10), and a per-use array of them was held through every plan of the predicted
-    needs (4 bytes a use); `after` makes the per-use array again where one is read. `value_bytes`:
+    that use earlier (plan/belady.py). It is given per use and held sparse (`set_gates`): the uses
+    that wait (`gate_use`, ascending positions) and their steps (`gate_step`). Few uses wait (a few
+    hundred in millions in docs/performance.md's case), and a per-use array of them was held
+    through every plan of the predicted needs (4 bytes a use); `after` makes the per-use array again
+    where one is read. `value_bytes`:
     per step, the bytes of index values its launch reads (what a runtime copies from the GPU before
     it can prefetch those units)."""
 
@@ -451,12 +452,15 @@ class Needs:
     def __post_init__(self, after: np.ndarray | None) -> None:
         # per-use arrays as int32 where they fit (`narrow`); the per-step ones (ptr, value_bytes) as given
         self.unit, self.pages = narrow(self.unit), narrow_small(self.pages)
-        if after is None:
-            self.gate_use, self.gate_step = np.zeros(0, I64), np.zeros(0, ID)
-        else:
-            after = np.asarray(after)
-            self.gate_use = np.flatnonzero(after >= 0).astype(I64, copy=False)
-            self.gate_step = narrow(after[self.gate_use].astype(I64, copy=False))
+        after = np.zeros(0, I64) if after is None else np.asarray(after)
+        use = np.flatnonzero(after >= 0)
+        self.set_gates(use, after[use])
+
+    def set_gates(self, use: np.ndarray, step: np.ndarray) -> None:
+        """The uses that wait (ascending positions) and the steps they wait for (each >= 0), held as
+        int64 positions and steps in `narrow`'s width."""
+        self.gate_use = np.asarray(use).astype(I64, copy=False)
+        self.gate_step = narrow(np.asarray(step).astype(I64, copy=False))
 
     def dense_after(self) -> np.ndarray | None:
         """`after` per use (-1: none; steps in int32 where they fit, as `narrow` keeps them), or None
@@ -505,9 +509,8 @@ def attach_after(derived: Needs, base: Needs, block_lo: np.ndarray) -> Needs:
         return derived
     out = Needs(derived.ptr, derived.unit, None, base.value_bytes)
     if base.gated:
-        use, step = _after_of_steps(base.ptr, base.unit, base.gate_use, base.gate_step, derived.ptr, derived.unit,
-                                    block_lo)
-        out.gate_use, out.gate_step = use, narrow(step)
+        out.set_gates(*_after_of_steps(base.ptr, base.unit, base.gate_use, base.gate_step, derived.ptr,
+                                       derived.unit, block_lo))
     return out
 
 
@@ -598,8 +601,8 @@ def _after_of_steps(bptr, bunit, gate_use, gate_step, dptr, dunit, block_lo):
                 v = low[a] if a < nb and blk[a] == b else -1
             if v >= 0:
                 if n_out == len(out_u):
-                    out_u = _twice(out_u)
-                    out_s = _twice(out_s)
+                    out_u = grow(out_u)
+                    out_s = grow(out_s)
                 out_u[n_out] = k
                 out_s[n_out] = v
                 n_out += 1
@@ -608,7 +611,8 @@ def _after_of_steps(bptr, bunit, gate_use, gate_step, dptr, dunit, block_lo):
 
 
 @njit(cache=True)
-def _twice(a):
+def grow(a):
+    """`a` in an array twice its length (the rest unset): a compiled list's room when it is full."""
     b = np.empty(2 * len(a), a.dtype)
     b[:len(a)] = a
     return b
@@ -783,10 +787,10 @@ class Workload:
             steps.append(low[j[at]])
         out = Needs(needs.ptr, needs.unit, None, vb)
         out.pages = needs.pages
-        use = np.concatenate(uses).astype(I64, copy=False) if uses else np.zeros(0, I64)
-        step = np.concatenate(steps).astype(I64, copy=False) if steps else np.zeros(0, I64)
+        use = np.concatenate(uses) if uses else np.zeros(0, I64)
+        step = np.concatenate(steps) if steps else np.zeros(0, I64)
         wait = step >= 0
-        out.gate_use, out.gate_step = use[wait], narrow(step[wait])
+        out.set_gates(use[wait], step[wait])
         return out
 
     def chunk_needs_from(self, per_task_fp: list[F.Footprints]) -> Needs:

@@ -27,7 +27,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from ..unit_space import I64, ID, Needs
+from ..unit_space import I64, ID, Needs, grow
 from .groups import Groups
 
 INF = np.iinfo(np.int64).max
@@ -457,12 +457,12 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     # prefetcher refills as it streams): its front is listed whole, so that the run
                     # brings whatever of it is gone (a prefetch of a resident unit moves nothing)
                     if n_pf >= len(pf_u):
-                        pf_u = _grow(pf_u)
-                        pf_g = _grow(pf_g)
-                        pf_late = _grow(pf_late)
+                        pf_u = grow(pf_u)
+                        pf_g = grow(pf_g)
+                        pf_late = grow(pf_late)
                         if gated:
-                            pf_a = _grow(pf_a)
-                            pf_n = _grow(pf_n)
+                            pf_a = grow(pf_a)
+                            pf_n = grow(pf_n)
                     pf_g[n_pf] = g
                     pf_late[n_pf] = 0
                     pf_u[n_pf] = u
@@ -536,8 +536,8 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
                     # the room this victim makes is its chunk's, free once every unit of it is out
                     at = c_out_at[cv]
                 if n_ev >= len(ev_u):
-                    ev_u = _grow(ev_u)
-                    ev_g = _grow(ev_g)
+                    ev_u = grow(ev_u)
+                    ev_g = grow(ev_g)
                 ev_g[n_ev] = at_v - start_step
                 ev_u[n_ev] = v
                 ev_at[v] = at_v
@@ -563,12 +563,12 @@ def _belady_plan(need_ptr, need_unit, n_units, cap, start_step, init_resident, k
             in_at[u] = at
             hsize = _heap_push(hk, hu, hsize, _hkey(j, last_use[u], n_steps), u)
             if n_pf >= len(pf_u):
-                pf_u = _grow(pf_u)
-                pf_g = _grow(pf_g)
-                pf_late = _grow(pf_late)
+                pf_u = grow(pf_u)
+                pf_g = grow(pf_g)
+                pf_late = grow(pf_late)
                 if gated:
-                    pf_a = _grow(pf_a)
-                    pf_n = _grow(pf_n)
+                    pf_a = grow(pf_a)
+                    pf_n = grow(pf_n)
             pf_g[n_pf] = at - start_step
             pf_late[n_pf] = 1 if j != at else 0
             if j != at and at - start_step > need_group[j - start_step]:
@@ -874,13 +874,6 @@ def _gate_at(gate, pf_g, pf_a):
             if a > gate[g]:
                 gate[g] = a
     return gated
-
-
-@njit(cache=True)
-def _grow(a):
-    b = np.empty(2 * len(a), a.dtype)
-    b[:len(a)] = a
-    return b
 
 
 @njit(cache=True)
