@@ -73,6 +73,12 @@ def _add_span_flag(g) -> None:
                         "widening pays (fitted), or with whole allocations added; auto (default) tries each in "
                         "the simulator and keeps the fastest (oracle also tries leaving some transfers to "
                         "faults); a fixed span is Belady's plan at it")
+    g.add_argument("--choose-on", type=int, default=32768, metavar="LAUNCHES",
+                   help="with more launches than this, template and oracle first compare their candidate plans "
+                        "(needs, spans, fronts) on a sample of this many launches, four stretches spread over the "
+                        "timeline, then judge the sample's needs and span (with its kin: block and fitted) on "
+                        "the whole timeline (default 32768; 0: compare every candidate on the whole timeline, "
+                        "slower on long profiles; docs/cost-model.md, 'Choices on a sample')")
 
 
 # The one definition of oversubscription (docs/cli.md, the runs' `oversub` and `oversub_of`, the
@@ -140,7 +146,8 @@ class PlanCommand(Command):
         from pagecast.memory import return_freed_arrays
         return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
         cfg = SimConfig(costs=args.costs, granularity=None if args.granularity is None else parse_size(args.granularity),
-                        span=args.span, oversub_of=args.oversub_of, placement=args.placement)
+                        span=args.span, oversub_of=args.oversub_of, placement=args.placement,
+                        choose_on=args.choose_on)
         with console.progress("planning", None):
             plan = make_plan(model, trace, capacity=cap, oversub=args.oversub, config=cfg, model_path=str(args.model))
         plan.save(out, force=args.force)
@@ -261,7 +268,7 @@ def gpu_planner(req):
             return None
         if "trace" not in loaded:
             loaded["trace"] = read_trace(req.traces[0], lazy=LAZY_TABLES).require_launches("replay")
-        trace, cfg = loaded["trace"], SimConfig(costs=req.costs)
+        trace, cfg = loaded["trace"], SimConfig(costs=req.costs, choose_on=req.choose_on)
         return_freed_arrays()   # the planner's trial runs free per-use arrays of many sizes (pagecast/memory.py)
         with console.progress(f"planning {policy} at {format_size(capacity)}", None):
             if pol.places == "truth":
@@ -389,12 +396,13 @@ def replay_request(args):
                          " span its manifest names")
     sim = {}
     if backend == "gpu":   # the lookahead's depth comes from the profile's per-call cost and bandwidth
-        sim = dict(discard_unfreed=bool(getattr(args, "discard_unfreed", False)))
+        # the plans made at start compare their candidates on a sample as the simulator's do
+        sim = dict(discard_unfreed=bool(getattr(args, "discard_unfreed", False)), choose_on=args.choose_on)
         if getattr(args, "costs", None):
             sim["costs"] = args.costs
     if backend == "sim":
         sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                   timeslice_ms=args.timeslice,
+                   timeslice_ms=args.timeslice, choose_on=args.choose_on,
                    granularity=None if args.granularity is None else parse_size(args.granularity),
                    eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
     req = ReplayRequest(

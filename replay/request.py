@@ -25,6 +25,7 @@ from typing import Any
 from pagecast.errors import UsageError, shown
 
 from .plan.adaptive import FALLBACKS as SIM_FALLBACKS
+from .plan.sample import CHOOSE_ON
 from .plan.spans import PLAN_SPANS
 from .policies import POLICIES, check_policies, online_names
 from .policies.base import VICTIM_ORDERS
@@ -75,7 +76,7 @@ KINDS = {
     "repeat": "int", "costs": "str", "granularity": "int?", "eviction_unit": "int?", "eviction": "str",
     "driver_prefetch": "bool", "timeslice_ms": "float", "span": "str", "workload": "strs",
     "allow_oversubscription": "bool", "placement": "str", "lookahead": "bool",
-    "discard_unfreed": "bool",
+    "discard_unfreed": "bool", "choose_on": "int",
 }
 
 
@@ -126,6 +127,7 @@ class ReplayRequest:
     timeslice_ms: float = 10.0                 # simulator: round-robin slice between tasks, ms of kernel time
     span: str = "auto"                         # simulator: what template and oracle plan on
     placement: str = "device"                  # simulator: PLACEMENTS (replay/placement.py)
+    choose_on: int = CHOOSE_ON                 # simulator: launches the planner compares plans on (plan/sample.py)
     workload: tuple[str, ...] = ()             # GPU: the command after --
     allow_oversubscription: bool = False       # GPU: let the workload allocate more than the free memory
     lookahead: bool = True                     # GPU: planned policies prefetch the next launch early (with a trace)
@@ -171,6 +173,8 @@ class ReplayRequest:
         _choice("--eviction", self.eviction, VICTIM_ORDERS)
         _choice("--span", self.span, SPANS)
         _choice("--placement", self.placement, PLACEMENTS)
+        if self.choose_on < 0:
+            raise UsageError(f"--choose-on must be a number of launches >= 0 (0: the whole timeline), not {self.choose_on}")
         for flag, v in (("--granularity", self.granularity), ("--eviction-unit", self.eviction_unit)):
             if v is not None:
                 check_unit(flag, v)

@@ -205,11 +205,11 @@ def test_the_command_and_the_library_build_the_same_request():
                      plan=None, feedback=True, span="block", repeat=1, costs="pcie4", eviction="lru",
                      no_driver_prefetch=True, timeslice=2.5, granularity="4KiB", eviction_unit=None,
                      traces=["a.pctrace"], oversub_of="touched", workload=[], allow_oversubscription=False,
-                     placement="auto")
+                     placement="auto", choose_on=4096)
     assert replay_request(args) == ReplayRequest(
         policies=("demand", "template"), traces=("a.pctrace",), capacity=(1 << 30, 2 << 30), model="m.json",
         feedback=True, span="block", costs="pcie4", eviction="lru", driver_prefetch=False, timeslice_ms=2.5,
-        granularity=4096, oversub_of="touched", placement="auto")
+        granularity=4096, oversub_of="touched", placement="auto", choose_on=4096)
 
 
 # ---- the GPU child takes JSON, not flags -----------------------------------------------------------

@@ -29,6 +29,18 @@ from .groups import Groups
 TrialTimes = namedtuple("TrialTimes", "start end")
 
 PLAN_SPANS = plan_io.SPANS   # ("unit", "block", "fitted", "allocation"): a plan file names the one chosen
+# spans judged together: the fitted span is the block span's plan narrowed where that plan says
+# widening does not pay, a reading of reuse over the whole timeline that a sample of it cuts short
+# (plan/sample.py judges such spans together on the whole timeline)
+KIN = (("block", "fitted"),)
+
+
+def kin(span: str) -> tuple[str, ...]:
+    """`span` and the spans judged together with it (KIN), in PLAN_SPANS' order."""
+    for group in KIN:
+        if span in group:
+            return group
+    return (span,)
 
 
 def span_needs(needs: Needs, span: str, w: Workload, cap_units: int | None = None, profile=None,
@@ -206,7 +218,8 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
                 fronts: tuple[bool, ...] = (False, True),
                 trial: Callable[[Groups, Needs], Any] | None = None, profile=None,
-                faults: bool = True, whole_run: bool = True) -> tuple[str, Needs, Groups, Any]:
+                faults: bool = True, whole_run: bool = True, choice_only: bool = False,
+                always_try: bool = False) -> tuple:
     """Plan `needs` at each span and keep the plan that runs fastest when `needs`
     are what the launches touch: the planner's own view of the future (predictions
     for template, the truth for oracle), never anything it could not know.
@@ -228,10 +241,17 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     (its span and front) with its time and run, and unless it is the last one made it is made again
     at the end (`_plan_at`; the planner is deterministic, so it is the plan that would have been
     kept). At the block span of 10^5 launches the plan held while the fitted span was planned was
-    ~55 MB."""
+    ~55 MB.
+
+    With `always_try`, one span with one front is tried too (and what its trial has time to fault
+    left to faults where faster), as where it is one of several: the comparison that narrowed the
+    spans to it was made elsewhere (sample.py). With `choice_only`, returns every plan tried as (its
+    trial's time, span, front), in the order tried, with nothing made again and nothing left to
+    faults (sample.py ranks candidates so)."""
     best = None   # (span, front, time, run) of the fastest plan so far: how it was made, not the plan
     made = None   # (span, front, its needs, its plan) of the plan made last
     tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
+    ranked: list[tuple] = []  # (time, span, front) of every plan tried (`choice_only`)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
     block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
     for k, span in enumerate(spans):
@@ -266,8 +286,8 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             g = plan_groups(sn, w.universe.n_units, cap_units, belady_in=True, universe=w.universe, front=front)
             if span == "block" and not front:
                 block = (g, sn)
-            if trial is None or (len(spans) == 1 and len(tries) == 1):
-                return span, sn, g, None
+            if trial is None or (len(spans) == 1 and len(tries) == 1 and not always_try):
+                return [(0.0, span, front)] if choice_only else (span, sn, g, None)
             fg = plan_fingerprint(g)
             if fg in plans:
                 del g
@@ -275,11 +295,14 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             plans.append(fg)
             r = trial(g, sn)
             t = float(r.end[-1]) if len(r.end) else 0.0
+            ranked.append((t, span, front))
             if best is None or t < best[2]:
                 best = (span, front, t, r if whole_run else TrialTimes(r.start, r.end))
             made = (span, front, sn, g)
             del r, g   # a loser's run goes before the next trial and plan
     block = sn = None
+    if choice_only:
+        return ranked
     if made is not None and made[:2] == best[:2]:
         span, front, sn, g = made
     else:

@@ -50,7 +50,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..plan.groups import Groups
-from ..plan.spans import PLAN_SPANS, choose_span
+from ..plan.sample import CHOOSE_ON, choose_span_on
+from ..plan.spans import PLAN_SPANS
 from ..unit_space import Needs, Workload
 
 @dataclass
@@ -73,6 +74,9 @@ class Options:
     eviction: str = "driver"           # fault-path victim order (VICTIM_ORDERS)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
+    # planned policies compare their candidate plans on a sample of this many launches of the
+    # timeline, then plan the whole once (plan/sample.py); 0: compare on the whole timeline
+    choose_on: int = CHOOSE_ON
 
 
 @dataclass
@@ -176,8 +180,8 @@ class Planned(Policy):
     def prefetch(self, ctx: Context) -> Groups:
         needs = self.needs(ctx)
         spans = self.spans or PLAN_SPANS
-        span, sn, g, run = choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
-                                       profile=ctx.profile, faults=self.faults and len(spans) > 1)
+        span, sn, g, run = choose_span_on(ctx.options.choose_on, ctx.w, needs, ctx.cap_units, spans, self.fronts,
+                                          trials_of(ctx), ctx.profile, faults=self.faults and len(spans) > 1)
         ctx.state["plan_needs"] = sn
         ctx.state["plan_span"] = span
         ctx.state["plan_front"] = g.front
@@ -205,6 +209,13 @@ def span_trial(ctx: Context, needs: Needs) -> Callable[[Groups, Needs], Any] | N
     """`choose_span`'s trial run: the plan simulated (`ctx.simulate`) on a copy of the
     workload whose launches touch `needs`; None without a cost profile (no trials)."""
     return plan_trial(ctx.w, needs, ctx.cap_units, ctx.profile, ctx.options, ctx.simulate)
+
+
+def trials_of(ctx: Context) -> Callable[[Workload, Needs], Callable | None]:
+    """(workload, needs) -> the trial run of plans of `needs` on that workload at the context's
+    capacity, profile and options (plan_trial), for a planner that compares plans on a sample of
+    the timeline as well as on the whole (plan/sample.py)."""
+    return lambda w, needs: plan_trial(w, needs, ctx.cap_units, ctx.profile, ctx.options, ctx.simulate)
 
 
 def plan_trial(w: Workload, needs: Needs, cap_units: int, profile, options: Options,

@@ -13,10 +13,11 @@ from pagecast.predict.feedback import apply_feedback
 from ..plan.adaptive import predicted_gated
 from ..plan.belady import plan_groups
 from ..plan.groups import Groups
-from ..plan.alternatives import best_plan, value_alternatives
-from ..plan.spans import PLAN_SPANS, choose_span, span_needs
+from ..plan.alternatives import value_alternatives
+from ..plan.sample import best_plan_on
+from ..plan.spans import PLAN_SPANS, span_needs
 from ..unit_space import I64
-from .base import Context, Planned, span_trial
+from .base import Context, Planned, trials_of
 
 
 class Template(Planned):
@@ -117,13 +118,8 @@ class Template(Planned):
         spans = self.spans or PLAN_SPANS
         needs = self.needs(ctx)
         faults = self.faults and len(spans) > 1
-
-        def first():
-            return choose_span(ctx.w, needs, ctx.cap_units, spans, self.fronts, span_trial(ctx, needs),
-                               profile=ctx.profile, faults=faults, whole_run=False)   # best_plan reads its time
-
-        span, sn, g, trial_s = best_plan(ctx.w, first, alts, ctx.cap_units, spans, self.fronts,
-                                         lambda: span_trial(ctx, needs), ctx.profile, faults, needs=needs)
+        span, sn, g, trial_s = best_plan_on(ctx.options.choose_on, ctx.w, needs, alts, ctx.cap_units, spans,
+                                            self.fronts, trials_of(ctx), ctx.profile, faults)
         ctx.state.update(plan_needs=sn, plan_span=span, plan_front=g.front, plan_faulted=g.faulted)
         if trial_s is not None:
             ctx.state["plan_trial_s"] = trial_s

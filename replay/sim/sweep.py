@@ -33,9 +33,10 @@ from ..costs import CostProfile, load_profile, replace
 from ..placement import HostRanges, host_candidates, host_split
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
-from ..plan.alternatives import best_plan, value_alternatives
+from ..plan.alternatives import value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, launches_table, plan_footprints, plan_model_predictions
-from ..plan.spans import PLAN_SPANS, choose_span, span_needs
+from ..plan.sample import CHOOSE_ON, best_plan_on, choose_span_on
+from ..plan.spans import PLAN_SPANS, span_needs
 from ..policies import POLICIES, Template, add_relative, check_policies
 from ..policies.base import Options, ReplaySetup, plan_trial
 from ..request import OVERSUB_OF, SPANS, ReplayRequest, check_capacity, check_oversub, check_unit
@@ -64,6 +65,9 @@ class SimConfig:
     # default: on a loaded 2-core machine two threads gained no wall time and raised the peak
     # (docs/performance.md, "Replay speed"), and the demo already runs its replays in processes
     jobs: int | None = 1
+    # planned policies compare their candidate plans on a sample of this many launches, then plan
+    # the whole timeline once (plan/sample.py); 0: compare on the whole timeline
+    choose_on: int = CHOOSE_ON
 
     @classmethod
     def of(cls, req: ReplayRequest) -> SimConfig:
@@ -71,7 +75,7 @@ class SimConfig:
         return cls(costs=req.costs, granularity=req.granularity, eviction_unit=req.eviction_unit,
                    eviction=req.eviction, driver_prefetch=req.driver_prefetch, timeslice_ms=req.timeslice_ms,
                    feedback=req.feedback, fallback=req.fallback or cls.fallback, span=req.span,
-                   oversub_of=req.oversub_of, placement=req.placement)
+                   oversub_of=req.oversub_of, placement=req.placement, choose_on=req.choose_on)
 
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
@@ -99,6 +103,8 @@ class SimConfig:
             raise UsageError(f"--span must be one of {', '.join(SPANS)}, not {self.span!r}")
         if self.oversub_of not in OVERSUB_OF:
             raise UsageError(f"--oversub-of must be one of {', '.join(OVERSUB_OF)}, not {self.oversub_of!r}")
+        if self.choose_on < 0:
+            raise UsageError(f"--choose-on must be a number of launches >= 0 (0: the whole timeline), not {self.choose_on}")
         if not (self.timeslice_ms >= 0):
             raise UsageError(f"--timeslice must be >= 0 ms, not {self.timeslice_ms}")
         return p
@@ -189,7 +195,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     caps = capacities_for(basis, capacity, oversub)
     if follows:
         plan_io.check_plan_capacity(plan, plan_path, caps, capacity is None)
-    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback)
+    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, feedback=cfg.feedback,
+                   choose_on=cfg.choose_on)
     tmpl = None
     fixed = None   # the plan's host placement (HostPlaced), where its manifest names one
     if plans_on_model or follows:
@@ -452,7 +459,7 @@ def make_plan(model, trace: T.Trace, *, capacity: int | None = None, oversub: fl
     cu = cap // w.gran
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
-    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
+    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, choose_on=cfg.choose_on)
     span, needs, g, trial_s = _template_plan(w, model, trace, predicted, gates, cu, prof, opts, cfg)
     host = HostRanges.none()
     if cfg.placement == "auto":
@@ -496,11 +503,11 @@ def make_truth_plan(policy, trace: T.Trace, *, capacity: int, config: SimConfig 
     cu = cap // w.gran
     if cu < 1:
         raise UsageError(f"capacity {cap} bytes is smaller than one migration unit ({w.gran} bytes)")
-    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch)
+    opts = Options(eviction=cfg.eviction, driver_prefetch=cfg.driver_prefetch, choose_on=cfg.choose_on)
     spans = cfg.spans()
-    span, needs, g, _ = choose_span(w, w.truth, cu, spans, policy.fronts,
-                                    plan_trial(w, w.truth, cu, prof, opts, run_policy), profile=prof,
-                                    faults=policy.faults and len(spans) > 1, whole_run=False)
+    span, needs, g, _ = choose_span_on(cfg.choose_on, w, w.truth, cu, spans, policy.fronts,
+                                       _trials_of(cu, prof, opts), prof, faults=policy.faults and len(spans) > 1,
+                                       whole_run=False)
     manifest = plan_io.new_manifest(trace=trace, capacity_bytes=cap, granularity=w.gran, model=None,
                                     oversub=r, costs=prof.name, span=span, policy=policy.name,
                                     thrashing_launches=int(g.thrash.sum()), faulted=int(g.faulted),
@@ -515,12 +522,12 @@ def _template_plan(w: Workload, model, trace: T.Trace, predicted, gates, cu: int
     pneeds = w.gated_needs_from([predicted], [gates])
     spans = cfg.spans()
     faults = Template.faults and len(spans) > 1
-
-    def trial():
-        return plan_trial(w, pneeds, cu, prof, opts, run_policy)
-
     # as template plans (policies/template.py): or a plan leaving the indexed pieces out
     alts = value_alternatives(w, model, [trace], cfg.fallback, [(predicted, gates)])
-    return best_plan(w, lambda: choose_span(w, pneeds, cu, spans, trial=trial(), profile=prof,
-                                            faults=faults, whole_run=False),
-                     alts, cu, spans, Template.fronts, trial, prof, faults, needs=pneeds)
+    return best_plan_on(cfg.choose_on, w, pneeds, alts, cu, spans, Template.fronts, _trials_of(cu, prof, opts),
+                        prof, faults)
+
+
+def _trials_of(cu: int, prof: CostProfile, opts: Options):
+    """(workload, needs) -> the planner's trial run at `cu` units (policies/base.py's trials_of)."""
+    return lambda w, needs: plan_trial(w, needs, cu, prof, opts, run_policy)
