@@ -2,7 +2,7 @@
 pays, whole allocations), and `choose_span`, which keeps the plan that runs fastest in trial runs.
 
 The trial runs are the simulator's; the planner does not import it: the caller
-passes `trial(groups, needs) -> run` (policies/base.py's `span_trial` builds one
+passes `trial(groups, needs) -> run` (policies/base.py's `plan_trial` builds one
 from a simulator function), or None to plan at the first span without trials.
 """
 

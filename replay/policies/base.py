@@ -74,8 +74,9 @@ class Options:
     eviction: str = "driver"           # fault-path victim order (VICTIM_ORDERS)
     driver_prefetch: bool = True       # the tree prefetcher
     feedback: bool = False
-    # planned policies compare their candidate plans on a sample of this many launches of the
-    # timeline, then plan the whole once (plan/sample.py); 0: compare on the whole timeline
+    # with more launches than this, planned policies narrow their candidate plans on a sample of this
+    # many launches and judge the survivors on the whole timeline (plan/sample.py); 0: every candidate
+    # on the whole timeline
     choose_on: int = CHOOSE_ON
 
 
@@ -205,12 +206,6 @@ class Given(Policy):
         return self.groups
 
 
-def span_trial(ctx: Context, needs: Needs) -> Callable[[Groups, Needs], Any] | None:
-    """`choose_span`'s trial run: the plan simulated (`ctx.simulate`) on a copy of the
-    workload whose launches touch `needs`; None without a cost profile (no trials)."""
-    return plan_trial(ctx.w, needs, ctx.cap_units, ctx.profile, ctx.options, ctx.simulate)
-
-
 def trials_of(ctx: Context) -> Callable[[Workload, Needs], Callable | None]:
     """(workload, needs) -> the trial run of plans of `needs` on that workload at the context's
     capacity, profile and options (plan_trial), for a planner that compares plans on a sample of
@@ -220,7 +215,8 @@ def trials_of(ctx: Context) -> Callable[[Workload, Needs], Callable | None]:
 
 def plan_trial(w: Workload, needs: Needs, cap_units: int, profile, options: Options,
                simulate: Callable | None) -> Callable[[Groups, Needs], Any] | None:
-    """A trial run for `choose_span` (see span_trial), from its parts."""
+    """A trial run for `choose_span`: a plan simulated (`simulate`) on a copy of `w` whose launches
+    touch `needs`; None without a cost profile (no trials)."""
     if profile is None:
         return None
     if simulate is None:

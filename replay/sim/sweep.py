@@ -65,8 +65,9 @@ class SimConfig:
     # default: on a loaded 2-core machine two threads gained no wall time and raised the peak
     # (docs/performance.md, "Replay speed"), and the demo already runs its replays in processes
     jobs: int | None = 1
-    # planned policies compare their candidate plans on a sample of this many launches, then plan
-    # the whole timeline once (plan/sample.py); 0: compare on the whole timeline
+    # with more launches than this, planned policies narrow their candidate plans on a sample of this
+    # many launches and judge the survivors on the whole timeline (plan/sample.py); 0: every candidate
+    # on the whole timeline
     choose_on: int = CHOOSE_ON
 
     @classmethod
