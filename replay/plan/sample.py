@@ -98,9 +98,8 @@ class Sample:
         a trial run reads of `w.extra` comes along (the launch times of the planner's view)."""
         st = replace(w, step_task=w.step_task[self.steps], step_launch=w.step_launch[self.steps],
                      truth=self.needs(w.truth), extra={})
-        for k in ("trial_tasks",):
-            if k in w.extra:
-                st.extra[k] = w.extra[k]
+        if "trial_tasks" in w.extra:
+            st.extra["trial_tasks"] = w.extra["trial_tasks"]
         if "alloc" in w.extra:
             st.extra["alloc"] = self.needs(w.extra["alloc"])
         return st
@@ -127,7 +126,7 @@ def narrowed(sample: Sample, w: Workload, needs: Needs, alternatives, cap_units:
     best_plan's order."""
     ws = sample.workload(w)
     pn = ws.truth if needs is w.truth else sample.needs(needs)
-    best = None   # (time, which)'s order, which, span
+    best = None   # ((time, which, order tried), which, span) of the fastest so far
     for which in range(-1, len(alternatives)):
         sn = pn if which < 0 else sample.needs(alternatives[which])
         tried = choose_span(ws, sn, cap_units, spans, fronts, trial_of(ws, pn), profile=profile, faults=False,
