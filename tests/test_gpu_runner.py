@@ -27,6 +27,7 @@ from pagecast.replay.online import relocate as O
 from pagecast.replay.online import ranges as R
 from pagecast.replay.online import residency as RS
 from pagecast.replay.commands import replay_request
+from pagecast.replay.plan.sample import CHOOSE_ON
 from pagecast.replay.request import ReplayRequest
 from pagecast.replay.gpu import backend as G
 from pagecast.replay.gpu import prefetching as PF
@@ -711,7 +712,8 @@ def ns(**kw):
     comma-separated flags they are)."""
     d = dict(traces=[], policy=["demand"], capacity=None, oversub=None, model=None, plan=None, feedback=False,
              costs=None, repeat=1, allow_oversubscription=False, workload=["python", "w.py"], json=False,
-             output=None, force=False, backend="gpu", span="auto", oversub_of="managed", placement="device")
+             output=None, force=False, backend="gpu", span="auto", oversub_of="managed", placement="device",
+             choose_on=CHOOSE_ON)
     d.update(kw)
     for k in ("policy", "capacity", "oversub"):
         if d[k] is not None:
