@@ -89,10 +89,13 @@ def test_a_samples_needs_are_its_steps_gathered_use_for_use(seed, steps, launche
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory):
+def indexed_alts(tmp_path_factory):
+    """A workload with indexed regions (tests/index_workload.py), its predicted needs and template's
+    alternatives (made when read)."""
     from pagecast import trace as T
     from pagecast.predict.fit import fit_model
     from pagecast.replay.plan.adaptive import predicted_gated
+    from pagecast.replay.plan.alternatives import value_alternatives
     d = tmp_path_factory.mktemp("sample")
     paths = [IW.build(seed=s).write(d / f"g{s}.pctrace") for s in (1, 2, 3)]
     model = IW.with_indexed(fit_model([T.read_trace(p) for p in paths[:2]]))
@@ -101,24 +104,13 @@ def indexed(tmp_path_factory):
     w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof, need_alloc=True)
     pg = [predicted_gated(model, tr, "adaptive")]
     needs = w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
-    return w, needs, prof
+    return w, needs, value_alternatives(w, model, [tr], "adaptive", pg), prof
 
 
 @pytest.fixture(scope="module")
-def indexed_alts(tmp_path_factory):
-    from pagecast import trace as T
-    from pagecast.predict.fit import fit_model
-    from pagecast.replay.plan.adaptive import predicted_gated
-    from pagecast.replay.plan.alternatives import value_alternatives
-    d = tmp_path_factory.mktemp("sample-alts")
-    paths = [IW.build(seed=s).write(d / f"g{s}.pctrace") for s in (1, 2, 3)]
-    model = IW.with_indexed(fit_model([T.read_trace(p) for p in paths[:2]]))
-    tr = T.read_trace(paths[2])
-    prof = load_profile("msched-rtx5080")
-    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof, need_alloc=True)
-    pg = [predicted_gated(model, tr, "adaptive")]
-    needs = w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
-    return w, needs, value_alternatives(w, model, [tr], "adaptive", pg), prof
+def indexed(indexed_alts):
+    w, needs, _, prof = indexed_alts
+    return w, needs, prof
 
 
 def _trials(cap, prof):
