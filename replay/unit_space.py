@@ -650,6 +650,9 @@ def _first_at_least(a, n, x):
     return lo
 
 
+_NONE = object()   # Workload.kept: no value under that key
+
+
 @dataclass
 class Workload:
     tasks: list[Task]
@@ -675,6 +678,15 @@ class Workload:
     @property
     def n_steps(self) -> int:
         return len(self.step_task)
+
+    def kept(self, key, make):
+        """What `extra` keeps under `key`, made by make() and kept where it holds none. One read of
+        `extra`, so a value the sweep lets go (sim/sweep.py drops what a policy's runs made, maybe
+        while another policy's run is going: replay/cells.py) is made again, never missed."""
+        v = self.extra.get(key, _NONE)
+        if v is _NONE:
+            v = self.extra[key] = make()
+        return v
 
     def step_of(self, task: int, launch: np.ndarray | int):
         """Global step index of a task's launch."""

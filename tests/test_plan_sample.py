@@ -144,38 +144,80 @@ def test_choose_span_over_kin_keeps_the_whole_timelines_choice(indexed):
                     np.testing.assert_array_equal(getattr(g, f), getattr(g2, f))
 
 
-def test_the_sample_names_the_needs_and_spans_the_whole_timeline_judges(indexed_alts):
-    """With a sample: the needs and span whose plan runs fastest on the sample (every needs, span and
-    front tried here on the sample's predicted needs), that span and its kin judged on the whole
-    timeline by choose_span; for template (best_plan_on) and for a policy on one needs
-    (choose_span_on)."""
+def _sample_times(w, samples, nds, cap, prof, trial_of):
+    """{(which, span, front): the trial time on the sample} of every candidate plan of `nds` (which:
+    its place in `nds`, less one: -1 the predicted needs), planned here span by span (spans whose
+    needs are a span's before them, or over SPAN_GROWTH times the needs, are not candidates). The
+    sample: `samples` applied in turn, each to the timeline the one before cut."""
     from pagecast.replay.plan.belady import plan_groups
+    from pagecast.replay.plan.spans import PLAN_SPANS, SPAN_GROWTH, needs_fingerprint, span_needs
+
+    def cut(nd):
+        for s in samples:
+            nd = s.needs(nd)
+        return nd
+    ws = w
+    for s in samples:
+        ws = s.workload(ws)
+    pn = cut(nds[0])
+    times = {}
+    for which, nd in enumerate(nds, start=-1):
+        sn = cut(nd)
+        seen = set()
+        for span in PLAN_SPANS:
+            n = span_needs(sn, span, ws, cap, prof)
+            fp = needs_fingerprint(n)
+            if (span != "unit" and len(n.unit) > SPAN_GROWTH * len(sn.unit)) or fp in seen:
+                continue
+            seen.add(fp)
+            fronts = (False, True) if int(np.diff(n.ptr).max()) > cap else (False,)
+            for front in fronts:
+                p = plan_groups(n, ws.universe.n_units, cap, belady_in=True, universe=ws.universe, front=front)
+                times[(which, span, front)] = float(trial_of(ws, pn)(p, n).end[-1])
+    return times
+
+
+def _order(times):
+    """The candidates fastest first, ties in the order tried (needs, then span, then front)."""
+    from pagecast.replay.plan.spans import PLAN_SPANS
+    return sorted(times, key=lambda c: (times[c], c[0], PLAN_SPANS.index(c[1]), c[2]))
+
+
+@pytest.mark.parametrize("keep", [None, 2])
+def test_the_sample_names_the_needs_and_spans_the_whole_timeline_judges(indexed_alts, keep, monkeypatch):
+    """With a sample: the needs and span whose plan runs fastest on the sample (every needs, span and
+    front planned and tried here on the sample's predicted needs), that span and its kin judged on
+    the whole timeline by choose_span; for template (best_plan_on) and for a policy on one needs
+    (choose_span_on). With more (needs, span) pairs than KEEP, the sample only tries the KEEP
+    fastest pairs on a sample of the sample FIRST times shorter (two rounds; `keep` 2 makes them cut
+    here)."""
+    from pagecast.replay.plan import sample as S
     from pagecast.replay.plan.sample import best_plan_on
-    from pagecast.replay.plan.spans import PLAN_SPANS, SPAN_GROWTH, choose_span, kin, span_needs
+    from pagecast.replay.plan.spans import PLAN_SPANS, choose_span, kin
+    if keep is not None:
+        monkeypatch.setattr(S, "KEEP", keep)
     w, needs, alts, prof = indexed_alts
     launches = w.n_steps // 3
     s = Sample.of(w.n_steps, launches)
-    assert s is not None
-    ws, pn = s.workload(w), s.needs(needs)
+    ws = s.workload(w)
+    first = Sample.of(ws.n_steps, ws.n_steps // S.FIRST)   # the first round's: a sample of the sample
+    assert first is not None
     assert ws.n_steps == len(s.steps) and len(ws.truth.ptr) == len(s.steps) + 1
+    cut = 0
     for cap in _caps(w):
         trial_of = _trials(cap, prof)
         for with_alts in (False, True):
-            times = {}
-            for which, nd in enumerate([needs, *(alts if with_alts else [])]):
-                sn = s.needs(nd)
-                for span in PLAN_SPANS:
-                    n = span_needs(sn, span, ws, cap, prof)
-                    if span != "unit" and len(n.unit) > SPAN_GROWTH * len(sn.unit):
-                        continue
-                    fronts = (False, True) if int(np.diff(n.ptr).max()) > cap else (False,)
-                    for front in fronts:
-                        p = plan_groups(n, ws.universe.n_units, cap, belady_in=True, universe=ws.universe,
-                                        front=front)
-                        times.setdefault((which, span, front), float(trial_of(ws, pn)(p, n).end[-1]))
-            which, span, _ = min(times, key=lambda c: (times[c], c[0]))
-            kept = tuple(x for x in PLAN_SPANS if x in kin(span))
-            want = choose_span(w, [needs, *alts][which], cap, kept, (False, True), trial_of(w, needs), profile=prof,
+            nds = [needs, *(alts if with_alts else [])]
+            times = _sample_times(w, [s], nds, cap, prof, trial_of)
+            if len(nds) * len(PLAN_SPANS) > S.KEEP:
+                pairs = list(dict.fromkeys(c[:2] for c in _order(_sample_times(w, [s, first], nds, cap, prof, trial_of))))
+                if len(pairs) > S.KEEP:
+                    kept = set(pairs[:S.KEEP])
+                    cut += any(c[:2] not in kept for c in times)
+                    times = {c: t for c, t in times.items() if c[:2] in kept}
+            which, span, _ = _order(times)[0]
+            kept_spans = tuple(x for x in PLAN_SPANS if x in kin(span))
+            want = choose_span(w, nds[which + 1], cap, kept_spans, (False, True), trial_of(w, needs), profile=prof,
                                faults=True, whole_run=False, always_try=True)
             if with_alts:
                 got = best_plan_on(launches, w, needs, alts, cap, PLAN_SPANS, (False, True), trial_of, prof, True)
@@ -187,6 +229,7 @@ def test_the_sample_names_the_needs_and_spans_the_whole_timeline_judges(indexed_
             assert got[0] == want[0]
             for f in PLAN_FIELDS:
                 np.testing.assert_array_equal(getattr(got[2], f), getattr(want[2], f))
+    assert keep is None or cut   # the first round left candidates out
 
 
 def test_a_timeline_no_longer_than_the_sample_is_compared_on_the_whole(indexed):

@@ -79,11 +79,10 @@ def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> li
     """The footprints `without_indexed(model, cls)` predicts for `traces`, made once per workload and
     kept in `w.extra` (every capacity of a sweep plans on them: the predictions are the costly part,
     a Python pass per kernel; the intervals kept are small beside the needs made from them per run)."""
-    key = ("blind", id(model), cls, fallback, tuple(id(t) for t in traces))
-    if key not in w.extra:
+    def make():
         blind = without_indexed(model, cls)
-        w.extra[key] = (model, [predicted_gated(blind, t, fallback)[0] for t in traces])   # model held: id stays its
-    return w.extra[key][1]
+        return model, [predicted_gated(blind, t, fallback)[0] for t in traces]   # model held: id stays its
+    return w.kept(("blind", id(model), cls, fallback, tuple(id(t) for t in traces)), make)[1]
 
 
 def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs], cap_units: int, spans, fronts,

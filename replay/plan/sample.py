@@ -21,6 +21,16 @@ trials often differ by a fraction of a percent, and shorter stretches ranked the
 judged, the plan, its trial and the run are the ones the comparison on the whole gives, byte for
 byte (the planner is deterministic). A timeline of at most `choose_on` launches is its own
 sample (nothing changes); `--choose-on 0` compares on the whole timeline, however long.
+
+Two rounds. Template's candidates are its four needs at up to four spans (16 pairs, each with and
+without fronts where a launch is larger than memory), and most of them lose by far (the unit span,
+the whole allocations: 15-70% slower on the sample). Successive halving (Jamieson and Talwalkar,
+"Non-stochastic best arm identification and hyperparameter optimization", AISTATS 2016), one
+round of it: where there are more than KEEP (needs, span) pairs, every candidate is first tried
+on a sample a FIRST-th as long, and only the KEEP fastest pairs there are tried on the sample.
+The shorter sample ranks close candidates otherwise (docs/performance.md, "Two rounds": the longer
+sample's winner was first to third of 15 in the runs measured), so it only drops the candidates
+far behind; the longer sample still chooses among the close ones.
 """
 
 from __future__ import annotations
@@ -31,10 +41,12 @@ import numpy as np
 
 from ..unit_space import I64, Needs, Workload
 from .alternatives import best_plan
-from .spans import choose_span, kin
+from .spans import alloc_touches, choose_span, kin
 
 CHOOSE_ON = 32768   # launches the choices are narrowed on (SimConfig.choose_on, --choose-on)
 PIECES = 4          # stretches the sample is cut into, spread over the timeline
+FIRST = 4           # the first round's sample is this many times shorter (narrowed)
+KEEP = 4            # (needs, span) candidates the first round keeps
 
 
 @dataclass(frozen=True)
@@ -95,13 +107,16 @@ class Sample:
 
     def workload(self, w: Workload) -> Workload:
         """`w`'s timeline cut to the sample: its launches, in order, touching `w.truth`'s units. What
-        a trial run reads of `w.extra` comes along (the launch times of the planner's view)."""
+        a trial run and choose_span read of `w.extra` comes along, cut to the sample (the launch
+        times of the planner's view; the allocations' needs, or how many units they hold)."""
         st = replace(w, step_task=w.step_task[self.steps], step_launch=w.step_launch[self.steps],
                      truth=self.needs(w.truth), extra={})
         if "trial_tasks" in w.extra:
             st.extra["trial_tasks"] = w.extra["trial_tasks"]
         if "alloc" in w.extra:
             st.extra["alloc"] = self.needs(w.extra["alloc"])
+        else:   # choose_span reads how many units the allocation span would plan (spans._alloc_touches)
+            st.extra["alloc_touches"] = alloc_touches(w)[self.steps]
         return st
 
 
@@ -123,20 +138,46 @@ def narrowed(sample: Sample, w: Workload, needs: Needs, alternatives, cap_units:
     the needs of the candidate whose plan runs fastest on the sample, with its span and that span's
     kin (spans.kin). Every span and front of each needs is planned on the sample and tried there on
     `needs` (choose_span's candidates, nothing left to faults); ties keep choose_span's and
-    best_plan's order."""
+    best_plan's order.
+
+    With more than KEEP (needs, span) candidates, they are first ranked on a sample of the sample a
+    FIRST-th as long, and only the KEEP fastest there are planned and tried on the sample:
+    successive halving, one round (module doc, "Two rounds"). Each alternative is made on the whole
+    timeline once (a pass over every launch's predictions) and cut to the sample; the cut is what
+    both rounds read."""
     ws = sample.workload(w)
     pn = ws.truth if needs is w.truth else sample.needs(needs)
-    best = None   # ((time, which, order tried), which, span) of the fastest so far
-    for which in range(-1, len(alternatives)):
-        sn = pn if which < 0 else sample.needs(alternatives[which])
-        tried = choose_span(ws, sn, cap_units, spans, fronts, trial_of(ws, pn), profile=profile, faults=False,
-                            whole_run=False, choice_only=True)
-        del sn
-        for k, (t, span, _) in enumerate(tried):
-            if best is None or (t, which, k) < best[0]:
-                best = ((t, which, k), which, span)
-    _, which, span = best
+    cands = [pn, *(sample.needs(a) for a in alternatives)]   # each alternative's whole needs go once cut
+    kept = None   # (which, span) pairs tried on the sample; None: every one
+    first = Sample.of(ws.n_steps, ws.n_steps // FIRST) if len(cands) * len(spans) > KEEP else None
+    if first is not None:
+        ranked = _ranked(first.workload(ws), [first.needs(c) for c in cands], cap_units, spans, fronts, trial_of,
+                         profile, None)
+        pairs = list(dict.fromkeys((which, span) for _, which, span in ranked))
+        if len(pairs) > KEEP:
+            kept = set(pairs[:KEEP])
+    _, which, span = _ranked(ws, cands, cap_units, spans, fronts, trial_of, profile, kept)[0]
     return which, tuple(s for s in spans if s in kin(span))
+
+
+def _ranked(ws: Workload, cands: list[Needs], cap_units: int, spans, fronts, trial_of, profile, kept) -> list[tuple]:
+    """[((time, which, the candidate's place in choose_span's order), which, span)] of the plans of
+    `cands` (which: its place less one, -1 the predicted needs, on which every plan is tried) planned
+    and tried on the timeline `ws`, fastest first: every (which, span) pair, or those in `kept` (a
+    kept fitted span is made from its block span's plan, so that plan is made and tried too, and
+    left out of the ranking where its pair is not kept)."""
+    out = []
+    for which, sn in enumerate(cands, start=-1):
+        sp = spans if kept is None else \
+            tuple(s for s in spans if (which, s) in kept or (s == "block" and (which, "fitted") in kept))
+        if not sp:
+            continue
+        tried = choose_span(ws, sn, cap_units, sp, fronts, trial_of(ws, cands[0]), profile=profile, faults=False,
+                            whole_run=False, choice_only=True, always_try=True)
+        out.extend(((t, which, spans.index(span), fronts.index(front)), which, span) for t, span, front in tried
+                   if kept is None or (which, span) in kept)
+    out.sort(key=lambda x: x[0])
+    return out
 
 
 def choose_span_on(choose_on: int, w: Workload, needs: Needs, cap_units: int, spans, fronts, trial_of, profile,

@@ -142,16 +142,27 @@ def _blocks_fill(ptr, unit, block_lo, block_hi, out_ptr):
 
 def alloc_needs(w: Workload) -> Needs:
     """Per step, the units of the whole allocations its pointer parameters point into."""
-    if "alloc" not in w.extra:
-        w.extra["alloc"] = w.needs_from([t.alloc_fp for t in w.tasks])
-    return w.extra["alloc"]
+    return w.kept("alloc", lambda: w.needs_from([t.alloc_fp for t in w.tasks]))
 
 
 def _alloc_touches(w: Workload) -> int:
     """len(alloc_needs(w).unit), without building them when they are not built yet."""
-    if "alloc" in w.extra:
-        return len(w.extra["alloc"].unit)
-    return sum(unit_touches(t.alloc_fp, w.gran) for t in w.tasks)
+    a = w.extra.get("alloc")
+    return int(alloc_touches(w).sum()) if a is None else len(a.unit)
+
+
+def alloc_touches(w: Workload) -> np.ndarray:
+    """Per step, how many units the whole allocations its pointer parameters point into hold (the
+    sizes of alloc_needs(w)'s steps, counted without building them), made once and kept in
+    `w.extra` (a sample of the timeline cuts it: plan/sample.py)."""
+    def make():
+        per = []
+        for t in w.tasks:
+            launch, s, e = unit_intervals(t.alloc_fp, w.gran)
+            per.append(np.bincount(launch, weights=e - s, minlength=t.alloc_fp.n_launches).astype(I64))
+        first = np.cumsum([0] + [len(x) for x in per])[:-1]
+        return np.concatenate(per)[first[w.step_task] + w.step_launch] if per else np.zeros(w.n_steps, I64)
+    return w.kept("alloc_touches", make)
 
 
 def unit_touches(fp: F.Footprints, gran: int) -> int:
@@ -237,11 +248,13 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     `whole_run`, only the winning run's times are kept and returned (TrialTimes), and a losing
     run goes before the next trial.
 
-    No plan is held while the next is made: what is kept of the fastest so far is how it was made
-    (its span and front) with its time and run, and unless it is the last one made it is made again
-    at the end (`_plan_at`; the planner is deterministic, so it is the plan that would have been
-    kept). At the block span of 10^5 launches the plan held while the fitted span was planned was
-    ~55 MB.
+    No plan is held while the next is made but one: what is kept of the fastest so far is how it
+    was made (its span and front) with its time and run, and unless it is the last one made it is
+    made again at the end (`_plan_at`; the planner is deterministic, so it is the plan that would
+    have been kept). The one: the block span's plan without fronts, which the fitted span is made
+    from, so it is held while the fitted span's needs are made; where it is the fastest so far it
+    is held on through the fitted span's plan and trial instead of being made again after them
+    (~55 MB at 10^5 launches; the peaks measured did not rise: docs/performance.md, "Two rounds").
 
     With `always_try`, one span with one front is tried too (and what its trial has time to fault
     left to faults where faster), as where it is one of several: the comparison that narrowed the
@@ -254,6 +267,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     ranked: list[tuple] = []  # (time, span, front) of every plan tried (`choice_only`)
     limit = max(SPAN_GROWTH * len(needs.unit), 1)
     block = None   # the block span's plan without fronts, and its needs (what `fitted` reads)
+    held = None    # (span, front, needs, plan) of the fastest so far where that is the block span's (below)
     for k, span in enumerate(spans):
         last = k == len(spans) - 1 and best is None   # nothing planned yet: this one is planned whatever it costs
         if span == "allocation" and _alloc_touches(w) > limit and not last:
@@ -262,6 +276,9 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             if block is not None and profile is not None:
                 made = None   # the plan made before goes (`block` keeps the block span's without fronts)
                 sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
+                # the block span's plan is the fastest so far: held, not made again at the end
+                held = ("block", False, block[1], block[0]) if best is not None and best[:2] == ("block", False) \
+                    else None
                 block = None   # read by nothing after this: its needs go unless its plan is the best so far
             elif last:
                 made = None
@@ -298,6 +315,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             ranked.append((t, span, front))
             if best is None or t < best[2]:
                 best = (span, front, t, r if whole_run else TrialTimes(r.start, r.end))
+                held = None
             made = (span, front, sn, g)
             del r, g   # a loser's run goes before the next trial and plan
     block = sn = None
@@ -305,6 +323,8 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
         return ranked
     if made is not None and made[:2] == best[:2]:
         span, front, sn, g = made
+    elif held is not None and held[:2] == best[:2]:
+        span, front, sn, g = held
     else:
         made = None   # the last plan goes before the fastest is made again
         span, front = best[:2]

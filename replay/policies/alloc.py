@@ -36,9 +36,7 @@ class Alloc(Planned):
         return alloc_needs(ctx.w)
 
     def chunk_needs(self, ctx):
-        if "alloc_chunks" not in ctx.w.extra:
-            ctx.w.extra["alloc_chunks"] = ctx.w.chunk_needs_from([t.alloc_fp for t in ctx.w.tasks])
-        return ctx.w.extra["alloc_chunks"]
+        return ctx.w.kept("alloc_chunks", lambda: ctx.w.chunk_needs_from([t.alloc_fp for t in ctx.w.tasks]))
 
     def prefetch(self, ctx):
         occ = sum(unit_touches(t.alloc_fp, ctx.w.gran) for t in ctx.w.tasks)

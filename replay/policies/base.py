@@ -122,7 +122,7 @@ class Policy:
     places: str | None = None
     lru_one_pass = False      # its LRU runs at every capacity are one stack-distance pass (sim/stack.py)
     # its runs at different capacities keep nothing on the policy object (all in their Context), so a
-    # sweep may run them at once (sim/sweep.py, capacity_jobs)
+    # sweep may run them at once (replay/cells.py)
     concurrent_capacities = False
 
     @classmethod
@@ -229,8 +229,9 @@ def plan_trial(w: Workload, needs: Needs, cap_units: int, profile, options: Opti
         if view is None:
             view = copy.copy(w)
             view.truth, view.extra = needs, {}
-            if "trial_tasks" in w.extra:   # launch times as the planner's own view has them (sim/sweep.py)
-                view.tasks = w.extra["trial_tasks"]
+            tasks = w.extra.get("trial_tasks")   # launch times as the planner's own view has them (sim/sweep.py)
+            if tasks is not None:
+                view.tasks = tasks
         return simulate(view, Given(g, sn), cap_units, profile, options)
 
     return trial

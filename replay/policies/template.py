@@ -68,10 +68,8 @@ class Template(Planned):
         subclass that gives its own footprints (`predicted`) gives them with no index values."""
         if type(self).predicted is not Template.predicted:
             return [(fp, None) for fp in self.predicted(ctx)]
-        key = ("predicted", id(self.model), self.fallback)
-        if key not in ctx.w.extra:
-            ctx.w.extra[key] = [predicted_gated(self.model, t.trace, self.fallback) for t in ctx.w.tasks]
-        return ctx.w.extra[key]
+        return ctx.w.kept(("predicted", id(self.model), self.fallback),
+                          lambda: [predicted_gated(self.model, t.trace, self.fallback) for t in ctx.w.tasks])
 
     def predicted(self, ctx: Context) -> list[F.Footprints]:
         return [fp for fp, _ in self.predicted_gates(ctx)]
@@ -79,11 +77,10 @@ class Template(Planned):
     def needs(self, ctx):
         """The predicted needs, with the units index values chose gated on their values' writer
         (a plan brings them in no earlier than after it: plan/belady.py)."""
-        key = ("pneeds", id(self.model), self.fallback)
-        if key not in ctx.w.extra:
+        def make():
             pg = self.predicted_gates(ctx)
-            ctx.w.extra[key] = ctx.w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
-        return ctx.w.extra[key]
+            return ctx.w.gated_needs_from([fp for fp, _ in pg], [g for _, g in pg])
+        return ctx.w.kept(("pneeds", id(self.model), self.fallback), make)
 
     def prefetch(self, ctx):
         if self.fixed is not None:
