@@ -54,6 +54,10 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeslice", type=float, default=10.0, metavar="MS",
                    help="round-robin time slice between tasks, ms of kernel time (default 10)")
     _add_span_flag(g)
+    g.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="runs (a policy at a capacity) going at once, in threads (default: one per core, as "
+                        "many as the memory available holds; 1: one at a time, the least memory). The runs are "
+                        "the same either way")
     _add_placement_flag(g, "device (default): every policy leaves placement to the driver; auto: template and oracle "
                            "also try leaving sparsely touched allocations in host memory, read over the link "
                            "(preferred location CPU, accessed by the GPU), and keep it where their own trial "
@@ -368,6 +372,8 @@ def replay_request(args):
             plan = None
         if span != "auto":
             warns.append("the GPU backend prefetches the predicted ranges themselves; --span is for the simulator")
+        if getattr(args, "jobs", None) is not None:
+            warns.append("--jobs is for the simulator (the GPU runs one capacity at a time); ignored")
         span = "auto"
     else:
         needs = {POLICIES[p].requires for p in known}
@@ -402,7 +408,7 @@ def replay_request(args):
             sim["costs"] = args.costs
     if backend == "sim":
         sim = dict(costs=args.costs, eviction=args.eviction, driver_prefetch=not args.no_driver_prefetch,
-                   timeslice_ms=args.timeslice, choose_on=args.choose_on,
+                   timeslice_ms=args.timeslice, choose_on=args.choose_on, jobs=args.jobs,
                    granularity=None if args.granularity is None else parse_size(args.granularity),
                    eviction_unit=None if args.eviction_unit is None else parse_size(args.eviction_unit))
     req = ReplayRequest(

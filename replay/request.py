@@ -76,7 +76,7 @@ KINDS = {
     "repeat": "int", "costs": "str", "granularity": "int?", "eviction_unit": "int?", "eviction": "str",
     "driver_prefetch": "bool", "timeslice_ms": "float", "span": "str", "workload": "strs",
     "allow_oversubscription": "bool", "placement": "str", "lookahead": "bool",
-    "discard_unfreed": "bool", "choose_on": "int",
+    "discard_unfreed": "bool", "choose_on": "int", "jobs": "int?",
 }
 
 
@@ -128,6 +128,8 @@ class ReplayRequest:
     span: str = "auto"                         # simulator: what template and oracle plan on
     placement: str = "device"                  # simulator: PLACEMENTS (replay/placement.py)
     choose_on: int = CHOOSE_ON                 # simulator: launches the planner compares plans on (plan/sample.py)
+    jobs: int | None = None                    # simulator: runs going at once, in threads (replay/cells.py;
+                                               # None: by cores and memory, sim/sweep.py's sweep_jobs)
     workload: tuple[str, ...] = ()             # GPU: the command after --
     allow_oversubscription: bool = False       # GPU: let the workload allocate more than the free memory
     lookahead: bool = True                     # GPU: planned policies prefetch the next launch early (with a trace)
@@ -175,6 +177,8 @@ class ReplayRequest:
         _choice("--placement", self.placement, PLACEMENTS)
         if self.choose_on < 0:
             raise UsageError(f"--choose-on must be a number of launches >= 0 (0: the whole timeline), not {self.choose_on}")
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, not {self.jobs}")
         for flag, v in (("--granularity", self.granularity), ("--eviction-unit", self.eviction_unit)):
             if v is not None:
                 check_unit(flag, v)

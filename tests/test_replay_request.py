@@ -143,6 +143,7 @@ def test_malformed_json_is_one_line(raw):
     ({"policies": ["template"], "model": None}, "needs --model MODEL or --plan PLAN"),
     ({"traces": []}, "needs at least one TRACE"),
     ({"repeat": 0}, "--repeat must be >= 1"),
+    ({"jobs": 0}, "--jobs must be at least 1"),
     ({"timeslice_ms": -1}, "--timeslice must be >= 0"),
     ({"workload": ["python", "x.py"]}, "needs --backend gpu"),
     ({"backend": "tpu"}, "--backend must be one of sim, gpu"),
@@ -205,11 +206,11 @@ def test_the_command_and_the_library_build_the_same_request():
                      plan=None, feedback=True, span="block", repeat=1, costs="pcie4", eviction="lru",
                      no_driver_prefetch=True, timeslice=2.5, granularity="4KiB", eviction_unit=None,
                      traces=["a.pctrace"], oversub_of="touched", workload=[], allow_oversubscription=False,
-                     placement="auto", choose_on=4096)
+                     placement="auto", choose_on=4096, jobs=2)
     assert replay_request(args) == ReplayRequest(
         policies=("demand", "template"), traces=("a.pctrace",), capacity=(1 << 30, 2 << 30), model="m.json",
         feedback=True, span="block", costs="pcie4", eviction="lru", driver_prefetch=False, timeslice_ms=2.5,
-        granularity=4096, oversub_of="touched", placement="auto", choose_on=4096)
+        granularity=4096, oversub_of="touched", placement="auto", choose_on=4096, jobs=2)
 
 
 # ---- the GPU child takes JSON, not flags -----------------------------------------------------------

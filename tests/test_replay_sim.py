@@ -422,10 +422,10 @@ def test_capacities_run_at_once_give_the_same_runs(workloads):
     assert tl1.equals(tl3)
 
 
-def test_capacity_jobs_is_bounded_by_capacities():
-    from pagecast.replay.sim.sweep import capacity_jobs
+def test_sweep_jobs_is_bounded_by_capacities():
+    from pagecast.replay.sim.sweep import sweep_jobs
     for n in (1, 2, 3, 8):
-        assert 1 <= capacity_jobs(n) <= n
+        assert 1 <= sweep_jobs(n) <= n
 
 
 def test_gate_at_is_maximum_at():

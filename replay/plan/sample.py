@@ -36,9 +36,11 @@ far behind; the longer sample still chooses among the close ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
+from ..cells import each
 from ..unit_space import I64, Needs, Workload
 from .alternatives import best_plan
 from .spans import alloc_touches, choose_span, kin
@@ -111,10 +113,11 @@ class Sample:
         times of the planner's view; the allocations' needs, or how many units they hold)."""
         st = replace(w, step_task=w.step_task[self.steps], step_launch=w.step_launch[self.steps],
                      truth=self.needs(w.truth), extra={})
-        if "trial_tasks" in w.extra:
-            st.extra["trial_tasks"] = w.extra["trial_tasks"]
-        if "alloc" in w.extra:
-            st.extra["alloc"] = self.needs(w.extra["alloc"])
+        tasks, alloc = w.extra.get("trial_tasks"), w.extra.get("alloc")
+        if tasks is not None:
+            st.extra["trial_tasks"] = tasks
+        if alloc is not None:
+            st.extra["alloc"] = self.needs(alloc)
         else:   # choose_span reads how many units the allocation span would plan (spans._alloc_touches)
             st.extra["alloc_touches"] = alloc_touches(w)[self.steps]
         return st
@@ -166,16 +169,18 @@ def _ranked(ws: Workload, cands: list[Needs], cap_units: int, spans, fronts, tri
     and tried on the timeline `ws`, fastest first: every (which, span) pair, or those in `kept` (a
     kept fitted span is made from its block span's plan, so that plan is made and tried too, and
     left out of the ranking where its pair is not kept)."""
-    out = []
+    todo = []   # (which, its needs, the spans it is planned at)
     for which, sn in enumerate(cands, start=-1):
         sp = spans if kept is None else \
             tuple(s for s in spans if (which, s) in kept or (s == "block" and (which, "fitted") in kept))
-        if not sp:
-            continue
-        tried = choose_span(ws, sn, cap_units, sp, fronts, trial_of(ws, cands[0]), profile=profile, faults=False,
-                            whole_run=False, choice_only=True, always_try=True)
-        out.extend(((t, which, spans.index(span), fronts.index(front)), which, span) for t, span, front in tried
-                   if kept is None or (which, span) in kept)
+        if sp:
+            todo.append((which, sn, sp))
+    # each needs' plans and trials are independent of the others': pieces for idle cores (cells.py)
+    tried = each([partial(choose_span, ws, sn, cap_units, sp, fronts, trial_of(ws, cands[0]), profile=profile,
+                          faults=False, whole_run=False, choice_only=True, always_try=True) for _, sn, sp in todo])
+    out = [((t, which, spans.index(span), fronts.index(front)), which, span)
+           for (which, _, _), ranked in zip(todo, tried) for t, span, front in ranked
+           if kept is None or (which, span) in kept]
     out.sort(key=lambda x: x[0])
     return out
 

@@ -16,9 +16,10 @@ plan made outside the sweep must be made as the sweep makes it.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
+from ..cells import Cells
 from .uvm_driver import DriverRules, service_granularity
 from .run import RUN_ONLY, RunResult, compact, run_policy, step_compute, summarize
 from .stack import demand_lru_all
@@ -61,9 +63,9 @@ class SimConfig:
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
     placement: str = "device"    # "auto": planned policies also try host placement (placement.py)
-    # a planned policy's capacities run at once in this many threads (None: capacity_jobs). One by
-    # default: on a loaded 2-core machine two threads gained no wall time and raised the peak
-    # (docs/performance.md, "Replay speed"), and the demo already runs its replays in processes
+    # a sweep's (policy, capacity) runs go at once in this many threads (cells.py; None: sweep_jobs).
+    # One where a SimConfig is made in code (the demo runs its replays in processes already); the
+    # replay command's default is None (--jobs; docs/performance.md, "Two rounds")
     jobs: int | None = 1
     # with more launches than this, planned policies narrow their candidate plans on a sample of this
     # many launches and judge the survivors on the whole timeline (plan/sample.py); 0: every candidate
@@ -76,7 +78,7 @@ class SimConfig:
         return cls(costs=req.costs, granularity=req.granularity, eviction_unit=req.eviction_unit,
                    eviction=req.eviction, driver_prefetch=req.driver_prefetch, timeslice_ms=req.timeslice_ms,
                    feedback=req.feedback, fallback=req.fallback or cls.fallback, span=req.span,
-                   oversub_of=req.oversub_of, placement=req.placement, choose_on=req.choose_on)
+                   oversub_of=req.oversub_of, placement=req.placement, choose_on=req.choose_on, jobs=req.jobs)
 
     def spans(self) -> tuple[str, ...]:
         return PLAN_SPANS if self.span == "auto" else (self.span,)
@@ -224,60 +226,87 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     placed_w: dict[str, Workload] = {}   # a policy's workload with its host placement (--placement auto)
     one_pass = (cfg.eviction == "lru" and prof.eviction_unit == prof.granularity and not cfg.driver_prefetch)
     setup = ReplaySetup(model=model, template=tmpl)
-    jobs = cfg.jobs if cfg.jobs is not None else capacity_jobs(len(caps))
+    cap_units = [c // w.gran for c, _ in caps]
+    for c, cu in zip(caps, cap_units):
+        if cu < 1:
+            raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
+    jobs = cfg.jobs if cfg.jobs is not None else sweep_jobs(len(caps) * len(policies))
     # without a timeline a finished run is kept as its summary reads it (run.compact)
     keep = (lambda r: r) if timeline else compact
-    # a policy that runs last (oracle) is handed every other policy's run at the same capacity
-    for p in sorted(policies, key=lambda p: POLICIES[p].runs_last):
-        cls = POLICIES[p]
-        cap_units = [c // w.gran for c, _ in caps]
-        for c, cu in zip(caps, cap_units):
-            if cu < 1:
-                raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
-        if cls.lru_one_pass and one_pass and len(caps) > 1:
-            for (c, _), r in zip(caps, demand_lru_all(w, cap_units, prof)):
-                results[(p, c)] = keep(r)
-                if progress:
-                    progress.advance()
-            continue
-        if cls.runs_last:
-            setup.rivals = {cu: [(q, results[(q, c)]) for q in policies if not POLICIES[q].runs_last]
-                            for (c, _), cu in zip(caps, cap_units)}
-        pol = cls.for_replay(setup)
-        if cls.chooses_span:
-            pol.spans = cfg.spans()
-        # a plan that placed memory: template, and a policy carrying its plan out (the runner)
-        follows_plan = fixed is not None and (cls.requires == "model-or-plan" or pol.carries_out_plan)
-        placed = host_workload(w, traces, cls.places, predicted, extra, prof, cfg, model) \
-            if cfg.placement == "auto" and not follows_plan else None
-        if placed is not None or follows_plan:
-            placed_w[p] = fixed.w if follows_plan else placed.w
-        ws = [x for x in (w, None if placed is None else placed.w, fixed.w if follows_plan else None) if x is not None]
-        made_before = [set(x.extra) for x in ws]
+    # per capacity, the runs of the policies that do not run last: (policy, future of its run)
+    at_cap: dict[int, list[tuple[str, Future]]] = {cu: [] for cu in cap_units}
+    groups = []   # per group (the policies that do not run last, those that do): its runs, its workloads
+    with Cells(jobs) as cells:
+        for last in (False, True):
+            running: list[tuple[str, int, Future]] = []
+            made_before: dict[int, tuple[Workload, set]] = {}   # the workloads the runs read, and their keys
+            groups.append((running, made_before))
+            for p in (q for q in policies if POLICIES[q].runs_last == last):
+                cls = POLICIES[p]
+                if cls.lru_one_pass and one_pass and len(caps) > 1:
+                    for (c, _), cu, r in zip(caps, cap_units, demand_lru_all(w, cap_units, prof)):
+                        results[(p, c)] = keep(r)
+                        at_cap[cu].append((p, _done(results[(p, c)])))
+                        if progress:
+                            progress.advance()
+                    continue
+                # a policy that runs last (oracle) is handed every other policy's run at the same
+                # capacity: each of its runs waits for those (filled in as it starts)
+                rivals: dict[int, list] = {}
+                if cls.runs_last:
+                    setup.rivals = rivals
+                pol = cls.for_replay(setup)
+                if cls.chooses_span:
+                    pol.spans = cfg.spans()
+                # a plan that placed memory: template, and a policy carrying its plan out (the runner)
+                follows_plan = fixed is not None and (cls.requires == "model-or-plan" or pol.carries_out_plan)
+                placed = host_workload(w, traces, cls.places, predicted, extra, prof, cfg, model) \
+                    if cfg.placement == "auto" and not follows_plan else None
+                if placed is not None or follows_plan:
+                    placed_w[p] = fixed.w if follows_plan else placed.w
+                ws = [x for x in (w, None if placed is None else placed.w, fixed.w if follows_plan else None)
+                      if x is not None]
+                for x in ws:
+                    made_before.setdefault(id(x), (x, set(x.extra)))
 
-        def run_at(cu, pol=pol, placed=placed, follows_plan=follows_plan, cls=cls):
-            if follows_plan:
-                r = run_policy(fixed.w, pol, cu, prof, opts)
-                r.extra["host_bytes"] = fixed.host_bytes
-            else:
-                r = run_policy(w, pol, cu, prof, opts)
-            if placed is not None:
-                r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
-            return keep(r)
+                def run_at(cu, pol=pol, placed=placed, follows_plan=follows_plan, cls=cls, ws=ws, rivals=rivals):
+                    if cls.runs_last:
+                        rivals[cu] = [(q, f.result()) for q, f in at_cap[cu]]
+                    if follows_plan:
+                        r = run_policy(fixed.w, pol, cu, prof, opts)
+                        r.extra["host_bytes"] = fixed.host_bytes
+                    else:
+                        r = run_policy(w, pol, cu, prof, opts)
+                    if placed is not None:
+                        r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
+                    for x in ws:
+                        x.extra.pop(RUN_ONLY, None)   # the run's plan's next uses: the next run plans anew
+                    rivals.pop(cu, None)
+                    return keep(r)
 
-        for (c, _), r in zip(caps, _runs_at(run_at, cap_units, jobs if cls.concurrent_capacities else 1)):
-            results[(p, c)] = r
-            del r
-            for x in ws:
-                x.extra.pop(RUN_ONLY, None)   # the run's plan's next uses: the next run plans anew
-            if progress:
-                progress.advance()
-        # what the policy's runs made and kept on the workloads (its needs, its predictions' needs)
-        # is the policy's: a later policy that reads it makes it again
-        for x, before in zip(ws, made_before):
-            for k in set(x.extra) - before:
-                del x.extra[k]
-        del pol, placed, ws, run_at   # run_at holds the policy and its placed workload too
+                futures: list[Future] = []
+                for cu in cap_units:
+                    # the first capacity makes what the others share; a policy with state on its object
+                    # runs its capacities one after the other (cells.py)
+                    after = () if not futures else (futures[0],) if cls.concurrent_capacities else (futures[-1],)
+                    if cls.runs_last:
+                        after += tuple(f for _, f in at_cap[cu])
+                    futures.append(cells.submit(partial(run_at, cu), after))
+                for (c, _), cu, f in zip(caps, cap_units, futures):
+                    running.append((p, c, f))
+                    if not last:
+                        at_cap[cu].append((p, f))
+                del pol, placed, ws, run_at, futures   # run_at holds the policy and its placed workload too
+                if cells.inline:   # one at a time: a policy's keys go before the next policy is made
+                    _collect(running, results, progress)
+                    _forget(made_before)
+        for running, made_before in groups:
+            # what the runs made and kept on the workloads (a policy's needs, its predictions' needs)
+            # is theirs: a later policy that reads it makes it again. The policies that run last may
+            # be going already (Workload.kept: what they read is made again where it went)
+            _collect(running, results, progress)
+            _forget(made_before)
+        at_cap.clear()
     comp = step_compute(w)
     bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
     names = [t.name for t in w.tasks]
@@ -318,10 +347,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     return runs, (pa.concat_tables(tl_parts) if tl_parts else timeline_table({}))
 
 
-def capacity_jobs(n_caps: int) -> int:
-    """How many of a policy's runs at different capacities go at once: one per core this process
-    may use, one per capacity, and as many as the memory available holds, each taken to need what
-    the process holds now (its workload; a run's planner makes per-use arrays of the needs' size:
+def sweep_jobs(n_cells: int) -> int:
+    """How many of a sweep's (policy, capacity) runs go at once (cells.py): one per core this process
+    may use, one per cell, and as many as the memory available holds, each taken to need what the
+    process holds now (its workload; a run's planner makes per-use arrays of the needs' size:
     docs/performance.md, "Replay memory"). At least one."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -329,7 +358,32 @@ def capacity_jobs(n_caps: int) -> int:
         cores = os.cpu_count() or 1
     held, avail = _memory_now()
     by_memory = max(int(avail // held), 1) if held and avail else 1
-    return max(1, min(cores, n_caps, by_memory))
+    return max(1, min(cores, n_cells, by_memory))
+
+
+def _collect(running: list, results: dict, progress) -> None:
+    """Each (policy, capacity, future) of `running` into `results` as it finishes (the first failure is
+    raised), and `running` emptied."""
+    by_future = {f: (p, c) for p, c, f in running}
+    running.clear()
+    for f in as_completed(by_future):
+        results[by_future[f]] = f.result()
+        if progress:
+            progress.advance()
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _forget(made_before: dict) -> None:
+    """Drop what was made on each workload's `extra` since its keys were taken; empty `made_before`."""
+    for x, before in made_before.values():
+        for k in set(x.extra) - before:
+            del x.extra[k]
+    made_before.clear()
 
 
 def _memory_now() -> tuple[int, int]:
@@ -345,27 +399,6 @@ def _memory_now() -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         return 0, 0
     return held, avail
-
-
-def _runs_at(run_at, cap_units: list[int], jobs: int):
-    """run_at(cu) for each capacity, in order; with jobs > 1, the first alone, then the others
-    that many at once in threads (the planner's core and the simulator's engine release the GIL:
-    plan/belady.py, sim/kernels.py). The runs are the same either way: each has its own context
-    and memory, and what they share they only read. What a policy's runs share and make once (its
-    needs, its predictions, kept in the workload's `extra`) the first run makes, before any other
-    starts, so no two threads make it at once."""
-    if not cap_units:
-        return
-    yield run_at(cap_units[0])
-    rest = cap_units[1:]
-    if jobs <= 1 or len(rest) <= 1:
-        for cu in rest:
-            yield run_at(cu)
-        return
-    with ThreadPoolExecutor(max_workers=jobs) as ex:
-        futures = [ex.submit(run_at, cu) for cu in rest]
-        for fu in futures:
-            yield fu.result()
 
 
 @dataclass
