@@ -3,16 +3,15 @@
 The planner's core and the simulator's engine release the GIL (plan/belady.py, sim/kernels.py),
 so threads run cells on several cores. What orders the cells (sim/sweep.py says which):
 
-- a planned policy's first capacity makes what its other capacities share and keep in the
-  workload's `extra` (its needs, its predictions), so those wait for it: no two threads make it;
-- a policy that keeps state on its object between runs runs its capacities one after the other;
-- a policy that runs last (oracle) waits, at each capacity, for every other policy's run there,
-  being handed those runs.
+- a policy's runs go one after the other by default, so that a policy holds one run's planner at
+  a time (its peak alone is the one-by-one replay's); with --jobs given, a planned policy's
+  capacities go at once after its first, which makes what the others share and keep in the
+  workload's `extra` (its needs, its predictions: no two threads make it);
+- a policy that runs last (oracle) plans and runs beside the others, and its run at a capacity
+  is judged with theirs there (`Policy.with_rivals`) in a cell of its own, once they are done.
 
 Cells of different policies run side by side. Of the cells ready to run, the one the most cells
-wait for goes first (then the order submitted): oracle's first capacity, which its others wait
-for, starts before template's later capacities, which one oracle run each waits for, so no core
-idles while oracle's later capacities wait for it.
+wait for goes first (then the order submitted).
 
 A cell may split its own work (`each`: the planner's candidates compared on a sample,
 plan/sample.py): the pieces go before every cell, and the cell runs those no thread has taken

@@ -279,6 +279,26 @@ def test_within_a_replay_no_policy_is_faster_than_oracle(tmp_path):
         assert (r["time_s"] < r["oracle_own_s"]) == (r["oracle_plan"] != "own")
 
 
+def test_oracle_judged_with_its_rivals_takes_the_fastest_run_and_says_whose():
+    """Oracle.with_rivals: a strictly faster rival's run (its arrays and what its plan was made at,
+    under oracle's name and capacity), the first of equal rivals, its own run on a tie; no rivals:
+    its own run as it is."""
+    import numpy as np
+
+    def run(name, t, **extra):
+        return R.RunResult(name, 7, np.zeros((1, 3), np.int64), np.zeros(1), np.array([t]), np.zeros(1),
+                           np.zeros(1), dict(extra))
+    own = run("oracle", 2.0, plan_span="block", plan_trial_s=2.0)
+    assert P.Oracle.with_rivals(own, []) is own
+    slow, fast, fast2 = run("demand", 3.0), run("template", 1.5, plan_span="fitted"), run("alloc", 1.5)
+    got = P.Oracle.with_rivals(own, [("demand", slow), ("template", fast), ("alloc", fast2)])
+    assert (got.policy, got.cap_units, float(got.end[-1])) == ("oracle", 7, 1.5) and got.end is fast.end
+    assert got.extra == {"plan_span": "fitted", "plan_trial_s": 2.0, "oracle_own_s": 2.0, "oracle_plan": "template"}
+    tie = P.Oracle.with_rivals(own, [("demand", run("demand", 2.0))])
+    assert tie.end is own.end and tie.extra["oracle_plan"] == "own" and "plan_span" in tie.extra
+    assert own.extra == {"plan_span": "block", "plan_trial_s": 2.0}   # its own run is left as it was
+
+
 # ---- the fitted span and the transfers left to faults ----------------------------------------
 
 

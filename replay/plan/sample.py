@@ -28,7 +28,7 @@ the whole allocations: 15-70% slower on the sample). Successive halving (Jamieso
 "Non-stochastic best arm identification and hyperparameter optimization", AISTATS 2016), one
 round of it: where there are more than KEEP (needs, span) pairs, every candidate is first tried
 on a sample a FIRST-th as long, and only the KEEP fastest pairs there are tried on the sample.
-The shorter sample ranks close candidates otherwise (docs/performance.md, "Two rounds": the longer
+The shorter sample ranks close candidates otherwise (docs/performance.md, "Two rounds, runs at once": the longer
 sample's winner was first to third of 15 in the runs measured), so it only drops the candidates
 far behind; the longer sample still chooses among the close ones.
 """

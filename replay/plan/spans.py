@@ -224,6 +224,15 @@ def _hash_values(a, h):
 
 
 SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many times the units
+# choose_span holds the block span's plan and needs (rather than make them again) up to this size: a
+# few seconds of planning at 10^5 launches against what two runs planning at once may hold at 10^6
+# (docs/performance.md, "Two rounds, runs at once")
+HOLD_BYTES = 128 << 20
+
+
+def _nbytes(*objs) -> int:
+    """The bytes of the arrays the records `objs` hold (plans, needs)."""
+    return sum(v.nbytes for o in objs for v in vars(o).values() if isinstance(v, np.ndarray))
 
 
 def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
@@ -253,8 +262,9 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     made again at the end (`_plan_at`; the planner is deterministic, so it is the plan that would
     have been kept). The one: the block span's plan without fronts, which the fitted span is made
     from, so it is held while the fitted span's needs are made; where it is the fastest so far it
-    is held on through the fitted span's plan and trial instead of being made again after them
-    (~55 MB at 10^5 launches; the peaks measured did not rise: docs/performance.md, "Two rounds").
+    is held on through the fitted span's plan and trial instead of being made again after them, where
+    plan and needs are at most HOLD_BYTES (~55 MB at 10^5 launches, where the peaks measured did not
+    rise; several hundred MB at 10^6: made again there, docs/performance.md, "Two rounds, runs at once").
 
     With `always_try`, one span with one front is tried too (and what its trial has time to fault
     left to faults where faster), as where it is one of several: the comparison that narrowed the
@@ -276,9 +286,10 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
             if block is not None and profile is not None:
                 made = None   # the plan made before goes (`block` keeps the block span's without fronts)
                 sn = attach_after(fitted_needs(block[0], block[1], needs, w, profile), needs, w.universe.block_lo)
-                # the block span's plan is the fastest so far: held, not made again at the end
-                held = ("block", False, block[1], block[0]) if best is not None and best[:2] == ("block", False) \
-                    else None
+                # the block span's plan is the fastest so far: held, not made again at the end (where
+                # small: HOLD_BYTES)
+                held = ("block", False, block[1], block[0]) \
+                    if best is not None and best[:2] == ("block", False) and _nbytes(*block) <= HOLD_BYTES else None
                 block = None   # read by nothing after this: its needs go unless its plan is the best so far
             elif last:
                 made = None

@@ -56,13 +56,11 @@ from ..unit_space import Needs, Workload
 
 @dataclass
 class ReplaySetup:
-    """What a replay hands the policies it builds (`Policy.for_replay`): the model, the template
-    policy as the replay made it (from the model or a fixed plan), and for a policy that runs last
-    (`runs_last`) the runs made before it, per capacity in units: [(policy name, its run)]."""
+    """What a replay hands the policies it builds (`Policy.for_replay`): the model, and the template
+    policy as the replay made it (from the model or a fixed plan)."""
 
     model: Any = None
     template: Any = None
-    rivals: dict = field(default_factory=dict)
 
 
 # the fault path's victim orders, as --eviction names them (sim/uvm_driver.py carries each out)
@@ -112,7 +110,7 @@ class Policy:
     sizes_runs = False        # moves nothing ahead: the GPU backend's run that measures the managed memory
                               # a workload allocates (--oversub without a trace) is of this policy
     reads_arguments = False   # reads the launches' pointer arguments (the trace must hold their bytes)
-    runs_last = False         # runs after the others at each capacity, given their runs (ReplaySetup.rivals)
+    runs_last = False         # its run at a capacity is judged with the others' runs there (with_rivals)
     chooses_span = False      # plans at the replay's --span (or chooses it)
     carries_out_plan = False  # runs the replay's template plan as given (a --plan's host placement too)
     follows_plan = False      # given the replay's --plan, carries that plan out (its model not needed then)
@@ -129,6 +127,13 @@ class Policy:
     def for_replay(cls, setup: ReplaySetup) -> Policy:
         """The policy object a replay runs."""
         return cls()
+
+    @classmethod
+    def with_rivals(cls, own, rivals: list):
+        """A policy that runs last (`runs_last`): its run at a capacity (a sim.run.RunResult) given
+        the other policies' runs at that capacity in the same replay, [(policy name, run)], once
+        they are done (the sweep plans and runs its own first, beside them: replay/cells.py)."""
+        return own
 
     def prefetch(self, ctx: Context) -> Groups | None:
         """The planned transfers before every step, at once (the whole timeline is known)."""

@@ -9,7 +9,8 @@ the same simulated GPU, each run with the truth (docs/cost-model.md, "Oracle"):
   fastest of those with what its trial run has time to fault left to faults
   (plan/spans.py's choose_span, plan/faults.py);
 - every other policy's run at the same capacity in the same replay
-  (`rivals`, filled in by the simulator's sweep: template's, alloc's, ...).
+  (`with_rivals`, called by the simulator's sweep once those runs are done:
+  template's, alloc's, ...).
 
 So no policy in a replay is faster than oracle: by construction, not by
 tuning. Which member won is in the run's row (`oracle_plan`: "own" or the
@@ -19,7 +20,9 @@ so that the docs can say where a rival's plan was faster than oracle's own.
 
 from __future__ import annotations
 
-from .base import Given, Planned
+from dataclasses import replace
+
+from .base import Planned
 
 
 class Oracle(Planned):
@@ -38,43 +41,31 @@ class Oracle(Planned):
     chooses_span = True
     places = "truth"
 
-    @classmethod
-    def for_replay(cls, setup):
-        return cls(setup.rivals)
-
-    def __init__(self, rivals: dict | None = None):
-        # capacity in units -> [(policy name, its run)] of the other policies in the same replay
-        self.rivals = rivals if rivals is not None else {}
-
     def launch_prefetch(self, view):
         return view.relocated_footprint()
 
     def needs(self, ctx):
         return ctx.w.truth
 
-    def prefetch(self, ctx):
-        g = super().prefetch(ctx)
-        rivals = (getattr(self, "rivals", None) or {}).get(ctx.cap_units, [])
+    @classmethod
+    def with_rivals(cls, own, rivals: list):
+        """Its run at a capacity given the other policies' runs there, [(policy name, run)]: the
+        fastest of its own and theirs (the first of equal ones; its own on a tie). The row says
+        which won (`oracle_plan`), its own time (`oracle_own_s`), and what the winning run's plan
+        was made at, as the rival's row does. No rivals: its own run as it is."""
         if not rivals:
-            return g
-        own = ctx.state.get("trial_run")
-        if own is None:   # a fixed span: no trial was needed to choose, so run the plan now (it is the run)
-            own = ctx.simulate(ctx.w, Given(g, ctx.state["plan_needs"]), ctx.cap_units, ctx.profile, ctx.options)
-            ctx.state["trial_run"] = own
+            return own
         own_s = float(own.end[-1]) if len(own.end) else 0.0
-        ctx.state["oracle_own_s"] = own_s
-        ctx.state["oracle_plan"] = "own"
-        best_s = own_s
+        extra = {**own.extra, "oracle_own_s": own_s, "oracle_plan": "own"}
+        best, best_s = own, own_s
         for name, r in rivals:
             t = float(r.end[-1]) if len(r.end) else 0.0
             if t < best_s:
-                best_s = t
-                ctx.state["trial_run"] = r
-                ctx.state["oracle_plan"] = name
-                # the row says what the winning run's plan was made at, as the rival's row does
+                best, best_s = r, t
+                extra["oracle_plan"] = name
                 for k in ("plan_span", "plan_faulted", "host_bytes"):
                     if k in r.extra:
-                        ctx.state[k] = r.extra[k]
+                        extra[k] = r.extra[k]
                     else:
-                        ctx.state.pop(k, None)
-        return g
+                        extra.pop(k, None)
+        return replace(best, policy=own.policy, cap_units=own.cap_units, extra=extra)

@@ -63,9 +63,9 @@ class SimConfig:
     span: str = "auto"           # what template and oracle plan on (plan/spans.py), or "auto": the fastest
     oversub_of: str = "managed"  # what --oversub R divides: managed bytes allocated, or "touched" footprint
     placement: str = "device"    # "auto": planned policies also try host placement (placement.py)
-    # a sweep's (policy, capacity) runs go at once in this many threads (cells.py; None: sweep_jobs).
+    # a sweep's (policy, capacity) runs go at once in this many threads (replay/cells.py; None: sweep_jobs).
     # One where a SimConfig is made in code (the demo runs its replays in processes already); the
-    # replay command's default is None (--jobs; docs/performance.md, "Two rounds")
+    # replay command's default is None (--jobs; docs/performance.md, "Two rounds, runs at once")
     jobs: int | None = 1
     # with more launches than this, planned policies narrow their candidate plans on a sample of this
     # many launches and judge the survivors on the whole timeline (plan/sample.py); 0: every candidate
@@ -231,6 +231,11 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
         if cu < 1:
             raise UsageError(f"capacity {c[0]} bytes is smaller than one migration unit ({w.gran} bytes)")
     jobs = cfg.jobs if cfg.jobs is not None else sweep_jobs(len(caps) * len(policies))
+    # by default a policy's runs go one at a time (each policy holds one run's planner at most: its
+    # peak alone is the one-by-one replay's), the policies' runs side by side; a --jobs given lets a
+    # policy's capacities go at once too, where its runs keep nothing on the policy object
+    # (docs/performance.md, "Two rounds, runs at once": template's peak alone then over 1.5x demand's)
+    capacities_at_once = cfg.jobs is not None
     # without a timeline a finished run is kept as its summary reads it (run.compact)
     keep = (lambda r: r) if timeline else compact
     # per capacity, the runs of the policies that do not run last: (policy, future of its run)
@@ -250,11 +255,6 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                         if progress:
                             progress.advance()
                     continue
-                # a policy that runs last (oracle) is handed every other policy's run at the same
-                # capacity: each of its runs waits for those (filled in as it starts)
-                rivals: dict[int, list] = {}
-                if cls.runs_last:
-                    setup.rivals = rivals
                 pol = cls.for_replay(setup)
                 if cls.chooses_span:
                     pol.spans = cfg.spans()
@@ -269,34 +269,43 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 for x in ws:
                     made_before.setdefault(id(x), (x, set(x.extra)))
 
-                def run_at(cu, pol=pol, placed=placed, follows_plan=follows_plan, cls=cls, ws=ws, rivals=rivals):
-                    if cls.runs_last:
-                        rivals[cu] = [(q, f.result()) for q, f in at_cap[cu]]
-                    if follows_plan:
-                        r = run_policy(fixed.w, pol, cu, prof, opts)
-                        r.extra["host_bytes"] = fixed.host_bytes
-                    else:
-                        r = run_policy(w, pol, cu, prof, opts)
-                    if placed is not None:
-                        r = placed.better(r, run_policy(placed.w, pol, cu, prof, opts), cls.places)
+                def own_at(cu, pol=pol, placed=placed, follows_plan=follows_plan, ws=ws):
+                    """The policy's runs at `cu`: with the driver's placement, and with its own (or None)."""
+                    dev = keep(run_policy(fixed.w if follows_plan else w, pol, cu, prof, opts))
+                    host = None if placed is None else keep(run_policy(placed.w, pol, cu, prof, opts))
                     for x in ws:
                         x.extra.pop(RUN_ONLY, None)   # the run's plan's next uses: the next run plans anew
-                    rivals.pop(cu, None)
-                    return keep(r)
+                    return dev, host
 
-                futures: list[Future] = []
+                def judged(runs, rivals, placed=placed, follows_plan=follows_plan, cls=cls):
+                    """Its run: each placement's judged with the rivals' (with_rivals), then the faster."""
+                    dev, host = (cls.with_rivals(r, rivals) if r is not None else None for r in runs)
+                    if follows_plan:
+                        dev.extra["host_bytes"] = fixed.host_bytes
+                    return dev if placed is None else placed.better(dev, host, cls.places)
+
+                futures: list[Future] = []   # its run at each capacity
+                owns: list[Future] = []      # its own runs (a policy that runs last: before the judging)
+                at_once = capacities_at_once and cls.concurrent_capacities
                 for cu in cap_units:
                     # the first capacity makes what the others share; a policy with state on its object
                     # runs its capacities one after the other (cells.py)
-                    after = () if not futures else (futures[0],) if cls.concurrent_capacities else (futures[-1],)
-                    if cls.runs_last:
-                        after += tuple(f for _, f in at_cap[cu])
-                    futures.append(cells.submit(partial(run_at, cu), after))
+                    after = () if not owns else (owns[0],) if at_once else (owns[-1],)
+                    if not cls.runs_last:
+                        owns.append(cells.submit(partial(_own_judged, own_at, judged, cu), after))
+                        futures.append(owns[-1])
+                        continue
+                    # a policy that runs last (oracle) plans and runs beside the others; its run is
+                    # judged with theirs at the same capacity once they are done
+                    owns.append(cells.submit(partial(own_at, cu), after))
+                    rival = tuple(at_cap[cu])
+                    futures.append(cells.submit(partial(_judged_with, judged, owns[-1], rival),
+                                                (owns[-1], *(f for _, f in rival))))
                 for (c, _), cu, f in zip(caps, cap_units, futures):
                     running.append((p, c, f))
                     if not last:
                         at_cap[cu].append((p, f))
-                del pol, placed, ws, run_at, futures   # run_at holds the policy and its placed workload too
+                del pol, placed, ws, own_at, judged, futures, owns   # these hold the policy and its placed workload
                 if cells.inline:   # one at a time: a policy's keys go before the next policy is made
                     _collect(running, results, progress)
                     _forget(made_before)
@@ -370,6 +379,15 @@ def _collect(running: list, results: dict, progress) -> None:
         results[by_future[f]] = f.result()
         if progress:
             progress.advance()
+
+
+def _own_judged(own_at, judged, cu):
+    return judged(own_at(cu), [])
+
+
+def _judged_with(judged, own: Future, rivals: tuple) -> RunResult:
+    """`own`'s runs judged with the rivals' runs at the same capacity, [(policy, future)], all done."""
+    return judged(own.result(), [(q, f.result()) for q, f in rivals])
 
 
 def _done(value) -> Future:
