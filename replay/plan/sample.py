@@ -24,7 +24,7 @@ sample (nothing changes); `--choose-on 0` compares on the whole timeline, howeve
 
 Two rounds. Template's candidates are its four needs at up to four spans (16 pairs, each with and
 without fronts where a launch is larger than memory), and most of them lose by far (the unit span,
-the whole allocations: 15-70% slower on the sample). Successive halving (Jamieson and Talwalkar,
+the whole allocations: 14-70% slower on the sample). Successive halving (Jamieson and Talwalkar,
 "Non-stochastic best arm identification and hyperparameter optimization", AISTATS 2016), one
 round of it: where there are more than KEEP (needs, span) pairs, every candidate is first tried
 on a sample a FIRST-th as long, and only the KEEP fastest pairs there are tried on the sample.

@@ -288,8 +288,8 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 owns: list[Future] = []      # its own runs (a policy that runs last: before the judging)
                 at_once = capacities_at_once and cls.concurrent_capacities
                 for cu in cap_units:
-                    # the first capacity makes what the others share; a policy with state on its object
-                    # runs its capacities one after the other (cells.py)
+                    # each run after the policy's run before it, or (capacities at once) after its
+                    # first, which makes what the others share (replay/cells.py)
                     after = () if not owns else (owns[0],) if at_once else (owns[-1],)
                     if not cls.runs_last:
                         owns.append(cells.submit(partial(_own_judged, own_at, judged, cu), after))
@@ -400,7 +400,7 @@ def _forget(made_before: dict) -> None:
     """Drop what was made on each workload's `extra` since its keys were taken; empty `made_before`."""
     for x, before in made_before.values():
         for k in set(x.extra) - before:
-            del x.extra[k]
+            x.extra.pop(k, None)   # a run going on may have let it go already (RUN_ONLY)
     made_before.clear()
 
 
