@@ -27,10 +27,10 @@ without fronts where a launch is larger than memory), and most of them lose by f
 the whole allocations: 14-70% slower on the sample). Successive halving (Jamieson and Talwalkar,
 "Non-stochastic best arm identification and hyperparameter optimization", AISTATS 2016), one
 round of it: where there are more than KEEP (needs, span) pairs, every candidate is first tried
-on a sample a FIRST-th as long, and only the KEEP fastest pairs there are tried on the sample.
-The shorter sample ranks close candidates otherwise (docs/performance.md, "Two rounds, runs at once": the longer
-sample's winner was first to third of 15 in the runs measured), so it only drops the candidates
-far behind; the longer sample still chooses among the close ones.
+on a sample of the sample a FIRST-th as long, and only the KEEP fastest pairs there are tried on
+the sample. The shorter sample ranks close candidates otherwise (the longer sample's winner was
+first to third of 15 in the runs measured: docs/performance.md, "Two rounds, runs at once"), so
+it only drops the candidates far behind; the longer sample still chooses among the close ones.
 """
 
 from __future__ import annotations

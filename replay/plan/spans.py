@@ -262,9 +262,10 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     made again at the end (`_plan_at`; the planner is deterministic, so it is the plan that would
     have been kept). The one: the block span's plan without fronts, which the fitted span is made
     from, so it is held while the fitted span's needs are made; where it is the fastest so far it
-    is held on through the fitted span's plan and trial instead of being made again after them, where
-    plan and needs are at most HOLD_BYTES (~55 MB at 10^5 launches, where the peaks measured did not
-    rise; several hundred MB at 10^6: made again there, docs/performance.md, "Two rounds, runs at once").
+    is held on through the fitted span's plan and trial instead of being made again after them,
+    where plan and needs are at most HOLD_BYTES (21-27 MiB at 10^5 launches, where the peaks
+    measured did not rise; about ten times that at 10^6, made again there: docs/performance.md,
+    "Two rounds, runs at once").
 
     With `always_try`, one span with one front is tried too (and what its trial has time to fault
     left to faults where faster), as where it is one of several: the comparison that narrowed the
