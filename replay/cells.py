@@ -37,7 +37,6 @@ class Cells:
     """Runs of `fn`s in `jobs` threads (one: inline, as submitted), each after the futures it waits for."""
 
     def __init__(self, jobs: int):
-        self.jobs = jobs
         self._cv = threading.Condition()
         # heap of (-cells waiting for it, order submitted, the job, its future: None for a piece)
         self._ready: list = []

@@ -118,7 +118,7 @@ class Sample:
             st.extra["trial_tasks"] = tasks
         if alloc is not None:
             st.extra["alloc"] = self.needs(alloc)
-        else:   # choose_span reads how many units the allocation span would plan (spans._alloc_touches)
+        else:   # choose_span reads how many units the allocation span would plan (spans.alloc_units)
             st.extra["alloc_touches"] = alloc_touches(w)[self.steps]
         return st
 

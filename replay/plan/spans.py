@@ -145,7 +145,7 @@ def alloc_needs(w: Workload) -> Needs:
     return w.kept("alloc", lambda: w.needs_from([t.alloc_fp for t in w.tasks]))
 
 
-def _alloc_touches(w: Workload) -> int:
+def alloc_units(w: Workload) -> int:
     """len(alloc_needs(w).unit), without building them when they are not built yet."""
     a = w.extra.get("alloc")
     return int(alloc_touches(w).sum()) if a is None else len(a.unit)
@@ -163,12 +163,6 @@ def alloc_touches(w: Workload) -> np.ndarray:
         first = np.cumsum([0] + [len(x) for x in per])[:-1]
         return np.concatenate(per)[first[w.step_task] + w.step_launch] if per else np.zeros(w.n_steps, I64)
     return w.kept("alloc_touches", make)
-
-
-def unit_touches(fp: F.Footprints, gran: int) -> int:
-    """Units a footprint's launches touch in all (without expanding them)."""
-    _, s, e = unit_intervals(fp, gran)
-    return int((e - s).sum())
 
 
 def needs_fingerprint(n: Needs) -> tuple:
@@ -281,7 +275,7 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     held = None    # (span, front, needs, plan) of the fastest so far where that is the block span's (below)
     for k, span in enumerate(spans):
         last = k == len(spans) - 1 and best is None   # nothing planned yet: this one is planned whatever it costs
-        if span == "allocation" and _alloc_touches(w) > limit and not last:
+        if span == "allocation" and alloc_units(w) > limit and not last:
             continue  # many times the units to plan (launches pointing into one huge allocation)
         if span == "fitted":
             if block is not None and profile is not None:

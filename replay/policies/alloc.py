@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan.belady import plan_groups
 from ..plan.groups import chunk_groups_to_units
-from ..plan.spans import alloc_needs, unit_touches
+from ..plan.spans import alloc_needs, alloc_units
 from .base import Planned
 
 
@@ -39,7 +39,7 @@ class Alloc(Planned):
         return ctx.w.kept("alloc_chunks", lambda: ctx.w.chunk_needs_from([t.alloc_fp for t in ctx.w.tasks]))
 
     def prefetch(self, ctx):
-        occ = sum(unit_touches(t.alloc_fp, ctx.w.gran) for t in ctx.w.tasks)
+        occ = alloc_units(ctx.w)
         if occ <= CHUNK_PLAN_OCCURRENCES:
             return super().prefetch(ctx)
         u = ctx.w.universe

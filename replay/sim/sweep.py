@@ -30,6 +30,7 @@ from pagecast.errors import UsageError
 from pagecast.memory import return_freed_arrays
 from pagecast.predict.model_io import load_model
 
+from ..cells import Cells
 from ..costs import CostProfile, load_profile, replace
 from ..placement import HostRanges, host_candidates, host_split
 from ..plan import plan_io
@@ -45,7 +46,6 @@ from ..results_io import timeline_table
 from ..unit_space import I64, Workload, build_workload
 from . import kernels as C
 from .bound import lower_bound
-from ..cells import Cells
 from .uvm_driver import DriverRules, service_granularity
 from .run import RUN_ONLY, RunResult, compact, run_policy, step_compute, summarize
 from .stack import demand_lru_all
@@ -315,7 +315,6 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             # be going already (Workload.kept: what they read is made again where it went)
             _collect(running, results, progress)
             _forget(made_before)
-        at_cap.clear()
     comp = step_compute(w)
     bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
     names = [t.name for t in w.tasks]
