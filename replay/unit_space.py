@@ -653,6 +653,11 @@ def _first_at_least(a, n, x):
 _NONE = object()   # Workload.kept: no value under that key
 
 
+def ahead(key) -> tuple:
+    """The `extra` key of a Future making the value Workload.kept keeps under `key` (made ahead)."""
+    return ("ahead", key)
+
+
 @dataclass
 class Workload:
     tasks: list[Task]
@@ -682,10 +687,13 @@ class Workload:
     def kept(self, key, make):
         """What `extra` keeps under `key`, made by make() and kept where it holds none. One read of
         `extra`, so a value the sweep lets go (sim/sweep.py drops what a policy's runs made, maybe
-        while another policy's run is going: replay/cells.py) is made again, never missed."""
+        while another policy's run is going: replay/cells.py) is made again, never missed. A value
+        being made ahead (a Future under `ahead(key)`, started before the workload was built: the
+        replay's blind predictions, plan/alternatives.py) is waited for instead, once."""
         v = self.extra.get(key, _NONE)
         if v is _NONE:
-            v = self.extra[key] = make()
+            pending = self.extra.pop(ahead(key), None)
+            v = self.extra[key] = make() if pending is None else pending.result()
         return v
 
     def step_of(self, task: int, launch: np.ndarray | int):

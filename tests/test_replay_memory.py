@@ -144,6 +144,52 @@ def test_the_alternatives_are_made_when_read(gathered):
     np.testing.assert_array_equal(a.unit, b.unit)
 
 
+def test_blind_predictions_made_ahead_are_those_made_in_place(gathered):
+    """The replay starts the alternatives' blind predictions in a thread before its workload exists
+    (blind_ahead); Workload.kept waits for them once, keeps them as it keeps what it makes, and they
+    are the predictions made in place. A model without indexed regions has none to make."""
+    from concurrent.futures import Future
+
+    from pagecast.replay.plan.alternatives import BLIND, blind_ahead, blind_predictions, without_indexed
+    tr, model = gathered
+    prof = load_profile("msched-rtx5080")
+    made = blind_ahead(model, [tr], "adaptive")
+    assert len(made) == len(BLIND) and all(isinstance(f, Future) for f in made.values())
+    w = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    here = U.build_workload([tr], gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof)
+    w.extra.update(made)
+    for cls in BLIND:
+        got, ref = blind_predictions(w, model, cls, [tr], "adaptive"), blind_predictions(here, model, cls, [tr], "adaptive")
+        assert [(a.start.tolist(), a.end.tolist(), a.indptr.tolist()) for a in got] == \
+            [(b.start.tolist(), b.end.tolist(), b.indptr.tolist()) for b in ref]
+        assert blind_predictions(w, model, cls, [tr], "adaptive") is got   # kept, not waited for again
+    assert not set(made) & set(w.extra)   # each future read once and let go
+    assert blind_ahead(without_indexed(model), [tr], "adaptive") == {}
+
+
+def test_a_template_sweep_with_predictions_made_ahead_is_the_sweep_one_at_a_time(gathered):
+    """Runs at once (the blind predictions made while the workload is built, the bounds in cells)
+    give the rows of runs one at a time."""
+    from dataclasses import replace
+    tr, model = gathered
+    cfg = SW.SimConfig(costs="msched-rtx5080")
+    rows = [SW.replay_sim([tr], ["demand", "template", "oracle"], oversub=[1.5, 3.0], model=model,
+                          config=replace(cfg, jobs=j), timeline=False)[0] for j in (1, 2)]
+    assert rows[0] == rows[1]
+
+
+def test_a_value_made_ahead_that_failed_fails_where_it_is_read():
+    from concurrent.futures import Future
+    w = U.Workload.__new__(U.Workload)
+    w.extra = {}
+    bad: Future = Future()
+    bad.set_exception(ValueError("made ahead"))
+    w.extra[U.ahead("k")] = bad
+    with pytest.raises(ValueError, match="made ahead"):
+        w.kept("k", lambda: 1)
+    assert w.kept("k", lambda: 2) == 2   # the failure is not kept: made in place the next time
+
+
 def test_the_threshold_is_set_on_glibc():
     import platform
     got = return_freed_arrays()

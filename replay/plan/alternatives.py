@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..unit_space import Needs, Workload
+from ..unit_space import Needs, Workload, ahead
 from .adaptive import predicted_gated
 from .belady import plan_groups
 from .faults import leave_to_faults
@@ -53,7 +54,7 @@ def value_alternatives(w: Workload, model, traces, fallback: str, pg: list) -> A
     # plans are made: they are made then (Needs.page_counts), not held while it plans
     makers = [lambda: w.needs_from([fp if gt is None or gt.plain is None else gt.plain for fp, gt in pg],
                                    with_pages="later")]
-    for cls in ("irregular", "allocation"):
+    for cls in BLIND:
         makers.append(lambda cls=cls: w.needs_from(blind_predictions(w, model, cls, traces, fallback),
                                                    with_pages="later"))
     return Alternatives(makers)
@@ -75,14 +76,40 @@ class Alternatives(Sequence):
         return self._makers[i]()
 
 
+BLIND = ("irregular", "allocation")   # the classes the alternatives predict indexed regions as
+
+
 def blind_predictions(w: Workload, model, cls: str, traces, fallback: str) -> list:
     """The footprints `without_indexed(model, cls)` predicts for `traces`, made once per workload and
     kept in `w.extra` (every capacity of a sweep plans on them: the predictions are the costly part,
-    a Python pass per kernel; the intervals kept are small beside the needs made from them per run)."""
-    def make():
-        blind = without_indexed(model, cls)
-        return model, [predicted_gated(blind, t, fallback)[0] for t in traces]   # model held: id stays its
-    return w.kept(("blind", id(model), cls, fallback, tuple(id(t) for t in traces)), make)[1]
+    a Python pass per kernel; the intervals kept are small beside the needs made from them per run),
+    or made ahead (`blind_ahead`)."""
+    return w.kept(_blind_key(model, cls, traces, fallback), lambda: _blind(model, cls, traces, fallback))[1]
+
+
+def blind_ahead(model, traces, fallback: str) -> dict[tuple, Future]:
+    """Start making the blind predictions of every class in a thread of their own, for a replay that
+    builds its workload meanwhile: {key: Future} to put in the workload's `extra` (Workload.kept
+    waits for them there; unit_space.ahead). Empty where the model has no indexed region (no
+    alternatives). They depend on the model and the traces alone, and they are most of a template
+    run's work before its first trial (llm-decode at 10^5 launches: about 1 s of the fallback's
+    pass over the trace's records), made while one core builds the workload and the other waits."""
+    if not any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions):
+        return {}
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pagecast-ahead")
+    out = {ahead(_blind_key(model, cls, traces, fallback)): pool.submit(_blind, model, cls, traces, fallback)
+           for cls in BLIND}
+    pool.shutdown(wait=False)   # the jobs submitted still run; the thread ends after the last
+    return out
+
+
+def _blind_key(model, cls: str, traces, fallback: str) -> tuple:
+    return ("blind", id(model), cls, fallback, tuple(id(t) for t in traces))
+
+
+def _blind(model, cls: str, traces, fallback: str) -> tuple:
+    blind = without_indexed(model, cls)
+    return model, [predicted_gated(blind, t, fallback)[0] for t in traces]   # model held: id stays its
 
 
 def best_plan(w: Workload, first: Callable[[], tuple], alternatives: list[Needs], cap_units: int, spans, fronts,

@@ -46,7 +46,7 @@ from .run import fault_entries
 INF = np.iinfo(np.int64).max
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def belady_misses(ptr, unit, n_units, cap):
     """Per step, the misses of Belady's algorithm on the touches in order (step by step, each
     step's units in the order given), with room for `cap` units: the fewest fetches any residency
@@ -89,7 +89,7 @@ def belady_misses(ptr, unit, n_units, cap):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rebuild(hk, hu, key):
     size = 0
     for u in range(len(key)):

@@ -35,7 +35,7 @@ from ..costs import CostProfile, load_profile, replace
 from ..placement import HostRanges, host_candidates, host_split
 from ..plan import plan_io
 from ..plan.adaptive import predicted_gated
-from ..plan.alternatives import value_alternatives
+from ..plan.alternatives import blind_ahead, value_alternatives
 from ..plan.plan_rows import groups_from_plan, groups_to_table, launches_table, plan_footprints, plan_model_predictions
 from ..plan.sample import CHOOSE_ON, best_plan_on, choose_span_on
 from ..plan.spans import PLAN_SPANS, span_needs
@@ -181,7 +181,10 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
             raise UsageError(f"policy {p} needs --model MODEL (it predicts as the GPU runner does)")
     extra = []
     predicted = None
+    made_ahead = {}   # the template alternatives' blind predictions, made meanwhile where runs go at once
     if plans_on_model and model is not None and plan is None:
+        if cfg.jobs != 1 and _cores() > 1 and not cfg.feedback:
+            made_ahead = blind_ahead(model, traces, cfg.fallback)
         predicted = [predicted_gated(model, t, cfg.fallback) for t in traces]
         extra.append([fp for fp, _ in predicted])
     plan_pred = None
@@ -194,6 +197,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     # allocations are always part of the universe (the alloc and swap policies move them)
     w = build_workload(traces, gran=prof.granularity, eviction_unit=prof.eviction_unit, profile=prof,
                        timeslice_s=cfg.timeslice_ms / 1e3, need_alloc=True, extra_fps=extra)
+    w.extra.update(made_ahead)   # read (and waited for) where template first plans its alternatives
     basis = w.oversub_basis(cfg.oversub_of)
     caps = capacities_for(basis, capacity, oversub)
     if follows:
@@ -241,6 +245,7 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
     # per capacity, the runs of the policies that do not run last: (policy, future of its run)
     at_cap: dict[int, list[tuple[str, Future]]] = {cu: [] for cu in cap_units}
     groups = []   # per group (the policies that do not run last, those that do): its runs, its workloads
+    comp = step_compute(w)
     with Cells(jobs) as cells:
         for last in (False, True):
             running: list[tuple[str, int, Future]] = []
@@ -309,14 +314,16 @@ def replay_sim(traces: list[T.Trace], policies: list[str], *, capacity: list[int
                 if cells.inline:   # one at a time: a policy's keys go before the next policy is made
                     _collect(running, results, progress)
                     _forget(made_before)
+        # the bounds read the truth alone: submitted last, they take a core the runs leave idle
+        bounds = {c: cells.submit(partial(lower_bound, w, c // w.gran, prof, comp, tree=cfg.driver_prefetch))
+                  for c, _ in caps}
         for running, made_before in groups:
             # what the runs made and kept on the workloads (a policy's needs, its predictions' needs)
             # is theirs: a later policy that reads it makes it again. The policies that run last may
             # be going already (Workload.kept: what they read is made again where it went)
             _collect(running, results, progress)
             _forget(made_before)
-    comp = step_compute(w)
-    bounds = {c: lower_bound(w, c // w.gran, prof, comp, tree=cfg.driver_prefetch) for c, _ in caps}
+        bounds = {c: f.result() for c, f in bounds.items()}
     names = [t.name for t in w.tasks]
     wname = workload_name or "+".join(names)
     runs: list[dict] = []
@@ -360,13 +367,17 @@ def sweep_jobs(n_cells: int) -> int:
     may use, one per cell, and as many as the memory available holds, each taken to need what the
     process holds now (its workload; a run's planner makes per-use arrays of the needs' size:
     docs/performance.md, "Replay memory"). At least one."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
     held, avail = _memory_now()
     by_memory = max(int(avail // held), 1) if held and avail else 1
-    return max(1, min(cores, n_cells, by_memory))
+    return max(1, min(_cores(), n_cells, by_memory))
+
+
+def _cores() -> int:
+    """The cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _collect(running: list, results: dict, progress) -> None:
