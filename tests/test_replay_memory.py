@@ -167,10 +167,16 @@ def test_blind_predictions_made_ahead_are_those_made_in_place(gathered):
     assert blind_ahead(without_indexed(model), [tr], "adaptive") == {}
 
 
-def test_a_template_sweep_with_predictions_made_ahead_is_the_sweep_one_at_a_time(gathered):
-    """Runs at once (the blind predictions made while the workload is built, the bounds in cells)
-    give the rows of runs one at a time."""
+@pytest.mark.parametrize("alone_bytes", [None, 0])
+def test_a_template_sweep_with_predictions_made_ahead_is_the_sweep_one_at_a_time(gathered, monkeypatch, alone_bytes):
+    """Runs at once (the blind predictions made while the workload is built, the bounds in cells,
+    and with ALONE_BYTES 0 every judging on the whole timeline one at a time) give the rows of runs
+    one at a time."""
     from dataclasses import replace
+
+    from pagecast.replay.plan import spans as SP
+    if alone_bytes is not None:
+        monkeypatch.setattr(SP, "ALONE_BYTES", alone_bytes)
     tr, model = gathered
     cfg = SW.SimConfig(costs="msched-rtx5080")
     rows = [SW.replay_sim([tr], ["demand", "template", "oracle"], oversub=[1.5, 3.0], model=model,

@@ -8,7 +8,9 @@ from a simulator function), or None to plan at the first span without trials.
 
 from __future__ import annotations
 
+import threading
 from collections import namedtuple
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import numpy as np
@@ -223,6 +225,14 @@ SPAN_GROWTH = 8   # a wider span is tried only while it names at most this many 
 # (docs/performance.md, "Two rounds, runs at once")
 HOLD_BYTES = 128 << 20
 
+# Judging spans on the whole timeline of a long profile holds several times its needs (the needs at
+# each span, a plan, its trial run): where a sweep's runs go at once, two such judgings at once made
+# the replay's peak at 10^6 launches (docs/performance.md, "One large judging at a time"). Needs of
+# more than ALONE_BYTES are judged one at a time: llm-decode's, 15 MiB at 10^5 launches, at once;
+# about ten times that at 10^6, one at a time.
+ALONE_BYTES = 64 << 20
+_ALONE = threading.Lock()
+
 
 def _nbytes(*objs) -> int:
     """The bytes of the arrays the records `objs` hold (plans, needs)."""
@@ -265,7 +275,21 @@ def choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...
     left to faults where faster), as where it is one of several: the comparison that narrowed the
     spans to it was made elsewhere (sample.py). With `choice_only`, returns every plan tried as (its
     trial's time, span, front), in the order tried, with nothing made again and nothing left to
-    faults (sample.py ranks candidates so)."""
+    faults (sample.py ranks candidates so).
+
+    Needs of more than ALONE_BYTES are judged one at a time where runs go at once (`_ALONE`; a
+    narrowing on a sample, `choice_only`, is not held back)."""
+    with _ALONE if not choice_only and _nbytes(needs) > ALONE_BYTES else nullcontext():
+        return _choose_span(w, needs, cap_units, spans, fronts, trial, profile, faults, whole_run, choice_only,
+                            always_try)
+
+
+def _choose_span(w: Workload, needs: Needs, cap_units: int, spans: tuple[str, ...] = PLAN_SPANS,
+                 fronts: tuple[bool, ...] = (False, True),
+                 trial: Callable[[Groups, Needs], Any] | None = None, profile=None,
+                 faults: bool = True, whole_run: bool = True, choice_only: bool = False,
+                 always_try: bool = False) -> tuple:
+    """choose_span's work (its doc)."""
     best = None   # (span, front, time, run) of the fastest plan so far: how it was made, not the plan
     made = None   # (span, front, its needs, its plan) of the plan made last
     tried: list[tuple] = []   # fingerprints of the needs planned so far (the needs themselves are let go)
