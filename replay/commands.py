@@ -58,7 +58,8 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="runs (a policy at a capacity) going at once, in threads (default: one per core, as "
                         "many as the memory available holds, a policy's own runs one at a time; given, a "
                         "policy's capacities go at once too, for more memory; 1: one at a time, the least "
-                        "memory). The runs are the same either way")
+                        "memory). Plans judged on the whole timeline on needs over 64 MiB (long profiles) go "
+                        "one at a time whatever N is. The runs are the same either way")
     _add_placement_flag(g, "device (default): every policy leaves placement to the driver; auto: template and oracle "
                            "also try leaving sparsely touched allocations in host memory, read over the link "
                            "(preferred location CPU, accessed by the GPU), and keep it where their own trial "
