@@ -20,8 +20,9 @@ alone, as `spans.choose_span` judges spans.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -96,11 +97,20 @@ def blind_ahead(model, traces, fallback: str) -> dict[tuple, Future]:
     pass over the trace's records), made while one core builds the workload and the other waits."""
     if not any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions):
         return {}
-    pool = ThreadPoolExecutor(1, thread_name_prefix="pagecast-ahead")
-    out = {ahead(_blind_key(model, cls, traces, fallback)): pool.submit(_blind, model, cls, traces, fallback)
-           for cls in BLIND}
-    pool.shutdown(wait=False)   # the jobs submitted still run; the thread ends after the last
-    return out
+    made: dict[str, Future] = {cls: Future() for cls in BLIND}
+
+    def make():
+        for cls, f in made.items():
+            if f.set_running_or_notify_cancel():
+                try:
+                    f.set_result(_blind(model, cls, traces, fallback))
+                except BaseException as e:   # raised where it is read (Workload.kept)
+                    f.set_exception(e)
+
+    # a daemon thread (not an executor's, which the interpreter waits for at exit): a replay that
+    # stops on bad input or Ctrl-C does not wait for predictions nothing will read
+    threading.Thread(target=make, name="pagecast-ahead", daemon=True).start()
+    return {ahead(_blind_key(model, cls, traces, fallback)): f for cls, f in made.items()}
 
 
 def _blind_key(model, cls: str, traces, fallback: str) -> tuple:
