@@ -93,8 +93,8 @@ def blind_ahead(model, traces, fallback: str) -> dict[tuple, Future]:
     builds its workload meanwhile: {key: Future} to put in the workload's `extra` (Workload.kept
     waits for them there; unit_space.ahead). Empty where the model has no indexed region (no
     alternatives). They depend on the model and the traces alone, and they are most of a template
-    run's work before its first trial (llm-decode at 10^5 launches: about 1 s of the fallback's
-    pass over the trace's records), made while one core builds the workload and the other waits."""
+    run's work before its first trial (the fallback's pass over the trace's records; measured in
+    docs/performance.md, "Made ahead"), made while one core builds the workload and the other waits."""
     if not any(r.cls == "indexed" for km in model.kernels.values() for r in km.regions):
         return {}
     made: dict[str, Future] = {cls: Future() for cls in BLIND}

@@ -227,9 +227,8 @@ HOLD_BYTES = 128 << 20
 
 # Judging spans on the whole timeline of a long profile holds several times its needs (the needs at
 # each span, a plan, its trial run): where a sweep's runs go at once, two such judgings at once made
-# the replay's peak at 10^6 launches (docs/performance.md, "One large judging at a time"). Needs of
-# more than ALONE_BYTES are judged one at a time: llm-decode's, 15 MiB at 10^5 launches, at once;
-# about ten times that at 10^6, one at a time.
+# the replay's peak at 10^6 launches (docs/performance.md, "One large judging at a time", with the
+# sizes measured). Needs of more than ALONE_BYTES are judged one at a time, smaller ones at once.
 ALONE_BYTES = 64 << 20
 _ALONE = threading.Lock()
 
